@@ -1,0 +1,10 @@
+//! Types shared by the API server, the CLI and the node: typed ids, request and response
+//! bodies, and the error envelope.
+
+pub mod error;
+pub mod ids;
+pub mod types;
+
+pub use error::{ApiError, ErrorBody, ErrorCode};
+pub use ids::{IdError, NodeId, OperationId, SandboxId, SessionId, TenantId};
+pub use types::*;

@@ -1,0 +1,1 @@
+//! Request and response bodies of the `/v1` API.

@@ -1,0 +1,175 @@
+//! Typed messages carried in [`crate::Frame::Message`] frames.
+//!
+//! Stream conversations (client = node, server = spaced):
+//! - `Exec`: client sends `Request::Exec`, then `Data(Stdin)` and [`ExecInput`] messages;
+//!   server replies `Reply::Started`, then `Data(Stdout|Stderr)` and finally `Reply::Exited`.
+//!   A detached exec ends the stream after `Started`; `Attach` re-joins it later.
+//! - `ReadFile`: server replies `Reply::FileStart`, `Data(File)` chunks, then `Reply::Done`.
+//! - `WriteFile`: client sends `Data(File)` chunks, then `ExecInput::Eof`; server replies `Reply::Done`.
+//! - `Watch`: server sends `Reply::Watching`, then `Reply::Event` until the stream closes.
+//! - every other request: exactly one reply.
+//!
+//! Any request may be answered with `Reply::Error` instead.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The first message on every stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Health,
+    Exec(ExecSpec),
+    /// Re-join a process started earlier: buffered output first, then live output and exit.
+    Attach { pid: u32 },
+    Signal { pid: u32, signal: i32 },
+    ListProcesses,
+    Stat { path: String },
+    ReadFile { path: String },
+    WriteFile { path: String, mode: Option<u32> },
+    ListDir { path: String },
+    MakeDir { path: String },
+    Move { from: String, to: String },
+    Remove { path: String, recursive: bool },
+    Watch { path: String, recursive: bool },
+}
+
+/// What to run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecSpec {
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// Run under a pseudo-terminal of this size; stdout then carries the terminal output.
+    pub tty: Option<PtySize>,
+    /// Kill the process group after this many milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// Keep the process running after the stream closes; output is buffered for `Attach`.
+    #[serde(default)]
+    pub detached: bool,
+    /// Whether the client will send stdin; without it stdin is /dev/null.
+    #[serde(default)]
+    pub stdin: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// Client messages after the request on an exec, attach or write stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ExecInput {
+    /// No more stdin (exec) or no more file data (write).
+    Eof,
+    Signal { signal: i32 },
+    Resize(PtySize),
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    /// The process was killed because its timeout elapsed.
+    #[serde(default)]
+    pub timed_out: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub argv: Vec<String>,
+    pub tty: bool,
+    pub detached: bool,
+    /// `None` while running.
+    pub exit: Option<ExitStatus>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    pub name: String,
+    pub path: String,
+    pub kind: FileKind,
+    pub size: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub modified_ms: i64,
+    pub symlink_target: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchKind {
+    Create,
+    Modify,
+    Remove,
+    MovedFrom,
+    MovedTo,
+    /// Events were dropped (queue overflow); re-list the directory.
+    Overflow,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchEvent {
+    pub kind: WatchKind,
+    pub path: String,
+    pub is_dir: bool,
+}
+
+/// Classes of failure the node maps onto API errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    NotFound,
+    PermissionDenied,
+    AlreadyExists,
+    NotADirectory,
+    IsADirectory,
+    DirectoryNotEmpty,
+    InvalidInput,
+    NoSuchProcess,
+    Unsupported,
+    Other,
+}
+
+/// Server messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Reply {
+    Error { kind: ErrorKind, message: String },
+    Health { agent_version: String, uptime_ms: u64, processes: u32 },
+    Started { pid: u32 },
+    Exited { status: ExitStatus },
+    Processes { processes: Vec<ProcessInfo> },
+    Stat { stat: FileStat },
+    Entries { entries: Vec<FileStat> },
+    FileStart { size: u64 },
+    /// End of a read or write: the number of bytes transferred.
+    Done { bytes: u64 },
+    Watching,
+    Event { event: WatchEvent },
+    Ok,
+}
+
+impl Reply {
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Reply::Error { kind, message: message.into() }
+    }
+}

@@ -1,0 +1,86 @@
+//! The contract between the node and a sandbox runtime.
+//!
+//! A runtime turns a prepared root filesystem into a running sandbox whose pid 1 is `spaced`,
+//! reachable through a unix socket on the host that only the node can open. Every operation is
+//! idempotent and named after the [`SandboxId`], so the node can replay it after a crash.
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+pub use space_api::SandboxId;
+
+/// Resource limits applied to the whole sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    pub memory_mib: u64,
+    /// CPU quota in thousandths of a core (1000 = one core).
+    pub millicpus: u32,
+    pub pids: u32,
+}
+
+/// Everything a runtime needs to start one sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub id: SandboxId,
+    /// The sandbox's writable root: a btrfs subvolume prepared by the storage pool.
+    pub rootfs: PathBuf,
+    pub hostname: String,
+    pub limits: Limits,
+}
+
+/// A started sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxHandle {
+    pub id: SandboxId,
+    /// Host pid of the sandbox's pid 1 (`spaced`).
+    pub pid: u32,
+    /// Host path of the unix socket `spaced` accepts node connections on.
+    pub socket: PathBuf,
+}
+
+/// Point-in-time resource usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxStats {
+    pub memory_bytes: u64,
+    pub memory_limit_bytes: u64,
+    /// Processes the kernel killed because the sandbox hit its memory limit.
+    pub oom_kills: u64,
+    pub pids: u64,
+    pub cpu_usage_ns: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("sandbox {0} does not exist on this node")]
+    NotFound(SandboxId),
+    #[error("starting sandbox failed: {0}")]
+    Start(String),
+    #[error("cgroup: {0}")]
+    Cgroup(String),
+    #[error("host does not support this runtime: {0}")]
+    Unsupported(String),
+    #[error("i/o on {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+pub trait Runtime: Send + Sync + 'static {
+    /// Starts a sandbox and returns once `spaced` accepts connections.
+    fn start(&self, spec: &SandboxSpec) -> impl Future<Output = Result<SandboxHandle, RuntimeError>> + Send;
+
+    /// Kills every process of the sandbox and removes its runtime resources (cgroups, socket).
+    /// Succeeds when there is nothing left to remove.
+    fn destroy(&self, id: &SandboxId) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Whether the sandbox's pid 1 is still the process recorded in `handle`.
+    fn is_alive(&self, handle: &SandboxHandle) -> bool;
+
+    /// Resolves when the sandbox's pid 1 has exited.
+    fn wait_exit(&self, handle: &SandboxHandle) -> impl Future<Output = ()> + Send;
+
+    fn stats(&self, id: &SandboxId) -> Result<SandboxStats, RuntimeError>;
+
+    /// Ids of every sandbox that has runtime resources on this node, alive or not; the node
+    /// destroys those no session owns.
+    fn list(&self) -> Result<Vec<SandboxId>, RuntimeError>;
+}
