@@ -1,1 +1,359 @@
 //! Request and response bodies of the `/v1` API.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::ids::{OperationId, SandboxId, SessionId, TenantId};
+
+/// Where a session is in its life. Transitional states (`creating`, `destroying`) always end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    Creating,
+    Running,
+    Destroying,
+    Destroyed,
+    /// Creation failed; `error` says why. Only `destroy` is allowed.
+    Failed,
+}
+
+impl SessionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionState::Creating => "creating",
+            SessionState::Running => "running",
+            SessionState::Destroying => "destroying",
+            SessionState::Destroyed => "destroyed",
+            SessionState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "creating" => SessionState::Creating,
+            "running" => SessionState::Running,
+            "destroying" => SessionState::Destroying,
+            "destroyed" => SessionState::Destroyed,
+            "failed" => SessionState::Failed,
+            _ => return None,
+        })
+    }
+
+    pub fn is_transitional(self) -> bool {
+        matches!(self, SessionState::Creating | SessionState::Destroying)
+    }
+}
+
+/// Resources of a session's sandboxes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Resources {
+    /// CPU cores (fractions allowed), enforced as a CFS quota.
+    pub cpus: f64,
+    pub memory_mib: u64,
+    /// Maximum number of processes and threads.
+    pub pids: u32,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources { cpus: 1.0, memory_mib: 512, pids: 512 }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSessionRequest {
+    /// Template name; defaults to the server's default template (`debian`).
+    pub template: Option<String>,
+    pub cpus: Option<f64>,
+    pub memory_mib: Option<u64>,
+    pub pids: Option<u32>,
+    /// Environment variables set for every command in the session.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Session {
+    pub id: SessionId,
+    pub template: String,
+    pub template_version: Option<u32>,
+    pub state: SessionState,
+    pub resources: Resources,
+    pub env: BTreeMap<String, String>,
+    /// Why the last operation failed, if it did.
+    pub error: Option<String>,
+    pub sandbox_id: Option<SandboxId>,
+    /// Unix time in milliseconds.
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<Session>,
+}
+
+/// A state transition or notable thing that happened to a session.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionEvent {
+    pub seq: i64,
+    pub session_id: SessionId,
+    pub at: i64,
+    pub kind: String,
+    pub from_state: Option<SessionState>,
+    pub to_state: Option<SessionState>,
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventList {
+    pub events: Vec<SessionEvent>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationState {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Operation {
+    pub id: OperationId,
+    pub kind: String,
+    pub state: OperationState,
+    pub session_id: Option<SessionId>,
+    pub error: Option<String>,
+    /// Human-readable progress of long operations (template builds).
+    pub progress: Option<Progress>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Progress {
+    pub phase: String,
+    pub done: u64,
+    pub total: Option<u64>,
+}
+
+/// A command to run to completion and collect (`POST /v1/sessions/{id}/exec`).
+/// For streaming, interactive or long commands use the WebSocket form.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// argv; the first element is looked up in `PATH`.
+    pub cmd: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// Bytes fed to stdin (UTF-8); stdin is empty otherwise.
+    pub stdin: Option<String>,
+    /// Kill the command after this many milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// Start in the background and return its pid at once (JSON form only).
+    #[serde(default)]
+    pub background: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ExecResult {
+    pub pid: u32,
+    /// Exit code; absent when the process was killed by a signal or is still running.
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    /// The sandbox hit its memory limit and the kernel killed a process during this command.
+    pub oom_killed: bool,
+    /// Output as UTF-8 (lossy); capped, see `truncated`.
+    pub stdout: String,
+    pub stderr: String,
+    pub truncated: bool,
+    pub duration_ms: u64,
+}
+
+/// First text message of an exec WebSocket (`GET /v1/sessions/{id}/exec/ws`).
+///
+/// Then the client sends binary frames (stdin bytes) and text frames with
+/// [`WsClientMessage`]; the server sends binary frames whose first byte is the channel
+/// (1 = stdout, 2 = stderr) followed by the bytes, and text frames with [`WsServerMessage`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecStart {
+    pub cmd: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub timeout_ms: Option<u64>,
+    /// Allocate a pseudo-terminal of this size.
+    pub tty: Option<TermSize>,
+    /// Whether the client will send stdin (otherwise stdin is empty).
+    #[serde(default)]
+    pub stdin: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TermSize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WsClientMessage {
+    /// No more stdin.
+    Eof,
+    Signal { signal: i32 },
+    Resize { rows: u16, cols: u16 },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WsServerMessage {
+    Started { pid: u32 },
+    Exit { exit_code: Option<i32>, signal: Option<i32>, timed_out: bool, oom_killed: bool },
+    Error { code: crate::ErrorCode, message: String },
+}
+
+/// A process started by `spaced` in a session.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub cmd: Vec<String>,
+    pub tty: bool,
+    pub background: bool,
+    pub running: bool,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProcessList {
+    pub processes: Vec<ProcessInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    pub signal: i32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FileType {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FileInfo {
+    pub name: String,
+    pub path: String,
+    #[serde(rename = "type")]
+    pub file_type: FileType,
+    pub size: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub modified_ms: i64,
+    pub symlink_target: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FileList {
+    pub entries: Vec<FileInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WriteResult {
+    pub path: String,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PathRequest {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MoveRequest {
+    pub from: String,
+    pub to: String,
+}
+
+/// One filesystem change, sent as a text frame on `GET /v1/sessions/{id}/watch`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WatchEvent {
+    /// create, modify, remove, moved_from, moved_to or overflow.
+    pub kind: String,
+    pub path: String,
+    pub is_dir: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Template {
+    pub name: String,
+    pub version: u32,
+    pub created_at: i64,
+    pub size_bytes: u64,
+    pub source: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateList {
+    pub templates: Vec<Template>,
+    /// Built-in templates that can be built on demand.
+    pub builtin: Vec<String>,
+    pub default_template: String,
+}
+
+/// Import a root filesystem from a directory or tarball on the server's host.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImportTemplateRequest {
+    pub name: String,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuildTemplateRequest {
+    /// A built-in template: `debian` or `busybox`.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateKeyRequest {
+    /// Tenant name; created if it does not exist.
+    pub tenant: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CreatedKey {
+    /// The secret; shown once.
+    pub key: String,
+    pub tenant: String,
+    pub tenant_id: TenantId,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Status {
+    pub version: String,
+    pub node_id: String,
+    pub sessions: BTreeMap<String, u64>,
+    pub templates: Vec<Template>,
+}

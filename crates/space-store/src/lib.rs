@@ -1,0 +1,93 @@
+//! Durable state of the control plane.
+//!
+//! The control plane is stateless: everything it knows lives here. SQLite (WAL) is the
+//! embedded default; the statements are kept portable so a PostgreSQL backend can run the
+//! same schema (see docs/control-plane.md).
+
+mod auth;
+mod idempotency;
+mod operations;
+mod sessions;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::SqlitePool;
+
+pub use auth::KeyOwner;
+pub use idempotency::IdempotencyBegin;
+pub use operations::{NewOperation, OperationKind, OperationRecord};
+pub use sessions::{NewSession, SandboxRecord, SessionRecord};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Handle to the database; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+/// Unix time in milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+impl Store {
+    /// Opens (creating if needed) the SQLite database at `path` and applies migrations.
+    pub async fn open_sqlite(path: &Path) -> Result<Store> {
+        let options = SqliteConnectOptions::from_str("sqlite:")?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(std::time::Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Store { pool })
+    }
+
+    pub async fn meta(&self, key: &str) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = $1")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Sets `key` unless it is already set; returns the stored value.
+    pub async fn meta_get_or_insert(&self, key: &str, value: &str) -> Result<String> {
+        sqlx::query("INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING")
+            .bind(key)
+            .bind(value)
+            .execute(&self.pool)
+            .await?;
+        self.meta(key).await?.ok_or_else(|| StoreError::Corrupt(format!("meta {key} vanished")))
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+fn parse<T: FromStr>(what: &str, value: &str) -> Result<T> {
+    value.parse().map_err(|_| StoreError::Corrupt(format!("{what}: {value:?}")))
+}
+
+#[cfg(test)]
+pub(crate) async fn test_store() -> (Store, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_sqlite(&dir.path().join("space.db")).await.unwrap();
+    (store, dir)
+}

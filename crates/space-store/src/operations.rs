@@ -1,0 +1,187 @@
+//! Operations: the durable queue of work the reconciler performs.
+
+use space_api::{Operation, OperationId, OperationState, Progress, SessionId, TenantId};
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use crate::{Result, Store, StoreError, now_ms, parse};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperationKind {
+    CreateSession,
+    DestroySession,
+    BuildTemplate,
+    ImportTemplate,
+}
+
+impl OperationKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperationKind::CreateSession => "create_session",
+            OperationKind::DestroySession => "destroy_session",
+            OperationKind::BuildTemplate => "build_template",
+            OperationKind::ImportTemplate => "import_template",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "create_session" => OperationKind::CreateSession,
+            "destroy_session" => OperationKind::DestroySession,
+            "build_template" => OperationKind::BuildTemplate,
+            "import_template" => OperationKind::ImportTemplate,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct NewOperation {
+    pub tenant_id: TenantId,
+    pub session_id: Option<SessionId>,
+    pub kind: OperationKind,
+    /// Kind-specific JSON input.
+    pub input: Option<String>,
+}
+
+fn state_str(state: OperationState) -> &'static str {
+    match state {
+        OperationState::Pending => "pending",
+        OperationState::Running => "running",
+        OperationState::Succeeded => "succeeded",
+        OperationState::Failed => "failed",
+    }
+}
+
+fn parse_state(s: &str) -> Result<OperationState> {
+    Ok(match s {
+        "pending" => OperationState::Pending,
+        "running" => OperationState::Running,
+        "succeeded" => OperationState::Succeeded,
+        "failed" => OperationState::Failed,
+        other => return Err(StoreError::Corrupt(format!("operation state {other}"))),
+    })
+}
+
+const OP_COLUMNS: &str = "id, kind, state, session_id, error, progress, created_at, updated_at, input, tenant_id";
+
+/// An operation plus what the reconciler needs to run it.
+#[derive(Debug, Clone)]
+pub struct OperationRecord {
+    pub operation: Operation,
+    pub kind: OperationKind,
+    pub input: Option<String>,
+    pub tenant_id: TenantId,
+}
+
+fn op_from_row(row: &SqliteRow) -> Result<OperationRecord> {
+    let kind: &str = row.get(1);
+    let progress: Option<&str> = row.get(5);
+    let operation = Operation {
+        id: parse("operation id", row.get::<&str, _>(0))?,
+        kind: kind.to_owned(),
+        state: parse_state(row.get(2))?,
+        session_id: row.get::<Option<&str>, _>(3).map(|s| parse("session id", s)).transpose()?,
+        error: row.get(4),
+        progress: progress.and_then(|p| serde_json::from_str::<Progress>(p).ok()),
+        created_at: row.get(6),
+        updated_at: row.get(7),
+    };
+    Ok(OperationRecord {
+        kind: OperationKind::parse(kind).ok_or_else(|| StoreError::Corrupt(format!("operation kind {kind}")))?,
+        operation,
+        input: row.get(8),
+        tenant_id: parse("tenant id", row.get::<&str, _>(9))?,
+    })
+}
+
+
+impl Store {
+    pub async fn insert_operation(&self, new: &NewOperation) -> Result<OperationId> {
+        let id = OperationId::generate();
+        let now = now_ms();
+        sqlx::query(
+            "INSERT INTO operations (id, tenant_id, session_id, kind, state, input, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, 'pending', $5, $6, $6)",
+        )
+        .bind(id.as_str())
+        .bind(new.tenant_id.as_str())
+        .bind(new.session_id.as_ref().map(|s| s.as_str()))
+        .bind(new.kind.as_str())
+        .bind(&new.input)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(id)
+    }
+
+    pub async fn operation(&self, tenant: &TenantId, id: &OperationId) -> Result<Option<Operation>> {
+        let sql = format!("SELECT {OP_COLUMNS} FROM operations WHERE id = $1 AND tenant_id = $2");
+        let row = sqlx::query(&sql).bind(id.as_str()).bind(tenant.as_str()).fetch_optional(&self.pool).await?;
+        row.map(|r| op_from_row(&r).map(|o| o.operation)).transpose()
+    }
+
+    /// Claims the oldest pending operation (pending → running).
+    pub async fn claim_operation(&self) -> Result<Option<OperationRecord>> {
+        let sql = format!(
+            "UPDATE operations SET state = 'running', updated_at = $1
+             WHERE id = (SELECT id FROM operations WHERE state = 'pending' ORDER BY created_at, id LIMIT 1)
+             RETURNING {OP_COLUMNS}"
+        );
+        let row = sqlx::query(&sql).bind(now_ms()).fetch_optional(&self.pool).await?;
+        row.map(|r| op_from_row(&r)).transpose()
+    }
+
+    pub async fn finish_operation(&self, id: &OperationId, error: Option<&str>) -> Result<()> {
+        let state = if error.is_some() { OperationState::Failed } else { OperationState::Succeeded };
+        sqlx::query("UPDATE operations SET state = $1, error = $2, updated_at = $3 WHERE id = $4")
+            .bind(state_str(state))
+            .bind(error)
+            .bind(now_ms())
+            .bind(id.as_str())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn set_operation_progress(&self, id: &OperationId, progress: &Progress) -> Result<()> {
+        sqlx::query("UPDATE operations SET progress = $1, updated_at = $2 WHERE id = $3")
+            .bind(serde_json::to_string(progress).unwrap_or_default())
+            .bind(now_ms())
+            .bind(id.as_str())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// After a crash, operations that were running are run again (every step is idempotent).
+    pub async fn requeue_running_operations(&self) -> Result<u64> {
+        Ok(sqlx::query("UPDATE operations SET state = 'pending' WHERE state = 'running'")
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_store;
+
+    #[tokio::test]
+    async fn claim_runs_each_operation_once() {
+        let (store, _dir) = test_store().await;
+        let t = store.ensure_tenant("t").await.unwrap();
+        let new = NewOperation { tenant_id: t.clone(), session_id: None, kind: OperationKind::BuildTemplate, input: None };
+        let id = store.insert_operation(&new).await.unwrap();
+        let claimed = store.claim_operation().await.unwrap().unwrap();
+        assert_eq!(claimed.operation.id, id);
+        assert!(store.claim_operation().await.unwrap().is_none());
+        assert_eq!(store.requeue_running_operations().await.unwrap(), 1);
+        let again = store.claim_operation().await.unwrap().unwrap();
+        store.finish_operation(&again.operation.id, Some("boom")).await.unwrap();
+        let op = store.operation(&t, &id).await.unwrap().unwrap();
+        assert_eq!(op.state, OperationState::Failed);
+        assert_eq!(op.error.as_deref(), Some("boom"));
+    }
+}

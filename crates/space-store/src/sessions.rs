@@ -1,0 +1,342 @@
+//! Sessions, their sandboxes and their event history.
+
+use std::collections::BTreeMap;
+
+use space_api::{Resources, SandboxId, Session, SessionEvent, SessionId, SessionState, TenantId};
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use crate::{Result, Store, StoreError, now_ms, parse};
+
+/// A session as stored, with its owner.
+#[derive(Debug, Clone)]
+pub struct SessionRecord {
+    pub tenant_id: TenantId,
+    pub session: Session,
+}
+
+/// What `create` records before anything is built.
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    pub id: SessionId,
+    pub tenant_id: TenantId,
+    pub template: String,
+    pub resources: Resources,
+    pub env: BTreeMap<String, String>,
+}
+
+/// A sandbox row: written before the node creates anything for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxRecord {
+    pub id: SandboxId,
+    pub session_id: SessionId,
+    pub node_id: String,
+    /// `starting`, `running` or `gone`.
+    pub state: String,
+    pub pid: Option<u32>,
+}
+
+const SESSION_COLUMNS: &str =
+    "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at";
+
+fn session_from_row(row: &SqliteRow) -> Result<SessionRecord> {
+    let state: &str = row.get(4);
+    let resources: &str = row.get(5);
+    let env: &str = row.get(6);
+    let sandbox: Option<&str> = row.get(8);
+    let session = Session {
+        id: parse("session id", row.get::<&str, _>(0))?,
+        template: row.get(2),
+        template_version: row.get::<Option<i64>, _>(3).map(|v| v as u32),
+        state: SessionState::parse(state).ok_or_else(|| StoreError::Corrupt(format!("state {state}")))?,
+        resources: serde_json::from_str(resources).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        env: serde_json::from_str(env).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        error: row.get(7),
+        sandbox_id: sandbox.map(|s| parse("sandbox id", s)).transpose()?,
+        created_at: row.get(9),
+        updated_at: row.get(10),
+    };
+    Ok(SessionRecord { tenant_id: parse("tenant id", row.get::<&str, _>(1))?, session })
+}
+
+impl Store {
+    /// Records a new session in `creating` together with its first event.
+    pub async fn insert_session(&self, new: &NewSession) -> Result<()> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $7)",
+        )
+        .bind(new.id.as_str())
+        .bind(new.tenant_id.as_str())
+        .bind(&new.template)
+        .bind(SessionState::Creating.as_str())
+        .bind(serde_json::to_string(&new.resources).unwrap_or_default())
+        .bind(serde_json::to_string(&new.env).unwrap_or_default())
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        insert_event(&mut tx, &new.id, "created", None, Some(SessionState::Creating), None).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A session of `tenant`; `None` if it does not exist or belongs to someone else.
+    pub async fn session(&self, tenant: &TenantId, id: &SessionId) -> Result<Option<Session>> {
+        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1 AND tenant_id = $2");
+        let row = sqlx::query(&sql).bind(id.as_str()).bind(tenant.as_str()).fetch_optional(&self.pool).await?;
+        row.map(|r| session_from_row(&r).map(|rec| rec.session)).transpose()
+    }
+
+    /// Any tenant's session (for the reconciler).
+    pub async fn session_any(&self, id: &SessionId) -> Result<Option<SessionRecord>> {
+        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1");
+        let row = sqlx::query(&sql).bind(id.as_str()).fetch_optional(&self.pool).await?;
+        row.map(|r| session_from_row(&r)).transpose()
+    }
+
+    /// The tenant's sessions, newest first; destroyed ones only if `include_destroyed`.
+    pub async fn list_sessions(&self, tenant: &TenantId, include_destroyed: bool) -> Result<Vec<Session>> {
+        let filter = if include_destroyed { "" } else { " AND state <> 'destroyed'" };
+        let sql = format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant_id = $1{filter} ORDER BY created_at DESC, id"
+        );
+        let rows = sqlx::query(&sql).bind(tenant.as_str()).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| session_from_row(r).map(|rec| rec.session)).collect()
+    }
+
+    /// All sessions in one of `states`, any tenant (for recovery).
+    pub async fn sessions_in_states(&self, states: &[SessionState]) -> Result<Vec<SessionRecord>> {
+        let list = states.iter().map(|s| format!("'{}'", s.as_str())).collect::<Vec<_>>().join(",");
+        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE state IN ({list}) ORDER BY created_at");
+        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
+        rows.iter().map(session_from_row).collect()
+    }
+
+    pub async fn count_sessions_by_state(&self, tenant: &TenantId) -> Result<Vec<(String, i64)>> {
+        let rows = sqlx::query("SELECT state, COUNT(*) FROM sessions WHERE tenant_id = $1 GROUP BY state")
+            .bind(tenant.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    /// Moves a session from `from` to `to` if it is still in `from`, recording an event.
+    /// Returns false when another actor moved it first.
+    pub async fn transition(
+        &self,
+        id: &SessionId,
+        from: &[SessionState],
+        to: SessionState,
+        error: Option<&str>,
+    ) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let current: Option<String> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(current) = current.as_deref().and_then(SessionState::parse) else {
+            return Ok(false);
+        };
+        if !from.contains(&current) {
+            return Ok(false);
+        }
+        sqlx::query("UPDATE sessions SET state = $1, error = $2, updated_at = $3 WHERE id = $4")
+            .bind(to.as_str())
+            .bind(error)
+            .bind(now_ms())
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        insert_event(&mut tx, id, "state", Some(current), Some(to), error).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    pub async fn set_session_template_version(&self, id: &SessionId, version: u32) -> Result<()> {
+        sqlx::query("UPDATE sessions SET template_version = $1 WHERE id = $2")
+            .bind(version as i64)
+            .bind(id.as_str())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn record_event(&self, id: &SessionId, kind: &str, message: &str) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        insert_event(&mut tx, id, kind, None, None, Some(message)).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn events(&self, id: &SessionId) -> Result<Vec<SessionEvent>> {
+        let rows = sqlx::query(
+            "SELECT seq, session_id, at, kind, from_state, to_state, message FROM events WHERE session_id = $1 ORDER BY seq",
+        )
+        .bind(id.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SessionEvent {
+                    seq: r.get(0),
+                    session_id: parse("session id", r.get::<&str, _>(1))?,
+                    at: r.get(2),
+                    kind: r.get(3),
+                    from_state: r.get::<Option<&str>, _>(4).and_then(SessionState::parse),
+                    to_state: r.get::<Option<&str>, _>(5).and_then(SessionState::parse),
+                    message: r.get(6),
+                })
+            })
+            .collect()
+    }
+
+    /// Records the intent to run `sandbox` for `session` on `node` (before any side effect).
+    pub async fn insert_sandbox(&self, sandbox: &SandboxId, session: &SessionId, node: &str) -> Result<()> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO sandboxes (id, session_id, node_id, state, created_at, updated_at) VALUES ($1, $2, $3, 'starting', $4, $4)",
+        )
+        .bind(sandbox.as_str())
+        .bind(session.as_str())
+        .bind(node)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE sessions SET sandbox_id = $1, updated_at = $2 WHERE id = $3")
+            .bind(sandbox.as_str())
+            .bind(now)
+            .bind(session.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn set_sandbox_running(&self, sandbox: &SandboxId, pid: u32) -> Result<()> {
+        sqlx::query("UPDATE sandboxes SET state = 'running', pid = $1, updated_at = $2 WHERE id = $3")
+            .bind(pid as i64)
+            .bind(now_ms())
+            .bind(sandbox.as_str())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Marks a sandbox destroyed and detaches it from its session.
+    pub async fn set_sandbox_gone(&self, sandbox: &SandboxId) -> Result<()> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("UPDATE sandboxes SET state = 'gone', updated_at = $1 WHERE id = $2")
+            .bind(now)
+            .bind(sandbox.as_str())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE sessions SET sandbox_id = NULL, updated_at = $1 WHERE sandbox_id = $2")
+            .bind(now)
+            .bind(sandbox.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Sandboxes of `node` that are not known to be gone.
+    pub async fn live_sandboxes(&self, node: &str) -> Result<Vec<SandboxRecord>> {
+        let rows = sqlx::query(
+            "SELECT id, session_id, node_id, state, pid FROM sandboxes WHERE node_id = $1 AND state <> 'gone'",
+        )
+        .bind(node)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SandboxRecord {
+                    id: parse("sandbox id", r.get::<&str, _>(0))?,
+                    session_id: parse("session id", r.get::<&str, _>(1))?,
+                    node_id: r.get(2),
+                    state: r.get(3),
+                    pid: r.get::<Option<i64>, _>(4).map(|p| p as u32),
+                })
+            })
+            .collect()
+    }
+}
+
+async fn insert_event(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    id: &SessionId,
+    kind: &str,
+    from: Option<SessionState>,
+    to: Option<SessionState>,
+    message: Option<&str>,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO events (session_id, at, kind, from_state, to_state, message) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id.as_str())
+    .bind(now_ms())
+    .bind(kind)
+    .bind(from.map(SessionState::as_str))
+    .bind(to.map(SessionState::as_str))
+    .bind(message)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_store;
+
+    async fn new_session(store: &Store, tenant: &str) -> (TenantId, SessionId) {
+        let tenant_id = store.ensure_tenant(tenant).await.unwrap();
+        let id = SessionId::generate();
+        let new = NewSession {
+            id: id.clone(),
+            tenant_id: tenant_id.clone(),
+            template: "busybox".into(),
+            resources: Resources::default(),
+            env: BTreeMap::new(),
+        };
+        store.insert_session(&new).await.unwrap();
+        (tenant_id, id)
+    }
+
+    #[tokio::test]
+    async fn sessions_are_tenant_scoped() {
+        let (store, _dir) = test_store().await;
+        let (a, id) = new_session(&store, "a").await;
+        let b = store.ensure_tenant("b").await.unwrap();
+        assert!(store.session(&a, &id).await.unwrap().is_some());
+        assert!(store.session(&b, &id).await.unwrap().is_none());
+        assert!(store.list_sessions(&b, true).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn transitions_are_compare_and_set_and_recorded() {
+        let (store, _dir) = test_store().await;
+        let (_, id) = new_session(&store, "a").await;
+        assert!(store.transition(&id, &[SessionState::Creating], SessionState::Running, None).await.unwrap());
+        assert!(!store.transition(&id, &[SessionState::Creating], SessionState::Failed, None).await.unwrap());
+        let events = store.events(&id).await.unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[1].to_state, Some(SessionState::Running));
+    }
+
+    #[tokio::test]
+    async fn sandbox_intent_is_recorded_before_running() {
+        let (store, _dir) = test_store().await;
+        let (_, id) = new_session(&store, "a").await;
+        let sbx = SandboxId::generate();
+        store.insert_sandbox(&sbx, &id, "node_x").await.unwrap();
+        let live = store.live_sandboxes("node_x").await.unwrap();
+        assert_eq!(live[0].state, "starting");
+        store.set_sandbox_gone(&sbx).await.unwrap();
+        assert!(store.live_sandboxes("node_x").await.unwrap().is_empty());
+        assert!(store.session_any(&id).await.unwrap().unwrap().session.sandbox_id.is_none());
+    }
+}
