@@ -5,16 +5,22 @@
 //! 2. a [`handshake`]: both sides send a [`Hello`] frame and check the protocol version;
 //! 3. [`mux`]: yamux streams over the byte stream (flow control per stream, so one slow
 //!    download never stalls another exec);
-//! 4. on each stream, [`codec::Frame`]s: typed JSON [`messages`] and raw data chunks.
+//! 4. on each stream, [`codec::Frame`]s: typed JSON [`messages`] and raw data chunks;
+//! 5. [`client::AgentClient`]: the node's typed client on top.
 //!
 //! Each operation opens one stream: the client sends a [`messages::Request`] first, then
 //! operation-specific frames. Everything the sandbox sends is hostile input: the decoder
 //! bounds every length and never panics (see `fuzz/`).
 
+pub mod client;
 pub mod codec;
 pub mod messages;
 pub mod mux;
 
+pub use client::{
+    AgentClient, AgentError, AgentHealth, ExecEvent, ExecEvents, ExecInputHandle, ExecOutput, ExecSession, FileChunks,
+    WatchEvents,
+};
 pub use codec::{DataChannel, Frame, FrameCodec, FrameError};
 pub use messages::*;
 pub use mux::{FramedStream, Hello, MuxClient, MuxError, PROTOCOL_VERSION, handshake, next_frame, send_message, serve};

@@ -10,6 +10,27 @@
 //! - every other request: exactly one reply.
 //!
 //! Any request may be answered with `Reply::Error` instead.
+//!
+//! Details of these conversations (as implemented by `spaced` and [`crate::AgentClient`]):
+//! - `Exec` of a program that cannot be executed is not an error: the server replies
+//!   `Started{pid: 0}`, one `Data(Stderr)` line `spaced: exec: <argv0>: <reason>` and
+//!   `Exited{code: 127}` (not found) or `126` (not executable, permission denied, or the
+//!   child's setup failed). This holds for detached execs too. A missing or non-directory
+//!   `cwd`, an empty argv or NUL bytes are `Error` replies.
+//! - An exec ends when its main process exits, not at EOF of its output: processes it
+//!   started in the background keep running (and may keep the pipes open); output already
+//!   in the pipes at exit is sent before `Exited`, later output is discarded.
+//! - Closing or resetting the client side of a non-detached exec stream before `Exited`
+//!   abandons it: the server SIGKILLs the process group. Closing an `Attach` stream only
+//!   detaches. A client must therefore not half-close an exec stream to signal EOF: it
+//!   sends `ExecInput::Eof` (on a tty this types ^D).
+//! - `Attach` is answered `Started{pid}` (or `Error{NoSuchProcess}`), then buffered output
+//!   (detached processes keep the last 1 MiB per channel), live output and `Exited`.
+//! - `ExecInput::Signal` and `Request::Signal` signal the process itself, not its group;
+//!   timeouts (`Exited{timed_out: true}`) and abandoned execs kill the whole group.
+//! - `ReadFile` sends at most `FileStart.size` bytes; `Done.bytes` is the number sent.
+//! - `WriteFile` replies only `Done` or `Error`; an `Error` may arrive before the client
+//!   finished sending (e.g. permission denied), after which the server closes the stream.
 
 use std::collections::BTreeMap;
 
@@ -42,7 +63,9 @@ pub struct ExecSpec {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub cwd: Option<String>,
+    /// Run as this user (supplementary groups are cleared).
     pub uid: Option<u32>,
+    /// Run with this group; defaults to `uid` when only `uid` is given.
     pub gid: Option<u32>,
     /// Run under a pseudo-terminal of this size; stdout then carries the terminal output.
     pub tty: Option<PtySize>,
@@ -166,6 +189,13 @@ pub enum Reply {
     Watching,
     Event { event: WatchEvent },
     Ok,
+}
+
+impl ExitStatus {
+    /// Exited with code 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
 }
 
 impl Reply {

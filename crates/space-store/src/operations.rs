@@ -96,23 +96,28 @@ fn op_from_row(row: &SqliteRow) -> Result<OperationRecord> {
 }
 
 
+pub(crate) async fn insert_operation(conn: &mut sqlx::SqliteConnection, new: &NewOperation) -> Result<OperationId> {
+    let id = OperationId::generate();
+    let now = now_ms();
+    sqlx::query(
+        "INSERT INTO operations (id, tenant_id, session_id, kind, state, input, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, 'pending', $5, $6, $6)",
+    )
+    .bind(id.as_str())
+    .bind(new.tenant_id.as_str())
+    .bind(new.session_id.as_ref().map(|s| s.as_str()))
+    .bind(new.kind.as_str())
+    .bind(&new.input)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(id)
+}
+
 impl Store {
     pub async fn insert_operation(&self, new: &NewOperation) -> Result<OperationId> {
-        let id = OperationId::generate();
-        let now = now_ms();
-        sqlx::query(
-            "INSERT INTO operations (id, tenant_id, session_id, kind, state, input, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, 'pending', $5, $6, $6)",
-        )
-        .bind(id.as_str())
-        .bind(new.tenant_id.as_str())
-        .bind(new.session_id.as_ref().map(|s| s.as_str()))
-        .bind(new.kind.as_str())
-        .bind(&new.input)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(id)
+        let mut conn = self.pool.acquire().await?;
+        insert_operation(&mut conn, new).await
     }
 
     pub async fn operation(&self, tenant: &TenantId, id: &OperationId) -> Result<Option<Operation>> {

@@ -2,11 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use space_api::{Resources, SandboxId, Session, SessionEvent, SessionId, SessionState, TenantId};
+use space_api::{OperationId, Resources, SandboxId, Session, SessionEvent, SessionId, SessionState, TenantId};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use crate::{Result, Store, StoreError, now_ms, parse};
+use crate::operations::insert_operation;
+use crate::{NewOperation, OperationKind, Result, Store, StoreError, now_ms, parse};
 
 /// A session as stored, with its owner.
 #[derive(Debug, Clone)]
@@ -60,8 +61,9 @@ fn session_from_row(row: &SqliteRow) -> Result<SessionRecord> {
 }
 
 impl Store {
-    /// Records a new session in `creating` together with its first event.
-    pub async fn insert_session(&self, new: &NewSession) -> Result<()> {
+    /// Records a new session in `creating`, its first event and the operation that will build
+    /// it, atomically: a crash never leaves a session without the work that finishes it.
+    pub async fn insert_session(&self, new: &NewSession) -> Result<OperationId> {
         let now = now_ms();
         let mut tx = self.pool.begin().await?;
         sqlx::query(
@@ -78,8 +80,47 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         insert_event(&mut tx, &new.id, "created", None, Some(SessionState::Creating), None).await?;
+        let op = NewOperation {
+            tenant_id: new.tenant_id.clone(),
+            session_id: Some(new.id.clone()),
+            kind: OperationKind::CreateSession,
+            input: None,
+        };
+        let op_id = insert_operation(&mut tx, &op).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(op_id)
+    }
+
+    /// Moves a session into `destroying` and queues the operation that finishes the job.
+    /// Returns `None` if the session is already destroyed or being destroyed.
+    pub async fn begin_destroy(&self, tenant: &TenantId, id: &SessionId) -> Result<Option<OperationId>> {
+        let mut tx = self.pool.begin().await?;
+        let current: Option<String> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1 AND tenant_id = $2")
+            .bind(id.as_str())
+            .bind(tenant.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(current) = current.as_deref().and_then(SessionState::parse) else {
+            return Ok(None);
+        };
+        if matches!(current, SessionState::Destroyed | SessionState::Destroying) {
+            return Ok(None);
+        }
+        sqlx::query("UPDATE sessions SET state = 'destroying', updated_at = $1 WHERE id = $2")
+            .bind(now_ms())
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        insert_event(&mut tx, id, "state", Some(current), Some(SessionState::Destroying), None).await?;
+        let op = NewOperation {
+            tenant_id: tenant.clone(),
+            session_id: Some(id.clone()),
+            kind: OperationKind::DestroySession,
+            input: None,
+        };
+        let op_id = insert_operation(&mut tx, &op).await?;
+        tx.commit().await?;
+        Ok(Some(op_id))
     }
 
     /// A session of `tenant`; `None` if it does not exist or belongs to someone else.
@@ -314,6 +355,9 @@ mod tests {
         assert!(store.session(&a, &id).await.unwrap().is_some());
         assert!(store.session(&b, &id).await.unwrap().is_none());
         assert!(store.list_sessions(&b, true).await.unwrap().is_empty());
+        assert!(store.begin_destroy(&b, &id).await.unwrap().is_none());
+        assert!(store.begin_destroy(&a, &id).await.unwrap().is_some());
+        assert!(store.begin_destroy(&a, &id).await.unwrap().is_none());
     }
 
     #[tokio::test]

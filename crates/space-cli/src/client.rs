@@ -1,0 +1,102 @@
+//! HTTP client of the `/v1` API: JSON calls, streamed bodies and WebSockets.
+
+use std::path::Path;
+
+use anyhow::{Context, anyhow, bail};
+use reqwest::{Method, RequestBuilder, Response};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use space_api::{ApiError, ErrorBody};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+
+pub type WsStream = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+pub struct Client {
+    base: String,
+    key: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(url: &str, key: Option<String>, data_dir: &Path) -> anyhow::Result<Client> {
+        let key = match key {
+            Some(k) => k,
+            None => {
+                let path = data_dir.join("admin.key");
+                std::fs::read_to_string(&path)
+                    .with_context(|| {
+                        format!("no API key: set SPACE_API_KEY or --api-key (could not read {})", path.display())
+                    })?
+                    .trim()
+                    .to_owned()
+            }
+        };
+        Ok(Client { base: url.trim_end_matches('/').to_owned(), key, http: reqwest::Client::new() })
+    }
+
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.http.request(method, format!("{}{path}", self.base)).bearer_auth(&self.key)
+    }
+
+    /// Sends and turns API errors into readable messages.
+    pub async fn send(&self, builder: RequestBuilder) -> anyhow::Result<Response> {
+        let response = builder.send().await.with_context(|| format!("cannot reach the space server at {}", self.base))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(body) => {
+                let e = ApiError::from(body);
+                bail!("{} ({}, HTTP {})", e.message, serde_json::to_value(e.code)?.as_str().unwrap_or("error"), status.as_u16())
+            }
+            Err(_) => bail!("HTTP {status}: {text}"),
+        }
+    }
+
+    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        Ok(self.send(self.request(Method::GET, path)).await?.json().await?)
+    }
+
+    pub async fn post_json<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+        Ok(self.send(self.request(Method::POST, path).json(body)).await?.json().await?)
+    }
+
+    pub async fn delete_json<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        Ok(self.send(self.request(Method::DELETE, path)).await?.json().await?)
+    }
+
+    /// Opens a WebSocket to `path` with the API key.
+    pub async fn websocket(&self, path: &str) -> anyhow::Result<WsStream> {
+        let url = format!("{}{path}", self.base.replacen("http", "ws", 1));
+        let mut request = url.into_client_request()?;
+        let auth = HeaderValue::from_str(&format!("Bearer {}", self.key)).map_err(|e| anyhow!("bad API key: {e}"))?;
+        request.headers_mut().insert("authorization", auth);
+        match tokio_tungstenite::connect_async(request).await {
+            Ok((stream, _)) => Ok(stream),
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                let body = response.body().as_deref().unwrap_or_default();
+                match serde_json::from_slice::<ErrorBody>(body) {
+                    Ok(e) => bail!("{}", e.error.message),
+                    Err(_) => bail!("WebSocket refused: HTTP {}", response.status()),
+                }
+            }
+            Err(e) => Err(e).with_context(|| format!("cannot open a WebSocket to {}", self.base)),
+        }
+    }
+}
+
+/// Percent-encodes a query value.
+pub fn encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

@@ -1,0 +1,173 @@
+//! `space exec [-t] ID -- CMD ARGS…` over the exec WebSocket.
+
+use std::io::{IsTerminal, Write};
+use std::os::fd::AsFd;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use futures::{SinkExt, StreamExt};
+use nix::sys::termios::{self, SetArg, Termios};
+use space_api::{ExecStart, TermSize, WsClientMessage, WsServerMessage};
+use tokio::io::AsyncReadExt;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::client::Client;
+
+#[derive(Args)]
+pub struct ExecArgs {
+    /// Allocate a terminal (interactive: raw mode, resize).
+    #[arg(short = 't', long)]
+    tty: bool,
+    /// Forward stdin even when it is a terminal.
+    #[arg(short = 'i', long)]
+    interactive: bool,
+    /// Environment variable, `K=V` (repeatable).
+    #[arg(short = 'e', long = "env", value_name = "K=V")]
+    env: Vec<String>,
+    /// Working directory inside the sandbox.
+    #[arg(short = 'w', long)]
+    cwd: Option<String>,
+    /// Kill the command after this many seconds.
+    #[arg(long)]
+    timeout: Option<f64>,
+    /// Session id.
+    id: String,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    cmd: Vec<String>,
+}
+
+/// Restores the terminal when dropped.
+struct RawMode {
+    saved: Termios,
+}
+
+impl RawMode {
+    fn enter() -> anyhow::Result<RawMode> {
+        let stdin = std::io::stdin();
+        let saved = termios::tcgetattr(stdin.as_fd()).context("reading terminal settings")?;
+        let mut raw = saved.clone();
+        termios::cfmakeraw(&mut raw);
+        termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &raw).context("setting raw mode")?;
+        Ok(RawMode { saved })
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, &self.saved);
+    }
+}
+
+fn terminal_size() -> TermSize {
+    let mut ws = nix::libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCGWINSZ writes one `winsize` into the valid, exclusively borrowed `ws`.
+    let rc = unsafe { nix::libc::ioctl(1, nix::libc::TIOCGWINSZ, &mut ws) };
+    if rc == 0 && ws.ws_row > 0 { TermSize { rows: ws.ws_row, cols: ws.ws_col } } else { TermSize { rows: 24, cols: 80 } }
+}
+
+pub async fn run(client: &Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
+    let mut env = std::collections::BTreeMap::new();
+    for pair in &args.env {
+        let Some((k, v)) = pair.split_once('=') else { bail!("--env takes K=V, got {pair:?}") };
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let forward_stdin = args.tty || args.interactive || !std::io::stdin().is_terminal();
+    let start = ExecStart {
+        cmd: args.cmd.clone(),
+        env,
+        cwd: args.cwd.clone(),
+        uid: None,
+        gid: None,
+        timeout_ms: args.timeout.map(|s| (s * 1000.0) as u64),
+        tty: args.tty.then(terminal_size),
+        stdin: forward_stdin,
+    };
+    let mut socket = client.websocket(&format!("/v1/sessions/{}/exec/ws", args.id)).await?;
+    socket.send(Message::Text(serde_json::to_string(&start)?.into())).await?;
+    let _raw = if args.tty && std::io::stdin().is_terminal() { Some(RawMode::enter()?) } else { None };
+
+    let (mut sink, mut stream) = socket.split();
+    let (input_tx, mut input_rx) = tokio::sync::mpsc::channel::<Message>(16);
+    if forward_stdin {
+        tokio::spawn(pump_stdin(input_tx.clone()));
+    }
+    if args.tty {
+        tokio::spawn(forward_resizes(input_tx.clone()));
+    }
+    drop(input_tx);
+    tokio::spawn(async move {
+        while let Some(message) = input_rx.recv().await {
+            if sink.send(message).await.is_err() {
+                break;
+            }
+        }
+    });
+
+    let mut stdout = std::io::stdout();
+    let mut stderr = std::io::stderr();
+    while let Some(message) = stream.next().await {
+        match message? {
+            Message::Binary(bytes) if !bytes.is_empty() => {
+                let (channel, data) = (bytes[0], &bytes[1..]);
+                if channel == 2 {
+                    stderr.write_all(data)?;
+                    stderr.flush()?;
+                } else {
+                    stdout.write_all(data)?;
+                    stdout.flush()?;
+                }
+            }
+            Message::Text(text) => match serde_json::from_str::<WsServerMessage>(&text)? {
+                WsServerMessage::Started { .. } => {}
+                WsServerMessage::Exit { exit_code, signal, timed_out, oom_killed } => {
+                    drop(_raw);
+                    if oom_killed {
+                        eprintln!("space: the sandbox ran out of memory and the kernel killed a process");
+                    }
+                    if timed_out {
+                        eprintln!("space: command timed out");
+                        return Ok(ExitCode::from(124));
+                    }
+                    let code = exit_code.unwrap_or_else(|| 128 + signal.unwrap_or(0));
+                    return Ok(ExitCode::from(code.clamp(0, 255) as u8));
+                }
+                WsServerMessage::Error { message, .. } => bail!("{message}"),
+            },
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    bail!("the connection closed before the command finished")
+}
+
+async fn pump_stdin(tx: tokio::sync::mpsc::Sender<Message>) {
+    let mut stdin = tokio::io::stdin();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match stdin.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if tx.send(Message::Binary(buf[..n].to_vec().into())).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let eof = serde_json::to_string(&WsClientMessage::Eof).unwrap_or_default();
+    let _ = tx.send(Message::Text(eof.into())).await;
+}
+
+async fn forward_resizes(tx: tokio::sync::mpsc::Sender<Message>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut winch) = signal(SignalKind::window_change()) else { return };
+    while winch.recv().await.is_some() {
+        let size = terminal_size();
+        let resize = WsClientMessage::Resize { rows: size.rows, cols: size.cols };
+        let text = serde_json::to_string(&resize).unwrap_or_default();
+        if tx.send(Message::Text(text.into())).await.is_err() {
+            return;
+        }
+    }
+}

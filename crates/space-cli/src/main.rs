@@ -1,0 +1,121 @@
+//! `space`: one binary for the server and the client.
+
+mod bench;
+mod client;
+mod exec;
+mod files;
+mod output;
+mod serve;
+mod sessions;
+mod templates;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::client::Client;
+
+const DEFAULT_DATA_DIR: &str = "/var/lib/space";
+const DEFAULT_URL: &str = "http://127.0.0.1:7070";
+
+#[derive(Parser)]
+#[command(name = "space", version, about = "Secure, stateful sandboxes for long-running AI agents")]
+struct Cli {
+    /// API endpoint.
+    #[arg(long, global = true, env = "SPACE_URL", default_value = DEFAULT_URL)]
+    url: String,
+    /// API key; defaults to the local server's admin key (DATA_DIR/admin.key).
+    #[arg(long, global = true, env = "SPACE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Data directory of the local server (for `serve`, and to find its admin key).
+    #[arg(long, global = true, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server: control plane, node and API in one process.
+    Serve(serve::ServeArgs),
+    /// Create, list, show and destroy sessions.
+    #[command(subcommand)]
+    Session(sessions::SessionCommand),
+    /// Run a command in a session: `space exec ID -- CMD ARGS…`.
+    Exec(exec::ExecArgs),
+    /// Copy files into and out of a session.
+    #[command(subcommand)]
+    Files(files::FilesCommand),
+    /// Manage templates.
+    #[command(subcommand)]
+    Template(templates::TemplateCommand),
+    /// Manage API keys.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Show the server's status.
+    Status,
+    /// Measure create and exec latency through the API.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Create an API key for a tenant (needs the admin key).
+    Create {
+        #[arg(long)]
+        tenant: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::Serve(args) = cli.command {
+        serve::run(args, cli.data_dir).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let client = Client::new(&cli.url, cli.api_key.clone(), &cli.data_dir)?;
+    let json = cli.json;
+    match cli.command {
+        Command::Serve(_) => unreachable!("handled above"),
+        Command::Session(cmd) => sessions::run(&client, cmd, json).await?,
+        Command::Exec(args) => return exec::run(&client, args).await,
+        Command::Files(cmd) => files::run(&client, cmd, json).await?,
+        Command::Template(cmd) => templates::run(&client, cmd, json).await?,
+        Command::Key(KeyCommand::Create { tenant }) => {
+            let key: space_api::CreatedKey =
+                client.post_json("/v1/keys", &space_api::CreateKeyRequest { tenant }).await?;
+            if json {
+                output::print_json(&key)?;
+            } else {
+                println!("{}", key.key);
+            }
+        }
+        Command::Bench(args) => bench::run(&client, args).await?,
+        Command::Status => {
+            let status: space_api::Status = client.get_json("/v1/status").await?;
+            output::print_status(&status, json)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,125 @@
+//! Human tables and JSON output.
+
+use serde::Serialize;
+use space_api::{Session, Status};
+
+pub fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Prints rows as aligned columns under a header.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        line(row.clone());
+    }
+}
+
+/// `1732900000000` → `2024-11-29 17:06:40` (UTC).
+pub fn time(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, (rem / 60) % 60, rem % 60)
+}
+
+// Howard Hinnant's days-to-civil algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+pub fn session_row(s: &Session) -> Vec<String> {
+    vec![
+        s.id.to_string(),
+        s.state.as_str().to_owned(),
+        match s.template_version {
+            Some(v) => format!("{}@{v}", s.template),
+            None => s.template.clone(),
+        },
+        format!("{}", s.resources.cpus),
+        format!("{} MiB", s.resources.memory_mib),
+        time(s.created_at),
+    ]
+}
+
+pub const SESSION_HEADER: [&str; 6] = ["ID", "STATE", "TEMPLATE", "CPUS", "MEMORY", "CREATED"];
+
+pub fn print_session(s: &Session, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(s);
+    }
+    let fields = [
+        ("id", s.id.to_string()),
+        ("state", s.state.as_str().to_owned()),
+        ("template", session_row(s)[2].clone()),
+        ("cpus", s.resources.cpus.to_string()),
+        ("memory", format!("{} MiB", s.resources.memory_mib)),
+        ("pids", s.resources.pids.to_string()),
+        ("env", s.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")),
+        ("created", time(s.created_at)),
+        ("error", s.error.clone().unwrap_or_default()),
+    ];
+    for (name, value) in fields {
+        if !value.is_empty() {
+            println!("{name:<9} {value}");
+        }
+    }
+    Ok(())
+}
+
+pub fn print_status(status: &Status, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(status);
+    }
+    println!("version   {}", status.version);
+    println!("node      {}", status.node_id);
+    let sessions: Vec<String> = status.sessions.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("sessions  {}", if sessions.is_empty() { "none".into() } else { sessions.join(" ") });
+    let templates: Vec<String> = status.templates.iter().map(|t| format!("{}@{}", t.name, t.version)).collect();
+    println!("templates {}", if templates.is_empty() { "none".into() } else { templates.join(" ") });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_times_and_sizes() {
+        assert_eq!(time(0), "1970-01-01 00:00:00");
+        assert_eq!(time(1_732_900_000_000), "2024-11-29 17:06:40");
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(3 << 20), "3.0 MiB");
+    }
+}

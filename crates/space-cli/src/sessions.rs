@@ -1,0 +1,106 @@
+//! `space session …`
+
+use std::collections::BTreeMap;
+
+use anyhow::bail;
+use clap::Subcommand;
+use space_api::{CreateSessionRequest, EventList, Session, SessionList};
+
+use crate::client::Client;
+use crate::output::{self, SESSION_HEADER, print_json, print_session, print_table, session_row};
+
+#[derive(Subcommand)]
+pub enum SessionCommand {
+    /// Create a session; prints its id.
+    Create {
+        #[arg(long)]
+        template: Option<String>,
+        #[arg(long)]
+        cpus: Option<f64>,
+        /// Memory limit in MiB.
+        #[arg(long)]
+        memory: Option<u64>,
+        /// Process limit.
+        #[arg(long)]
+        pids: Option<u32>,
+        /// Environment variable for every command, `K=V` (repeatable).
+        #[arg(long = "env", value_name = "K=V")]
+        env: Vec<String>,
+    },
+    /// List your sessions.
+    List {
+        /// Include destroyed sessions.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show one session.
+    Show { id: String },
+    /// Destroy a session and its sandbox.
+    Destroy { id: String },
+    /// A session's state transitions and events.
+    Events { id: String },
+}
+
+fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    pairs
+        .iter()
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+            _ => bail!("--env takes K=V, got {pair:?}"),
+        })
+        .collect()
+}
+
+pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow::Result<()> {
+    match command {
+        SessionCommand::Create { template, cpus, memory, pids, env } => {
+            let request = CreateSessionRequest { template, cpus, memory_mib: memory, pids, env: parse_env(&env)? };
+            let session: Session = client.post_json("/v1/sessions", &request).await?;
+            if json {
+                print_json(&serde_json::json!({ "id": session.id, "session": session }))?;
+            } else {
+                println!("{}", session.id);
+            }
+        }
+        SessionCommand::List { all } => {
+            let list: SessionList = client.get_json(&format!("/v1/sessions?all={all}")).await?;
+            if json {
+                return print_json(&list);
+            }
+            let rows: Vec<Vec<String>> = list.sessions.iter().map(session_row).collect();
+            print_table(&SESSION_HEADER, &rows);
+        }
+        SessionCommand::Show { id } => {
+            let session: Session = client.get_json(&format!("/v1/sessions/{id}")).await?;
+            print_session(&session, json)?;
+        }
+        SessionCommand::Destroy { id } => {
+            let session: Session = client.delete_json(&format!("/v1/sessions/{id}")).await?;
+            if json {
+                print_json(&session)?;
+            } else {
+                println!("{} {}", session.id, session.state.as_str());
+            }
+        }
+        SessionCommand::Events { id } => {
+            let events: EventList = client.get_json(&format!("/v1/sessions/{id}/events")).await?;
+            if json {
+                return print_json(&events);
+            }
+            let rows: Vec<Vec<String>> = events
+                .events
+                .iter()
+                .map(|e| {
+                    let change = match (e.from_state, e.to_state) {
+                        (Some(f), Some(t)) => format!("{} -> {}", f.as_str(), t.as_str()),
+                        (None, Some(t)) => t.as_str().to_owned(),
+                        _ => String::new(),
+                    };
+                    vec![output::time(e.at), e.kind.clone(), change, e.message.clone().unwrap_or_default()]
+                })
+                .collect();
+            print_table(&["TIME", "KIND", "STATE", "MESSAGE"], &rows);
+        }
+    }
+    Ok(())
+}

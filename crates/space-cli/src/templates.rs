@@ -1,0 +1,80 @@
+//! `space template list|import|build`
+
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::Subcommand;
+use indicatif::{ProgressBar, ProgressStyle};
+use space_api::{BuildTemplateRequest, ImportTemplateRequest, Operation, OperationState, TemplateList};
+
+use crate::client::Client;
+use crate::output::{bytes, print_json, print_table, time};
+
+#[derive(Subcommand)]
+pub enum TemplateCommand {
+    /// List templates.
+    List,
+    /// Import a root filesystem (directory or tarball on the server's host) as NAME.
+    Import { name: String, path: std::path::PathBuf },
+    /// Build a built-in template (`debian`, `busybox`).
+    Build { name: String },
+}
+
+pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyhow::Result<()> {
+    match command {
+        TemplateCommand::List => {
+            let list: TemplateList = client.get_json("/v1/templates").await?;
+            if json {
+                return print_json(&list);
+            }
+            let rows: Vec<Vec<String>> = list
+                .templates
+                .iter()
+                .map(|t| vec![t.name.clone(), t.version.to_string(), bytes(t.size_bytes), time(t.created_at), t.source.clone()])
+                .collect();
+            print_table(&["NAME", "VERSION", "SIZE", "CREATED", "SOURCE"], &rows);
+            println!("built-in: {} (default: {})", list.builtin.join(", "), list.default_template);
+        }
+        TemplateCommand::Import { name, path } => {
+            let path = std::fs::canonicalize(&path).unwrap_or(path);
+            let request = ImportTemplateRequest { name, path: path.to_string_lossy().into_owned() };
+            let op: Operation = client.post_json("/v1/templates/import", &request).await?;
+            follow(client, op, json).await?;
+        }
+        TemplateCommand::Build { name } => {
+            let op: Operation = client.post_json("/v1/templates/build", &BuildTemplateRequest { name }).await?;
+            follow(client, op, json).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Polls an operation to its end, drawing its progress.
+async fn follow(client: &Client, mut op: Operation, json: bool) -> anyhow::Result<()> {
+    let bar = if json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
+    bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_msg}")?);
+    bar.enable_steady_tick(Duration::from_millis(120));
+    while matches!(op.state, OperationState::Pending | OperationState::Running) {
+        if let Some(p) = &op.progress {
+            let count = match p.total {
+                Some(total) => format!(" ({}/{total})", p.done),
+                None if p.done > 0 => format!(" ({})", p.done),
+                None => String::new(),
+            };
+            bar.set_message(format!("{}{count}", p.phase));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        op = client.get_json(&format!("/v1/operations/{}", op.id)).await?;
+    }
+    bar.finish_and_clear();
+    if json {
+        print_json(&op)?;
+    }
+    if op.state == OperationState::Failed {
+        bail!("{}", op.error.unwrap_or_else(|| "template operation failed".into()));
+    }
+    if !json {
+        println!("done");
+    }
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! The API's contract: errors with stable codes, tenant isolation, idempotency.
+
+mod common;
+
+use common::Server;
+use serde_json::json;
+
+#[test]
+fn bad_input_gets_clear_errors_and_loses_nothing() {
+    require_root!();
+    let server = Server::start();
+    let (status, body) = server.call("GET", "/v1/sessions/ses_aaaaaaaaaaaaaaaaaaaa", None);
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("not_found")));
+    let (status, _) = server.call("GET", "/v1/sessions/../../etc", None);
+    assert_eq!(status, 404);
+
+    let (status, body) = server.call("POST", "/v1/sessions", Some(json!({ "template": "nope" })));
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("unknown_template")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("busybox"), "names the available ones: {body}");
+
+    let (status, body) = server.call("POST", "/v1/sessions", Some(json!({ "memory_mib": 1 })));
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("bad_request")), "{body}");
+    let (status, body) = server.call("POST", "/v1/sessions", Some(json!({ "surprise": true })));
+    assert_eq!(status, 400, "{body}");
+
+    let out = common::curl(&[
+        "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "-H", &server.auth(),
+        "-H", "content-type: application/json", "-d", "{not json", &format!("{}/v1/sessions", server.url),
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "400");
+
+    let big = format!("{{\"cmd\":[\"{}\"]}}", "x".repeat(2 << 20));
+    let path = server.data_dir.join("big.json");
+    std::fs::write(&path, big).unwrap();
+    let out = common::curl(&[
+        "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "-H", &server.auth(),
+        "-H", "content-type: application/json", "--data-binary", &format!("@{}", path.display()),
+        &format!("{}/v1/sessions", server.url),
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "413");
+
+    let (status, body) = server.call_as("sk_wrong", "GET", "/v1/sessions", None);
+    assert_eq!((status, body["error"]["code"].as_str()), (401, Some("unauthorized")));
+
+    let id = server.create_session(json!({}));
+    let (status, body) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "cmd": [] })));
+    assert_eq!(status, 400, "{body}");
+    let r = server.exec(&id, &["echo", "still serving"]);
+    assert_eq!(r["stdout"], "still serving\n");
+}
+
+#[test]
+fn tenants_never_see_each_other() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    let out = server.cli(&["key", "create", "--tenant", "other"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let other = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+
+    let (status, list) = server.call_as(&other, "GET", "/v1/sessions", None);
+    assert_eq!(status, 200);
+    assert_eq!(list["sessions"].as_array().unwrap().len(), 0);
+    for (method, path, body) in [
+        ("GET", format!("/v1/sessions/{id}"), None),
+        ("POST", format!("/v1/sessions/{id}/exec"), Some(json!({ "cmd": ["true"] }))),
+        ("GET", format!("/v1/sessions/{id}/files/content?path=/etc/passwd"), None),
+        ("DELETE", format!("/v1/sessions/{id}"), None),
+    ] {
+        let (status, body) = server.call_as(&other, method, &path, body);
+        assert_eq!(status, 404, "{method} {path}: {body}");
+    }
+    let (status, _) = server.call_as(&other, "POST", "/v1/keys", Some(json!({ "tenant": "x" })));
+    assert_eq!(status, 403);
+    let (_, session) = server.call("GET", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(session["state"], "running");
+}
+
+#[test]
+fn idempotency_key_replays_the_first_response() {
+    require_root!();
+    let server = Server::start();
+    let create = |key: &str, body: &str| {
+        let out = common::curl(&[
+            "-s", "-X", "POST", "-H", &server.auth(), "-H", &format!("Idempotency-Key: {key}"),
+            "-H", "content-type: application/json", "-d", body, &format!("{}/v1/sessions", server.url),
+        ]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let first = create("k1", "{}");
+    let second = create("k1", "{}");
+    assert_eq!(first["id"], second["id"]);
+    let mismatch = create("k1", "{\"cpus\":2}");
+    assert_eq!(mismatch["error"]["code"], "idempotency_conflict");
+    let (_, list) = server.call("GET", "/v1/sessions", None);
+    assert_eq!(list["sessions"].as_array().unwrap().len(), 1);
+}

@@ -1,0 +1,274 @@
+//! Harness for the root-only integration tests: a real `space serve` on a private data dir
+//! (its own loop-mounted btrfs pool and cgroup parent), torn down even when a test fails.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use serde_json::{Value, json};
+
+pub const SPACE: &str = env!("CARGO_BIN_EXE_space");
+
+/// Skips a test (passes with a note) when not root: sandboxes need it.
+#[macro_export]
+macro_rules! require_root {
+    () => {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root");
+            return;
+        }
+    };
+}
+
+pub fn spaced_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("SPACED_BIN") {
+        return p.into();
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/x86_64-unknown-linux-gnu/release/spaced")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+pub struct Server {
+    pub data_dir: PathBuf,
+    pub url: String,
+    pub key: String,
+    pub cgroup_parent: String,
+    port: u16,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts a server whose default template is `busybox` (built at start).
+    pub fn start() -> Server {
+        let tag: String = (0..8).map(|_| rand::rng().random_range(b'a'..=b'z') as char).collect();
+        let data_dir = PathBuf::from(format!("/var/tmp/space-test-{tag}"));
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let port = free_port();
+        let mut server = Server {
+            log: data_dir.with_extension("log"),
+            data_dir,
+            url: format!("http://127.0.0.1:{port}"),
+            key: String::new(),
+            cgroup_parent: format!("space-test-{tag}"),
+            port,
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    /// (Re)starts the server process on the same data dir and port.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(SPACE)
+            .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--default-template", "busybox", "--prepare-templates", "busybox"])
+            .args(["--cgroup-parent", &self.cgroup_parent, "--pool-size-gib", "8"])
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--spaced")
+            .arg(spaced_bin())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting space serve");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("space serve exited with {status}; log:\n{}", self.log_text());
+            }
+            if let Ok(key) = std::fs::read_to_string(self.data_dir.join("admin.key")) {
+                self.key = key.trim().to_owned();
+                let templates = self.try_get("/v1/templates");
+                let ready = templates
+                    .as_ref()
+                    .and_then(|t| t["templates"].as_array())
+                    .is_some_and(|list| list.iter().any(|t| t["name"] == "busybox"));
+                if ready {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "server not ready in time; log:\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL: the crash the recovery tests simulate.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn try_get(&self, path: &str) -> Option<Value> {
+        let out = curl(&["-sf", "-H", &self.auth(), &format!("{}{path}", self.url)]);
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+    }
+
+    pub fn auth(&self) -> String {
+        format!("Authorization: Bearer {}", self.key)
+    }
+
+    /// An HTTP call with the admin key; returns (status, JSON body or string).
+    pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.call_as(&self.key, method, path, body)
+    }
+
+    pub fn call_as(&self, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut args = vec!["-s".to_owned(), "-X".into(), method.into(), "-w".into(), "\n%{http_code}".into()];
+        args.extend(["-H".into(), format!("Authorization: Bearer {key}")]);
+        if let Some(body) = body {
+            args.extend(["-H".into(), "content-type: application/json".into(), "-d".into(), body.to_string()]);
+        }
+        args.push(format!("{}{path}", self.url));
+        let out = curl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        let value = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned()));
+        (code.trim().parse().unwrap_or(0), value)
+    }
+
+    /// Runs the `space` CLI against this server.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        self.cli_with_stdin(args, None)
+    }
+
+    pub fn cli_with_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(SPACE)
+            .args(args)
+            .env("SPACE_URL", &self.url)
+            .env("SPACE_API_KEY", &self.key)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running space");
+        let mut input = child.stdin.take().unwrap();
+        if let Some(bytes) = stdin {
+            input.write_all(bytes).unwrap();
+        }
+        drop(input);
+        child.wait_with_output().unwrap()
+    }
+
+    pub fn create_session(&self, body: Value) -> String {
+        let (status, session) = self.call("POST", "/v1/sessions", Some(body));
+        assert_eq!(status, 201, "create failed: {session}\n{}", self.log_text());
+        session["id"].as_str().unwrap().to_owned()
+    }
+
+    pub fn exec(&self, id: &str, cmd: &[&str]) -> Value {
+        let (status, result) = self.call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "cmd": cmd })));
+        assert_eq!(status, 200, "exec {cmd:?} failed: {result}");
+        result
+    }
+
+    /// Host pids of processes inside this server's sandbox cgroups.
+    pub fn sandbox_pids(&self) -> Vec<u32> {
+        cgroup_dirs(&self.cgroup_parent).iter().flat_map(|d| read_pids(&d.join("cgroup.procs"))).collect()
+    }
+
+    /// Sandbox cgroups that still exist under this server's parent.
+    pub fn sandbox_cgroups(&self) -> Vec<PathBuf> {
+        cgroup_dirs(&self.cgroup_parent)
+    }
+
+    pub fn sandbox_roots(&self) -> Vec<String> {
+        list_names(&self.data_dir.join("pool/sandboxes"))
+    }
+
+    pub fn sockets(&self) -> Vec<String> {
+        list_names(&self.data_dir.join("run"))
+    }
+}
+
+fn list_names(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+pub fn curl(args: &[&str]) -> Output {
+    Command::new("curl").args(args).output().expect("curl")
+}
+
+fn read_pids(path: &Path) -> Vec<u32> {
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+/// Every sandbox cgroup below `parent` in any v1 controller (or v2).
+fn cgroup_dirs(parent: &str) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else { return dirs };
+    for controller in controllers.filter_map(|e| e.ok()) {
+        let base = controller.path().join(parent);
+        if let Ok(children) = std::fs::read_dir(&base) {
+            dirs.extend(children.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()));
+        }
+    }
+    dirs
+}
+
+/// Kills every process in the test's cgroups and removes them: nothing may outlive a test.
+fn remove_cgroups(parent: &str) {
+    for _ in 0..50 {
+        let dirs = cgroup_dirs(parent);
+        let mut busy = false;
+        for dir in &dirs {
+            for pid in read_pids(&dir.join("cgroup.procs")) {
+                busy = true;
+                // SAFETY: kill(2) with a pid read from the test's own cgroup.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
+            let _ = std::fs::remove_dir(dir);
+        }
+        if dirs.is_empty() && !busy {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+        for controller in controllers.filter_map(|e| e.ok()) {
+            let _ = std::fs::remove_dir(controller.path().join(parent));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+        remove_cgroups(&self.cgroup_parent);
+        let pool = self.data_dir.join("pool");
+        let sandboxes = pool.join("sandboxes");
+        for name in list_names(&sandboxes) {
+            let _ = Command::new("btrfs").args(["subvolume", "delete", "-c"]).arg(sandboxes.join(&name).join("rootfs")).output();
+        }
+        let _ = Command::new("umount").arg("-l").arg(&pool).output();
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        } else {
+            eprintln!("server log kept at {}", self.log.display());
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! Commands in real sandboxes: exit codes, signals, streams, stdin, env, cwd, background.
+
+mod common;
+
+use common::Server;
+use serde_json::json;
+
+#[test]
+fn exec_reports_output_exit_codes_and_signals() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({ "env": { "GREETING": "hello" } }));
+
+    let r = server.exec(&id, &["sh", "-c", "echo out; echo err >&2; exit 3"]);
+    assert_eq!((r["stdout"].as_str(), r["stderr"].as_str(), r["exit_code"].as_i64()), (Some("out\n"), Some("err\n"), Some(3)));
+
+    let r = server.exec(&id, &["sh", "-c", "kill -TERM $$"]);
+    assert_eq!(r["signal"], 15, "{r}");
+    assert!(r["exit_code"].is_null());
+
+    let r = server.exec(&id, &["no-such-binary"]);
+    assert_eq!(r["exit_code"], 127, "{r}");
+    assert!(r["stderr"].as_str().unwrap().contains("no-such-binary"), "{r}");
+
+    let (status, r) = server.call(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(json!({ "cmd": ["sh", "-c", "echo $GREETING $EXTRA; pwd; cat"], "env": { "EXTRA": "world" }, "cwd": "/tmp", "stdin": "from stdin" })),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(r["stdout"], "hello world\n/tmp\nfrom stdin", "{r}");
+
+    let r = server.exec(&id, &["id", "-u"]);
+    assert_eq!(r["stdout"], "0\n");
+    let (_, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "cmd": ["id", "-u"], "uid": 1000, "gid": 1000 })));
+    assert_eq!(r["stdout"], "1000\n", "{r}");
+
+    let (_, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "cmd": ["sleep", "30"], "timeout_ms": 300 })));
+    assert_eq!(r["timed_out"], true, "{r}");
+}
+
+#[test]
+fn background_processes_outlive_the_exec_that_started_them() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    let r = server.exec(&id, &["sh", "-c", "nohup sleep 1000 >/dev/null 2>&1 & echo started"]);
+    assert_eq!(r["stdout"], "started\n", "{r}");
+    let r = server.exec(&id, &["sh", "-c", "ps -o comm | grep -c '^sleep'"]);
+    assert_eq!(r["stdout"], "1\n", "the background sleep should still run: {r}");
+
+    let (status, r) = server.call(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(json!({ "cmd": ["sh", "-c", "echo detached; sleep 1000"], "background": true })),
+    );
+    assert_eq!(status, 200, "{r}");
+    let pid = r["pid"].as_u64().unwrap();
+    let (_, list) = server.call("GET", &format!("/v1/sessions/{id}/processes"), None);
+    let entry = list["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).cloned().unwrap();
+    assert_eq!(entry["running"], true, "{list}");
+    let (status, _) = server.call("POST", &format!("/v1/sessions/{id}/processes/{pid}/signal"), Some(json!({ "signal": 9 })));
+    assert_eq!(status, 204);
+}
+
+#[test]
+fn cli_streams_output_forwards_stdin_and_exits_with_the_command_code() {
+    require_root!();
+    let server = Server::start();
+    let out = server.cli(&["session", "create", "--env", "A=1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+
+    let out = server.cli(&["exec", &id, "--", "sh", "-c", "echo $A; echo oops >&2; exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "1\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "oops\n");
+
+    let out = server.cli_with_stdin(&["exec", &id, "--", "tr", "a-z", "A-Z"], Some(b"shout\n"));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "SHOUT\n");
+
+    let out = server.cli(&["exec", &id, "--", "missing-tool"]);
+    assert_eq!(out.status.code(), Some(127));
+
+    let out = server.cli(&["session", "list", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list["sessions"][0]["id"], id.as_str());
+    let out = server.cli(&["session", "destroy", &id]);
+    assert!(out.status.success());
+    let out = server.cli(&["exec", &id, "--", "true"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("destroyed"), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -1,0 +1,78 @@
+//! Crash safety: `kill -9` of the server at any moment leaves nothing orphaned and no session
+//! stuck in a transitional state; sandboxes that survive are picked up again.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Server;
+use serde_json::json;
+
+fn settled(server: &Server, id: &str) -> String {
+    for _ in 0..600 {
+        let (_, s) = server.call("GET", &format!("/v1/sessions/{id}"), None);
+        let state = s["state"].as_str().unwrap_or_default().to_owned();
+        if !matches!(state.as_str(), "creating" | "destroying") {
+            return state;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("session {id} stuck in a transitional state");
+}
+
+#[test]
+fn kill9_during_create_leaves_nothing_orphaned() {
+    require_root!();
+    let mut server = Server::start();
+    let mut ids = Vec::new();
+    for round in 0..6u64 {
+        let (status, s) = server.call("POST", "/v1/sessions?wait=false", Some(json!({})));
+        assert_eq!(status, 202, "{s}");
+        ids.push(s["id"].as_str().unwrap().to_owned());
+        std::thread::sleep(Duration::from_millis(round * 7));
+        server.kill9();
+        server.spawn();
+        for id in &ids {
+            let state = settled(&server, id);
+            assert!(matches!(state.as_str(), "running" | "failed"), "{id}: {state}");
+        }
+    }
+    for id in &ids {
+        let (status, _) = server.call("DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 200);
+        assert_eq!(settled(&server, id), "destroyed");
+    }
+    assert!(server.sandbox_pids().is_empty(), "processes left: {:?}", server.sandbox_pids());
+    assert!(server.sandbox_cgroups().is_empty(), "cgroups left: {:?}", server.sandbox_cgroups());
+    assert!(server.sandbox_roots().is_empty(), "subvolumes left: {:?}", server.sandbox_roots());
+    assert!(server.sockets().is_empty(), "sockets left: {:?}", server.sockets());
+}
+
+#[test]
+fn kill9_during_destroy_finishes_the_destroy() {
+    require_root!();
+    let mut server = Server::start();
+    let id = server.create_session(json!({}));
+    let (status, _) = server.call("DELETE", &format!("/v1/sessions/{id}?wait=false"), None);
+    assert_eq!(status, 202);
+    server.kill9();
+    server.spawn();
+    assert_eq!(settled(&server, &id), "destroyed");
+    assert!(server.sandbox_cgroups().is_empty());
+    assert!(server.sandbox_roots().is_empty());
+}
+
+#[test]
+fn running_sandboxes_survive_a_server_restart() {
+    require_root!();
+    let mut server = Server::start();
+    let id = server.create_session(json!({}));
+    server.exec(&id, &["sh", "-c", "echo before > /tmp/state"]);
+    server.kill9();
+    server.spawn();
+    let r = server.exec(&id, &["cat", "/tmp/state"]);
+    assert_eq!(r["stdout"], "before\n", "{r}");
+    let out = server.cli(&["session", "events", &id, "--json"]);
+    let events: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(events["events"].as_array().unwrap().len() >= 2);
+}

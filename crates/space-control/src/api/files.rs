@@ -1,0 +1,261 @@
+//! Files inside a session's sandbox. Paths are resolved by `spaced` inside the sandbox's own
+//! mount namespace, so `..`, absolute paths and symlinks can never reach the host.
+
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::ws::{Message, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::Response;
+use futures::{StreamExt, TryStreamExt};
+use serde::Deserialize;
+use space_api::{ErrorBody, FileInfo, FileList, FileType, MoveRequest, PathRequest, WatchEvent, WriteResult};
+use space_proto::{FileKind, FileStat, WatchKind};
+use utoipa::IntoParams;
+
+use super::running_sandbox;
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiJson, ApiQuery, AppError, AppResult};
+
+const MAX_PATH: usize = 4096;
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct PathParam {
+    /// Path inside the sandbox; relative paths start at `/`.
+    pub path: String,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct UploadParams {
+    pub path: String,
+    /// Octal permission bits of a new file, e.g. `755` (default `644`).
+    pub mode: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct RemoveParams {
+    pub path: String,
+    /// Remove directories and their contents.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct WatchParams {
+    pub path: String,
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+fn check_path(path: &str) -> AppResult<&str> {
+    if path.is_empty() || path.len() > MAX_PATH || path.contains('\0') {
+        return Err(AppError::bad_request(format!("path must be 1 to {MAX_PATH} bytes without NUL")));
+    }
+    Ok(path)
+}
+
+fn parse_mode(mode: Option<&str>) -> AppResult<Option<u32>> {
+    mode.map(|m| {
+        u32::from_str_radix(m, 8)
+            .ok()
+            .filter(|v| *v <= 0o7777)
+            .ok_or_else(|| AppError::bad_request(format!("mode {m:?} is not an octal permission like 644")))
+    })
+    .transpose()
+}
+
+pub(crate) fn file_info(stat: FileStat) -> FileInfo {
+    FileInfo {
+        name: stat.name,
+        path: stat.path,
+        file_type: match stat.kind {
+            FileKind::File => FileType::File,
+            FileKind::Dir => FileType::Dir,
+            FileKind::Symlink => FileType::Symlink,
+            FileKind::Other => FileType::Other,
+        },
+        size: stat.size,
+        mode: stat.mode,
+        uid: stat.uid,
+        gid: stat.gid,
+        modified_ms: stat.modified_ms,
+        symlink_target: stat.symlink_target,
+    }
+}
+
+/// Downloads a file (streamed).
+#[utoipa::path(get, path = "/v1/sessions/{id}/files/content", params(("id" = String, Path), PathParam),
+    responses((status = 200, description = "File bytes", content_type = "application/octet-stream"), (status = 404, body = ErrorBody)))]
+pub async fn download(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(params): ApiQuery<PathParam>,
+) -> AppResult<Response> {
+    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let agent = state.node.agent(&sandbox).await?;
+    let (size, stream) = agent.read_file(check_path(&params.path)?).await?;
+    let body = Body::from_stream(stream.map_err(std::io::Error::other));
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, size)
+        .body(body)
+        .map_err(|e| AppError::internal(e.to_string()))
+}
+
+/// Uploads a file (streamed; parent directories are created). Replaces an existing file.
+#[utoipa::path(put, path = "/v1/sessions/{id}/files/content", params(("id" = String, Path), UploadParams),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 200, body = WriteResult), (status = 404, body = ErrorBody)))]
+pub async fn upload(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(params): ApiQuery<UploadParams>,
+    body: Body,
+) -> AppResult<ApiJson<WriteResult>> {
+    let path = check_path(&params.path)?.to_owned();
+    let mode = parse_mode(params.mode.as_deref())?;
+    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let agent = state.node.agent(&sandbox).await?;
+    let data = body.into_data_stream().map_err(std::io::Error::other);
+    let bytes = agent.write_file(&path, mode, data).await?;
+    Ok(ApiJson(WriteResult { path, bytes }))
+}
+
+/// Lists a directory.
+#[utoipa::path(get, path = "/v1/sessions/{id}/files/list", params(("id" = String, Path), PathParam),
+    responses((status = 200, body = FileList), (status = 404, body = ErrorBody)))]
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(params): ApiQuery<PathParam>,
+) -> AppResult<ApiJson<FileList>> {
+    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let entries = state.node.agent(&sandbox).await?.list_dir(check_path(&params.path)?).await?;
+    Ok(ApiJson(FileList { entries: entries.into_iter().map(file_info).collect() }))
+}
+
+/// Describes one path (symlinks are not followed).
+#[utoipa::path(get, path = "/v1/sessions/{id}/files/stat", params(("id" = String, Path), PathParam),
+    responses((status = 200, body = FileInfo), (status = 404, body = ErrorBody)))]
+pub async fn stat(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(params): ApiQuery<PathParam>,
+) -> AppResult<ApiJson<FileInfo>> {
+    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let stat = state.node.agent(&sandbox).await?.stat(check_path(&params.path)?).await?;
+    Ok(ApiJson(file_info(stat)))
+}
+
+/// Creates a directory and its missing parents.
+#[utoipa::path(post, path = "/v1/sessions/{id}/files/mkdir", params(("id" = String, Path)), request_body = PathRequest,
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+pub async fn mkdir(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<PathRequest>,
+) -> AppResult<StatusCode> {
+    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    state.node.agent(&sandbox).await?.make_dir(check_path(&request.path)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Moves or renames a path.
+#[utoipa::path(post, path = "/v1/sessions/{id}/files/move", params(("id" = String, Path)), request_body = MoveRequest,
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+pub async fn move_path(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<MoveRequest>,
+) -> AppResult<StatusCode> {
+    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let agent = state.node.agent(&sandbox).await?;
+    agent.move_path(check_path(&request.from)?, check_path(&request.to)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Removes a file, or a directory with `recursive=true`.
+#[utoipa::path(delete, path = "/v1/sessions/{id}/files", params(("id" = String, Path), RemoveParams),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+pub async fn remove(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(params): ApiQuery<RemoveParams>,
+) -> AppResult<StatusCode> {
+    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    state.node.agent(&sandbox).await?.remove(check_path(&params.path)?, params.recursive).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Streams filesystem changes under a directory as JSON `WatchEvent` text frames.
+#[utoipa::path(get, path = "/v1/sessions/{id}/watch", params(("id" = String, Path), WatchParams),
+    responses((status = 101, description = "WebSocket of WatchEvent"), (status = 404, body = ErrorBody)))]
+pub async fn watch_ws(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(params): ApiQuery<WatchParams>,
+    upgrade: WebSocketUpgrade,
+) -> AppResult<Response> {
+    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let agent = state.node.agent(&sandbox).await?;
+    let mut events = Box::pin(agent.watch(check_path(&params.path)?, params.recursive).await?);
+    Ok(upgrade.on_upgrade(move |mut socket| async move {
+        loop {
+            tokio::select! {
+                event = events.next() => {
+                    let Some(Ok(event)) = event else { break };
+                    let view = WatchEvent { kind: watch_kind(event.kind).into(), path: event.path, is_dir: event.is_dir };
+                    let text = serde_json::to_string(&view).unwrap_or_default();
+                    if socket.send(Message::Text(text.into())).await.is_err() {
+                        break;
+                    }
+                }
+                message = socket.recv() => match message {
+                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+                    _ => {}
+                },
+            }
+        }
+        super::exec::close_gracefully(&mut socket).await;
+    }))
+}
+
+fn watch_kind(kind: WatchKind) -> &'static str {
+    match kind {
+        WatchKind::Create => "create",
+        WatchKind::Modify => "modify",
+        WatchKind::Remove => "remove",
+        WatchKind::MovedFrom => "moved_from",
+        WatchKind::MovedTo => "moved_to",
+        WatchKind::Overflow => "overflow",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_are_octal_and_bounded() {
+        assert_eq!(parse_mode(Some("755")).unwrap(), Some(0o755));
+        assert!(parse_mode(Some("9")).is_err());
+        assert!(parse_mode(Some("77777")).is_err());
+        assert_eq!(parse_mode(None).unwrap(), None);
+    }
+
+    #[test]
+    fn paths_are_bounded() {
+        assert!(check_path("").is_err());
+        assert!(check_path("a\0b").is_err());
+        assert!(check_path("../../etc/shadow").is_ok());
+    }
+}

@@ -1,0 +1,183 @@
+//! Sessions: create, list, show, destroy, events.
+
+use std::time::Duration;
+
+use axum::Extension;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use space_api::{
+    CreateSessionRequest, ErrorBody, ErrorCode, EventList, OperationState, Resources, Session, SessionId,
+    SessionList,
+};
+use space_store::NewSession;
+use utoipa::IntoParams;
+
+use super::find_session;
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiJson, ApiQuery, AppError, AppResult};
+
+/// Upper bounds on what one session may ask for.
+const MAX_CPUS: f64 = 64.0;
+const MAX_MEMORY_MIB: u64 = 256 * 1024;
+const MAX_PIDS: u32 = 65_536;
+const MAX_ENV: usize = 256;
+/// How long a synchronous call waits for its operation.
+const WAIT: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct WaitParam {
+    /// Return at once with 202 instead of waiting for the operation (default: wait).
+    #[serde(default = "yes")]
+    pub wait: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct ListParams {
+    /// Include destroyed sessions.
+    #[serde(default)]
+    pub all: bool,
+}
+
+fn resources(request: &CreateSessionRequest) -> AppResult<Resources> {
+    let defaults = Resources::default();
+    let r = Resources {
+        cpus: request.cpus.unwrap_or(defaults.cpus),
+        memory_mib: request.memory_mib.unwrap_or(defaults.memory_mib),
+        pids: request.pids.unwrap_or(defaults.pids),
+    };
+    if !(r.cpus.is_finite() && r.cpus >= 0.01 && r.cpus <= MAX_CPUS) {
+        return Err(AppError::bad_request(format!("cpus must be between 0.01 and {MAX_CPUS}")));
+    }
+    if !(16..=MAX_MEMORY_MIB).contains(&r.memory_mib) {
+        return Err(AppError::bad_request(format!("memory_mib must be between 16 and {MAX_MEMORY_MIB}")));
+    }
+    if !(8..=MAX_PIDS).contains(&r.pids) {
+        return Err(AppError::bad_request(format!("pids must be between 8 and {MAX_PIDS}")));
+    }
+    Ok(r)
+}
+
+fn check_env(request: &CreateSessionRequest) -> AppResult<()> {
+    if request.env.len() > MAX_ENV {
+        return Err(AppError::bad_request(format!("at most {MAX_ENV} environment variables")));
+    }
+    for name in request.env.keys() {
+        let valid = !name.is_empty() && !name.contains('=') && !name.contains('\0');
+        if !valid {
+            return Err(AppError::bad_request(format!("invalid environment variable name {name:?}")));
+        }
+    }
+    if request.env.values().any(|v| v.contains('\0')) {
+        return Err(AppError::bad_request("environment values must not contain NUL bytes"));
+    }
+    Ok(())
+}
+
+fn check_template(state: &AppState, name: &str) -> AppResult<()> {
+    if state.node.resolve_template(name).is_some() || state.node.is_builtin(name) {
+        return Ok(());
+    }
+    let mut available: Vec<String> = state.node.templates().into_iter().map(|t| t.name).collect();
+    available.extend(state.node.builtin_names().iter().map(|s| s.to_string()));
+    available.sort();
+    available.dedup();
+    Err(AppError::new(
+        ErrorCode::UnknownTemplate,
+        format!("unknown template {name:?}; available: {}", available.join(", ")),
+    ))
+}
+
+/// Creates a session and its first sandbox. Waits until it is running unless `wait=false`.
+#[utoipa::path(post, path = "/v1/sessions", request_body = CreateSessionRequest, params(WaitParam),
+    responses((status = 201, body = Session), (status = 202, body = Session), (status = 400, body = ErrorBody)))]
+pub async fn create_session(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiQuery(params): ApiQuery<WaitParam>,
+    ApiJson(request): ApiJson<CreateSessionRequest>,
+) -> AppResult<(StatusCode, ApiJson<Session>)> {
+    let template = request.template.clone().unwrap_or_else(|| state.default_template.clone());
+    check_template(&state, &template)?;
+    let resources = resources(&request)?;
+    check_env(&request)?;
+    let new = NewSession {
+        id: SessionId::generate(),
+        tenant_id: caller.tenant_id.clone(),
+        template,
+        resources,
+        env: request.env,
+    };
+    let op = state.store.insert_session(&new).await?;
+    state.reconciler.wake();
+    if !params.wait {
+        let session = find_session(&state, &caller, new.id.as_str()).await?;
+        return Ok((StatusCode::ACCEPTED, ApiJson(session)));
+    }
+    let finished = state.reconciler.wait(&state, &caller.tenant_id, &op, WAIT).await?;
+    let session = find_session(&state, &caller, new.id.as_str()).await?;
+    if finished.state == OperationState::Failed {
+        let message = finished.error.unwrap_or_else(|| "session creation failed".into());
+        let code = if message.contains("unknown template") { ErrorCode::UnknownTemplate } else { ErrorCode::SandboxUnavailable };
+        return Err(AppError::new(code, format!("creating session {} failed: {message}", session.id)));
+    }
+    Ok((StatusCode::CREATED, ApiJson(session)))
+}
+
+/// The caller's sessions, newest first.
+#[utoipa::path(get, path = "/v1/sessions", params(ListParams), responses((status = 200, body = SessionList)))]
+pub async fn list_sessions(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> AppResult<ApiJson<SessionList>> {
+    let sessions = state.store.list_sessions(&caller.tenant_id, params.all).await?;
+    Ok(ApiJson(SessionList { sessions }))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}", params(("id" = String, Path)),
+    responses((status = 200, body = Session), (status = 404, body = ErrorBody)))]
+pub async fn get_session(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> AppResult<ApiJson<Session>> {
+    Ok(ApiJson(find_session(&state, &caller, &id).await?))
+}
+
+/// Destroys a session and its sandbox. Idempotent: destroying a destroyed session is a no-op.
+#[utoipa::path(delete, path = "/v1/sessions/{id}", params(("id" = String, Path), WaitParam),
+    responses((status = 200, body = Session), (status = 202, body = Session), (status = 404, body = ErrorBody)))]
+pub async fn destroy_session(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(params): ApiQuery<WaitParam>,
+) -> AppResult<(StatusCode, ApiJson<Session>)> {
+    let session = find_session(&state, &caller, &id).await?;
+    if let Some(op) = state.store.begin_destroy(&caller.tenant_id, &session.id).await? {
+        state.reconciler.wake();
+        if !params.wait {
+            return Ok((StatusCode::ACCEPTED, ApiJson(find_session(&state, &caller, &id).await?)));
+        }
+        state.reconciler.wait(&state, &caller.tenant_id, &op, WAIT).await?;
+    }
+    Ok((StatusCode::OK, ApiJson(find_session(&state, &caller, &id).await?)))
+}
+
+/// Every state transition and notable event of a session, oldest first.
+#[utoipa::path(get, path = "/v1/sessions/{id}/events", params(("id" = String, Path)),
+    responses((status = 200, body = EventList), (status = 404, body = ErrorBody)))]
+pub async fn session_events(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> AppResult<ApiJson<EventList>> {
+    let session = find_session(&state, &caller, &id).await?;
+    Ok(ApiJson(EventList { events: state.store.events(&session.id).await? }))
+}

@@ -1,0 +1,102 @@
+//! Templates: list, import from the server's filesystem, build a built-in one.
+
+use std::time::Duration;
+
+use axum::Extension;
+use axum::extract::State;
+use axum::http::StatusCode;
+use space_api::{BuildTemplateRequest, ErrorBody, ErrorCode, ImportTemplateRequest, Operation, Template, TemplateList};
+use space_node::TemplateInfo;
+use space_store::{NewOperation, OperationKind};
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiJson, AppError, AppResult};
+use crate::reconciler::TemplateInput;
+
+pub(crate) fn template_view(info: &TemplateInfo) -> Template {
+    Template {
+        name: info.name.clone(),
+        version: info.version as u32,
+        created_at: info.created_at_ms as i64,
+        size_bytes: info.size_bytes,
+        source: info.source.clone(),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/templates", responses((status = 200, body = TemplateList)))]
+pub async fn list_templates(State(state): State<AppState>) -> ApiJson<TemplateList> {
+    ApiJson(TemplateList {
+        templates: state.node.templates().iter().map(template_view).collect(),
+        builtin: state.node.builtin_names().iter().map(|s| s.to_string()).collect(),
+        default_template: state.default_template.clone(),
+    })
+}
+
+async fn queue(state: &AppState, caller: &Caller, kind: OperationKind, input: TemplateInput) -> AppResult<Operation> {
+    if !caller.admin {
+        return Err(AppError::new(ErrorCode::Forbidden, "only the admin key can manage templates"));
+    }
+    let new = NewOperation {
+        tenant_id: caller.tenant_id.clone(),
+        session_id: None,
+        kind,
+        input: Some(serde_json::to_string(&input).unwrap_or_default()),
+    };
+    let id = state.store.insert_operation(&new).await?;
+    state.reconciler.wake();
+    // Answer quickly: clients follow long builds through GET /v1/operations/{id}.
+    state.reconciler.wait(state, &caller.tenant_id, &id, Duration::from_millis(200)).await
+}
+
+fn check_name(name: &str) -> AppResult<()> {
+    let valid = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(AppError::bad_request("template names are 1-63 characters: lowercase letters, digits, '-', '_', '.'"))
+    }
+}
+
+/// Imports a root filesystem (directory or tarball on the server's host) as a new template
+/// version. Returns the operation; follow it with `GET /v1/operations/{id}`.
+#[utoipa::path(post, path = "/v1/templates/import", request_body = ImportTemplateRequest,
+    responses((status = 202, body = Operation), (status = 400, body = ErrorBody)))]
+pub async fn import_template(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiJson(request): ApiJson<ImportTemplateRequest>,
+) -> AppResult<(StatusCode, ApiJson<Operation>)> {
+    check_name(&request.name)?;
+    if !std::path::Path::new(&request.path).is_absolute() {
+        return Err(AppError::bad_request("path must be an absolute path on the server's host"));
+    }
+    if !std::path::Path::new(&request.path).exists() {
+        return Err(AppError::bad_request(format!("{} does not exist on the server's host", request.path)));
+    }
+    let input = TemplateInput { name: request.name, path: Some(request.path) };
+    let op = queue(&state, &caller, OperationKind::ImportTemplate, input).await?;
+    Ok((StatusCode::ACCEPTED, ApiJson(op)))
+}
+
+/// Builds (or rebuilds from cache) a built-in template.
+#[utoipa::path(post, path = "/v1/templates/build", request_body = BuildTemplateRequest,
+    responses((status = 202, body = Operation), (status = 400, body = ErrorBody)))]
+pub async fn build_template(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiJson(request): ApiJson<BuildTemplateRequest>,
+) -> AppResult<(StatusCode, ApiJson<Operation>)> {
+    if !state.node.is_builtin(&request.name) {
+        return Err(AppError::new(
+            ErrorCode::UnknownTemplate,
+            format!("{:?} is not a built-in template; built-ins: {}", request.name, state.node.builtin_names().join(", ")),
+        ));
+    }
+    let input = TemplateInput { name: request.name, path: None };
+    let op = queue(&state, &caller, OperationKind::BuildTemplate, input).await?;
+    Ok((StatusCode::ACCEPTED, ApiJson(op)))
+}

@@ -1,0 +1,92 @@
+//! The control plane: HTTP API over a durable store, and a reconciler that drives the node
+//! toward what the store says should exist.
+//!
+//! Stateless by construction: every decision is read from and written to [`Store`], so the
+//! process can be killed at any instant and [`recovery`] converges on restart.
+
+pub mod api;
+pub mod auth;
+pub mod error;
+pub mod idempotency;
+pub mod reconciler;
+pub mod recovery;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use space_api::NodeId;
+use space_node::{Node, NodeConfig};
+use space_store::Store;
+
+pub use error::{AppError, AppResult};
+pub use reconciler::Reconciler;
+
+/// Settings of `space serve`.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub default_template: String,
+    /// Built-in templates to build at start if missing.
+    pub prepare_templates: Vec<String>,
+    pub node: NodeConfig,
+}
+
+/// Shared by every handler; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub node: Arc<Node>,
+    pub node_id: String,
+    pub default_template: String,
+    pub reconciler: Reconciler,
+}
+
+/// Why the server could not start: a message for the operator.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StartError(String);
+
+fn context<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> StartError {
+    move |e| StartError(format!("{what}: {e}"))
+}
+
+/// Opens the store and node, recovers from any earlier crash, and starts the reconciler.
+pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
+    std::fs::create_dir_all(&config.data_dir).map_err(context("creating the data directory"))?;
+    let store = Store::open_sqlite(&config.data_dir.join("space.db")).await.map_err(context("opening the database"))?;
+    let node_id = store
+        .meta_get_or_insert("node_id", NodeId::generate().as_str())
+        .await
+        .map_err(context("reading the node id"))?;
+    let node = Arc::new(Node::open(config.node.clone()).await.map_err(context("starting the node"))?);
+    auth::bootstrap_admin_key(&store, &config.data_dir.join("admin.key"))
+        .await
+        .map_err(context("creating the admin key"))?;
+    let reconciler = Reconciler::new();
+    let state = AppState {
+        store,
+        node,
+        node_id,
+        default_template: config.default_template.clone(),
+        reconciler: reconciler.clone(),
+    };
+    recovery::recover(&state).await.map_err(context("recovering from the previous run"))?;
+    reconciler.spawn(state.clone());
+    reconciler::prepare_templates(&state, &config.prepare_templates)
+        .await
+        .map_err(context("queueing template builds"))?;
+    Ok(state)
+}
+
+/// Serves the API until `shutdown` resolves.
+pub async fn serve(
+    state: AppState,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = api::router(state);
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+

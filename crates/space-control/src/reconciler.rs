@@ -1,0 +1,268 @@
+//! Performs queued operations. The API only records intent (a session row and an operation);
+//! this loop makes it so. Every step is idempotent and named after ids, so a crash at any point
+//! is repaired by running the operation again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, SessionId, SessionState};
+use space_node::TemplateInfo;
+use space_runtime::{Limits, SandboxHandle};
+use space_store::{NewOperation, OperationKind, OperationRecord};
+use tokio::sync::{Notify, watch};
+
+use crate::AppState;
+use crate::auth::ADMIN_TENANT;
+use crate::error::{AppError, AppResult};
+
+/// Wakes the loop and tells waiters when operations finish. Cheap to clone.
+#[derive(Clone)]
+pub struct Reconciler {
+    wake: Arc<Notify>,
+    finished: Arc<watch::Sender<u64>>,
+}
+
+impl Default for Reconciler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Reconciler {
+    pub fn new() -> Self {
+        Reconciler { wake: Arc::new(Notify::new()), finished: Arc::new(watch::channel(0).0) }
+    }
+
+    /// Tells the loop there is new work.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    pub fn spawn(&self, state: AppState) {
+        let this = self.clone();
+        tokio::spawn(async move { this.run(state).await });
+    }
+
+    async fn run(self, state: AppState) {
+        loop {
+            loop {
+                match state.store.claim_operation().await {
+                    Ok(Some(op)) => {
+                        let state = state.clone();
+                        let this = self.clone();
+                        tokio::spawn(async move {
+                            let id = op.operation.id.clone();
+                            let result = perform(&state, op).await;
+                            let error = result.err().map(|e| e.0.message);
+                            if let Err(e) = state.store.finish_operation(&id, error.as_deref()).await {
+                                tracing::error!(%id, "recording operation result: {e}");
+                            }
+                            this.finished.send_modify(|n| *n += 1);
+                        });
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::error!("claiming operations: {e}");
+                        break;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    }
+
+    /// Waits until operation `id` has finished, or `timeout` passed.
+    pub async fn wait(&self, state: &AppState, tenant: &space_api::TenantId, id: &OperationId, timeout: Duration) -> AppResult<space_api::Operation> {
+        let mut finished = self.finished.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let op = state
+                .store
+                .operation(tenant, id)
+                .await?
+                .ok_or_else(|| AppError::internal(format!("operation {id} vanished")))?;
+            if matches!(op.state, OperationState::Succeeded | OperationState::Failed) {
+                return Ok(op);
+            }
+            if tokio::time::timeout_at(deadline, finished.changed()).await.is_err() {
+                return Ok(op);
+            }
+        }
+    }
+}
+
+async fn perform(state: &AppState, op: OperationRecord) -> AppResult<()> {
+    match op.kind {
+        OperationKind::CreateSession => create_session(state, &op).await,
+        OperationKind::DestroySession => destroy_session(state, &op).await,
+        OperationKind::BuildTemplate | OperationKind::ImportTemplate => build_template(state, &op).await,
+    }
+}
+
+fn session_of(op: &OperationRecord) -> AppResult<SessionId> {
+    op.operation.session_id.clone().ok_or_else(|| AppError::internal("session operation without a session"))
+}
+
+async fn create_session(state: &AppState, op: &OperationRecord) -> AppResult<()> {
+    let id = session_of(op)?;
+    let Some(record) = state.store.session_any(&id).await? else {
+        return Ok(());
+    };
+    if record.session.state != SessionState::Creating {
+        return Ok(());
+    }
+    // A previous attempt may have died half-way: remove what it left.
+    if let Some(old) = &record.session.sandbox_id {
+        remove_sandbox(state, old).await?;
+    }
+    match start_sandbox(state, op, &record.session).await {
+        Ok(handle) => {
+            let moved = state.store.transition(&id, &[SessionState::Creating], SessionState::Running, None).await?;
+            if moved {
+                watch_exit(state.clone(), id, handle);
+            } else {
+                // Destroyed while we were creating: don't leave the sandbox behind.
+                remove_sandbox(state, &handle.id).await?;
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let message = e.0.message.clone();
+            if let Some(sbx) = state.store.session_any(&id).await?.and_then(|r| r.session.sandbox_id) {
+                remove_sandbox(state, &sbx).await?;
+            }
+            state.store.transition(&id, &[SessionState::Creating], SessionState::Failed, Some(&message)).await?;
+            Err(e)
+        }
+    }
+}
+
+async fn start_sandbox(state: &AppState, op: &OperationRecord, session: &space_api::Session) -> AppResult<SandboxHandle> {
+    let template = ensure_template(state, &op.operation.id, &session.template).await?;
+    state.store.set_session_template_version(&session.id, template.version as u32).await?;
+    let sandbox = SandboxId::generate();
+    state.store.insert_sandbox(&sandbox, &session.id, &state.node_id).await?;
+    let limits = Limits {
+        memory_mib: session.resources.memory_mib,
+        millicpus: (session.resources.cpus * 1000.0).round() as u32,
+        pids: session.resources.pids,
+    };
+    let hostname = hostname_for(&session.id);
+    let handle = state.node.start_sandbox(&sandbox, &template, limits, &hostname).await?;
+    state.store.set_sandbox_running(&sandbox, handle.pid).await?;
+    Ok(handle)
+}
+
+/// `ses_abcdefgh…` → `abcdefghijkl`: short, unique enough, valid as a hostname.
+pub fn hostname_for(id: &SessionId) -> String {
+    id.as_str().trim_start_matches(SessionId::PREFIX).chars().take(12).collect()
+}
+
+async fn ensure_template(state: &AppState, op: &OperationId, name: &str) -> AppResult<TemplateInfo> {
+    let store = state.store.clone();
+    let op = op.clone();
+    let progress = move |p: Progress| {
+        let store = store.clone();
+        let op = op.clone();
+        tokio::spawn(async move {
+            let _ = store.set_operation_progress(&op, &p).await;
+        });
+    };
+    state.node.ensure_template(name, progress).await.map_err(|e| match e {
+        space_node::NodeError::UnknownTemplate { .. } => AppError::new(ErrorCode::UnknownTemplate, e.to_string()),
+        other => AppError::from(other),
+    })
+}
+
+async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()> {
+    let id = session_of(op)?;
+    let Some(record) = state.store.session_any(&id).await? else {
+        return Ok(());
+    };
+    if record.session.state != SessionState::Destroying {
+        return Ok(());
+    }
+    let mut last_error = None;
+    for sandbox in state.store.live_sandboxes(&state.node_id).await? {
+        if sandbox.session_id != id {
+            continue;
+        }
+        if let Err(e) = remove_sandbox(state, &sandbox.id).await {
+            last_error = Some(e.0.message);
+        }
+    }
+    // The session ends either way; leftovers are retried by the periodic sweep.
+    state.store.transition(&id, &[SessionState::Destroying], SessionState::Destroyed, last_error.as_deref()).await?;
+    Ok(())
+}
+
+/// Destroys a sandbox's node resources and marks it gone. Idempotent.
+pub async fn remove_sandbox(state: &AppState, sandbox: &SandboxId) -> AppResult<()> {
+    state.node.destroy_sandbox(sandbox).await?;
+    state.store.set_sandbox_gone(sandbox).await?;
+    Ok(())
+}
+
+/// When a sandbox's pid 1 dies on its own, the session fails with a recorded reason.
+pub fn watch_exit(state: AppState, session: SessionId, handle: SandboxHandle) {
+    tokio::spawn(async move {
+        state.node.wait_exit(&handle).await;
+        let still_ours = matches!(
+            state.store.session_any(&session).await,
+            Ok(Some(r)) if r.session.state == SessionState::Running && r.session.sandbox_id.as_ref() == Some(&handle.id)
+        );
+        if !still_ours {
+            return;
+        }
+        let message = "the sandbox's init process exited unexpectedly; destroy the session and create a new one";
+        let _ = state.store.transition(&session, &[SessionState::Running], SessionState::Failed, Some(message)).await;
+        let _ = remove_sandbox(&state, &handle.id).await;
+    });
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct TemplateInput {
+    pub name: String,
+    pub path: Option<String>,
+}
+
+async fn build_template(state: &AppState, op: &OperationRecord) -> AppResult<()> {
+    let input: TemplateInput = serde_json::from_str(op.input.as_deref().unwrap_or(""))
+        .map_err(|e| AppError::internal(format!("bad template operation input: {e}")))?;
+    match &input.path {
+        Some(path) => {
+            let store = state.store.clone();
+            let id = op.operation.id.clone();
+            let progress = move |p: Progress| {
+                let store = store.clone();
+                let id = id.clone();
+                tokio::spawn(async move {
+                    let _ = store.set_operation_progress(&id, &p).await;
+                });
+            };
+            state.node.import_template(&input.name, std::path::Path::new(path), progress).await?;
+        }
+        None => {
+            ensure_template(state, &op.operation.id, &input.name).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Queues builds of built-in templates that are missing.
+pub async fn prepare_templates(state: &AppState, names: &[String]) -> AppResult<()> {
+    let tenant = state.store.ensure_tenant(ADMIN_TENANT).await?;
+    for name in names {
+        if state.node.resolve_template(name).is_some() {
+            continue;
+        }
+        let input = serde_json::to_string(&TemplateInput { name: name.clone(), path: None }).unwrap_or_default();
+        let new = NewOperation { tenant_id: tenant.clone(), session_id: None, kind: OperationKind::BuildTemplate, input: Some(input) };
+        state.store.insert_operation(&new).await?;
+    }
+    state.reconciler.wake();
+    Ok(())
+}

@@ -1,0 +1,56 @@
+//! Start-up recovery: whatever instant the previous process died at, converge before serving.
+//!
+//! 1. Operations that were running are queued again (each step is idempotent).
+//! 2. Running sessions whose sandbox survived are kept (spaced outlives the server); those
+//!    whose sandbox is gone fail with a recorded reason.
+//! 3. Every node resource (cgroup, socket, subvolume) not owned by a kept sandbox is destroyed.
+
+use std::collections::HashSet;
+
+use space_api::{SandboxId, SessionState};
+use space_runtime::SandboxHandle;
+
+use crate::AppState;
+use crate::error::AppResult;
+use crate::reconciler::{remove_sandbox, watch_exit};
+
+pub async fn recover(state: &AppState) -> AppResult<()> {
+    let requeued = state.store.requeue_running_operations().await?;
+    state.store.idempotency_clear_unfinished().await?;
+    let mut keep: HashSet<SandboxId> = HashSet::new();
+    let running = state.store.sessions_in_states(&[SessionState::Running]).await?;
+    let sandboxes = state.store.live_sandboxes(&state.node_id).await?;
+    for record in running {
+        let id = &record.session.id;
+        let sandbox = sandboxes.iter().find(|s| Some(&s.id) == record.session.sandbox_id.as_ref());
+        let alive = sandbox.and_then(|s| s.pid.map(|pid| (s, pid))).and_then(|(s, pid)| {
+            let handle = state.node.handle(&s.id, pid);
+            state.node.is_alive(&handle).then_some(handle)
+        });
+        match alive {
+            Some(handle) => {
+                keep.insert(handle.id.clone());
+                watch_exit(state.clone(), id.clone(), handle);
+            }
+            None => {
+                let message = "the sandbox stopped while the server was down; destroy the session and create a new one";
+                state.store.transition(id, &[SessionState::Running], SessionState::Failed, Some(message)).await?;
+            }
+        }
+    }
+    let mut removed = 0;
+    for sandbox in &sandboxes {
+        if !keep.contains(&sandbox.id) {
+            remove_sandbox(state, &sandbox.id).await?;
+            removed += 1;
+        }
+    }
+    let orphans = state.node.sweep(&keep).await?;
+    tracing::info!(requeued, removed, orphans = orphans.len(), kept = keep.len(), "recovered");
+    Ok(())
+}
+
+/// Builds a handle for a sandbox recorded in the store.
+pub fn handle_of(state: &AppState, id: &SandboxId, pid: u32) -> SandboxHandle {
+    state.node.handle(id, pid)
+}

@@ -1,0 +1,169 @@
+//! The node agent: owns the btrfs storage pool, the sandbox runtime and the connections to
+//! every sandbox's `spaced`, behind one facade the control plane drives.
+//!
+//! Storage calls block on disk I/O, so they run on the blocking pool.
+
+mod templates;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use space_api::{Progress, SandboxId};
+use space_proto::client::AgentClient;
+use space_runtime::{Limits, Runtime, SandboxHandle, SandboxSpec, SandboxStats};
+use space_runtime_linux::{LinuxOptions, LinuxRuntime};
+use space_storage::{IdMap, Pool, PoolOptions, SandboxIdentity};
+
+pub use space_storage::{BUILTINS, TemplateInfo};
+
+/// How a node is set up.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub data_dir: PathBuf,
+    /// The static `spaced` binary started as every sandbox's pid 1.
+    pub spaced_bin: PathBuf,
+    /// Cgroup directory (under each controller) that holds this node's sandboxes.
+    pub cgroup_parent: String,
+    /// Finished built-in templates are cached here across data dirs.
+    pub template_cache_dir: PathBuf,
+    pub image_size_bytes: u64,
+    pub id_map: IdMap,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("unknown template {name:?}; available: {available}")]
+    UnknownTemplate { name: String, available: String },
+    #[error(transparent)]
+    Storage(#[from] space_storage::StorageError),
+    #[error(transparent)]
+    Runtime(#[from] space_runtime::RuntimeError),
+    #[error("cannot reach the sandbox agent of {sandbox}: {reason}")]
+    Agent { sandbox: SandboxId, reason: String },
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+pub type Result<T> = std::result::Result<T, NodeError>;
+
+pub struct Node {
+    pool: Arc<Pool>,
+    runtime: LinuxRuntime,
+    agents: Mutex<HashMap<SandboxId, AgentClient>>,
+    template_builds: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    config: NodeConfig,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| NodeError::Internal(format!("blocking task: {e}")))?
+}
+
+impl Node {
+    /// Opens (mounting if needed) the pool and checks the runtime's host requirements.
+    pub async fn open(config: NodeConfig) -> Result<Node> {
+        let options = PoolOptions { image_size_bytes: config.image_size_bytes, id_map: config.id_map, ..PoolOptions::default() };
+        let data_dir = config.data_dir.clone();
+        let pool = blocking(move || Ok(Pool::open(&data_dir, options)?)).await?;
+        let mut options = LinuxOptions::new(&config.spaced_bin, config.data_dir.join("run"), &config.cgroup_parent);
+        options.id_map = space_runtime_linux::IdMap { host_base: config.id_map.host_base, count: config.id_map.count };
+        let runtime = LinuxRuntime::new(options)?;
+        Ok(Node {
+            pool: Arc::new(pool),
+            runtime,
+            agents: Mutex::new(HashMap::new()),
+            template_builds: tokio::sync::Mutex::new(HashMap::new()),
+            config,
+        })
+    }
+
+    /// Creates the sandbox's root from `template` and starts it.
+    pub async fn start_sandbox(
+        &self,
+        id: &SandboxId,
+        template: &TemplateInfo,
+        limits: Limits,
+        hostname: &str,
+    ) -> Result<SandboxHandle> {
+        let pool = self.pool.clone();
+        let (sid, tpl, identity) = (id.clone(), template.clone(), SandboxIdentity { hostname: hostname.to_owned() });
+        let rootfs = blocking(move || Ok(pool.create_sandbox_root(&sid, &tpl, identity)?)).await?;
+        let spec = SandboxSpec { id: id.clone(), rootfs, hostname: hostname.to_owned(), limits };
+        let handle = self.runtime.start(&spec).await?;
+        let agent = self.connect(&handle.id).await?;
+        self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
+        Ok(handle)
+    }
+
+    /// Kills the sandbox and removes everything it had on this node. Idempotent.
+    pub async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()> {
+        self.agents.lock().map_err(poisoned)?.remove(id);
+        self.runtime.destroy(id).await?;
+        let pool = self.pool.clone();
+        let sid = id.clone();
+        blocking(move || Ok(pool.delete_sandbox_root(&sid)?)).await
+    }
+
+    /// The connection to a sandbox's `spaced`, reconnecting if it dropped (e.g. after a
+    /// server restart: `spaced` keeps running and accepts a new connection).
+    pub async fn agent(&self, id: &SandboxId) -> Result<AgentClient> {
+        if let Some(agent) = self.agents.lock().map_err(poisoned)?.get(id).filter(|a| !a.is_closed()) {
+            return Ok(agent.clone());
+        }
+        let agent = self.connect(id).await?;
+        self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent.clone());
+        Ok(agent)
+    }
+
+    async fn connect(&self, id: &SandboxId) -> Result<AgentClient> {
+        let socket = self.runtime.socket_path(id);
+        AgentClient::connect_unix(&socket)
+            .await
+            .map_err(|e| NodeError::Agent { sandbox: id.clone(), reason: e.to_string() })
+    }
+
+    /// A handle for a sandbox recorded before a restart.
+    pub fn handle(&self, id: &SandboxId, pid: u32) -> SandboxHandle {
+        SandboxHandle { id: id.clone(), pid, socket: self.runtime.socket_path(id) }
+    }
+
+    pub fn is_alive(&self, handle: &SandboxHandle) -> bool {
+        self.runtime.is_alive(handle)
+    }
+
+    pub async fn wait_exit(&self, handle: &SandboxHandle) {
+        self.runtime.wait_exit(handle).await
+    }
+
+    pub fn stats(&self, id: &SandboxId) -> Result<SandboxStats> {
+        Ok(self.runtime.stats(id)?)
+    }
+
+    /// Destroys every sandbox on this node that is not in `keep`; returns their ids.
+    pub async fn sweep(&self, keep: &HashSet<SandboxId>) -> Result<Vec<SandboxId>> {
+        let mut found: HashSet<SandboxId> = self.runtime.list()?.into_iter().collect();
+        let pool = self.pool.clone();
+        found.extend(blocking(move || Ok(pool.list_sandbox_roots()?)).await?);
+        let orphans: Vec<SandboxId> = found.into_iter().filter(|id| !keep.contains(id)).collect();
+        for id in &orphans {
+            tracing::info!(sandbox = %id, "removing orphaned sandbox");
+            self.destroy_sandbox(id).await?;
+        }
+        Ok(orphans)
+    }
+}
+
+fn poisoned<T>(_: std::sync::PoisonError<T>) -> NodeError {
+    NodeError::Internal("agent table lock poisoned".into())
+}
+
+/// Progress reports from blocking storage work, forwarded to an async-side callback.
+fn progress_channel(report: impl Fn(Progress) + Send + 'static) -> tokio::sync::mpsc::UnboundedSender<Progress> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Progress>();
+    tokio::spawn(async move {
+        while let Some(p) = rx.recv().await {
+            report(p);
+        }
+    });
+    tx
+}

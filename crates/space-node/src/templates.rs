@@ -1,0 +1,84 @@
+//! Template management: resolve, build built-ins on first use (once, even when many sessions
+//! ask at the same time), import.
+
+use std::path::Path;
+
+
+use space_api::Progress;
+use space_storage::{BUILTINS, TemplateInfo};
+
+use crate::{Node, NodeError, Result, blocking, progress_channel};
+
+fn to_api(p: space_storage::Progress) -> Progress {
+    Progress { phase: p.phase, done: p.done, total: p.total }
+}
+
+impl Node {
+    pub fn templates(&self) -> Vec<TemplateInfo> {
+        self.pool.templates().list().unwrap_or_default()
+    }
+
+    /// Newest version of template `name`, if built.
+    pub fn resolve_template(&self, name: &str) -> Option<TemplateInfo> {
+        self.pool.templates().resolve(name).ok().flatten()
+    }
+
+    pub fn builtin_names(&self) -> &'static [&'static str] {
+        &BUILTINS
+    }
+
+    pub fn is_builtin(&self, name: &str) -> bool {
+        BUILTINS.contains(&name)
+    }
+
+    /// The newest version of `name`, building it first if it is a built-in not built yet.
+    pub async fn ensure_template(&self, name: &str, report: impl Fn(Progress) + Send + 'static) -> Result<TemplateInfo> {
+        if let Some(info) = self.resolve_template(name) {
+            return Ok(info);
+        }
+        if !self.is_builtin(name) {
+            let mut available: Vec<String> = self.templates().into_iter().map(|t| t.name).collect();
+            available.extend(BUILTINS.iter().map(|s| s.to_string()));
+            available.sort();
+            available.dedup();
+            return Err(NodeError::UnknownTemplate { name: name.to_owned(), available: available.join(", ") });
+        }
+        let lock = self.template_builds.lock().await.entry(name.to_owned()).or_default().clone();
+        let _guard = lock.lock().await;
+        if let Some(info) = self.resolve_template(name) {
+            return Ok(info);
+        }
+        let pool = self.pool.clone();
+        let cache = self.config.template_cache_dir.clone();
+        let name = name.to_owned();
+        let tx = progress_channel(report);
+        blocking(move || {
+            let progress = move |p: space_storage::Progress| {
+                let _ = tx.send(to_api(p));
+            };
+            Ok(pool.templates().build_builtin(&name, Some(&cache), &progress)?)
+        })
+        .await
+    }
+
+    /// Imports a directory or tarball on this host as a new version of template `name`.
+    pub async fn import_template(&self, name: &str, path: &Path, report: impl Fn(Progress) + Send + 'static) -> Result<TemplateInfo> {
+        let pool = self.pool.clone();
+        let (name, path) = (name.to_owned(), path.to_owned());
+        let tx = progress_channel(report);
+        blocking(move || {
+            let progress = move |p: space_storage::Progress| {
+                let _ = tx.send(to_api(p));
+            };
+            let store = pool.templates();
+            let info = if path.is_dir() {
+                store.import_dir(&name, &path, &progress)?
+            } else {
+                store.import_tar(&name, &path, &progress)?
+            };
+            Ok(info)
+        })
+        .await
+    }
+}
+

@@ -1,0 +1,491 @@
+//! The linux runtime: sandboxes are process trees in their own user, pid, mount, net, ipc, uts
+//! and cgroup namespaces, confined by capabilities, no_new_privs and seccomp, limited by
+//! cgroups, with `spaced` as pid 1. The in-sandbox half is `space-sandbox-init`; see
+//! docs/sandbox-isolation.md for the isolation decisions.
+//!
+//! Per sandbox the runtime owns exactly two host resources, both named after the sandbox id:
+//! the cgroup `<cgroup parent>/<id>` (in every hierarchy used) and the socket
+//! `<run dir>/<id>.sock`. `list` finds sandboxes by them and `destroy` removes them, so both
+//! work after a node restart.
+
+mod boot;
+mod cgroup;
+mod process;
+mod spawn;
+mod teardown;
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use space_runtime::{Runtime, RuntimeError, SandboxHandle, SandboxId, SandboxSpec, SandboxStats};
+use space_sandbox_init::sync::{InitConfig, ToInit};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+use crate::boot::{Boot, Pid1};
+use crate::cgroup::Backend;
+
+/// How sandbox uids and gids map to the host: sandbox `0..count` ↔ host `host_base..host_base+count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdMap {
+    pub host_base: u32,
+    pub count: u32,
+}
+
+impl Default for IdMap {
+    fn default() -> Self {
+        IdMap {
+            host_base: 100_000,
+            count: 65_536,
+        }
+    }
+}
+
+/// Configuration of a [`LinuxRuntime`].
+#[derive(Debug, Clone)]
+pub struct LinuxOptions {
+    /// The host's static `spaced` binary, started as `spaced init`.
+    pub spaced: PathBuf,
+    /// Where sandbox sockets live (`<run_dir>/<id>.sock`); created 0700 if missing.
+    pub run_dir: PathBuf,
+    /// Relative cgroup path all sandbox cgroups go under, e.g. `space/<node>`.
+    pub cgroup_parent: String,
+    pub id_map: IdMap,
+    /// Bound on `start` until `spaced` is ready.
+    pub start_timeout: Duration,
+    /// Bound on `destroy` waiting for the sandbox's processes to die.
+    pub stop_timeout: Duration,
+    /// OOM score adjustment for each sandbox's pid 1, so the OOM killer picks sandbox
+    /// processes before `spaced`. Lowering needs CAP_SYS_RESOURCE; without it a warning is logged.
+    pub pid1_oom_score_adj: i32,
+}
+
+impl LinuxOptions {
+    pub fn new(
+        spaced: impl Into<PathBuf>,
+        run_dir: impl Into<PathBuf>,
+        cgroup_parent: impl Into<String>,
+    ) -> Self {
+        LinuxOptions {
+            spaced: spaced.into(),
+            run_dir: run_dir.into(),
+            cgroup_parent: cgroup_parent.into(),
+            id_map: IdMap::default(),
+            start_timeout: Duration::from_secs(10),
+            stop_timeout: Duration::from_secs(10),
+            pid1_oom_score_adj: -1000,
+        }
+    }
+}
+
+/// A started sandbox this runtime instance knows the pidfd of.
+#[derive(Debug)]
+struct Tracked {
+    pid: u32,
+    pidfd: Arc<OwnedFd>,
+}
+
+/// The linux [`Runtime`].
+#[derive(Debug)]
+pub struct LinuxRuntime {
+    opts: LinuxOptions,
+    cgroups: Arc<dyn Backend>,
+    tracked: Mutex<HashMap<SandboxId, Tracked>>,
+}
+
+fn unsupported(what: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Unsupported(what.to_string())
+}
+
+impl LinuxRuntime {
+    /// Checks the host (spaced binary, cgroup controllers), creates the run dir and makes this
+    /// process a child subreaper: sandbox pid 1s are re-parented to it.
+    pub fn new(opts: LinuxOptions) -> Result<Self, RuntimeError> {
+        validate_cgroup_parent(&opts.cgroup_parent)?;
+        validate_id_map(opts.id_map)?;
+        check_spaced(&opts.spaced)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&opts.run_dir)
+            .map_err(|source| RuntimeError::Io {
+                path: opts.run_dir.clone(),
+                source,
+            })?;
+        let cgroups: Arc<dyn Backend> = cgroup::detect().map_err(unsupported)?.into();
+        process::become_subreaper()
+            .map_err(|e| unsupported(format!("PR_SET_CHILD_SUBREAPER: {e}")))?;
+        tracing::debug!(version = cgroups.version(), parent = %opts.cgroup_parent, "linux runtime ready");
+        Ok(LinuxRuntime {
+            opts,
+            cgroups,
+            tracked: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn options(&self) -> &LinuxOptions {
+        &self.opts
+    }
+
+    /// The cgroup version in use (1 or 2).
+    pub fn cgroup_version(&self) -> u8 {
+        self.cgroups.version()
+    }
+
+    /// Host directories of the sandbox's cgroup, one per hierarchy (for diagnostics and tests).
+    pub fn cgroup_dirs(&self, id: &SandboxId) -> Vec<PathBuf> {
+        self.cgroups.dirs(&self.cgroup_name(id))
+    }
+
+    /// Host path of the sandbox's socket.
+    pub fn socket_path(&self, id: &SandboxId) -> PathBuf {
+        self.opts.run_dir.join(format!("{id}.sock"))
+    }
+
+    /// Removes the (empty) cgroup parent directories, e.g. when a node scope is retired.
+    /// Fails if sandboxes still have cgroups there.
+    pub fn remove_cgroup_parent(&self) -> Result<(), RuntimeError> {
+        for dir in self
+            .cgroups
+            .parent_dirs(Path::new(&self.opts.cgroup_parent))
+        {
+            match std::fs::remove_dir(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(RuntimeError::Io {
+                        path: dir,
+                        source: e,
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn cgroup_name(&self, id: &SandboxId) -> PathBuf {
+        Path::new(&self.opts.cgroup_parent).join(id.as_str())
+    }
+
+    fn tracked_pidfd(&self, handle: &SandboxHandle) -> Option<Arc<OwnedFd>> {
+        let tracked = self.tracked.lock().expect("tracked lock");
+        tracked
+            .get(&handle.id)
+            .filter(|t| t.pid == handle.pid)
+            .map(|t| t.pidfd.clone())
+    }
+
+    fn track(&self, id: &SandboxId, pid1: Pid1) {
+        let entry = Tracked {
+            pid: pid1.pid,
+            pidfd: Arc::new(pid1.pidfd),
+        };
+        self.tracked
+            .lock()
+            .expect("tracked lock")
+            .insert(id.clone(), entry);
+    }
+
+    fn handle(&self, id: &SandboxId, pid: u32) -> SandboxHandle {
+        SandboxHandle {
+            id: id.clone(),
+            pid,
+            socket: self.socket_path(id),
+        }
+    }
+
+    /// The handle of a sandbox this instance started and whose pid 1 still runs.
+    fn running(&self, id: &SandboxId) -> Option<SandboxHandle> {
+        let pid = self
+            .tracked
+            .lock()
+            .expect("tracked lock")
+            .get(id)
+            .map(|t| t.pid)?;
+        let handle = self.handle(id, pid);
+        self.is_alive(&handle).then_some(handle)
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn Backend) -> Result<T, RuntimeError> + Send + 'static,
+    ) -> Result<T, RuntimeError> {
+        let cgroups = self.cgroups.clone();
+        tokio::task::spawn_blocking(move || f(&*cgroups))
+            .await
+            .map_err(|e| RuntimeError::Cgroup(format!("cgroup task: {e}")))?
+    }
+
+    async fn boot(&self, boot: &mut Boot, spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        boot.send(&ToInit::Config(InitConfig::new(
+            &spec.rootfs,
+            &spec.hostname,
+        )))
+        .await?;
+        let (name, pid) = (self.cgroup_name(&spec.id), boot.bootstrap_pid());
+        // Joining happens while the bootstrap unshares its user namespace.
+        self.blocking(move |cg| {
+            cg.attach(&name, pid)
+                .map_err(|e| RuntimeError::Cgroup(e.to_string()))
+        })
+        .await?;
+        boot.expect_user_ns().await?;
+        let map = self.opts.id_map;
+        process::write_id_maps(pid, map.host_base, map.count)
+            .map_err(|e| RuntimeError::Start(format!("write id maps of {pid}: {e}")))?;
+        boot.send(&ToInit::Mapped).await?;
+        boot.wait_ready().await
+    }
+
+    async fn start_new(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
+        let (name, limits) = (self.cgroup_name(&spec.id), spec.limits);
+        self.blocking(move |cg| {
+            cg.create(&name, &limits)
+                .map_err(|e| RuntimeError::Cgroup(e.to_string()))
+        })
+        .await?;
+        let mut boot = Boot::spawn(&self.opts.spaced, &self.socket_path(&spec.id))?;
+        let result =
+            match tokio::time::timeout(self.opts.start_timeout, self.boot(&mut boot, spec)).await {
+                Ok(result) => result,
+                Err(_) => Err(RuntimeError::Start(format!(
+                    "spaced not ready after {:?}",
+                    self.opts.start_timeout
+                ))),
+            };
+        let pid1 = boot.pid1.take();
+        if let Err(e) = result {
+            boot.abort().await;
+            if let Some(pid1) = pid1 {
+                self.track(&spec.id, pid1); // so destroy reaps it
+            }
+            if let Err(cleanup) = self.destroy(&spec.id).await {
+                tracing::warn!(sandbox = %spec.id, error = %cleanup, "cleanup after failed start");
+            }
+            return Err(e);
+        }
+        let pid1 =
+            pid1.ok_or_else(|| RuntimeError::Start("spaced init never reported pid 1".into()))?;
+        for warning in &boot.warnings {
+            tracing::warn!(sandbox = %spec.id, "{warning}");
+        }
+        if let Err(e) = process::set_oom_score_adj(pid1.pid, self.opts.pid1_oom_score_adj) {
+            tracing::warn!(sandbox = %spec.id, error = %e, "cannot protect spaced from the OOM killer");
+        }
+        let handle = self.handle(&spec.id, pid1.pid);
+        self.track(&spec.id, pid1);
+        Ok(handle)
+    }
+
+    /// Reaps the sandbox's pid 1 if this instance started it (it is our child once the
+    /// bootstrap exits), waiting a bounded time for it to exit.
+    async fn reap_tracked(&self, id: &SandboxId) {
+        let tracked = self.tracked.lock().expect("tracked lock").remove(id);
+        if let Some(t) = tracked {
+            // Normally dead already (killed through the cgroup); this covers a pid 1 whose
+            // cgroups vanished. The pidfd cannot hit anything else.
+            let _ = process::pidfd_signal(&*t.pidfd, libc::SIGKILL);
+            let _ = tokio::time::timeout(self.opts.stop_timeout, wait_pidfd(&t.pidfd)).await;
+            process::reap(&*t.pidfd);
+        }
+    }
+}
+
+/// Waits until the process behind `pidfd` has exited, then reaps it if it is our child.
+async fn wait_pidfd(pidfd: &OwnedFd) {
+    // Each waiter registers its own duplicate: epoll refuses the same fd twice.
+    let registered = pidfd.try_clone().map_err(|e| e.to_string()).and_then(|fd| {
+        // SAFETY: the AsyncFd owns this fresh duplicate, which stays open and refers to the
+        // same pidfd until the AsyncFd is dropped.
+        unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+            .map_err(|e| e.to_string())
+    });
+    match registered {
+        Ok(fd) => {
+            let _ = fd.readable().await;
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot register pidfd; polling");
+            while !process::has_exited(pidfd) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    process::reap(pidfd);
+}
+
+fn validate_cgroup_parent(parent: &str) -> Result<(), RuntimeError> {
+    let path = Path::new(parent);
+    let valid = !parent.is_empty()
+        && path.components().all(|c| matches!(c, Component::Normal(_)))
+        && parent
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+    if valid {
+        Ok(())
+    } else {
+        Err(unsupported(format!(
+            "cgroup parent {parent:?} must be a relative path of [A-Za-z0-9._-] components"
+        )))
+    }
+}
+
+/// Sandbox root must never be host root, and the range must fit in a uid.
+fn validate_id_map(map: IdMap) -> Result<(), RuntimeError> {
+    if map.host_base == 0 || map.count == 0 || map.host_base.checked_add(map.count).is_none() {
+        return Err(unsupported(format!(
+            "id map {map:?}: host_base and count must be non-zero and host_base + count must fit in 32 bits"
+        )));
+    }
+    Ok(())
+}
+
+fn check_spaced(path: &Path) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| unsupported(format!("spaced binary {}: {e}", path.display())))?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(unsupported(format!(
+            "spaced binary {} is not an executable file",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+fn validate_spec(spec: &SandboxSpec) -> Result<(), RuntimeError> {
+    let h = &spec.hostname;
+    if h.is_empty()
+        || h.len() > 63
+        || !h
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
+        return Err(RuntimeError::Start(format!(
+            "hostname {h:?} is not a valid host name"
+        )));
+    }
+    if !spec.rootfs.is_absolute() || !spec.rootfs.is_dir() {
+        return Err(RuntimeError::Start(format!(
+            "rootfs {} is not an absolute path to a directory",
+            spec.rootfs.display()
+        )));
+    }
+    Ok(())
+}
+
+impl Runtime for LinuxRuntime {
+    async fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
+        validate_spec(spec)?;
+        if let Some(handle) = self.running(&spec.id) {
+            return Ok(handle); // a replayed start
+        }
+        self.destroy(&spec.id).await?; // leftovers of an earlier attempt
+        self.start_new(spec).await
+    }
+
+    async fn destroy(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        let name = self.cgroup_name(id);
+        if self.cgroups.exists(&name) {
+            teardown::kill_all(&*self.cgroups, &name, self.opts.stop_timeout).await?;
+        }
+        self.reap_tracked(id).await;
+        self.blocking(move |cg| teardown::remove(cg, &name)).await?;
+        let socket = self.socket_path(id);
+        match std::fs::remove_file(&socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RuntimeError::Io {
+                path: socket,
+                source: e,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn is_alive(&self, handle: &SandboxHandle) -> bool {
+        match process::proc_info(handle.pid) {
+            Some(info) if !info.zombie && info.innermost_pid == Some(1) => {}
+            _ => return false,
+        }
+        let (path, selector) = self.cgroups.membership(&self.cgroup_name(&handle.id));
+        process::cgroup_of(handle.pid, &selector).as_deref() == Some(path.as_str())
+    }
+
+    async fn wait_exit(&self, handle: &SandboxHandle) {
+        let pidfd = match self.tracked_pidfd(handle) {
+            Some(fd) => fd,
+            None => match process::pidfd_open(handle.pid) {
+                // Checked after opening: the pidfd then refers to that very process.
+                Ok(fd) if self.is_alive(handle) => Arc::new(fd),
+                _ => return,
+            },
+        };
+        wait_pidfd(&pidfd).await;
+    }
+
+    fn stats(&self, id: &SandboxId) -> Result<SandboxStats, RuntimeError> {
+        let name = self.cgroup_name(id);
+        if !self.cgroups.exists(&name) {
+            return Err(RuntimeError::NotFound(id.clone()));
+        }
+        self.cgroups
+            .stats(&name)
+            .map_err(|e| RuntimeError::Cgroup(e.to_string()))
+    }
+
+    fn list(&self) -> Result<Vec<SandboxId>, RuntimeError> {
+        let mut names: Vec<String> = Vec::new();
+        for dir in self
+            .cgroups
+            .parent_dirs(Path::new(&self.opts.cgroup_parent))
+        {
+            names.extend(cgroup::child_names(&dir));
+        }
+        let entries = std::fs::read_dir(&self.opts.run_dir).map_err(|source| RuntimeError::Io {
+            path: self.opts.run_dir.clone(),
+            source,
+        })?;
+        for entry in entries.flatten() {
+            if let Some(stem) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".sock"))
+            {
+                names.push(stem.to_owned());
+            }
+        }
+        let mut ids: Vec<SandboxId> = names.iter().filter_map(|n| n.parse().ok()).collect();
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_parent_validation() {
+        assert!(validate_cgroup_parent("space/node-1").is_ok());
+        for bad in ["", "/abs", "a/../b", "./b", "sp ace", "a\\b"] {
+            assert!(validate_cgroup_parent(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn id_map_validation() {
+        assert!(validate_id_map(IdMap::default()).is_ok());
+        for (host_base, count) in [(0, 65536), (100_000, 0), (u32::MAX - 10, 65536)] {
+            assert!(validate_id_map(IdMap { host_base, count }).is_err());
+        }
+    }
+
+    #[test]
+    fn missing_spaced_is_reported() {
+        let err = check_spaced(Path::new("/nonexistent/spaced")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/spaced"), "{err}");
+    }
+}

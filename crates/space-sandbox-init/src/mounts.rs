@@ -1,0 +1,266 @@
+//! The sandbox's mount namespace: rootfs, /proc, /sys, a minimal /dev, pivot_root, and the
+//! masked / read-only paths. Runs in pid 1 of the new pid namespace, with full capabilities in
+//! the sandbox's user namespace.
+
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::statvfs::{FsFlags, statvfs};
+
+use crate::InitError;
+use crate::sync::InitConfig;
+use crate::sys::{ctx, io_ctx};
+
+/// Host device nodes bind-mounted into the sandbox's /dev.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+const DEV_SYMLINKS: &[(&str, &str)] = &[
+    ("ptmx", "pts/ptmx"),
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+];
+
+fn mnt(
+    source: Option<&str>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<(), Errno> {
+    mount(source, target, fstype, flags, data)
+}
+
+/// Builds the sandbox's filesystem view and pivots into it. Appends optional steps that were
+/// skipped to `warnings`.
+pub(crate) fn setup(config: &InitConfig, warnings: &mut Vec<String>) -> Result<(), InitError> {
+    let root = &config.rootfs;
+    mnt(
+        None,
+        Path::new("/"),
+        None,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None,
+    )
+    .map_err(ctx("make / rprivate"))?;
+    mount(Some(root.as_path()), root.as_path(), None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+        .map_err(|e| match e {
+            Errno::EACCES => InitError(format!(
+                "bind rootfs {}: EACCES (every parent directory must be searchable by the mapped root uid)",
+                root.display()
+            )),
+            e => ctx(format!("bind rootfs {}", root.display()))(e),
+        })?;
+    mount_proc(root)?;
+    mount_sys(root, warnings)?;
+    mount_dev(root, warnings)?;
+    pivot(root)?;
+    mask_paths(&config.masked_paths)?;
+    readonly_paths(&config.readonly_paths)
+}
+
+/// Returns `root/name`, creating it as a directory if missing; refuses symlinks and other
+/// non-directories (a rootfs written by an earlier sandbox is untrusted).
+fn mount_point(root: &Path, name: &str) -> Result<PathBuf, InitError> {
+    let path = root.join(name);
+    match fs::symlink_metadata(&path) {
+        Ok(meta) if meta.is_dir() => Ok(path),
+        Ok(_) => Err(InitError(format!(
+            "/{name} in the rootfs is not a directory"
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fs::DirBuilder::new()
+                .mode(0o755)
+                .create(&path)
+                .map_err(io_ctx(format!("mkdir /{name}")))?;
+            Ok(path)
+        }
+        Err(e) => Err(io_ctx(format!("stat /{name}"))(e)),
+    }
+}
+
+fn mount_proc(root: &Path) -> Result<(), InitError> {
+    let target = mount_point(root, "proc")?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mnt(Some("proc"), &target, Some("proc"), flags, None).map_err(ctx("mount /proc"))
+}
+
+fn mount_sys(root: &Path, warnings: &mut Vec<String>) -> Result<(), InitError> {
+    let target = mount_point(root, "sys")?;
+    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    if let Err(e) = mnt(Some("sysfs"), &target, Some("sysfs"), flags, None) {
+        warnings.push(format!("mount /sys: {e:?}; /sys left empty"));
+    }
+    Ok(())
+}
+
+fn mount_dev(root: &Path, warnings: &mut Vec<String>) -> Result<(), InitError> {
+    let dev = mount_point(root, "dev")?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_STRICTATIME;
+    mnt(
+        Some("tmpfs"),
+        &dev,
+        Some("tmpfs"),
+        flags,
+        Some("mode=755,size=65536k"),
+    )
+    .map_err(ctx("mount /dev"))?;
+    for name in DEVICES {
+        bind_device(&dev, name)?;
+    }
+    let pts = make_dir(&dev, "pts", 0o755)?;
+    let data = "newinstance,ptmxmode=0666,mode=0620,gid=5";
+    mnt(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some(data),
+    )
+    .map_err(ctx("mount /dev/pts"))?;
+    let shm = make_dir(&dev, "shm", 0o1777)?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mnt(
+        Some("shm"),
+        &shm,
+        Some("tmpfs"),
+        flags,
+        Some("mode=1777,size=65536k"),
+    )
+    .map_err(ctx("mount /dev/shm"))?;
+    let mqueue = make_dir(&dev, "mqueue", 0o755)?;
+    if let Err(e) = mnt(Some("mqueue"), &mqueue, Some("mqueue"), flags, None) {
+        warnings.push(format!("mount /dev/mqueue: {e:?}"));
+    }
+    for (name, target) in DEV_SYMLINKS {
+        symlink(target, dev.join(name)).map_err(io_ctx(format!("symlink /dev/{name}")))?;
+    }
+    Ok(())
+}
+
+fn make_dir(parent: &Path, name: &str, mode: u32) -> Result<PathBuf, InitError> {
+    let path = parent.join(name);
+    fs::DirBuilder::new()
+        .mode(mode)
+        .create(&path)
+        .map_err(io_ctx(format!("mkdir /dev/{name}")))?;
+    // The umask may have removed bits (notably sticky/world-writable for shm).
+    fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+        .map_err(io_ctx(format!("chmod /dev/{name}")))?;
+    Ok(path)
+}
+
+fn bind_device(dev: &Path, name: &str) -> Result<(), InitError> {
+    let target = dev.join(name);
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o666)
+        .open(&target)
+        .map_err(io_ctx(format!("create /dev/{name}")))?;
+    let source = format!("/dev/{name}");
+    mnt(Some(&source), &target, None, MsFlags::MS_BIND, None)
+        .map_err(ctx(format!("bind /dev/{name}")))
+}
+
+/// Makes `root` the root of the mount namespace and detaches the old root entirely.
+fn pivot(root: &Path) -> Result<(), InitError> {
+    nix::unistd::chdir(root).map_err(ctx("chdir rootfs"))?;
+    // pivot_root(".", ".") stacks the old root on top of the new one; unmounting "." then
+    // removes it without needing a directory for it inside the rootfs.
+    nix::unistd::pivot_root(".", ".").map_err(ctx("pivot_root"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(ctx("detach old root"))?;
+    nix::unistd::chdir("/").map_err(ctx("chdir /"))
+}
+
+fn mask_paths(paths: &[String]) -> Result<(), InitError> {
+    for path in paths {
+        let meta = match fs::symlink_metadata(path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_ctx(format!("stat {path}"))(e)),
+        };
+        let target = Path::new(path);
+        let result = if meta.is_dir() {
+            mnt(
+                Some("tmpfs"),
+                target,
+                Some("tmpfs"),
+                MsFlags::MS_RDONLY,
+                Some("mode=555"),
+            )
+        } else {
+            mnt(Some("/dev/null"), target, None, MsFlags::MS_BIND, None)
+        };
+        result.map_err(ctx(format!("mask {path}")))?;
+    }
+    Ok(())
+}
+
+fn readonly_paths(paths: &[String]) -> Result<(), InitError> {
+    for path in paths {
+        let target = Path::new(path);
+        match mnt(
+            Some(path),
+            target,
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None,
+        ) {
+            Ok(()) => {}
+            Err(Errno::ENOENT) => continue,
+            Err(e) => return Err(ctx(format!("bind {path}"))(e)),
+        }
+        // A remount must repeat the flags the kernel locked on this mount (nosuid, ...).
+        let current = statvfs(target).map_err(ctx(format!("statvfs {path}")))?;
+        let flags = MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | locked_flags(current.flags());
+        mnt(None, target, None, flags, None).map_err(ctx(format!("remount {path} read-only")))?;
+    }
+    Ok(())
+}
+
+/// The mount flags matching a statvfs result's `f_flag`.
+fn locked_flags(st: FsFlags) -> MsFlags {
+    let pairs = [
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ];
+    pairs
+        .iter()
+        .filter(|(s, _)| st.contains(*s))
+        .fold(MsFlags::empty(), |acc, (_, m)| acc | *m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locked_flags_map_statvfs_bits() {
+        let st = FsFlags::ST_NOSUID | FsFlags::ST_NOEXEC | FsFlags::ST_RDONLY;
+        assert_eq!(locked_flags(st), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC);
+    }
+
+    #[test]
+    fn mount_point_refuses_symlinks() {
+        let dir = std::env::temp_dir().join(format!("space-init-mp-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let _ = fs::remove_file(dir.join("proc"));
+        symlink("/", dir.join("proc")).unwrap();
+        let err = mount_point(&dir, "proc").unwrap_err();
+        assert!(err.0.contains("not a directory"), "{}", err.0);
+        assert_eq!(mount_point(&dir, "sys").unwrap(), dir.join("sys"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,39 @@
+//! The node's storage: a btrfs pool (the data dir itself when it is btrfs, else a sparse
+//! image loop-mounted at `<data_dir>/pool`), read-only templates with id-shifted ownership,
+//! and writable sandbox roots made by O(1) snapshots.
+//!
+//! Layout under the pool root (see `docs/storage.md`):
+//!
+//! ```text
+//! templates/<name>@<version>        read-only subvolume, owned by the id map
+//! templates/<name>@<version>.json   its metadata (written last: no metadata, no template)
+//! sandboxes/<sandbox id>/rootfs     writable snapshot of a template
+//! snapshots/                        session snapshots
+//! pods/                             warm-pool slots
+//! ```
+//!
+//! Everything here blocks on disk I/O and needs root; async callers use `spawn_blocking`.
+
+pub mod btrfs;
+mod builtin;
+mod cmd;
+mod debian;
+mod error;
+mod identity;
+mod idmap;
+mod import;
+pub mod mount;
+mod pool;
+mod progress;
+mod shift;
+mod template;
+mod util;
+
+pub use builtin::{BUILTINS, DEFAULT_TEMPLATE_CACHE_DIR};
+pub use error::{Result, StorageError};
+pub use identity::{SandboxIdentity, validate_hostname};
+pub use idmap::IdMap;
+pub use import::Compression;
+pub use pool::{Backing, DEFAULT_IMAGE_SIZE, Pool, PoolOptions};
+pub use progress::{Progress, ProgressFn, no_progress};
+pub use template::{TemplateInfo, TemplateStore, validate_template_name};

@@ -1,0 +1,97 @@
+//! Errors of the daemon itself, and the mapping of I/O errors onto protocol error kinds.
+
+use std::io;
+
+use space_proto::{ErrorKind, Reply};
+
+/// Why the daemon could not start or keep serving.
+#[derive(Debug, thiserror::Error)]
+pub enum SpacedError {
+    #[error("cannot bind {0}: {1}")]
+    Bind(String, #[source] io::Error),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] io::Error),
+    #[error("cannot use the listening socket: {0}")]
+    Listener(#[source] io::Error),
+    #[error("cannot install signal handlers: {0}")]
+    Signals(#[source] io::Error),
+    #[error(transparent)]
+    Init(#[from] space_sandbox_init::InitError),
+}
+
+/// The protocol error kind for an I/O error. Raw errno values are checked first because
+/// `std::io::ErrorKind` folds several of them together (e.g. EPERM and EACCES).
+pub fn io_kind(err: &io::Error) -> ErrorKind {
+    if let Some(code) = err.raw_os_error() {
+        return match code {
+            libc::ENOENT => ErrorKind::NotFound,
+            libc::EACCES | libc::EPERM | libc::EROFS => ErrorKind::PermissionDenied,
+            libc::EEXIST => ErrorKind::AlreadyExists,
+            libc::ENOTDIR => ErrorKind::NotADirectory,
+            libc::EISDIR => ErrorKind::IsADirectory,
+            libc::ENOTEMPTY => ErrorKind::DirectoryNotEmpty,
+            libc::EINVAL | libc::ENAMETOOLONG | libc::ELOOP => ErrorKind::InvalidInput,
+            libc::ESRCH => ErrorKind::NoSuchProcess,
+            libc::ENOTSUP => ErrorKind::Unsupported,
+            _ => ErrorKind::Other,
+        };
+    }
+    match err.kind() {
+        io::ErrorKind::NotFound => ErrorKind::NotFound,
+        io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+        io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
+        io::ErrorKind::NotADirectory => ErrorKind::NotADirectory,
+        io::ErrorKind::IsADirectory => ErrorKind::IsADirectory,
+        io::ErrorKind::DirectoryNotEmpty => ErrorKind::DirectoryNotEmpty,
+        io::ErrorKind::InvalidInput | io::ErrorKind::InvalidFilename => ErrorKind::InvalidInput,
+        io::ErrorKind::Unsupported => ErrorKind::Unsupported,
+        _ => ErrorKind::Other,
+    }
+}
+
+/// An error reply for a failed operation on `what` (usually a path).
+pub fn io_reply(what: &str, err: &io::Error) -> Reply {
+    Reply::error(io_kind(err), format!("{what}: {}", describe(err)))
+}
+
+/// The OS description of an error without std's " (os error N)" suffix.
+pub fn describe(err: &io::Error) -> String {
+    match err.raw_os_error() {
+        Some(code) => nix::errno::Errno::from_raw(code).desc().to_owned(),
+        None => err.to_string(),
+    }
+}
+
+/// Shorthand for an `InvalidInput` reply.
+pub fn invalid(message: impl Into<String>) -> Reply {
+    Reply::error(ErrorKind::InvalidInput, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_values_map_to_kinds() {
+        let cases = [
+            (libc::ENOENT, ErrorKind::NotFound),
+            (libc::EPERM, ErrorKind::PermissionDenied),
+            (libc::EEXIST, ErrorKind::AlreadyExists),
+            (libc::ENOTDIR, ErrorKind::NotADirectory),
+            (libc::EISDIR, ErrorKind::IsADirectory),
+            (libc::ENOTEMPTY, ErrorKind::DirectoryNotEmpty),
+            (libc::EIO, ErrorKind::Other),
+        ];
+        for (code, kind) in cases {
+            assert_eq!(io_kind(&io::Error::from_raw_os_error(code)), kind, "errno {code}");
+        }
+        let plain = io::Error::new(io::ErrorKind::InvalidInput, "nul byte");
+        assert_eq!(io_kind(&plain), ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn descriptions_have_no_errno_suffix() {
+        let err = io::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(describe(&err), "No such file or directory");
+    }
+}

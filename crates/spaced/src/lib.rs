@@ -1,0 +1,69 @@
+//! `spaced`: the agent that runs as pid 1 of every sandbox and serves the spaced protocol
+//! ([`space_proto`]) to the node.
+//!
+//! Layout:
+//! - [`server`]: accept loop, handshake, per-stream dispatch, shutdown;
+//! - [`reaper`]: init duties (reaps every child, hands exit statuses to their owners);
+//! - [`spawn`] and [`pty`]: starting a process (credentials, process group, terminal);
+//! - [`process`]: the process table, output fan-out and ring buffers, supervision;
+//! - [`exec`]: the exec / attach / signal / list conversations;
+//! - [`files`] and [`watch`]: file operations and inotify;
+//! - [`fdio`]: non-blocking reads and writes on raw pipe and terminal descriptors.
+//!
+//! Everything the peer sends is untrusted: a malformed stream is answered with
+//! `Reply::Error` and closed; the daemon itself never stops because of it.
+
+pub mod error;
+pub mod exec;
+pub mod fdio;
+pub mod files;
+pub mod process;
+pub mod pty;
+pub mod reaper;
+pub mod server;
+pub mod spawn;
+pub mod watch;
+mod wire;
+
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+
+pub use error::SpacedError;
+
+/// The name this agent announces in the handshake.
+pub fn agent_name() -> String {
+    format!("spaced/{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Binds a fresh unix socket for `spaced serve` (host testing, no sandboxing).
+///
+/// A stale socket file left by an earlier run is replaced; any other file is an error.
+pub fn bind(path: &Path) -> Result<UnixListener, SpacedError> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && meta.file_type().is_socket()
+    {
+        std::fs::remove_file(path).map_err(|e| SpacedError::Bind(path.display().to_string(), e))?;
+    }
+    UnixListener::bind(path).map_err(|e| SpacedError::Bind(path.display().to_string(), e))
+}
+
+/// Runs the server on `listener` until SIGTERM or SIGINT. Builds its own tokio runtime, so
+/// call it from a plain thread (in `spaced init`: after the sandbox is set up, because
+/// namespaces can only be entered while the process is single-threaded).
+pub fn run(listener: UnixListener) -> Result<(), SpacedError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(32)
+        .thread_name("spaced")
+        .enable_all()
+        .build()
+        .map_err(SpacedError::Runtime)?;
+    runtime.block_on(server::run(listener))
+}
+
+/// Locks a std mutex, ignoring poisoning: every critical section in spaced leaves the data
+/// consistent, and a panicked task must not take the daemon down with it.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

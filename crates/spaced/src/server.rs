@@ -1,0 +1,148 @@
+//! Accepts node connections and dispatches each stream's request.
+//!
+//! Several connections may be open at once (the node reconnects after it restarts);
+//! processes belong to the agent, not to a connection, so they outlive connections.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use space_proto::{FramedStream, Reply, Request};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::error::{SpacedError, invalid};
+use crate::process::ProcessTable;
+use crate::reaper::Reaper;
+use crate::{exec, files, watch, wire};
+
+/// How long a fresh connection may take to send its hello.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// State shared by every connection and stream.
+pub struct Agent {
+    pub reaper: Reaper,
+    pub table: Arc<ProcessTable>,
+    pub started: Instant,
+}
+
+impl Agent {
+    pub fn new() -> Self {
+        Agent { reaper: Reaper::new(), table: Arc::default(), started: Instant::now() }
+    }
+
+    fn health(&self) -> Reply {
+        Reply::Health {
+            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+            uptime_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            processes: u32::try_from(self.table.running().len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// SIGKILLs the process groups of every process spaced remembers, including what
+    /// exited commands left running in the background.
+    fn kill_all(&self) {
+        for process in self.table.all() {
+            process.kill_group_and_stragglers();
+        }
+    }
+}
+
+impl Default for Agent {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Serves until SIGTERM or SIGINT, then kills every process spaced started and returns.
+pub async fn run(listener: std::os::unix::net::UnixListener) -> Result<(), SpacedError> {
+    listener.set_nonblocking(true).map_err(SpacedError::Listener)?;
+    let listener = UnixListener::from_std(listener).map_err(SpacedError::Listener)?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(SpacedError::Signals)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(SpacedError::Signals)?;
+    let agent = Arc::new(Agent::new());
+    let reaper = tokio::spawn(agent.reaper.clone().run());
+    tokio::select! {
+        () = accept_loop(listener, agent.clone()) => {}
+        _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = sigint.recv() => tracing::info!("SIGINT: shutting down"),
+        result = reaper => match result {
+            Ok(Err(e)) => return Err(SpacedError::Signals(e)),
+            _ => tracing::error!("reaper stopped"),
+        },
+    }
+    agent.kill_all();
+    Ok(())
+}
+
+async fn accept_loop(listener: UnixListener, agent: Arc<Agent>) {
+    loop {
+        match listener.accept().await {
+            Ok((conn, _addr)) => {
+                tokio::spawn(connection(conn, agent.clone()));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn connection(mut conn: UnixStream, agent: Arc<Agent>) {
+    let name = crate::agent_name();
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, space_proto::handshake(&mut conn, &name)).await {
+        Ok(Ok(hello)) => tracing::info!(peer = %hello.agent, "node connected"),
+        Ok(Err(e)) => return tracing::warn!(error = %e, "handshake failed"),
+        Err(_) => return tracing::warn!("handshake timed out"),
+    }
+    let served = space_proto::serve(conn, move |stream| handle(stream, agent.clone())).await;
+    if let Err(e) = served {
+        tracing::info!(error = %e, "connection ended");
+    }
+}
+
+/// One stream: the first frame is the request.
+async fn handle(mut stream: FramedStream, agent: Arc<Agent>) {
+    let request = match space_proto::next_frame(&mut stream).await {
+        Ok(Some(frame)) => frame.parse::<Request>(),
+        Ok(None) => return,
+        Err(e) => return wire::finish(stream, invalid(e.to_string())).await,
+    };
+    match request {
+        Ok(request) => dispatch(stream, agent, request).await,
+        Err(e) => wire::finish(stream, invalid(format!("bad request: {e}"))).await,
+    }
+}
+
+async fn dispatch(stream: FramedStream, agent: Arc<Agent>, request: Request) {
+    let reply = match request {
+        Request::Exec(spec) => return exec::exec(stream, agent, spec).await,
+        Request::Attach { pid } => return exec::attach(stream, agent, pid).await,
+        Request::ReadFile { path } => return files::read_file(stream, path).await,
+        Request::WriteFile { path, mode } => return files::write_file(stream, path, mode).await,
+        Request::Watch { path, recursive } => return watch::watch(stream, path, recursive).await,
+        Request::Health => agent.health(),
+        Request::Signal { pid, signal } => exec::signal(&agent, pid, signal),
+        Request::ListProcesses => exec::list(&agent),
+        Request::Stat { path } => files::stat(path).await,
+        Request::ListDir { path } => files::list_dir(path).await,
+        Request::MakeDir { path } => files::make_dir(path).await,
+        Request::Move { from, to } => files::move_path(from, to).await,
+        Request::Remove { path, recursive } => files::remove(path, recursive).await,
+    };
+    finish(stream, reply).await;
+}
+
+/// Sends a single reply; one too large to encode (a huge directory listing) becomes an
+/// error reply instead of a silently dropped stream.
+async fn finish(mut stream: FramedStream, reply: Reply) {
+    match wire::send(&mut stream, &reply).await {
+        Ok(()) => wire::close(stream).await,
+        Err(space_proto::FrameError::TooLong { len, max }) => {
+            let message = format!("reply of {len} bytes exceeds the frame limit of {max}");
+            wire::finish(stream, Reply::error(space_proto::ErrorKind::Unsupported, message)).await
+        }
+        Err(_) => {}
+    }
+}

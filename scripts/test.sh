@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit tests and root-only integration tests that
+# create real sandboxes. Run as root on Debian 12.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo build-spaced
+export SPACED_BIN="$PWD/target/x86_64-unknown-linux-gnu/release/spaced"
+cargo test --workspace -- --test-threads 4
