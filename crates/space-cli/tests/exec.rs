@@ -91,3 +91,24 @@ fn cli_streams_output_forwards_stdin_and_exits_with_the_command_code() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("destroyed"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn cli_tty_gives_the_command_a_terminal() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    // `script` gives the CLI a real terminal of its own, as a user's shell would.
+    let command = format!("{} exec -t {id} -- sh -c 'tty; stty size'", common::SPACE);
+    let out = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("SPACE_URL", &server.url)
+        .env("SPACE_API_KEY", &server.key)
+        .env("COLUMNS", "100")
+        .env("LINES", "30")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("/dev/pts/"), "no terminal: {text:?} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{text:?}");
+}

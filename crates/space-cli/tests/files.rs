@@ -75,7 +75,7 @@ fn paths_resolve_inside_the_sandbox_never_on_the_host() {
     std::fs::write(&marker, "host secret").unwrap();
     let marker = marker.to_str().unwrap().to_owned();
     server.exec(&id, &["ln", "-s", &marker, "/tmp/escape"]);
-    let paths = [format!("/tmp/escape"), format!("../../../..{marker}"), marker.clone()];
+    let paths = ["/tmp/escape".to_owned(), format!("../../../..{marker}"), marker.clone()];
     for path in &paths {
         let (status, body) = server.call("GET", &format!("/v1/sessions/{id}/files/content?path={path}"), None);
         assert_eq!(status, 404, "{path} must not reach the host: {body}");

@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 
 use space_api::{SandboxId, SessionState};
-use space_runtime::SandboxHandle;
+
 
 use crate::AppState;
 use crate::error::AppResult;
@@ -50,7 +50,3 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
     Ok(())
 }
 
-/// Builds a handle for a sandbox recorded in the store.
-pub fn handle_of(state: &AppState, id: &SandboxId, pid: u32) -> SandboxHandle {
-    state.node.handle(id, pid)
-}

@@ -16,7 +16,7 @@ pub const SPACE: &str = env!("CARGO_BIN_EXE_space");
 #[macro_export]
 macro_rules! require_root {
     () => {
-        if unsafe { libc::geteuid() } != 0 {
+        if !nix::unistd::Uid::effective().is_root() {
             eprintln!("skipped: needs root");
             return;
         }
