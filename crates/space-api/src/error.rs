@@ -40,10 +40,9 @@ impl ErrorCode {
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::PermissionDenied => 403,
             ErrorCode::NotFound | ErrorCode::FileNotFound | ErrorCode::NoSuchProcess => 404,
-            ErrorCode::Conflict
-            | ErrorCode::InvalidState
-            | ErrorCode::IdempotencyConflict
-            | ErrorCode::FileExists => 409,
+            ErrorCode::Conflict | ErrorCode::InvalidState | ErrorCode::IdempotencyConflict | ErrorCode::FileExists => {
+                409
+            }
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::SandboxUnavailable => 503,
             ErrorCode::Timeout => 504,

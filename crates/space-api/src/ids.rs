@@ -11,7 +11,9 @@ const RANDOM_LEN: usize = 20;
 const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("'{value}' is not a valid {kind} id (expected '{prefix}' followed by {RANDOM_LEN} lowercase letters or digits)")]
+#[error(
+    "'{value}' is not a valid {kind} id (expected '{prefix}' followed by {RANDOM_LEN} lowercase letters or digits)"
+)]
 pub struct IdError {
     pub kind: &'static str,
     pub prefix: &'static str,

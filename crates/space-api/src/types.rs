@@ -212,8 +212,13 @@ pub struct TermSize {
 pub enum WsClientMessage {
     /// No more stdin.
     Eof,
-    Signal { signal: i32 },
-    Resize { rows: u16, cols: u16 },
+    Signal {
+        signal: i32,
+    },
+    Resize {
+        rows: u16,
+        cols: u16,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

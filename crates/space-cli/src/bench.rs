@@ -92,7 +92,15 @@ pub async fn run(client: &Client, args: BenchArgs) -> anyhow::Result<()> {
     ];
     let rows: Vec<Vec<String>> = measures
         .iter()
-        .map(|m| vec![m.measure.clone(), m.n.to_string(), format!("{:.2}", m.p50_ms), format!("{:.2}", m.p90_ms), format!("{:.2}", m.p99_ms)])
+        .map(|m| {
+            vec![
+                m.measure.clone(),
+                m.n.to_string(),
+                format!("{:.2}", m.p50_ms),
+                format!("{:.2}", m.p90_ms),
+                format!("{:.2}", m.p99_ms),
+            ]
+        })
         .collect();
     print_table(&["MEASURE", "N", "P50 MS", "P90 MS", "P99 MS"], &rows);
     let mut lines = String::new();

@@ -41,7 +41,8 @@ impl Client {
 
     /// Sends and turns API errors into readable messages.
     pub async fn send(&self, builder: RequestBuilder) -> anyhow::Result<Response> {
-        let response = builder.send().await.with_context(|| format!("cannot reach the space server at {}", self.base))?;
+        let response =
+            builder.send().await.with_context(|| format!("cannot reach the space server at {}", self.base))?;
         if response.status().is_success() {
             return Ok(response);
         }
@@ -50,7 +51,12 @@ impl Client {
         match serde_json::from_str::<ErrorBody>(&text) {
             Ok(body) => {
                 let e = ApiError::from(body);
-                bail!("{} ({}, HTTP {})", e.message, serde_json::to_value(e.code)?.as_str().unwrap_or("error"), status.as_u16())
+                bail!(
+                    "{} ({}, HTTP {})",
+                    e.message,
+                    serde_json::to_value(e.code)?.as_str().unwrap_or("error"),
+                    status.as_u16()
+                )
             }
             Err(_) => bail!("HTTP {status}: {text}"),
         }

@@ -8,11 +8,11 @@ use anyhow::{Context, bail};
 use clap::Args;
 use futures::{SinkExt, StreamExt};
 use nix::sys::termios::{self, SetArg, Termios};
-use space_api::{ExecStart, TermSize, WsClientMessage, WsServerMessage};
+use space_api::{ExecRequest, ExecResult, ExecStart, TermSize, WsClientMessage, WsServerMessage};
 use tokio::io::AsyncReadExt;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::client::Client;
+use crate::client::{Client, WsStream};
 
 #[derive(Args)]
 pub struct ExecArgs {
@@ -31,6 +31,9 @@ pub struct ExecArgs {
     /// Kill the command after this many seconds.
     #[arg(long)]
     timeout: Option<f64>,
+    /// Start in the background and print its pid; re-attach with `space attach ID PID`.
+    #[arg(short = 'd', long, conflicts_with = "tty")]
+    detach: bool,
     /// Session id.
     id: String,
     /// The command and its arguments.
@@ -64,7 +67,11 @@ fn terminal_size() -> TermSize {
     let mut ws = nix::libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
     // SAFETY: TIOCGWINSZ writes one `winsize` into the valid, exclusively borrowed `ws`.
     let rc = unsafe { nix::libc::ioctl(1, nix::libc::TIOCGWINSZ, &mut ws) };
-    if rc == 0 && ws.ws_row > 0 { TermSize { rows: ws.ws_row, cols: ws.ws_col } } else { TermSize { rows: 24, cols: 80 } }
+    if rc == 0 && ws.ws_row > 0 {
+        TermSize { rows: ws.ws_row, cols: ws.ws_col }
+    } else {
+        TermSize { rows: 24, cols: 80 }
+    }
 }
 
 pub async fn run(client: &Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
@@ -72,6 +79,9 @@ pub async fn run(client: &Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
     for pair in &args.env {
         let Some((k, v)) = pair.split_once('=') else { bail!("--env takes K=V, got {pair:?}") };
         env.insert(k.to_owned(), v.to_owned());
+    }
+    if args.detach {
+        return detach(client, &args, env).await;
     }
     let forward_stdin = args.tty || args.interactive || !std::io::stdin().is_terminal();
     let start = ExecStart {
@@ -86,14 +96,42 @@ pub async fn run(client: &Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
     };
     let mut socket = client.websocket(&format!("/v1/sessions/{}/exec/ws", args.id)).await?;
     socket.send(Message::Text(serde_json::to_string(&start)?.into())).await?;
-    let _raw = if args.tty && std::io::stdin().is_terminal() { Some(RawMode::enter()?) } else { None };
+    relay(socket, args.tty, forward_stdin).await
+}
 
+/// `space attach ID PID`: output of a (background) process, buffered then live, and its exit.
+pub async fn attach(client: &Client, id: &str, pid: u32) -> anyhow::Result<ExitCode> {
+    let socket = client.websocket(&format!("/v1/sessions/{id}/processes/{pid}/attach")).await?;
+    relay(socket, false, false).await
+}
+
+async fn detach(
+    client: &Client,
+    args: &ExecArgs,
+    env: std::collections::BTreeMap<String, String>,
+) -> anyhow::Result<ExitCode> {
+    let request = ExecRequest {
+        cmd: args.cmd.clone(),
+        env,
+        cwd: args.cwd.clone(),
+        timeout_ms: args.timeout.map(|s| (s * 1000.0) as u64),
+        background: true,
+        ..Default::default()
+    };
+    let result: ExecResult = client.post_json(&format!("/v1/sessions/{}/exec", args.id), &request).await?;
+    println!("{}", result.pid);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Copies between the terminal and an exec or attach WebSocket; returns the command's exit code.
+async fn relay(socket: WsStream, tty: bool, forward_stdin: bool) -> anyhow::Result<ExitCode> {
+    let _raw = if tty && std::io::stdin().is_terminal() { Some(RawMode::enter()?) } else { None };
     let (mut sink, mut stream) = socket.split();
     let (input_tx, mut input_rx) = tokio::sync::mpsc::channel::<Message>(16);
     if forward_stdin {
         tokio::spawn(pump_stdin(input_tx.clone()));
     }
-    if args.tty {
+    if tty {
         tokio::spawn(forward_resizes(input_tx.clone()));
     }
     drop(input_tx);

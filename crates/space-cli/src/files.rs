@@ -7,10 +7,10 @@ use clap::Subcommand;
 use futures::StreamExt;
 use reqwest::Method;
 use space_api::{FileList, WriteResult};
+use std::io::Write;
 use tokio::io::AsyncWriteExt;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::io::ReaderStream;
-use std::io::Write;
 
 use crate::client::{Client, encode};
 use crate::output::{bytes, print_json, print_table, time};
@@ -42,7 +42,8 @@ pub async fn run(client: &Client, command: FilesCommand, json: bool) -> anyhow::
             let file = tokio::fs::File::open(&local).await.with_context(|| format!("opening {}", local.display()))?;
             let body = reqwest::Body::wrap_stream(ReaderStream::with_capacity(file, 256 * 1024));
             let path = format!("/v1/sessions/{id}/files/content?path={}", encode(&remote));
-            let request = client.request(Method::PUT, &path).header("content-type", "application/octet-stream").body(body);
+            let request =
+                client.request(Method::PUT, &path).header("content-type", "application/octet-stream").body(body);
             let result: WriteResult = client.send(request).await?.json().await?;
             if json {
                 print_json(&result)?;
@@ -57,7 +58,9 @@ pub async fn run(client: &Client, command: FilesCommand, json: bool) -> anyhow::
             let mut out: Box<dyn tokio::io::AsyncWrite + Unpin> = if local.as_os_str() == "-" {
                 Box::new(tokio::io::stdout())
             } else {
-                Box::new(tokio::fs::File::create(&local).await.with_context(|| format!("creating {}", local.display()))?)
+                Box::new(
+                    tokio::fs::File::create(&local).await.with_context(|| format!("creating {}", local.display()))?,
+                )
             };
             while let Some(chunk) = stream.next().await {
                 out.write_all(&chunk?).await?;
@@ -65,7 +68,8 @@ pub async fn run(client: &Client, command: FilesCommand, json: bool) -> anyhow::
             out.flush().await?;
         }
         FilesCommand::Ls { id, path } => {
-            let list: FileList = client.get_json(&format!("/v1/sessions/{id}/files/list?path={}", encode(&path))).await?;
+            let list: FileList =
+                client.get_json(&format!("/v1/sessions/{id}/files/list?path={}", encode(&path))).await?;
             if json {
                 return print_json(&list);
             }

@@ -47,6 +47,10 @@ enum Command {
     Session(sessions::SessionCommand),
     /// Run a command in a session: `space exec ID -- CMD ARGS…`.
     Exec(exec::ExecArgs),
+    /// Re-attach to a process started with `space exec -d`.
+    Attach { id: String, pid: u32 },
+    /// Processes started in a session.
+    Ps { id: String },
     /// Copy files into and out of a session.
     #[command(subcommand)]
     Files(files::FilesCommand),
@@ -80,7 +84,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli));
+    // A blocking read of an interactive stdin never returns on its own; don't wait for it.
+    runtime.shutdown_background();
+    match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -100,6 +107,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(_) => unreachable!("handled above"),
         Command::Session(cmd) => sessions::run(&client, cmd, json).await?,
         Command::Exec(args) => return exec::run(&client, args).await,
+        Command::Attach { id, pid } => return exec::attach(&client, &id, pid).await,
+        Command::Ps { id } => {
+            let list: space_api::ProcessList = client.get_json(&format!("/v1/sessions/{id}/processes")).await?;
+            output::print_processes(&list, json)?;
+        }
         Command::Files(cmd) => files::run(&client, cmd, json).await?,
         Command::Template(cmd) => templates::run(&client, cmd, json).await?,
         Command::Key(KeyCommand::Create { tenant }) => {

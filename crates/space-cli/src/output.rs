@@ -1,7 +1,7 @@
 //! Human tables and JSON output.
 
 use serde::Serialize;
-use space_api::{Session, Status};
+use space_api::{ProcessList, Session, Status};
 
 pub fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
@@ -108,6 +108,27 @@ pub fn print_status(status: &Status, json: bool) -> anyhow::Result<()> {
     println!("sessions  {}", if sessions.is_empty() { "none".into() } else { sessions.join(" ") });
     let templates: Vec<String> = status.templates.iter().map(|t| format!("{}@{}", t.name, t.version)).collect();
     println!("templates {}", if templates.is_empty() { "none".into() } else { templates.join(" ") });
+    Ok(())
+}
+
+pub fn print_processes(list: &ProcessList, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(list);
+    }
+    let rows: Vec<Vec<String>> = list
+        .processes
+        .iter()
+        .map(|p| {
+            let state = match (p.running, p.exit_code, p.signal) {
+                (true, _, _) => "running".to_owned(),
+                (false, Some(code), _) => format!("exited {code}"),
+                (false, None, Some(signal)) => format!("killed {signal}"),
+                (false, None, None) => "exited".to_owned(),
+            };
+            vec![p.pid.to_string(), state, if p.background { "yes" } else { "no" }.into(), p.cmd.join(" ")]
+        })
+        .collect();
+    print_table(&["PID", "STATE", "BACKGROUND", "COMMAND"], &rows);
     Ok(())
 }
 

@@ -51,7 +51,10 @@ fn find_spaced(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
             return Ok(candidate.clone());
         }
     }
-    bail!("cannot find the spaced binary next to {}; build it with `cargo build-spaced` or pass --spaced", exe.display())
+    bail!(
+        "cannot find the spaced binary next to {}; build it with `cargo build-spaced` or pass --spaced",
+        exe.display()
+    )
 }
 
 pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {

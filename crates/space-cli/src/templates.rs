@@ -30,7 +30,15 @@ pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyho
             let rows: Vec<Vec<String>> = list
                 .templates
                 .iter()
-                .map(|t| vec![t.name.clone(), t.version.to_string(), bytes(t.size_bytes), time(t.created_at), t.source.clone()])
+                .map(|t| {
+                    vec![
+                        t.name.clone(),
+                        t.version.to_string(),
+                        bytes(t.size_bytes),
+                        time(t.created_at),
+                        t.source.clone(),
+                    ]
+                })
                 .collect();
             print_table(&["NAME", "VERSION", "SIZE", "CREATED", "SOURCE"], &rows);
             println!("built-in: {} (default: {})", list.builtin.join(", "), list.default_template);

@@ -24,8 +24,20 @@ fn bad_input_gets_clear_errors_and_loses_nothing() {
     assert_eq!(status, 400, "{body}");
 
     let out = common::curl(&[
-        "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "-H", &server.auth(),
-        "-H", "content-type: application/json", "-d", "{not json", &format!("{}/v1/sessions", server.url),
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-X",
+        "POST",
+        "-H",
+        &server.auth(),
+        "-H",
+        "content-type: application/json",
+        "-d",
+        "{not json",
+        &format!("{}/v1/sessions", server.url),
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "400");
 
@@ -33,8 +45,19 @@ fn bad_input_gets_clear_errors_and_loses_nothing() {
     let path = server.data_dir.join("big.json");
     std::fs::write(&path, big).unwrap();
     let out = common::curl(&[
-        "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "-H", &server.auth(),
-        "-H", "content-type: application/json", "--data-binary", &format!("@{}", path.display()),
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-X",
+        "POST",
+        "-H",
+        &server.auth(),
+        "-H",
+        "content-type: application/json",
+        "--data-binary",
+        &format!("@{}", path.display()),
         &format!("{}/v1/sessions", server.url),
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "413");
@@ -82,8 +105,18 @@ fn idempotency_key_replays_the_first_response() {
     let server = Server::start();
     let create = |key: &str, body: &str| {
         let out = common::curl(&[
-            "-s", "-X", "POST", "-H", &server.auth(), "-H", &format!("Idempotency-Key: {key}"),
-            "-H", "content-type: application/json", "-d", body, &format!("{}/v1/sessions", server.url),
+            "-s",
+            "-X",
+            "POST",
+            "-H",
+            &server.auth(),
+            "-H",
+            &format!("Idempotency-Key: {key}"),
+            "-H",
+            "content-type: application/json",
+            "-d",
+            body,
+            &format!("{}/v1/sessions", server.url),
         ]);
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };

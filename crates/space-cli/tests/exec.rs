@@ -12,7 +12,10 @@ fn exec_reports_output_exit_codes_and_signals() {
     let id = server.create_session(json!({ "env": { "GREETING": "hello" } }));
 
     let r = server.exec(&id, &["sh", "-c", "echo out; echo err >&2; exit 3"]);
-    assert_eq!((r["stdout"].as_str(), r["stderr"].as_str(), r["exit_code"].as_i64()), (Some("out\n"), Some("err\n"), Some(3)));
+    assert_eq!(
+        (r["stdout"].as_str(), r["stderr"].as_str(), r["exit_code"].as_i64()),
+        (Some("out\n"), Some("err\n"), Some(3))
+    );
 
     let r = server.exec(&id, &["sh", "-c", "kill -TERM $$"]);
     assert_eq!(r["signal"], 15, "{r}");
@@ -32,10 +35,18 @@ fn exec_reports_output_exit_codes_and_signals() {
 
     let r = server.exec(&id, &["id", "-u"]);
     assert_eq!(r["stdout"], "0\n");
-    let (_, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "cmd": ["id", "-u"], "uid": 1000, "gid": 1000 })));
+    let (_, r) = server.call(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(json!({ "cmd": ["id", "-u"], "uid": 1000, "gid": 1000 })),
+    );
     assert_eq!(r["stdout"], "1000\n", "{r}");
 
-    let (_, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "cmd": ["sleep", "30"], "timeout_ms": 300 })));
+    let (_, r) = server.call(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(json!({ "cmd": ["sleep", "30"], "timeout_ms": 300 })),
+    );
     assert_eq!(r["timed_out"], true, "{r}");
 }
 
@@ -59,7 +70,8 @@ fn background_processes_outlive_the_exec_that_started_them() {
     let (_, list) = server.call("GET", &format!("/v1/sessions/{id}/processes"), None);
     let entry = list["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).cloned().unwrap();
     assert_eq!(entry["running"], true, "{list}");
-    let (status, _) = server.call("POST", &format!("/v1/sessions/{id}/processes/{pid}/signal"), Some(json!({ "signal": 9 })));
+    let (status, _) =
+        server.call("POST", &format!("/v1/sessions/{id}/processes/{pid}/signal"), Some(json!({ "signal": 9 })));
     assert_eq!(status, 204);
 }
 
@@ -81,6 +93,15 @@ fn cli_streams_output_forwards_stdin_and_exits_with_the_command_code() {
 
     let out = server.cli(&["exec", &id, "--", "missing-tool"]);
     assert_eq!(out.status.code(), Some(127));
+
+    let out = server.cli(&["exec", "-d", &id, "--", "sh", "-c", "echo bg-out; sleep 1; exit 4"]);
+    let pid = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(pid.parse::<u32>().is_ok(), "exec -d prints the pid: {pid:?}");
+    let out = server.cli(&["ps", &id]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("echo bg-out"));
+    let out = server.cli(&["attach", &id, &pid]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "bg-out\n");
+    assert_eq!(out.status.code(), Some(4));
 
     let out = server.cli(&["session", "list", "--json"]);
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -50,7 +50,8 @@ fn file_operations_and_errors() {
     server.exec(&id, &["sh", "-c", "echo hi > /work/a/b/f.txt"]);
     let (status, stat) = server.call("GET", &format!("{base}/stat?path=/work/a/b/f.txt"), None);
     assert_eq!((status, stat["type"].as_str(), stat["size"].as_u64()), (200, Some("file"), Some(3)));
-    let (status, _) = server.call("POST", &format!("{base}/move"), Some(json!({ "from": "/work/a/b/f.txt", "to": "/work/g.txt" })));
+    let (status, _) =
+        server.call("POST", &format!("{base}/move"), Some(json!({ "from": "/work/a/b/f.txt", "to": "/work/g.txt" })));
     assert_eq!(status, 204);
     let (_, list) = server.call("GET", &format!("{base}/list?path=/work"), None);
     let names: Vec<&str> = list["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();

@@ -26,7 +26,10 @@ fn sandbox_sees_only_itself() {
     assert_ne!(r["exit_code"], 0, "host file visible: {r}");
 
     let r = server.exec(&id, &["hostname"]);
-    assert_eq!(r["stdout"].as_str().unwrap().trim(), id.trim_start_matches("ses_").chars().take(12).collect::<String>());
+    assert_eq!(
+        r["stdout"].as_str().unwrap().trim(),
+        id.trim_start_matches("ses_").chars().take(12).collect::<String>()
+    );
 
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();

@@ -39,7 +39,8 @@ fn debian_template_runs_python() {
     let out = server.cli(&["template", "build", "debian"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let id = server.create_session(json!({ "template": "debian" }));
-    let r = server.exec(&id, &["python3", "-c", "import hashlib, ssl; print(hashlib.sha256(b'space').hexdigest()[:8])"]);
+    let r =
+        server.exec(&id, &["python3", "-c", "import hashlib, ssl; print(hashlib.sha256(b'space').hexdigest()[:8])"]);
     assert_eq!(r["stdout"], "3f49dbbf\n", "{r}");
     let r = server.exec(&id, &["sh", "-c", "git --version && curl --version | head -1 && ps -p 1 -o comm="]);
     assert_eq!(r["exit_code"], 0, "{r}");

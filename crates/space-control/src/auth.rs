@@ -62,7 +62,11 @@ fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
 }
 
 /// Middleware: resolves the bearer key to a [`Caller`] or answers 401.
-pub async fn require_key(State(state): State<AppState>, mut request: Request, next: Next) -> Result<Response, AppError> {
+pub async fn require_key(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, AppError> {
     let header = request.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok());
     let key = header.and_then(|h| h.strip_prefix("Bearer ")).map(str::trim).ok_or_else(|| {
         AppError::new(

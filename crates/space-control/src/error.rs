@@ -5,8 +5,8 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use space_api::{ApiError, ErrorCode};
-use space_proto::client::AgentError;
 use space_proto::ErrorKind;
+use space_proto::client::AgentError;
 
 #[derive(Debug)]
 pub struct AppError(pub ApiError);
@@ -64,7 +64,11 @@ impl From<space_node::NodeError> for AppError {
 
 impl From<JsonRejection> for AppError {
     fn from(e: JsonRejection) -> Self {
-        let code = if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ErrorCode::PayloadTooLarge } else { ErrorCode::BadRequest };
+        let code = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ErrorCode::PayloadTooLarge
+        } else {
+            ErrorCode::BadRequest
+        };
         AppError::new(code, format!("invalid JSON body: {}", e.body_text()))
     }
 }
@@ -81,7 +85,9 @@ impl From<AgentError> for AppError {
             AgentError::Remote { kind, message } => AppError::new(code_for(kind), message),
             other => AppError::new(
                 ErrorCode::SandboxUnavailable,
-                format!("the sandbox agent did not answer properly ({other}); retry, or destroy and recreate the session"),
+                format!(
+                    "the sandbox agent did not answer properly ({other}); retry, or destroy and recreate the session"
+                ),
             ),
         }
     }

@@ -89,4 +89,3 @@ pub async fn serve(
     let app = api::router(state);
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
-

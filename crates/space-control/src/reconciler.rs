@@ -75,7 +75,13 @@ impl Reconciler {
     }
 
     /// Waits until operation `id` has finished, or `timeout` passed.
-    pub async fn wait(&self, state: &AppState, tenant: &space_api::TenantId, id: &OperationId, timeout: Duration) -> AppResult<space_api::Operation> {
+    pub async fn wait(
+        &self,
+        state: &AppState,
+        tenant: &space_api::TenantId,
+        id: &OperationId,
+        timeout: Duration,
+    ) -> AppResult<space_api::Operation> {
         let mut finished = self.finished.subscribe();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -140,7 +146,11 @@ async fn create_session(state: &AppState, op: &OperationRecord) -> AppResult<()>
     }
 }
 
-async fn start_sandbox(state: &AppState, op: &OperationRecord, session: &space_api::Session) -> AppResult<SandboxHandle> {
+async fn start_sandbox(
+    state: &AppState,
+    op: &OperationRecord,
+    session: &space_api::Session,
+) -> AppResult<SandboxHandle> {
     let template = ensure_template(state, &op.operation.id, &session.template).await?;
     state.store.set_session_template_version(&session.id, template.version as u32).await?;
     let sandbox = SandboxId::generate();
@@ -260,7 +270,12 @@ pub async fn prepare_templates(state: &AppState, names: &[String]) -> AppResult<
             continue;
         }
         let input = serde_json::to_string(&TemplateInput { name: name.clone(), path: None }).unwrap_or_default();
-        let new = NewOperation { tenant_id: tenant.clone(), session_id: None, kind: OperationKind::BuildTemplate, input: Some(input) };
+        let new = NewOperation {
+            tenant_id: tenant.clone(),
+            session_id: None,
+            kind: OperationKind::BuildTemplate,
+            input: Some(input),
+        };
         state.store.insert_operation(&new).await?;
     }
     state.reconciler.wake();

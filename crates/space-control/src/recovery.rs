@@ -9,7 +9,6 @@ use std::collections::HashSet;
 
 use space_api::{SandboxId, SessionState};
 
-
 use crate::AppState;
 use crate::error::AppResult;
 use crate::reconciler::{remove_sandbox, watch_exit};
@@ -49,4 +48,3 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
     tracing::info!(requeued, removed, orphans = orphans.len(), kept = keep.len(), "recovered");
     Ok(())
 }
-

@@ -62,7 +62,8 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 impl Node {
     /// Opens (mounting if needed) the pool and checks the runtime's host requirements.
     pub async fn open(config: NodeConfig) -> Result<Node> {
-        let options = PoolOptions { image_size_bytes: config.image_size_bytes, id_map: config.id_map, ..PoolOptions::default() };
+        let options =
+            PoolOptions { image_size_bytes: config.image_size_bytes, id_map: config.id_map, ..PoolOptions::default() };
         let data_dir = config.data_dir.clone();
         let pool = blocking(move || Ok(Pool::open(&data_dir, options)?)).await?;
         let mut options = LinuxOptions::new(&config.spaced_bin, config.data_dir.join("run"), &config.cgroup_parent);

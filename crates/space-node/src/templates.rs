@@ -3,7 +3,6 @@
 
 use std::path::Path;
 
-
 use space_api::Progress;
 use space_storage::{BUILTINS, TemplateInfo};
 
@@ -32,7 +31,11 @@ impl Node {
     }
 
     /// The newest version of `name`, building it first if it is a built-in not built yet.
-    pub async fn ensure_template(&self, name: &str, report: impl Fn(Progress) + Send + 'static) -> Result<TemplateInfo> {
+    pub async fn ensure_template(
+        &self,
+        name: &str,
+        report: impl Fn(Progress) + Send + 'static,
+    ) -> Result<TemplateInfo> {
         if let Some(info) = self.resolve_template(name) {
             return Ok(info);
         }
@@ -62,7 +65,12 @@ impl Node {
     }
 
     /// Imports a directory or tarball on this host as a new version of template `name`.
-    pub async fn import_template(&self, name: &str, path: &Path, report: impl Fn(Progress) + Send + 'static) -> Result<TemplateInfo> {
+    pub async fn import_template(
+        &self,
+        name: &str,
+        path: &Path,
+        report: impl Fn(Progress) + Send + 'static,
+    ) -> Result<TemplateInfo> {
         let pool = self.pool.clone();
         let (name, path) = (name.to_owned(), path.to_owned());
         let tx = progress_channel(report);
@@ -81,4 +89,3 @@ impl Node {
         .await
     }
 }
-

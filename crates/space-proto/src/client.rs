@@ -8,14 +8,14 @@
 //! where a bound is wanted, e.g. around [`AgentClient::connect`].
 
 use std::path::Path;
-use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::stream::{BoxStream, SplitSink, SplitStream};
+use futures::stream::{BoxStream, SplitSink};
 use futures::{SinkExt, Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::codec::{DATA_CHUNK, DataChannel, Frame, FrameError};
+use crate::duplex::{FrameReceiver, FrameSender, OnSendersDropped, duplex};
 use crate::messages::{
     ErrorKind, ExecInput, ExecSpec, ExitStatus, FileStat, ProcessInfo, PtySize, Reply, Request, WatchEvent,
 };
@@ -410,10 +410,14 @@ pub struct ExecSession {
 
 impl ExecSession {
     fn new(stream: FramedStream, reply: Reply, detached: bool) -> Result<Self, AgentError> {
-        let Reply::Started { pid } = reply else { return Err(unexpected(&reply)) };
-        let (sink, stream) = stream.split();
-        let input = ExecInputHandle { sink: Arc::new(tokio::sync::Mutex::new(sink)) };
-        Ok(ExecSession { pid, input, events: ExecEvents { stream, detached, done: false } })
+        let Reply::Started { pid } = reply else {
+            return Err(unexpected(&reply));
+        };
+        // Input and output may be used from different tasks: hand the stream to a pump.
+        // Dropping every handle drops the stream, which the agent sees as abandonment.
+        let (tx, rx) = duplex(stream, OnSendersDropped::KeepOpen);
+        let input = ExecInputHandle { tx };
+        Ok(ExecSession { pid, input, events: ExecEvents { rx, detached, done: false } })
     }
 
     /// The process id in the sandbox (0 when the program could not be executed).
@@ -468,7 +472,7 @@ pub struct ExecOutput {
 
 /// The output half of an [`ExecSession`].
 pub struct ExecEvents {
-    stream: SplitStream<FramedStream>,
+    rx: FrameReceiver,
     detached: bool,
     done: bool,
 }
@@ -479,14 +483,16 @@ impl ExecEvents {
         if self.done {
             return Ok(None);
         }
-        let Some(frame) = self.stream.next().await.transpose()? else {
+        let Some(frame) = self.rx.recv().await.transpose()? else {
             self.done = true;
             return if self.detached { Ok(None) } else { Err(AgentError::Closed) };
         };
         let event = match frame {
             Frame::Data(DataChannel::Stdout, data) => ExecEvent::Stdout(data),
             Frame::Data(DataChannel::Stderr, data) => ExecEvent::Stderr(data),
-            Frame::Data(channel, _) => return self.fail(AgentError::Protocol(format!("unexpected {channel:?} data"))),
+            Frame::Data(channel, _) => {
+                return self.fail(AgentError::Protocol(format!("unexpected {channel:?} data")));
+            }
             Frame::Message(_) => match reply_of(&frame) {
                 Ok(Reply::Exited { status }) => {
                     self.done = true;
@@ -506,20 +512,20 @@ impl ExecEvents {
     }
 }
 
-/// Sends stdin, EOF, signals and resizes to an exec or attach stream. Cloneable.
+/// Sends stdin, EOF, signals and resizes to an exec or attach stream. Cloneable; sends
+/// are queued (bounded) and fail with [`AgentError::Closed`] once the stream is gone.
 #[derive(Clone)]
 pub struct ExecInputHandle {
-    sink: Arc<tokio::sync::Mutex<SplitSink<FramedStream, Frame>>>,
+    tx: FrameSender,
 }
 
 impl ExecInputHandle {
     /// Writes to the process's stdin (or terminal). Needs `ExecSpec::stdin` or a tty.
     pub async fn send_stdin(&self, data: Bytes) -> Result<(), AgentError> {
-        let mut sink = self.sink.lock().await;
         for piece in pieces(data) {
-            sink.feed(Frame::Data(DataChannel::Stdin, piece)).await?;
+            self.tx.send(Frame::Data(DataChannel::Stdin, piece)).await.map_err(|_| AgentError::Closed)?;
         }
-        Ok(sink.flush().await?)
+        Ok(())
     }
 
     /// Ends stdin (on a terminal: types ^D).
@@ -539,7 +545,7 @@ impl ExecInputHandle {
 
     async fn send(&self, input: &ExecInput) -> Result<(), AgentError> {
         let frame = Frame::message(input)?;
-        Ok(self.sink.lock().await.send(frame).await?)
+        self.tx.send(frame).await.map_err(|_| AgentError::Closed)
     }
 }
 

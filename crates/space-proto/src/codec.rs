@@ -57,9 +57,7 @@ impl Frame {
     /// Decodes this frame as a typed message; data frames are an error.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T, FrameError> {
         match self {
-            Frame::Message(bytes) => {
-                serde_json::from_slice(bytes).map_err(|e| FrameError::Json(e.to_string()))
-            }
+            Frame::Message(bytes) => serde_json::from_slice(bytes).map_err(|e| FrameError::Json(e.to_string())),
             Frame::Data(..) => Err(FrameError::UnexpectedData),
         }
     }
@@ -164,9 +162,7 @@ mod tests {
     #[test]
     fn partial_input_waits_for_more() {
         let mut buf = BytesMut::new();
-        FrameCodec
-            .encode(Frame::Data(DataChannel::Stdout, Bytes::from_static(b"hello")), &mut buf)
-            .unwrap();
+        FrameCodec.encode(Frame::Data(DataChannel::Stdout, Bytes::from_static(b"hello")), &mut buf).unwrap();
         let mut partial = BytesMut::from(&buf[..8]);
         assert!(FrameCodec.decode(&mut partial).unwrap().is_none());
     }

@@ -8,12 +8,18 @@
 //! 4. on each stream, [`codec::Frame`]s: typed JSON [`messages`] and raw data chunks;
 //! 5. [`client::AgentClient`]: the node's typed client on top.
 //!
+//! A stream must only be polled by one task (see [`duplex`], which gives several tasks
+//! channels to one stream instead).
+//!
 //! Each operation opens one stream: the client sends a [`messages::Request`] first, then
 //! operation-specific frames. Everything the sandbox sends is hostile input: the decoder
-//! bounds every length and never panics (see `fuzz/`).
+//! bounds every length and never panics (see `fuzz/` and the `fuzzing` module).
 
 pub mod client;
 pub mod codec;
+pub mod duplex;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod messages;
 pub mod mux;
 
@@ -22,5 +28,6 @@ pub use client::{
     WatchEvents,
 };
 pub use codec::{DataChannel, Frame, FrameCodec, FrameError};
+pub use duplex::{FrameReceiver, FrameSender, OnSendersDropped, duplex};
 pub use messages::*;
 pub use mux::{FramedStream, Hello, MuxClient, MuxError, PROTOCOL_VERSION, handshake, next_frame, send_message, serve};

@@ -43,17 +43,42 @@ pub enum Request {
     Health,
     Exec(ExecSpec),
     /// Re-join a process started earlier: buffered output first, then live output and exit.
-    Attach { pid: u32 },
-    Signal { pid: u32, signal: i32 },
+    Attach {
+        pid: u32,
+    },
+    Signal {
+        pid: u32,
+        signal: i32,
+    },
     ListProcesses,
-    Stat { path: String },
-    ReadFile { path: String },
-    WriteFile { path: String, mode: Option<u32> },
-    ListDir { path: String },
-    MakeDir { path: String },
-    Move { from: String, to: String },
-    Remove { path: String, recursive: bool },
-    Watch { path: String, recursive: bool },
+    Stat {
+        path: String,
+    },
+    ReadFile {
+        path: String,
+    },
+    WriteFile {
+        path: String,
+        mode: Option<u32>,
+    },
+    ListDir {
+        path: String,
+    },
+    MakeDir {
+        path: String,
+    },
+    Move {
+        from: String,
+        to: String,
+    },
+    Remove {
+        path: String,
+        recursive: bool,
+    },
+    Watch {
+        path: String,
+        recursive: bool,
+    },
 }
 
 /// What to run.
@@ -91,7 +116,9 @@ pub struct PtySize {
 pub enum ExecInput {
     /// No more stdin (exec) or no more file data (write).
     Eof,
-    Signal { signal: i32 },
+    Signal {
+        signal: i32,
+    },
     Resize(PtySize),
 }
 
@@ -176,18 +203,41 @@ pub enum ErrorKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Reply {
-    Error { kind: ErrorKind, message: String },
-    Health { agent_version: String, uptime_ms: u64, processes: u32 },
-    Started { pid: u32 },
-    Exited { status: ExitStatus },
-    Processes { processes: Vec<ProcessInfo> },
-    Stat { stat: FileStat },
-    Entries { entries: Vec<FileStat> },
-    FileStart { size: u64 },
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
+    Health {
+        agent_version: String,
+        uptime_ms: u64,
+        processes: u32,
+    },
+    Started {
+        pid: u32,
+    },
+    Exited {
+        status: ExitStatus,
+    },
+    Processes {
+        processes: Vec<ProcessInfo>,
+    },
+    Stat {
+        stat: FileStat,
+    },
+    Entries {
+        entries: Vec<FileStat>,
+    },
+    FileStart {
+        size: u64,
+    },
     /// End of a read or write: the number of bytes transferred.
-    Done { bytes: u64 },
+    Done {
+        bytes: u64,
+    },
     Watching,
-    Event { event: WatchEvent },
+    Event {
+        event: WatchEvent,
+    },
     Ok,
 }
 

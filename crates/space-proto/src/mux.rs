@@ -61,9 +61,7 @@ where
     let mut buf = bytes::BytesMut::from(&header[..]);
     buf.resize(6 + len, 0);
     io.read_exact(&mut buf[6..]).await.map_err(|e| MuxError::Handshake(e.to_string()))?;
-    let frame = FrameCodec
-        .decode(&mut buf)?
-        .ok_or_else(|| MuxError::Handshake("truncated hello".into()))?;
+    let frame = FrameCodec.decode(&mut buf)?.ok_or_else(|| MuxError::Handshake("truncated hello".into()))?;
     let theirs: Hello = frame.parse()?;
     if theirs.protocol != PROTOCOL_VERSION {
         return Err(MuxError::VersionMismatch { peer: theirs.protocol });

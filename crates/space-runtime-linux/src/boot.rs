@@ -45,25 +45,16 @@ impl Boot {
     /// at fd 3 and the listener at fd 4.
     pub fn spawn(spaced: &Path, socket: &Path) -> Result<Boot, RuntimeError> {
         let listener = bind_listener(socket)?;
-        let (ours, theirs) =
-            StdUnixStream::pair().map_err(|e| start_err(format!("socketpair: {e}")))?;
+        let (ours, theirs) = StdUnixStream::pair().map_err(|e| start_err(format!("socketpair: {e}")))?;
         let child = spawn::spawn_init(spaced, theirs.as_fd(), listener.as_fd(), &init_env())
             .map_err(|e| start_err(format!("spawn {} init: {e}", spaced.display())))?;
         // Our copies must go: EOF on the channel then means every init process is gone, and a
         // connection to the socket only ever reaches spaced.
         drop((theirs, listener));
-        ours.set_nonblocking(true)
-            .map_err(|e| start_err(format!("sync channel: {e}")))?;
-        let stream =
-            UnixStream::from_std(ours).map_err(|e| start_err(format!("sync channel: {e}")))?;
+        ours.set_nonblocking(true).map_err(|e| start_err(format!("sync channel: {e}")))?;
+        let stream = UnixStream::from_std(ours).map_err(|e| start_err(format!("sync channel: {e}")))?;
         let (read, writer) = stream.into_split();
-        Ok(Boot {
-            child,
-            reader: BufReader::new(read),
-            writer,
-            pid1: None,
-            warnings: Vec::new(),
-        })
+        Ok(Boot { child, reader: BufReader::new(read), writer, pid1: None, warnings: Vec::new() })
     }
 
     pub fn bootstrap_pid(&self) -> u32 {
@@ -73,24 +64,16 @@ impl Boot {
     pub async fn send(&mut self, msg: &ToInit) -> Result<(), RuntimeError> {
         let mut line = Vec::new();
         sync::send(&mut line, msg).map_err(|e| start_err(format!("encode {msg:?}: {e}")))?;
-        self.writer
-            .write_all(&line)
-            .await
-            .map_err(|e| start_err(format!("sync channel write: {e}")))
+        self.writer.write_all(&line).await.map_err(|e| start_err(format!("sync channel write: {e}")))
     }
 
     async fn recv(&mut self) -> Result<FromInit, RuntimeError> {
         let mut line = Vec::new();
         let limit = MAX_LINE as u64 + 1;
-        let n = (&mut self.reader)
-            .take(limit)
-            .read_until(b'\n', &mut line)
-            .await;
+        let n = (&mut self.reader).take(limit).read_until(b'\n', &mut line).await;
         match n.map_err(|e| start_err(format!("sync channel read: {e}")))? {
             0 => Err(self.closed_early().await),
-            _ => match sync::parse_line(&line)
-                .map_err(|e| start_err(format!("bad sync message: {e}")))?
-            {
+            _ => match sync::parse_line(&line).map_err(|e| start_err(format!("bad sync message: {e}")))? {
                 FromInit::Error { message } => Err(start_err(format!("spaced init: {message}"))),
                 msg => Ok(msg),
             },
@@ -98,24 +81,17 @@ impl Boot {
     }
 
     async fn closed_early(&mut self) -> RuntimeError {
-        let status =
-            match tokio::time::timeout(std::time::Duration::from_millis(200), self.child.wait())
-                .await
-            {
-                Ok(Ok(status)) => format!("{status:?}"),
-                _ => "still running".to_string(),
-            };
-        start_err(format!(
-            "spaced init closed the sync channel before the sandbox was ready (bootstrap: {status})"
-        ))
+        let status = match tokio::time::timeout(std::time::Duration::from_millis(200), self.child.wait()).await {
+            Ok(Ok(status)) => format!("{status:?}"),
+            _ => "still running".to_string(),
+        };
+        start_err(format!("spaced init closed the sync channel before the sandbox was ready (bootstrap: {status})"))
     }
 
     pub async fn expect_user_ns(&mut self) -> Result<(), RuntimeError> {
         match self.recv().await? {
             FromInit::UserNs => Ok(()),
-            other => Err(start_err(format!(
-                "expected user_ns from spaced init, got {other:?}"
-            ))),
+            other => Err(start_err(format!("expected user_ns from spaced init, got {other:?}"))),
         }
     }
 
@@ -127,34 +103,22 @@ impl Boot {
             match self.recv().await? {
                 FromInit::Child { host_pid } if self.pid1.is_none() => {
                     // The bootstrap has not been reaped, so the pid cannot have been reused.
-                    let pidfd = process::pidfd_open(host_pid)
-                        .map_err(|e| start_err(format!("pidfd_open({host_pid}): {e}")))?;
-                    self.pid1 = Some(Pid1 {
-                        pid: host_pid,
-                        pidfd,
-                    });
+                    let pidfd =
+                        process::pidfd_open(host_pid).map_err(|e| start_err(format!("pidfd_open({host_pid}): {e}")))?;
+                    self.pid1 = Some(Pid1 { pid: host_pid, pidfd });
                 }
                 FromInit::Ready { warnings } if !ready => {
                     ready = true;
                     self.warnings = warnings;
                 }
                 other => {
-                    return Err(start_err(format!(
-                        "unexpected message from spaced init: {other:?}"
-                    )));
+                    return Err(start_err(format!("unexpected message from spaced init: {other:?}")));
                 }
             }
         }
-        match self
-            .child
-            .wait()
-            .await
-            .map_err(|e| start_err(format!("wait for bootstrap: {e}")))?
-        {
+        match self.child.wait().await.map_err(|e| start_err(format!("wait for bootstrap: {e}")))? {
             WaitStatus::Exited(_, 0) => Ok(()),
-            status => Err(start_err(format!(
-                "spaced init bootstrap ended with {status:?}"
-            ))),
+            status => Err(start_err(format!("spaced init bootstrap ended with {status:?}"))),
         }
     }
 
@@ -185,15 +149,9 @@ impl Drop for Boot {
 
 /// Binds a fresh listening socket at `path` (a stale one is removed first), mode 0600.
 fn bind_listener(path: &Path) -> Result<UnixListener, RuntimeError> {
-    let io_err = |source: io::Error| RuntimeError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io_err = |source: io::Error| RuntimeError::Io { path: path.to_path_buf(), source };
     if path.as_os_str().len() >= 108 {
-        return Err(start_err(format!(
-            "socket path {} is too long for a unix socket",
-            path.display()
-        )));
+        return Err(start_err(format!("socket path {} is too long for a unix socket", path.display())));
     }
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(e)),

@@ -38,10 +38,7 @@ pub struct IdMap {
 
 impl Default for IdMap {
     fn default() -> Self {
-        IdMap {
-            host_base: 100_000,
-            count: 65_536,
-        }
+        IdMap { host_base: 100_000, count: 65_536 }
     }
 }
 
@@ -65,11 +62,7 @@ pub struct LinuxOptions {
 }
 
 impl LinuxOptions {
-    pub fn new(
-        spaced: impl Into<PathBuf>,
-        run_dir: impl Into<PathBuf>,
-        cgroup_parent: impl Into<String>,
-    ) -> Self {
+    pub fn new(spaced: impl Into<PathBuf>, run_dir: impl Into<PathBuf>, cgroup_parent: impl Into<String>) -> Self {
         LinuxOptions {
             spaced: spaced.into(),
             run_dir: run_dir.into(),
@@ -112,19 +105,11 @@ impl LinuxRuntime {
             .recursive(true)
             .mode(0o700)
             .create(&opts.run_dir)
-            .map_err(|source| RuntimeError::Io {
-                path: opts.run_dir.clone(),
-                source,
-            })?;
+            .map_err(|source| RuntimeError::Io { path: opts.run_dir.clone(), source })?;
         let cgroups: Arc<dyn Backend> = cgroup::detect().map_err(unsupported)?.into();
-        process::become_subreaper()
-            .map_err(|e| unsupported(format!("PR_SET_CHILD_SUBREAPER: {e}")))?;
+        process::become_subreaper().map_err(|e| unsupported(format!("PR_SET_CHILD_SUBREAPER: {e}")))?;
         tracing::debug!(version = cgroups.version(), parent = %opts.cgroup_parent, "linux runtime ready");
-        Ok(LinuxRuntime {
-            opts,
-            cgroups,
-            tracked: Mutex::new(HashMap::new()),
-        })
+        Ok(LinuxRuntime { opts, cgroups, tracked: Mutex::new(HashMap::new()) })
     }
 
     pub fn options(&self) -> &LinuxOptions {
@@ -149,16 +134,10 @@ impl LinuxRuntime {
     /// Removes the (empty) cgroup parent directories, e.g. when a node scope is retired.
     /// Fails if sandboxes still have cgroups there.
     pub fn remove_cgroup_parent(&self) -> Result<(), RuntimeError> {
-        for dir in self
-            .cgroups
-            .parent_dirs(Path::new(&self.opts.cgroup_parent))
-        {
+        for dir in self.cgroups.parent_dirs(Path::new(&self.opts.cgroup_parent)) {
             match std::fs::remove_dir(&dir) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(RuntimeError::Io {
-                        path: dir,
-                        source: e,
-                    });
+                    return Err(RuntimeError::Io { path: dir, source: e });
                 }
                 _ => {}
             }
@@ -172,39 +151,21 @@ impl LinuxRuntime {
 
     fn tracked_pidfd(&self, handle: &SandboxHandle) -> Option<Arc<OwnedFd>> {
         let tracked = self.tracked.lock().expect("tracked lock");
-        tracked
-            .get(&handle.id)
-            .filter(|t| t.pid == handle.pid)
-            .map(|t| t.pidfd.clone())
+        tracked.get(&handle.id).filter(|t| t.pid == handle.pid).map(|t| t.pidfd.clone())
     }
 
     fn track(&self, id: &SandboxId, pid1: Pid1) {
-        let entry = Tracked {
-            pid: pid1.pid,
-            pidfd: Arc::new(pid1.pidfd),
-        };
-        self.tracked
-            .lock()
-            .expect("tracked lock")
-            .insert(id.clone(), entry);
+        let entry = Tracked { pid: pid1.pid, pidfd: Arc::new(pid1.pidfd) };
+        self.tracked.lock().expect("tracked lock").insert(id.clone(), entry);
     }
 
     fn handle(&self, id: &SandboxId, pid: u32) -> SandboxHandle {
-        SandboxHandle {
-            id: id.clone(),
-            pid,
-            socket: self.socket_path(id),
-        }
+        SandboxHandle { id: id.clone(), pid, socket: self.socket_path(id) }
     }
 
     /// The handle of a sandbox this instance started and whose pid 1 still runs.
     fn running(&self, id: &SandboxId) -> Option<SandboxHandle> {
-        let pid = self
-            .tracked
-            .lock()
-            .expect("tracked lock")
-            .get(id)
-            .map(|t| t.pid)?;
+        let pid = self.tracked.lock().expect("tracked lock").get(id).map(|t| t.pid)?;
         let handle = self.handle(id, pid);
         self.is_alive(&handle).then_some(handle)
     }
@@ -220,18 +181,10 @@ impl LinuxRuntime {
     }
 
     async fn boot(&self, boot: &mut Boot, spec: &SandboxSpec) -> Result<(), RuntimeError> {
-        boot.send(&ToInit::Config(InitConfig::new(
-            &spec.rootfs,
-            &spec.hostname,
-        )))
-        .await?;
+        boot.send(&ToInit::Config(InitConfig::new(&spec.rootfs, &spec.hostname))).await?;
         let (name, pid) = (self.cgroup_name(&spec.id), boot.bootstrap_pid());
         // Joining happens while the bootstrap unshares its user namespace.
-        self.blocking(move |cg| {
-            cg.attach(&name, pid)
-                .map_err(|e| RuntimeError::Cgroup(e.to_string()))
-        })
-        .await?;
+        self.blocking(move |cg| cg.attach(&name, pid).map_err(|e| RuntimeError::Cgroup(e.to_string()))).await?;
         boot.expect_user_ns().await?;
         let map = self.opts.id_map;
         process::write_id_maps(pid, map.host_base, map.count)
@@ -242,20 +195,12 @@ impl LinuxRuntime {
 
     async fn start_new(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
         let (name, limits) = (self.cgroup_name(&spec.id), spec.limits);
-        self.blocking(move |cg| {
-            cg.create(&name, &limits)
-                .map_err(|e| RuntimeError::Cgroup(e.to_string()))
-        })
-        .await?;
+        self.blocking(move |cg| cg.create(&name, &limits).map_err(|e| RuntimeError::Cgroup(e.to_string()))).await?;
         let mut boot = Boot::spawn(&self.opts.spaced, &self.socket_path(&spec.id))?;
-        let result =
-            match tokio::time::timeout(self.opts.start_timeout, self.boot(&mut boot, spec)).await {
-                Ok(result) => result,
-                Err(_) => Err(RuntimeError::Start(format!(
-                    "spaced not ready after {:?}",
-                    self.opts.start_timeout
-                ))),
-            };
+        let result = match tokio::time::timeout(self.opts.start_timeout, self.boot(&mut boot, spec)).await {
+            Ok(result) => result,
+            Err(_) => Err(RuntimeError::Start(format!("spaced not ready after {:?}", self.opts.start_timeout))),
+        };
         let pid1 = boot.pid1.take();
         if let Err(e) = result {
             boot.abort().await;
@@ -267,8 +212,7 @@ impl LinuxRuntime {
             }
             return Err(e);
         }
-        let pid1 =
-            pid1.ok_or_else(|| RuntimeError::Start("spaced init never reported pid 1".into()))?;
+        let pid1 = pid1.ok_or_else(|| RuntimeError::Start("spaced init never reported pid 1".into()))?;
         for warning in &boot.warnings {
             tracing::warn!(sandbox = %spec.id, "{warning}");
         }
@@ -300,8 +244,7 @@ async fn wait_pidfd(pidfd: &OwnedFd) {
     let registered = pidfd.try_clone().map_err(|e| e.to_string()).and_then(|fd| {
         // SAFETY: the AsyncFd owns this fresh duplicate, which stays open and refers to the
         // same pidfd until the AsyncFd is dropped.
-        unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
-            .map_err(|e| e.to_string())
+        unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| e.to_string())
     });
     match registered {
         Ok(fd) => {
@@ -321,15 +264,11 @@ fn validate_cgroup_parent(parent: &str) -> Result<(), RuntimeError> {
     let path = Path::new(parent);
     let valid = !parent.is_empty()
         && path.components().all(|c| matches!(c, Component::Normal(_)))
-        && parent
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+        && parent.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
     if valid {
         Ok(())
     } else {
-        Err(unsupported(format!(
-            "cgroup parent {parent:?} must be a relative path of [A-Za-z0-9._-] components"
-        )))
+        Err(unsupported(format!("cgroup parent {parent:?} must be a relative path of [A-Za-z0-9._-] components")))
     }
 }
 
@@ -345,28 +284,17 @@ fn validate_id_map(map: IdMap) -> Result<(), RuntimeError> {
 
 fn check_spaced(path: &Path) -> Result<(), RuntimeError> {
     use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::metadata(path)
-        .map_err(|e| unsupported(format!("spaced binary {}: {e}", path.display())))?;
+    let meta = std::fs::metadata(path).map_err(|e| unsupported(format!("spaced binary {}: {e}", path.display())))?;
     if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
-        return Err(unsupported(format!(
-            "spaced binary {} is not an executable file",
-            path.display()
-        )));
+        return Err(unsupported(format!("spaced binary {} is not an executable file", path.display())));
     }
     Ok(())
 }
 
 fn validate_spec(spec: &SandboxSpec) -> Result<(), RuntimeError> {
     let h = &spec.hostname;
-    if h.is_empty()
-        || h.len() > 63
-        || !h
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-    {
-        return Err(RuntimeError::Start(format!(
-            "hostname {h:?} is not a valid host name"
-        )));
+    if h.is_empty() || h.len() > 63 || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
+        return Err(RuntimeError::Start(format!("hostname {h:?} is not a valid host name")));
     }
     if !spec.rootfs.is_absolute() || !spec.rootfs.is_dir() {
         return Err(RuntimeError::Start(format!(
@@ -396,10 +324,7 @@ impl Runtime for LinuxRuntime {
         self.blocking(move |cg| teardown::remove(cg, &name)).await?;
         let socket = self.socket_path(id);
         match std::fs::remove_file(&socket) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RuntimeError::Io {
-                path: socket,
-                source: e,
-            }),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RuntimeError::Io { path: socket, source: e }),
             _ => Ok(()),
         }
     }
@@ -430,29 +355,18 @@ impl Runtime for LinuxRuntime {
         if !self.cgroups.exists(&name) {
             return Err(RuntimeError::NotFound(id.clone()));
         }
-        self.cgroups
-            .stats(&name)
-            .map_err(|e| RuntimeError::Cgroup(e.to_string()))
+        self.cgroups.stats(&name).map_err(|e| RuntimeError::Cgroup(e.to_string()))
     }
 
     fn list(&self) -> Result<Vec<SandboxId>, RuntimeError> {
         let mut names: Vec<String> = Vec::new();
-        for dir in self
-            .cgroups
-            .parent_dirs(Path::new(&self.opts.cgroup_parent))
-        {
+        for dir in self.cgroups.parent_dirs(Path::new(&self.opts.cgroup_parent)) {
             names.extend(cgroup::child_names(&dir));
         }
-        let entries = std::fs::read_dir(&self.opts.run_dir).map_err(|source| RuntimeError::Io {
-            path: self.opts.run_dir.clone(),
-            source,
-        })?;
+        let entries = std::fs::read_dir(&self.opts.run_dir)
+            .map_err(|source| RuntimeError::Io { path: self.opts.run_dir.clone(), source })?;
         for entry in entries.flatten() {
-            if let Some(stem) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.strip_suffix(".sock"))
-            {
+            if let Some(stem) = entry.file_name().to_str().and_then(|n| n.strip_suffix(".sock")) {
                 names.push(stem.to_owned());
             }
         }

@@ -29,28 +29,15 @@ pub(crate) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
 pub(crate) fn pidfd_signal(pidfd: &impl AsFd, signal: i32) -> io::Result<()> {
     // SAFETY: the fd is a valid pidfd for the duration of the call; no info struct is passed.
     let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_fd().as_raw_fd(),
-            signal,
-            std::ptr::null::<u8>(),
-            0,
-        )
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_fd().as_raw_fd(), signal, std::ptr::null::<u8>(), 0)
     };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
 /// Reaps the process if it is an exited child of ours. ECHILD (not our child, e.g. after a
 /// node restart, or already reaped) counts as done.
 pub(crate) fn reap(pidfd: &impl AsFd) -> bool {
-    match waitid(
-        Id::PIDFd(pidfd.as_fd()),
-        WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG,
-    ) {
+    match waitid(Id::PIDFd(pidfd.as_fd()), WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG) {
         Ok(nix::sys::wait::WaitStatus::StillAlive) => false,
         Ok(_) | Err(Errno::ECHILD) => true,
         Err(e) => {
@@ -73,8 +60,7 @@ pub(crate) fn write_id_maps(pid: u32, base: u32, count: u32) -> io::Result<()> {
     for file in ["uid_map", "gid_map"] {
         let path = format!("/proc/{pid}/{file}");
         let mut f = fs::OpenOptions::new().write(true).open(&path)?;
-        io::Write::write_all(&mut f, line.as_bytes())
-            .map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
+        io::Write::write_all(&mut f, line.as_bytes()).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
     }
     Ok(())
 }
@@ -97,12 +83,7 @@ pub(crate) fn proc_info(pid: u32) -> Option<ProcInfo> {
 }
 
 fn parse_status(status: &str) -> ProcInfo {
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(str::trim)
-    };
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
     ProcInfo {
         zombie: field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X')),
         innermost_pid: field("NSpid:").and_then(|s| s.split_whitespace().last()?.parse().ok()),
@@ -136,30 +117,15 @@ mod tests {
     #[test]
     fn status_fields() {
         let status = "Name:\tspaced\nState:\tS (sleeping)\nNSpid:\t4242\t1\n";
-        assert_eq!(
-            parse_status(status),
-            ProcInfo {
-                zombie: false,
-                innermost_pid: Some(1)
-            }
-        );
+        assert_eq!(parse_status(status), ProcInfo { zombie: false, innermost_pid: Some(1) });
         let zombie = "State:\tZ (zombie)\nNSpid:\t7\n";
-        assert_eq!(
-            parse_status(zombie),
-            ProcInfo {
-                zombie: true,
-                innermost_pid: Some(7)
-            }
-        );
+        assert_eq!(parse_status(zombie), ProcInfo { zombie: true, innermost_pid: Some(7) });
     }
 
     #[test]
     fn cgroup_lines() {
         let text = "9:name=systemd:/\n8:pids:/space/t/sbx_1\n2:cpu,cpuacct:/x\n0::/u\n";
-        assert_eq!(
-            parse_cgroup(text, "pids").as_deref(),
-            Some("/space/t/sbx_1")
-        );
+        assert_eq!(parse_cgroup(text, "pids").as_deref(), Some("/space/t/sbx_1"));
         assert_eq!(parse_cgroup(text, "cpuacct").as_deref(), Some("/x"));
         assert_eq!(parse_cgroup(text, "").as_deref(), Some("/u"));
         assert_eq!(parse_cgroup(text, "memory"), None);

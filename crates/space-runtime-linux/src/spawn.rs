@@ -39,17 +39,13 @@ impl Child {
         let dup = self.pidfd.try_clone()?;
         // SAFETY: the AsyncFd owns this fresh duplicate of the pidfd, which stays open and
         // unchanged until the AsyncFd is dropped at the end of this function.
-        let fd = unsafe { AsyncFd::register_with_interest(dup, Interest::READABLE) }
-            .map_err(io::Error::other)?;
+        let fd = unsafe { AsyncFd::register_with_interest(dup, Interest::READABLE) }.map_err(io::Error::other)?;
         let _guard = fd.readable().await?;
         self.reap_now()
     }
 
     fn reap_now(&mut self) -> io::Result<WaitStatus> {
-        let status = waitid(
-            Id::PIDFd(self.pidfd.as_fd()),
-            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG,
-        )?;
+        let status = waitid(Id::PIDFd(self.pidfd.as_fd()), WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG)?;
         if !matches!(status, WaitStatus::StillAlive) {
             self.reaped = true;
         }
@@ -74,10 +70,7 @@ impl Drop for Child {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        tracing::warn!(
-            pid = self.pid,
-            "spaced init bootstrap did not exit after SIGKILL; left unreaped"
-        );
+        tracing::warn!(pid = self.pid, "spaced init bootstrap did not exit after SIGKILL; left unreaped");
     }
 }
 
@@ -95,11 +88,7 @@ pub(crate) fn spawn_init(
     let sync_high = high_fd(sync_end)?;
     let listener_high = high_fd(listener)?;
     let mut actions = PosixSpawnFileActions::init()?;
-    for (fd, flags) in [
-        (0, OFlag::O_RDONLY),
-        (1, OFlag::O_WRONLY),
-        (2, OFlag::O_WRONLY),
-    ] {
+    for (fd, flags) in [(0, OFlag::O_RDONLY), (1, OFlag::O_WRONLY), (2, OFlag::O_WRONLY)] {
         actions.add_open(fd, "/dev/null", flags, Mode::empty())?;
     }
     actions.add_dup2(sync_high.as_raw_fd(), SYNC_FD)?;
@@ -115,19 +104,12 @@ pub(crate) fn spawn_init(
     attr.set_pgroup(Pid::from_raw(0))?;
     let program = CString::new(spaced.as_os_str().as_bytes())?;
     let args = [program.clone(), CString::new("init")?];
-    let envp: Vec<CString> = env
-        .iter()
-        .map(|(k, v)| CString::new(format!("{k}={v}")))
-        .collect::<Result<_, _>>()?;
+    let envp: Vec<CString> = env.iter().map(|(k, v)| CString::new(format!("{k}={v}"))).collect::<Result<_, _>>()?;
     let pid = posix_spawn(program.as_c_str(), &actions, &attr, &args, &envp)?;
     let pid = pid.as_raw() as u32;
     // Our unreaped child: its pid cannot be reused before we wait for it.
     let pidfd = process::pidfd_open(pid)?;
-    Ok(Child {
-        pid,
-        pidfd,
-        reaped: false,
-    })
+    Ok(Child { pid, pidfd, reaped: false })
 }
 
 fn high_fd(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
@@ -154,14 +136,10 @@ mod tests {
              [ \"$FOO\" = bar ] || exit 5\necho ok >&3\n",
         )
         .unwrap();
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         let (ours, theirs) = UnixStream::pair().unwrap();
         let (_l1, l2) = UnixStream::pair().unwrap();
-        let env = [
-            ("FOO".to_string(), "bar".to_string()),
-            ("PATH".to_string(), "/usr/bin:/bin".to_string()),
-        ];
+        let env = [("FOO".to_string(), "bar".to_string()), ("PATH".to_string(), "/usr/bin:/bin".to_string())];
         let mut child = spawn_init(&script, theirs.as_fd(), l2.as_fd(), &env).unwrap();
         drop(theirs);
         let status = child.wait().await.unwrap();

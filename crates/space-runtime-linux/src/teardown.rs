@@ -29,11 +29,7 @@ pub(crate) fn members(cg: &dyn Backend, name: &Path) -> Vec<u32> {
 }
 
 /// Freezes the cgroup, SIGKILLs every member, thaws, and waits until the cgroup is empty.
-pub(crate) async fn kill_all(
-    cg: &dyn Backend,
-    name: &Path,
-    timeout: Duration,
-) -> Result<(), RuntimeError> {
+pub(crate) async fn kill_all(cg: &dyn Backend, name: &Path, timeout: Duration) -> Result<(), RuntimeError> {
     let deadline = Instant::now() + timeout;
     if !cg.kill_all(name).map_err(cgroup_err)? {
         cg.set_frozen(name, true).map_err(cgroup_err)?;
@@ -82,10 +78,7 @@ fn kill_members(cg: &dyn Backend, name: &Path) {
 pub(crate) fn remove(cg: &dyn Backend, name: &Path) -> Result<(), RuntimeError> {
     let mut attempt = 0;
     loop {
-        let result = cg
-            .dirs(name)
-            .iter()
-            .try_for_each(|dir| crate::cgroup::rmdir_recursive(dir));
+        let result = cg.dirs(name).iter().try_for_each(|dir| crate::cgroup::rmdir_recursive(dir));
         match result {
             Ok(()) => return Ok(()),
             Err(e) if attempt < 100 => {

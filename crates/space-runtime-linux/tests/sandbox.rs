@@ -21,20 +21,10 @@ async fn sandbox_is_isolated_and_destroyed_cleanly() {
     // Its own pid namespace: the agent is pid 1 and no host process is visible.
     let cmdline = sh_ok(&client, "tr '\\0' ' ' < /proc/1/cmdline").await;
     assert!(cmdline.ends_with("init"), "pid 1 is {cmdline:?}");
-    let pids = sh_ok(
-        &client,
-        "ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\\n' ' '",
-    )
-    .await;
-    let pids: Vec<u32> = pids
-        .split_whitespace()
-        .map(|p| p.parse().unwrap())
-        .collect();
+    let pids = sh_ok(&client, "ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\\n' ' '").await;
+    let pids: Vec<u32> = pids.split_whitespace().map(|p| p.parse().unwrap()).collect();
     assert_eq!(pids.first(), Some(&1), "{pids:?}");
-    assert!(
-        pids.len() < 10,
-        "sees more than its own processes: {pids:?}"
-    );
+    assert!(pids.len() < 10, "sees more than its own processes: {pids:?}");
 
     assert_eq!(sh_ok(&client, "hostname").await, "sbx-test");
     assert_eq!(sh_ok(&client, "id -u; id -g").await, "0\n0");
@@ -57,10 +47,7 @@ async fn sandbox_is_isolated_and_destroyed_cleanly() {
     assert_gone(&t.rt, &handle);
     t.rt.destroy(&spec.id).await.expect("second destroy");
     t.rt.wait_exit(&handle).await; // resolves at once for a dead sandbox
-    assert!(matches!(
-        t.rt.stats(&spec.id),
-        Err(RuntimeError::NotFound(_))
-    ));
+    assert!(matches!(t.rt.stats(&spec.id), Err(RuntimeError::NotFound(_))));
 }
 
 #[tokio::test]
@@ -70,75 +57,37 @@ async fn sandbox_is_confined() {
     }
     let t = TestRuntime::new();
     let rootfs = Rootfs::new();
-    let handle =
-        t.rt.start(&spec(rootfs.path(), default_limits()))
-            .await
-            .expect("start");
+    let handle = t.rt.start(&spec(rootfs.path(), default_limits())).await.expect("start");
     let client = connect(&handle).await;
 
-    let status = sh_ok(
-        &client,
-        "grep -E '^(CapBnd|CapEff|NoNewPrivs|Seccomp):' /proc/self/status",
-    )
-    .await;
+    let status = sh_ok(&client, "grep -E '^(CapBnd|CapEff|NoNewPrivs|Seccomp):' /proc/self/status").await;
     assert!(status.contains("CapBnd:\t00000000a80425fb"), "{status}");
     assert!(status.contains("NoNewPrivs:\t1"), "{status}");
     assert!(status.contains("Seccomp:\t2"), "{status}");
 
     // Kernel attack surface is out of reach.
-    for script in [
-        "mount -t tmpfs none /mnt",
-        "unshare -U true",
-        "unshare -m true",
-        "nsenter -t 1 -m true",
-    ] {
+    for script in ["mount -t tmpfs none /mnt", "unshare -U true", "unshare -m true", "nsenter -t 1 -m true"] {
         let out = sh(&client, script).await;
         assert_ne!(out.status.code, Some(0), "{script:?} succeeded: {out:?}");
     }
     // Masked files read empty (whichever of them this kernel has).
     let masked = "for f in /proc/kcore /proc/keys /proc/timer_list /proc/interrupts; do [ -e $f ] && wc -c < $f; done";
     let sizes = sh_ok(&client, masked).await;
-    assert!(
-        !sizes.is_empty() && sizes.lines().all(|l| l.trim() == "0"),
-        "{sizes:?}"
-    );
-    assert_eq!(
-        sh_ok(&client, "ls /proc/acpi 2>/dev/null | wc -l").await,
-        "0"
-    );
-    assert_ne!(
-        sh(&client, "echo 1 > /proc/sys/kernel/panic")
-            .await
-            .status
-            .code,
-        Some(0)
-    );
-    assert_ne!(
-        sh(&client, "echo > /proc/sysrq-trigger").await.status.code,
-        Some(0)
-    );
+    assert!(!sizes.is_empty() && sizes.lines().all(|l| l.trim() == "0"), "{sizes:?}");
+    assert_eq!(sh_ok(&client, "ls /proc/acpi 2>/dev/null | wc -l").await, "0");
+    assert_ne!(sh(&client, "echo 1 > /proc/sys/kernel/panic").await.status.code, Some(0));
+    assert_ne!(sh(&client, "echo > /proc/sysrq-trigger").await.status.code, Some(0));
 
     // A minimal /dev, a working pty multiplexer, and loopback up.
     let dev = sh_ok(&client, "ls /dev | tr '\\n' ' '").await;
-    for name in [
-        "null", "zero", "full", "random", "urandom", "tty", "pts", "ptmx", "shm", "fd", "stdin",
-    ] {
-        assert!(
-            dev.split_whitespace().any(|d| d == name),
-            "/dev lacks {name}: {dev}"
-        );
+    for name in ["null", "zero", "full", "random", "urandom", "tty", "pts", "ptmx", "shm", "fd", "stdin"] {
+        assert!(dev.split_whitespace().any(|d| d == name), "/dev lacks {name}: {dev}");
     }
     assert_eq!(sh_ok(&client, "head -c 4 /dev/zero | wc -c").await, "4");
     assert_eq!(sh_ok(&client, "stat -c %a /dev/shm").await, "1777");
     assert!(sh_ok(&client, "ifconfig lo").await.contains("UP"));
     // The old root is gone: nothing of the host filesystem is reachable.
-    assert_ne!(
-        sh(&client, "ls /sys/fs/cgroup/memory/space-test")
-            .await
-            .status
-            .code,
-        Some(0)
-    );
+    assert_ne!(sh(&client, "ls /sys/fs/cgroup/memory/space-test").await.status.code, Some(0));
     drop(client);
     t.rt.destroy(&handle.id).await.unwrap();
     assert_gone(&t.rt, &handle);
@@ -151,24 +100,13 @@ async fn memory_limit_kills_a_hog() {
     }
     let t = TestRuntime::new();
     let rootfs = Rootfs::new();
-    let limits = Limits {
-        memory_mib: 48,
-        millicpus: 1000,
-        pids: 64,
-    };
-    let handle =
-        t.rt.start(&spec(rootfs.path(), limits))
-            .await
-            .expect("start");
+    let limits = Limits { memory_mib: 48, millicpus: 1000, pids: 64 };
+    let handle = t.rt.start(&spec(rootfs.path(), limits)).await.expect("start");
     let client = connect(&handle).await;
 
     // Doubles a shell string until the cgroup's OOM killer ends it.
     let out = sh(&client, "a=x; while true; do a=\"$a$a\"; done").await;
-    assert_eq!(
-        out.status.signal,
-        Some(9),
-        "hog was not OOM-killed: {out:?}"
-    );
+    assert_eq!(out.status.signal, Some(9), "hog was not OOM-killed: {out:?}");
     let stats = t.rt.stats(&handle.id).unwrap();
     assert!(stats.oom_kills >= 1, "{stats:?}");
     assert_eq!(stats.memory_limit_bytes, 48 << 20);
@@ -187,42 +125,22 @@ async fn pids_limit_stops_a_fork_bomb() {
     }
     let t = TestRuntime::new();
     let rootfs = Rootfs::new();
-    let limits = Limits {
-        memory_mib: 256,
-        millicpus: 500,
-        pids: 32,
-    };
-    let handle =
-        t.rt.start(&spec(rootfs.path(), limits))
-            .await
-            .expect("start");
+    let limits = Limits { memory_mib: 256, millicpus: 500, pids: 32 };
+    let handle = t.rt.start(&spec(rootfs.path(), limits)).await.expect("start");
     let client = connect(&handle).await;
 
     // A bounded burst: forks start failing at the limit.
-    let out = sh(
-        &client,
-        "i=0; while [ $i -lt 100 ]; do sleep 1000 >/dev/null 2>&1 & i=$((i+1)); done",
-    )
-    .await;
-    assert_ne!(
-        out.status.code,
-        Some(0),
-        "100 forks under pids.max=32 succeeded: {out:?}"
-    );
+    let out = sh(&client, "i=0; while [ $i -lt 100 ]; do sleep 1000 >/dev/null 2>&1 & i=$((i+1)); done").await;
+    assert_ne!(out.status.code, Some(0), "100 forks under pids.max=32 succeeded: {out:?}");
     assert!(out.stderr.contains("fork"), "{out:?}");
     assert!(t.rt.stats(&handle.id).unwrap().pids <= 32);
 
     // A real fork bomb stays at the limit and destroy still removes all of it.
     let _ = sh(&client, "f() { f | f & }; f >/dev/null 2>&1").await;
-    eventually("fork bomb reaches pids.max", || {
-        t.rt.stats(&handle.id).is_ok_and(|s| s.pids >= 30)
-    })
-    .await;
+    eventually("fork bomb reaches pids.max", || t.rt.stats(&handle.id).is_ok_and(|s| s.pids >= 30)).await;
     assert!(t.rt.stats(&handle.id).unwrap().pids <= 32);
     drop(client);
-    t.rt.destroy(&handle.id)
-        .await
-        .expect("destroy under a fork bomb");
+    t.rt.destroy(&handle.id).await.expect("destroy under a fork bomb");
     assert_gone(&t.rt, &handle);
 }
 
@@ -239,15 +157,8 @@ async fn failed_start_reports_the_step_and_leaves_nothing() {
     let spec = spec(rootfs.path(), default_limits());
     let err = t.rt.start(&spec).await.expect_err("start must fail");
     let msg = err.to_string();
-    assert!(
-        msg.contains("/proc in the rootfs is not a directory"),
-        "{msg}"
-    );
-    assert!(
-        t.rt.list().unwrap().is_empty(),
-        "leftovers: {:?}",
-        t.rt.list()
-    );
+    assert!(msg.contains("/proc in the rootfs is not a directory"), "{msg}");
+    assert!(t.rt.list().unwrap().is_empty(), "leftovers: {:?}", t.rt.list());
     for dir in t.rt.cgroup_dirs(&spec.id) {
         assert!(!dir.exists(), "{}", dir.display());
     }
@@ -260,10 +171,7 @@ async fn a_restarted_node_finds_and_destroys_sandboxes() {
     }
     let t = TestRuntime::new();
     let rootfs = Rootfs::new();
-    let handle =
-        t.rt.start(&spec(rootfs.path(), default_limits()))
-            .await
-            .expect("start");
+    let handle = t.rt.start(&spec(rootfs.path(), default_limits())).await.expect("start");
     // A second instance with the same options stands in for the node after a restart.
     let again = space_runtime_linux::LinuxRuntime::new(t.rt.options().clone()).unwrap();
     assert_eq!(again.list().unwrap(), vec![handle.id.clone()]);
@@ -294,10 +202,7 @@ async fn a_silent_init_times_out_and_is_cleaned_up() {
     });
     let rootfs = Rootfs::new();
     let spec = spec(rootfs.path(), default_limits());
-    let err =
-        t.rt.start(&spec)
-            .await
-            .expect_err("a silent init must time out");
+    let err = t.rt.start(&spec).await.expect_err("a silent init must time out");
     assert!(err.to_string().contains("not ready after"), "{err}");
     assert!(t.rt.list().unwrap().is_empty());
     for dir in t.rt.cgroup_dirs(&spec.id) {
@@ -316,9 +221,7 @@ async fn a_cancelled_start_is_undone_by_destroy() {
         let spec = spec(rootfs.path(), default_limits());
         let delay = std::time::Duration::from_micros(delay_us);
         let _ = tokio::time::timeout(delay, t.rt.start(&spec)).await;
-        t.rt.destroy(&spec.id)
-            .await
-            .expect("destroy after a cancelled start");
+        t.rt.destroy(&spec.id).await.expect("destroy after a cancelled start");
         assert!(!t.rt.list().unwrap().contains(&spec.id));
         for dir in t.rt.cgroup_dirs(&spec.id) {
             assert!(!dir.exists(), "{}", dir.display());
@@ -333,26 +236,16 @@ async fn wait_exit_sees_pid1_die() {
     }
     let t = TestRuntime::new();
     let rootfs = Rootfs::new();
-    let handle =
-        t.rt.start(&spec(rootfs.path(), default_limits()))
-            .await
-            .expect("start");
+    let handle = t.rt.start(&spec(rootfs.path(), default_limits())).await.expect("start");
     let waiter = {
         let (rt, handle) = (t.rt.clone(), handle.clone());
         tokio::spawn(async move { rt.wait_exit(&handle).await })
     };
     // Pid 1 cannot be signalled from inside its namespace; the host can.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(handle.pid as i32),
-        nix::sys::signal::SIGKILL,
-    )
-    .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(handle.pid as i32), nix::sys::signal::SIGKILL).unwrap();
     waiter.await.unwrap();
     assert!(!t.rt.is_alive(&handle));
-    assert!(
-        t.rt.list().unwrap().contains(&handle.id),
-        "resources stay until destroy"
-    );
+    assert!(t.rt.list().unwrap().contains(&handle.id), "resources stay until destroy");
     t.rt.destroy(&handle.id).await.unwrap();
     assert_gone(&t.rt, &handle);
 }

@@ -21,18 +21,13 @@ const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWPID
 
 pub(crate) fn run(channel: &UnixStream) -> Result<InitOutcome, InitError> {
     if !crate::sys::is_listening_socket(sync::LISTENER_FD) {
-        return Err(InitError(format!(
-            "fd {} is not a listening socket",
-            sync::LISTENER_FD
-        )));
+        return Err(InitError(format!("fd {} is not a listening socket", sync::LISTENER_FD)));
     }
     let mut reader = BufReader::new(channel);
     let config = match sync::recv(&mut reader).map_err(io_ctx("read config"))? {
         Some(ToInit::Config(config)) => config,
         other => {
-            return Err(InitError(format!(
-                "expected config from the node, got {other:?}"
-            )));
+            return Err(InitError(format!("expected config from the node, got {other:?}")));
         }
     };
     validate(&config)?;
@@ -41,9 +36,7 @@ pub(crate) fn run(channel: &UnixStream) -> Result<InitOutcome, InitError> {
     match sync::recv(&mut reader).map_err(io_ctx("wait for id maps"))? {
         Some(ToInit::Mapped) => {}
         other => {
-            return Err(InitError(format!(
-                "expected mapped from the node, got {other:?}"
-            )));
+            return Err(InitError(format!("expected mapped from the node, got {other:?}")));
         }
     }
     become_root()?;
@@ -52,12 +45,7 @@ pub(crate) fn run(channel: &UnixStream) -> Result<InitOutcome, InitError> {
     // arbitrary code after fork.
     match unsafe { fork() }.map_err(ctx("fork pid 1"))? {
         ForkResult::Parent { child } => {
-            let reported = sync::send(
-                channel,
-                &FromInit::Child {
-                    host_pid: child.as_raw() as u32,
-                },
-            );
+            let reported = sync::send(channel, &FromInit::Child { host_pid: child.as_raw() as u32 });
             // The node (a child subreaper) adopts the child.
             std::process::exit(if reported.is_ok() { 0 } else { 1 })
         }
@@ -67,16 +55,10 @@ pub(crate) fn run(channel: &UnixStream) -> Result<InitOutcome, InitError> {
 
 fn validate(config: &InitConfig) -> Result<(), InitError> {
     if !config.rootfs.is_absolute() {
-        return Err(InitError(format!(
-            "rootfs {} is not an absolute path",
-            config.rootfs.display()
-        )));
+        return Err(InitError(format!("rootfs {} is not an absolute path", config.rootfs.display())));
     }
     if config.hostname.is_empty() || config.hostname.len() > 64 {
-        return Err(InitError(format!(
-            "hostname {:?} must be 1 to 64 bytes",
-            config.hostname
-        )));
+        return Err(InitError(format!("hostname {:?} must be 1 to 64 bytes", config.hostname)));
     }
     Ok(())
 }

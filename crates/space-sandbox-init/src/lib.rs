@@ -51,12 +51,7 @@ pub fn run_init() -> Result<InitOutcome, InitError> {
     match sys::set_cloexec(sync::SYNC_FD, true).and_then(|()| bootstrap::run(&channel)) {
         Ok(outcome) => Ok(outcome),
         Err(e) => {
-            let _ = sync::send(
-                &channel,
-                &sync::FromInit::Error {
-                    message: e.0.clone(),
-                },
-            );
+            let _ = sync::send(&channel, &sync::FromInit::Error { message: e.0.clone() });
             Err(e)
         }
     }

@@ -39,14 +39,7 @@ fn mnt(
 /// skipped to `warnings`.
 pub(crate) fn setup(config: &InitConfig, warnings: &mut Vec<String>) -> Result<(), InitError> {
     let root = &config.rootfs;
-    mnt(
-        None,
-        Path::new("/"),
-        None,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None,
-    )
-    .map_err(ctx("make / rprivate"))?;
+    mnt(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None).map_err(ctx("make / rprivate"))?;
     mount(Some(root.as_path()), root.as_path(), None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
         .map_err(|e| match e {
             Errno::EACCES => InitError(format!(
@@ -69,14 +62,9 @@ fn mount_point(root: &Path, name: &str) -> Result<PathBuf, InitError> {
     let path = root.join(name);
     match fs::symlink_metadata(&path) {
         Ok(meta) if meta.is_dir() => Ok(path),
-        Ok(_) => Err(InitError(format!(
-            "/{name} in the rootfs is not a directory"
-        ))),
+        Ok(_) => Err(InitError(format!("/{name} in the rootfs is not a directory"))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            fs::DirBuilder::new()
-                .mode(0o755)
-                .create(&path)
-                .map_err(io_ctx(format!("mkdir /{name}")))?;
+            fs::DirBuilder::new().mode(0o755).create(&path).map_err(io_ctx(format!("mkdir /{name}")))?;
             Ok(path)
         }
         Err(e) => Err(io_ctx(format!("stat /{name}"))(e)),
@@ -101,37 +89,17 @@ fn mount_sys(root: &Path, warnings: &mut Vec<String>) -> Result<(), InitError> {
 fn mount_dev(root: &Path, warnings: &mut Vec<String>) -> Result<(), InitError> {
     let dev = mount_point(root, "dev")?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_STRICTATIME;
-    mnt(
-        Some("tmpfs"),
-        &dev,
-        Some("tmpfs"),
-        flags,
-        Some("mode=755,size=65536k"),
-    )
-    .map_err(ctx("mount /dev"))?;
+    mnt(Some("tmpfs"), &dev, Some("tmpfs"), flags, Some("mode=755,size=65536k")).map_err(ctx("mount /dev"))?;
     for name in DEVICES {
         bind_device(&dev, name)?;
     }
     let pts = make_dir(&dev, "pts", 0o755)?;
     let data = "newinstance,ptmxmode=0666,mode=0620,gid=5";
-    mnt(
-        Some("devpts"),
-        &pts,
-        Some("devpts"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some(data),
-    )
-    .map_err(ctx("mount /dev/pts"))?;
+    mnt(Some("devpts"), &pts, Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(data))
+        .map_err(ctx("mount /dev/pts"))?;
     let shm = make_dir(&dev, "shm", 0o1777)?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    mnt(
-        Some("shm"),
-        &shm,
-        Some("tmpfs"),
-        flags,
-        Some("mode=1777,size=65536k"),
-    )
-    .map_err(ctx("mount /dev/shm"))?;
+    mnt(Some("shm"), &shm, Some("tmpfs"), flags, Some("mode=1777,size=65536k")).map_err(ctx("mount /dev/shm"))?;
     let mqueue = make_dir(&dev, "mqueue", 0o755)?;
     if let Err(e) = mnt(Some("mqueue"), &mqueue, Some("mqueue"), flags, None) {
         warnings.push(format!("mount /dev/mqueue: {e:?}"));
@@ -144,13 +112,9 @@ fn mount_dev(root: &Path, warnings: &mut Vec<String>) -> Result<(), InitError> {
 
 fn make_dir(parent: &Path, name: &str, mode: u32) -> Result<PathBuf, InitError> {
     let path = parent.join(name);
-    fs::DirBuilder::new()
-        .mode(mode)
-        .create(&path)
-        .map_err(io_ctx(format!("mkdir /dev/{name}")))?;
+    fs::DirBuilder::new().mode(mode).create(&path).map_err(io_ctx(format!("mkdir /dev/{name}")))?;
     // The umask may have removed bits (notably sticky/world-writable for shm).
-    fs::set_permissions(&path, fs::Permissions::from_mode(mode))
-        .map_err(io_ctx(format!("chmod /dev/{name}")))?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(io_ctx(format!("chmod /dev/{name}")))?;
     Ok(path)
 }
 
@@ -163,8 +127,7 @@ fn bind_device(dev: &Path, name: &str) -> Result<(), InitError> {
         .open(&target)
         .map_err(io_ctx(format!("create /dev/{name}")))?;
     let source = format!("/dev/{name}");
-    mnt(Some(&source), &target, None, MsFlags::MS_BIND, None)
-        .map_err(ctx(format!("bind /dev/{name}")))
+    mnt(Some(&source), &target, None, MsFlags::MS_BIND, None).map_err(ctx(format!("bind /dev/{name}")))
 }
 
 /// Makes `root` the root of the mount namespace and detaches the old root entirely.
@@ -186,13 +149,7 @@ fn mask_paths(paths: &[String]) -> Result<(), InitError> {
         };
         let target = Path::new(path);
         let result = if meta.is_dir() {
-            mnt(
-                Some("tmpfs"),
-                target,
-                Some("tmpfs"),
-                MsFlags::MS_RDONLY,
-                Some("mode=555"),
-            )
+            mnt(Some("tmpfs"), target, Some("tmpfs"), MsFlags::MS_RDONLY, Some("mode=555"))
         } else {
             mnt(Some("/dev/null"), target, None, MsFlags::MS_BIND, None)
         };
@@ -204,23 +161,14 @@ fn mask_paths(paths: &[String]) -> Result<(), InitError> {
 fn readonly_paths(paths: &[String]) -> Result<(), InitError> {
     for path in paths {
         let target = Path::new(path);
-        match mnt(
-            Some(path),
-            target,
-            None,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            None,
-        ) {
+        match mnt(Some(path), target, None, MsFlags::MS_BIND | MsFlags::MS_REC, None) {
             Ok(()) => {}
             Err(Errno::ENOENT) => continue,
             Err(e) => return Err(ctx(format!("bind {path}"))(e)),
         }
         // A remount must repeat the flags the kernel locked on this mount (nosuid, ...).
         let current = statvfs(target).map_err(ctx(format!("statvfs {path}")))?;
-        let flags = MsFlags::MS_BIND
-            | MsFlags::MS_REMOUNT
-            | MsFlags::MS_RDONLY
-            | locked_flags(current.flags());
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | locked_flags(current.flags());
         mnt(None, target, None, flags, None).map_err(ctx(format!("remount {path} read-only")))?;
     }
     Ok(())
@@ -236,10 +184,7 @@ fn locked_flags(st: FsFlags) -> MsFlags {
         (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
         (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
     ];
-    pairs
-        .iter()
-        .filter(|(s, _)| st.contains(*s))
-        .fold(MsFlags::empty(), |acc, (_, m)| acc | *m)
+    pairs.iter().filter(|(s, _)| st.contains(*s)).fold(MsFlags::empty(), |acc, (_, m)| acc | *m)
 }
 
 #[cfg(test)]

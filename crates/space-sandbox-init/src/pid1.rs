@@ -32,12 +32,8 @@ pub(crate) fn run(channel: &UnixStream, config: &InitConfig) -> Result<InitOutco
 /// Points stdin, stdout and stderr at the sandbox's own /dev/null: the host's /dev/null the
 /// node passed must not stay reachable.
 fn reopen_stdio() -> Result<(), InitError> {
-    let null: OwnedFd = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-        .map_err(io_ctx("open /dev/null"))?
-        .into();
+    let null: OwnedFd =
+        std::fs::OpenOptions::new().read(true).write(true).open("/dev/null").map_err(io_ctx("open /dev/null"))?.into();
     for fd in 0..=2 {
         if null.as_raw_fd() != fd {
             // SAFETY: dup2 onto the standard descriptors, which no Rust object owns.

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use caps::{CapSet, Capability, CapsHashSet};
 use nix::errno::Errno;
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule,
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
 };
 
 use crate::InitError;
@@ -80,15 +79,13 @@ const DENIED_WITH_NEWUSER: &[i64] = &[libc::SYS_unshare, libc::SYS_clone];
 /// and clears the ambient set.
 pub(crate) fn drop_capabilities() -> Result<(), InitError> {
     let keep: CapsHashSet = KEPT_CAPABILITIES.iter().copied().collect();
-    let cap_err =
-        |what: &'static str| move |e: caps::errors::CapsError| InitError(format!("{what}: {e}"));
+    let cap_err = |what: &'static str| move |e: caps::errors::CapsError| InitError(format!("{what}: {e}"));
     for cap in caps::all().difference(&keep) {
         caps::drop(None, CapSet::Bounding, *cap).map_err(cap_err("drop from bounding set"))?;
     }
     drop_unknown_bounding(&keep)?;
     caps::clear(None, CapSet::Ambient).map_err(cap_err("clear ambient set"))?;
-    caps::set(None, CapSet::Inheritable, &CapsHashSet::new())
-        .map_err(cap_err("clear inheritable set"))?;
+    caps::set(None, CapSet::Inheritable, &CapsHashSet::new()).map_err(cap_err("clear inheritable set"))?;
     // Effective first: it must stay a subset of permitted at every step.
     caps::set(None, CapSet::Effective, &keep).map_err(cap_err("set effective set"))?;
     caps::set(None, CapSet::Permitted, &keep).map_err(cap_err("set permitted set"))
@@ -123,21 +120,12 @@ pub(crate) fn set_not_dumpable() -> Result<(), InitError> {
 
 /// The filter's rules: syscall number → conditions (empty = always).
 pub fn seccomp_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        DENIED.iter().map(|(_, nr)| (*nr, Vec::new())).collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|(_, nr)| (*nr, Vec::new())).collect();
     for nr in DENIED_WITH_NEWUSER {
         let newuser = libc::CLONE_NEWUSER as u64;
-        let cond = SeccompCondition::new(
-            0,
-            SeccompCmpArgLen::Qword,
-            SeccompCmpOp::MaskedEq(newuser),
-            newuser,
-        )
-        .expect("valid condition");
-        rules.insert(
-            *nr,
-            vec![SeccompRule::new(vec![cond]).expect("non-empty rule")],
-        );
+        let cond = SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(newuser), newuser)
+            .expect("valid condition");
+        rules.insert(*nr, vec![SeccompRule::new(vec![cond]).expect("non-empty rule")]);
     }
     rules
 }
@@ -150,9 +138,8 @@ pub fn seccomp_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
 /// seccompiler gives one match action per filter, hence two; the kernel runs both and they
 /// match disjoint syscalls. Syscalls of any other architecture (i386 `int 0x80`) kill the process.
 pub fn seccomp_programs() -> Result<Vec<BpfProgram>, InitError> {
-    let arch: seccompiler::TargetArch = std::env::consts::ARCH
-        .try_into()
-        .map_err(|e| InitError(format!("seccomp: unsupported architecture: {e}")))?;
+    let arch: seccompiler::TargetArch =
+        std::env::consts::ARCH.try_into().map_err(|e| InitError(format!("seccomp: unsupported architecture: {e}")))?;
     let eperm = SeccompAction::Errno(libc::EPERM as u32);
     let enosys = SeccompAction::Errno(libc::ENOSYS as u32);
     let clone3 = [(libc::SYS_clone3, Vec::new())].into_iter().collect();
@@ -161,9 +148,7 @@ pub fn seccomp_programs() -> Result<Vec<BpfProgram>, InitError> {
         .map(|(rules, action)| {
             let filter = SeccompFilter::new(rules, SeccompAction::Allow, action, arch)
                 .map_err(|e| InitError(format!("seccomp filter: {e}")))?;
-            filter
-                .try_into()
-                .map_err(|e| InitError(format!("seccomp compile: {e}")))
+            filter.try_into().map_err(|e| InitError(format!("seccomp compile: {e}")))
         })
         .collect()
 }
@@ -171,8 +156,7 @@ pub fn seccomp_programs() -> Result<Vec<BpfProgram>, InitError> {
 /// Installs [`seccomp_programs`] on the calling (only) thread. Requires no_new_privs.
 pub(crate) fn apply_seccomp() -> Result<(), InitError> {
     for program in seccomp_programs()? {
-        seccompiler::apply_filter(&program)
-            .map_err(|e| InitError(format!("install seccomp filter: {e}")))?;
+        seccompiler::apply_filter(&program).map_err(|e| InitError(format!("install seccomp filter: {e}")))?;
     }
     Ok(())
 }

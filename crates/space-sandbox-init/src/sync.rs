@@ -48,13 +48,7 @@ pub const DEFAULT_MASKED_PATHS: &[&str] = &[
 ];
 
 /// Paths re-bound read-only inside the sandbox. Missing ones are skipped.
-pub const DEFAULT_READONLY_PATHS: &[&str] = &[
-    "/proc/bus",
-    "/proc/fs",
-    "/proc/irq",
-    "/proc/sys",
-    "/proc/sysrq-trigger",
-];
+pub const DEFAULT_READONLY_PATHS: &[&str] = &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
 
 /// What the node tells the sandbox to build.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,10 +68,7 @@ impl InitConfig {
             rootfs: rootfs.into(),
             hostname: hostname.into(),
             masked_paths: DEFAULT_MASKED_PATHS.iter().map(|p| p.to_string()).collect(),
-            readonly_paths: DEFAULT_READONLY_PATHS
-                .iter()
-                .map(|p| p.to_string())
-                .collect(),
+            readonly_paths: DEFAULT_READONLY_PATHS.iter().map(|p| p.to_string()).collect(),
         }
     }
 }
@@ -129,16 +120,10 @@ pub fn recv<R: BufRead, T: DeserializeOwned>(r: &mut R) -> io::Result<Option<T>>
 /// Parses one received line (with or without its newline).
 pub fn parse_line<T: DeserializeOwned>(line: &[u8]) -> io::Result<T> {
     if line.len() > MAX_LINE {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "sync message too long",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "sync message too long"));
     }
     if line.last() != Some(&b'\n') {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "truncated sync message",
-        ));
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "truncated sync message"));
     }
     serde_json::from_slice(line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }

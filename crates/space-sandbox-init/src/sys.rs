@@ -27,9 +27,7 @@ pub(crate) fn close_from(first: u32) -> Result<(), InitError> {
     // SAFETY: close_range only closes descriptors; this process is single-threaded and holds no
     // owned Rust object on fds >= first (the caller keeps its fds below `first`).
     let rc = unsafe { libc::close_range(first, u32::MAX, 0) };
-    Errno::result(rc)
-        .map(drop)
-        .map_err(ctx(format!("close_range({first}..)")))
+    Errno::result(rc).map(drop).map_err(ctx(format!("close_range({first}..)")))
 }
 
 /// Sets or clears FD_CLOEXEC.
@@ -38,13 +36,10 @@ pub(crate) fn set_cloexec(fd: RawFd, on: bool) -> Result<(), InitError> {
     // SAFETY: the fd is only borrowed for the duration of the fcntl calls and is open (callers
     // pass the fixed sync/listener fds they validated).
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    let mut flags = FdFlag::from_bits_truncate(
-        fcntl(borrowed, FcntlArg::F_GETFD).map_err(ctx(format!("fcntl({fd})")))?,
-    );
+    let mut flags =
+        FdFlag::from_bits_truncate(fcntl(borrowed, FcntlArg::F_GETFD).map_err(ctx(format!("fcntl({fd})")))?);
     flags.set(FdFlag::FD_CLOEXEC, on);
-    fcntl(borrowed, FcntlArg::F_SETFD(flags))
-        .map(drop)
-        .map_err(ctx(format!("fcntl({fd})")))
+    fcntl(borrowed, FcntlArg::F_SETFD(flags)).map(drop).map_err(ctx(format!("fcntl({fd})")))
 }
 
 /// Whether `fd` is a listening socket.
@@ -54,13 +49,7 @@ pub(crate) fn is_listening_socket(fd: RawFd) -> bool {
     // SAFETY: val and len are valid for writes of the sizes passed; an invalid fd only yields
     // an error return.
     let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_ACCEPTCONN,
-            (&mut val as *mut libc::c_int).cast(),
-            &mut len,
-        )
+        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut val as *mut libc::c_int).cast(), &mut len)
     };
     rc == 0 && val == 1
 }
@@ -92,11 +81,7 @@ pub(crate) fn write_file_raw(path: &std::ffi::CStr, data: &[u8]) -> std::io::Res
     }
     // SAFETY: data is valid for data.len() bytes; fd is the one just opened.
     let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
-    let result = if n < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    };
+    let result = if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
     // SAFETY: fd is open and owned here.
     unsafe { libc::close(fd) };
     result
@@ -121,9 +106,7 @@ pub(crate) fn link_up(name: &str) -> Result<(), InitError> {
     unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
     // SAFETY: as above; SIOCSIFFLAGS only reads the request.
     let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) };
-    Errno::result(rc)
-        .map(drop)
-        .map_err(ctx(format!("{what}: SIOCSIFFLAGS")))
+    Errno::result(rc).map(drop).map_err(ctx(format!("{what}: SIOCSIFFLAGS")))
 }
 
 fn ifreq(name: &str) -> Option<libc::ifreq> {

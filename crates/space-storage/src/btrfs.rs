@@ -71,9 +71,7 @@ fn fill_name(dst: &mut [u8], name: &OsStr) -> std::result::Result<(), Errno> {
 
 /// Splits `path` into its parent directory and final component.
 fn split<'a>(op: &'static str, path: &'a Path) -> Result<(PathBuf, &'a OsStr)> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| StorageError::btrfs(op, path, Errno::EINVAL))?;
+    let name = path.file_name().ok_or_else(|| StorageError::btrfs(op, path, Errno::EINVAL))?;
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -110,17 +108,13 @@ pub fn is_subvolume(path: &Path) -> Result<bool> {
 pub fn create_subvolume(path: &Path) -> Result<()> {
     const OP: &str = "subvolume create";
     let (parent, name) = split(OP, path)?;
-    let mut args = VolArgs {
-        fd: 0,
-        name: [0; PATH_NAME_MAX + 1],
-    };
+    let mut args = VolArgs { fd: 0, name: [0; PATH_NAME_MAX + 1] };
     fill_name(&mut args.name, name).map_err(|e| StorageError::btrfs(OP, path, e))?;
     let dir = open_dir(&parent)?;
     // SAFETY: `dir` is an open directory fd for the whole call and `args` is a fully initialised
     // `btrfs_ioctl_vol_args` (repr(C), size checked above) with a NUL-terminated name; the kernel
     // only reads it.
-    unsafe { ioctl::subvol_create(dir.as_raw_fd(), &args) }
-        .map_err(|e| StorageError::btrfs(OP, path, e))?;
+    unsafe { ioctl::subvol_create(dir.as_raw_fd(), &args) }.map_err(|e| StorageError::btrfs(OP, path, e))?;
     Ok(())
 }
 
@@ -149,8 +143,7 @@ pub fn snapshot(source: &Path, dest: &Path, readonly: bool) -> Result<()> {
     // SAFETY: `dir` and `src` (whose fd is in `args.fd`) stay open for the whole call; `args` is
     // a fully initialised `btrfs_ioctl_vol_args_v2` with a NUL-terminated name and no qgroup
     // pointer (flags has no QGROUP_INHERIT bit); the kernel only reads it.
-    unsafe { ioctl::snap_create_v2(dir.as_raw_fd(), &args) }
-        .map_err(|e| StorageError::btrfs(OP, dest, e))?;
+    unsafe { ioctl::snap_create_v2(dir.as_raw_fd(), &args) }.map_err(|e| StorageError::btrfs(OP, dest, e))?;
     Ok(())
 }
 
@@ -171,13 +164,7 @@ fn destroy(path: &Path) -> Result<()> {
     const OP: &str = "subvolume delete";
     let (parent, name) = split(OP, path)?;
     let dir = open_dir(&parent)?;
-    let mut v2 = VolArgsV2 {
-        fd: 0,
-        transid: 0,
-        flags: 0,
-        unused: [0; 4],
-        name: [0; SUBVOL_NAME_MAX + 1],
-    };
+    let mut v2 = VolArgsV2 { fd: 0, transid: 0, flags: 0, unused: [0; 4], name: [0; SUBVOL_NAME_MAX + 1] };
     fill_name(&mut v2.name, name).map_err(|e| StorageError::btrfs(OP, path, e))?;
     // SAFETY: `dir` is an open directory fd for the whole call; `v2` is a fully initialised
     // `btrfs_ioctl_vol_args_v2` naming a child of `dir` (no SPEC_BY_ID flag); the kernel only
@@ -186,22 +173,16 @@ fn destroy(path: &Path) -> Result<()> {
     match res {
         // Kernels before 5.7 lack the v2 ioctl.
         Err(Errno::ENOTTY) => destroy_v1(&dir, name, path),
-        other => other
-            .map(drop)
-            .map_err(|e| StorageError::btrfs(OP, path, e)),
+        other => other.map(drop).map_err(|e| StorageError::btrfs(OP, path, e)),
     }
 }
 
 fn destroy_v1(dir: &File, name: &OsStr, path: &Path) -> Result<()> {
     const OP: &str = "subvolume delete";
-    let mut args = VolArgs {
-        fd: 0,
-        name: [0; PATH_NAME_MAX + 1],
-    };
+    let mut args = VolArgs { fd: 0, name: [0; PATH_NAME_MAX + 1] };
     fill_name(&mut args.name, name).map_err(|e| StorageError::btrfs(OP, path, e))?;
     // SAFETY: as in `destroy`: open fd, fully initialised `btrfs_ioctl_vol_args`, read-only use.
-    unsafe { ioctl::snap_destroy(dir.as_raw_fd(), &args) }
-        .map_err(|e| StorageError::btrfs(OP, path, e))?;
+    unsafe { ioctl::snap_destroy(dir.as_raw_fd(), &args) }.map_err(|e| StorageError::btrfs(OP, path, e))?;
     Ok(())
 }
 
@@ -248,11 +229,7 @@ pub fn is_readonly(path: &Path) -> Result<bool> {
 pub fn set_readonly(path: &Path, readonly: bool) -> Result<()> {
     let dir = open_dir(path)?;
     let old = get_flags(&dir, path)?;
-    let new = if readonly {
-        old | SUBVOL_RDONLY
-    } else {
-        old & !SUBVOL_RDONLY
-    };
+    let new = if readonly { old | SUBVOL_RDONLY } else { old & !SUBVOL_RDONLY };
     if new == old {
         return Ok(());
     }
@@ -272,17 +249,10 @@ mod tests {
         assert_eq!(fill_name(&mut buf, OsStr::new("rootfs")), Ok(()));
         assert_eq!(&buf[..7], b"rootfs\0");
         for bad in ["", ".", "..", "a/b", "a\0b"] {
-            assert_eq!(
-                fill_name(&mut buf, OsStr::new(bad)),
-                Err(Errno::EINVAL),
-                "{bad:?}"
-            );
+            assert_eq!(fill_name(&mut buf, OsStr::new(bad)), Err(Errno::EINVAL), "{bad:?}");
         }
         let long = "x".repeat(16);
-        assert_eq!(
-            fill_name(&mut buf, OsStr::new(&long)),
-            Err(Errno::ENAMETOOLONG)
-        );
+        assert_eq!(fill_name(&mut buf, OsStr::new(&long)), Err(Errno::ENAMETOOLONG));
     }
 
     #[test]

@@ -34,8 +34,7 @@ const BUSYBOX_DIRS: [(&str, u32); 13] = [
     ("var/tmp", 0o1777),
 ];
 
-const PASSWD: &str =
-    "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
+const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
 const GROUP: &str = "root:x:0:\nnogroup:x:65534:\n";
 const PROFILE: &str = "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
 export HOME=\"${HOME:-/root}\"\nPS1='\\h:\\w\\$ '\n";
@@ -44,37 +43,22 @@ impl TemplateStore {
     /// Builds a built-in template (`busybox` or `debian`) as a new version. `cache_dir`
     /// (default [`DEFAULT_TEMPLATE_CACHE_DIR`]) keeps the finished debian tree so later builds
     /// only extract it.
-    pub fn build_builtin(
-        &self,
-        name: &str,
-        cache_dir: Option<&Path>,
-        progress: ProgressFn,
-    ) -> Result<TemplateInfo> {
-        let cache_dir = cache_dir.map_or_else(
-            || PathBuf::from(DEFAULT_TEMPLATE_CACHE_DIR),
-            Path::to_path_buf,
-        );
+    pub fn build_builtin(&self, name: &str, cache_dir: Option<&Path>, progress: ProgressFn) -> Result<TemplateInfo> {
+        let cache_dir = cache_dir.map_or_else(|| PathBuf::from(DEFAULT_TEMPLATE_CACHE_DIR), Path::to_path_buf);
         match name {
             "busybox" => {
                 let source = busybox_source()?;
-                self.build(name, source, progress, |staging| {
-                    fill_busybox(staging, progress)
-                })
+                self.build(name, source, progress, |staging| fill_busybox(staging, progress))
             }
             "debian" => crate::debian::build(self, &cache_dir, progress),
-            _ => Err(StorageError::UnknownBuiltin {
-                name: name.to_owned(),
-            }),
+            _ => Err(StorageError::UnknownBuiltin { name: name.to_owned() }),
         }
     }
 }
 
 /// Checks the host busybox exists and is static; returns its version line.
 fn busybox_source() -> Result<String> {
-    let missing = || StorageError::MissingTool {
-        program: BUSYBOX.into(),
-        package: "busybox-static",
-    };
+    let missing = || StorageError::MissingTool { program: BUSYBOX.into(), package: "busybox-static" };
     let elf = std::fs::read(BUSYBOX).map_err(|_| missing())?;
     if has_interpreter(&elf) {
         return Err(StorageError::BadTemplateContent {
@@ -92,24 +76,16 @@ fn busybox_source() -> Result<String> {
 
 /// Does this 64-bit little-endian ELF file ask for a dynamic loader (PT_INTERP)?
 pub fn has_interpreter(elf: &[u8]) -> bool {
-    let u16_at = |at: usize| {
-        elf.get(at..at + 2)
-            .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]) as usize)
-    };
-    let u64_at = |at: usize| {
-        elf.get(at..at + 8).map_or(0, |b| {
-            u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as usize
-        })
-    };
+    let u16_at = |at: usize| elf.get(at..at + 2).map_or(0, |b| u16::from_le_bytes([b[0], b[1]]) as usize);
+    let u64_at =
+        |at: usize| elf.get(at..at + 8).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as usize);
     if !elf.starts_with(b"\x7fELF\x02\x01") {
         return false;
     }
     let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
     (0..phnum).any(|i| {
         let at = phoff + i * phentsize;
-        elf.get(at..at + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            == Some(PT_INTERP)
+        elf.get(at..at + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])) == Some(PT_INTERP)
     })
 }
 
@@ -118,13 +94,11 @@ fn fill_busybox(root: &Path, progress: ProgressFn) -> Result<()> {
     for (dir, mode) in BUSYBOX_DIRS {
         let path = root.join(dir);
         std::fs::create_dir_all(&path).ctx("create directory", &path)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-            .ctx("chmod", &path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).ctx("chmod", &path)?;
     }
     let target = root.join("bin/busybox");
     std::fs::copy(BUSYBOX, &target).ctx("copy busybox", &target)?;
-    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
-        .ctx("chmod", &target)?;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).ctx("chmod", &target)?;
     let list = cmd::run(Command::new(BUSYBOX).arg("--list-full"), "")?;
     let applets = applet_paths(&list);
     let total = applets.len() as u64;
@@ -133,11 +107,7 @@ fn fill_busybox(root: &Path, progress: ProgressFn) -> Result<()> {
         progress(Progress::new("linking applets", i as u64 + 1, Some(total)));
     }
     link_applet(root, "bin/sh")?;
-    for (file, text) in [
-        ("etc/passwd", PASSWD),
-        ("etc/group", GROUP),
-        ("etc/profile", PROFILE),
-    ] {
+    for (file, text) in [("etc/passwd", PASSWD), ("etc/group", GROUP), ("etc/profile", PROFILE)] {
         let path = root.join(file);
         std::fs::write(&path, text).ctx("write", &path)?;
     }
@@ -174,10 +144,7 @@ mod tests {
     #[test]
     fn applet_list_is_filtered() {
         let list = "usr/bin/[\nbin/sh\nlinuxrc\nsbin/ifconfig\nbin/busybox\netc/evil\nbin/../x\n\n";
-        assert_eq!(
-            applet_paths(list),
-            vec!["usr/bin/[", "bin/sh", "sbin/ifconfig"]
-        );
+        assert_eq!(applet_paths(list), vec!["usr/bin/[", "bin/sh", "sbin/ifconfig"]);
     }
 
     #[test]

@@ -49,21 +49,13 @@ fn spawn_error(cmd: &Command, e: std::io::Error) -> StorageError {
 
 /// An error for a command that exited unsuccessfully.
 pub fn failed(cmd: &Command, status: ExitStatus, output: &str, hint: &'static str) -> StorageError {
-    StorageError::Command {
-        command: render(cmd),
-        status: status.to_string(),
-        output: output.trim().to_string(),
-        hint,
-    }
+    StorageError::Command { command: render(cmd), status: status.to_string(), output: output.trim().to_string(), hint }
 }
 
 /// Runs `cmd` to completion; on failure the error carries its output and `hint`.
 pub fn run(cmd: &mut Command, hint: &'static str) -> Result<String> {
     tracing::debug!(command = %render(cmd), "running");
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| spawn_error(cmd, e))?;
+    let out = cmd.stdin(Stdio::null()).output().map_err(|e| spawn_error(cmd, e))?;
     let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
     text.push_str(&String::from_utf8_lossy(&out.stderr));
     if !out.status.success() {
@@ -144,10 +136,7 @@ mod tests {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", "echo boom >&2; exit 3"]);
         let err = run(&mut cmd, "check the thing").unwrap_err().to_string();
-        assert!(
-            err.contains("boom") && err.contains("check the thing"),
-            "{err}"
-        );
+        assert!(err.contains("boom") && err.contains("check the thing"), "{err}");
     }
 
     #[test]

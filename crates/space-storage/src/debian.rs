@@ -18,20 +18,11 @@ pub const CACHE_FILE: &str = "debian-bookworm.tar";
 
 /// Builds the debian template from the cache if present, else with debootstrap (filling the
 /// cache).
-pub fn build(
-    store: &TemplateStore,
-    cache_dir: &Path,
-    progress: ProgressFn,
-) -> Result<TemplateInfo> {
+pub fn build(store: &TemplateStore, cache_dir: &Path, progress: ProgressFn) -> Result<TemplateInfo> {
     let cache = cache_dir.join(CACHE_FILE);
     if cache.is_file() {
-        let source = format!(
-            "builtin debian {SUITE} minbase (from cache {})",
-            cache.display()
-        );
-        return store.build("debian", source, progress, |staging| {
-            extract_tar(&cache, staging, progress)
-        });
+        let source = format!("builtin debian {SUITE} minbase (from cache {})", cache.display());
+        return store.build("debian", source, progress, |staging| extract_tar(&cache, staging, progress));
     }
     let source = format!("builtin debian {SUITE} minbase (debootstrap from {MIRROR})");
     store.build("debian", source, progress, |staging| {
@@ -185,10 +176,8 @@ mod tests {
             ("configuring packages", 1, Some(3)),
             ("configuring packages", 2, Some(3)),
         ];
-        let expect: Vec<Progress> = expect
-            .iter()
-            .map(|(phase, done, total)| Progress::new(*phase, *done, *total))
-            .collect();
+        let expect: Vec<Progress> =
+            expect.iter().map(|(phase, done, total)| Progress::new(*phase, *done, *total)).collect();
         assert_eq!(seen, expect);
     }
 }

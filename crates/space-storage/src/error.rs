@@ -24,46 +24,26 @@ pub enum StorageError {
     },
 
     #[error("btrfs {op} on {path} failed: {errno}{}", btrfs_hint(*.errno))]
-    Btrfs {
-        op: &'static str,
-        path: PathBuf,
-        errno: Errno,
-    },
+    Btrfs { op: &'static str, path: PathBuf, errno: Errno },
 
     #[error("`{program}` is not installed: run `apt-get install {package}`")]
-    MissingTool {
-        program: String,
-        package: &'static str,
-    },
+    MissingTool { program: String, package: &'static str },
 
     #[error("`{command}` failed ({status}): {output}{}", hint_suffix(.hint))]
-    Command {
-        command: String,
-        status: String,
-        output: String,
-        hint: &'static str,
-    },
+    Command { command: String, status: String, output: String, hint: &'static str },
 
     #[error(
         "the storage pool at {lock} is in use by another process ({holder}): stop it first, or share one Pool per data dir"
     )]
     PoolBusy { lock: PathBuf, holder: String },
 
-    #[error(
-        "{path} is mounted as {fstype}, not btrfs: unmount it (`umount {path}`) so the pool can be mounted there"
-    )]
+    #[error("{path} is mounted as {fstype}, not btrfs: unmount it (`umount {path}`) so the pool can be mounted there")]
     NotBtrfsMount { path: PathBuf, fstype: String },
 
     #[error("invalid id map (host_base {host_base}, count {count}): {reason}")]
-    InvalidIdMap {
-        host_base: u32,
-        count: u32,
-        reason: &'static str,
-    },
+    InvalidIdMap { host_base: u32, count: u32, reason: &'static str },
 
-    #[error(
-        "invalid template name '{name}': use 1-63 characters from a-z 0-9 - _ . starting with a letter or digit"
-    )]
+    #[error("invalid template name '{name}': use 1-63 characters from a-z 0-9 - _ . starting with a letter or digit")]
     InvalidTemplateName { name: String },
 
     #[error(
@@ -77,9 +57,7 @@ pub enum StorageError {
     #[error("unknown built-in template '{name}': choose one of busybox, debian")]
     UnknownBuiltin { name: String },
 
-    #[error(
-        "template metadata {path} is unreadable: {reason}; delete the template and build it again"
-    )]
+    #[error("template metadata {path} is unreadable: {reason}; delete the template and build it again")]
     BadMetadata { path: PathBuf, reason: String },
 
     #[error("{path}: {reason}")]
@@ -88,19 +66,11 @@ pub enum StorageError {
 
 impl StorageError {
     pub(crate) fn io(action: &'static str, path: impl AsRef<Path>, source: io::Error) -> Self {
-        StorageError::Io {
-            action,
-            path: path.as_ref().to_path_buf(),
-            source,
-        }
+        StorageError::Io { action, path: path.as_ref().to_path_buf(), source }
     }
 
     pub(crate) fn btrfs(op: &'static str, path: impl AsRef<Path>, errno: Errno) -> Self {
-        StorageError::Btrfs {
-            op,
-            path: path.as_ref().to_path_buf(),
-            errno,
-        }
+        StorageError::Btrfs { op, path: path.as_ref().to_path_buf(), errno }
     }
 
     /// The errno behind this error, when there is one (lets callers treat ENOENT etc. specially).
@@ -131,19 +101,13 @@ impl<T> IoContext<T> for nix::Result<T> {
 }
 
 fn hint_suffix(hint: &str) -> String {
-    if hint.is_empty() {
-        String::new()
-    } else {
-        format!("; {hint}")
-    }
+    if hint.is_empty() { String::new() } else { format!("; {hint}") }
 }
 
 fn io_hint(err: &io::Error) -> String {
     let hint = match err.raw_os_error().map(Errno::from_raw) {
         Some(Errno::EACCES | Errno::EPERM) => "run the node agent as root",
-        Some(Errno::ENOSPC) => {
-            "the disk or pool is full: delete unused templates, snapshots or sandboxes"
-        }
+        Some(Errno::ENOSPC) => "the disk or pool is full: delete unused templates, snapshots or sandboxes",
         Some(Errno::EROFS) => "the filesystem or subvolume is read-only",
         Some(Errno::EBUSY) => "something is still mounted there or using it: unmount it first",
         _ => "",
@@ -177,15 +141,9 @@ mod tests {
     fn messages_say_what_to_do() {
         let e = StorageError::btrfs("snapshot", "/x", Errno::ENOSPC);
         assert!(e.to_string().contains("grow pool.img"), "{e}");
-        let e = StorageError::TemplateNotFound {
-            name: "debian".into(),
-            version: Some(3),
-        };
+        let e = StorageError::TemplateNotFound { name: "debian".into(), version: Some(3) };
         assert!(e.to_string().contains("debian@3"), "{e}");
-        let e = StorageError::MissingTool {
-            program: "busybox".into(),
-            package: "busybox-static",
-        };
+        let e = StorageError::MissingTool { program: "busybox".into(), package: "busybox-static" };
         assert!(e.to_string().contains("apt-get install busybox-static"));
     }
 }

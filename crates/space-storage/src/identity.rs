@@ -31,30 +31,20 @@ pub fn validate_hostname(hostname: &str) -> Result<()> {
         && bytes.iter().all(ok_char)
         && bytes[0].is_ascii_alphanumeric()
         && bytes[bytes.len() - 1].is_ascii_alphanumeric();
-    if valid {
-        Ok(())
-    } else {
-        Err(StorageError::InvalidHostname {
-            hostname: hostname.chars().take(80).collect(),
-        })
-    }
+    if valid { Ok(()) } else { Err(StorageError::InvalidHostname { hostname: hostname.chars().take(80).collect() }) }
 }
 
 /// 32 random lowercase hex characters and a newline (the machine-id(5) format).
 pub fn random_machine_id() -> String {
     let mut rng = rand::rng();
-    let mut id: String = (0..32)
-        .map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap_or('0'))
-        .collect();
+    let mut id: String = (0..32).map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap_or('0')).collect();
     id.push('\n');
     id
 }
 
 /// The `/etc/hosts` of a sandbox.
 pub fn hosts_file(hostname: &str) -> String {
-    format!(
-        "127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback {hostname}\n"
-    )
+    format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback {hostname}\n")
 }
 
 /// Writes the identity files into `rootfs/etc`, owned by `owner` (uid = gid). Does nothing
@@ -67,11 +57,8 @@ pub fn write_identity(rootfs: &Path, identity: &SandboxIdentity, owner: u32) -> 
     };
     let etc_path = rootfs.join("etc");
     let hostname = format!("{}\n", identity.hostname);
-    let files = [
-        ("hostname", hostname),
-        ("machine-id", random_machine_id()),
-        ("hosts", hosts_file(&identity.hostname)),
-    ];
+    let files =
+        [("hostname", hostname), ("machine-id", random_machine_id()), ("hosts", hosts_file(&identity.hostname))];
     for (name, content) in files {
         replace_file(&etc, &etc_path.join(name), name, content.as_bytes(), owner)?;
     }
@@ -100,14 +87,12 @@ fn replace_file(etc: &OwnedFd, path: &Path, name: &str, content: &[u8], owner: u
         }
         Err(e) => return Err(e).ctx("remove", path),
     }
-    let flags =
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd = openat(etc, name, flags, Mode::from_bits_truncate(0o644)).ctx("create", path)?;
     let mut file = File::from(fd);
     file.write_all(content).ctx("write", path)?;
     std::os::unix::fs::fchown(&file, Some(owner), Some(owner)).ctx("chown", path)?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o644))
-        .ctx("chmod", path)
+    file.set_permissions(std::fs::Permissions::from_mode(0o644)).ctx("chmod", path)
 }
 
 #[cfg(test)]
@@ -130,11 +115,7 @@ mod tests {
         let a = random_machine_id();
         assert_eq!(a.len(), 33);
         assert!(a.ends_with('\n'));
-        assert!(
-            a[..32]
-                .bytes()
-                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-        );
+        assert!(a[..32].bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         assert_ne!(a, random_machine_id());
     }
 
@@ -152,21 +133,11 @@ mod tests {
         std::fs::write(&outside, "keep").unwrap();
         std::os::unix::fs::symlink(&outside, root.join("etc/hostname")).unwrap();
         let me = nix::unistd::geteuid().as_raw();
-        let id = SandboxIdentity {
-            hostname: "box".into(),
-        };
+        let id = SandboxIdentity { hostname: "box".into() };
         write_identity(root, &id, me).unwrap();
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
-        assert_eq!(
-            std::fs::read_to_string(root.join("etc/hostname")).unwrap(),
-            "box\n"
-        );
-        assert_eq!(
-            std::fs::read_to_string(root.join("etc/machine-id"))
-                .unwrap()
-                .len(),
-            33
-        );
+        assert_eq!(std::fs::read_to_string(root.join("etc/hostname")).unwrap(), "box\n");
+        assert_eq!(std::fs::read_to_string(root.join("etc/machine-id")).unwrap().len(), 33);
     }
 
     #[test]
@@ -177,9 +148,7 @@ mod tests {
         let root = dir.path().join("root");
         std::fs::create_dir(&root).unwrap();
         std::os::unix::fs::symlink(&target, root.join("etc")).unwrap();
-        let id = SandboxIdentity {
-            hostname: "box".into(),
-        };
+        let id = SandboxIdentity { hostname: "box".into() };
         write_identity(&root, &id, 0).unwrap();
         assert!(std::fs::read_dir(&target).unwrap().next().is_none());
     }

@@ -16,10 +16,7 @@ pub struct IdMap {
 
 impl Default for IdMap {
     fn default() -> Self {
-        IdMap {
-            host_base: 100_000,
-            count: 65_536,
-        }
+        IdMap { host_base: 100_000, count: 65_536 }
     }
 }
 
@@ -35,11 +32,7 @@ impl IdMap {
         } else {
             return Ok(());
         };
-        Err(StorageError::InvalidIdMap {
-            host_base: self.host_base,
-            count: self.count,
-            reason,
-        })
+        Err(StorageError::InvalidIdMap { host_base: self.host_base, count: self.count, reason })
     }
 
     /// The in-sandbox id that ids outside the range collapse to (65534, or the last id of a
@@ -50,11 +43,7 @@ impl IdMap {
 
     /// Host id for sandbox id `id`; ids `>= count` map to the overflow id.
     pub fn to_host(&self, id: u32) -> u32 {
-        let inner = if id < self.count {
-            id
-        } else {
-            self.overflow_id()
-        };
+        let inner = if id < self.count { id } else { self.overflow_id() };
         self.host_base + inner
     }
 
@@ -81,10 +70,7 @@ mod tests {
 
     #[test]
     fn small_ranges_overflow_to_their_last_id() {
-        let m = IdMap {
-            host_base: 200_000,
-            count: 1000,
-        };
+        let m = IdMap { host_base: 200_000, count: 1000 };
         assert_eq!(m.to_host(999), 200_999);
         assert_eq!(m.to_host(1000), 200_999);
         assert_eq!(m.to_host(65_534), 200_999);

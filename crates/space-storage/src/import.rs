@@ -52,39 +52,23 @@ impl TemplateStore {
     pub fn import_dir(&self, name: &str, src: &Path, progress: ProgressFn) -> Result<TemplateInfo> {
         let meta = std::fs::metadata(src).ctx("stat", src)?;
         if !meta.is_dir() {
-            return Err(StorageError::io(
-                "import",
-                src,
-                std::io::Error::from(ErrorKind::NotADirectory),
-            ));
+            return Err(StorageError::io("import", src, std::io::Error::from(ErrorKind::NotADirectory)));
         }
         let source = format!("directory {}", src.display());
         self.build(name, source, progress, |staging| {
             progress(Progress::new("copying", 0, None));
             let mut cp = Command::new("cp");
-            cp.args(["-a", "--reflink=auto"])
-                .arg(src.join("."))
-                .arg(staging.join(""));
-            cmd::run(
-                &mut cp,
-                "check the source directory is readable and the pool has free space",
-            )?;
+            cp.args(["-a", "--reflink=auto"]).arg(src.join(".")).arg(staging.join(""));
+            cmd::run(&mut cp, "check the source directory is readable and the pool has free space")?;
             Ok(())
         })
     }
 
     /// Imports a tarball (plain, gzip, xz, zstd or bzip2; detected from its content) as a new
     /// version of template `name`. Numeric owners and permissions are kept.
-    pub fn import_tar(
-        &self,
-        name: &str,
-        tarball: &Path,
-        progress: ProgressFn,
-    ) -> Result<TemplateInfo> {
+    pub fn import_tar(&self, name: &str, tarball: &Path, progress: ProgressFn) -> Result<TemplateInfo> {
         let source = format!("tarball {}", tarball.display());
-        self.build(name, source, progress, |staging| {
-            extract_tar(tarball, staging, progress)
-        })
+        self.build(name, source, progress, |staging| extract_tar(tarball, staging, progress))
     }
 }
 
@@ -98,19 +82,14 @@ pub fn extract_tar(tarball: &Path, dest: &Path, progress: ProgressFn) -> Result<
     let n = file.read(&mut head).ctx("read tarball", tarball)?;
     let compression = Compression::from_magic(&head[..n]);
     let mut tar = Command::new("tar");
-    tar.args([
-        "--extract",
-        "--file=-",
-        "--numeric-owner",
-        "--preserve-permissions",
-    ])
-    .args(["--xattrs", "--xattrs-include=security.capability"])
-    .args(compression.tar_flag())
-    .arg("--directory")
-    .arg(dest)
-    .stdin(Stdio::piped())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
+    tar.args(["--extract", "--file=-", "--numeric-owner", "--preserve-permissions"])
+        .args(["--xattrs", "--xattrs-include=security.capability"])
+        .args(compression.tar_flag())
+        .arg("--directory")
+        .arg(dest)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     let mut child = cmd::spawn(&mut tar)?;
     let stderr = cmd::drain(child.stderr.take().expect("stderr is piped"));
     let mut stdin = child.stdin.take().expect("stdin is piped");
@@ -119,7 +98,8 @@ pub fn extract_tar(tarball: &Path, dest: &Path, progress: ProgressFn) -> Result<
     let status = child.wait().ctx("wait for tar", tarball)?;
     let output = stderr.join().unwrap_or_default();
     if !status.success() {
-        let hint = "check the file is a tar archive (optionally gzip/xz/zstd/bzip2 compressed) and the pool has free space";
+        let hint =
+            "check the file is a tar archive (optionally gzip/xz/zstd/bzip2 compressed) and the pool has free space";
         return Err(cmd::failed(&tar, status, &output, hint));
     }
     fed.ctx("read tarball", tarball)
@@ -127,13 +107,7 @@ pub fn extract_tar(tarball: &Path, dest: &Path, progress: ProgressFn) -> Result<
 
 /// Copies the tarball into tar's stdin, reporting progress. A broken pipe means tar stopped
 /// early; its exit status tells why.
-fn feed(
-    stdin: &mut impl Write,
-    head: &[u8],
-    file: &mut File,
-    total: u64,
-    progress: ProgressFn,
-) -> std::io::Result<()> {
+fn feed(stdin: &mut impl Write, head: &[u8], file: &mut File, total: u64, progress: ProgressFn) -> std::io::Result<()> {
     let report = |done| progress(Progress::new("extracting", done, Some(total)));
     let mut done = head.len() as u64;
     let mut last = 0;
@@ -169,14 +143,8 @@ mod tests {
     #[test]
     fn detects_compression() {
         assert_eq!(Compression::from_magic(&[0x1f, 0x8b, 8]), Compression::Gzip);
-        assert_eq!(
-            Compression::from_magic(b"\xfd7zXZ\x00\x00"),
-            Compression::Xz
-        );
-        assert_eq!(
-            Compression::from_magic(&[0x28, 0xb5, 0x2f, 0xfd]),
-            Compression::Zstd
-        );
+        assert_eq!(Compression::from_magic(b"\xfd7zXZ\x00\x00"), Compression::Xz);
+        assert_eq!(Compression::from_magic(&[0x28, 0xb5, 0x2f, 0xfd]), Compression::Zstd);
         assert_eq!(Compression::from_magic(b"BZh91AY"), Compression::Bzip2);
         assert_eq!(Compression::from_magic(b"./\0\0\0"), Compression::None);
         assert_eq!(Compression::from_magic(b""), Compression::None);
@@ -189,14 +157,7 @@ mod tests {
         std::fs::create_dir(&src).unwrap();
         std::fs::write(src.join("hello"), "hi").unwrap();
         let tarball = dir.path().join("t.tgz");
-        let ok = Command::new("tar")
-            .arg("-czf")
-            .arg(&tarball)
-            .arg("-C")
-            .arg(&src)
-            .arg(".")
-            .status()
-            .unwrap();
+        let ok = Command::new("tar").arg("-czf").arg(&tarball).arg("-C").arg(&src).arg(".").status().unwrap();
         assert!(ok.success());
         let dest = dir.path().join("dest");
         std::fs::create_dir(&dest).unwrap();

@@ -34,9 +34,7 @@ fn unescape(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(u8::is_ascii_digit));
+        let octal = bytes.get(i + 1..i + 4).filter(|d| d.iter().all(u8::is_ascii_digit));
         match (bytes[i], octal) {
             (b'\\', Some(d)) => {
                 let value = d.iter().fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
@@ -60,12 +58,7 @@ pub fn parse_mountinfo_line(line: &str) -> Option<MountEntry> {
     let fstype = right.next()?.to_string();
     let source = unescape(right.next().unwrap_or(""));
     let super_options = right.next().unwrap_or("").to_string();
-    Some(MountEntry {
-        mount_point: PathBuf::from(unescape(mount_point)),
-        fstype,
-        source,
-        super_options,
-    })
+    Some(MountEntry { mount_point: PathBuf::from(unescape(mount_point)), fstype, source, super_options })
 }
 
 /// The current mount table of this process's mount namespace.
@@ -82,11 +75,8 @@ pub fn mount_at(path: &Path) -> Result<Option<MountEntry>> {
 
 /// Lazily unmounts everything mounted at or below `path`, deepest first.
 pub fn unmount_tree(path: &Path) -> Result<()> {
-    let mut below: Vec<PathBuf> = mounts()?
-        .into_iter()
-        .map(|m| m.mount_point)
-        .filter(|p| p.starts_with(path))
-        .collect();
+    let mut below: Vec<PathBuf> =
+        mounts()?.into_iter().map(|m| m.mount_point).filter(|p| p.starts_with(path)).collect();
     below.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
     below.dedup();
     for p in below {
@@ -112,12 +102,7 @@ pub fn ensure_image(image: &Path, size_bytes: u64) -> Result<()> {
     }
     let tmp = image.with_extension("img.partial");
     let _ = std::fs::remove_file(&tmp);
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .ctx("create pool image", &tmp)?;
+    let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).ctx("create pool image", &tmp)?;
     file.set_len(size_bytes).ctx("size pool image", &tmp)?;
     drop(file);
     tracing::info!(image = %image.display(), size_bytes, "formatting btrfs pool image");
@@ -137,10 +122,7 @@ pub fn mount_image(image: &Path, target: &Path, nobarrier: bool) -> Result<()> {
     tracing::info!(image = %image.display(), target = %target.display(), nobarrier, "mounting pool");
     let options = format!("loop,noatime,{}", barrier_option(nobarrier));
     let mut mount = Command::new("mount");
-    mount
-        .args(["-t", "btrfs", "-o", &options])
-        .arg(image)
-        .arg(target);
+    mount.args(["-t", "btrfs", "-o", &options]).arg(image).arg(target);
     cmd::run(
         &mut mount,
         "check that the loop module is loaded (`modprobe loop`) and that pool.img is a btrfs image \
@@ -153,9 +135,7 @@ pub fn mount_image(image: &Path, target: &Path, nobarrier: bool) -> Result<()> {
 pub fn remount_barrier(target: &Path, nobarrier: bool) -> Result<()> {
     tracing::info!(target = %target.display(), nobarrier, "remounting pool");
     let mut mount = Command::new("mount");
-    mount
-        .args(["-o", &format!("remount,{}", barrier_option(nobarrier))])
-        .arg(target);
+    mount.args(["-o", &format!("remount,{}", barrier_option(nobarrier))]).arg(target);
     cmd::run(&mut mount, "")?;
     Ok(())
 }
@@ -172,8 +152,7 @@ mod tests {
         assert_eq!(m.fstype, "ext4");
         assert_eq!(m.source, "/dev/vda");
         assert!(m.has_option("discard") && !m.has_option("rw,discard"));
-        let line =
-            "99 27 0:50 / /tmp/a\\040b/pool rw,noatime shared:5 master:1 - btrfs /dev/loop3 rw";
+        let line = "99 27 0:50 / /tmp/a\\040b/pool rw,noatime shared:5 master:1 - btrfs /dev/loop3 rw";
         let m = parse_mountinfo_line(line).unwrap();
         assert_eq!(m.mount_point, PathBuf::from("/tmp/a b/pool"));
         assert_eq!(m.fstype, "btrfs");

@@ -40,11 +40,7 @@ pub struct PoolOptions {
 
 impl Default for PoolOptions {
     fn default() -> Self {
-        PoolOptions {
-            image_size_bytes: DEFAULT_IMAGE_SIZE,
-            id_map: IdMap::default(),
-            nobarrier: false,
-        }
+        PoolOptions { image_size_bytes: DEFAULT_IMAGE_SIZE, id_map: IdMap::default(), nobarrier: false }
     }
 }
 
@@ -92,14 +88,7 @@ impl Pool {
         let templates = TemplateStore::new(root.join("templates"), options.id_map);
         templates.cleanup()?;
         tracing::info!(root = %root.display(), ?backing, "storage pool open");
-        Ok(Pool {
-            data_dir,
-            root,
-            backing,
-            id_map: options.id_map,
-            templates,
-            _lock: lock,
-        })
+        Ok(Pool { data_dir, root, backing, id_map: options.id_map, templates, _lock: lock })
     }
 
     /// Lazily unmounts the pool of `data_dir` if something is mounted there (for tests and
@@ -189,10 +178,9 @@ impl Pool {
             remove_any(&rootfs)?;
         }
         btrfs::snapshot(&source, &rootfs, false).map_err(|e| match e.errno() {
-            Some(Errno::ENOENT) => StorageError::TemplateNotFound {
-                name: template.name.clone(),
-                version: Some(template.version),
-            },
+            Some(Errno::ENOENT) => {
+                StorageError::TemplateNotFound { name: template.name.clone(), version: Some(template.version) }
+            }
             _ => e,
         })?;
         if let Err(e) = write_identity(&rootfs, &identity, self.id_map.root()) {
@@ -233,10 +221,7 @@ fn prepare_root(data_dir: &Path, root: &Path, options: &PoolOptions) -> Result<B
     let image = data_dir.join("pool.img");
     if let Some(m) = mount::mount_at(root)? {
         if m.fstype != "btrfs" {
-            return Err(StorageError::NotBtrfsMount {
-                path: root.to_path_buf(),
-                fstype: m.fstype,
-            });
+            return Err(StorageError::NotBtrfsMount { path: root.to_path_buf(), fstype: m.fstype });
         }
         tracing::debug!(root = %root.display(), "pool already mounted");
         if !image.exists() {

@@ -15,11 +15,7 @@ pub struct Progress {
 
 impl Progress {
     pub fn new(phase: impl Into<String>, done: u64, total: Option<u64>) -> Self {
-        Progress {
-            phase: phase.into(),
-            done,
-            total,
-        }
+        Progress { phase: phase.into(), done, total }
     }
 }
 

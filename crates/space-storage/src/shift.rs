@@ -45,11 +45,7 @@ pub fn shift_tree(root: &Path, map: IdMap, progress: ProgressFn) -> Result<Shift
     let mut stats = ShiftStats::default();
     let mut seen = HashSet::new();
     let mut stack: Vec<PathBuf> = vec![root.to_path_buf()];
-    shift_entry(
-        root,
-        &std::fs::symlink_metadata(root).ctx("stat", root)?,
-        map,
-    )?;
+    shift_entry(root, &std::fs::symlink_metadata(root).ctx("stat", root)?, map)?;
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).ctx("read directory", &dir)? {
             let path = entry.ctx("read directory", &dir)?.path();
@@ -79,11 +75,7 @@ pub fn shift_tree(root: &Path, map: IdMap, progress: ProgressFn) -> Result<Shift
             }
         }
     }
-    progress(Progress::new(
-        "shifting ownership",
-        stats.entries,
-        Some(stats.entries),
-    ));
+    progress(Progress::new("shifting ownership", stats.entries, Some(stats.entries)));
     Ok(stats)
 }
 
@@ -97,11 +89,7 @@ fn is_unwanted_device(meta: &Metadata) -> bool {
 }
 
 fn shift_entry(path: &Path, meta: &Metadata, map: IdMap) -> Result<()> {
-    let caps = if meta.is_file() {
-        read_caps(path)?
-    } else {
-        None
-    };
+    let caps = if meta.is_file() { read_caps(path)? } else { None };
     let (uid, gid) = (map.to_host(meta.uid()), map.to_host(meta.gid()));
     std::os::unix::fs::lchown(path, Some(uid), Some(gid)).ctx("chown", path)?;
     let mode = meta.mode() & 0o7777;
@@ -127,14 +115,7 @@ fn read_caps(path: &Path) -> Result<Option<Vec<u8>>> {
     let mut buf = [0u8; 64];
     // SAFETY: `cpath` and `CAPS_XATTR` are NUL-terminated and live for the call; `buf` is
     // writable for `buf.len()` bytes, which is what we pass as its size.
-    let n = unsafe {
-        libc::lgetxattr(
-            cpath.as_ptr(),
-            CAPS_XATTR.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
+    let n = unsafe { libc::lgetxattr(cpath.as_ptr(), CAPS_XATTR.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     match Errno::result(n) {
         Ok(n) => Ok(Some(buf[..n as usize].to_vec())),
         Err(Errno::ENODATA | Errno::EOPNOTSUPP) => Ok(None),
@@ -150,24 +131,12 @@ fn write_caps(path: &Path, value: &[u8]) -> Result<()> {
     let cpath = c_path(path)?;
     // SAFETY: `cpath` and `CAPS_XATTR` are NUL-terminated and live for the call; `value` is
     // readable for `value.len()` bytes.
-    let rc = unsafe {
-        libc::lsetxattr(
-            cpath.as_ptr(),
-            CAPS_XATTR.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    Errno::result(rc)
-        .map(drop)
-        .ctx("write file capabilities", path)
+    let rc = unsafe { libc::lsetxattr(cpath.as_ptr(), CAPS_XATTR.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    Errno::result(rc).map(drop).ctx("write file capabilities", path)
 }
 
 fn le32(bytes: &[u8], at: usize) -> u32 {
-    bytes
-        .get(at..at + 4)
-        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    bytes.get(at..at + 4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 /// Converts a `security.capability` value (v1, v2 or v3) into a v3 value whose root is the
@@ -184,11 +153,8 @@ pub fn namespaced_caps(value: &[u8], map: IdMap) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(24);
     out.extend_from_slice(&(CAP_REVISION_3 | (magic & CAP_FLAGS_EFFECTIVE)).to_le_bytes());
     for i in 0..2 {
-        let (permitted, inheritable) = if i < words {
-            (le32(value, 4 + 8 * i), le32(value, 8 + 8 * i))
-        } else {
-            (0, 0)
-        };
+        let (permitted, inheritable) =
+            if i < words { (le32(value, 4 + 8 * i), le32(value, 8 + 8 * i)) } else { (0, 0) };
         out.extend_from_slice(&permitted.to_le_bytes());
         out.extend_from_slice(&inheritable.to_le_bytes());
     }

@@ -40,18 +40,12 @@ pub struct TemplateInfo {
 /// Checks a template name: `[a-z0-9][a-z0-9-_.]{0,62}`.
 pub fn validate_template_name(name: &str) -> Result<()> {
     let bytes = name.as_bytes();
-    let first_ok = bytes
-        .first()
-        .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    let rest_ok = bytes
-        .iter()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.'));
+    let first_ok = bytes.first().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    let rest_ok = bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.'));
     if first_ok && rest_ok && bytes.len() <= MAX_NAME_LEN {
         Ok(())
     } else {
-        Err(StorageError::InvalidTemplateName {
-            name: name.chars().take(80).collect(),
-        })
+        Err(StorageError::InvalidTemplateName { name: name.chars().take(80).collect() })
     }
 }
 
@@ -73,18 +67,12 @@ pub fn parse_entry(file_name: &str) -> Option<(&str, u64, bool)> {
 
 /// Parses metadata read from `path`, checking it matches the file's name.
 pub fn parse_metadata(path: &Path, text: &str) -> Result<TemplateInfo> {
-    let bad = |reason: String| StorageError::BadMetadata {
-        path: path.to_path_buf(),
-        reason,
-    };
+    let bad = |reason: String| StorageError::BadMetadata { path: path.to_path_buf(), reason };
     let info: TemplateInfo = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
     let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     match parse_entry(file_name) {
         Some((name, version, true)) if name == info.name && version == info.version => Ok(info),
-        _ => Err(bad(format!(
-            "it describes {}@{}, which does not match its file name",
-            info.name, info.version
-        ))),
+        _ => Err(bad(format!("it describes {}@{}, which does not match its file name", info.name, info.version))),
     }
 }
 
@@ -163,10 +151,7 @@ impl TemplateStore {
 
     /// One exact version.
     pub fn get(&self, name: &str, version: u64) -> Result<TemplateInfo> {
-        let not_found = || StorageError::TemplateNotFound {
-            name: name.to_owned(),
-            version: Some(version),
-        };
+        let not_found = || StorageError::TemplateNotFound { name: name.to_owned(), version: Some(version) };
         let subvolume = self.path_of(name, version)?;
         if !subvolume.is_dir() {
             return Err(not_found());
@@ -272,23 +257,13 @@ impl TemplateStore {
         for _ in 0..64 {
             let version = self.next_version(name)?;
             let target = self.path_of(name, version)?;
-            match renameat2(
-                AT_FDCWD,
-                staging,
-                AT_FDCWD,
-                &target,
-                RenameFlags::RENAME_NOREPLACE,
-            ) {
+            match renameat2(AT_FDCWD, staging, AT_FDCWD, &target, RenameFlags::RENAME_NOREPLACE) {
                 Ok(()) => return Ok(version),
                 Err(Errno::EEXIST) => continue,
                 Err(e) => return Err(e).ctx("rename template into place", &target),
             }
         }
-        Err(StorageError::btrfs(
-            "rename template",
-            staging,
-            Errno::EEXIST,
-        ))
+        Err(StorageError::btrfs("rename template", staging, Errno::EEXIST))
     }
 }
 
@@ -327,30 +302,11 @@ mod tests {
 
     #[test]
     fn template_names() {
-        for good in [
-            "busybox",
-            "debian",
-            "a",
-            "0",
-            "py3.12_slim-v2",
-            &"a".repeat(63),
-        ] {
+        for good in ["busybox", "debian", "a", "0", "py3.12_slim-v2", &"a".repeat(63)] {
             assert!(validate_template_name(good).is_ok(), "{good}");
         }
         let long = "a".repeat(64);
-        for bad in [
-            "",
-            "-a",
-            ".a",
-            "_a",
-            "A",
-            "a/b",
-            "..",
-            "a@1",
-            "a b",
-            "é",
-            long.as_str(),
-        ] {
+        for bad in ["", "-a", ".a", "_a", "A", "a/b", "..", "a@1", "a b", "é", long.as_str()] {
             assert!(validate_template_name(bad).is_err(), "{bad:?}");
         }
     }
@@ -360,15 +316,7 @@ mod tests {
         assert_eq!(parse_entry("debian@3"), Some(("debian", 3, false)));
         assert_eq!(parse_entry("debian@12.json"), Some(("debian", 12, true)));
         assert_eq!(parse_entry("py3.12@1.json"), Some(("py3.12", 1, true)));
-        for bad in [
-            "debian",
-            "debian@",
-            "debian@0",
-            "debian@+1",
-            "@1",
-            ".staging-x-1",
-            "Deb@1",
-        ] {
+        for bad in ["debian", "debian@", "debian@0", "debian@+1", "@1", ".staging-x-1", "Deb@1"] {
             assert_eq!(parse_entry(bad), None, "{bad}");
         }
     }

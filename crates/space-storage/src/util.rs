@@ -12,9 +12,7 @@ use crate::mount;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Creates `path` (and parents) if missing and sets its mode.
@@ -53,13 +51,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
     let tmp = dir.join(format!(".{}.tmp", name.unwrap_or_default()));
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .open(&tmp)
-        .ctx("create", &tmp)?;
+    let mut file =
+        OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&tmp).ctx("create", &tmp)?;
     file.write_all(bytes).ctx("write", &tmp)?;
     file.sync_all().ctx("fsync", &tmp)?;
     std::fs::rename(&tmp, path).ctx("rename", path)?;

@@ -26,9 +26,7 @@ fn debian_template_builds_caches_and_runs() {
     let cached = cache.exists();
     let reports = RefCell::new(Vec::<Progress>::new());
     let start = Instant::now();
-    let info = store
-        .build_builtin("debian", None, &|p| reports.borrow_mut().push(p))
-        .unwrap();
+    let info = store.build_builtin("debian", None, &|p| reports.borrow_mut().push(p)).unwrap();
     eprintln!(
         "debian build ({}): {:?}, {} MB",
         if cached { "from cache" } else { "debootstrap" },
@@ -36,11 +34,7 @@ fn debian_template_builds_caches_and_runs() {
         info.size_bytes >> 20
     );
     let phases: Vec<String> = reports.borrow().iter().map(|p| p.phase.clone()).collect();
-    let expected = if cached {
-        "extracting"
-    } else {
-        "configuring packages"
-    };
+    let expected = if cached { "extracting" } else { "configuring packages" };
     assert!(phases.iter().any(|p| p == expected), "{phases:?}");
     assert!(cache.is_file(), "cache written");
 
@@ -48,26 +42,16 @@ fn debian_template_builds_caches_and_runs() {
     assert_eq!(owner(&root.join("usr/bin/bash")), (100_000, 100_000));
     assert!(root.join("usr/bin/python3").exists());
     assert!(!root.join("etc/hostname").exists());
-    let out = Command::new("chroot")
-        .arg(&root)
-        .args(["/usr/bin/python3", "-c", "import ssl; print('ok')"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "ok\n",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out =
+        Command::new("chroot").arg(&root).args(["/usr/bin/python3", "-c", "import ssl; print('ok')"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n", "{}", String::from_utf8_lossy(&out.stderr));
 
     // Snapshots of a 400 MB tree are as fast as of busybox.
     let ids: Vec<SandboxId> = (0..20).map(|_| SandboxId::generate()).collect();
     let mut times = Vec::new();
     for id in &ids {
         let start = Instant::now();
-        let identity = SandboxIdentity {
-            hostname: "deb".into(),
-        };
+        let identity = SandboxIdentity { hostname: "deb".into() };
         t.pool().create_sandbox_root(id, &info, identity).unwrap();
         times.push(start.elapsed().as_micros());
     }

@@ -11,17 +11,9 @@ fn open_creates_layout_and_mounts_image() {
         return;
     };
     let pool = t.pool();
-    assert_eq!(
-        pool.root(),
-        t.data_dir().canonicalize().unwrap().join("pool")
-    );
+    assert_eq!(pool.root(), t.data_dir().canonicalize().unwrap().join("pool"));
     let image = pool.root().parent().unwrap().join("pool.img");
-    assert_eq!(
-        pool.backing(),
-        &Backing::Image {
-            image: image.clone()
-        }
-    );
+    assert_eq!(pool.backing(), &Backing::Image { image: image.clone() });
     assert!(is_mounted(pool.root()));
     assert!(btrfs::is_btrfs(pool.root()).unwrap());
     for sub in ["templates", "sandboxes", "snapshots", "pods"] {
@@ -86,11 +78,7 @@ fn open_removes_leftovers_of_interrupted_builds() {
     std::fs::write(templates.join("ghost@1.json"), "{}").unwrap();
     std::fs::write(templates.join(".ghost@2.json.tmp"), "{").unwrap();
     t.reopen();
-    let left: Vec<_> = std::fs::read_dir(&templates)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
+    let left: Vec<_> = std::fs::read_dir(&templates).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
@@ -144,25 +132,14 @@ struct OwnBtrfs {
 
 impl OwnBtrfs {
     fn new() -> OwnBtrfs {
-        let dir = tempfile::Builder::new()
-            .prefix("space-storage-native-")
-            .tempdir()
-            .unwrap();
+        let dir = tempfile::Builder::new().prefix("space-storage-native-").tempdir().unwrap();
         let image = dir.path().join("fs.img");
-        std::fs::File::create(&image)
-            .unwrap()
-            .set_len(1 << 30)
-            .unwrap();
+        std::fs::File::create(&image).unwrap().set_len(1 << 30).unwrap();
         let run = |cmd: &mut std::process::Command| assert!(cmd.status().unwrap().success());
-        run(std::process::Command::new("mkfs.btrfs")
-            .args(["-q", "-K"])
-            .arg(&image));
+        run(std::process::Command::new("mkfs.btrfs").args(["-q", "-K"]).arg(&image));
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
-        run(std::process::Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&image)
-            .arg(&mnt));
+        run(std::process::Command::new("mount").args(["-o", "loop"]).arg(&image).arg(&mnt));
         OwnBtrfs { mnt, _dir: dir }
     }
 }
@@ -184,22 +161,14 @@ fn data_dir_on_btrfs_is_used_directly() {
     assert_eq!(pool.backing(), &Backing::DataDir);
     assert!(!is_mounted(pool.root()));
     assert!(!data.join("pool.img").exists());
-    let template = pool
-        .templates()
-        .build_builtin("busybox", None, &space_storage::no_progress)
-        .unwrap();
+    let template = pool.templates().build_builtin("busybox", None, &space_storage::no_progress).unwrap();
     let id = space_api::SandboxId::generate();
-    let identity = space_storage::SandboxIdentity {
-        hostname: "native".into(),
-    };
+    let identity = space_storage::SandboxIdentity { hostname: "native".into() };
     let root = pool.create_sandbox_root(&id, &template, identity).unwrap();
     assert!(btrfs::is_subvolume(&root).unwrap());
     pool.delete_sandbox_root(&id).unwrap();
     assert!(pool.templates().delete("busybox", 1).unwrap());
     drop(pool);
     Pool::unmount(&data).unwrap();
-    assert!(
-        data.join("pool/templates").is_dir(),
-        "unmount of a native pool deletes nothing"
-    );
+    assert!(data.join("pool/templates").is_dir(), "unmount of a native pool deletes nothing");
 }

@@ -10,9 +10,7 @@ use space_api::SandboxId;
 use space_storage::{SandboxIdentity, StorageError, btrfs, no_progress};
 
 fn identity(hostname: &str) -> SandboxIdentity {
-    SandboxIdentity {
-        hostname: hostname.into(),
-    }
+    SandboxIdentity { hostname: hostname.into() }
 }
 
 #[test]
@@ -21,24 +19,15 @@ fn roots_are_independent_writable_snapshots_with_own_identity() {
         return;
     };
     let pool = t.pool();
-    let template = pool
-        .templates()
-        .build_builtin("busybox", None, &no_progress)
-        .unwrap();
+    let template = pool.templates().build_builtin("busybox", None, &no_progress).unwrap();
     let (a, b) = (SandboxId::generate(), SandboxId::generate());
-    let root_a = pool
-        .create_sandbox_root(&a, &template, identity("alpha"))
-        .unwrap();
-    let root_b = pool
-        .create_sandbox_root(&b, &template, identity("beta"))
-        .unwrap();
+    let root_a = pool.create_sandbox_root(&a, &template, identity("alpha")).unwrap();
+    let root_b = pool.create_sandbox_root(&b, &template, identity("beta")).unwrap();
     assert_eq!(root_a, pool.sandbox_root_path(&a));
     assert!(btrfs::is_subvolume(&root_a).unwrap());
     assert!(!btrfs::is_readonly(&root_a).unwrap());
 
-    let read = |root: &std::path::Path, f: &str| {
-        std::fs::read_to_string(root.join("etc").join(f)).unwrap()
-    };
+    let read = |root: &std::path::Path, f: &str| std::fs::read_to_string(root.join("etc").join(f)).unwrap();
     assert_eq!(read(&root_a, "hostname"), "alpha\n");
     assert_eq!(read(&root_b, "hostname"), "beta\n");
     assert!(read(&root_a, "hosts").contains("127.0.0.1\tlocalhost alpha"));
@@ -46,11 +35,7 @@ fn roots_are_independent_writable_snapshots_with_own_identity() {
     assert_eq!(id_a.len(), 33);
     assert_ne!(id_a, id_b);
     for f in ["hostname", "machine-id", "hosts"] {
-        assert_eq!(
-            owner(&root_a.join("etc").join(f)),
-            (100_000, 100_000),
-            "{f}"
-        );
+        assert_eq!(owner(&root_a.join("etc").join(f)), (100_000, 100_000), "{f}");
     }
     assert_eq!(owner(&root_a.join("bin/busybox")), (100_000, 100_000));
 
@@ -62,11 +47,7 @@ fn roots_are_independent_writable_snapshots_with_own_identity() {
     assert!(!template_root.join("etc/hostname").exists());
     let out = Command::new("chroot")
         .arg(&root_a)
-        .args([
-            "/bin/sh",
-            "-c",
-            "hostname -F /etc/hostname >/dev/null; cat /etc/hostname",
-        ])
+        .args(["/bin/sh", "-c", "hostname -F /etc/hostname >/dev/null; cat /etc/hostname"])
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "alpha\n");
@@ -79,9 +60,7 @@ fn roots_are_independent_writable_snapshots_with_own_identity() {
     std::fs::remove_dir(pool.root().join("sandboxes/not-an-id")).unwrap();
 
     // Re-creating (an interrupted attempt) replaces the root.
-    let again = pool
-        .create_sandbox_root(&a, &template, identity("alpha2"))
-        .unwrap();
+    let again = pool.create_sandbox_root(&a, &template, identity("alpha2")).unwrap();
     assert!(!again.join("tmp/scratch").exists());
     assert_eq!(read(&again, "hostname"), "alpha2\n");
 
@@ -93,17 +72,10 @@ fn roots_are_independent_writable_snapshots_with_own_identity() {
     assert_eq!(pool.list_sandbox_roots().unwrap(), vec![b.clone()]);
 
     // Deleting the template does not affect existing roots.
-    pool.templates()
-        .delete(&template.name, template.version)
-        .unwrap();
+    pool.templates().delete(&template.name, template.version).unwrap();
     assert_eq!(read(&root_b, "hostname"), "beta\n");
-    let err = pool
-        .create_sandbox_root(&a, &template, identity("gone"))
-        .unwrap_err();
-    assert!(
-        matches!(err, StorageError::TemplateNotFound { .. }),
-        "{err}"
-    );
+    let err = pool.create_sandbox_root(&a, &template, identity("gone")).unwrap_err();
+    assert!(matches!(err, StorageError::TemplateNotFound { .. }), "{err}");
 }
 
 #[test]
@@ -112,24 +84,14 @@ fn bad_identity_and_templates_are_rejected() {
         return;
     };
     let pool = t.pool();
-    let template = pool
-        .templates()
-        .build_builtin("busybox", None, &no_progress)
-        .unwrap();
+    let template = pool.templates().build_builtin("busybox", None, &no_progress).unwrap();
     let id = SandboxId::generate();
-    let err = pool
-        .create_sandbox_root(&id, &template, identity("evil\n1.2.3.4 bank"))
-        .unwrap_err();
+    let err = pool.create_sandbox_root(&id, &template, identity("evil\n1.2.3.4 bank")).unwrap_err();
     assert!(matches!(err, StorageError::InvalidHostname { .. }), "{err}");
     let mut forged = template.clone();
     forged.name = "../../etc".into();
-    let err = pool
-        .create_sandbox_root(&id, &forged, identity("x"))
-        .unwrap_err();
-    assert!(
-        matches!(err, StorageError::InvalidTemplateName { .. }),
-        "{err}"
-    );
+    let err = pool.create_sandbox_root(&id, &forged, identity("x")).unwrap_err();
+    assert!(matches!(err, StorageError::InvalidTemplateName { .. }), "{err}");
     assert!(pool.list_sandbox_roots().unwrap().is_empty());
 }
 
@@ -139,8 +101,7 @@ fn time_roots(pool: &space_storage::Pool, template: &space_storage::TemplateInfo
     let mut create = Vec::new();
     for id in &ids {
         let start = Instant::now();
-        pool.create_sandbox_root(id, template, identity("box"))
-            .unwrap();
+        pool.create_sandbox_root(id, template, identity("box")).unwrap();
         create.push(start.elapsed().as_micros());
     }
     let mut delete = Vec::new();
@@ -154,10 +115,7 @@ fn time_roots(pool: &space_storage::Pool, template: &space_storage::TemplateInfo
 }
 
 /// Times the bare snapshot ioctl 50 times.
-fn time_snapshots(
-    pool: &space_storage::Pool,
-    template: &space_storage::TemplateInfo,
-) -> (u128, u128) {
+fn time_snapshots(pool: &space_storage::Pool, template: &space_storage::TemplateInfo) -> (u128, u128) {
     let source = pool.templates().path(template).unwrap();
     let mut snap = Vec::new();
     for i in 0..50 {
@@ -175,17 +133,11 @@ fn sandbox_root_timing() {
     let Some(mut t) = TestPool::new("timing") else {
         return;
     };
-    let template = t
-        .pool()
-        .templates()
-        .build_builtin("busybox", None, &no_progress)
-        .unwrap();
+    let template = t.pool().templates().build_builtin("busybox", None, &no_progress).unwrap();
     for nobarrier in [false, true] {
         t.options.nobarrier = nobarrier;
         t.reopen();
-        let mounted = space_storage::mount::mount_at(t.pool().root())
-            .unwrap()
-            .unwrap();
+        let mounted = space_storage::mount::mount_at(t.pool().root()).unwrap().unwrap();
         assert_eq!(mounted.has_option("nobarrier"), nobarrier);
         let (s50, s90) = time_snapshots(t.pool(), &template);
         let [c50, c90, d50, d90] = time_roots(t.pool(), &template);

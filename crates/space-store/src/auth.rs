@@ -22,10 +22,8 @@ impl Store {
             .bind(now_ms())
             .execute(&self.pool)
             .await?;
-        let id: String = sqlx::query_scalar("SELECT id FROM tenants WHERE name = $1")
-            .bind(name)
-            .fetch_one(&self.pool)
-            .await?;
+        let id: String =
+            sqlx::query_scalar("SELECT id FROM tenants WHERE name = $1").bind(name).fetch_one(&self.pool).await?;
         parse("tenant id", &id)
     }
 
@@ -48,11 +46,7 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         row.map(|r| {
-            Ok(KeyOwner {
-                tenant_id: parse("tenant id", r.get::<&str, _>(0))?,
-                tenant: r.get(1),
-                admin: r.get(2),
-            })
+            Ok(KeyOwner { tenant_id: parse("tenant id", r.get::<&str, _>(0))?, tenant: r.get(1), admin: r.get(2) })
         })
         .transpose()
     }

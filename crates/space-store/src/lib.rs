@@ -13,8 +13,8 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 pub use auth::KeyOwner;
 pub use idempotency::IdempotencyBegin;
@@ -60,10 +60,7 @@ impl Store {
     }
 
     pub async fn meta(&self, key: &str) -> Result<Option<String>> {
-        Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = $1")
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?)
+        Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = $1").bind(key).fetch_optional(&self.pool).await?)
     }
 
     /// Sets `key` unless it is already set; returns the stored value.

@@ -95,7 +95,6 @@ fn op_from_row(row: &SqliteRow) -> Result<OperationRecord> {
     })
 }
 
-
 pub(crate) async fn insert_operation(conn: &mut sqlx::SqliteConnection, new: &NewOperation) -> Result<OperationId> {
     let id = OperationId::generate();
     let now = now_ms();
@@ -177,7 +176,8 @@ mod tests {
     async fn claim_runs_each_operation_once() {
         let (store, _dir) = test_store().await;
         let t = store.ensure_tenant("t").await.unwrap();
-        let new = NewOperation { tenant_id: t.clone(), session_id: None, kind: OperationKind::BuildTemplate, input: None };
+        let new =
+            NewOperation { tenant_id: t.clone(), session_id: None, kind: OperationKind::BuildTemplate, input: None };
         let id = store.insert_operation(&new).await.unwrap();
         let claimed = store.claim_operation().await.unwrap().unwrap();
         assert_eq!(claimed.operation.id, id);

@@ -140,9 +140,8 @@ impl Store {
     /// The tenant's sessions, newest first; destroyed ones only if `include_destroyed`.
     pub async fn list_sessions(&self, tenant: &TenantId, include_destroyed: bool) -> Result<Vec<Session>> {
         let filter = if include_destroyed { "" } else { " AND state <> 'destroyed'" };
-        let sql = format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant_id = $1{filter} ORDER BY created_at DESC, id"
-        );
+        let sql =
+            format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant_id = $1{filter} ORDER BY created_at DESC, id");
         let rows = sqlx::query(&sql).bind(tenant.as_str()).fetch_all(&self.pool).await?;
         rows.iter().map(|r| session_from_row(r).map(|rec| rec.session)).collect()
     }

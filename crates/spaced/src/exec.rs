@@ -7,19 +7,21 @@
 //!   This holds for detached execs too (there is nothing to attach to).
 //! - A non-detached exec whose stream the client closes or resets before `Exited` is
 //!   abandoned: its process group is SIGKILLed. Closing an attach stream only detaches.
-//! - Stdin is written from the stream's reader; while the process does not read its
-//!   stdin, later input frames (signals, resizes) wait behind the stdin data.
+//! - Stdin is written by a task of its own. While the process does not read its stdin,
+//!   later input frames (signals, resizes) wait behind the queued stdin data; use
+//!   `Request::Signal` on another stream to interrupt such a process.
 
 use std::io;
 use std::sync::Arc;
 
-use futures::stream::{SplitSink, SplitStream};
-use futures::{SinkExt, StreamExt};
+use bytes::Bytes;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use space_proto::{DataChannel, ErrorKind, ExecInput, ExecSpec, ExitStatus, Frame, FramedStream, Reply};
+use space_proto::{
+    DataChannel, ErrorKind, ExecInput, ExecSpec, ExitStatus, Frame, FrameReceiver, FrameSender, FramedStream,
+    OnSendersDropped, Reply,
+};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 use crate::error::{describe, invalid, io_reply};
 use crate::process::{self, Output, Process};
@@ -27,13 +29,12 @@ use crate::server::Agent;
 use crate::spawn::{self, SpawnError};
 use crate::wire;
 
-type Sink = SplitSink<FramedStream, Frame>;
-
 /// `Request::Exec`.
 pub async fn exec(mut stream: FramedStream, agent: Arc<Agent>, spec: ExecSpec) {
     let reaper = agent.reaper.clone();
     let to_spawn = spec.clone();
-    let spawned = match tokio::task::spawn_blocking(move || spawn::spawn(&reaper, &to_spawn)).await {
+    let spawning = tokio::task::spawn_blocking(move || spawn::spawn(&reaper, &to_spawn));
+    let spawned = match spawning.await {
         Ok(Ok(spawned)) => spawned,
         Ok(Err(SpawnError::Exec { program, source })) => {
             return exec_failed(stream, &program, &source).await;
@@ -50,7 +51,8 @@ pub async fn exec(mut stream: FramedStream, agent: Arc<Agent>, spec: ExecSpec) {
             return wire::finish(stream, io_reply("exec", &e)).await;
         }
     };
-    if wire::send(&mut stream, &Reply::Started { pid }).await.is_err() {
+    let started = wire::send(&mut stream, &Reply::Started { pid }).await;
+    if started.is_err() {
         if !spec.detached {
             process.kill_group();
         }
@@ -92,7 +94,8 @@ pub async fn attach(mut stream: FramedStream, agent: Arc<Agent>, pid: u32) {
         return wire::finish(stream, process::no_such_process(pid)).await;
     };
     let (history, rx) = process.subscribe();
-    if wire::send(&mut stream, &Reply::Started { pid }).await.is_ok() {
+    let started = wire::send(&mut stream, &Reply::Started { pid }).await;
+    if started.is_ok() {
         relay(stream, process, history, rx, false).await;
     }
 }
@@ -120,7 +123,17 @@ enum Outcome {
     Invalid(String),
 }
 
+/// Stdin operations, in order, for the stdin writer.
+enum StdinOp {
+    Data(Bytes),
+    Eof,
+}
+
 /// Streams output to the client while its input goes to the process.
+///
+/// The stream is handed to a pump task ([`space_proto::duplex`]): it must never be read
+/// and written from two tasks. Stdin is written by a task of its own, so that a process
+/// which does not read its stdin cannot stop its output from being forwarded.
 async fn relay(
     stream: FramedStream,
     process: Arc<Process>,
@@ -128,105 +141,122 @@ async fn relay(
     rx: Option<mpsc::Receiver<Output>>,
     kill_on_abandon: bool,
 ) {
-    let (mut sink, source) = stream.split();
-    let mut input = tokio::spawn(read_input(source, process.clone()));
-    let outcome = forward(&mut sink, history, rx, &mut input).await;
-    input.abort();
-    eprintln!("DBG {} relay outcome {}", process.pid, match &outcome { Outcome::Exited => "exited".to_string(), Outcome::Abandoned => "abandoned".into(), Outcome::Invalid(m) => m.clone() });
+    let (tx, input) = space_proto::duplex(stream, OnSendersDropped::Close);
+    let (stdin_tx, stdin_rx) = mpsc::channel(STDIN_QUEUE);
+    let stdin_writer = tokio::spawn(write_stdin(process.clone(), stdin_rx));
+    let outcome = forward(&tx, history, rx, input, &process, stdin_tx).await;
+    stdin_writer.abort();
     match outcome {
-        Outcome::Exited => {
-            let _ = sink.close().await;
-        }
+        Outcome::Exited => {}
         Outcome::Abandoned if kill_on_abandon => process.kill_group(),
         Outcome::Abandoned => {}
         Outcome::Invalid(message) => {
             if kill_on_abandon {
                 process.kill_group();
             }
-            if wire::send(&mut sink, &invalid(message)).await.is_ok() {
-                let _ = sink.close().await;
+            if let Ok(frame) = Frame::message(&invalid(message)) {
+                let _ = tx.send(frame).await;
             }
         }
     }
+    // Dropping `tx` makes the pump close our side once everything queued is sent.
 }
 
+/// Stdin chunks queued for the writer (each at most 1 MiB).
+const STDIN_QUEUE: usize = 4;
+
 async fn forward(
-    sink: &mut Sink,
+    tx: &FrameSender,
     history: Vec<Output>,
     rx: Option<mpsc::Receiver<Output>>,
-    input: &mut JoinHandle<Outcome>,
+    mut input: FrameReceiver,
+    process: &Process,
+    stdin: mpsc::Sender<StdinOp>,
 ) -> Outcome {
     for out in history {
-        if let Some(outcome) = send_output(sink, out).await {
+        if let Some(outcome) = send_output(tx, out).await {
             return outcome;
         }
     }
-    let Some(mut rx) = rx else { return Outcome::Exited };
+    let Some(mut rx) = rx else {
+        return Outcome::Exited;
+    };
+    // A stdin operation waiting for room in the writer's queue; input is not read meanwhile.
+    let mut pending: Option<StdinOp> = None;
     loop {
         tokio::select! {
             out = rx.recv() => match out {
-                Some(out) => if let Some(outcome) = send_output(sink, out).await {
+                Some(out) => if let Some(outcome) = send_output(tx, out).await {
                     return outcome;
                 },
                 // The supervisor always publishes `Exit` before letting go.
                 None => return Outcome::Abandoned,
             },
-            end = &mut *input => return end.unwrap_or(Outcome::Abandoned),
-        }
-    }
-}
-
-/// Sends one output item; `Some` when following ends (exit sent, or the client is gone).
-async fn send_output(sink: &mut Sink, out: Output) -> Option<Outcome> {
-    let sent = match out {
-        Output::Stdout(data) => wire::send_data(sink, DataChannel::Stdout, data).await,
-        Output::Stderr(data) => wire::send_data(sink, DataChannel::Stderr, data).await,
-        Output::Exit(status) => {
-            return Some(match wire::send(sink, &Reply::Exited { status }).await {
-                Ok(()) => Outcome::Exited,
-                Err(_) => Outcome::Abandoned,
-            });
-        }
-    };
-    sent.err().map(|_| Outcome::Abandoned)
-}
-
-/// Reads the client's frames until the stream ends: stdin data and [`ExecInput`]s.
-async fn read_input(mut source: SplitStream<FramedStream>, process: Arc<Process>) -> Outcome {
-    loop {
-        let frame = match source.next().await {
-            None => return Outcome::Abandoned,
-            Some(Err(e)) => return Outcome::Invalid(e.to_string()),
-            Some(Ok(frame)) => frame,
-        };
-        match frame {
-            Frame::Data(DataChannel::Stdin, data) => {
-                eprintln!("DBG {} stdin {}", process.pid, data.len());
-                // EPIPE: the process closed its stdin; the data has nowhere to go.
-                if let Err(e) = process.write_stdin(&data).await {
-                    tracing::debug!(pid = process.pid, error = %e, "stdin write failed");
+            permit = stdin.reserve(), if pending.is_some() => {
+                if let (Ok(permit), Some(op)) = (permit, pending.take()) {
+                    permit.send(op);
                 }
-            }
-            Frame::Data(channel, _) => {
-                return Outcome::Invalid(format!("unexpected {channel:?} data on an exec stream"));
-            }
-            Frame::Message(_) => match frame.parse::<ExecInput>() {
-                Ok(input) => { eprintln!("DBG {} input {:?}", process.pid, input); apply_input(&process, input).await },
-                Err(e) => return Outcome::Invalid(e.to_string()),
+            },
+            frame = input.recv(), if pending.is_none() => match frame {
+                None => return Outcome::Abandoned,
+                Some(Err(e)) => return Outcome::Invalid(e.to_string()),
+                Some(Ok(frame)) => match read_input(frame, process).await {
+                    Ok(op) => pending = op,
+                    Err(message) => return Outcome::Invalid(message),
+                },
             },
         }
     }
 }
 
-/// Signals and resizes that fail (process gone, no terminal) are ignored: the stream
-/// carries no replies for them, and `Exited` tells the client what happened.
-async fn apply_input(process: &Process, input: ExecInput) {
+/// Sends one output item; `Some` when following ends (exit sent, or the client is gone).
+async fn send_output(tx: &FrameSender, out: Output) -> Option<Outcome> {
+    let (frame, exit) = match out {
+        Output::Stdout(data) => (Frame::Data(DataChannel::Stdout, data), false),
+        Output::Stderr(data) => (Frame::Data(DataChannel::Stderr, data), false),
+        Output::Exit(status) => match Frame::message(&Reply::Exited { status }) {
+            Ok(frame) => (frame, true),
+            Err(_) => return Some(Outcome::Abandoned),
+        },
+    };
+    match tx.send(frame).await {
+        Err(_) => Some(Outcome::Abandoned),
+        Ok(()) if exit => Some(Outcome::Exited),
+        Ok(()) => None,
+    }
+}
+
+/// One client frame: stdin data and EOF are returned for the stdin writer; signals and
+/// resizes are applied at once. Failed signals and resizes (process gone, no terminal)
+/// are ignored: the stream carries no replies for them, and `Exited` tells the rest.
+async fn read_input(frame: Frame, process: &Process) -> Result<Option<StdinOp>, String> {
+    let input = match frame {
+        Frame::Data(DataChannel::Stdin, data) => return Ok(Some(StdinOp::Data(data))),
+        Frame::Data(channel, _) => {
+            return Err(format!("unexpected {channel:?} data on an exec stream"));
+        }
+        Frame::Message(_) => frame.parse::<ExecInput>().map_err(|e| e.to_string())?,
+    };
     let result = match input {
-        ExecInput::Eof => process.close_stdin().await.map_err(|e| io_reply("stdin", &e)),
+        ExecInput::Eof => return Ok(Some(StdinOp::Eof)),
         ExecInput::Signal { signal } => process.signal(signal),
         ExecInput::Resize(size) => process.resize(size),
     };
     if let Err(reply) = result {
         tracing::debug!(pid = process.pid, ?reply, "exec input not applied");
+    }
+    Ok(None)
+}
+
+/// Feeds stdin in order. Write errors (EPIPE: the process closed its stdin) drop the data.
+async fn write_stdin(process: Arc<Process>, mut ops: mpsc::Receiver<StdinOp>) {
+    while let Some(op) = ops.recv().await {
+        let result = match op {
+            StdinOp::Data(data) => process.write_stdin(&data).await,
+            StdinOp::Eof => process.close_stdin().await,
+        };
+        if let Err(e) = result {
+            tracing::debug!(pid = process.pid, error = %e, "stdin write failed");
+        }
     }
 }

@@ -106,10 +106,12 @@ fn read_once(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Bytes>> {
 pub async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> io::Result<()> {
     while !data.is_empty() {
         let mut guard = fd.writable().await?;
-        let result = guard.try_io(|fd| loop {
-            match nix::unistd::write(fd.get_ref(), data) {
-                Err(Errno::EINTR) => continue,
-                other => return other.map_err(io::Error::from),
+        let result = guard.try_io(|fd| {
+            loop {
+                match nix::unistd::write(fd.get_ref(), data) {
+                    Err(Errno::EINTR) => continue,
+                    other => return other.map_err(io::Error::from),
+                }
             }
         });
         match result {

@@ -46,9 +46,7 @@ fn is_root(path: &Path) -> bool {
 
 /// Runs a blocking file operation on the blocking pool.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Reply> + Send + 'static) -> Result<T, Reply> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(Reply::error(ErrorKind::Other, e.to_string())))
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(Reply::error(ErrorKind::Other, e.to_string())))
 }
 
 fn on(path: &Path) -> impl Fn(io::Error) -> Reply + '_ {
@@ -189,11 +187,7 @@ pub async fn read_file(mut stream: FramedStream, path: String) {
     let opened = blocking(move || {
         let path = resolve(&path)?;
         // O_NONBLOCK: opening a FIFO must not hang; it has no effect on regular files.
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&path)
-            .map_err(on(&path))?;
+        let file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path).map_err(on(&path))?;
         let meta = file.metadata().map_err(on(&path))?;
         if meta.is_dir() {
             return Err(io_reply(&path.display().to_string(), &io::Error::from_raw_os_error(libc::EISDIR)));
@@ -313,7 +307,9 @@ async fn receive(stream: &mut FramedStream, file: &mut tokio::fs::File, target: 
                 file.write_all(&data).await.map_err(write_error)?;
                 bytes += data.len() as u64;
             }
-            Frame::Data(channel, _) => return Err(invalid(format!("unexpected {channel:?} data in an upload"))),
+            Frame::Data(channel, _) => {
+                return Err(invalid(format!("unexpected {channel:?} data in an upload")));
+            }
             Frame::Message(_) => match frame.parse::<ExecInput>() {
                 Ok(ExecInput::Eof) => break,
                 Ok(other) => return Err(invalid(format!("unexpected {other:?} in an upload"))),

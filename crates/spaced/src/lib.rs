@@ -48,10 +48,22 @@ pub fn bind(path: &Path) -> Result<UnixListener, SpacedError> {
     UnixListener::bind(path).map_err(|e| SpacedError::Bind(path.display().to_string(), e))
 }
 
-/// Runs the server on `listener` until SIGTERM or SIGINT. Builds its own tokio runtime, so
-/// call it from a plain thread (in `spaced init`: after the sandbox is set up, because
-/// namespaces can only be entered while the process is single-threaded).
-pub fn run(listener: UnixListener) -> Result<(), SpacedError> {
+/// How the daemon runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// pid 1 of a sandbox. No SIGTERM/SIGINT handlers: the kernel then drops those
+    /// signals for a namespace's init, so nothing inside the sandbox can stop it; the
+    /// node ends a sandbox with SIGKILL.
+    Init,
+    /// On the host (tests): SIGTERM or SIGINT kill every process group spaced started,
+    /// then [`run`] returns.
+    Serve,
+}
+
+/// Runs the server on `listener`. Builds its own tokio runtime, so call it from a plain
+/// thread (in `spaced init`: after the sandbox is set up, because namespaces can only be
+/// entered while the process is single-threaded).
+pub fn run(listener: UnixListener, mode: Mode) -> Result<(), SpacedError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(32)
@@ -59,7 +71,7 @@ pub fn run(listener: UnixListener) -> Result<(), SpacedError> {
         .enable_all()
         .build()
         .map_err(SpacedError::Runtime)?;
-    runtime.block_on(server::run(listener))
+    runtime.block_on(server::run(listener, mode))
 }
 
 /// Locks a std mutex, ignoring poisoning: every critical section in spaced leaves the data

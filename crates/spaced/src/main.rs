@@ -28,14 +28,14 @@ fn run(command: Command) -> Result<(), spaced::SpacedError> {
             // Must come first: entering namespaces needs a single-threaded process, and
             // the runtime starts threads.
             let outcome = space_sandbox_init::run_init()?;
-            spaced::run(outcome.listener)
+            spaced::run(outcome.listener, spaced::Mode::Init)
         }
         Command::Serve { socket } => {
             // Orphans of our commands come back to us, as they would to pid 1.
             if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
                 eprintln!("spaced: warning: cannot become a child subreaper: {e}");
             }
-            spaced::run(spaced::bind(&socket)?)
+            spaced::run(spaced::bind(&socket)?, spaced::Mode::Serve)
         }
         Command::Version => {
             println!("{}", spaced::agent_name());

@@ -60,7 +60,9 @@ impl Ring {
         self.chunks.push_back(chunk);
         while self.len > RING_CAPACITY {
             let excess = self.len - RING_CAPACITY;
-            let Some(front) = self.chunks.front_mut() else { break };
+            let Some(front) = self.chunks.front_mut() else {
+                break;
+            };
             if front.len() <= excess {
                 self.len -= front.len();
                 self.chunks.pop_front();
@@ -72,10 +74,15 @@ impl Ring {
     }
 }
 
-/// Where stdin goes.
-enum Input {
-    Pipe(AsyncFd<OwnedFd>),
-    Pty(Arc<AsyncFd<OwnedFd>>),
+/// Our ends of the child's stdin and terminal. Released when the process exits, so that
+/// remembered processes hold no descriptors. Writers clone an `Arc` out rather than hold
+/// the lock while a write waits for the process to read.
+#[derive(Default)]
+struct Handles {
+    /// Where stdin goes: the pipe, or the terminal master.
+    stdin: Option<Arc<AsyncFd<OwnedFd>>>,
+    /// The terminal master, for resizes and ^D.
+    pty: Option<Arc<AsyncFd<OwnedFd>>>,
 }
 
 #[derive(Default)]
@@ -94,9 +101,7 @@ pub struct Process {
     tty: bool,
     detached: bool,
     state: Mutex<State>,
-    /// Async mutex: a write may wait for the process to read.
-    input: tokio::sync::Mutex<Option<Input>>,
-    pty: Option<Arc<AsyncFd<OwnedFd>>>,
+    handles: Mutex<Handles>,
     done: watch::Sender<bool>,
 }
 
@@ -157,34 +162,37 @@ impl Process {
         }
     }
 
-    /// Writes to stdin. Without stdin (or after EOF) the data is dropped.
+    /// Writes to stdin. Without stdin (or after EOF, or exit) the data is dropped.
     pub async fn write_stdin(&self, data: &[u8]) -> io::Result<()> {
-        let input = self.input.lock().await;
-        match &*input {
-            Some(Input::Pipe(fd)) => fdio::write_all(fd, data).await,
-            Some(Input::Pty(fd)) => fdio::write_all(fd, data).await,
+        let stdin = lock(&self.handles).stdin.clone();
+        match stdin {
+            Some(fd) => fdio::write_all(&fd, data).await,
             None => Ok(()),
         }
     }
 
-    /// Ends stdin: closes the pipe, or types ^D on a terminal (EOF for a reader in
-    /// canonical mode at the start of a line).
+    /// Ends stdin: closes the pipe (once in-flight writes finish), or types ^D on a
+    /// terminal (EOF for a reader in canonical mode at the start of a line).
     pub async fn close_stdin(&self) -> io::Result<()> {
-        let mut input = self.input.lock().await;
-        match &*input {
-            Some(Input::Pty(fd)) => fdio::write_all(fd, b"\x04").await,
-            Some(Input::Pipe(_)) => {
-                *input = None;
-                Ok(())
+        let pty = {
+            let mut handles = lock(&self.handles);
+            if handles.pty.is_none() {
+                handles.stdin = None;
             }
+            handles.pty.clone()
+        };
+        match pty {
+            Some(master) => fdio::write_all(&master, b"\x04").await,
             None => Ok(()),
         }
     }
 
     pub fn resize(&self, size: PtySize) -> Result<(), Reply> {
-        match &self.pty {
-            Some(master) => crate::pty::resize(master.get_ref(), size)
-                .map_err(|e| crate::error::io_reply("resize", &e)),
+        let pty = lock(&self.handles).pty.clone();
+        match pty {
+            Some(master) => {
+                crate::pty::resize(master.get_ref(), size).map_err(|e| crate::error::io_reply("resize", &e))
+            }
             None => Err(Reply::error(ErrorKind::InvalidInput, "the process has no terminal")),
         }
     }
@@ -202,7 +210,7 @@ impl Process {
         kill(Pid::from_raw(self.pid as i32), sig).map_err(|e| crate::error::io_reply("kill", &e.into()))
     }
 
-    /// SIGKILLs the process group while the leader runs (abandoned exec, shutdown).
+    /// SIGKILLs the process group while the leader runs (abandoned exec).
     pub fn kill_group(&self) {
         let state = lock(&self.state);
         if state.exit.is_none() {
@@ -302,15 +310,17 @@ pub fn start(
     spec: &ExecSpec,
     follow: bool,
 ) -> io::Result<(Arc<Process>, Option<mpsc::Receiver<Output>>)> {
-    let (input, pty, stdout, stderr) = match spawned.io {
+    let (handles, stdout, stderr) = match spawned.io {
         ProcessIo::Pipes { stdin, stdout, stderr } => {
-            let input = stdin.map(fdio::async_fd).transpose()?.map(Input::Pipe);
+            let stdin = stdin.map(fdio::async_fd).transpose()?.map(Arc::new);
             let (out, err) = (fdio::async_fd(stdout)?, fdio::async_fd(stderr)?);
-            (input, None, Reader::new(out), Some(Reader::new(err)))
+            let handles = Handles { stdin, pty: None };
+            (handles, Reader::new(out), Some(Reader::new(err)))
         }
         ProcessIo::Pty { master } => {
             let master = Arc::new(fdio::async_fd(master)?);
-            (Some(Input::Pty(master.clone())), Some(master.clone()), Reader::shared(master), None)
+            let handles = Handles { stdin: Some(master.clone()), pty: Some(master.clone()) };
+            (handles, Reader::shared(master), None)
         }
     };
     let process = Arc::new(Process {
@@ -318,12 +328,8 @@ pub fn start(
         argv: spec.argv.clone(),
         tty: spec.tty.is_some(),
         detached: spec.detached,
-        state: Mutex::new(State {
-            rings: spec.detached.then(Default::default),
-            ..Default::default()
-        }),
-        input: tokio::sync::Mutex::new(input),
-        pty,
+        state: Mutex::new(State { rings: spec.detached.then(Default::default), ..Default::default() }),
+        handles: Mutex::new(handles),
         done: watch::channel(false).0,
     });
     let rx = if follow { process.subscribe().1 } else { None };
@@ -370,18 +376,22 @@ async fn supervise(
             status = &mut exit => break status.unwrap_or_default(),
         }
     };
-    eprintln!("DBG {} exit status {:?} out={} err={}", process.pid, status, out.is_some(), err.is_some());
-    for (reader, stdout) in [(&mut out, true), (&mut err, false)] {
-        for chunk in reader.as_mut().map(|r| r.drain_now(DRAIN_LIMIT)).unwrap_or_default() {
-            process.publish(if stdout { Output::Stdout(chunk) } else { Output::Stderr(chunk) }).await;
-        }
-    }
+    drain(&process, out.as_mut(), Output::Stdout).await;
+    drain(&process, err.as_mut(), Output::Stderr).await;
     let timed_out = lock(&process.state).timed_out;
     process.publish(Output::Exit(ExitStatus { timed_out, ..status })).await;
-    eprintln!("DBG {} exit published", process.pid);
     process.done.send_replace(true);
+    *lock(&process.handles) = Handles::default();
     table.exited(process.pid);
     discard_until_eof(out, err).await;
+}
+
+/// Publishes what is already in a pipe at exit, without waiting for more.
+async fn drain(process: &Process, reader: Option<&mut Reader>, output: fn(Bytes) -> Output) {
+    let Some(reader) = reader else { return };
+    for chunk in reader.drain_now(DRAIN_LIMIT) {
+        process.publish(output(chunk)).await;
+    }
 }
 
 /// Keeps reading what background children write after the exec ended, so that they do

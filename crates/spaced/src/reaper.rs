@@ -82,9 +82,7 @@ impl Reaper {
         loop {
             match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(pid, code)) => self.deliver(pid.as_raw(), exited(code)),
-                Ok(WaitStatus::Signaled(pid, sig, _core)) => {
-                    self.deliver(pid.as_raw(), signaled(sig as i32))
-                }
+                Ok(WaitStatus::Signaled(pid, sig, _core)) => self.deliver(pid.as_raw(), signaled(sig as i32)),
                 // Without WUNTRACED/WCONTINUED nothing else is reported; keep draining.
                 Ok(WaitStatus::StillAlive) => return,
                 Ok(_) | Err(Errno::EINTR) => continue,

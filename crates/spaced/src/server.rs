@@ -13,7 +13,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::error::{SpacedError, invalid};
 use crate::process::ProcessTable;
 use crate::reaper::Reaper;
-use crate::{exec, files, watch, wire};
+use crate::{Mode, exec, files, watch, wire};
 
 /// How long a fresh connection may take to send its hello.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,24 +53,36 @@ impl Default for Agent {
     }
 }
 
-/// Serves until SIGTERM or SIGINT, then kills every process spaced started and returns.
-pub async fn run(listener: std::os::unix::net::UnixListener) -> Result<(), SpacedError> {
+/// Serves forever ([`Mode::Init`]) or until SIGTERM/SIGINT ([`Mode::Serve`]), then kills
+/// every process group spaced started and returns.
+pub async fn run(listener: std::os::unix::net::UnixListener, mode: Mode) -> Result<(), SpacedError> {
     listener.set_nonblocking(true).map_err(SpacedError::Listener)?;
     let listener = UnixListener::from_std(listener).map_err(SpacedError::Listener)?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(SpacedError::Signals)?;
-    let mut sigint = signal(SignalKind::interrupt()).map_err(SpacedError::Signals)?;
     let agent = Arc::new(Agent::new());
     let reaper = tokio::spawn(agent.reaper.clone().run());
     tokio::select! {
         () = accept_loop(listener, agent.clone()) => {}
-        _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = sigint.recv() => tracing::info!("SIGINT: shutting down"),
+        result = shutdown_signal(mode) => result?,
         result = reaper => match result {
             Ok(Err(e)) => return Err(SpacedError::Signals(e)),
             _ => tracing::error!("reaper stopped"),
         },
     }
     agent.kill_all();
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT in [`Mode::Serve`]; never in [`Mode::Init`].
+async fn shutdown_signal(mode: Mode) -> Result<(), SpacedError> {
+    if mode == Mode::Init {
+        return std::future::pending().await;
+    }
+    let mut sigterm = signal(SignalKind::terminate()).map_err(SpacedError::Signals)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(SpacedError::Signals)?;
+    tokio::select! {
+        _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = sigint.recv() => tracing::info!("SIGINT: shutting down"),
+    }
     Ok(())
 }
 

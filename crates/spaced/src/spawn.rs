@@ -30,9 +30,15 @@ pub struct Spawned {
 
 /// Our ends of the child's standard streams.
 pub enum ProcessIo {
-    Pipes { stdin: Option<OwnedFd>, stdout: OwnedFd, stderr: OwnedFd },
+    Pipes {
+        stdin: Option<OwnedFd>,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    },
     /// Output and input both go through the terminal master.
-    Pty { master: OwnedFd },
+    Pty {
+        master: OwnedFd,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,8 +62,8 @@ pub enum SpawnError {
 pub fn spawn(reaper: &Reaper, spec: &ExecSpec) -> Result<Spawned, SpawnError> {
     validate(spec)?;
     let cwd = working_dir(spec.cwd.as_deref())?;
-    let cwd_c = CString::new(cwd.as_os_str().as_bytes())
-        .map_err(|_| SpawnError::Invalid("cwd contains a NUL byte".into()))?;
+    let cwd_c =
+        CString::new(cwd.as_os_str().as_bytes()).map_err(|_| SpawnError::Invalid("cwd contains a NUL byte".into()))?;
     let mut cmd = command(spec);
     let (io, child_ends) = stdio(spec)?;
     child_ends.install(&mut cmd);
@@ -69,10 +75,9 @@ pub fn spawn(reaper: &Reaper, spec: &ExecSpec) -> Result<Spawned, SpawnError> {
     unsafe {
         cmd.pre_exec(move || child_setup(tty, creds, &cwd_c));
     }
-    let (child, exit) = reaper.spawn(&mut cmd).map_err(|source| SpawnError::Exec {
-        program: spec.argv.first().cloned().unwrap_or_default(),
-        source,
-    })?;
+    let (child, exit) = reaper
+        .spawn(&mut cmd)
+        .map_err(|source| SpawnError::Exec { program: spec.argv.first().cloned().unwrap_or_default(), source })?;
     // `cmd` still holds the child's ends (slave / pipe ends): dropping it closes them here,
     // so EOF is seen once the child and its descendants close theirs.
     drop(cmd);

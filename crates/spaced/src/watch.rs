@@ -45,9 +45,13 @@ impl Tree {
             if self.paths.len() >= MAX_WATCHES {
                 break;
             }
-            let Ok(wd) = self.watches.add(&dir, mask() | WatchMask::ONLYDIR) else { continue };
+            let Ok(wd) = self.watches.add(&dir, mask() | WatchMask::ONLYDIR) else {
+                continue;
+            };
             self.paths.insert(wd, dir.clone());
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
             for entry in entries.flatten() {
                 let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
                 if is_dir {
@@ -76,7 +80,9 @@ impl Tree {
             self.paths.remove(&event.wd);
             return Vec::new();
         }
-        let Some(dir) = self.paths.get(&event.wd) else { return Vec::new() };
+        let Some(dir) = self.paths.get(&event.wd) else {
+            return Vec::new();
+        };
         let path = match &event.name {
             Some(name) => dir.join(name),
             None => dir.clone(),

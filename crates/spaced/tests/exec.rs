@@ -82,10 +82,7 @@ async fn env_and_cwd() {
         let out = run(&client, env_spec).await;
         let expected_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
         let canonical = std::fs::canonicalize(daemon.dir()).unwrap();
-        assert_eq!(
-            text(&out.stdout),
-            format!("bar baz|/root|{expected_path}|none\n{}\n", canonical.display())
-        );
+        assert_eq!(text(&out.stdout), format!("bar baz|/root|{expected_path}|none\n{}\n", canonical.display()));
         // The daemon's own environment does not leak into commands.
         let out = run(&client, spec(&["env"])).await;
         assert!(!text(&out.stdout).contains("CARGO"), "{}", text(&out.stdout));

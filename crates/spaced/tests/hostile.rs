@@ -10,14 +10,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The stream's outcome: `Some(kind)` for an error reply, `None` if closed without one.
 async fn outcome(stream: &mut FramedStream) -> Option<ErrorKind> {
-    loop {
-        match stream.next().await {
-            Some(Ok(frame)) => match frame.parse::<Reply>() {
-                Ok(Reply::Error { kind, .. }) => return Some(kind),
-                other => panic!("unexpected reply {other:?}"),
-            },
-            Some(Err(_)) | None => return None,
-        }
+    match stream.next().await {
+        Some(Ok(frame)) => match frame.parse::<Reply>() {
+            Ok(Reply::Error { kind, .. }) => Some(kind),
+            other => panic!("unexpected reply {other:?}"),
+        },
+        Some(Err(_)) | None => None,
     }
 }
 
@@ -157,6 +155,60 @@ async fn many_concurrent_streams_and_connections() {
         for task in tasks {
             task.await.unwrap();
         }
+    })
+    .await;
+}
+
+/// Descriptors the daemon holds, by target (pipes, ptys, files...).
+fn open_fds(pid: u32) -> Vec<String> {
+    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|t| t.to_string_lossy().into_owned())
+        .collect();
+    fds.sort();
+    fds
+}
+
+#[tokio::test]
+async fn no_descriptor_leaks() {
+    let daemon = Daemon::start();
+    guarded(async {
+        let client = daemon.client().await;
+        let round = || async {
+            common::run(&client, common::sh("echo hi; echo err >&2")).await;
+            common::run(&client, common::spec(&["no-such-binary"])).await;
+            let mut tty = common::spec(&["true"]);
+            tty.tty = Some(space_proto::PtySize { rows: 2, cols: 2 });
+            common::run(&client, tty).await;
+            let mut stdin = common::spec(&["cat"]);
+            stdin.stdin = true;
+            let session = client.exec(stdin).await.unwrap();
+            session.input().close_stdin().await.unwrap();
+            session.wait_with_output(16).await.unwrap();
+            let path = daemon.path("f");
+            let data = futures::stream::iter([Ok(Bytes::from_static(b"x"))]);
+            client.write_file(&path, None, data).await.unwrap();
+            let (_, chunks) = client.read_file(&path).await.unwrap();
+            let _: Vec<_> = chunks.collect().await;
+            drop(client.watch(&daemon.path(""), true).await.unwrap());
+        };
+        round().await;
+        let before = open_fds(daemon.pid());
+        for _ in 0..10 {
+            round().await;
+        }
+        // Streams end asynchronously: give them a moment to settle (a readiness wait).
+        let mut after = open_fds(daemon.pid());
+        for _ in 0..500 {
+            if after.len() <= before.len() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            after = open_fds(daemon.pid());
+        }
+        assert!(after.len() <= before.len(), "descriptors leaked:\nbefore {before:?}\nafter {after:?}");
     })
     .await;
 }

@@ -261,7 +261,10 @@ impl Drop for Server {
         let pool = self.data_dir.join("pool");
         let sandboxes = pool.join("sandboxes");
         for name in list_names(&sandboxes) {
-            let _ = Command::new("btrfs").args(["subvolume", "delete", "-c"]).arg(sandboxes.join(&name).join("rootfs")).output();
+            let _ = Command::new("btrfs")
+                .args(["subvolume", "delete", "-c"])
+                .arg(sandboxes.join(&name).join("rootfs"))
+                .output();
         }
         let _ = Command::new("umount").arg("-l").arg(&pool).output();
         let _ = std::fs::remove_dir_all(&self.data_dir);

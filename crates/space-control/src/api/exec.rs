@@ -10,10 +10,10 @@ use axum::extract::{Path, State};
 use axum::response::Response;
 use bytes::Bytes;
 use space_api::{
-    ErrorBody, ErrorCode, ExecRequest, ExecResult, ExecStart, ProcessInfo, ProcessList, SignalRequest,
-    WsClientMessage, WsServerMessage,
+    ErrorBody, ErrorCode, ExecRequest, ExecResult, ExecStart, ProcessInfo, ProcessList, SignalRequest, WsClientMessage,
+    WsServerMessage,
 };
-use space_proto::client::{AgentClient, ExecEvent, ExecSession};
+use space_proto::client::{AgentClient, ExecEvent, ExecInputHandle, ExecSession};
 use space_proto::{ExecSpec, ExitStatus, PtySize};
 
 use super::running_sandbox;
@@ -89,7 +89,12 @@ pub async fn exec(
             Some(ExecEvent::Stdout(b)) => result.truncated |= append_capped(&mut stdout, &b),
             Some(ExecEvent::Stderr(b)) => result.truncated |= append_capped(&mut stderr, &b),
             Some(ExecEvent::Exit(status)) => break status,
-            None => return Err(AppError::new(ErrorCode::SandboxUnavailable, "the sandbox agent closed the command's stream before it exited")),
+            None => {
+                return Err(AppError::new(
+                    ErrorCode::SandboxUnavailable,
+                    "the sandbox agent closed the command's stream before it exited",
+                ));
+            }
         }
     };
     result.exit_code = status.code;
@@ -164,18 +169,29 @@ async fn start_from_socket(
     Ok(process)
 }
 
+/// What the client sent, queued for the task that feeds the process.
+enum ClientInput {
+    Stdin(Bytes),
+    Control(WsClientMessage),
+}
+
+/// Client input waiting for the process; when full, the socket is not read (backpressure).
+const INPUT_QUEUE: usize = 64;
+
 /// Copies between the WebSocket and the process until it exits (returns its status) or the
 /// client goes away (returns `None`; dropping the stream makes spaced kill the process).
+///
+/// Input is fed by its own task: a process that is not reading stdin must not stop its output
+/// from being forwarded (it would block on a full pipe, and never read stdin).
 async fn bridge(socket: &mut WebSocket, mut process: ExecSession) -> Option<ExitStatus> {
-    let input = process.input();
+    let (queue, pending) = tokio::sync::mpsc::channel(INPUT_QUEUE);
+    tokio::spawn(feed_input(process.input(), pending));
     loop {
         tokio::select! {
-            message = socket.recv() => match message {
-                Some(Ok(Message::Binary(bytes))) => { let _ = input.send_stdin(bytes).await; }
+            message = socket.recv(), if queue.capacity() > 0 => match message {
+                Some(Ok(Message::Binary(bytes))) => { let _ = queue.try_send(ClientInput::Stdin(bytes)); }
                 Some(Ok(Message::Text(text))) => match serde_json::from_str::<WsClientMessage>(&text) {
-                    Ok(WsClientMessage::Eof) => { let _ = input.close_stdin().await; }
-                    Ok(WsClientMessage::Signal { signal }) => { let _ = input.signal(signal).await; }
-                    Ok(WsClientMessage::Resize { rows, cols }) => { let _ = input.resize(PtySize { rows, cols }).await; }
+                    Ok(control) => { let _ = queue.try_send(ClientInput::Control(control)); }
                     Err(e) => {
                         let error = AppError::bad_request(format!("unknown client message: {e}"));
                         let _ = send_json(socket, &error_message(&error)).await;
@@ -195,6 +211,18 @@ async fn bridge(socket: &mut WebSocket, mut process: ExecSession) -> Option<Exit
                 }
             },
         }
+    }
+}
+
+async fn feed_input(input: ExecInputHandle, mut pending: tokio::sync::mpsc::Receiver<ClientInput>) {
+    while let Some(item) = pending.recv().await {
+        // A failed write (stdin already closed, process gone) must not drop later signals.
+        let _ = match item {
+            ClientInput::Stdin(bytes) => input.send_stdin(bytes).await,
+            ClientInput::Control(WsClientMessage::Eof) => input.close_stdin().await,
+            ClientInput::Control(WsClientMessage::Signal { signal }) => input.signal(signal).await,
+            ClientInput::Control(WsClientMessage::Resize { rows, cols }) => input.resize(PtySize { rows, cols }).await,
+        };
     }
 }
 

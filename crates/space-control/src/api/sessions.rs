@@ -7,8 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
 use space_api::{
-    CreateSessionRequest, ErrorBody, ErrorCode, EventList, OperationState, Resources, Session, SessionId,
-    SessionList,
+    CreateSessionRequest, ErrorBody, ErrorCode, EventList, OperationState, Resources, Session, SessionId, SessionList,
 };
 use space_store::NewSession;
 use utoipa::IntoParams;
@@ -123,7 +122,11 @@ pub async fn create_session(
     let session = find_session(&state, &caller, new.id.as_str()).await?;
     if finished.state == OperationState::Failed {
         let message = finished.error.unwrap_or_else(|| "session creation failed".into());
-        let code = if message.contains("unknown template") { ErrorCode::UnknownTemplate } else { ErrorCode::SandboxUnavailable };
+        let code = if message.contains("unknown template") {
+            ErrorCode::UnknownTemplate
+        } else {
+            ErrorCode::SandboxUnavailable
+        };
         return Err(AppError::new(code, format!("creating session {} failed: {message}", session.id)));
     }
     Ok((StatusCode::CREATED, ApiJson(session)))

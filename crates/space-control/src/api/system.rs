@@ -24,7 +24,12 @@ pub async fn status(State(state): State<AppState>, Extension(caller): Extension<
     let counts = state.store.count_sessions_by_state(&caller.tenant_id).await?;
     let sessions: BTreeMap<String, u64> = counts.into_iter().map(|(s, n)| (s, n as u64)).collect();
     let templates = state.node.templates().iter().map(template_view).collect();
-    Ok(ApiJson(Status { version: env!("CARGO_PKG_VERSION").into(), node_id: state.node_id.clone(), sessions, templates }))
+    Ok(ApiJson(Status {
+        version: env!("CARGO_PKG_VERSION").into(),
+        node_id: state.node_id.clone(),
+        sessions,
+        templates,
+    }))
 }
 
 /// Creates an API key for a tenant (admin only). The key is shown once.

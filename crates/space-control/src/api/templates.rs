@@ -93,7 +93,11 @@ pub async fn build_template(
     if !state.node.is_builtin(&request.name) {
         return Err(AppError::new(
             ErrorCode::UnknownTemplate,
-            format!("{:?} is not a built-in template; built-ins: {}", request.name, state.node.builtin_names().join(", ")),
+            format!(
+                "{:?} is not a built-in template; built-ins: {}",
+                request.name,
+                state.node.builtin_names().join(", ")
+            ),
         ));
     }
     let input = TemplateInput { name: request.name, path: None };

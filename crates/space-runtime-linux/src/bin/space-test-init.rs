@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use futures::SinkExt;
 use space_proto::{
-    DataChannel, ErrorKind, ExecSpec, ExitStatus, Frame, FramedStream, Reply, Request,
-    codec::DATA_CHUNK, handshake, next_frame, send_message, serve,
+    DataChannel, ErrorKind, ExecSpec, ExitStatus, Frame, FramedStream, Reply, Request, codec::DATA_CHUNK, handshake,
+    next_frame, send_message, serve,
 };
 
 fn main() -> ExitCode {
@@ -25,10 +25,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tokio: {e}");
@@ -69,10 +66,7 @@ async fn handle(mut stream: FramedStream, started: Instant) {
             processes: 0,
         },
         Ok(Request::Exec(spec)) => return exec(stream, spec).await,
-        Ok(_) => Reply::error(
-            ErrorKind::Unsupported,
-            "space-test-init serves only health and exec",
-        ),
+        Ok(_) => Reply::error(ErrorKind::Unsupported, "space-test-init serves only health and exec"),
         Err(e) => Reply::error(ErrorKind::InvalidInput, e.to_string()),
     };
     let _ = send_message(&mut stream, &reply).await;
@@ -80,11 +74,7 @@ async fn handle(mut stream: FramedStream, started: Instant) {
 
 async fn exec(mut stream: FramedStream, spec: ExecSpec) {
     let Some((program, args)) = spec.argv.split_first() else {
-        let _ = send_message(
-            &mut stream,
-            &Reply::error(ErrorKind::InvalidInput, "empty argv"),
-        )
-        .await;
+        let _ = send_message(&mut stream, &Reply::error(ErrorKind::InvalidInput, "empty argv")).await;
         return;
     };
     let mut cmd = tokio::process::Command::new(program);
@@ -107,59 +97,29 @@ async fn exec(mut stream: FramedStream, spec: ExecSpec) {
     let child = match cmd.spawn() {
         Ok(child) => child,
         Err(e) => {
-            let _ = send_message(
-                &mut stream,
-                &Reply::error(ErrorKind::Other, format!("spawn: {e}")),
-            )
-            .await;
+            let _ = send_message(&mut stream, &Reply::error(ErrorKind::Other, format!("spawn: {e}"))).await;
             return;
         }
     };
-    let _ = send_message(
-        &mut stream,
-        &Reply::Started {
-            pid: child.id().unwrap_or(0),
-        },
-    )
-    .await;
-    let limit = spec
-        .timeout_ms
-        .map(Duration::from_millis)
-        .unwrap_or(Duration::from_secs(3600));
+    let _ = send_message(&mut stream, &Reply::Started { pid: child.id().unwrap_or(0) }).await;
+    let limit = spec.timeout_ms.map(Duration::from_millis).unwrap_or(Duration::from_secs(3600));
     let (output, timed_out) = match tokio::time::timeout(limit, child.wait_with_output()).await {
         Ok(Ok(output)) => (output, false),
         Ok(Err(e)) => {
-            let _ = send_message(
-                &mut stream,
-                &Reply::error(ErrorKind::Other, format!("wait: {e}")),
-            )
-            .await;
+            let _ = send_message(&mut stream, &Reply::error(ErrorKind::Other, format!("wait: {e}"))).await;
             return;
         }
         Err(_) => {
-            let status = ExitStatus {
-                code: None,
-                signal: Some(9),
-                timed_out: true,
-            };
+            let status = ExitStatus { code: None, signal: Some(9), timed_out: true };
             let _ = send_message(&mut stream, &Reply::Exited { status }).await;
             return;
         }
     };
-    for (channel, bytes) in [
-        (DataChannel::Stdout, output.stdout),
-        (DataChannel::Stderr, output.stderr),
-    ] {
+    for (channel, bytes) in [(DataChannel::Stdout, output.stdout), (DataChannel::Stderr, output.stderr)] {
         for chunk in bytes.chunks(DATA_CHUNK) {
-            let _ = stream
-                .send(Frame::Data(channel, bytes::Bytes::copy_from_slice(chunk)))
-                .await;
+            let _ = stream.send(Frame::Data(channel, bytes::Bytes::copy_from_slice(chunk))).await;
         }
     }
-    let status = ExitStatus {
-        code: output.status.code(),
-        signal: output.status.signal(),
-        timed_out,
-    };
+    let status = ExitStatus { code: output.status.code(), signal: output.status.signal(), timed_out };
     let _ = send_message(&mut stream, &Reply::Exited { status }).await;
 }

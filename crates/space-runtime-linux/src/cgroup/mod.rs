@@ -27,11 +27,7 @@ pub enum CgroupError {
     #[error("{0}")]
     Unsupported(String),
     #[error("{op} {}: {source}", path.display())]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        source: io::Error,
-    },
+    Io { op: &'static str, path: PathBuf, source: io::Error },
 }
 
 impl CgroupError {
@@ -74,25 +70,15 @@ pub(crate) fn detect() -> Result<Box<dyn Backend>, CgroupError> {
         .map_err(CgroupError::io("read", Path::new("/proc/self/mountinfo")))?;
     let mounts = mountinfo::parse(&text);
     let v2_with_controllers = |m: &&CgroupMount| {
-        let available =
-            fs::read_to_string(m.mount_point.join("cgroup.controllers")).unwrap_or_default();
-        V2_CONTROLLERS
-            .iter()
-            .all(|c| available.split_whitespace().any(|a| a == *c))
+        let available = fs::read_to_string(m.mount_point.join("cgroup.controllers")).unwrap_or_default();
+        V2_CONTROLLERS.iter().all(|c| available.split_whitespace().any(|a| a == *c))
     };
-    if let Some(m) = mounts
-        .iter()
-        .find(|m| m.is_v2() && m.mount_point == Path::new("/sys/fs/cgroup"))
-    {
+    if let Some(m) = mounts.iter().find(|m| m.is_v2() && m.mount_point == Path::new("/sys/fs/cgroup")) {
         return Ok(Box::new(v2::V2::new(m.clone())));
     }
     match v1::V1::from_mounts(&mounts) {
         Ok(v1) => Ok(Box::new(v1)),
-        Err(missing) => match mounts
-            .iter()
-            .filter(|m| m.is_v2())
-            .find(v2_with_controllers)
-        {
+        Err(missing) => match mounts.iter().filter(|m| m.is_v2()).find(v2_with_controllers) {
             Some(m) => Ok(Box::new(v2::V2::new(m.clone()))),
             None => Err(CgroupError::Unsupported(format!(
                 "no cgroup v1 hierarchy for {} and no cgroup v2 mount with {}",
@@ -127,10 +113,7 @@ pub(crate) fn read_u64(dir: &Path, file: &str) -> Result<u64, CgroupError> {
     text.parse().map_err(|_| CgroupError::Io {
         op: "parse",
         path: dir.join(file),
-        source: io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("not a number: {text:?}"),
-        ),
+        source: io::Error::new(io::ErrorKind::InvalidData, format!("not a number: {text:?}")),
     })
 }
 
@@ -156,19 +139,12 @@ fn subdirs(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Vec::new();
     };
-    entries
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.path())
-        .collect()
+    entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()).collect()
 }
 
 /// Names of the sub-cgroups of `dir` (empty if it does not exist).
 pub(crate) fn child_names(dir: &Path) -> Vec<String> {
-    subdirs(dir)
-        .iter()
-        .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
-        .collect()
+    subdirs(dir).iter().filter_map(|p| p.file_name()?.to_str().map(str::to_owned)).collect()
 }
 
 /// Removes `dir` and its descendants, deepest first. Missing directories are fine.

@@ -36,11 +36,7 @@ fn parse_line(line: &str) -> Option<CgroupMount> {
     let _source = right.next()?;
     let super_opts = right.next().unwrap_or("");
     let controllers = if fstype == "cgroup" {
-        super_opts
-            .split(',')
-            .filter(|o| KNOWN_V1.contains(o))
-            .map(str::to_owned)
-            .collect()
+        super_opts.split(',').filter(|o| KNOWN_V1.contains(o)).map(str::to_owned).collect()
     } else {
         Vec::new()
     };
@@ -76,9 +72,8 @@ fn unescape(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        let octal =
+            bytes.get(i + 1..i + 4).filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
         match octal {
             Some(d) => {
                 out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
@@ -113,14 +108,8 @@ mod tests {
         let mounts = parse(HYBRID);
         assert_eq!(mounts.len(), 6);
         assert_eq!(mounts[0].controllers, vec!["cpu"]);
-        assert_eq!(
-            mounts[2].mount_point,
-            PathBuf::from("/sys/fs/cgroup/memory")
-        );
-        assert!(
-            mounts[3].controllers.is_empty(),
-            "name=systemd has no controller"
-        );
+        assert_eq!(mounts[2].mount_point, PathBuf::from("/sys/fs/cgroup/memory"));
+        assert!(mounts[3].controllers.is_empty(), "name=systemd has no controller");
         assert!(mounts[4].is_v2());
         assert_eq!(mounts[5].root, "/docker/x");
         assert_eq!(mounts[5].mount_point, PathBuf::from("/sys/fs/cgroup/cpu x"));

@@ -4,9 +4,7 @@ use std::path::{Path, PathBuf};
 
 use space_runtime::{Limits, SandboxStats};
 
-use super::{
-    Backend, CgroupError, CgroupMount, V1_CONTROLLERS, keyed, mkdir_all, read, read_u64, write,
-};
+use super::{Backend, CgroupError, CgroupMount, V1_CONTROLLERS, keyed, mkdir_all, read, read_u64, write};
 
 #[derive(Debug)]
 pub(crate) struct V1 {
@@ -20,22 +18,13 @@ impl V1 {
         let mut hierarchies: Vec<CgroupMount> = Vec::new();
         let mut missing = Vec::new();
         for controller in V1_CONTROLLERS {
-            match mounts
-                .iter()
-                .find(|m| !m.is_v2() && m.controllers.iter().any(|c| c == controller))
-            {
-                Some(m) if !hierarchies.iter().any(|h| h.mount_point == m.mount_point) => {
-                    hierarchies.push(m.clone())
-                }
+            match mounts.iter().find(|m| !m.is_v2() && m.controllers.iter().any(|c| c == controller)) {
+                Some(m) if !hierarchies.iter().any(|h| h.mount_point == m.mount_point) => hierarchies.push(m.clone()),
                 Some(_) => {}
                 None => missing.push(controller.to_string()),
             }
         }
-        if missing.is_empty() {
-            Ok(V1 { hierarchies })
-        } else {
-            Err(missing)
-        }
+        if missing.is_empty() { Ok(V1 { hierarchies }) } else { Err(missing) }
     }
 
     fn hierarchy(&self, controller: &str) -> &CgroupMount {
@@ -61,14 +50,9 @@ impl V1 {
         }
         let cpu = self.dir("cpu", name);
         write(&cpu, "cpu.cfs_period_us", &super::CPU_PERIOD_US.to_string())?;
-        let quota =
-            super::cpu_quota_us(limits.millicpus).map_or("-1".to_string(), |q| q.to_string());
+        let quota = super::cpu_quota_us(limits.millicpus).map_or("-1".to_string(), |q| q.to_string());
         write(&cpu, "cpu.cfs_quota_us", &quota)?;
-        let pids = if limits.pids > 0 {
-            limits.pids.to_string()
-        } else {
-            "max".to_string()
-        };
+        let pids = if limits.pids > 0 { limits.pids.to_string() } else { "max".to_string() };
         write(&self.dir("pids", name), "pids.max", &pids)
     }
 }
@@ -110,23 +94,15 @@ impl Backend for V1 {
     }
 
     fn attach(&self, name: &Path, pid: u32) -> Result<(), CgroupError> {
-        self.hierarchies
-            .iter()
-            .try_for_each(|h| write(&h.mount_point.join(name), "cgroup.procs", &pid.to_string()))
+        self.hierarchies.iter().try_for_each(|h| write(&h.mount_point.join(name), "cgroup.procs", &pid.to_string()))
     }
 
     fn exists(&self, name: &Path) -> bool {
-        self.hierarchies
-            .iter()
-            .any(|h| h.mount_point.join(name).is_dir())
+        self.hierarchies.iter().any(|h| h.mount_point.join(name).is_dir())
     }
 
     fn set_frozen(&self, name: &Path, frozen: bool) -> Result<(), CgroupError> {
-        write(
-            &self.dir("freezer", name),
-            "freezer.state",
-            if frozen { "FROZEN" } else { "THAWED" },
-        )
+        write(&self.dir("freezer", name), "freezer.state", if frozen { "FROZEN" } else { "THAWED" })
     }
 
     fn is_frozen(&self, name: &Path) -> bool {
@@ -138,10 +114,7 @@ impl Backend for V1 {
     }
 
     fn dirs(&self, name: &Path) -> Vec<PathBuf> {
-        self.hierarchies
-            .iter()
-            .map(|h| h.mount_point.join(name))
-            .collect()
+        self.hierarchies.iter().map(|h| h.mount_point.join(name)).collect()
     }
 
     fn parent_dirs(&self, parent: &Path) -> Vec<PathBuf> {
@@ -161,10 +134,7 @@ impl Backend for V1 {
 
     fn membership(&self, name: &Path) -> (String, String) {
         let root = Path::new(&self.hierarchy("pids").root);
-        (
-            root.join(name).to_string_lossy().into_owned(),
-            "pids".to_string(),
-        )
+        (root.join(name).to_string_lossy().into_owned(), "pids".to_string())
     }
 }
 
@@ -191,10 +161,7 @@ mod tests {
         ];
         let v1 = V1::from_mounts(&mounts).unwrap();
         assert_eq!(v1.hierarchies.len(), 4);
-        assert_eq!(
-            v1.dir("cpuacct", Path::new("a/b")),
-            PathBuf::from("/c/cpu,cpuacct/a/b")
-        );
+        assert_eq!(v1.dir("cpuacct", Path::new("a/b")), PathBuf::from("/c/cpu,cpuacct/a/b"));
         let missing = V1::from_mounts(&mounts[1..]).unwrap_err();
         assert_eq!(missing, vec!["cpu", "cpuacct"]);
     }

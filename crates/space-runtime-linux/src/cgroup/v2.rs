@@ -22,23 +22,14 @@ impl V2 {
 
     fn apply_limits(&self, dir: &Path, limits: &Limits) -> Result<(), CgroupError> {
         if limits.memory_mib > 0 {
-            write(
-                dir,
-                "memory.max",
-                &(limits.memory_mib * 1024 * 1024).to_string(),
-            )?;
+            write(dir, "memory.max", &(limits.memory_mib * 1024 * 1024).to_string())?;
             if dir.join("memory.swap.max").exists() {
                 write(dir, "memory.swap.max", "0")?;
             }
         }
-        let quota =
-            super::cpu_quota_us(limits.millicpus).map_or("max".to_string(), |q| q.to_string());
+        let quota = super::cpu_quota_us(limits.millicpus).map_or("max".to_string(), |q| q.to_string());
         write(dir, "cpu.max", &format!("{quota} {}", super::CPU_PERIOD_US))?;
-        let pids = if limits.pids > 0 {
-            limits.pids.to_string()
-        } else {
-            "max".to_string()
-        };
+        let pids = if limits.pids > 0 { limits.pids.to_string() } else { "max".to_string() };
         write(dir, "pids.max", &pids)
     }
 }
@@ -53,11 +44,7 @@ fn enable_controllers(dir: &Path) -> Result<(), CgroupError> {
         .filter(|c| !enabled.split_whitespace().any(|e| e == **c))
         .map(|c| format!("+{c}"))
         .collect();
-    if wanted.is_empty() {
-        Ok(())
-    } else {
-        write(dir, "cgroup.subtree_control", &wanted.join(" "))
-    }
+    if wanted.is_empty() { Ok(()) } else { write(dir, "cgroup.subtree_control", &wanted.join(" ")) }
 }
 
 impl Backend for V2 {
@@ -84,11 +71,7 @@ impl Backend for V2 {
     }
 
     fn set_frozen(&self, name: &Path, frozen: bool) -> Result<(), CgroupError> {
-        write(
-            &self.dir(name),
-            "cgroup.freeze",
-            if frozen { "1" } else { "0" },
-        )
+        write(&self.dir(name), "cgroup.freeze", if frozen { "1" } else { "0" })
     }
 
     fn is_frozen(&self, name: &Path) -> bool {
@@ -123,13 +106,7 @@ impl Backend for V2 {
     }
 
     fn membership(&self, name: &Path) -> (String, String) {
-        (
-            Path::new(&self.mount.root)
-                .join(name)
-                .to_string_lossy()
-                .into_owned(),
-            String::new(),
-        )
+        (Path::new(&self.mount.root).join(name).to_string_lossy().into_owned(), String::new())
     }
 }
 
@@ -142,11 +119,7 @@ mod tests {
     /// A directory tree shaped like cgroup2 (the kernel's files faked as plain files).
     fn fake_root() -> tempfile::TempDir {
         let root = tempfile::tempdir().unwrap();
-        fs::write(
-            root.path().join("cgroup.controllers"),
-            "cpuset cpu io memory pids\n",
-        )
-        .unwrap();
+        fs::write(root.path().join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
         fs::write(root.path().join("cgroup.subtree_control"), "cpu\n").unwrap();
         root
     }
@@ -169,11 +142,7 @@ mod tests {
         fs::create_dir(&parent).unwrap();
         fs::write(parent.join("cgroup.controllers"), "memory pids cpu\n").unwrap();
         fs::write(parent.join("cgroup.subtree_control"), "").unwrap();
-        let limits = Limits {
-            memory_mib: 64,
-            millicpus: 500,
-            pids: 100,
-        };
+        let limits = Limits { memory_mib: 64, millicpus: 500, pids: 100 };
         cg.create(Path::new("space/sbx"), &limits).unwrap();
         let read = |p: &str| fs::read_to_string(root.path().join(p)).unwrap();
         assert_eq!(read("cgroup.subtree_control"), "+memory +pids");
@@ -181,10 +150,7 @@ mod tests {
         assert_eq!(read("space/sbx/memory.max"), (64u64 << 20).to_string());
         assert_eq!(read("space/sbx/cpu.max"), "50000 100000");
         assert_eq!(read("space/sbx/pids.max"), "100");
-        assert_eq!(
-            cg.membership(Path::new("space/sbx")),
-            ("/space/sbx".to_string(), String::new())
-        );
+        assert_eq!(cg.membership(Path::new("space/sbx")), ("/space/sbx".to_string(), String::new()));
     }
 
     #[test]

@@ -43,22 +43,13 @@ impl TestRuntime {
 
     /// A runtime whose options `adjust` changes first.
     pub fn with(adjust: impl FnOnce(&mut LinuxOptions)) -> TestRuntime {
-        let run_dir = tempfile::Builder::new()
-            .prefix("space-rl-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let parent = format!(
-            "space-test/{}",
-            SandboxId::generate().as_str().trim_start_matches("sbx_")
-        );
+        let run_dir = tempfile::Builder::new().prefix("space-rl-").tempdir_in("/tmp").unwrap();
+        let parent = format!("space-test/{}", SandboxId::generate().as_str().trim_start_matches("sbx_"));
         let mut opts = LinuxOptions::new(spaced_binary(), run_dir.path(), parent);
         opts.id_map = IdMap::default();
         adjust(&mut opts);
         let rt = Arc::new(LinuxRuntime::new(opts).expect("runtime"));
-        TestRuntime {
-            rt,
-            _run_dir: run_dir,
-        }
+        TestRuntime { rt, _run_dir: run_dir }
     }
 }
 
@@ -67,10 +58,7 @@ impl Drop for TestRuntime {
         let rt = self.rt.clone();
         // Drop may run inside a test's tokio runtime: destroy from a thread of its own.
         std::thread::spawn(move || {
-            let tokio = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             for id in rt.list().unwrap_or_default() {
                 if let Err(e) = tokio.block_on(rt.destroy(&id)) {
                     eprintln!("cleanup of {id}: {e}");
@@ -92,27 +80,17 @@ pub struct Rootfs {
 
 impl Rootfs {
     pub fn new() -> Rootfs {
-        let dir = tempfile::Builder::new()
-            .prefix("space-rootfs-")
-            .tempdir_in("/tmp")
-            .unwrap();
+        let dir = tempfile::Builder::new().prefix("space-rootfs-").tempdir_in("/tmp").unwrap();
         let root = dir.path();
         // The mapped root must be able to reach the rootfs.
         std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).unwrap();
         for d in ["bin", "proc", "sys", "dev", "tmp", "etc", "root", "mnt"] {
             std::fs::create_dir(root.join(d)).unwrap();
         }
-        std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777))
-            .unwrap();
+        std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
         std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-        let list = std::process::Command::new("/bin/busybox")
-            .arg("--list")
-            .output()
-            .unwrap();
-        for applet in String::from_utf8_lossy(&list.stdout)
-            .lines()
-            .filter(|a| *a != "busybox" && !a.contains('/'))
-        {
+        let list = std::process::Command::new("/bin/busybox").arg("--list").output().unwrap();
+        for applet in String::from_utf8_lossy(&list.stdout).lines().filter(|a| *a != "busybox" && !a.contains('/')) {
             symlink("busybox", root.join("bin").join(applet)).unwrap();
         }
         std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
@@ -137,20 +115,11 @@ fn chown_tree(path: &Path, id: u32) {
 }
 
 pub fn spec(rootfs: &Path, limits: Limits) -> SandboxSpec {
-    SandboxSpec {
-        id: SandboxId::generate(),
-        rootfs: rootfs.to_path_buf(),
-        hostname: "sbx-test".into(),
-        limits,
-    }
+    SandboxSpec { id: SandboxId::generate(), rootfs: rootfs.to_path_buf(), hostname: "sbx-test".into(), limits }
 }
 
 pub fn default_limits() -> Limits {
-    Limits {
-        memory_mib: 256,
-        millicpus: 1000,
-        pids: 256,
-    }
+    Limits { memory_mib: 256, millicpus: 1000, pids: 256 }
 }
 
 /// What one exec produced.
@@ -163,25 +132,14 @@ pub struct Output {
 
 /// Connects to the sandbox's agent.
 pub async fn connect(handle: &SandboxHandle) -> AgentClient {
-    AgentClient::connect_unix(&handle.socket)
-        .await
-        .expect("connect to the agent socket")
+    AgentClient::connect_unix(&handle.socket).await.expect("connect to the agent socket")
 }
 
 /// Runs `sh -c script` in the sandbox and collects its output.
 pub async fn sh(client: &AgentClient, script: &str) -> Output {
-    let spec = ExecSpec {
-        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        ..Default::default()
-    };
-    let session = client
-        .exec(spec)
-        .await
-        .unwrap_or_else(|e| panic!("exec {script:?}: {e}"));
-    let out = session
-        .wait_with_output(1 << 20)
-        .await
-        .unwrap_or_else(|e| panic!("exec {script:?}: {e}"));
+    let spec = ExecSpec { argv: vec!["/bin/sh".into(), "-c".into(), script.into()], ..Default::default() };
+    let session = client.exec(spec).await.unwrap_or_else(|e| panic!("exec {script:?}: {e}"));
+    let out = session.wait_with_output(1 << 20).await.unwrap_or_else(|e| panic!("exec {script:?}: {e}"));
     Output {
         status: out.status,
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -201,10 +159,7 @@ pub async fn sh_ok(client: &AgentClient, script: &str) -> String {
 pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !check() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never happened: {what}"
-        );
+        assert!(std::time::Instant::now() < deadline, "never happened: {what}");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
@@ -217,14 +172,7 @@ pub fn assert_gone(rt: &LinuxRuntime, handle: &SandboxHandle) {
     }
     assert!(!handle.socket.exists(), "socket left behind");
     assert!(!rt.list().unwrap().contains(&handle.id), "still listed");
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", handle.pid)).unwrap_or_default();
-    let nspid_is_1 = status
-        .lines()
-        .any(|l| l.starts_with("NSpid:") && l.trim_end().ends_with("\t1"));
-    assert!(
-        !nspid_is_1,
-        "pid {} still exists (zombie or alive): {status}",
-        handle.pid
-    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", handle.pid)).unwrap_or_default();
+    let nspid_is_1 = status.lines().any(|l| l.starts_with("NSpid:") && l.trim_end().ends_with("\t1"));
+    assert!(!nspid_is_1, "pid {} still exists (zombie or alive): {status}", handle.pid);
 }

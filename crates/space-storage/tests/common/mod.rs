@@ -29,15 +29,8 @@ pub struct TestPool {
 impl TestPool {
     pub fn new(test: &str) -> Option<TestPool> {
         require_root(test)?;
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("space-storage-{test}-"))
-            .tempdir()
-            .expect("tempdir");
-        let mut fixture = TestPool {
-            pool: None,
-            dir: Some(dir),
-            options: PoolOptions::default(),
-        };
+        let dir = tempfile::Builder::new().prefix(&format!("space-storage-{test}-")).tempdir().expect("tempdir");
+        let mut fixture = TestPool { pool: None, dir: Some(dir), options: PoolOptions::default() };
         fixture.reopen();
         Some(fixture)
     }
@@ -69,11 +62,7 @@ impl TestPool {
         for t in pool.templates().list().unwrap_or_default() {
             let _ = pool.templates().delete(&t.name, t.version);
         }
-        for dir in [
-            pool.snapshots_dir(),
-            pool.pods_dir(),
-            pool.root().join("templates"),
-        ] {
+        for dir in [pool.snapshots_dir(), pool.pods_dir(), pool.root().join("templates")] {
             delete_subvolumes_in(&dir);
         }
     }
@@ -111,9 +100,7 @@ impl Drop for TestPool {
 
 /// Is something mounted exactly at `path`?
 pub fn is_mounted(path: &Path) -> bool {
-    space_storage::mount::mount_at(path)
-        .expect("mountinfo")
-        .is_some()
+    space_storage::mount::mount_at(path).expect("mountinfo").is_some()
 }
 
 pub fn owner(path: &Path) -> (u32, u32) {
