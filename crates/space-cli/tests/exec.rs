@@ -55,10 +55,11 @@ fn background_processes_outlive_the_exec_that_started_them() {
     require_root!();
     let server = Server::start();
     let id = server.create_session(json!({}));
-    let r = server.exec(&id, &["sh", "-c", "nohup sleep 1000 >/dev/null 2>&1 & echo started"]);
+    // busybox has no `nohup`; a plain `&` and `setsid` are the same pattern for spaced.
+    let r = server.exec(&id, &["sh", "-c", "sleep 1000 >/dev/null 2>&1 & setsid sleep 1001 & echo started"]);
     assert_eq!(r["stdout"], "started\n", "{r}");
-    let r = server.exec(&id, &["sh", "-c", "ps -o comm | grep -c '^sleep'"]);
-    assert_eq!(r["stdout"], "1\n", "the background sleep should still run: {r}");
+    let r = server.exec(&id, &["sh", "-c", "ps -o args | grep -c '^sleep 100[01]'"]);
+    assert_eq!(r["stdout"], "2\n", "the background sleeps should still run: {r}");
 
     let (status, r) = server.call(
         "POST",

@@ -25,11 +25,11 @@ fn kill9_during_create_leaves_nothing_orphaned() {
     require_root!();
     let mut server = Server::start();
     let mut ids = Vec::new();
-    for round in 0..6u64 {
+    for round in 0..12u64 {
         let (status, s) = server.call("POST", "/v1/sessions?wait=false", Some(json!({})));
         assert_eq!(status, 202, "{s}");
         ids.push(s["id"].as_str().unwrap().to_owned());
-        std::thread::sleep(Duration::from_millis(round * 7));
+        std::thread::sleep(Duration::from_millis((round * 5) % 40));
         server.kill9();
         server.spawn();
         for id in &ids {

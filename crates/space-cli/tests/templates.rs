@@ -44,4 +44,8 @@ fn debian_template_runs_python() {
     assert_eq!(r["stdout"], "3f49dbbf\n", "{r}");
     let r = server.exec(&id, &["sh", "-c", "git --version && curl --version | head -1 && ps -p 1 -o comm="]);
     assert_eq!(r["exit_code"], 0, "{r}");
+    let r = server.exec(&id, &["sh", "-c", "nohup sleep 1000 >/dev/null 2>&1 & echo started"]);
+    assert_eq!(r["stdout"], "started\n", "{r}");
+    let r = server.exec(&id, &["pgrep", "-c", "-x", "sleep"]);
+    assert_eq!(r["stdout"], "1\n", "nohup'd process must outlive its exec: {r}");
 }

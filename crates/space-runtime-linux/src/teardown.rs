@@ -32,14 +32,18 @@ pub(crate) fn members(cg: &dyn Backend, name: &Path) -> Vec<u32> {
 pub(crate) async fn kill_all(cg: &dyn Backend, name: &Path, timeout: Duration) -> Result<(), RuntimeError> {
     let deadline = Instant::now() + timeout;
     if !cg.kill_all(name).map_err(cgroup_err)? {
-        cg.set_frozen(name, true).map_err(cgroup_err)?;
-        // While frozen nothing can fork, so one pass over the members kills them all.
+        // While frozen nothing can fork, so one pass over the members kills them all. A start
+        // interrupted by a crash may have created some hierarchies but not the freezer's: then
+        // the kill loop below does the job without the freeze.
+        let frozen = cg.set_frozen(name, true).is_ok();
         let freeze_deadline = Instant::now() + FREEZE_WAIT;
-        while !cg.is_frozen(name) && Instant::now() < freeze_deadline {
+        while frozen && !cg.is_frozen(name) && Instant::now() < freeze_deadline {
             tokio::time::sleep(POLL).await;
         }
         kill_members(cg, name);
-        cg.set_frozen(name, false).map_err(cgroup_err)?;
+        if frozen {
+            cg.set_frozen(name, false).map_err(cgroup_err)?;
+        }
     }
     loop {
         let left = members(cg, name);
