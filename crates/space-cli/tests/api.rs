@@ -23,44 +23,13 @@ fn bad_input_gets_clear_errors_and_loses_nothing() {
     let (status, body) = server.call("POST", "/v1/sessions", Some(json!({ "surprise": true })));
     assert_eq!(status, 400, "{body}");
 
-    let out = common::curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "-X",
-        "POST",
-        "-H",
-        &server.auth(),
-        "-H",
-        "content-type: application/json",
-        "-d",
-        "{not json",
-        &format!("{}/v1/sessions", server.url),
-    ]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "400");
+    assert_eq!(server.post_raw("/v1/sessions", &["-d", "{not json"]), 400);
 
     let big = format!("{{\"cmd\":[\"{}\"]}}", "x".repeat(2 << 20));
     let path = server.data_dir.join("big.json");
     std::fs::write(&path, big).unwrap();
-    let out = common::curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "-X",
-        "POST",
-        "-H",
-        &server.auth(),
-        "-H",
-        "content-type: application/json",
-        "--data-binary",
-        &format!("@{}", path.display()),
-        &format!("{}/v1/sessions", server.url),
-    ]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "413");
+    let body = format!("@{}", path.display());
+    assert_eq!(server.post_raw("/v1/sessions", &["--data-binary", &body]), 413);
 
     let (status, body) = server.call_as("sk_wrong", "GET", "/v1/sessions", None);
     assert_eq!((status, body["error"]["code"].as_str()), (401, Some("unauthorized")));

@@ -73,6 +73,13 @@ impl Store {
         self.meta(key).await?.ok_or_else(|| StoreError::Corrupt(format!("meta {key} vanished")))
     }
 
+    /// A write transaction that takes the write lock up front. A deferred transaction that
+    /// reads first and writes later fails at once with SQLITE_BUSY when another writer
+    /// committed in between (the busy timeout does not apply to that upgrade).
+    async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
     pub async fn close(&self) {
         self.pool.close().await;
     }

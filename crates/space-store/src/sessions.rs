@@ -65,7 +65,7 @@ impl Store {
     /// it, atomically: a crash never leaves a session without the work that finishes it.
     pub async fn insert_session(&self, new: &NewSession) -> Result<OperationId> {
         let now = now_ms();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         sqlx::query(
             "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $7)",
@@ -94,7 +94,7 @@ impl Store {
     /// Moves a session into `destroying` and queues the operation that finishes the job.
     /// Returns `None` if the session is already destroyed or being destroyed.
     pub async fn begin_destroy(&self, tenant: &TenantId, id: &SessionId) -> Result<Option<OperationId>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         let current: Option<String> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1 AND tenant_id = $2")
             .bind(id.as_str())
             .bind(tenant.as_str())
@@ -171,7 +171,7 @@ impl Store {
         to: SessionState,
         error: Option<&str>,
     ) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         let current: Option<String> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")
             .bind(id.as_str())
             .fetch_optional(&mut *tx)
@@ -204,7 +204,7 @@ impl Store {
     }
 
     pub async fn record_event(&self, id: &SessionId, kind: &str, message: &str) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         insert_event(&mut tx, id, kind, None, None, Some(message)).await?;
         tx.commit().await?;
         Ok(())
@@ -235,7 +235,7 @@ impl Store {
     /// Records the intent to run `sandbox` for `session` on `node` (before any side effect).
     pub async fn insert_sandbox(&self, sandbox: &SandboxId, session: &SessionId, node: &str) -> Result<()> {
         let now = now_ms();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         sqlx::query(
             "INSERT INTO sandboxes (id, session_id, node_id, state, created_at, updated_at) VALUES ($1, $2, $3, 'starting', $4, $4)",
         )
@@ -268,7 +268,7 @@ impl Store {
     /// Marks a sandbox destroyed and detaches it from its session.
     pub async fn set_sandbox_gone(&self, sandbox: &SandboxId) -> Result<()> {
         let now = now_ms();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         sqlx::query("UPDATE sandboxes SET state = 'gone', updated_at = $1 WHERE id = $2")
             .bind(now)
             .bind(sandbox.as_str())
@@ -368,6 +368,25 @@ mod tests {
         let events = store.events(&id).await.unwrap();
         assert_eq!(events.len(), 2);
         assert_eq!(events[1].to_state, Some(SessionState::Running));
+    }
+
+    /// Many concurrent writers (creates racing destroys) must wait for the lock, not fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_writers_do_not_fail_with_busy() {
+        let (store, _dir) = test_store().await;
+        let mut tasks = Vec::new();
+        for i in 0..40 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let (tenant, id) = new_session(&store, &format!("t{}", i % 4)).await;
+                let to = SessionState::Running;
+                assert!(store.transition(&id, &[SessionState::Creating], to, None).await.unwrap());
+                assert!(store.begin_destroy(&tenant, &id).await.unwrap().is_some());
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
     }
 
     #[tokio::test]

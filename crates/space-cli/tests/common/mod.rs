@@ -146,6 +146,17 @@ impl Server {
         (code.trim().parse().unwrap_or(0), value)
     }
 
+    /// POSTs a raw JSON body (curl data arguments) with the admin key; returns the status.
+    pub fn post_raw(&self, path: &str, data: &[&str]) -> u16 {
+        let auth = self.auth();
+        let url = format!("{}{path}", self.url);
+        let mut args = vec!["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "-H", &auth];
+        args.extend(["-H", "content-type: application/json"]);
+        args.extend(data);
+        args.push(&url);
+        String::from_utf8_lossy(&curl(&args).stdout).parse().unwrap_or(0)
+    }
+
     /// Runs the `space` CLI against this server.
     pub fn cli(&self, args: &[&str]) -> Output {
         self.cli_with_stdin(args, None)
