@@ -26,6 +26,15 @@ impl Node {
         &BUILTINS
     }
 
+    /// Names a session can ask for: built templates and built-ins, sorted, without repeats.
+    pub fn available_templates(&self) -> Vec<String> {
+        let mut available: Vec<String> = self.templates().into_iter().map(|t| t.name).collect();
+        available.extend(BUILTINS.iter().map(|s| s.to_string()));
+        available.sort();
+        available.dedup();
+        available
+    }
+
     pub fn is_builtin(&self, name: &str) -> bool {
         BUILTINS.contains(&name)
     }
@@ -40,11 +49,10 @@ impl Node {
             return Ok(info);
         }
         if !self.is_builtin(name) {
-            let mut available: Vec<String> = self.templates().into_iter().map(|t| t.name).collect();
-            available.extend(BUILTINS.iter().map(|s| s.to_string()));
-            available.sort();
-            available.dedup();
-            return Err(NodeError::UnknownTemplate { name: name.to_owned(), available: available.join(", ") });
+            return Err(NodeError::UnknownTemplate {
+                name: name.to_owned(),
+                available: self.available_templates().join(", "),
+            });
         }
         let lock = self.template_builds.lock().await.entry(name.to_owned()).or_default().clone();
         let _guard = lock.lock().await;

@@ -82,13 +82,9 @@ fn check_template(state: &AppState, name: &str) -> AppResult<()> {
     if state.node.resolve_template(name).is_some() || state.node.is_builtin(name) {
         return Ok(());
     }
-    let mut available: Vec<String> = state.node.templates().into_iter().map(|t| t.name).collect();
-    available.extend(state.node.builtin_names().iter().map(|s| s.to_string()));
-    available.sort();
-    available.dedup();
     Err(AppError::new(
         ErrorCode::UnknownTemplate,
-        format!("unknown template {name:?}; available: {}", available.join(", ")),
+        format!("unknown template {name:?}; available: {}", state.node.available_templates().join(", ")),
     ))
 }
 
