@@ -8,6 +8,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::statfs::{BTRFS_SUPER_MAGIC, statfs};
@@ -38,15 +40,37 @@ struct VolArgsV2 {
     name: [u8; SUBVOL_NAME_MAX + 1],
 }
 
+/// `struct btrfs_ioctl_subvol_wait` (Linux 6.13+).
+#[repr(C)]
+struct SubvolWait {
+    subvolid: u64,
+    mode: u32,
+    count: u32,
+}
+
+// Modes of `BTRFS_IOC_SUBVOL_SYNC_WAIT` (the others: WAIT_FOR_QUEUED 1, PEEK_FIRST 3).
+const SUBVOL_SYNC_WAIT_FOR_ONE: u32 = 0;
+const SUBVOL_SYNC_COUNT: u32 = 2;
+/// Despite its name this reads the head of the kernel's `dead_roots` list: deletions are queued
+/// at the tail and the cleaner takes the head, so this is the next subvolume it will clean.
+const SUBVOL_SYNC_PEEK_LAST: u32 = 4;
+
 const _: () = assert!(std::mem::size_of::<VolArgs>() == 4096);
 const _: () = assert!(std::mem::size_of::<VolArgsV2>() == 4096);
+const _: () = assert!(std::mem::size_of::<SubvolWait>() == 16);
 
 mod ioctl {
-    use super::{VolArgs, VolArgsV2};
+    use super::{SubvolWait, VolArgs, VolArgsV2};
     const MAGIC: u8 = 0x94;
+    /// `_IOW(0x94, 65, struct btrfs_ioctl_subvol_wait)`. Declared write-only, but the kernel
+    /// copies the struct back (count, subvolid), hence the `*mut` "bad" wrapper.
+    pub const SUBVOL_SYNC_WAIT: nix::sys::ioctl::ioctl_num_type =
+        nix::request_code_write!(MAGIC, 65, std::mem::size_of::<SubvolWait>());
+    nix::ioctl_readwrite_bad!(subvol_sync_wait, SUBVOL_SYNC_WAIT, SubvolWait);
     nix::ioctl_write_ptr!(subvol_create, MAGIC, 14, VolArgs);
     nix::ioctl_write_ptr!(snap_destroy, MAGIC, 15, VolArgs);
     nix::ioctl_write_ptr!(snap_create_v2, MAGIC, 23, VolArgsV2);
+    nix::ioctl_read!(start_sync, MAGIC, 24, u64);
     nix::ioctl_read!(subvol_getflags, MAGIC, 25, u64);
     nix::ioctl_write_ptr!(subvol_setflags, MAGIC, 26, u64);
     nix::ioctl_write_ptr!(snap_destroy_v2, MAGIC, 63, VolArgsV2);
@@ -239,6 +263,94 @@ pub fn set_readonly(path: &Path, readonly: bool) -> Result<()> {
     Ok(())
 }
 
+/// One `BTRFS_IOC_SUBVOL_SYNC_WAIT` call; a signal during a wait restarts it.
+fn subvol_sync(dir: &File, args: &mut SubvolWait) -> std::result::Result<(), Errno> {
+    loop {
+        // SAFETY: `dir` is an open fd on the filesystem for the whole call and `args` is a fully
+        // initialised, exclusively borrowed `btrfs_ioctl_subvol_wait` (repr(C), size checked
+        // above) that the kernel reads and may overwrite with another valid one.
+        match unsafe { ioctl::subvol_sync_wait(dir.as_raw_fd(), args) } {
+            Err(Errno::EINTR) => continue,
+            other => return other.map(drop),
+        }
+    }
+}
+
+/// The kernel (or filesystem) has no `BTRFS_IOC_SUBVOL_SYNC_WAIT`, or not this mode.
+fn sync_wait_unsupported(errno: Errno) -> bool {
+    matches!(errno, Errno::ENOTTY | Errno::EINVAL | Errno::EOPNOTSUPP)
+}
+
+/// How many deleted subvolumes of the filesystem holding `fs_path` are queued for the kernel's
+/// cleaner thread and not yet cleaned (the one being cleaned right now is not counted). `None`
+/// when the kernel cannot tell: before Linux 6.13, or when `fs_path` is not on btrfs.
+pub fn pending_deletions(fs_path: &Path) -> Result<Option<u64>> {
+    let dir = open_dir(fs_path)?;
+    let mut args = SubvolWait { subvolid: 0, mode: SUBVOL_SYNC_COUNT, count: 0 };
+    match subvol_sync(&dir, &mut args) {
+        Ok(()) => Ok(Some(u64::from(args.count))),
+        Err(e) if sync_wait_unsupported(e) => Ok(None),
+        Err(e) => Err(StorageError::btrfs("count pending subvolume deletions", fs_path, e)),
+    }
+}
+
+/// Blocks until the kernel's cleaner has finished the next queued subvolume deletion of the
+/// filesystem holding `fs_path` (and the kernel has forgotten the subvolume). Returns at once
+/// when nothing is queued, and where [`pending_deletions`] is `None`.
+pub fn wait_for_one_deletion(fs_path: &Path) -> Result<()> {
+    const OP: &str = "wait for subvolume cleaning";
+    let dir = open_dir(fs_path)?;
+    let mut args = SubvolWait { subvolid: 0, mode: SUBVOL_SYNC_PEEK_LAST, count: 0 };
+    match subvol_sync(&dir, &mut args) {
+        Ok(()) => {}
+        Err(e) if sync_wait_unsupported(e) => return Ok(()),
+        Err(e) => return Err(StorageError::btrfs(OP, fs_path, e)),
+    }
+    if args.subvolid == 0 {
+        return Ok(());
+    }
+    // WAIT_FOR_ONE needs an id: with 0 it answers ENOENT at once instead of waiting.
+    args.mode = SUBVOL_SYNC_WAIT_FOR_ONE;
+    // The cleaner starts when the transaction thread wakes it, and a cleaned subvolume is only
+    // forgotten (what WAIT_FOR_ONE polls for, once a second) at the next commit: on an idle
+    // filesystem both take up to the `commit=` interval, 30 s by default. Starting a commit
+    // every second while waiting (a no-op when nothing is dirty) keeps the wait close to the
+    // cleaning time.
+    let done = AtomicBool::new(false);
+    let res = std::thread::scope(|scope| {
+        let kicker = std::thread::Builder::new().name("btrfs-commit-kick".into()).spawn_scoped(scope, || {
+            while !done.load(Ordering::Acquire) {
+                start_commit(&dir, fs_path);
+                std::thread::park_timeout(Duration::from_secs(1));
+            }
+        });
+        if let Err(e) = &kicker {
+            tracing::debug!(error = %e, "no commit thread: waiting for the periodic commit instead");
+        }
+        let res = subvol_sync(&dir, &mut args);
+        done.store(true, Ordering::Release);
+        if let Ok(kicker) = kicker {
+            kicker.thread().unpark();
+        }
+        res
+    });
+    match res {
+        // ENOENT is what the kernel answers once the subvolume is gone, after waiting or not.
+        Ok(()) | Err(Errno::ENOENT) => Ok(()),
+        Err(e) => Err(StorageError::btrfs(OP, fs_path, e)),
+    }
+}
+
+/// Starts committing the running transaction, if there is one, without waiting for it.
+fn start_commit(dir: &File, path: &Path) {
+    let mut transid: u64 = 0;
+    // SAFETY: `dir` is open for the call and `transid` is a valid, writable u64 the kernel fills.
+    if let Err(e) = unsafe { ioctl::start_sync(dir.as_raw_fd(), &mut transid) } {
+        // Only a nudge: without it the wait is just longer.
+        tracing::debug!(path = %path.display(), error = %e, "btrfs start sync failed");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +373,13 @@ mod tests {
         assert_eq!(parent, PathBuf::from("."));
         assert_eq!(name, "rootfs");
         assert!(split("t", Path::new("/")).is_err());
+    }
+
+    #[test]
+    fn subvol_sync_wait_request_matches_the_kernel() {
+        // _IOW(0x94, 65, 16 bytes): dir write (1) << 30 | size << 16 | type << 8 | nr.
+        assert_eq!(ioctl::SUBVOL_SYNC_WAIT, 0x4010_9441);
+        assert!(sync_wait_unsupported(Errno::ENOTTY));
+        assert!(!sync_wait_unsupported(Errno::EPERM));
     }
 }

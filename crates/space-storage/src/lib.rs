@@ -10,6 +10,7 @@
 //! sandboxes/<sandbox id>/rootfs     writable snapshot of a template
 //! snapshots/                        session snapshots
 //! pods/                             warm-pool slots
+//! trash/<sandbox id>[.<n>]/rootfs   retired sandbox roots, deleted in the background
 //! ```
 //!
 //! Everything here blocks on disk I/O and needs root; async callers use `spawn_blocking`.

@@ -5,9 +5,10 @@ use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::{AT_FDCWD, Flock, FlockArg, RenameFlags, renameat2};
 use space_api::SandboxId;
 
 use crate::btrfs;
@@ -20,7 +21,7 @@ use crate::util::{ensure_dir, remove_any};
 
 /// Default size of a new pool image (sparse: it only uses what is written).
 pub const DEFAULT_IMAGE_SIZE: u64 = 64 << 30;
-const LAYOUT: [&str; 4] = ["templates", "sandboxes", "snapshots", "pods"];
+const LAYOUT: [&str; 5] = ["templates", "sandboxes", "snapshots", "pods", "trash"];
 const DIR_MODE: u32 = 0o711;
 
 /// How to open a pool.
@@ -64,6 +65,8 @@ pub struct Pool {
     backing: Backing,
     id_map: IdMap,
     templates: TemplateStore,
+    /// Two reclaimers racing on one trash entry would fail each other's deletions.
+    reclaim: Mutex<()>,
     _lock: Flock<File>,
 }
 
@@ -88,7 +91,7 @@ impl Pool {
         let templates = TemplateStore::new(root.join("templates"), options.id_map);
         templates.cleanup()?;
         tracing::info!(root = %root.display(), ?backing, "storage pool open");
-        Ok(Pool { data_dir, root, backing, id_map: options.id_map, templates, _lock: lock })
+        Ok(Pool { data_dir, root, backing, id_map: options.id_map, templates, reclaim: Mutex::new(()), _lock: lock })
     }
 
     /// Lazily unmounts the pool of `data_dir` if something is mounted there (for tests and
@@ -198,6 +201,99 @@ impl Pool {
         remove_any(&dir)
     }
 
+    /// `<pool>/trash`: retired sandbox directories waiting for [`Pool::reclaim_trash`].
+    fn trash_dir(&self) -> PathBuf {
+        self.root.join("trash")
+    }
+
+    /// Takes a sandbox's directory (root filesystem included) out of the pool's sandboxes by
+    /// moving it to `trash/`, for [`Pool::reclaim_trash`] to delete later: deleting subvolumes
+    /// queues work for the kernel's cleaner that slows down new snapshots, so teardown should
+    /// not pay for it. One rename, atomic and cheap. Missing is fine; a sandbox id retired
+    /// again while the earlier one is still in the trash gets the name `<id>.<n>`.
+    pub fn retire_sandbox_root(&self, id: &SandboxId) -> Result<()> {
+        let dir = self.sandbox_dir(id);
+        let trash = self.trash_dir();
+        for n in 0..=u32::MAX {
+            let dest = trash.join(trash_name(id.as_str(), n));
+            match renameat2(AT_FDCWD, &dir, AT_FDCWD, &dest, RenameFlags::RENAME_NOREPLACE) {
+                Ok(()) => {
+                    tracing::debug!(sandbox = %id, trash = %dest.display(), "sandbox root retired");
+                    return Ok(());
+                }
+                Err(Errno::EEXIST) => continue,
+                Err(Errno::ENOENT) if std::fs::symlink_metadata(&dir).is_err() => return Ok(()),
+                Err(e) => return Err(e).ctx("move to trash", &dir),
+            }
+        }
+        Err(Errno::EEXIST).ctx("move to trash", &dir)
+    }
+
+    /// How many entries are in the trash.
+    pub fn trash_len(&self) -> Result<usize> {
+        let trash = self.trash_dir();
+        std::fs::read_dir(&trash).ctx("read directory", &trash)?.try_fold(0, |n, entry| {
+            entry.ctx("read directory", &trash)?;
+            Ok(n + 1)
+        })
+    }
+
+    /// Deletes everything in the trash and returns how many entries it removed. Before each
+    /// subvolume deletion, waits while the kernel has `max_pending` or more deletions queued
+    /// (0 means until none is), so reclaiming never piles up more cleaner work than that; on
+    /// kernels that cannot count them (before 6.13) it does not wait. Blocks for as long as
+    /// that takes: run it on a background thread. Calls are serialised. An entry that cannot
+    /// be deleted does not stop the others; the first such error is returned at the end.
+    pub fn reclaim_trash(&self, max_pending: u64) -> Result<usize> {
+        let _guard = self.reclaim.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let trash = self.trash_dir();
+        let mut entries = Vec::new();
+        for entry in std::fs::read_dir(&trash).ctx("read directory", &trash)? {
+            entries.push(entry.ctx("read directory", &trash)?.path());
+        }
+        let (mut removed, mut first_err) = (0, None);
+        for entry in entries {
+            match self.reclaim_entry(&entry, max_pending) {
+                Ok(()) => removed += 1,
+                Err(e) => {
+                    tracing::warn!(entry = %entry.display(), error = %e, "cannot delete trash entry");
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(removed),
+        }
+    }
+
+    fn reclaim_entry(&self, entry: &Path, max_pending: u64) -> Result<()> {
+        let meta = match std::fs::symlink_metadata(entry) {
+            Ok(m) => m,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).ctx("stat", entry),
+        };
+        if meta.is_dir() {
+            let rootfs = entry.join("rootfs");
+            if btrfs::is_subvolume(&rootfs)? {
+                self.throttle_deletions(max_pending)?;
+            }
+            remove_any(&rootfs)?;
+        }
+        if btrfs::is_subvolume(entry)? {
+            self.throttle_deletions(max_pending)?;
+        }
+        remove_any(entry)
+    }
+
+    /// Waits while `max_pending` or more subvolume deletions are queued in the kernel.
+    fn throttle_deletions(&self, max_pending: u64) -> Result<()> {
+        while must_wait(btrfs::pending_deletions(&self.root)?, max_pending) {
+            btrfs::wait_for_one_deletion(&self.root)?;
+        }
+        Ok(())
+    }
+
     /// The sandboxes that have a directory in the pool (entries that are not sandbox ids are
     /// ignored), sorted.
     pub fn list_sandbox_roots(&self) -> Result<Vec<SandboxId>> {
@@ -212,6 +308,16 @@ impl Pool {
         ids.sort();
         Ok(ids)
     }
+}
+
+/// Name of the `n`th trash entry tried for a sandbox: `<id>`, then `<id>.<n>`.
+fn trash_name(id: &str, n: u32) -> String {
+    if n == 0 { id.to_owned() } else { format!("{id}.{n}") }
+}
+
+/// Should reclaiming wait before queueing another subvolume deletion?
+fn must_wait(pending: Option<u64>, max_pending: u64) -> bool {
+    matches!(pending, Some(n) if n > 0 && n >= max_pending)
 }
 
 /// Makes `root` a btrfs filesystem: reuse a mount already there, use the data dir if it is
@@ -265,4 +371,28 @@ fn lock_data_dir(data_dir: &Path) -> Result<Flock<File>> {
     lock.rewind().ctx("write lock", &path)?;
     write!(lock, "{}", std::process::id()).ctx("write lock", &path)?;
     Ok(lock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trash_names_are_unique_per_attempt() {
+        assert_eq!(trash_name("sbx_1", 0), "sbx_1");
+        assert_eq!(trash_name("sbx_1", 1), "sbx_1.1");
+        assert_eq!(trash_name("sbx_1", 12), "sbx_1.12");
+    }
+
+    #[test]
+    fn reclaim_waits_only_at_the_cap() {
+        assert!(!must_wait(None, 0), "kernels that cannot count never wait");
+        assert!(!must_wait(Some(0), 0), "an empty queue never waits");
+        assert!(must_wait(Some(1), 0));
+        assert!(!must_wait(Some(0), 1));
+        assert!(must_wait(Some(1), 1));
+        assert!(!must_wait(Some(3), 4));
+        assert!(must_wait(Some(5), 4));
+        assert!(!must_wait(Some(u64::MAX - 1), u64::MAX));
+    }
 }

@@ -16,7 +16,7 @@ fn open_creates_layout_and_mounts_image() {
     assert_eq!(pool.backing(), &Backing::Image { image: image.clone() });
     assert!(is_mounted(pool.root()));
     assert!(btrfs::is_btrfs(pool.root()).unwrap());
-    for sub in ["templates", "sandboxes", "snapshots", "pods"] {
+    for sub in ["templates", "sandboxes", "snapshots", "pods", "trash"] {
         assert!(pool.root().join(sub).is_dir(), "{sub}");
     }
     let meta = std::fs::metadata(&image).unwrap();

@@ -95,6 +95,109 @@ fn bad_identity_and_templates_are_rejected() {
     assert!(pool.list_sandbox_roots().unwrap().is_empty());
 }
 
+#[test]
+fn retired_roots_leave_the_pool_until_reclaimed() {
+    let Some(t) = TestPool::new("retire") else {
+        return;
+    };
+    let pool = t.pool();
+    let trash = pool.root().join("trash");
+    let template = pool.templates().build_builtin("busybox", None, &no_progress).unwrap();
+    let (a, b) = (SandboxId::generate(), SandboxId::generate());
+    pool.create_sandbox_root(&a, &template, identity("alpha")).unwrap();
+    assert_eq!(pool.trash_len().unwrap(), 0);
+
+    pool.retire_sandbox_root(&a).unwrap();
+    assert!(!pool.sandbox_dir(&a).exists());
+    assert!(pool.list_sandbox_roots().unwrap().is_empty());
+    assert!(btrfs::is_subvolume(&trash.join(a.as_str()).join("rootfs")).unwrap());
+    assert_eq!(pool.trash_len().unwrap(), 1);
+
+    // Retiring again, or a sandbox that never had a root, is fine and moves nothing.
+    pool.retire_sandbox_root(&a).unwrap();
+    pool.retire_sandbox_root(&SandboxId::generate()).unwrap();
+    assert_eq!(pool.trash_len().unwrap(), 1);
+
+    // Other roots are unaffected, and the same id can get a root again.
+    let root_b = pool.create_sandbox_root(&b, &template, identity("beta")).unwrap();
+    let root_a = pool.create_sandbox_root(&a, &template, identity("alpha2")).unwrap();
+    let mut expect = vec![a.clone(), b.clone()];
+    expect.sort();
+    assert_eq!(pool.list_sandbox_roots().unwrap(), expect);
+    assert_eq!(std::fs::read_to_string(root_a.join("etc/hostname")).unwrap(), "alpha2\n");
+
+    // Retired while the first one is still in the trash: a unique name, nothing overwritten.
+    std::fs::write(root_a.join("tmp/second"), "x").unwrap();
+    pool.retire_sandbox_root(&a).unwrap();
+    let second = trash.join(format!("{a}.1"));
+    assert!(second.join("rootfs/tmp/second").exists());
+    assert!(!trash.join(a.as_str()).join("rootfs/tmp/second").exists());
+    assert_eq!(pool.list_sandbox_roots().unwrap(), vec![b.clone()]);
+
+    // Reclaim tolerates entries without a root, plain files and a read-only root.
+    std::fs::create_dir_all(trash.join("no-rootfs/junk")).unwrap();
+    std::fs::write(trash.join("stray-file"), "x").unwrap();
+    btrfs::set_readonly(&second.join("rootfs"), true).unwrap();
+    assert_eq!(pool.trash_len().unwrap(), 4);
+    assert_eq!(pool.reclaim_trash(u64::MAX).unwrap(), 4);
+    assert_eq!(pool.trash_len().unwrap(), 0);
+    assert_eq!(pool.reclaim_trash(u64::MAX).unwrap(), 0);
+    assert_eq!(std::fs::read_to_string(root_b.join("etc/hostname")).unwrap(), "beta\n");
+
+    // The trash survives reopening the pool (it is part of the layout).
+    pool.retire_sandbox_root(&b).unwrap();
+    drop(root_b);
+    let mut t = t;
+    t.reopen();
+    assert_eq!(t.pool().trash_len().unwrap(), 1);
+    assert_eq!(t.pool().reclaim_trash(u64::MAX).unwrap(), 1);
+    assert!(t.pool().list_sandbox_roots().unwrap().is_empty());
+}
+
+/// Linux 6.13 added BTRFS_IOC_SUBVOL_SYNC_WAIT.
+fn kernel_counts_pending_deletions() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 13)
+}
+
+#[test]
+fn reclaim_waits_for_the_kernel_cleaner() {
+    let Some(t) = TestPool::new("reclaim") else {
+        return;
+    };
+    let pool = t.pool();
+    let pending = btrfs::pending_deletions(pool.root()).unwrap();
+    if kernel_counts_pending_deletions() {
+        assert!(pending.is_some(), "this kernel has BTRFS_IOC_SUBVOL_SYNC_WAIT");
+    }
+    // Nothing deleted yet: nothing to wait for.
+    btrfs::wait_for_one_deletion(pool.root()).unwrap();
+    // Not btrfs: the kernel cannot tell, and waiting is a no-op.
+    let elsewhere = tempfile::tempdir().unwrap();
+    if !btrfs::is_btrfs(elsewhere.path()).unwrap() {
+        assert_eq!(btrfs::pending_deletions(elsewhere.path()).unwrap(), None);
+        btrfs::wait_for_one_deletion(elsewhere.path()).unwrap();
+    }
+
+    let template = pool.templates().build_builtin("busybox", None, &no_progress).unwrap();
+    let ids: Vec<SandboxId> = (0..3).map(|_| SandboxId::generate()).collect();
+    for id in &ids {
+        pool.create_sandbox_root(id, &template, identity("box")).unwrap();
+        pool.retire_sandbox_root(id).unwrap();
+    }
+    assert_eq!(pool.trash_len().unwrap(), 3);
+    assert_eq!(pool.reclaim_trash(1).unwrap(), 3);
+    assert_eq!(pool.trash_len().unwrap(), 0);
+    if let Some(n) = btrfs::pending_deletions(pool.root()).unwrap() {
+        // With a cap of 1, reclaiming waited before each deletion until the queue was empty.
+        assert!(n <= 1, "{n} deletions pending");
+        while btrfs::pending_deletions(pool.root()).unwrap().unwrap_or(0) > 0 {
+            btrfs::wait_for_one_deletion(pool.root()).unwrap();
+        }
+    }
+}
+
 /// Creates and deletes 50 roots; returns (create p50, p90, delete p50, p90) in microseconds.
 fn time_roots(pool: &space_storage::Pool, template: &space_storage::TemplateInfo) -> [u128; 4] {
     let ids: Vec<SandboxId> = (0..50).map(|_| SandboxId::generate()).collect();

@@ -59,6 +59,7 @@ impl TestPool {
         for id in pool.list_sandbox_roots().unwrap_or_default() {
             let _ = pool.delete_sandbox_root(&id);
         }
+        let _ = pool.reclaim_trash(u64::MAX);
         for t in pool.templates().list().unwrap_or_default() {
             let _ = pool.templates().delete(&t.name, t.version);
         }
