@@ -361,4 +361,42 @@ pub struct Status {
     pub node_id: String,
     pub sessions: BTreeMap<String, u64>,
     pub templates: Vec<Template>,
+    pub pool: PoolStatus,
+}
+
+/// The node's warm pool: sandboxes started ahead of demand ("pods"), per template.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct PoolStatus {
+    /// Ceiling on pods being prepared at the same time (all templates together).
+    pub max_filling: u32,
+    /// Pods being prepared right now.
+    pub filling: u32,
+    /// The most pods ever prepared at the same time since the server started.
+    pub peak_filling: u32,
+    /// Destroyed sandbox roots whose deletion is still queued.
+    pub pending_deletions: u64,
+    pub templates: Vec<TemplatePool>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct TemplatePool {
+    pub template: String,
+    /// How many ready pods the node keeps.
+    pub size: u32,
+    pub ready: u32,
+    pub filling: u32,
+    /// Creates served by a ready pod.
+    pub hits: u64,
+    /// Creates that found no ready pod and took the cold path.
+    pub misses: u64,
+    /// Pod preparations that failed.
+    pub failures: u64,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetPoolSizeRequest {
+    /// Ready pods to keep for the template (0 turns its pool off).
+    pub size: u32,
 }

@@ -12,6 +12,7 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 
 pub type WsStream = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
+#[derive(Clone)]
 pub struct Client {
     base: String,
     key: String,
@@ -68,6 +69,10 @@ impl Client {
 
     pub async fn post_json<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
         Ok(self.send(self.request(Method::POST, path).json(body)).await?.json().await?)
+    }
+
+    pub async fn put_json<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+        Ok(self.send(self.request(Method::PUT, path).json(body)).await?.json().await?)
     }
 
     pub async fn delete_json<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {

@@ -62,8 +62,19 @@ enum Command {
     Key(KeyCommand),
     /// Show the server's status.
     Status,
+    /// Show or size the warm pool of ready sandboxes.
+    #[command(subcommand)]
+    Pool(PoolCommand),
     /// Measure create and exec latency through the API.
     Bench(bench::BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum PoolCommand {
+    /// Per template: size, ready and filling pods, hits and misses.
+    Show,
+    /// Keep SIZE ready pods of TEMPLATE (needs the admin key; 0 turns the pool off).
+    Set { template: String, size: u32 },
 }
 
 #[derive(Subcommand)]
@@ -123,7 +134,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{}", key.key);
             }
         }
-        Command::Bench(args) => bench::run(&client, args).await?,
+        Command::Bench(args) => bench::run(&client, args, &cli.data_dir).await?,
+        Command::Pool(PoolCommand::Show) => {
+            output::print_pool(&client.get_json("/v1/pool").await?, json)?;
+        }
+        Command::Pool(PoolCommand::Set { template, size }) => {
+            let path = format!("/v1/pool/{}", client::encode(&template));
+            let pool = client.put_json(&path, &space_api::SetPoolSizeRequest { size }).await?;
+            output::print_pool(&pool, json)?;
+        }
         Command::Status => {
             let status: space_api::Status = client.get_json("/v1/status").await?;
             output::print_status(&status, json)?;

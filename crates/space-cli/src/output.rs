@@ -1,7 +1,7 @@
 //! Human tables and JSON output.
 
 use serde::Serialize;
-use space_api::{ProcessList, Session, Status};
+use space_api::{PoolStatus, ProcessList, Session, Status};
 
 pub fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
@@ -108,7 +108,40 @@ pub fn print_status(status: &Status, json: bool) -> anyhow::Result<()> {
     println!("sessions  {}", if sessions.is_empty() { "none".into() } else { sessions.join(" ") });
     let templates: Vec<String> = status.templates.iter().map(|t| format!("{}@{}", t.name, t.version)).collect();
     println!("templates {}", if templates.is_empty() { "none".into() } else { templates.join(" ") });
+    println!(
+        "pool      filling {}/{} at most, {} deletions pending",
+        status.pool.filling, status.pool.max_filling, status.pool.pending_deletions
+    );
+    print_pool_table(&status.pool);
     Ok(())
+}
+
+pub fn print_pool(pool: &PoolStatus, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(pool);
+    }
+    print_pool_table(pool);
+    Ok(())
+}
+
+fn print_pool_table(pool: &PoolStatus) {
+    let rows: Vec<Vec<String>> = pool
+        .templates
+        .iter()
+        .map(|t| {
+            vec![
+                t.template.clone(),
+                t.size.to_string(),
+                t.ready.to_string(),
+                t.filling.to_string(),
+                t.hits.to_string(),
+                t.misses.to_string(),
+                t.failures.to_string(),
+                t.last_error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    print_table(&["TEMPLATE", "SIZE", "READY", "FILLING", "HITS", "MISSES", "FAILURES", "LAST ERROR"], &rows);
 }
 
 pub fn print_processes(list: &ProcessList, json: bool) -> anyhow::Result<()> {

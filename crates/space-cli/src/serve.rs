@@ -1,12 +1,13 @@
 //! `space serve`: control plane, node and API in one process.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
 use space_control::ServerConfig;
-use space_node::NodeConfig;
+use space_node::{Limits, NodeConfig, WarmSettings};
 use space_storage::{DEFAULT_IMAGE_SIZE, DEFAULT_TEMPLATE_CACHE_DIR, IdMap};
 use tracing_subscriber::EnvFilter;
 
@@ -36,6 +37,55 @@ pub struct ServeArgs {
     /// First host uid/gid of the range sandbox ids 0..65536 map to.
     #[arg(long, default_value_t = 100_000)]
     uid_base: u32,
+    /// Warm pool: ready sandboxes kept per template, e.g. `debian=16,busybox=4` ("" for none;
+    /// default: 4 of the default template). Changeable at run time with `space pool set`.
+    #[arg(long)]
+    pool: Option<String>,
+    /// How many pods may be prepared at the same time (default: half the CPUs, at least 1),
+    /// so refilling never takes every core from running sandboxes.
+    #[arg(long)]
+    pool_fill_concurrency: Option<u32>,
+}
+
+/// Parses `name=size,name=size`.
+fn parse_pool(spec: &str) -> anyhow::Result<BTreeMap<String, u32>> {
+    let mut sizes = BTreeMap::new();
+    for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, size) = entry
+            .split_once('=')
+            .with_context(|| format!("--pool entry {entry:?} must look like TEMPLATE=SIZE, e.g. debian=16"))?;
+        let size: u32 = size.trim().parse().with_context(|| format!("--pool size {size:?} is not a number"))?;
+        if size > space_node::MAX_POOL_SIZE {
+            bail!("--pool {name}={size}: at most {} pods per template", space_node::MAX_POOL_SIZE);
+        }
+        sizes.insert(name.trim().to_owned(), size);
+    }
+    Ok(sizes)
+}
+
+fn warm_settings(args: &ServeArgs) -> anyhow::Result<WarmSettings> {
+    let sizes = match &args.pool {
+        Some(spec) => parse_pool(spec)?,
+        None => BTreeMap::from([(args.default_template.clone(), 4)]),
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    Ok(WarmSettings {
+        sizes,
+        max_filling: args.pool_fill_concurrency.unwrap_or(cpus / 2).max(1),
+        pod_limits: Limits::from(&space_api::Resources::default()),
+    })
+}
+
+/// Each sandbox costs the server a few descriptors (agent connection, pidfd): lift the soft
+/// limit to the hard one so hundreds of sandboxes fit.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!(error = %e, "cannot raise the open file limit; hundreds of sandboxes may not fit");
+    }
 }
 
 /// Finds `spaced`: the flag, then beside this executable, then cargo's static-build output.
@@ -65,6 +115,8 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
     if !nix::unistd::Uid::effective().is_root() {
         bail!("space serve must run as root (it creates namespaces, cgroups and btrfs subvolumes)");
     }
+    raise_fd_limit();
+    let warm = warm_settings(&args)?;
     let config = ServerConfig {
         data_dir: data_dir.clone(),
         listen: args.listen,
@@ -77,6 +129,7 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
             template_cache_dir: args.template_cache,
             image_size_bytes: args.pool_size_gib.map(|g| g << 30).unwrap_or(DEFAULT_IMAGE_SIZE),
             id_map: IdMap { host_base: args.uid_base, count: 65_536 },
+            warm,
         },
     };
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -98,4 +151,19 @@ async fn shutdown_signal() {
         _ = int.recv() => {}
     }
     tracing::info!("shutting down; sandboxes keep running and are picked up at the next start");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_specs() {
+        let sizes = parse_pool("debian=16, busybox=4").unwrap();
+        assert_eq!(sizes, BTreeMap::from([("busybox".into(), 4), ("debian".into(), 16)]));
+        assert!(parse_pool("").unwrap().is_empty());
+        for bad in ["debian", "debian=x", "debian=-1", "debian=100000"] {
+            assert!(parse_pool(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 }

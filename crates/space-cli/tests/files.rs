@@ -112,8 +112,10 @@ fn watch_reports_created_files() {
         }
     });
     let mut seen = Vec::new();
-    for _ in 0..100 {
-        server.exec(&id, &["touch", "/watched/new.txt"]);
+    // A new file each round: the watch may start after the first ones, and touching an
+    // existing file again would not be a creation.
+    for round in 0..100 {
+        server.exec(&id, &["touch", &format!("/watched/new-{round}.txt")]);
         if let Ok(line) = rx.recv_timeout(std::time::Duration::from_millis(100)) {
             seen.push(line);
             break;
@@ -121,5 +123,5 @@ fn watch_reports_created_files() {
     }
     let _ = watcher.kill();
     let _ = watcher.wait();
-    assert!(seen.iter().any(|l| l.contains("new.txt")), "no watch event: {seen:?}");
+    assert!(seen.iter().any(|l| l.contains("/watched/new-")), "no watch event: {seen:?}");
 }

@@ -26,9 +26,11 @@ fn sandbox_sees_only_itself() {
     assert_ne!(r["exit_code"], 0, "host file visible: {r}");
 
     let r = server.exec(&id, &["hostname"]);
+    let (_, session) = server.call("GET", &format!("/v1/sessions/{id}"), None);
+    let sandbox = session["sandbox_id"].as_str().unwrap();
     assert_eq!(
         r["stdout"].as_str().unwrap().trim(),
-        id.trim_start_matches("ses_").chars().take(12).collect::<String>()
+        sandbox.trim_start_matches("sbx_").chars().take(12).collect::<String>()
     );
 
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -39,8 +41,6 @@ fn sandbox_sees_only_itself() {
     assert!(listener.accept().is_err(), "the host listener accepted a connection from the sandbox");
 
     server.exec(&id, &["touch", "/root/made-by-root"]);
-    let (_, session) = server.call("GET", &format!("/v1/sessions/{id}"), None);
-    let sandbox = session["sandbox_id"].as_str().unwrap();
     let path = server.data_dir.join(format!("pool/sandboxes/{sandbox}/rootfs/root/made-by-root"));
     let meta = std::fs::metadata(&path).unwrap();
     use std::os::unix::fs::MetadataExt;

@@ -23,7 +23,8 @@ fn settled(server: &Server, id: &str) -> String {
 #[test]
 fn kill9_during_create_leaves_nothing_orphaned() {
     require_root!();
-    let mut server = Server::start();
+    // Cold creates (no pool): the path with the most steps a crash can interrupt.
+    let mut server = Server::start_with(&["--pool", ""]);
     let mut ids = Vec::new();
     for round in 0..12u64 {
         let (status, s) = server.call("POST", "/v1/sessions?wait=false", Some(json!({})));
@@ -51,7 +52,7 @@ fn kill9_during_create_leaves_nothing_orphaned() {
 #[test]
 fn kill9_during_destroy_finishes_the_destroy() {
     require_root!();
-    let mut server = Server::start();
+    let mut server = Server::start_with(&["--pool", ""]);
     let id = server.create_session(json!({}));
     let (status, _) = server.call("DELETE", &format!("/v1/sessions/{id}?wait=false"), None);
     assert_eq!(status, 202);

@@ -73,6 +73,8 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         reconciler: reconciler.clone(),
     };
     recovery::recover(&state).await.map_err(context("recovering from the previous run"))?;
+    // Only after recovery: its sweep destroys every sandbox no session owns, pods included.
+    state.node.start_background();
     reconciler.spawn(state.clone());
     reconciler::prepare_templates(&state, &config.prepare_templates)
         .await

@@ -8,7 +8,7 @@ use std::time::Duration;
 use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, SessionId, SessionState};
 use space_node::TemplateInfo;
 use space_runtime::{Limits, SandboxHandle};
-use space_store::{NewOperation, OperationKind, OperationRecord};
+use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord};
 use tokio::sync::{Notify, watch};
 
 use crate::AppState;
@@ -152,23 +152,29 @@ async fn start_sandbox(
     session: &space_api::Session,
 ) -> AppResult<SandboxHandle> {
     let template = ensure_template(state, &op.operation.id, &session.template).await?;
-    state.store.set_session_template_version(&session.id, template.version as u32).await?;
-    let sandbox = SandboxId::generate();
-    state.store.insert_sandbox(&sandbox, &session.id, &state.node_id).await?;
-    let limits = Limits {
-        memory_mib: session.resources.memory_mib,
-        millicpus: (session.resources.cpus * 1000.0).round() as u32,
-        pids: session.resources.pids,
+    let limits = Limits::from(&session.resources);
+    let mut sandbox = NewSandbox {
+        id: &SandboxId::generate(),
+        session: &session.id,
+        node: &state.node_id,
+        template_version: template.version,
+        running_pid: None,
     };
-    let hostname = hostname_for(&session.id);
-    let handle = state.node.start_sandbox(&sandbox, &template, limits, &hostname).await?;
-    state.store.set_sandbox_running(&sandbox, handle.pid).await?;
+    if let Some(pod) = state.node.bind_pod(&template, limits) {
+        sandbox.id = &pod.id;
+        sandbox.running_pid = Some(pod.pid);
+        // A crash before this commit leaves an unowned pod, which the start-up sweep removes.
+        if let Err(e) = state.store.insert_sandbox(&sandbox).await {
+            state.node.destroy_sandbox(&pod.id).await?;
+            return Err(e.into());
+        }
+        return Ok(pod);
+    }
+    state.store.insert_sandbox(&sandbox).await?;
+    let hostname = space_node::hostname_for(sandbox.id);
+    let handle = state.node.start_sandbox(sandbox.id, &template, limits, &hostname).await?;
+    state.store.set_sandbox_running(sandbox.id, handle.pid).await?;
     Ok(handle)
-}
-
-/// `ses_abcdefgh…` → `abcdefghijkl`: short, unique enough, valid as a hostname.
-pub fn hostname_for(id: &SessionId) -> String {
-    id.as_str().trim_start_matches(SessionId::PREFIX).chars().take(12).collect()
 }
 
 async fn ensure_template(state: &AppState, op: &OperationId, name: &str) -> AppResult<TemplateInfo> {

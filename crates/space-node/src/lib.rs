@@ -4,6 +4,7 @@
 //! Storage calls block on disk I/O, so they run on the blocking pool.
 
 mod templates;
+mod warm;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -11,11 +12,13 @@ use std::sync::{Arc, Mutex};
 
 use space_api::{Progress, SandboxId};
 use space_proto::client::AgentClient;
-use space_runtime::{Limits, Runtime, SandboxHandle, SandboxSpec, SandboxStats};
+pub use space_runtime::Limits;
+use space_runtime::{Runtime, SandboxHandle, SandboxSpec, SandboxStats};
 use space_runtime_linux::{LinuxOptions, LinuxRuntime};
 use space_storage::{IdMap, Pool, PoolOptions, SandboxIdentity};
 
 pub use space_storage::{BUILTINS, TemplateInfo};
+pub use warm::{MAX_POOL_SIZE, WarmSettings};
 
 /// How a node is set up.
 #[derive(Debug, Clone)]
@@ -29,6 +32,7 @@ pub struct NodeConfig {
     pub template_cache_dir: PathBuf,
     pub image_size_bytes: u64,
     pub id_map: IdMap,
+    pub warm: WarmSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +56,22 @@ pub struct Node {
     runtime: LinuxRuntime,
     agents: Mutex<HashMap<SandboxId, AgentClient>>,
     template_builds: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    warm: warm::WarmPool,
+    /// Wakes the deletion of destroyed roots.
+    reclaim: tokio::sync::Notify,
     config: NodeConfig,
+}
+
+/// Subvolume deletions the kernel's cleaner may have queued before we wait for it: each
+/// pending one slows every new snapshot (that is, every create) down.
+const MAX_PENDING_DELETIONS: u64 = 2;
+/// Retries deletions that failed, and catches roots retired by an earlier run.
+const RECLAIM_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `sbx_abcdefgh…` → `abcdefghijkl`: short, unique enough, valid as a hostname. Derived from
+/// the sandbox (not the session) so a pod has its identity before any session binds it.
+pub fn hostname_for(id: &SandboxId) -> String {
+    id.as_str().trim_start_matches(SandboxId::PREFIX).chars().take(12).collect()
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -74,6 +93,8 @@ impl Node {
             runtime,
             agents: Mutex::new(HashMap::new()),
             template_builds: tokio::sync::Mutex::new(HashMap::new()),
+            warm: warm::WarmPool::new(&config.warm),
+            reclaim: tokio::sync::Notify::new(),
             config,
         })
     }
@@ -96,13 +117,39 @@ impl Node {
         Ok(handle)
     }
 
-    /// Kills the sandbox and removes everything it had on this node. Idempotent.
+    /// Kills the sandbox and removes everything it had on this node. Idempotent. The root
+    /// only moves to the trash here; [`Node::start_background`] deletes it off the hot path.
     pub async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()> {
         self.agents.lock().map_err(poisoned)?.remove(id);
         self.runtime.destroy(id).await?;
         let pool = self.pool.clone();
         let sid = id.clone();
-        blocking(move || Ok(pool.delete_sandbox_root(&sid)?)).await
+        blocking(move || Ok(pool.retire_sandbox_root(&sid)?)).await?;
+        self.reclaim.notify_one();
+        Ok(())
+    }
+
+    /// Starts the node's background work: keeping the warm pool filled and deleting
+    /// destroyed roots. Call once, after the start-up sweep.
+    pub fn start_background(self: &Arc<Self>) {
+        self.start_warm_pool();
+        let node = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let pool = node.pool.clone();
+                match blocking(move || Ok(pool.reclaim_trash(MAX_PENDING_DELETIONS)?)).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::debug!(roots = n, "deleted destroyed sandbox roots"),
+                    Err(e) => tracing::warn!(error = %e, "deleting destroyed sandbox roots"),
+                }
+                let _ = tokio::time::timeout(RECLAIM_RECHECK, node.reclaim.notified()).await;
+            }
+        });
+    }
+
+    /// Destroyed roots waiting to be deleted.
+    pub fn pending_deletions(&self) -> u64 {
+        self.pool.trash_len().unwrap_or(0) as u64
     }
 
     /// The connection to a sandbox's `spaced`, reconnecting if it dropped (e.g. after a

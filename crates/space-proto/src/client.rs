@@ -248,6 +248,11 @@ impl AgentClient {
         }
     }
 
+    /// Forgets every exited process; running ones stay.
+    pub async fn forget_exited(&self) -> Result<(), AgentError> {
+        self.call_ok(&Request::ForgetExited).await
+    }
+
     /// `lstat`: a symlink is described, not followed.
     pub async fn stat(&self, path: &str) -> Result<FileStat, AgentError> {
         match self.call(&Request::Stat { path: path.into() }).await? {

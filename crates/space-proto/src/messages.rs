@@ -51,6 +51,9 @@ pub enum Request {
         signal: i32,
     },
     ListProcesses,
+    /// Forgets every exited process (the list, output and exit status kept for `Attach`).
+    /// Used after warming up a pod, so its first user sees no process they did not start.
+    ForgetExited,
     Stat {
         path: String,
     },

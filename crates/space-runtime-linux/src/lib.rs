@@ -21,7 +21,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use space_runtime::{Runtime, RuntimeError, SandboxHandle, SandboxId, SandboxSpec, SandboxStats};
+use space_runtime::{Limits, Runtime, RuntimeError, SandboxHandle, SandboxId, SandboxSpec, SandboxStats};
 use space_sandbox_init::sync::{InitConfig, ToInit};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -88,6 +88,7 @@ pub struct LinuxRuntime {
     opts: LinuxOptions,
     cgroups: Arc<dyn Backend>,
     tracked: Mutex<HashMap<SandboxId, Tracked>>,
+    oom_warned: std::sync::atomic::AtomicBool,
 }
 
 fn unsupported(what: impl std::fmt::Display) -> RuntimeError {
@@ -109,7 +110,7 @@ impl LinuxRuntime {
         let cgroups: Arc<dyn Backend> = cgroup::detect().map_err(unsupported)?.into();
         process::become_subreaper().map_err(|e| unsupported(format!("PR_SET_CHILD_SUBREAPER: {e}")))?;
         tracing::debug!(version = cgroups.version(), parent = %opts.cgroup_parent, "linux runtime ready");
-        Ok(LinuxRuntime { opts, cgroups, tracked: Mutex::new(HashMap::new()) })
+        Ok(LinuxRuntime { opts, cgroups, tracked: Mutex::new(HashMap::new()), oom_warned: Default::default() })
     }
 
     pub fn options(&self) -> &LinuxOptions {
@@ -217,7 +218,10 @@ impl LinuxRuntime {
             tracing::warn!(sandbox = %spec.id, "{warning}");
         }
         if let Err(e) = process::set_oom_score_adj(pid1.pid, self.opts.pid1_oom_score_adj) {
-            tracing::warn!(sandbox = %spec.id, error = %e, "cannot protect spaced from the OOM killer");
+            // The same for every sandbox (the host lacks CAP_SYS_RESOURCE): say it once.
+            if !self.oom_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(error = %e, "cannot protect spaced from the OOM killer (said once)");
+            }
         }
         let handle = self.handle(&spec.id, pid1.pid);
         self.track(&spec.id, pid1);
@@ -327,6 +331,14 @@ impl Runtime for LinuxRuntime {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RuntimeError::Io { path: socket, source: e }),
             _ => Ok(()),
         }
+    }
+
+    fn set_limits(&self, id: &SandboxId, limits: &Limits) -> Result<(), RuntimeError> {
+        let name = self.cgroup_name(id);
+        if !self.cgroups.exists(&name) {
+            return Err(RuntimeError::NotFound(id.clone()));
+        }
+        self.cgroups.set_limits(&name, limits).map_err(|e| RuntimeError::Cgroup(e.to_string()))
     }
 
     fn is_alive(&self, handle: &SandboxHandle) -> bool {

@@ -145,6 +145,38 @@ async fn pids_limit_stops_a_fork_bomb() {
 }
 
 #[tokio::test]
+async fn limits_change_while_running() {
+    if !root_or_skip("limits_change_while_running") {
+        return;
+    }
+    let t = TestRuntime::new();
+    let rootfs = Rootfs::new();
+    let handle = t.rt.start(&spec(rootfs.path(), default_limits())).await.expect("start");
+    let dirs = t.rt.cgroup_dirs(&handle.id);
+    let read = |file: &str| {
+        let dir = dirs.iter().find(|d| d.join(file).exists()).unwrap_or_else(|| panic!("no {file}"));
+        std::fs::read_to_string(dir.join(file)).unwrap().trim().to_owned()
+    };
+    // Up and down: with swap accounting the two memory limits must be written in the order
+    // that keeps memsw >= memory at every step.
+    for limits in
+        [Limits { memory_mib: 1024, millicpus: 2000, pids: 99 }, Limits { memory_mib: 64, millicpus: 250, pids: 20 }]
+    {
+        t.rt.set_limits(&handle.id, &limits).expect("set limits");
+        let bytes = (limits.memory_mib << 20).to_string();
+        if t.rt.cgroup_version() == 1 {
+            assert_eq!(read("memory.limit_in_bytes"), bytes);
+            assert_eq!(read("cpu.cfs_quota_us"), (limits.millicpus * 100).to_string());
+        } else {
+            assert_eq!(read("memory.max"), bytes);
+        }
+        assert_eq!(read("pids.max"), limits.pids.to_string());
+    }
+    t.rt.destroy(&handle.id).await.expect("destroy");
+    assert!(matches!(t.rt.set_limits(&handle.id, &default_limits()), Err(RuntimeError::NotFound(_))));
+}
+
+#[tokio::test]
 async fn failed_start_reports_the_step_and_leaves_nothing() {
     if !root_or_skip("failed_start_reports_the_step_and_leaves_nothing") {
         return;

@@ -19,6 +19,12 @@ pub struct Limits {
     pub pids: u32,
 }
 
+impl From<&space_api::Resources> for Limits {
+    fn from(r: &space_api::Resources) -> Limits {
+        Limits { memory_mib: r.memory_mib, millicpus: (r.cpus * 1000.0).round() as u32, pids: r.pids }
+    }
+}
+
 /// Everything a runtime needs to start one sandbox.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
@@ -71,6 +77,10 @@ pub trait Runtime: Send + Sync + 'static {
     /// Kills every process of the sandbox and removes its runtime resources (cgroups, socket).
     /// Succeeds when there is nothing left to remove.
     fn destroy(&self, id: &SandboxId) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Changes the resource limits of a running sandbox (applied when a warm pod is bound to
+    /// a session that asked for other limits than the pod was prepared with).
+    fn set_limits(&self, id: &SandboxId, limits: &Limits) -> Result<(), RuntimeError>;
 
     /// Whether the sandbox's pid 1 is still the process recorded in `handle`.
     fn is_alive(&self, handle: &SandboxHandle) -> bool;

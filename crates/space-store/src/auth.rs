@@ -20,7 +20,7 @@ impl Store {
             .bind(TenantId::generate().as_str())
             .bind(name)
             .bind(now_ms())
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         let id: String =
             sqlx::query_scalar("SELECT id FROM tenants WHERE name = $1").bind(name).fetch_one(&self.pool).await?;
@@ -33,7 +33,7 @@ impl Store {
             .bind(tenant.as_str())
             .bind(admin)
             .bind(now_ms())
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }

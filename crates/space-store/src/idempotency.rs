@@ -28,7 +28,7 @@ impl Store {
         .bind(key)
         .bind(fingerprint)
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?
         .rows_affected();
         if inserted == 1 {
@@ -55,7 +55,7 @@ impl Store {
             .bind(body)
             .bind(tenant.as_str())
             .bind(key)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }
@@ -65,14 +65,14 @@ impl Store {
         sqlx::query("DELETE FROM idempotency WHERE tenant_id = $1 AND key = $2 AND status IS NULL")
             .bind(tenant.as_str())
             .bind(key)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }
 
     /// After a restart no request is in flight: unfinished keys may be retried.
     pub async fn idempotency_clear_unfinished(&self) -> Result<u64> {
-        Ok(sqlx::query("DELETE FROM idempotency WHERE status IS NULL").execute(&self.pool).await?.rows_affected())
+        Ok(sqlx::query("DELETE FROM idempotency WHERE status IS NULL").execute(&self.writer).await?.rows_affected())
     }
 }
 

@@ -19,7 +19,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 pub use auth::KeyOwner;
 pub use idempotency::IdempotencyBegin;
 pub use operations::{NewOperation, OperationKind, OperationRecord};
-pub use sessions::{NewSession, SandboxRecord, SessionRecord};
+pub use sessions::{NewSandbox, NewSession, SandboxRecord, SessionRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -36,7 +36,10 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// Handle to the database; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
+    /// Readers.
     pool: SqlitePool,
+    /// The only connection that writes.
+    writer: SqlitePool,
 }
 
 /// Unix time in milliseconds.
@@ -54,9 +57,13 @@ impl Store {
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
             .busy_timeout(std::time::Duration::from_secs(10));
+        // SQLite has one writer at a time. Writers that contend for its lock back off by
+        // sleeping (1 ms and up), which dominated create latency; one write connection makes
+        // them queue in the pool instead. Reads (WAL) run beside it on their own connections.
+        let writer = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
+        sqlx::migrate!("./migrations").run(&writer).await?;
         let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Store { pool })
+        Ok(Store { pool, writer })
     }
 
     pub async fn meta(&self, key: &str) -> Result<Option<String>> {
@@ -68,7 +75,7 @@ impl Store {
         sqlx::query("INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING")
             .bind(key)
             .bind(value)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         self.meta(key).await?.ok_or_else(|| StoreError::Corrupt(format!("meta {key} vanished")))
     }
@@ -77,11 +84,12 @@ impl Store {
     /// reads first and writes later fails at once with SQLITE_BUSY when another writer
     /// committed in between (the busy timeout does not apply to that upgrade).
     async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
     }
 
     pub async fn close(&self) {
         self.pool.close().await;
+        self.writer.close().await;
     }
 }
 

@@ -132,7 +132,7 @@ impl Store {
              WHERE id = (SELECT id FROM operations WHERE state = 'pending' ORDER BY created_at, id LIMIT 1)
              RETURNING {OP_COLUMNS}"
         );
-        let row = sqlx::query(&sql).bind(now_ms()).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(&sql).bind(now_ms()).fetch_optional(&self.writer).await?;
         row.map(|r| op_from_row(&r)).transpose()
     }
 
@@ -143,7 +143,7 @@ impl Store {
             .bind(error)
             .bind(now_ms())
             .bind(id.as_str())
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }
@@ -153,7 +153,7 @@ impl Store {
             .bind(serde_json::to_string(progress).unwrap_or_default())
             .bind(now_ms())
             .bind(id.as_str())
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }
@@ -161,7 +161,7 @@ impl Store {
     /// After a crash, operations that were running are run again (every step is idempotent).
     pub async fn requeue_running_operations(&self) -> Result<u64> {
         Ok(sqlx::query("UPDATE operations SET state = 'pending' WHERE state = 'running'")
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?
             .rows_affected())
     }

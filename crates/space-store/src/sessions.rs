@@ -26,6 +26,17 @@ pub struct NewSession {
     pub env: BTreeMap<String, String>,
 }
 
+/// What [`Store::insert_sandbox`] records.
+#[derive(Debug, Clone)]
+pub struct NewSandbox<'a> {
+    pub id: &'a SandboxId,
+    pub session: &'a SessionId,
+    pub node: &'a str,
+    pub template_version: u64,
+    /// The pid 1 of a sandbox that already runs (a bound warm pod).
+    pub running_pid: Option<u32>,
+}
+
 /// A sandbox row: written before the node creates anything for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxRecord {
@@ -194,15 +205,6 @@ impl Store {
         Ok(true)
     }
 
-    pub async fn set_session_template_version(&self, id: &SessionId, version: u32) -> Result<()> {
-        sqlx::query("UPDATE sessions SET template_version = $1 WHERE id = $2")
-            .bind(version as i64)
-            .bind(id.as_str())
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
     pub async fn record_event(&self, id: &SessionId, kind: &str, message: &str) -> Result<()> {
         let mut tx = self.write_tx().await?;
         insert_event(&mut tx, id, kind, None, None, Some(message)).await?;
@@ -233,22 +235,32 @@ impl Store {
     }
 
     /// Records the intent to run `sandbox` for `session` on `node` (before any side effect).
-    pub async fn insert_sandbox(&self, sandbox: &SandboxId, session: &SessionId, node: &str) -> Result<()> {
+    /// Records that `sandbox` belongs to its session (and which template version it runs),
+    /// before anything is started for it. A sandbox that is already running (a warm pod) is
+    /// recorded as running in the same transaction.
+    pub async fn insert_sandbox(&self, new: &NewSandbox<'_>) -> Result<()> {
         let now = now_ms();
+        let (state, pid) = match new.running_pid {
+            Some(pid) => ("running", Some(i64::from(pid))),
+            None => ("starting", None),
+        };
         let mut tx = self.write_tx().await?;
         sqlx::query(
-            "INSERT INTO sandboxes (id, session_id, node_id, state, created_at, updated_at) VALUES ($1, $2, $3, 'starting', $4, $4)",
+            "INSERT INTO sandboxes (id, session_id, node_id, state, pid, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $6)",
         )
-        .bind(sandbox.as_str())
-        .bind(session.as_str())
-        .bind(node)
+        .bind(new.id.as_str())
+        .bind(new.session.as_str())
+        .bind(new.node)
+        .bind(state)
+        .bind(pid)
         .bind(now)
         .execute(&mut *tx)
         .await?;
-        sqlx::query("UPDATE sessions SET sandbox_id = $1, updated_at = $2 WHERE id = $3")
-            .bind(sandbox.as_str())
+        sqlx::query("UPDATE sessions SET sandbox_id = $1, template_version = $2, updated_at = $3 WHERE id = $4")
+            .bind(new.id.as_str())
+            .bind(new.template_version as i64)
             .bind(now)
-            .bind(session.as_str())
+            .bind(new.session.as_str())
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -260,7 +272,7 @@ impl Store {
             .bind(pid as i64)
             .bind(now_ms())
             .bind(sandbox.as_str())
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }
@@ -394,11 +406,25 @@ mod tests {
         let (store, _dir) = test_store().await;
         let (_, id) = new_session(&store, "a").await;
         let sbx = SandboxId::generate();
-        store.insert_sandbox(&sbx, &id, "node_x").await.unwrap();
+        let new = NewSandbox { id: &sbx, session: &id, node: "node_x", template_version: 3, running_pid: None };
+        store.insert_sandbox(&new).await.unwrap();
         let live = store.live_sandboxes("node_x").await.unwrap();
         assert_eq!(live[0].state, "starting");
+        assert_eq!(store.session_any(&id).await.unwrap().unwrap().session.template_version, Some(3));
         store.set_sandbox_gone(&sbx).await.unwrap();
         assert!(store.live_sandboxes("node_x").await.unwrap().is_empty());
         assert!(store.session_any(&id).await.unwrap().unwrap().session.sandbox_id.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_bound_pod_is_recorded_running() {
+        let (store, _dir) = test_store().await;
+        let (_, id) = new_session(&store, "a").await;
+        let sbx = SandboxId::generate();
+        let new = NewSandbox { id: &sbx, session: &id, node: "node_x", template_version: 1, running_pid: Some(42) };
+        store.insert_sandbox(&new).await.unwrap();
+        let live = store.live_sandboxes("node_x").await.unwrap();
+        assert_eq!((live[0].state.as_str(), live[0].pid), ("running", Some(42)));
+        assert_eq!(store.session_any(&id).await.unwrap().unwrap().session.sandbox_id, Some(sbx));
     }
 }

@@ -284,6 +284,15 @@ impl ProcessTable {
         inner.procs.insert(process.pid, process);
     }
 
+    /// Forgets every exited process.
+    pub fn forget_exited(&self) {
+        let mut inner = lock(&self.inner);
+        let TableInner { procs, exited } = &mut *inner;
+        for pid in exited.drain(..) {
+            procs.remove(&pid);
+        }
+    }
+
     /// Remembers an exit and forgets the oldest exited entries beyond the bounds.
     fn exited(&self, pid: u32) {
         let mut inner = lock(&self.inner);

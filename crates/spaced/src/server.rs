@@ -137,6 +137,10 @@ async fn dispatch(stream: FramedStream, agent: Arc<Agent>, request: Request) {
         Request::Health => agent.health(),
         Request::Signal { pid, signal } => exec::signal(&agent, pid, signal),
         Request::ListProcesses => exec::list(&agent),
+        Request::ForgetExited => {
+            agent.table.forget_exited();
+            Reply::Ok
+        }
         Request::Stat { path } => files::stat(path).await,
         Request::ListDir { path } => files::list_dir(path).await,
         Request::MakeDir { path } => files::make_dir(path).await,

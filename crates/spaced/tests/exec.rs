@@ -229,6 +229,27 @@ async fn detached_exec_can_be_attached_before_and_after_exit() {
 }
 
 #[tokio::test]
+async fn forgetting_exited_processes_keeps_running_ones() {
+    let daemon = Daemon::start();
+    guarded(async {
+        let client = daemon.client().await;
+        let done = client.exec(sh("true")).await.unwrap();
+        let done_pid = done.pid();
+        assert!(done.wait_with_output(0).await.unwrap().status.success());
+        let mut running = sh("sleep 100");
+        running.detached = true;
+        let running_pid = client.exec(running).await.unwrap().pid();
+
+        client.forget_exited().await.unwrap();
+        let pids: Vec<u32> = client.processes().await.unwrap().iter().map(|p| p.pid).collect();
+        assert_eq!(pids, vec![running_pid], "exited {done_pid} still listed or running one lost");
+        assert!(client.attach(done_pid).await.is_err(), "a forgotten process can still be attached");
+        client.signal(running_pid, libc::SIGKILL).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn signals_reach_processes_started_by_spaced_only() {
     let daemon = Daemon::start();
     guarded(async {

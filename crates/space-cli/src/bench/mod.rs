@@ -1,132 +1,150 @@
-//! `space bench`: latency of the platform's hot paths through the HTTP API, as a user sees
-//! them. Prints a table and one JSON object per measure, and saves them under `bench/results/`.
+//! `space bench`: the platform's hot paths through the HTTP API, side by side with peer
+//! runtimes (`runc run`, `bwrap`) on the same machine and the same root filesystem. Prints a
+//! table and one JSON object per measure, and saves them under `bench/results/`. Run it on
+//! the server's machine: the peers need the template's files.
 
-use std::time::{Duration, Instant};
+mod api;
+mod density;
+mod peers;
+mod report;
 
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 use clap::Args;
-use serde::Serialize;
-use space_api::{CreateSessionRequest, ExecRequest, ExecResult, Session};
+use serde_json::json;
 
 use crate::client::Client;
-use crate::output::print_table;
+use report::{Report, round, summarize};
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Samples per measure.
-    #[arg(long, default_value_t = 100)]
+    /// Creates per mode (warm pool, cold).
+    #[arg(long, default_value_t = 200)]
     n: usize,
-    /// Template the sessions start from.
+    /// Exec round trips on one session.
+    #[arg(long, default_value_t = 1000)]
+    exec_n: usize,
+    /// Runs of each peer runtime.
+    #[arg(long, default_value_t = 100)]
+    peer_n: usize,
+    /// Concurrent creates of the burst measure (0 skips it).
+    #[arg(long, default_value_t = 100)]
+    burst: usize,
+    /// Idle sessions of the density measure (0 skips it).
+    #[arg(long, default_value_t = 500)]
+    density: usize,
+    /// Template the sessions and the peers start from.
     #[arg(long, default_value = "busybox")]
     template: String,
+    /// Warm pool size during the warm measures.
+    #[arg(long, default_value_t = 8)]
+    pool: u32,
+    /// The server's `--cgroup-parent` (density reads the sandboxes' memory there).
+    #[arg(long, default_value = "space")]
+    cgroup_parent: String,
+    /// Skip `runc` and `bwrap`.
+    #[arg(long)]
+    no_peers: bool,
     /// Directory the JSON results are written to.
     #[arg(long, default_value = "bench/results")]
-    out: std::path::PathBuf,
+    out: PathBuf,
 }
 
-#[derive(Debug, Serialize)]
-struct Measure {
-    measure: String,
-    n: usize,
-    p50_ms: f64,
-    p90_ms: f64,
-    p99_ms: f64,
-    mean_ms: f64,
-}
-
-fn summarize(name: &str, mut samples: Vec<Duration>) -> Measure {
-    samples.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let pick = |q: f64| ms(samples[((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1]);
-    Measure {
-        measure: name.to_owned(),
-        n: samples.len(),
-        p50_ms: pick(0.50),
-        p90_ms: pick(0.90),
-        p99_ms: pick(0.99),
-        mean_ms: samples.iter().map(|d| ms(*d)).sum::<f64>() / samples.len() as f64,
+pub async fn run(client: &Client, args: BenchArgs, data_dir: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(args.n >= 2 && args.exec_n > 0, "--n must be at least 2 and --exec-n at least 1");
+    let initial = api::pool(client).await?;
+    let size_before = initial.templates.iter().find(|t| t.template == args.template).map_or(0, |t| t.size);
+    let mut report = Report::default();
+    let result = measure_all(client, &args, data_dir, &mut report).await;
+    if let Err(e) = api::set_pool(client, &args.template, size_before).await {
+        eprintln!("warning: restoring the pool size of {}: {e:#}", args.template);
     }
+    result?;
+    report.print();
+    report.save(&args.out)
 }
 
-async fn create(client: &Client, template: &str) -> anyhow::Result<Session> {
-    let request = CreateSessionRequest { template: Some(template.to_owned()), ..Default::default() };
-    client.post_json("/v1/sessions", &request).await
-}
-
-async fn run_true(client: &Client, id: &str) -> anyhow::Result<()> {
-    let request = ExecRequest { cmd: vec!["true".into()], ..Default::default() };
-    let result: ExecResult = client.post_json(&format!("/v1/sessions/{id}/exec"), &request).await?;
-    anyhow::ensure!(result.exit_code == Some(0), "true exited with {:?}", result.exit_code);
+async fn measure_all(client: &Client, args: &BenchArgs, data_dir: &Path, report: &mut Report) -> anyhow::Result<()> {
+    let template = args.template.as_str();
+    eprintln!("creates: warm pool of {} ({} samples)", args.pool, args.n);
+    api::set_pool(client, template, args.pool).await?;
+    let warm = api::creates(client, template, args.n, true).await?;
+    eprintln!("creates: cold ({} samples)", args.n);
+    api::set_pool(client, template, 0).await?;
+    let cold = api::creates(client, template, args.n, false).await?;
+    for (mode, samples) in [("warm", warm), ("cold", cold)] {
+        report.add(summarize(&format!("create_api_{mode}"), samples.create));
+        report.add(summarize(&format!("create_true_exited_{mode}"), samples.create_true));
+        report.add(summarize(&format!("time_to_first_output_{mode}"), samples.first_output));
+    }
+    eprintln!("exec round trips ({})", args.exec_n);
+    report.add(summarize("exec_true_round_trip", api::exec_round_trips(client, template, args.exec_n).await?));
+    if !args.no_peers {
+        peer_measures(client, args, data_dir, report).await?;
+    }
+    if args.burst > 0 {
+        burst_measures(client, args, report).await?;
+    }
+    if args.density > 0 {
+        eprintln!("density: {} idle sessions", args.density);
+        api::set_pool(client, template, 0).await?;
+        report.add_value(density::measure(client, template, args.density, &args.cgroup_parent).await?);
+    }
     Ok(())
 }
 
-async fn destroy(client: &Client, id: &str) {
-    let _ = client.delete_json::<Session>(&format!("/v1/sessions/{id}?wait=false")).await;
+async fn peer_measures(client: &Client, args: &BenchArgs, data_dir: &Path, report: &mut Report) -> anyhow::Result<()> {
+    let rootfs = template_rootfs(client, &args.template, data_dir).await?;
+    let n = args.peer_n;
+    eprintln!("peers on {} ({n} runs each)", rootfs.display());
+    let work = std::env::temp_dir().join(format!("space-bench-{}", std::process::id()));
+    let root = rootfs.clone();
+    let runc = tokio::task::spawn_blocking(move || peers::runc_true(&root, &work, n)).await??;
+    report.add(summarize("runc_run_true", runc));
+    let bwrap = tokio::task::spawn_blocking(move || peers::bwrap_true(&rootfs, n)).await??;
+    report.add(summarize("bwrap_true", bwrap));
+    for peer in ["runc_run_true", "bwrap_true"] {
+        for ours in ["create_true_exited_warm", "create_true_exited_cold"] {
+            report.add_ratio(peer, ours);
+        }
+    }
+    Ok(())
 }
 
-pub async fn run(client: &Client, args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.n > 0, "--n must be at least 1");
-    let (mut create_only, mut create_and_true) = (Vec::new(), Vec::new());
-    for _ in 0..args.n {
-        let t0 = Instant::now();
-        let session = create(client, &args.template).await?;
-        let t1 = Instant::now();
-        run_true(client, session.id.as_str()).await?;
-        let t2 = Instant::now();
-        create_only.push(t1 - t0);
-        create_and_true.push(t2 - t0);
-        destroy(client, session.id.as_str()).await;
-    }
-    let session = create(client, &args.template).await?;
-    let mut exec_rtt = Vec::new();
-    for _ in 0..args.n {
-        let t0 = Instant::now();
-        run_true(client, session.id.as_str()).await?;
-        exec_rtt.push(t0.elapsed());
-    }
-    destroy(client, session.id.as_str()).await;
-
-    let measures = [
-        summarize("cold_create_api", create_only),
-        summarize("cold_create_until_true_exited", create_and_true),
-        summarize("exec_true_round_trip", exec_rtt),
-    ];
-    let rows: Vec<Vec<String>> = measures
+/// The template's files in the pool: the same root filesystem the peers run from.
+async fn template_rootfs(client: &Client, template: &str, data_dir: &Path) -> anyhow::Result<PathBuf> {
+    let list: space_api::TemplateList = client.get_json("/v1/templates").await?;
+    let version = list
+        .templates
         .iter()
-        .map(|m| {
-            vec![
-                m.measure.clone(),
-                m.n.to_string(),
-                format!("{:.2}", m.p50_ms),
-                format!("{:.2}", m.p90_ms),
-                format!("{:.2}", m.p99_ms),
-            ]
-        })
-        .collect();
-    print_table(&["MEASURE", "N", "P50 MS", "P90 MS", "P99 MS"], &rows);
-    let mut lines = String::new();
-    for m in &measures {
-        let line = serde_json::to_string(m)?;
-        println!("{line}");
-        lines.push_str(&line);
-        lines.push('\n');
+        .filter(|t| t.name == template)
+        .map(|t| t.version)
+        .max()
+        .with_context(|| format!("template {template} is not built"))?;
+    let path = data_dir.join(format!("pool/templates/{template}@{version}"));
+    anyhow::ensure!(
+        path.is_dir(),
+        "{} does not exist: run the benchmark on the server's machine with its --data-dir, or pass --no-peers",
+        path.display()
+    );
+    Ok(path)
+}
+
+async fn burst_measures(client: &Client, args: &BenchArgs, report: &mut Report) -> anyhow::Result<()> {
+    let (template, count) = (args.template.as_str(), args.burst);
+    for (mode, pool) in [("warm", count as u32), ("cold", 0)] {
+        eprintln!("burst: {count} concurrent creates, pool {pool}");
+        api::set_pool(client, template, pool).await?;
+        api::wait_pool_ready(client, template, pool).await?;
+        let (latencies, all, ids) = api::burst(client, template, count).await?;
+        api::destroy_all(client, &ids).await;
+        report.add(summarize(&format!("burst_{count}_create_{mode}"), latencies));
+        report.add_value(json!({
+            "measure": format!("burst_{count}_all_running_{mode}"),
+            "n": count,
+            "total_ms": round(all.as_secs_f64() * 1000.0),
+        }));
     }
-    save(&args.out, &lines)
-}
-
-fn machine() -> serde_json::Value {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let memory = read("/proc/meminfo").lines().next().unwrap_or_default().to_owned();
-    let model = read("/proc/cpuinfo").lines().find(|l| l.starts_with("model name")).unwrap_or_default().to_owned();
-    serde_json::json!({ "cpus": cpus, "kernel": read("/proc/sys/kernel/osrelease").trim(), "memory": memory, "cpu": model })
-}
-
-fn save(dir: &std::path::Path, lines: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
-    let path = dir.join(format!("{stamp}.jsonl"));
-    let header = serde_json::json!({ "machine": machine(), "at": stamp });
-    std::fs::write(&path, format!("{header}\n{lines}"))?;
-    eprintln!("saved {}", path.display());
     Ok(())
 }

@@ -39,14 +39,22 @@ pub struct Server {
     pub url: String,
     pub key: String,
     pub cgroup_parent: String,
+    /// Extra `space serve` flags, used by every (re)start.
+    pub extra_args: Vec<String>,
     port: u16,
     child: Option<Child>,
     log: PathBuf,
 }
 
 impl Server {
-    /// Starts a server whose default template is `busybox` (built at start).
+    /// Starts a server whose default template is `busybox` (built at start), with the default
+    /// warm pool (4 busybox pods).
     pub fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// Like [`Server::start`], with extra `space serve` flags (e.g. `--pool`).
+    pub fn start_with(extra_args: &[&str]) -> Server {
         let tag: String = (0..8).map(|_| rand::rng().random_range(b'a'..=b'z') as char).collect();
         let data_dir = PathBuf::from(format!("/var/tmp/space-test-{tag}"));
         std::fs::create_dir_all(&data_dir).unwrap();
@@ -57,6 +65,7 @@ impl Server {
             url: format!("http://127.0.0.1:{port}"),
             key: String::new(),
             cgroup_parent: format!("space-test-{tag}"),
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             port,
             child: None,
         };
@@ -75,6 +84,7 @@ impl Server {
             .arg(&self.data_dir)
             .arg("--spaced")
             .arg(spaced_bin())
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -201,6 +211,27 @@ impl Server {
     /// Sandbox cgroups that still exist under this server's parent.
     pub fn sandbox_cgroups(&self) -> Vec<PathBuf> {
         cgroup_dirs(&self.cgroup_parent)
+    }
+
+    /// The warm pool's state for `template`.
+    pub fn pool(&self, template: &str) -> Value {
+        let (status, pool) = self.call("GET", "/v1/pool", None);
+        assert_eq!(status, 200, "{pool}");
+        let templates = pool["templates"].as_array().cloned().unwrap_or_default();
+        templates.into_iter().find(|t| t["template"] == template).unwrap_or(Value::Null)
+    }
+
+    /// Waits until `template`'s pool has at least `ready` pods.
+    pub fn wait_pool_ready(&self, template: &str, ready: u64) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let pool = self.pool(template);
+            if pool["ready"].as_u64().unwrap_or(0) >= ready {
+                return pool;
+            }
+            assert!(Instant::now() < deadline, "pool never reached {ready} ready: {pool}\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn sandbox_roots(&self) -> Vec<String> {

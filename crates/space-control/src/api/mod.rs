@@ -2,6 +2,7 @@
 
 mod exec;
 mod files;
+mod pool;
 mod sessions;
 mod system;
 mod templates;
@@ -32,6 +33,7 @@ const JSON_BODY_LIMIT: usize = 1 << 20;
         files::download, files::upload, files::list, files::stat, files::mkdir, files::move_path,
         files::remove, files::watch_ws,
         templates::list_templates, templates::import_template, templates::build_template,
+        pool::get_pool, pool::set_pool_size,
     ),
     modifiers(&BearerAuth),
     security(("api_key" = []))
@@ -70,6 +72,8 @@ pub fn router(state: AppState) -> Router {
     let authed = Router::new()
         .route("/status", get(system::status))
         .route("/keys", post(system::create_key))
+        .route("/pool", get(pool::get_pool))
+        .route("/pool/{template}", axum::routing::put(pool::set_pool_size))
         .route("/operations/{id}", get(system::get_operation))
         .route("/sessions", post(sessions::create_session).get(sessions::list_sessions))
         .route("/sessions/{id}", get(sessions::get_session).delete(sessions::destroy_session))

@@ -78,7 +78,7 @@ fn check_env(request: &CreateSessionRequest) -> AppResult<()> {
     Ok(())
 }
 
-fn check_template(state: &AppState, name: &str) -> AppResult<()> {
+pub(super) fn check_template(state: &AppState, name: &str) -> AppResult<()> {
     if state.node.resolve_template(name).is_some() || state.node.is_builtin(name) {
         return Ok(());
     }

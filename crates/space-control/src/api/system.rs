@@ -29,6 +29,7 @@ pub async fn status(State(state): State<AppState>, Extension(caller): Extension<
         node_id: state.node_id.clone(),
         sessions,
         templates,
+        pool: state.node.pool_status(),
     }))
 }
 

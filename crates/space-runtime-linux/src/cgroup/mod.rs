@@ -43,6 +43,8 @@ pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
     fn version(&self) -> u8;
     /// Creates the cgroup (and its parents) and applies the limits.
     fn create(&self, name: &Path, limits: &Limits) -> Result<(), CgroupError>;
+    /// Replaces the limits of an existing cgroup.
+    fn set_limits(&self, name: &Path, limits: &Limits) -> Result<(), CgroupError>;
     /// Moves a process into the cgroup in every hierarchy.
     fn attach(&self, name: &Path, pid: u32) -> Result<(), CgroupError>;
     fn exists(&self, name: &Path) -> bool;

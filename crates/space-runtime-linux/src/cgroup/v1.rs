@@ -41,11 +41,17 @@ impl V1 {
     fn apply_limits(&self, name: &Path, limits: &Limits) -> Result<(), CgroupError> {
         let memory = self.dir("memory", name);
         if limits.memory_mib > 0 {
-            let bytes = (limits.memory_mib * 1024 * 1024).to_string();
-            write(&memory, "memory.limit_in_bytes", &bytes)?;
+            let bytes = limits.memory_mib * 1024 * 1024;
             // Without swap accounting the file is absent; with it, swap must not extend the limit.
-            if memory.join("memory.memsw.limit_in_bytes").exists() {
-                write(&memory, "memory.memsw.limit_in_bytes", &bytes)?;
+            // The kernel keeps memsw ≥ memory at every step, so the order depends on the direction.
+            let memsw = memory.join("memory.memsw.limit_in_bytes").exists();
+            let raising = memsw && read_u64(&memory, "memory.memsw.limit_in_bytes")? < bytes;
+            if raising {
+                write(&memory, "memory.memsw.limit_in_bytes", &bytes.to_string())?;
+            }
+            write(&memory, "memory.limit_in_bytes", &bytes.to_string())?;
+            if memsw && !raising {
+                write(&memory, "memory.memsw.limit_in_bytes", &bytes.to_string())?;
             }
         }
         let cpu = self.dir("cpu", name);
@@ -90,6 +96,10 @@ impl Backend for V1 {
             mkdir_all(&h.mount_point.join(name))?;
             init_cpuset(h, name)?;
         }
+        self.apply_limits(name, limits)
+    }
+
+    fn set_limits(&self, name: &Path, limits: &Limits) -> Result<(), CgroupError> {
         self.apply_limits(name, limits)
     }
 

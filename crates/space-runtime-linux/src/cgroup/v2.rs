@@ -62,6 +62,10 @@ impl Backend for V2 {
         self.apply_limits(&dir, limits)
     }
 
+    fn set_limits(&self, name: &Path, limits: &Limits) -> Result<(), CgroupError> {
+        self.apply_limits(&self.dir(name), limits)
+    }
+
     fn attach(&self, name: &Path, pid: u32) -> Result<(), CgroupError> {
         write(&self.dir(name), "cgroup.procs", &pid.to_string())
     }

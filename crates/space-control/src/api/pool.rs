@@ -1,0 +1,36 @@
+//! The node's warm pool: how many ready sandboxes each template keeps, and how it is doing.
+
+use axum::Extension;
+use axum::extract::{Path, State};
+use space_api::{ErrorBody, ErrorCode, PoolStatus, SetPoolSizeRequest};
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiJson, AppError, AppResult};
+
+/// Warm pool state: per template its size, ready and filling pods, hits and misses.
+#[utoipa::path(get, path = "/v1/pool", responses((status = 200, body = PoolStatus)))]
+pub async fn get_pool(State(state): State<AppState>) -> AppResult<ApiJson<PoolStatus>> {
+    Ok(ApiJson(state.node.pool_status()))
+}
+
+/// Sets how many ready pods the node keeps for a template (admin only; 0 turns it off).
+/// Takes effect at once and lasts until the server restarts; `space serve --pool` sets it at start.
+#[utoipa::path(put, path = "/v1/pool/{template}", params(("template" = String, Path)), request_body = SetPoolSizeRequest,
+    responses((status = 200, body = PoolStatus), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
+pub async fn set_pool_size(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(template): Path<String>,
+    ApiJson(request): ApiJson<SetPoolSizeRequest>,
+) -> AppResult<ApiJson<PoolStatus>> {
+    if !caller.admin {
+        return Err(AppError::new(ErrorCode::Forbidden, "only the admin key can size the warm pool"));
+    }
+    if request.size > space_node::MAX_POOL_SIZE {
+        return Err(AppError::bad_request(format!("size must be at most {}", space_node::MAX_POOL_SIZE)));
+    }
+    super::sessions::check_template(&state, &template)?;
+    state.node.set_pool_size(&template, request.size);
+    Ok(ApiJson(state.node.pool_status()))
+}
