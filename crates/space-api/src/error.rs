@@ -17,6 +17,9 @@ pub enum ErrorCode {
     IdempotencyConflict,
     PayloadTooLarge,
     UnknownTemplate,
+    SnapshotNotFound,
+    /// The server lacks what the feature needs (e.g. CRIU for full snapshots).
+    FeatureUnavailable,
     SandboxUnavailable,
     FileNotFound,
     FileExists,
@@ -39,11 +42,14 @@ impl ErrorCode {
             | ErrorCode::DirectoryNotEmpty => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::PermissionDenied => 403,
-            ErrorCode::NotFound | ErrorCode::FileNotFound | ErrorCode::NoSuchProcess => 404,
+            ErrorCode::NotFound | ErrorCode::FileNotFound | ErrorCode::NoSuchProcess | ErrorCode::SnapshotNotFound => {
+                404
+            }
             ErrorCode::Conflict | ErrorCode::InvalidState | ErrorCode::IdempotencyConflict | ErrorCode::FileExists => {
                 409
             }
             ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::FeatureUnavailable => 501,
             ErrorCode::SandboxUnavailable => 503,
             ErrorCode::Timeout => 504,
             ErrorCode::Internal => 500,

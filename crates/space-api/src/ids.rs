@@ -103,6 +103,7 @@ typed_id!(SandboxId, "sbx_", "sandbox");
 typed_id!(OperationId, "op_", "operation");
 typed_id!(TenantId, "ten_", "tenant");
 typed_id!(NodeId, "node_", "node");
+typed_id!(SnapshotId, "snap_", "snapshot");
 
 #[cfg(test)]
 mod tests {

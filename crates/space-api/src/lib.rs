@@ -3,8 +3,10 @@
 
 pub mod error;
 pub mod ids;
+pub mod policy;
 pub mod types;
 
 pub use error::{ApiError, ErrorBody, ErrorCode};
-pub use ids::{IdError, NodeId, OperationId, SandboxId, SessionId, TenantId};
+pub use ids::{IdError, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId};
+pub use policy::{Retention, RetentionTier, SnapshotPolicy};
 pub use types::*;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::ids::{OperationId, SandboxId, SessionId, TenantId};
+use crate::ids::{OperationId, SandboxId, SessionId, SnapshotId, TenantId};
 
 /// Where a session is in its life. Transitional states (`creating`, `destroying`) always end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -13,6 +13,10 @@ use crate::ids::{OperationId, SandboxId, SessionId, TenantId};
 pub enum SessionState {
     Creating,
     Running,
+    /// Frozen in place: processes stopped, memory kept on the node.
+    Paused,
+    /// Going back to a snapshot in a new sandbox.
+    Restoring,
     Destroying,
     Destroyed,
     /// Creation failed; `error` says why. Only `destroy` is allowed.
@@ -24,6 +28,8 @@ impl SessionState {
         match self {
             SessionState::Creating => "creating",
             SessionState::Running => "running",
+            SessionState::Paused => "paused",
+            SessionState::Restoring => "restoring",
             SessionState::Destroying => "destroying",
             SessionState::Destroyed => "destroyed",
             SessionState::Failed => "failed",
@@ -34,6 +40,8 @@ impl SessionState {
         Some(match s {
             "creating" => SessionState::Creating,
             "running" => SessionState::Running,
+            "paused" => SessionState::Paused,
+            "restoring" => SessionState::Restoring,
             "destroying" => SessionState::Destroying,
             "destroyed" => SessionState::Destroyed,
             "failed" => SessionState::Failed,
@@ -42,7 +50,7 @@ impl SessionState {
     }
 
     pub fn is_transitional(self) -> bool {
-        matches!(self, SessionState::Creating | SessionState::Destroying)
+        matches!(self, SessionState::Creating | SessionState::Restoring | SessionState::Destroying)
     }
 }
 
@@ -73,6 +81,14 @@ pub struct CreateSessionRequest {
     /// Environment variables set for every command in the session.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Automatic snapshots and their retention; default: the server's policy.
+    pub snapshot_policy: Option<crate::policy::SnapshotPolicy>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSessionRequest {
+    pub snapshot_policy: Option<crate::policy::SnapshotPolicy>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -83,6 +99,7 @@ pub struct Session {
     pub state: SessionState,
     pub resources: Resources,
     pub env: BTreeMap<String, String>,
+    pub snapshot_policy: crate::policy::SnapshotPolicy,
     /// Why the last operation failed, if it did.
     pub error: Option<String>,
     pub sandbox_id: Option<SandboxId>,
@@ -399,4 +416,73 @@ pub struct TemplatePool {
 pub struct SetPoolSizeRequest {
     /// Ready pods to keep for the template (0 turns its pool off).
     pub size: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotKind {
+    /// A read-only copy of the root filesystem, taken while the sandbox is frozen.
+    Disk,
+    /// Disk plus the memory and state of every process (CRIU).
+    Full,
+}
+
+impl SnapshotKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotKind::Disk => "disk",
+            SnapshotKind::Full => "full",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "disk" => Some(SnapshotKind::Disk),
+            "full" => Some(SnapshotKind::Full),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Snapshot {
+    pub id: SnapshotId,
+    pub session_id: SessionId,
+    pub kind: SnapshotKind,
+    /// Given by the user; named snapshots are never pruned by the schedule.
+    pub name: Option<String>,
+    /// The session's previous snapshot, if any.
+    pub parent: Option<SnapshotId>,
+    /// Apparent size of the files (and of the process image, for full snapshots).
+    pub size_bytes: u64,
+    /// Unix time in milliseconds.
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotList {
+    pub snapshots: Vec<Snapshot>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshotRequest {
+    /// `disk` (default) or `full`.
+    pub kind: Option<SnapshotKind>,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    pub snapshot: SnapshotId,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// Snapshot to fork from; default: a new snapshot of the session as it is now.
+    pub from: Option<SnapshotId>,
+    /// How many sessions to create (default 1).
+    pub count: Option<u32>,
 }

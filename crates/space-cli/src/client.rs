@@ -75,6 +75,10 @@ impl Client {
         Ok(self.send(self.request(Method::PUT, path).json(body)).await?.json().await?)
     }
 
+    pub async fn patch_json<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+        Ok(self.send(self.request(Method::PATCH, path).json(body)).await?.json().await?)
+    }
+
     pub async fn delete_json<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         Ok(self.send(self.request(Method::DELETE, path)).await?.json().await?)
     }

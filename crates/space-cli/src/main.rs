@@ -7,6 +7,7 @@ mod files;
 mod output;
 mod serve;
 mod sessions;
+mod snapshots;
 mod templates;
 
 use std::path::PathBuf;
@@ -54,6 +55,9 @@ enum Command {
     /// Copy files into and out of a session.
     #[command(subcommand)]
     Files(files::FilesCommand),
+    /// Take, list and delete session snapshots.
+    #[command(subcommand)]
+    Snapshot(snapshots::SnapshotCommand),
     /// Manage templates.
     #[command(subcommand)]
     Template(templates::TemplateCommand),
@@ -125,6 +129,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Files(cmd) => files::run(&client, cmd, json).await?,
         Command::Template(cmd) => templates::run(&client, cmd, json).await?,
+        Command::Snapshot(cmd) => snapshots::run(&client, cmd, json).await?,
         Command::Key(KeyCommand::Create { tenant }) => {
             let key: space_api::CreatedKey =
                 client.post_json("/v1/keys", &space_api::CreateKeyRequest { tenant }).await?;

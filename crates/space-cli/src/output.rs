@@ -87,6 +87,7 @@ pub fn print_session(s: &Session, json: bool) -> anyhow::Result<()> {
         ("memory", format!("{} MiB", s.resources.memory_mib)),
         ("pids", s.resources.pids.to_string()),
         ("env", s.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")),
+        ("snapshots", s.snapshot_policy.to_string()),
         ("created", time(s.created_at)),
         ("error", s.error.clone().unwrap_or_default()),
     ];

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use space_api::SnapshotPolicy;
 use space_control::ServerConfig;
 use space_node::{Limits, NodeConfig, WarmSettings};
 use space_storage::{DEFAULT_IMAGE_SIZE, DEFAULT_TEMPLATE_CACHE_DIR, IdMap};
@@ -41,6 +42,13 @@ pub struct ServeArgs {
     /// default: 4 of the default template). Changeable at run time with `space pool set`.
     #[arg(long)]
     pool: Option<String>,
+    /// Snapshot policy of sessions created without one, e.g.
+    /// `disk=1m,full=15m,keep=1h,hourly=1d,daily=7d` (the default) or `off`.
+    #[arg(long, default_value_t = SnapshotPolicy::default())]
+    snapshot_policy: SnapshotPolicy,
+    /// How often the snapshot scheduler runs, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    snapshot_tick_ms: u64,
     /// How many pods may be prepared at the same time (default: half the CPUs, at least 1),
     /// so refilling never takes every core from running sandboxes.
     #[arg(long)]
@@ -122,6 +130,8 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         listen: args.listen,
         prepare_templates: args.prepare_templates.unwrap_or_else(|| vec![args.default_template.clone()]),
         default_template: args.default_template,
+        snapshot_policy: args.snapshot_policy,
+        scheduler_tick: std::time::Duration::from_millis(args.snapshot_tick_ms.max(10)),
         node: NodeConfig {
             data_dir: data_dir.clone(),
             spaced_bin: find_spaced(args.spaced)?,

@@ -4,7 +4,10 @@ use std::collections::BTreeMap;
 
 use anyhow::bail;
 use clap::Subcommand;
-use space_api::{CreateSessionRequest, EventList, Session, SessionList};
+use space_api::{
+    CreateSessionRequest, EventList, ForkRequest, RestoreRequest, Session, SessionList, SnapshotPolicy,
+    UpdateSessionRequest,
+};
 
 use crate::client::Client;
 use crate::output::{self, SESSION_HEADER, print_json, print_session, print_table, session_row};
@@ -26,6 +29,16 @@ pub enum SessionCommand {
         /// Environment variable for every command, `K=V` (repeatable).
         #[arg(long = "env", value_name = "K=V")]
         env: Vec<String>,
+        /// Automatic snapshots, e.g. `disk=1m,full=15m,keep=1h,hourly=1d,daily=7d` or `off`
+        /// (default: the server's).
+        #[arg(long)]
+        snapshot_policy: Option<SnapshotPolicy>,
+    },
+    /// Change a session's settings.
+    Update {
+        id: String,
+        #[arg(long)]
+        snapshot_policy: Option<SnapshotPolicy>,
     },
     /// List your sessions.
     List {
@@ -39,6 +52,30 @@ pub enum SessionCommand {
     Destroy { id: String },
     /// A session's state transitions and events.
     Events { id: String },
+    /// Freeze every process of a session in place (memory stays on the node).
+    Pause { id: String },
+    /// Continue a paused session.
+    Resume { id: String },
+    /// Return a session to one of its snapshots.
+    Restore { id: String, snapshot: String },
+    /// New sessions that continue from a snapshot of this one; prints their ids.
+    Fork {
+        id: String,
+        /// Snapshot to fork from (default: a new disk snapshot of the session as it is now).
+        #[arg(long)]
+        from: Option<String>,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+    },
+}
+
+/// Prints a session's id and state (or the session as JSON).
+fn print_state(session: &Session, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(session);
+    }
+    println!("{} {}", session.id, session.state.as_str());
+    Ok(())
 }
 
 fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
@@ -53,8 +90,9 @@ fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
 
 pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        SessionCommand::Create { template, cpus, memory, pids, env } => {
-            let request = CreateSessionRequest { template, cpus, memory_mib: memory, pids, env: parse_env(&env)? };
+        SessionCommand::Create { template, cpus, memory, pids, env, snapshot_policy } => {
+            let env = parse_env(&env)?;
+            let request = CreateSessionRequest { template, cpus, memory_mib: memory, pids, env, snapshot_policy };
             let session: Session = client.post_json("/v1/sessions", &request).await?;
             if json {
                 print_json(&serde_json::json!({ "id": session.id, "session": session }))?;
@@ -75,11 +113,31 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
             print_session(&session, json)?;
         }
         SessionCommand::Destroy { id } => {
-            let session: Session = client.delete_json(&format!("/v1/sessions/{id}")).await?;
+            print_state(&client.delete_json(&format!("/v1/sessions/{id}")).await?, json)?;
+        }
+        SessionCommand::Update { id, snapshot_policy } => {
+            let request = UpdateSessionRequest { snapshot_policy };
+            let session: Session = client.patch_json(&format!("/v1/sessions/{id}"), &request).await?;
+            print_session(&session, json)?;
+        }
+        SessionCommand::Pause { id } => {
+            print_state(&client.post_json(&format!("/v1/sessions/{id}/pause"), &()).await?, json)?;
+        }
+        SessionCommand::Resume { id } => {
+            print_state(&client.post_json(&format!("/v1/sessions/{id}/resume"), &()).await?, json)?;
+        }
+        SessionCommand::Restore { id, snapshot } => {
+            let request = RestoreRequest { snapshot: snapshot.parse()? };
+            print_state(&client.post_json(&format!("/v1/sessions/{id}/restore"), &request).await?, json)?;
+        }
+        SessionCommand::Fork { id, from, count } => {
+            let request = ForkRequest { from: from.map(|f| f.parse()).transpose()?, count: Some(count) };
+            let list: SessionList = client.post_json(&format!("/v1/sessions/{id}/fork"), &request).await?;
             if json {
-                print_json(&session)?;
-            } else {
-                println!("{} {}", session.id, session.state.as_str());
+                return print_json(&list);
+            }
+            for session in &list.sessions {
+                println!("{}", session.id);
             }
         }
         SessionCommand::Events { id } => {

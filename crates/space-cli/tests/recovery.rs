@@ -77,3 +77,58 @@ fn running_sandboxes_survive_a_server_restart() {
     let events: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(events["events"].as_array().unwrap().len() >= 2);
 }
+
+#[test]
+fn kill9_during_restore_and_fork_leaves_stable_sessions_and_usable_snapshots() {
+    require_root!();
+    let mut server = Server::start_with(&["--pool", ""]);
+    let id = server.create_session(json!({}));
+    server.exec(&id, &["sh", "-c", "echo kept > /root/f"]);
+    let (status, snap) = server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(json!({})));
+    assert_eq!(status, 201, "{snap}");
+    let snapshot = snap["id"].as_str().unwrap().to_owned();
+    for round in 0..6u64 {
+        let (url, key) = (server.url.clone(), server.key.clone());
+        let path =
+            if round % 2 == 0 { format!("/v1/sessions/{id}/restore") } else { format!("/v1/sessions/{id}/fork") };
+        let body =
+            if round % 2 == 0 { json!({ "snapshot": snapshot }) } else { json!({ "from": snapshot, "count": 2 }) };
+        let call = std::thread::spawn(move || {
+            let auth = format!("Authorization: Bearer {key}");
+            let url = format!("{url}{path}");
+            let data = body.to_string();
+            common::curl(&[
+                "-s",
+                "-m",
+                "5",
+                "-X",
+                "POST",
+                "-H",
+                &auth,
+                "-H",
+                "content-type: application/json",
+                "-d",
+                &data,
+                &url,
+            ]);
+        });
+        std::thread::sleep(Duration::from_millis(2 + round * 7));
+        server.kill9();
+        let _ = call.join();
+        server.spawn();
+        let (_, list) = server.call("GET", "/v1/sessions", None);
+        for s in list["sessions"].as_array().unwrap() {
+            let state = settled(&server, s["id"].as_str().unwrap());
+            assert!(matches!(state.as_str(), "running" | "failed"), "{}: {state}", s["id"]);
+        }
+        if settled(&server, &id) == "failed" {
+            break;
+        }
+    }
+    // The snapshot is still usable: a fresh fork from it has the file.
+    let (status, forks) =
+        server.call("POST", &format!("/v1/sessions/{id}/fork"), Some(json!({ "from": snapshot, "count": 1 })));
+    assert_eq!(status, 201, "{forks}");
+    let child = forks["sessions"][0]["id"].as_str().unwrap();
+    assert_eq!(server.exec(child, &["cat", "/root/f"])["stdout"], "kept\n");
+}

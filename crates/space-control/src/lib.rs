@@ -10,12 +10,15 @@ pub mod error;
 pub mod idempotency;
 pub mod reconciler;
 pub mod recovery;
+pub mod scheduler;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use space_api::NodeId;
+use std::collections::HashMap;
+
+use space_api::{NodeId, SessionId, SnapshotPolicy};
 use space_node::{Node, NodeConfig};
 use space_store::Store;
 
@@ -28,6 +31,10 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub default_template: String,
+    /// Policy of sessions created without one.
+    pub snapshot_policy: SnapshotPolicy,
+    /// How often the snapshot scheduler looks for due snapshots.
+    pub scheduler_tick: std::time::Duration,
     /// Built-in templates to build at start if missing.
     pub prepare_templates: Vec<String>,
     pub node: NodeConfig,
@@ -40,7 +47,23 @@ pub struct AppState {
     pub node: Arc<Node>,
     pub node_id: String,
     pub default_template: String,
+    pub snapshot_policy: SnapshotPolicy,
     pub reconciler: Reconciler,
+    /// Serialises lifecycle calls (pause, resume, snapshot, restore) per session, so e.g. a
+    /// snapshot's thaw never undoes a pause that came in meanwhile.
+    session_locks: Arc<std::sync::Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl AppState {
+    pub async fn session_lock(&self, id: &SessionId) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.session_locks.lock().unwrap_or_else(|e| e.into_inner());
+            // Forget locks nobody holds or waits for, so the table stays small.
+            locks.retain(|_, l| Arc::strong_count(l) > 1);
+            locks.entry(id.clone()).or_default().clone()
+        };
+        lock.lock_owned().await
+    }
 }
 
 /// Why the server could not start: a message for the operator.
@@ -70,12 +93,15 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         node,
         node_id,
         default_template: config.default_template.clone(),
+        snapshot_policy: config.snapshot_policy.clone(),
         reconciler: reconciler.clone(),
+        session_locks: Default::default(),
     };
     recovery::recover(&state).await.map_err(context("recovering from the previous run"))?;
     // Only after recovery: its sweep destroys every sandbox no session owns, pods included.
     state.node.start_background();
     reconciler.spawn(state.clone());
+    scheduler::spawn(state.clone(), config.scheduler_tick);
     reconciler::prepare_templates(&state, &config.prepare_templates)
         .await
         .map_err(context("queueing template builds"))?;

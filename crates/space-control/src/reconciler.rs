@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, SessionId, SessionState};
+use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, SessionId, SessionState, SnapshotId};
 use space_node::TemplateInfo;
 use space_runtime::{Limits, SandboxHandle};
 use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord};
@@ -104,6 +104,7 @@ async fn perform(state: &AppState, op: OperationRecord) -> AppResult<()> {
     match op.kind {
         OperationKind::CreateSession => create_session(state, &op).await,
         OperationKind::DestroySession => destroy_session(state, &op).await,
+        OperationKind::RestoreSession => restore_session(state, &op).await,
         OperationKind::BuildTemplate | OperationKind::ImportTemplate => build_template(state, &op).await,
     }
 }
@@ -124,7 +125,11 @@ async fn create_session(state: &AppState, op: &OperationRecord) -> AppResult<()>
     if let Some(old) = &record.session.sandbox_id {
         remove_sandbox(state, old).await?;
     }
-    match start_sandbox(state, op, &record.session).await {
+    let started = match &record.source_snapshot {
+        Some(snapshot) => start_from_snapshot(state, &record.session, snapshot, SandboxId::generate()).await,
+        None => start_sandbox(state, op, &record.session).await,
+    };
+    match started {
         Ok(handle) => {
             let moved = state.store.transition(&id, &[SessionState::Creating], SessionState::Running, None).await?;
             if moved {
@@ -177,6 +182,101 @@ async fn start_sandbox(
     Ok(handle)
 }
 
+/// Starts sandbox `sandbox` for `session` from a snapshot (of any of the tenant's sessions).
+async fn start_from_snapshot(
+    state: &AppState,
+    session: &space_api::Session,
+    snapshot: &SnapshotId,
+    sandbox: SandboxId,
+) -> AppResult<SandboxHandle> {
+    let origin = state.store.snapshot_session(snapshot).await?.ok_or_else(|| {
+        AppError::new(
+            ErrorCode::SnapshotNotFound,
+            format!("snapshot {snapshot} was deleted before the sandbox started"),
+        )
+    })?;
+    let new = NewSandbox {
+        id: &sandbox,
+        session: &session.id,
+        node: &state.node_id,
+        template_version: session.template_version.unwrap_or(0).into(),
+        running_pid: None,
+    };
+    state.store.insert_sandbox(&new).await?;
+    let limits = Limits::from(&session.resources);
+    let hostname = space_node::hostname_for(&sandbox);
+    let handle = state.node.start_sandbox_from_snapshot(&sandbox, &origin, snapshot, limits, &hostname).await?;
+    state.store.set_sandbox_running(&sandbox, handle.pid).await?;
+    Ok(handle)
+}
+
+/// What a restore operation does: start `sandbox` from `snapshot`, then retire the others.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct RestoreInput {
+    pub snapshot: SnapshotId,
+    /// Named up front so a re-run after a crash finds (and replaces) a half-made attempt.
+    pub sandbox: SandboxId,
+}
+
+async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()> {
+    let id = session_of(op)?;
+    let input: RestoreInput = serde_json::from_str(op.input.as_deref().unwrap_or(""))
+        .map_err(|e| AppError::internal(format!("bad restore operation input: {e}")))?;
+    let Some(record) = state.store.session_any(&id).await? else {
+        return Ok(());
+    };
+    if record.session.state != SessionState::Restoring {
+        return Ok(());
+    }
+    let previous = record.session.sandbox_id.clone().filter(|s| *s != input.sandbox);
+    remove_sandbox(state, &input.sandbox).await?;
+    match start_from_snapshot(state, &record.session, &input.snapshot, input.sandbox.clone()).await {
+        Ok(handle) => {
+            for sandbox in state.store.live_sandboxes(&state.node_id).await? {
+                if sandbox.session_id == id && sandbox.id != handle.id {
+                    remove_sandbox(state, &sandbox.id).await?;
+                }
+            }
+            state.store.transition(&id, &[SessionState::Restoring], SessionState::Running, None).await?;
+            watch_exit(state.clone(), id, handle);
+            Ok(())
+        }
+        Err(e) => {
+            remove_sandbox(state, &input.sandbox).await?;
+            roll_back_restore(state, &id, previous, &e.0.message).await?;
+            Err(e)
+        }
+    }
+}
+
+/// A failed restore returns to the sandbox the session had, running (thawed), if it is
+/// still alive; otherwise the session fails.
+async fn roll_back_restore(
+    state: &AppState,
+    id: &SessionId,
+    previous: Option<SandboxId>,
+    message: &str,
+) -> AppResult<()> {
+    let live = state.store.live_sandboxes(&state.node_id).await?;
+    let alive = previous.and_then(|p| live.into_iter().find(|s| s.id == p)).and_then(|s| {
+        let handle = state.node.handle(&s.id, s.pid?);
+        state.node.is_alive(&handle).then_some(handle)
+    });
+    let message = format!("restore failed: {message}");
+    match alive {
+        Some(handle) => {
+            let _ = state.node.resume_sandbox(&handle.id);
+            state.store.set_session_sandbox(id, &handle.id).await?;
+            state.store.transition(id, &[SessionState::Restoring], SessionState::Running, Some(&message)).await?;
+            watch_exit(state.clone(), id.clone(), handle);
+        }
+        None => {
+            state.store.transition(id, &[SessionState::Restoring], SessionState::Failed, Some(&message)).await?;
+        }
+    }
+    Ok(())
+}
+
 async fn ensure_template(state: &AppState, op: &OperationId, name: &str) -> AppResult<TemplateInfo> {
     let store = state.store.clone();
     let op = op.clone();
@@ -210,6 +310,12 @@ async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()
             last_error = Some(e.0.message);
         }
     }
+    for snapshot in state.store.list_snapshots(&id).await? {
+        state.store.delete_snapshot_row(&snapshot.id).await?;
+        if let Err(e) = state.node.delete_snapshot(&id, &snapshot.id).await {
+            last_error = Some(e.to_string());
+        }
+    }
     // The session ends either way; leftovers are retried by the periodic sweep.
     state.store.transition(&id, &[SessionState::Destroying], SessionState::Destroyed, last_error.as_deref()).await?;
     Ok(())
@@ -228,13 +334,15 @@ pub fn watch_exit(state: AppState, session: SessionId, handle: SandboxHandle) {
         state.node.wait_exit(&handle).await;
         let still_ours = matches!(
             state.store.session_any(&session).await,
-            Ok(Some(r)) if r.session.state == SessionState::Running && r.session.sandbox_id.as_ref() == Some(&handle.id)
+            Ok(Some(r)) if matches!(r.session.state, SessionState::Running | SessionState::Paused)
+                && r.session.sandbox_id.as_ref() == Some(&handle.id)
         );
         if !still_ours {
             return;
         }
         let message = "the sandbox's init process exited unexpectedly; destroy the session and create a new one";
-        let _ = state.store.transition(&session, &[SessionState::Running], SessionState::Failed, Some(message)).await;
+        let from = [SessionState::Running, SessionState::Paused];
+        let _ = state.store.transition(&session, &from, SessionState::Failed, Some(message)).await;
         let _ = remove_sandbox(&state, &handle.id).await;
     });
 }

@@ -17,7 +17,7 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
     let requeued = state.store.requeue_running_operations().await?;
     state.store.idempotency_clear_unfinished().await?;
     let mut keep: HashSet<SandboxId> = HashSet::new();
-    let running = state.store.sessions_in_states(&[SessionState::Running]).await?;
+    let running = state.store.sessions_in_states(&[SessionState::Running, SessionState::Paused]).await?;
     let sandboxes = state.store.live_sandboxes(&state.node_id).await?;
     for record in running {
         let id = &record.session.id;
@@ -28,12 +28,20 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
         });
         match alive {
             Some(handle) => {
+                // A crash between freezing and recording the state leaves them disagreeing:
+                // the recorded state wins.
+                if record.session.state == SessionState::Paused {
+                    state.node.pause_sandbox(&handle.id).await?;
+                } else {
+                    state.node.resume_sandbox(&handle.id)?;
+                }
                 keep.insert(handle.id.clone());
                 watch_exit(state.clone(), id.clone(), handle);
             }
             None => {
                 let message = "the sandbox stopped while the server was down; destroy the session and create a new one";
-                state.store.transition(id, &[SessionState::Running], SessionState::Failed, Some(message)).await?;
+                let from = [SessionState::Running, SessionState::Paused];
+                state.store.transition(id, &from, SessionState::Failed, Some(message)).await?;
             }
         }
     }
@@ -45,6 +53,22 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
         }
     }
     let orphans = state.node.sweep(&keep).await?;
-    tracing::info!(requeued, removed, orphans = orphans.len(), kept = keep.len(), "recovered");
+    let snapshots = recover_snapshots(state).await?;
+    tracing::info!(requeued, removed, orphans = orphans.len(), kept = keep.len(), snapshots, "recovered");
     Ok(())
+}
+
+/// Snapshots a crash interrupted are deleted (they were never listed); snapshot directories
+/// without a row are orphans. Returns how many were removed.
+async fn recover_snapshots(state: &AppState) -> AppResult<usize> {
+    let mut keep = HashSet::new();
+    for (session, snapshot, ready) in state.store.all_snapshots().await? {
+        if ready {
+            keep.insert(snapshot);
+        } else {
+            state.store.delete_snapshot_row(&snapshot).await?;
+            state.node.delete_snapshot(&session, &snapshot).await?;
+        }
+    }
+    Ok(state.node.sweep_snapshots(&keep).await?)
 }

@@ -3,6 +3,7 @@
 //!
 //! Storage calls block on disk I/O, so they run on the blocking pool.
 
+mod lifecycle;
 mod templates;
 mod warm;
 
@@ -110,6 +111,17 @@ impl Node {
         let pool = self.pool.clone();
         let (sid, tpl, identity) = (id.clone(), template.clone(), SandboxIdentity { hostname: hostname.to_owned() });
         let rootfs = blocking(move || Ok(pool.create_sandbox_root(&sid, &tpl, identity)?)).await?;
+        self.boot(id, rootfs, limits, hostname).await
+    }
+
+    /// Starts a sandbox on a prepared root and connects to its `spaced`.
+    pub(crate) async fn boot(
+        &self,
+        id: &SandboxId,
+        rootfs: PathBuf,
+        limits: Limits,
+        hostname: &str,
+    ) -> Result<SandboxHandle> {
         let spec = SandboxSpec { id: id.clone(), rootfs, hostname: hostname.to_owned(), limits };
         let handle = self.runtime.start(&spec).await?;
         let agent = self.connect(&handle.id).await?;

@@ -341,6 +341,22 @@ impl Runtime for LinuxRuntime {
         self.cgroups.set_limits(&name, limits).map_err(|e| RuntimeError::Cgroup(e.to_string()))
     }
 
+    async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        let name = self.cgroup_name(id);
+        if !self.cgroups.exists(&name) {
+            return Err(RuntimeError::NotFound(id.clone()));
+        }
+        teardown::freeze(&*self.cgroups, &name, self.opts.stop_timeout).await
+    }
+
+    fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        let name = self.cgroup_name(id);
+        if !self.cgroups.exists(&name) {
+            return Err(RuntimeError::NotFound(id.clone()));
+        }
+        self.cgroups.set_frozen(&name, false).map_err(|e| RuntimeError::Cgroup(e.to_string()))
+    }
+
     fn is_alive(&self, handle: &SandboxHandle) -> bool {
         match process::proc_info(handle.pid) {
             Some(info) if !info.zombie && info.innermost_pid == Some(1) => {}

@@ -9,6 +9,8 @@ use crate::cgroup::{Backend, procs_recursive};
 use crate::process;
 
 const POLL: Duration = Duration::from_millis(2);
+/// A freeze of an idle sandbox completes within microseconds: poll finely.
+const FREEZE_POLL: Duration = Duration::from_micros(200);
 /// How long to wait for a freeze before killing anyway (a task stuck in the kernel can delay
 /// freezing; the kill loop below copes with stragglers).
 const FREEZE_WAIT: Duration = Duration::from_secs(1);
@@ -61,6 +63,21 @@ pub(crate) async fn kill_all(cg: &dyn Backend, name: &Path, timeout: Duration) -
         kill_members(cg, name);
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// Freezes the cgroup and waits until the kernel reports every member frozen. On timeout
+/// the cgroup is thawed again, so a failed pause leaves the sandbox running.
+pub(crate) async fn freeze(cg: &dyn Backend, name: &Path, timeout: Duration) -> Result<(), RuntimeError> {
+    cg.set_frozen(name, true).map_err(cgroup_err)?;
+    let deadline = Instant::now() + timeout;
+    while !cg.is_frozen(name) {
+        if Instant::now() >= deadline {
+            let _ = cg.set_frozen(name, false);
+            return Err(RuntimeError::Cgroup(format!("{}: not frozen after {timeout:?}", name.display())));
+        }
+        tokio::time::sleep(FREEZE_POLL).await;
+    }
+    Ok(())
 }
 
 /// SIGKILLs the cgroup's members through pidfds, checking each one's membership after

@@ -82,6 +82,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// a session that asked for other limits than the pod was prepared with).
     fn set_limits(&self, id: &SandboxId, limits: &Limits) -> Result<(), RuntimeError>;
 
+    /// Freezes every process of the sandbox in place; returns once they are all frozen.
+    fn pause(&self, id: &SandboxId) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Thaws a paused sandbox.
+    fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError>;
+
     /// Whether the sandbox's pid 1 is still the process recorded in `handle`.
     fn is_alive(&self, handle: &SandboxHandle) -> bool;
 

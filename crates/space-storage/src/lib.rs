@@ -27,6 +27,7 @@ pub mod mount;
 mod pool;
 mod progress;
 mod shift;
+mod snapshots;
 mod template;
 mod util;
 
@@ -37,4 +38,5 @@ pub use idmap::IdMap;
 pub use import::Compression;
 pub use pool::{Backing, DEFAULT_IMAGE_SIZE, Pool, PoolOptions};
 pub use progress::{Progress, ProgressFn, no_progress};
+pub use snapshots::apparent_size;
 pub use template::{TemplateInfo, TemplateStore, validate_template_name};

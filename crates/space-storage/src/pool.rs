@@ -166,8 +166,28 @@ impl Pool {
         template: &TemplateInfo,
         identity: SandboxIdentity,
     ) -> Result<PathBuf> {
-        validate_hostname(&identity.hostname)?;
         let source = self.templates.path(template)?;
+        let rootfs = self.create_root_from(id, &source, Some(&identity)).map_err(|e| match e.errno() {
+            Some(Errno::ENOENT) => {
+                StorageError::TemplateNotFound { name: template.name.clone(), version: Some(template.version) }
+            }
+            _ => e,
+        })?;
+        tracing::debug!(sandbox = %id, template = %format!("{}@{}", template.name, template.version), "sandbox root created");
+        Ok(rootfs)
+    }
+
+    /// A sandbox root as a writable snapshot of the subvolume `source`, with a new identity
+    /// unless `identity` is `None` (a restored process tree keeps the one it had).
+    pub(crate) fn create_root_from(
+        &self,
+        id: &SandboxId,
+        source: &Path,
+        identity: Option<&SandboxIdentity>,
+    ) -> Result<PathBuf> {
+        if let Some(identity) = identity {
+            validate_hostname(&identity.hostname)?;
+        }
         let dir = self.sandbox_dir(id);
         match DirBuilder::new().mode(DIR_MODE).create(&dir) {
             Err(e) if e.kind() != ErrorKind::AlreadyExists => {
@@ -180,17 +200,13 @@ impl Pool {
             tracing::warn!(sandbox = %id, "replacing the root left by an interrupted attempt");
             remove_any(&rootfs)?;
         }
-        btrfs::snapshot(&source, &rootfs, false).map_err(|e| match e.errno() {
-            Some(Errno::ENOENT) => {
-                StorageError::TemplateNotFound { name: template.name.clone(), version: Some(template.version) }
-            }
-            _ => e,
-        })?;
-        if let Err(e) = write_identity(&rootfs, &identity, self.id_map.root()) {
+        btrfs::snapshot(source, &rootfs, false)?;
+        if let Some(identity) = identity
+            && let Err(e) = write_identity(&rootfs, identity, self.id_map.root())
+        {
             let _ = remove_any(&rootfs);
             return Err(e);
         }
-        tracing::debug!(sandbox = %id, template = %format!("{}@{}", template.name, template.version), "sandbox root created");
         Ok(rootfs)
     }
 
@@ -202,7 +218,7 @@ impl Pool {
     }
 
     /// `<pool>/trash`: retired sandbox directories waiting for [`Pool::reclaim_trash`].
-    fn trash_dir(&self) -> PathBuf {
+    pub(crate) fn trash_dir(&self) -> PathBuf {
         self.root.join("trash")
     }
 
@@ -212,21 +228,25 @@ impl Pool {
     /// not pay for it. One rename, atomic and cheap. Missing is fine; a sandbox id retired
     /// again while the earlier one is still in the trash gets the name `<id>.<n>`.
     pub fn retire_sandbox_root(&self, id: &SandboxId) -> Result<()> {
-        let dir = self.sandbox_dir(id);
+        self.retire(&self.sandbox_dir(id), id.as_str())
+    }
+
+    /// Moves `dir` to `trash/<name>` (or `<name>.<n>` if taken). Missing is fine.
+    pub(crate) fn retire(&self, dir: &Path, name: &str) -> Result<()> {
         let trash = self.trash_dir();
         for n in 0..=u32::MAX {
-            let dest = trash.join(trash_name(id.as_str(), n));
-            match renameat2(AT_FDCWD, &dir, AT_FDCWD, &dest, RenameFlags::RENAME_NOREPLACE) {
+            let dest = trash.join(trash_name(name, n));
+            match renameat2(AT_FDCWD, dir, AT_FDCWD, &dest, RenameFlags::RENAME_NOREPLACE) {
                 Ok(()) => {
-                    tracing::debug!(sandbox = %id, trash = %dest.display(), "sandbox root retired");
+                    tracing::debug!(dir = %dir.display(), trash = %dest.display(), "retired");
                     return Ok(());
                 }
                 Err(Errno::EEXIST) => continue,
-                Err(Errno::ENOENT) if std::fs::symlink_metadata(&dir).is_err() => return Ok(()),
-                Err(e) => return Err(e).ctx("move to trash", &dir),
+                Err(Errno::ENOENT) if std::fs::symlink_metadata(dir).is_err() => return Ok(()),
+                Err(e) => return Err(e).ctx("move to trash", dir),
             }
         }
-        Err(Errno::EEXIST).ctx("move to trash", &dir)
+        Err(Errno::EEXIST).ctx("move to trash", dir)
     }
 
     /// How many entries are in the trash.

@@ -8,6 +8,7 @@ mod auth;
 mod idempotency;
 mod operations;
 mod sessions;
+mod snapshots;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -20,6 +21,7 @@ pub use auth::KeyOwner;
 pub use idempotency::IdempotencyBegin;
 pub use operations::{NewOperation, OperationKind, OperationRecord};
 pub use sessions::{NewSandbox, NewSession, SandboxRecord, SessionRecord};
+pub use snapshots::NewSnapshot;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

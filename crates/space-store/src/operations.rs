@@ -10,6 +10,7 @@ use crate::{Result, Store, StoreError, now_ms, parse};
 pub enum OperationKind {
     CreateSession,
     DestroySession,
+    RestoreSession,
     BuildTemplate,
     ImportTemplate,
 }
@@ -19,6 +20,7 @@ impl OperationKind {
         match self {
             OperationKind::CreateSession => "create_session",
             OperationKind::DestroySession => "destroy_session",
+            OperationKind::RestoreSession => "restore_session",
             OperationKind::BuildTemplate => "build_template",
             OperationKind::ImportTemplate => "import_template",
         }
@@ -28,6 +30,7 @@ impl OperationKind {
         Some(match s {
             "create_session" => OperationKind::CreateSession,
             "destroy_session" => OperationKind::DestroySession,
+            "restore_session" => OperationKind::RestoreSession,
             "build_template" => OperationKind::BuildTemplate,
             "import_template" => OperationKind::ImportTemplate,
             _ => return None,

@@ -2,7 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use space_api::{OperationId, Resources, SandboxId, Session, SessionEvent, SessionId, SessionState, TenantId};
+use space_api::{
+    OperationId, Resources, SandboxId, Session, SessionEvent, SessionId, SessionState, SnapshotId, SnapshotPolicy,
+    TenantId,
+};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
@@ -14,6 +17,8 @@ use crate::{NewOperation, OperationKind, Result, Store, StoreError, now_ms, pars
 pub struct SessionRecord {
     pub tenant_id: TenantId,
     pub session: Session,
+    /// The snapshot a forked session starts from instead of its template.
+    pub source_snapshot: Option<SnapshotId>,
 }
 
 /// What `create` records before anything is built.
@@ -24,6 +29,10 @@ pub struct NewSession {
     pub template: String,
     pub resources: Resources,
     pub env: BTreeMap<String, String>,
+    /// Start from this snapshot (a fork) rather than the template.
+    pub source_snapshot: Option<SnapshotId>,
+    pub template_version: Option<u32>,
+    pub snapshot_policy: SnapshotPolicy,
 }
 
 /// What [`Store::insert_sandbox`] records.
@@ -48,8 +57,7 @@ pub struct SandboxRecord {
     pub pid: Option<u32>,
 }
 
-const SESSION_COLUMNS: &str =
-    "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at";
+const SESSION_COLUMNS: &str = "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at, source_snapshot, snapshot_policy";
 
 fn session_from_row(row: &SqliteRow) -> Result<SessionRecord> {
     let state: &str = row.get(4);
@@ -64,11 +72,20 @@ fn session_from_row(row: &SqliteRow) -> Result<SessionRecord> {
         resources: serde_json::from_str(resources).map_err(|e| StoreError::Corrupt(e.to_string()))?,
         env: serde_json::from_str(env).map_err(|e| StoreError::Corrupt(e.to_string()))?,
         error: row.get(7),
+        snapshot_policy: match row.get::<Option<&str>, _>(12) {
+            Some(json) => serde_json::from_str(json).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            None => SnapshotPolicy::off(),
+        },
         sandbox_id: sandbox.map(|s| parse("sandbox id", s)).transpose()?,
         created_at: row.get(9),
         updated_at: row.get(10),
     };
-    Ok(SessionRecord { tenant_id: parse("tenant id", row.get::<&str, _>(1))?, session })
+    let source: Option<&str> = row.get(11);
+    Ok(SessionRecord {
+        tenant_id: parse("tenant id", row.get::<&str, _>(1))?,
+        session,
+        source_snapshot: source.map(|s| parse("snapshot id", s)).transpose()?,
+    })
 }
 
 impl Store {
@@ -78,8 +95,8 @@ impl Store {
         let now = now_ms();
         let mut tx = self.write_tx().await?;
         sqlx::query(
-            "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $7)",
+            "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10)",
         )
         .bind(new.id.as_str())
         .bind(new.tenant_id.as_str())
@@ -88,6 +105,9 @@ impl Store {
         .bind(serde_json::to_string(&new.resources).unwrap_or_default())
         .bind(serde_json::to_string(&new.env).unwrap_or_default())
         .bind(now)
+        .bind(new.source_snapshot.as_ref().map(|s| s.as_str().to_owned()))
+        .bind(new.template_version.map(i64::from))
+        .bind(serde_json::to_string(&new.snapshot_policy).unwrap_or_default())
         .execute(&mut *tx)
         .await?;
         insert_event(&mut tx, &new.id, "created", None, Some(SessionState::Creating), None).await?;
@@ -100,6 +120,36 @@ impl Store {
         let op_id = insert_operation(&mut tx, &op).await?;
         tx.commit().await?;
         Ok(op_id)
+    }
+
+    /// Moves a running or paused session into `restoring` and queues the operation that
+    /// restores it (`input` says from what). Returns `None` if the session is in another state.
+    pub async fn begin_restore(&self, tenant: &TenantId, id: &SessionId, input: &str) -> Result<Option<OperationId>> {
+        let mut tx = self.write_tx().await?;
+        let current: Option<String> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1 AND tenant_id = $2")
+            .bind(id.as_str())
+            .bind(tenant.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let current = current.as_deref().and_then(SessionState::parse);
+        let Some(current) = current.filter(|s| matches!(s, SessionState::Running | SessionState::Paused)) else {
+            return Ok(None);
+        };
+        sqlx::query("UPDATE sessions SET state = 'restoring', error = NULL, updated_at = $1 WHERE id = $2")
+            .bind(now_ms())
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        insert_event(&mut tx, id, "state", Some(current), Some(SessionState::Restoring), None).await?;
+        let op = NewOperation {
+            tenant_id: tenant.clone(),
+            session_id: Some(id.clone()),
+            kind: OperationKind::RestoreSession,
+            input: Some(input.to_owned()),
+        };
+        let op_id = insert_operation(&mut tx, &op).await?;
+        tx.commit().await?;
+        Ok(Some(op_id))
     }
 
     /// Moves a session into `destroying` and queues the operation that finishes the job.
@@ -267,6 +317,27 @@ impl Store {
         Ok(())
     }
 
+    pub async fn set_snapshot_policy(&self, id: &SessionId, policy: &SnapshotPolicy) -> Result<()> {
+        sqlx::query("UPDATE sessions SET snapshot_policy = $1, updated_at = $2 WHERE id = $3")
+            .bind(serde_json::to_string(policy).unwrap_or_default())
+            .bind(now_ms())
+            .bind(id.as_str())
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// Points the session back at `sandbox` (a restore that failed returns to the old one).
+    pub async fn set_session_sandbox(&self, session: &SessionId, sandbox: &SandboxId) -> Result<()> {
+        sqlx::query("UPDATE sessions SET sandbox_id = $1, updated_at = $2 WHERE id = $3")
+            .bind(sandbox.as_str())
+            .bind(now_ms())
+            .bind(session.as_str())
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
     pub async fn set_sandbox_running(&self, sandbox: &SandboxId, pid: u32) -> Result<()> {
         sqlx::query("UPDATE sandboxes SET state = 'running', pid = $1, updated_at = $2 WHERE id = $3")
             .bind(pid as i64)
@@ -353,6 +424,9 @@ mod tests {
             template: "busybox".into(),
             resources: Resources::default(),
             env: BTreeMap::new(),
+            source_snapshot: None,
+            template_version: None,
+            snapshot_policy: SnapshotPolicy::off(),
         };
         store.insert_session(&new).await.unwrap();
         (tenant_id, id)

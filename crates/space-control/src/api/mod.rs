@@ -2,6 +2,8 @@
 
 mod exec;
 mod files;
+mod lifecycle;
+pub(crate) use lifecycle::take_snapshot;
 mod pool;
 mod sessions;
 mod system;
@@ -28,12 +30,14 @@ const JSON_BODY_LIMIT: usize = 1 << 20;
     paths(
         system::health, system::status, system::create_key, system::get_operation,
         sessions::create_session, sessions::list_sessions, sessions::get_session,
-        sessions::destroy_session, sessions::session_events,
+        sessions::destroy_session, sessions::session_events, sessions::update_session,
         exec::exec, exec::exec_ws, exec::list_processes, exec::signal_process, exec::attach_ws,
         files::download, files::upload, files::list, files::stat, files::mkdir, files::move_path,
         files::remove, files::watch_ws,
         templates::list_templates, templates::import_template, templates::build_template,
         pool::get_pool, pool::set_pool_size,
+        lifecycle::pause, lifecycle::resume, lifecycle::create_snapshot, lifecycle::list_snapshots,
+        lifecycle::delete_snapshot, lifecycle::restore, lifecycle::fork,
     ),
     modifiers(&BearerAuth),
     security(("api_key" = []))
@@ -76,8 +80,17 @@ pub fn router(state: AppState) -> Router {
         .route("/pool/{template}", axum::routing::put(pool::set_pool_size))
         .route("/operations/{id}", get(system::get_operation))
         .route("/sessions", post(sessions::create_session).get(sessions::list_sessions))
-        .route("/sessions/{id}", get(sessions::get_session).delete(sessions::destroy_session))
+        .route(
+            "/sessions/{id}",
+            get(sessions::get_session).delete(sessions::destroy_session).patch(sessions::update_session),
+        )
         .route("/sessions/{id}/events", get(sessions::session_events))
+        .route("/sessions/{id}/pause", post(lifecycle::pause))
+        .route("/sessions/{id}/resume", post(lifecycle::resume))
+        .route("/sessions/{id}/snapshots", post(lifecycle::create_snapshot).get(lifecycle::list_snapshots))
+        .route("/sessions/{id}/snapshots/{snapshot}", axum::routing::delete(lifecycle::delete_snapshot))
+        .route("/sessions/{id}/restore", post(lifecycle::restore))
+        .route("/sessions/{id}/fork", post(lifecycle::fork))
         .route("/sessions/{id}/exec", post(exec::exec))
         .route("/sessions/{id}/exec/ws", get(exec::exec_ws))
         .route("/sessions/{id}/processes", get(exec::list_processes))

@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use space_api::{
     CreateSessionRequest, ErrorBody, ErrorCode, EventList, OperationState, Resources, Session, SessionId, SessionList,
+    UpdateSessionRequest,
 };
 use space_store::NewSession;
 use utoipa::IntoParams;
@@ -101,12 +102,17 @@ pub async fn create_session(
     check_template(&state, &template)?;
     let resources = resources(&request)?;
     check_env(&request)?;
+    let snapshot_policy = request.snapshot_policy.clone().unwrap_or_else(|| state.snapshot_policy.clone());
+    snapshot_policy.validate().map_err(|e| AppError::bad_request(format!("snapshot_policy: {e}")))?;
     let new = NewSession {
         id: SessionId::generate(),
         tenant_id: caller.tenant_id.clone(),
         template,
         resources,
         env: request.env,
+        source_snapshot: None,
+        template_version: None,
+        snapshot_policy,
     };
     let op = state.store.insert_session(&new).await?;
     state.reconciler.wake();
@@ -146,6 +152,23 @@ pub async fn get_session(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> AppResult<ApiJson<Session>> {
+    Ok(ApiJson(find_session(&state, &caller, &id).await?))
+}
+
+/// Changes a session's settings (today: its snapshot policy).
+#[utoipa::path(patch, path = "/v1/sessions/{id}", params(("id" = String, Path)), request_body = UpdateSessionRequest,
+    responses((status = 200, body = Session), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn update_session(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<UpdateSessionRequest>,
+) -> AppResult<ApiJson<Session>> {
+    let session = find_session(&state, &caller, &id).await?;
+    if let Some(policy) = &request.snapshot_policy {
+        policy.validate().map_err(|e| AppError::bad_request(format!("snapshot_policy: {e}")))?;
+        state.store.set_snapshot_policy(&session.id, policy).await?;
+    }
     Ok(ApiJson(find_session(&state, &caller, &id).await?))
 }
 

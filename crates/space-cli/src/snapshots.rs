@@ -1,0 +1,76 @@
+//! `space snapshot …`
+
+use clap::{Subcommand, ValueEnum};
+use space_api::{CreateSnapshotRequest, Snapshot, SnapshotKind, SnapshotList};
+
+use crate::client::Client;
+use crate::output::{self, print_json, print_table};
+
+#[derive(Subcommand)]
+pub enum SnapshotCommand {
+    /// Snapshot a running or paused session; prints the snapshot id.
+    Create {
+        id: String,
+        #[arg(long, value_enum, default_value_t = Kind::Disk)]
+        kind: Kind,
+        /// Named snapshots are never pruned by the schedule.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// A session's snapshots, oldest first.
+    List { id: String },
+    /// Delete a snapshot.
+    Delete { id: String, snapshot: String },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Kind {
+    /// The root filesystem.
+    Disk,
+    /// Root filesystem and every process's memory (CRIU).
+    Full,
+}
+
+pub async fn run(client: &Client, command: SnapshotCommand, json: bool) -> anyhow::Result<()> {
+    match command {
+        SnapshotCommand::Create { id, kind, name } => {
+            let kind = match kind {
+                Kind::Disk => SnapshotKind::Disk,
+                Kind::Full => SnapshotKind::Full,
+            };
+            let request = CreateSnapshotRequest { kind: Some(kind), name };
+            let snapshot: Snapshot = client.post_json(&format!("/v1/sessions/{id}/snapshots"), &request).await?;
+            if json {
+                return print_json(&snapshot);
+            }
+            println!("{}", snapshot.id);
+        }
+        SnapshotCommand::List { id } => {
+            let list: SnapshotList = client.get_json(&format!("/v1/sessions/{id}/snapshots")).await?;
+            if json {
+                return print_json(&list);
+            }
+            let rows: Vec<Vec<String>> = list
+                .snapshots
+                .iter()
+                .map(|s| {
+                    vec![
+                        s.id.to_string(),
+                        s.kind.as_str().to_owned(),
+                        output::time(s.created_at),
+                        output::bytes(s.size_bytes),
+                        s.parent.as_ref().map(|p| p.to_string()).unwrap_or_default(),
+                        s.name.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            print_table(&["ID", "KIND", "CREATED", "SIZE", "PARENT", "NAME"], &rows);
+        }
+        SnapshotCommand::Delete { id, snapshot } => {
+            client
+                .send(client.request(reqwest::Method::DELETE, &format!("/v1/sessions/{id}/snapshots/{snapshot}")))
+                .await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! Session lifecycle: pause and resume in place, snapshots, restore and fork.
+
+use std::time::Duration;
+
+use axum::Extension;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use space_api::{
+    CreateSnapshotRequest, ErrorBody, ErrorCode, ForkRequest, RestoreRequest, Session, SessionId, SessionList,
+    SessionState, Snapshot, SnapshotId, SnapshotKind, SnapshotList, TenantId,
+};
+use space_store::{NewSession, NewSnapshot};
+
+use super::find_session;
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiJson, AppError, AppResult};
+use crate::reconciler::RestoreInput;
+
+/// Most sessions one fork call may create.
+pub const MAX_FORK: u32 = 16;
+const MAX_NAME: usize = 128;
+const WAIT: Duration = Duration::from_secs(600);
+
+fn invalid_state(session: &Session, action: &str) -> AppError {
+    AppError::new(
+        ErrorCode::InvalidState,
+        format!("session {} is {}; only running or paused sessions can {action}", session.id, session.state.as_str()),
+    )
+}
+
+fn sandbox_of(session: &Session) -> AppResult<space_api::SandboxId> {
+    session.sandbox_id.clone().ok_or_else(|| AppError::internal(format!("session {} has no sandbox", session.id)))
+}
+
+/// Freezes every process of the session in place; memory stays on the node. Idempotent.
+#[utoipa::path(post, path = "/v1/sessions/{id}/pause", params(("id" = String, Path)),
+    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn pause(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> AppResult<ApiJson<Session>> {
+    let session = find_session(&state, &caller, &id).await?;
+    let _guard = state.session_lock(&session.id).await;
+    let session = find_session(&state, &caller, &id).await?;
+    match session.state {
+        SessionState::Paused => return Ok(ApiJson(session)),
+        SessionState::Running => {}
+        _ => return Err(invalid_state(&session, "be paused")),
+    }
+    let sandbox = sandbox_of(&session)?;
+    state.node.pause_sandbox(&sandbox).await?;
+    if !state.store.transition(&session.id, &[SessionState::Running], SessionState::Paused, None).await? {
+        state.node.resume_sandbox(&sandbox)?;
+        return Err(AppError::new(ErrorCode::Conflict, format!("session {id} changed state while pausing")));
+    }
+    Ok(ApiJson(find_session(&state, &caller, &id).await?))
+}
+
+/// Thaws a paused session. Idempotent on a running one.
+#[utoipa::path(post, path = "/v1/sessions/{id}/resume", params(("id" = String, Path)),
+    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn resume(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> AppResult<ApiJson<Session>> {
+    let session = find_session(&state, &caller, &id).await?;
+    let _guard = state.session_lock(&session.id).await;
+    let session = find_session(&state, &caller, &id).await?;
+    match session.state {
+        SessionState::Running => return Ok(ApiJson(session)),
+        SessionState::Paused => {}
+        _ => return Err(invalid_state(&session, "be resumed")),
+    }
+    state.node.resume_sandbox(&sandbox_of(&session)?)?;
+    state.store.transition(&session.id, &[SessionState::Paused], SessionState::Running, None).await?;
+    Ok(ApiJson(find_session(&state, &caller, &id).await?))
+}
+
+/// Takes a snapshot of a running or paused session.
+#[utoipa::path(post, path = "/v1/sessions/{id}/snapshots", params(("id" = String, Path)), request_body = CreateSnapshotRequest,
+    responses((status = 201, body = Snapshot), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 501, body = ErrorBody)))]
+pub async fn create_snapshot(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<CreateSnapshotRequest>,
+) -> AppResult<(StatusCode, ApiJson<Snapshot>)> {
+    if request.name.as_ref().is_some_and(|n| n.is_empty() || n.len() > MAX_NAME || n.contains('\0')) {
+        return Err(AppError::bad_request(format!("snapshot names are 1-{MAX_NAME} characters")));
+    }
+    let session = find_session(&state, &caller, &id).await?;
+    let kind = request.kind.unwrap_or(SnapshotKind::Disk);
+    let snapshot = take_snapshot(&state, &caller.tenant_id, &session.id, kind, request.name).await?;
+    Ok((StatusCode::CREATED, ApiJson(snapshot)))
+}
+
+/// Takes a snapshot under the session's lifecycle lock; the row exists (as `creating`)
+/// before anything is on disk, so a crash leaves a record of what to clean up.
+pub(crate) async fn take_snapshot(
+    state: &AppState,
+    tenant: &TenantId,
+    id: &SessionId,
+    kind: SnapshotKind,
+    name: Option<String>,
+) -> AppResult<Snapshot> {
+    if kind == SnapshotKind::Full {
+        return Err(AppError::new(
+            ErrorCode::FeatureUnavailable,
+            "full snapshots need CRIU 4.2 or newer on the node, which this server does not use yet; take a disk snapshot",
+        ));
+    }
+    let _guard = state.session_lock(id).await;
+    let session = state.store.session(tenant, id).await?.ok_or_else(|| AppError::session_not_found(id.as_str()))?;
+    let paused = match session.state {
+        SessionState::Running => false,
+        SessionState::Paused => true,
+        _ => return Err(invalid_state(&session, "be snapshotted")),
+    };
+    let sandbox = sandbox_of(&session)?;
+    let new = NewSnapshot { id: SnapshotId::generate(), session_id: id.clone(), tenant_id: tenant.clone(), kind, name };
+    state.store.insert_snapshot(&new).await?;
+    match state.node.snapshot_disk(&sandbox, id, &new.id, paused).await {
+        Ok(size) => state.store.set_snapshot_ready(&new.id, size).await?,
+        Err(e) => {
+            state.node.delete_snapshot(id, &new.id).await?;
+            state.store.delete_snapshot_row(&new.id).await?;
+            return Err(e.into());
+        }
+    }
+    state.store.snapshot(tenant, &new.id).await?.ok_or_else(|| AppError::internal("snapshot vanished"))
+}
+
+/// The session's snapshots, oldest first.
+#[utoipa::path(get, path = "/v1/sessions/{id}/snapshots", params(("id" = String, Path)),
+    responses((status = 200, body = SnapshotList), (status = 404, body = ErrorBody)))]
+pub async fn list_snapshots(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> AppResult<ApiJson<SnapshotList>> {
+    let session = find_session(&state, &caller, &id).await?;
+    Ok(ApiJson(SnapshotList { snapshots: state.store.list_snapshots(&session.id).await? }))
+}
+
+/// The caller's snapshot `snapshot` of session `session`, or 404.
+async fn find_snapshot(state: &AppState, caller: &Caller, session: &SessionId, snapshot: &str) -> AppResult<Snapshot> {
+    let not_found =
+        || AppError::new(ErrorCode::SnapshotNotFound, format!("snapshot {snapshot} not found in session {session}"));
+    let parsed: SnapshotId = snapshot.parse().map_err(|_| not_found())?;
+    let found = state.store.snapshot(&caller.tenant_id, &parsed).await?;
+    found.filter(|s| &s.session_id == session).ok_or_else(not_found)
+}
+
+/// Deletes a snapshot. Sessions forked from it are not affected.
+#[utoipa::path(delete, path = "/v1/sessions/{id}/snapshots/{snapshot}", params(("id" = String, Path), ("snapshot" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+pub async fn delete_snapshot(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, snapshot)): Path<(String, String)>,
+) -> AppResult<StatusCode> {
+    let session = find_session(&state, &caller, &id).await?;
+    let snapshot = find_snapshot(&state, &caller, &session.id, &snapshot).await?;
+    state.store.delete_snapshot_row(&snapshot.id).await?;
+    state.node.delete_snapshot(&session.id, &snapshot.id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Returns the session to a snapshot: a new sandbox starts from it and replaces the current one.
+#[utoipa::path(post, path = "/v1/sessions/{id}/restore", params(("id" = String, Path)), request_body = RestoreRequest,
+    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn restore(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<RestoreRequest>,
+) -> AppResult<ApiJson<Session>> {
+    let session = find_session(&state, &caller, &id).await?;
+    let snapshot = find_snapshot(&state, &caller, &session.id, request.snapshot.as_str()).await?;
+    let _guard = state.session_lock(&session.id).await;
+    let input = RestoreInput { snapshot: snapshot.id, sandbox: space_api::SandboxId::generate() };
+    let input = serde_json::to_string(&input).map_err(|e| AppError::internal(e.to_string()))?;
+    let Some(op) = state.store.begin_restore(&caller.tenant_id, &session.id, &input).await? else {
+        let session = find_session(&state, &caller, &id).await?;
+        return Err(invalid_state(&session, "be restored"));
+    };
+    state.reconciler.wake();
+    let finished = state.reconciler.wait(&state, &caller.tenant_id, &op, WAIT).await?;
+    if let Some(error) = finished.error {
+        return Err(AppError::new(ErrorCode::SandboxUnavailable, format!("restoring session {id} failed: {error}")));
+    }
+    Ok(ApiJson(find_session(&state, &caller, &id).await?))
+}
+
+/// Creates `count` new sessions from a snapshot of this one (a new disk snapshot of it as it
+/// is now, unless `from` names one). Each continues independently.
+#[utoipa::path(post, path = "/v1/sessions/{id}/fork", params(("id" = String, Path)), request_body = ForkRequest,
+    responses((status = 201, body = SessionList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn fork(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<ForkRequest>,
+) -> AppResult<(StatusCode, ApiJson<SessionList>)> {
+    let count = request.count.unwrap_or(1);
+    if count == 0 || count > MAX_FORK {
+        return Err(AppError::bad_request(format!("count must be between 1 and {MAX_FORK}")));
+    }
+    let parent = find_session(&state, &caller, &id).await?;
+    let snapshot = match &request.from {
+        Some(from) => find_snapshot(&state, &caller, &parent.id, from.as_str()).await?,
+        None => take_snapshot(&state, &caller.tenant_id, &parent.id, SnapshotKind::Disk, None).await?,
+    };
+    let mut ops = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..count {
+        let new = NewSession {
+            id: SessionId::generate(),
+            tenant_id: caller.tenant_id.clone(),
+            template: parent.template.clone(),
+            resources: parent.resources,
+            env: parent.env.clone(),
+            source_snapshot: Some(snapshot.id.clone()),
+            template_version: parent.template_version,
+            snapshot_policy: parent.snapshot_policy.clone(),
+        };
+        ops.push(state.store.insert_session(&new).await?);
+        ids.push(new.id);
+    }
+    state.reconciler.wake();
+    let mut sessions = Vec::new();
+    for (op, id) in ops.iter().zip(&ids) {
+        state.reconciler.wait(&state, &caller.tenant_id, op, WAIT).await?;
+        sessions.push(find_session(&state, &caller, id.as_str()).await?);
+    }
+    Ok((StatusCode::CREATED, ApiJson(SessionList { sessions })))
+}

@@ -1,0 +1,118 @@
+//! Rolling snapshots: every tick, each running session whose policy says a snapshot is due
+//! gets one, and snapshots its retention no longer wants are deleted. Paused sessions are
+//! left alone (nothing changes in them). Deletions go through the node's trash, which caps
+//! the kernel's pending subvolume deletions.
+
+use std::time::Duration;
+
+use space_api::policy::{Candidate, next_due, prune};
+use space_api::{Session, SessionState, Snapshot, SnapshotKind, SnapshotPolicy};
+use space_store::now_ms;
+
+use crate::AppState;
+use crate::api::take_snapshot;
+use crate::error::AppResult;
+
+pub fn spawn(state: AppState, tick: Duration) {
+    tokio::spawn(async move {
+        let mut full_unavailable_logged = false;
+        loop {
+            tokio::time::sleep(tick).await;
+            if let Err(e) = run_once(&state, &mut full_unavailable_logged).await {
+                tracing::warn!(error = %e.0.message, "snapshot schedule");
+            }
+        }
+    });
+}
+
+async fn run_once(state: &AppState, full_unavailable_logged: &mut bool) -> AppResult<()> {
+    let now = now_ms();
+    for record in state.store.sessions_in_states(&[SessionState::Running, SessionState::Paused]).await? {
+        let session = &record.session;
+        let snapshots = state.store.list_snapshots(&session.id).await?;
+        if session.state == SessionState::Running {
+            for kind in due_kinds(&session.snapshot_policy, session, &snapshots, now) {
+                if kind == SnapshotKind::Full {
+                    if !std::mem::replace(full_unavailable_logged, true) {
+                        tracing::warn!("scheduled full snapshots are skipped: this server takes disk snapshots only");
+                    }
+                    continue;
+                }
+                if let Err(e) = take_snapshot(state, &record.tenant_id, &session.id, kind, None).await {
+                    tracing::warn!(session = %session.id, error = %e.0.message, "scheduled snapshot");
+                }
+            }
+        }
+        prune_session(state, session, now).await?;
+    }
+    Ok(())
+}
+
+/// Kinds whose next snapshot is due. A session that never had one counts from its creation,
+/// so a new session is not snapshotted the moment it starts.
+fn due_kinds(policy: &SnapshotPolicy, session: &Session, snapshots: &[Snapshot], now: i64) -> Vec<SnapshotKind> {
+    [SnapshotKind::Disk, SnapshotKind::Full]
+        .into_iter()
+        .filter(|kind| {
+            let last = snapshots.iter().filter(|s| s.kind == *kind).map(|s| s.created_at).max();
+            let since = last.unwrap_or(session.created_at);
+            next_due(policy, *kind, Some(since), now).is_some_and(|due| due <= now)
+        })
+        .collect()
+}
+
+async fn prune_session(state: &AppState, session: &Session, now: i64) -> AppResult<()> {
+    let snapshots = state.store.list_snapshots(&session.id).await?;
+    let candidates: Vec<Candidate> = snapshots
+        .iter()
+        .map(|s| Candidate { id: s.id.as_str(), created_at_ms: s.created_at, kind: s.kind, keep: s.name.is_some() })
+        .collect();
+    for id in prune(&session.snapshot_policy.retention, now, &candidates) {
+        let Some(snapshot) = snapshots.iter().find(|s| s.id.as_str() == id) else { continue };
+        state.store.delete_snapshot_row(&snapshot.id).await?;
+        state.node.delete_snapshot(&session.id, &snapshot.id).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(created_at: i64) -> Session {
+        serde_json::from_value(serde_json::json!({
+            "id": "ses_00000000000000000000", "template": "busybox", "template_version": 1, "state": "running",
+            "resources": { "cpus": 1.0, "memory_mib": 512, "pids": 512 }, "env": {},
+            "snapshot_policy": SnapshotPolicy::default(), "error": null, "sandbox_id": null,
+            "created_at": created_at, "updated_at": created_at,
+        }))
+        .unwrap()
+    }
+
+    fn snapshot(kind: SnapshotKind, at: i64) -> Snapshot {
+        serde_json::from_value(serde_json::json!({
+            "id": "snap_00000000000000000000", "session_id": "ses_00000000000000000000", "kind": kind,
+            "name": null, "parent": null, "size_bytes": 0, "created_at": at,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn new_sessions_wait_a_full_interval() {
+        let policy = SnapshotPolicy::default();
+        let s = session(1_000_000);
+        assert!(due_kinds(&policy, &s, &[], 1_000_000 + 59_000).is_empty());
+        assert_eq!(due_kinds(&policy, &s, &[], 1_000_000 + 60_000), vec![SnapshotKind::Disk]);
+        assert_eq!(due_kinds(&policy, &s, &[], 1_000_000 + 900_000), vec![SnapshotKind::Disk, SnapshotKind::Full]);
+    }
+
+    #[test]
+    fn the_last_snapshot_of_each_kind_sets_the_clock() {
+        let policy = SnapshotPolicy::default();
+        let s = session(0);
+        let taken = [snapshot(SnapshotKind::Disk, 5_000_000), snapshot(SnapshotKind::Full, 4_500_000)];
+        assert!(due_kinds(&policy, &s, &taken, 5_030_000).is_empty());
+        assert_eq!(due_kinds(&policy, &s, &taken, 5_060_000), vec![SnapshotKind::Disk]);
+        assert!(due_kinds(&SnapshotPolicy::off(), &s, &taken, 9_000_000_000).is_empty());
+    }
+}

@@ -1,0 +1,83 @@
+//! Pause and resume in place, disk snapshots, and sandboxes started from a snapshot.
+
+use std::collections::HashSet;
+
+use space_api::{SandboxId, SessionId, SnapshotId};
+use space_runtime::{Limits, Runtime, SandboxHandle};
+use space_storage::SandboxIdentity;
+
+use crate::{Node, Result, blocking};
+
+impl Node {
+    /// Freezes every process of the sandbox; memory stays where it is.
+    pub async fn pause_sandbox(&self, id: &SandboxId) -> Result<()> {
+        Ok(self.runtime.pause(id).await?)
+    }
+
+    pub fn resume_sandbox(&self, id: &SandboxId) -> Result<()> {
+        Ok(self.runtime.resume(id)?)
+    }
+
+    /// A read-only copy of the sandbox's root, consistent because the sandbox is frozen while
+    /// it is taken (unless `already_paused`, it is thawed right after). Returns its size.
+    pub async fn snapshot_disk(
+        &self,
+        sandbox: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        already_paused: bool,
+    ) -> Result<u64> {
+        if !already_paused {
+            self.runtime.pause(sandbox).await?;
+        }
+        let pool = self.pool.clone();
+        let (sbx, ses, snap) = (sandbox.clone(), session.clone(), snapshot.clone());
+        let taken = blocking(move || Ok(pool.snapshot_sandbox_root(&sbx, &ses, &snap)?)).await;
+        if !already_paused {
+            self.runtime.resume(sandbox)?;
+        }
+        let dir = taken?;
+        // Sized after the thaw: walking the files is not worth keeping the sandbox frozen.
+        blocking(move || Ok(space_storage::apparent_size(&dir.join("rootfs"))?)).await
+    }
+
+    /// Starts a sandbox whose root is a writable copy of `snapshot` (of `session`), with a
+    /// fresh identity like any new sandbox.
+    pub async fn start_sandbox_from_snapshot(
+        &self,
+        id: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        limits: Limits,
+        hostname: &str,
+    ) -> Result<SandboxHandle> {
+        let pool = self.pool.clone();
+        let identity = SandboxIdentity { hostname: hostname.to_owned() };
+        let (sid, ses, snap) = (id.clone(), session.clone(), snapshot.clone());
+        let rootfs =
+            blocking(move || Ok(pool.create_sandbox_root_from_snapshot(&sid, &ses, &snap, Some(identity))?)).await?;
+        self.boot(id, rootfs, limits, hostname).await
+    }
+
+    /// Deletes a snapshot (in the background). Missing is fine.
+    pub async fn delete_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<()> {
+        let pool = self.pool.clone();
+        let (ses, snap) = (session.clone(), snapshot.clone());
+        blocking(move || Ok(pool.delete_snapshot(&ses, &snap)?)).await?;
+        self.reclaim.notify_one();
+        Ok(())
+    }
+
+    /// Deletes every snapshot on disk that is not in `keep`; returns how many.
+    pub async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize> {
+        let pool = self.pool.clone();
+        let found = blocking(move || Ok(pool.list_snapshots()?)).await?;
+        let mut removed = 0;
+        for (session, snapshot) in found.into_iter().filter(|(_, s)| !keep.contains(s)) {
+            tracing::info!(%session, %snapshot, "removing orphaned snapshot");
+            self.delete_snapshot(&session, &snapshot).await?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+}

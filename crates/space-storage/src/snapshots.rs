@@ -1,0 +1,105 @@
+//! Session snapshots: `snapshots/<session>/<snapshot>/rootfs`, a read-only btrfs snapshot of a
+//! sandbox root (taken by the caller while the sandbox is frozen), next to whatever else the
+//! snapshot holds (a CRIU image for full snapshots). New sandbox roots are writable snapshots
+//! of it: restore and fork cost one ioctl whatever the root's size.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use space_api::{SandboxId, SessionId, SnapshotId};
+
+use crate::btrfs;
+use crate::error::{IoContext, Result};
+use crate::identity::SandboxIdentity;
+use crate::pool::Pool;
+
+impl Pool {
+    /// `<pool>/snapshots/<session>/<snapshot>`.
+    pub fn snapshot_dir(&self, session: &SessionId, snapshot: &SnapshotId) -> PathBuf {
+        self.root().join("snapshots").join(session.as_str()).join(snapshot.as_str())
+    }
+
+    /// Snapshots the sandbox's root, read-only, into the snapshot's directory (replacing what
+    /// an interrupted attempt left). The caller freezes the sandbox around this call.
+    pub fn snapshot_sandbox_root(
+        &self,
+        sandbox: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+    ) -> Result<PathBuf> {
+        let dir = self.snapshot_dir(session, snapshot);
+        std::fs::create_dir_all(&dir).ctx("create directory", &dir)?;
+        let rootfs = dir.join("rootfs");
+        if std::fs::symlink_metadata(&rootfs).is_ok() {
+            crate::util::remove_any(&rootfs)?;
+        }
+        btrfs::snapshot(&self.sandbox_dir(sandbox).join("rootfs"), &rootfs, true)?;
+        Ok(dir)
+    }
+
+    /// A new sandbox root from a snapshot; `identity` as for a template (`None` keeps the
+    /// snapshot's, as a restored process tree needs).
+    pub fn create_sandbox_root_from_snapshot(
+        &self,
+        id: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        identity: Option<SandboxIdentity>,
+    ) -> Result<PathBuf> {
+        let source = self.snapshot_dir(session, snapshot).join("rootfs");
+        self.create_root_from(id, &source, identity.as_ref())
+    }
+
+    /// Moves the snapshot to the trash (deleted in the background). Missing is fine.
+    pub fn delete_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<()> {
+        self.retire(&self.snapshot_dir(session, snapshot), snapshot.as_str())
+    }
+
+    /// Every snapshot directory in the pool, for the start-up sweep.
+    pub fn list_snapshots(&self) -> Result<Vec<(SessionId, SnapshotId)>> {
+        let base = self.root().join("snapshots");
+        let mut found = Vec::new();
+        for session in read_ids::<SessionId>(&base)? {
+            for snapshot in read_ids::<SnapshotId>(&base.join(session.as_str()))? {
+                found.push((session.clone(), snapshot));
+            }
+        }
+        Ok(found)
+    }
+}
+
+fn read_ids<T: std::str::FromStr>(dir: &Path) -> Result<Vec<T>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).ctx("read directory", dir),
+    };
+    let mut ids = Vec::new();
+    for entry in entries {
+        let entry = entry.ctx("read directory", dir)?;
+        if let Some(id) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+/// Apparent size of the regular files below `path` (hard links counted once; symlinks not
+/// followed; other filesystems not entered).
+pub fn apparent_size(path: &Path) -> Result<u64> {
+    let dev = std::fs::symlink_metadata(path).ctx("stat", path)?.dev();
+    let (mut total, mut seen, mut stack) = (0, HashSet::new(), vec![path.to_path_buf()]);
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).ctx("read directory", &dir)? {
+            let entry = entry.ctx("read directory", &dir)?;
+            let meta = entry.metadata().ctx("stat", entry.path())?;
+            if meta.is_dir() && meta.dev() == dev {
+                stack.push(entry.path());
+            } else if meta.is_file() && (meta.nlink() == 1 || seen.insert((meta.dev(), meta.ino()))) {
+                total += meta.len();
+            }
+        }
+    }
+    Ok(total)
+}

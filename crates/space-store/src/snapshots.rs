@@ -1,0 +1,158 @@
+//! Snapshot rows. A row is written in `creating` before the snapshot is taken and becomes
+//! `ready` once every artifact is on disk; only ready snapshots are listed or restorable.
+
+use space_api::{SessionId, Snapshot, SnapshotId, SnapshotKind, TenantId};
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use crate::{Result, Store, StoreError, now_ms, parse};
+
+/// What [`Store::insert_snapshot`] records.
+#[derive(Debug, Clone)]
+pub struct NewSnapshot {
+    pub id: SnapshotId,
+    pub session_id: SessionId,
+    pub tenant_id: TenantId,
+    pub kind: SnapshotKind,
+    pub name: Option<String>,
+}
+
+const COLUMNS: &str = "id, session_id, kind, name, parent, size_bytes, created_at";
+
+fn snapshot_from_row(row: &SqliteRow) -> Result<Snapshot> {
+    let kind: &str = row.get(2);
+    let parent: Option<&str> = row.get(4);
+    Ok(Snapshot {
+        id: parse("snapshot id", row.get::<&str, _>(0))?,
+        session_id: parse("session id", row.get::<&str, _>(1))?,
+        kind: SnapshotKind::parse(kind).ok_or_else(|| StoreError::Corrupt(format!("snapshot kind {kind}")))?,
+        name: row.get(3),
+        parent: parent.map(|p| parse("snapshot id", p)).transpose()?,
+        size_bytes: row.get::<i64, _>(5) as u64,
+        created_at: row.get(6),
+    })
+}
+
+impl Store {
+    /// Records a snapshot about to be taken; its parent is the session's newest ready one.
+    pub async fn insert_snapshot(&self, new: &NewSnapshot) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        let parent: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM snapshots WHERE session_id = $1 AND state = 'ready' ORDER BY created_at DESC, id LIMIT 1",
+        )
+        .bind(new.session_id.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO snapshots (id, session_id, tenant_id, kind, name, parent, state, size_bytes, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, 'creating', 0, $7)",
+        )
+        .bind(new.id.as_str())
+        .bind(new.session_id.as_str())
+        .bind(new.tenant_id.as_str())
+        .bind(new.kind.as_str())
+        .bind(&new.name)
+        .bind(parent)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn set_snapshot_ready(&self, id: &SnapshotId, size_bytes: u64) -> Result<()> {
+        sqlx::query("UPDATE snapshots SET state = 'ready', size_bytes = $1 WHERE id = $2")
+            .bind(size_bytes as i64)
+            .bind(id.as_str())
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn delete_snapshot_row(&self, id: &SnapshotId) -> Result<()> {
+        sqlx::query("DELETE FROM snapshots WHERE id = $1").bind(id.as_str()).execute(&self.writer).await?;
+        Ok(())
+    }
+
+    /// The session's ready snapshots, oldest first.
+    pub async fn list_snapshots(&self, session: &SessionId) -> Result<Vec<Snapshot>> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM snapshots WHERE session_id = $1 AND state = 'ready' ORDER BY created_at, id"
+        );
+        let rows = sqlx::query(&sql).bind(session.as_str()).fetch_all(&self.pool).await?;
+        rows.iter().map(snapshot_from_row).collect()
+    }
+
+    /// A ready snapshot of the tenant's, whichever session it belongs to.
+    pub async fn snapshot(&self, tenant: &TenantId, id: &SnapshotId) -> Result<Option<Snapshot>> {
+        let sql = format!("SELECT {COLUMNS} FROM snapshots WHERE id = $1 AND tenant_id = $2 AND state = 'ready'");
+        let row = sqlx::query(&sql).bind(id.as_str()).bind(tenant.as_str()).fetch_optional(&self.pool).await?;
+        row.as_ref().map(snapshot_from_row).transpose()
+    }
+
+    /// The session a snapshot belongs to (any tenant: for the node, which names paths by it).
+    pub async fn snapshot_session(&self, id: &SnapshotId) -> Result<Option<SessionId>> {
+        let session: Option<String> = sqlx::query_scalar("SELECT session_id FROM snapshots WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        session.map(|s| parse("session id", &s)).transpose()
+    }
+
+    /// Snapshots of any state, for the start-up sweep: (session, snapshot, ready).
+    pub async fn all_snapshots(&self) -> Result<Vec<(SessionId, SnapshotId, bool)>> {
+        let rows = sqlx::query("SELECT session_id, id, state FROM snapshots").fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                let ready = r.get::<&str, _>(2) == "ready";
+                Ok((parse("session id", r.get::<&str, _>(0))?, parse("snapshot id", r.get::<&str, _>(1))?, ready))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_store;
+
+    #[tokio::test]
+    async fn snapshots_chain_and_only_ready_ones_show() {
+        let (store, _dir) = test_store().await;
+        let tenant = store.ensure_tenant("a").await.unwrap();
+        let session = SessionId::generate();
+        let new = crate::NewSession {
+            id: session.clone(),
+            tenant_id: tenant.clone(),
+            template: "busybox".into(),
+            resources: Default::default(),
+            env: Default::default(),
+            source_snapshot: None,
+            template_version: None,
+            snapshot_policy: space_api::SnapshotPolicy::off(),
+        };
+        store.insert_session(&new).await.unwrap();
+        let snap = |name: Option<&str>| NewSnapshot {
+            id: SnapshotId::generate(),
+            session_id: session.clone(),
+            tenant_id: tenant.clone(),
+            kind: SnapshotKind::Disk,
+            name: name.map(str::to_owned),
+        };
+        let first = snap(Some("before"));
+        store.insert_snapshot(&first).await.unwrap();
+        assert!(store.list_snapshots(&session).await.unwrap().is_empty(), "a creating snapshot is listed");
+        store.set_snapshot_ready(&first.id, 42).await.unwrap();
+        let second = snap(None);
+        store.insert_snapshot(&second).await.unwrap();
+        store.set_snapshot_ready(&second.id, 7).await.unwrap();
+        let list = store.list_snapshots(&session).await.unwrap();
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[1].parent.as_ref(), Some(&first.id));
+        assert_eq!((list[0].name.as_deref(), list[0].size_bytes), (Some("before"), 42));
+        let other = store.ensure_tenant("b").await.unwrap();
+        assert!(store.snapshot(&other, &first.id).await.unwrap().is_none(), "another tenant sees it");
+        store.delete_snapshot_row(&first.id).await.unwrap();
+        assert_eq!(store.all_snapshots().await.unwrap().len(), 1);
+    }
+}
