@@ -5,6 +5,7 @@
 
 mod api;
 mod density;
+mod lifecycle;
 mod peers;
 mod report;
 
@@ -34,6 +35,9 @@ pub struct BenchArgs {
     /// Idle sessions of the density measure (0 skips it).
     #[arg(long, default_value_t = 500)]
     density: usize,
+    /// Samples of the lifecycle measures (0 skips them).
+    #[arg(long, default_value_t = 50)]
+    lifecycle_n: usize,
     /// Template the sessions and the peers start from.
     #[arg(long, default_value = "busybox")]
     template: String,
@@ -82,6 +86,11 @@ async fn measure_all(client: &Client, args: &BenchArgs, data_dir: &Path, report:
     report.add(summarize("exec_true_round_trip", api::exec_round_trips(client, template, args.exec_n).await?));
     if !args.no_peers {
         peer_measures(client, args, data_dir, report).await?;
+    }
+    if args.lifecycle_n > 0 {
+        eprintln!("lifecycle: pause/resume, snapshots, restore, fork ({} samples)", args.lifecycle_n);
+        api::set_pool(client, template, 0).await?;
+        lifecycle::measure(client, template, args.lifecycle_n, report).await?;
     }
     if args.burst > 0 {
         burst_measures(client, args, report).await?;
