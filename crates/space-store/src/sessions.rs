@@ -125,60 +125,45 @@ impl Store {
     /// Moves a running or paused session into `restoring` and queues the operation that
     /// restores it (`input` says from what). Returns `None` if the session is in another state.
     pub async fn begin_restore(&self, tenant: &TenantId, id: &SessionId, input: &str) -> Result<Option<OperationId>> {
-        let mut tx = self.write_tx().await?;
-        let current: Option<String> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1 AND tenant_id = $2")
-            .bind(id.as_str())
-            .bind(tenant.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-        let current = current.as_deref().and_then(SessionState::parse);
-        let Some(current) = current.filter(|s| matches!(s, SessionState::Running | SessionState::Paused)) else {
-            return Ok(None);
-        };
-        sqlx::query("UPDATE sessions SET state = 'restoring', error = NULL, updated_at = $1 WHERE id = $2")
-            .bind(now_ms())
-            .bind(id.as_str())
-            .execute(&mut *tx)
-            .await?;
-        insert_event(&mut tx, id, "state", Some(current), Some(SessionState::Restoring), None).await?;
-        let op = NewOperation {
-            tenant_id: tenant.clone(),
-            session_id: Some(id.clone()),
-            kind: OperationKind::RestoreSession,
-            input: Some(input.to_owned()),
-        };
-        let op_id = insert_operation(&mut tx, &op).await?;
-        tx.commit().await?;
-        Ok(Some(op_id))
+        let allowed = |s: SessionState| matches!(s, SessionState::Running | SessionState::Paused);
+        let op = (OperationKind::RestoreSession, Some(input.to_owned()));
+        self.begin_operation(tenant, id, allowed, SessionState::Restoring, op).await
     }
 
     /// Moves a session into `destroying` and queues the operation that finishes the job.
     /// Returns `None` if the session is already destroyed or being destroyed.
     pub async fn begin_destroy(&self, tenant: &TenantId, id: &SessionId) -> Result<Option<OperationId>> {
+        let allowed = |s: SessionState| !matches!(s, SessionState::Destroyed | SessionState::Destroying);
+        self.begin_operation(tenant, id, allowed, SessionState::Destroying, (OperationKind::DestroySession, None)).await
+    }
+
+    /// In one transaction: if the tenant's session is in a state `allowed` accepts, moves it to
+    /// `to`, records the event and queues the operation.
+    async fn begin_operation(
+        &self,
+        tenant: &TenantId,
+        id: &SessionId,
+        allowed: impl Fn(SessionState) -> bool,
+        to: SessionState,
+        (kind, input): (OperationKind, Option<String>),
+    ) -> Result<Option<OperationId>> {
         let mut tx = self.write_tx().await?;
         let current: Option<String> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1 AND tenant_id = $2")
             .bind(id.as_str())
             .bind(tenant.as_str())
             .fetch_optional(&mut *tx)
             .await?;
-        let Some(current) = current.as_deref().and_then(SessionState::parse) else {
+        let Some(current) = current.as_deref().and_then(SessionState::parse).filter(|s| allowed(*s)) else {
             return Ok(None);
         };
-        if matches!(current, SessionState::Destroyed | SessionState::Destroying) {
-            return Ok(None);
-        }
-        sqlx::query("UPDATE sessions SET state = 'destroying', updated_at = $1 WHERE id = $2")
+        sqlx::query("UPDATE sessions SET state = $1, updated_at = $2 WHERE id = $3")
+            .bind(to.as_str())
             .bind(now_ms())
             .bind(id.as_str())
             .execute(&mut *tx)
             .await?;
-        insert_event(&mut tx, id, "state", Some(current), Some(SessionState::Destroying), None).await?;
-        let op = NewOperation {
-            tenant_id: tenant.clone(),
-            session_id: Some(id.clone()),
-            kind: OperationKind::DestroySession,
-            input: None,
-        };
+        insert_event(&mut tx, id, "state", Some(current), Some(to), None).await?;
+        let op = NewOperation { tenant_id: tenant.clone(), session_id: Some(id.clone()), kind, input };
         let op_id = insert_operation(&mut tx, &op).await?;
         tx.commit().await?;
         Ok(Some(op_id))

@@ -41,21 +41,7 @@ pub async fn pause(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> AppResult<ApiJson<Session>> {
-    let session = find_session(&state, &caller, &id).await?;
-    let _guard = state.session_lock(&session.id).await;
-    let session = find_session(&state, &caller, &id).await?;
-    match session.state {
-        SessionState::Paused => return Ok(ApiJson(session)),
-        SessionState::Running => {}
-        _ => return Err(invalid_state(&session, "be paused")),
-    }
-    let sandbox = sandbox_of(&session)?;
-    state.node.pause_sandbox(&sandbox).await?;
-    if !state.store.transition(&session.id, &[SessionState::Running], SessionState::Paused, None).await? {
-        state.node.resume_sandbox(&sandbox)?;
-        return Err(AppError::new(ErrorCode::Conflict, format!("session {id} changed state while pausing")));
-    }
-    Ok(ApiJson(find_session(&state, &caller, &id).await?))
+    Ok(ApiJson(set_frozen(&state, &caller, &id, true).await?))
 }
 
 /// Thaws a paused session. Idempotent on a running one.
@@ -66,17 +52,38 @@ pub async fn resume(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> AppResult<ApiJson<Session>> {
-    let session = find_session(&state, &caller, &id).await?;
+    Ok(ApiJson(set_frozen(&state, &caller, &id, false).await?))
+}
+
+/// Pause (`frozen`) or resume: the sandbox first, then the recorded state (recovery makes the
+/// sandbox follow the record if a crash comes in between).
+async fn set_frozen(state: &AppState, caller: &Caller, id: &str, frozen: bool) -> AppResult<Session> {
+    let (from, to, action) = match frozen {
+        true => (SessionState::Running, SessionState::Paused, "be paused"),
+        false => (SessionState::Paused, SessionState::Running, "be resumed"),
+    };
+    let session = find_session(state, caller, id).await?;
     let _guard = state.session_lock(&session.id).await;
-    let session = find_session(&state, &caller, &id).await?;
-    match session.state {
-        SessionState::Running => return Ok(ApiJson(session)),
-        SessionState::Paused => {}
-        _ => return Err(invalid_state(&session, "be resumed")),
+    let session = find_session(state, caller, id).await?;
+    if session.state == to {
+        return Ok(session);
     }
-    state.node.resume_sandbox(&sandbox_of(&session)?)?;
-    state.store.transition(&session.id, &[SessionState::Paused], SessionState::Running, None).await?;
-    Ok(ApiJson(find_session(&state, &caller, &id).await?))
+    if session.state != from {
+        return Err(invalid_state(&session, action));
+    }
+    let sandbox = sandbox_of(&session)?;
+    if frozen {
+        state.node.pause_sandbox(&sandbox).await?;
+    } else {
+        state.node.resume_sandbox(&sandbox)?;
+    }
+    if !state.store.transition(&session.id, &[from], to, None).await? {
+        if frozen {
+            state.node.resume_sandbox(&sandbox)?;
+        }
+        return Err(AppError::new(ErrorCode::Conflict, format!("session {id} changed state meanwhile; try again")));
+    }
+    find_session(state, caller, id).await
 }
 
 /// Takes a snapshot of a running or paused session.
