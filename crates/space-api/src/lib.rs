@@ -2,11 +2,13 @@
 //! bodies, and the error envelope.
 
 pub mod error;
+pub mod idmap;
 pub mod ids;
 pub mod policy;
 pub mod types;
 
 pub use error::{ApiError, ErrorBody, ErrorCode};
+pub use idmap::IdMap;
 pub use ids::{IdError, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId};
 pub use policy::{Retention, RetentionTier, SnapshotPolicy};
 pub use types::*;

@@ -87,7 +87,7 @@ impl Node {
         let data_dir = config.data_dir.clone();
         let pool = blocking(move || Ok(Pool::open(&data_dir, options)?)).await?;
         let mut options = LinuxOptions::new(&config.spaced_bin, config.data_dir.join("run"), &config.cgroup_parent);
-        options.id_map = space_runtime_linux::IdMap { host_base: config.id_map.host_base, count: config.id_map.count };
+        options.id_map = config.id_map;
         let runtime = LinuxRuntime::new(options)?;
         Ok(Node {
             pool: Arc::new(pool),

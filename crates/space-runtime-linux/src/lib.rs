@@ -29,18 +29,7 @@ use tokio::io::unix::AsyncFd;
 use crate::boot::{Boot, Pid1};
 use crate::cgroup::Backend;
 
-/// How sandbox uids and gids map to the host: sandbox `0..count` ↔ host `host_base..host_base+count`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IdMap {
-    pub host_base: u32,
-    pub count: u32,
-}
-
-impl Default for IdMap {
-    fn default() -> Self {
-        IdMap { host_base: 100_000, count: 65_536 }
-    }
-}
+pub use space_runtime::IdMap;
 
 /// Configuration of a [`LinuxRuntime`].
 #[derive(Debug, Clone)]
@@ -278,12 +267,7 @@ fn validate_cgroup_parent(parent: &str) -> Result<(), RuntimeError> {
 
 /// Sandbox root must never be host root, and the range must fit in a uid.
 fn validate_id_map(map: IdMap) -> Result<(), RuntimeError> {
-    if map.host_base == 0 || map.count == 0 || map.host_base.checked_add(map.count).is_none() {
-        return Err(unsupported(format!(
-            "id map {map:?}: host_base and count must be non-zero and host_base + count must fit in 32 bits"
-        )));
-    }
-    Ok(())
+    map.validate().map_err(|reason| unsupported(format!("id map {map:?}: {reason}")))
 }
 
 fn check_spaced(path: &Path) -> Result<(), RuntimeError> {

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-pub use space_api::SandboxId;
+pub use space_api::{IdMap, SandboxId};
 
 /// Resource limits applied to the whole sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

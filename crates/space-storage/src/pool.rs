@@ -14,10 +14,10 @@ use space_api::SandboxId;
 use crate::btrfs;
 use crate::error::{IoContext, Result, StorageError};
 use crate::identity::{SandboxIdentity, validate_hostname, write_identity};
-use crate::idmap::IdMap;
 use crate::mount;
 use crate::template::{TemplateInfo, TemplateStore};
 use crate::util::{ensure_dir, remove_any};
+use space_api::IdMap;
 
 /// Default size of a new pool image (sparse: it only uses what is written).
 pub const DEFAULT_IMAGE_SIZE: u64 = 64 << 30;
@@ -74,7 +74,12 @@ impl Pool {
     /// Opens (creating and mounting if needed) the pool of `data_dir`, and removes what
     /// interrupted template builds left behind.
     pub fn open(data_dir: impl AsRef<Path>, options: PoolOptions) -> Result<Pool> {
-        options.id_map.validate()?;
+        let map = options.id_map;
+        map.validate().map_err(|reason| StorageError::InvalidIdMap {
+            host_base: map.host_base,
+            count: map.count,
+            reason,
+        })?;
         if !nix::unistd::geteuid().is_root() {
             return Err(StorageError::NotRoot);
         }

@@ -18,8 +18,8 @@ use nix::errno::Errno;
 use nix::sys::stat::{major, minor};
 
 use crate::error::{IoContext, Result};
-use crate::idmap::IdMap;
 use crate::progress::{Progress, ProgressFn};
+use space_api::IdMap;
 
 const CAPS_XATTR: &std::ffi::CStr = c"security.capability";
 const CAP_REVISION_MASK: u32 = 0xFF00_0000;

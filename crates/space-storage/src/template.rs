@@ -15,10 +15,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::btrfs;
 use crate::error::{IoContext, Result, StorageError};
-use crate::idmap::IdMap;
 use crate::progress::{Progress, ProgressFn};
 use crate::shift::shift_tree;
 use crate::util::{now_ms, remove_any, write_atomic};
+use space_api::IdMap;
 
 const STAGING_PREFIX: &str = ".staging-";
 const MAX_NAME_LEN: usize = 63;

@@ -1,8 +1,8 @@
-//! The uid/gid range sandboxes run in: container id `n` is host id `host_base + n`.
+//! The uid/gid range sandboxes run in: sandbox id `n` is host id `host_base + n`. Shared by
+//! the storage pool (which shifts template ownership into it) and the runtime (which writes
+//! it as the user namespace's map).
 
 use serde::{Deserialize, Serialize};
-
-use crate::error::{Result, StorageError};
 
 /// The overflow ("nobody") id inside a sandbox.
 pub const NOBODY: u32 = 65534;
@@ -21,8 +21,9 @@ impl Default for IdMap {
 }
 
 impl IdMap {
-    /// Checks the map is usable: non-empty, not mapping to host root, no overflow.
-    pub fn validate(&self) -> Result<()> {
+    /// Checks the map is usable: non-empty, not mapping to host root, no overflow. The error
+    /// says which rule it breaks.
+    pub fn validate(&self) -> Result<(), &'static str> {
         let reason = if self.count == 0 {
             "count must be at least 1"
         } else if self.host_base == 0 {
@@ -32,7 +33,7 @@ impl IdMap {
         } else {
             return Ok(());
         };
-        Err(StorageError::InvalidIdMap { host_base: self.host_base, count: self.count, reason })
+        Err(reason)
     }
 
     /// The in-sandbox id that ids outside the range collapse to (65534, or the last id of a
