@@ -199,6 +199,10 @@ impl Node {
         Ok(self.runtime.stats(id)?)
     }
 
+    pub fn oom_kills(&self, id: &SandboxId) -> Result<u64> {
+        Ok(self.runtime.oom_kills(id)?)
+    }
+
     /// Destroys every sandbox on this node that is not in `keep`; returns their ids.
     pub async fn sweep(&self, keep: &HashSet<SandboxId>) -> Result<Vec<SandboxId>> {
         let mut found: HashSet<SandboxId> = self.runtime.list()?.into_iter().collect();

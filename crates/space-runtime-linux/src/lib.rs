@@ -370,6 +370,10 @@ impl Runtime for LinuxRuntime {
         self.cgroups.stats(&name).map_err(|e| RuntimeError::Cgroup(e.to_string()))
     }
 
+    fn oom_kills(&self, id: &SandboxId) -> Result<u64, RuntimeError> {
+        self.cgroups.oom_kills(&self.cgroup_name(id)).map_err(|e| RuntimeError::Cgroup(e.to_string()))
+    }
+
     fn list(&self) -> Result<Vec<SandboxId>, RuntimeError> {
         let mut names: Vec<String> = Vec::new();
         for dir in self.cgroups.parent_dirs(Path::new(&self.opts.cgroup_parent)) {

@@ -96,6 +96,9 @@ pub trait Runtime: Send + Sync + 'static {
 
     fn stats(&self, id: &SandboxId) -> Result<SandboxStats, RuntimeError>;
 
+    /// The `oom_kills` of [`Runtime::stats`] alone, cheaply.
+    fn oom_kills(&self, id: &SandboxId) -> Result<u64, RuntimeError>;
+
     /// Ids of every sandbox that has runtime resources on this node, alive or not; the node
     /// destroys those no session owns.
     fn list(&self) -> Result<Vec<SandboxId>, RuntimeError>;

@@ -45,7 +45,7 @@ fn merged_env(session: &BTreeMap<String, String>, request: &BTreeMap<String, Str
 }
 
 fn oom_kills(state: &AppState, sandbox: &space_api::SandboxId) -> u64 {
-    state.node.stats(sandbox).map(|s| s.oom_kills).unwrap_or(0)
+    state.node.oom_kills(sandbox).unwrap_or(0)
 }
 
 /// Runs a command to completion and returns its exit status and output.

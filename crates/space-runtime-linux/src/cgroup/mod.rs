@@ -59,6 +59,9 @@ pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
     /// Directories under which sandbox cgroups live, one per hierarchy.
     fn parent_dirs(&self, parent: &Path) -> Vec<PathBuf>;
     fn stats(&self, name: &Path) -> Result<SandboxStats, CgroupError>;
+    /// Processes the kernel's OOM killer killed in this cgroup (one file read; exec checks it
+    /// before and after every command).
+    fn oom_kills(&self, name: &Path) -> Result<u64, CgroupError>;
     /// The path `/proc/<pid>/cgroup` shows for a member of this cgroup, and the hierarchy's
     /// selector there (a v1 controller name, or "" for v2).
     fn membership(&self, name: &Path) -> (String, String);

@@ -136,10 +136,14 @@ impl Backend for V1 {
         Ok(SandboxStats {
             memory_bytes: read_u64(&memory, "memory.usage_in_bytes")?,
             memory_limit_bytes: normalize_limit(read_u64(&memory, "memory.limit_in_bytes")?),
-            oom_kills: keyed(&read(&memory, "memory.oom_control")?, "oom_kill").unwrap_or(0),
+            oom_kills: self.oom_kills(name)?,
             pids: read_u64(&self.dir("pids", name), "pids.current")?,
             cpu_usage_ns: read_u64(&self.dir("cpuacct", name), "cpuacct.usage")?,
         })
+    }
+
+    fn oom_kills(&self, name: &Path) -> Result<u64, CgroupError> {
+        Ok(keyed(&read(&self.dir("memory", name), "memory.oom_control")?, "oom_kill").unwrap_or(0))
     }
 
     fn membership(&self, name: &Path) -> (String, String) {

@@ -103,10 +103,14 @@ impl Backend for V2 {
         Ok(SandboxStats {
             memory_bytes: read_u64(&dir, "memory.current")?,
             memory_limit_bytes: read_u64(&dir, "memory.max")?,
-            oom_kills: keyed(&read(&dir, "memory.events")?, "oom_kill").unwrap_or(0),
+            oom_kills: self.oom_kills(name)?,
             pids: read_u64(&dir, "pids.current")?,
             cpu_usage_ns: keyed(&read(&dir, "cpu.stat")?, "usage_usec").unwrap_or(0) * 1000,
         })
+    }
+
+    fn oom_kills(&self, name: &Path) -> Result<u64, CgroupError> {
+        Ok(keyed(&read(&self.dir(name), "memory.events")?, "oom_kill").unwrap_or(0))
     }
 
     fn membership(&self, name: &Path) -> (String, String) {
