@@ -29,7 +29,7 @@ async fn run_once(state: &AppState, full_unavailable_logged: &mut bool) -> AppRe
     let now = now_ms();
     for record in state.store.sessions_in_states(&[SessionState::Running, SessionState::Paused]).await? {
         let session = &record.session;
-        let snapshots = state.store.list_snapshots(&session.id).await?;
+        let mut snapshots = state.store.list_snapshots(&session.id).await?;
         if session.state == SessionState::Running {
             for kind in due_kinds(&session.snapshot_policy, session, &snapshots, now) {
                 if kind == SnapshotKind::Full {
@@ -38,12 +38,13 @@ async fn run_once(state: &AppState, full_unavailable_logged: &mut bool) -> AppRe
                     }
                     continue;
                 }
-                if let Err(e) = take_snapshot(state, &record.tenant_id, &session.id, kind, None).await {
-                    tracing::warn!(session = %session.id, error = %e.0.message, "scheduled snapshot");
+                match take_snapshot(state, &record.tenant_id, &session.id, kind, None).await {
+                    Ok(taken) => snapshots.push(taken),
+                    Err(e) => tracing::warn!(session = %session.id, error = %e.0.message, "scheduled snapshot"),
                 }
             }
         }
-        prune_session(state, session, now).await?;
+        prune_session(state, session, &snapshots, now).await?;
     }
     Ok(())
 }
@@ -61,8 +62,7 @@ fn due_kinds(policy: &SnapshotPolicy, session: &Session, snapshots: &[Snapshot],
         .collect()
 }
 
-async fn prune_session(state: &AppState, session: &Session, now: i64) -> AppResult<()> {
-    let snapshots = state.store.list_snapshots(&session.id).await?;
+async fn prune_session(state: &AppState, session: &Session, snapshots: &[Snapshot], now: i64) -> AppResult<()> {
     let candidates: Vec<Candidate> = snapshots
         .iter()
         .map(|s| Candidate { id: s.id.as_str(), created_at_ms: s.created_at, kind: s.kind, keep: s.name.is_some() })
