@@ -9,7 +9,7 @@ use nix::unistd::{ForkResult, Gid, Uid, fork, setgroups, setresgid, setresuid};
 
 use crate::sync::{self, FromInit, InitConfig, ToInit};
 use crate::sys::{ctx, io_ctx};
-use crate::{InitError, InitOutcome, pid1};
+use crate::{InitError, InitOutcome, listener, pid1};
 
 /// Namespaces created after the user namespace (so that it owns them).
 const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWPID
@@ -31,6 +31,8 @@ pub(crate) fn run(channel: &UnixStream) -> Result<InitOutcome, InitError> {
         }
     };
     validate(&config)?;
+    // Forked while this process still has the host's credentials (see listener.rs).
+    let helper = listener::Helper::spawn(sync::LISTENER_FD, &config.rootfs)?;
     unshare(CloneFlags::CLONE_NEWUSER).map_err(ctx("unshare user namespace"))?;
     sync::send(channel, &FromInit::UserNs).map_err(io_ctx("send user_ns"))?;
     match sync::recv(&mut reader).map_err(io_ctx("wait for id maps"))? {
@@ -46,10 +48,12 @@ pub(crate) fn run(channel: &UnixStream) -> Result<InitOutcome, InitError> {
     match unsafe { fork() }.map_err(ctx("fork pid 1"))? {
         ForkResult::Parent { child } => {
             let reported = sync::send(channel, &FromInit::Child { host_pid: child.as_raw() as u32 });
+            // Pid 1 reports the helper's failures itself; this only ends the bootstrap.
+            let helped = helper.finish(child);
             // The node (a child subreaper) adopts the child.
-            std::process::exit(if reported.is_ok() { 0 } else { 1 })
+            std::process::exit(if helped.is_ok() && reported.is_ok() { 0 } else { 1 })
         }
-        ForkResult::Child => pid1::run(channel, &config),
+        ForkResult::Child => pid1::run(channel, &config, helper.into_pid1_link()),
     }
 }
 

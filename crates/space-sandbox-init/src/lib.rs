@@ -7,24 +7,35 @@
 //! 2. becomes root of that namespace, unshares pid, mount, net, ipc, uts and cgroup namespaces
 //!    and forks; the bootstrap reports the child's host pid and exits (the node, a child
 //!    subreaper, inherits the child);
-//! 3. (the child, pid 1 of the sandbox) builds the mount namespace and pivots into the rootfs,
+//! 3. (the child, pid 1 of the sandbox) builds the mount namespace, replaces the node's
+//!    listener by one CRIU can checkpoint (same host path, but created in the sandbox's network
+//!    namespace and bound through a mount of the run dir at [`AGENT_DIR`], see `listener.rs`),
+//!    pivots into the rootfs,
 //!    sets the hostname, brings up `lo`, closes every other fd, drops capabilities, sets
-//!    no_new_privs, installs the seccomp filter, reports `Ready`, closes the sync channel and
-//!    returns the listener.
+//!    no_new_privs, installs the seccomp filter;
+//! 4. executes its own binary again from inside the sandbox ([`SELF_EXE`], see `reexec.rs`:
+//!    CRIU can only checkpoint a pid 1 whose executable and memory belong to the sandbox); the
+//!    new image, entering [`run_init`] as pid 1, reports `Ready`, closes the sync channel and
+//!    returns the listener. A dynamically linked binary skips the exec (and reports `Ready`
+//!    from step 3).
 //!
 //! Any failure is reported on the sync channel as one line naming the step and errno
 //! ("mount /proc: EPERM (...)"), and [`run_init`] returns it as an error: the caller must then
 //! exit non-zero. Must be called while the process is single-threaded (before any runtime).
 
 mod bootstrap;
+mod listener;
 mod mounts;
 mod pid1;
+mod reexec;
 mod security;
 pub mod sync;
 mod sys;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 
+pub use listener::AGENT_DIR;
+pub use reexec::SELF_EXE;
 pub use security::{KEPT_CAPABILITIES, seccomp_programs, seccomp_rules};
 
 /// What pid 1 of a fresh sandbox gets back from [`run_init`].
@@ -48,7 +59,14 @@ pub fn run_init() -> Result<InitOutcome, InitError> {
     }
     // SAFETY: fd 3 is the inherited sync socket (checked above); nothing else owns it.
     let channel = UnixStream::from(unsafe { sys::adopt(sync::SYNC_FD) });
-    match sys::set_cloexec(sync::SYNC_FD, true).and_then(|()| bootstrap::run(&channel)) {
+    // Only the re-executed sandbox init is pid 1: the node starts the bootstrap in its own pid
+    // namespace, as its child.
+    let stage = if nix::unistd::getpid().as_raw() == 1 {
+        sys::set_cloexec(sync::SYNC_FD, true).and_then(|()| reexec::resume(&channel))
+    } else {
+        sys::set_cloexec(sync::SYNC_FD, true).and_then(|()| bootstrap::run(&channel))
+    };
+    match stage {
         Ok(outcome) => Ok(outcome),
         Err(e) => {
             let _ = sync::send(&channel, &sync::FromInit::Error { message: e.0.clone() });

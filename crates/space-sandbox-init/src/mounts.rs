@@ -3,7 +3,7 @@
 //! the sandbox's user namespace.
 
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, symlink};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -11,6 +11,8 @@ use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::statvfs::{FsFlags, statvfs};
 
 use crate::InitError;
+use crate::listener::AGENT_DIR;
+use crate::reexec::SELF_EXE;
 use crate::sync::InitConfig;
 use crate::sys::{ctx, io_ctx};
 
@@ -35,9 +37,11 @@ fn mnt(
     mount(source, target, fstype, flags, data)
 }
 
-/// Builds the sandbox's filesystem view and pivots into it. Appends optional steps that were
-/// skipped to `warnings`.
-pub(crate) fn setup(config: &InitConfig, warnings: &mut Vec<String>) -> Result<(), InitError> {
+/// Builds the sandbox's filesystem view under the rootfs, up to the mount point for the
+/// agent's directory ([`AGENT_DIR`], see [`crate::listener`]); with `bind_self`, also mounts
+/// this process's executable read-only at [`SELF_EXE`] (see [`crate::reexec`]). Appends
+/// optional steps that were skipped to `warnings`.
+pub(crate) fn prepare(config: &InitConfig, bind_self: bool, warnings: &mut Vec<String>) -> Result<(), InitError> {
     let root = &config.rootfs;
     mnt(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None).map_err(ctx("make / rprivate"))?;
     mount(Some(root.as_path()), root.as_path(), None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
@@ -51,7 +55,16 @@ pub(crate) fn setup(config: &InitConfig, warnings: &mut Vec<String>) -> Result<(
     mount_proc(root)?;
     mount_sys(root, warnings)?;
     mount_dev(root, warnings)?;
-    pivot(root)?;
+    if bind_self {
+        bind_self_exe(root)?;
+    }
+    let agent = root.join(AGENT_DIR.trim_start_matches('/'));
+    fs::DirBuilder::new().mode(0o700).create(agent).map_err(io_ctx(format!("mkdir {AGENT_DIR}")))
+}
+
+/// Pivots into the rootfs [`prepare`] built and hides or protects the configured paths.
+pub(crate) fn finish(config: &InitConfig) -> Result<(), InitError> {
+    pivot(&config.rootfs)?;
     mask_paths(&config.masked_paths)?;
     readonly_paths(&config.readonly_paths)
 }
@@ -130,6 +143,38 @@ fn bind_device(dev: &Path, name: &str) -> Result<(), InitError> {
     mnt(Some(&source), &target, None, MsFlags::MS_BIND, None).map_err(ctx(format!("bind /dev/{name}")))
 }
 
+/// Binds this process's executable read-only onto [`SELF_EXE`] in the rootfs's /dev. Before
+/// pivot_root: the binary's host path is still reachable.
+fn bind_self_exe(root: &Path) -> Result<(), InitError> {
+    // The kernel only binds from mounts of the caller's namespace, and the executable's mount is
+    // the host's (ours is a copy): bind its path, after checking it is still the same file.
+    let source = fs::read_link("/proc/self/exe").map_err(io_ctx("readlink /proc/self/exe"))?;
+    let running = fs::metadata("/proc/self/exe").map_err(io_ctx("stat /proc/self/exe"))?;
+    let at_path = fs::metadata(&source).map_err(io_ctx(format!("stat {}", source.display())))?;
+    if (running.dev(), running.ino()) != (at_path.dev(), at_path.ino()) {
+        return Err(InitError(format!("{} was replaced since spaced started", source.display())));
+    }
+    let target = root.join(SELF_EXE.trim_start_matches('/'));
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o555)
+        .open(&target)
+        .map_err(io_ctx(format!("create {SELF_EXE}")))?;
+    mount(Some(source.as_path()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(ctx(format!("bind {SELF_EXE}")))?;
+    // A remount must repeat the flags the kernel locked on the source mount (the binary was
+    // just executed from it, so noexec is not among them).
+    let current = statvfs(&target).map_err(ctx(format!("statvfs {SELF_EXE}")))?;
+    let flags = MsFlags::MS_BIND
+        | MsFlags::MS_REMOUNT
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV
+        | locked_flags(current.flags());
+    mnt(None, &target, None, flags, None).map_err(ctx(format!("remount {SELF_EXE} read-only")))
+}
+
 /// Makes `root` the root of the mount namespace and detaches the old root entirely.
 fn pivot(root: &Path) -> Result<(), InitError> {
     nix::unistd::chdir(root).map_err(ctx("chdir rootfs"))?;
@@ -175,7 +220,7 @@ fn readonly_paths(paths: &[String]) -> Result<(), InitError> {
 }
 
 /// The mount flags matching a statvfs result's `f_flag`.
-fn locked_flags(st: FsFlags) -> MsFlags {
+pub(crate) fn locked_flags(st: FsFlags) -> MsFlags {
     let pairs = [
         (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
         (FsFlags::ST_NODEV, MsFlags::MS_NODEV),

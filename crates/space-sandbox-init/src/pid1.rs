@@ -3,15 +3,33 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 
+use crate::listener::Pid1Link;
 use crate::sync::{self, FromInit, InitConfig};
 use crate::sys::{self, ctx, io_ctx};
-use crate::{InitError, InitOutcome, mounts, security};
+use crate::{InitError, InitOutcome, mounts, reexec, security};
 
-pub(crate) fn run(channel: &UnixStream, config: &InitConfig) -> Result<InitOutcome, InitError> {
+pub(crate) fn run(channel: &UnixStream, config: &InitConfig, link: Pid1Link) -> Result<InitOutcome, InitError> {
     let mut warnings = Vec::new();
     security::set_not_dumpable()?;
+    // Session leader: CRIU restores a tree whose root leads its own session without --shell-job.
     nix::unistd::setsid().map_err(ctx("setsid"))?;
-    mounts::setup(config, &mut warnings)?;
+    let reexec = reexec::self_is_static();
+    if !reexec {
+        warnings.push(format!(
+            "{} is dynamically linked: pid 1 stays the host's binary and the sandbox cannot be checkpointed",
+            std::env::args().next().unwrap_or_default()
+        ));
+    }
+    mounts::prepare(config, reexec, &mut warnings)?;
+    // The node's listener is replaced by one CRIU can checkpoint (see listener.rs); it must be
+    // made before pivot_root, while the host directory it is bound in is still reachable.
+    let listener = link.make_listener()?;
+    // SAFETY: dup2 onto fd 4, the node's listener inherited from the bootstrap, which no Rust
+    // object wraps; the old socket is closed by the replacement.
+    let rc = unsafe { libc::dup2(listener.as_raw_fd(), sync::LISTENER_FD) };
+    nix::errno::Errno::result(rc).map_err(ctx("install the sandbox's listener"))?;
+    drop(listener);
+    mounts::finish(config)?;
     nix::unistd::sethostname(&config.hostname).map_err(ctx("sethostname"))?;
     sys::link_up("lo")?;
     nix::unistd::chdir("/").map_err(ctx("chdir /"))?;
@@ -22,6 +40,9 @@ pub(crate) fn run(channel: &UnixStream, config: &InitConfig) -> Result<InitOutco
     security::drop_capabilities()?;
     security::set_no_new_privs()?;
     security::apply_seccomp()?;
+    if reexec {
+        return Err(reexec::exec_self(&warnings));
+    }
     sync::send(channel, &FromInit::Ready { warnings }).map_err(io_ctx("send ready"))?;
     // SAFETY: fd 4 is the inherited listening socket (checked by the bootstrap); nothing else
     // in this process owns it.

@@ -1,0 +1,164 @@
+//! Checkpointing a sandbox's process tree.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{Result, io_err};
+use crate::{AGENT_DIR, Criu, SELF_EXE, flag, run};
+
+/// The image's names for the two host mounts a restore must provide again (see
+/// [`crate::RestoreOptions`]).
+pub(crate) const AGENT_KEY: &str = "space-agent";
+pub(crate) const SPACED_KEY: &str = "space-spaced";
+
+/// The log file a dump writes in its images directory.
+pub const DUMP_LOG: &str = "dump.log";
+
+/// What to dump and how.
+#[derive(Debug, Clone)]
+pub struct DumpOptions {
+    /// Host pid of the sandbox's pid 1.
+    pub pid: u32,
+    /// Where the images go (created if missing; must not hold another dump).
+    pub images_dir: PathBuf,
+    /// Resume the tree after the dump instead of killing it.
+    pub leave_running: bool,
+    /// Checkpoint established TCP connections (they are all inside the sandbox's own network
+    /// namespace, so both ends are frozen together).
+    pub tcp_established: bool,
+    /// An executable CRIU runs at each stage with `CRTOOLS_SCRIPT_ACTION` set; at `post-dump`
+    /// the tree is still frozen: that is when to snapshot its root filesystem. Must exit 0.
+    pub action_script: Option<PathBuf>,
+}
+
+impl DumpOptions {
+    pub fn new(pid: u32, images_dir: impl Into<PathBuf>) -> Self {
+        DumpOptions {
+            pid,
+            images_dir: images_dir.into(),
+            leave_running: false,
+            tcp_established: true,
+            action_script: None,
+        }
+    }
+}
+
+/// What a dump cost.
+#[derive(Debug, Clone, Copy)]
+pub struct DumpStats {
+    /// Wall time of the whole `criu dump` run (the tree is frozen for most of it).
+    pub wall: Duration,
+    /// Total size of the image files.
+    pub image_bytes: u64,
+}
+
+impl Criu {
+    /// Checkpoints the tree of `opts.pid`. The caller must have closed its connections to the
+    /// sandbox's agent first. On failure the tree keeps running and the error carries the
+    /// log's excerpt (the whole log is `<images_dir>/dump.log`).
+    pub async fn dump(&self, opts: &DumpOptions) -> Result<DumpStats> {
+        tokio::fs::create_dir_all(&opts.images_dir).await.map_err(io_err("create images dir", &opts.images_dir))?;
+        let log = opts.images_dir.join(DUMP_LOG);
+        let wall = run::criu(&self.path, "dump", &dump_args(opts), &[], &log).await?;
+        let image_bytes = images_size(&opts.images_dir).await?;
+        Ok(DumpStats { wall, image_bytes })
+    }
+}
+
+/// The arguments of `criu dump`, each with the reason it is there.
+pub(crate) fn dump_args(opts: &DumpOptions) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["dump".into()];
+    flag(&mut args, "--tree", opts.pid.to_string());
+    flag(&mut args, "--images-dir", &opts.images_dir);
+    flag(&mut args, "--log-file", DUMP_LOG);
+    args.push("-v4".into()); // full detail: the log is what explains a failure
+    common_args(&mut args, opts.tcp_established);
+    // These hosts have no iptables; CRIU's nftables support is built in. The sandbox's network
+    // namespace only has lo, but locking keeps TCP state still while the tree is frozen.
+    flag(&mut args, "--network-lock", "nftables");
+    // The sandbox's only host mounts are binds of single host files or directories
+    // (space-sandbox-init): the directory of the agent's socket (the run dir) and pid 1's
+    // executable get names the restore maps to new host paths; the device nodes and the
+    // /dev/null masks over /proc files are found automatically and bound from the same host
+    // paths again.
+    flag(&mut args, "--external", format!("mnt[{AGENT_DIR}]:{AGENT_KEY}"));
+    flag(&mut args, "--external", format!("mnt[{SELF_EXE}]:{SPACED_KEY}"));
+    flag(&mut args, "--external", "mnt[]");
+    if opts.leave_running {
+        args.push("--leave-running".into());
+    }
+    if let Some(script) = &opts.action_script {
+        flag(&mut args, "--action-script", script);
+    }
+    args
+}
+
+/// Flags dump and restore share.
+pub(crate) fn common_args(args: &mut Vec<OsString>, tcp_established: bool) {
+    if tcp_established {
+        args.push("--tcp-established".into());
+        // A connection still in a listener's accept queue cannot be dumped: let its client
+        // retry rather than failing the snapshot.
+        args.push("--skip-in-flight".into());
+    }
+    // Sandbox processes may hold flock/POSIX locks.
+    args.push("--file-locks".into());
+    // Files that are open but deleted are linked back into the rootfs (and so into its
+    // snapshot) instead of failing the dump or copying their content into the image.
+    args.push("--link-remap".into());
+    // The sandbox's cgroups are recorded (with their limits) and re-created on restore under
+    // the roots given there.
+    // (Its argument is optional, so it must be attached with `=`.)
+    args.push("--manage-cgroups=soft".into());
+}
+
+async fn images_size(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    let mut entries = tokio::fs::read_dir(dir).await.map_err(io_err("read images dir", dir))?;
+    while let Some(entry) = entries.next_entry().await.map_err(io_err("read images dir", dir))? {
+        let is_log = entry.file_name().to_string_lossy().ends_with(".log");
+        match entry.metadata().await {
+            Ok(meta) if meta.is_file() && !is_log => total += meta.len(),
+            _ => {}
+        }
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[OsString]) -> Vec<String> {
+        args.iter().map(|a| a.to_string_lossy().into_owned()).collect()
+    }
+
+    #[test]
+    fn dump_arguments() {
+        let mut opts = DumpOptions::new(42, "/snap/criu");
+        opts.action_script = Some("/hook".into());
+        let args = strings(&dump_args(&opts));
+        let joined = args.join(" ");
+        assert!(joined.starts_with("dump --tree 42 --images-dir /snap/criu --log-file dump.log -v4"), "{joined}");
+        for expected in [
+            "--tcp-established",
+            "--skip-in-flight",
+            "--file-locks",
+            "--link-remap",
+            "--manage-cgroups=soft",
+            "--network-lock nftables",
+            "--external mnt[/dev/.spaced-agent]:space-agent",
+            "--external mnt[/dev/.spaced]:space-spaced",
+            "--external mnt[]",
+            "--action-script /hook",
+        ] {
+            assert!(joined.contains(expected), "{expected} missing in {joined}");
+        }
+        assert!(!joined.contains("--leave-running"));
+        opts.leave_running = true;
+        opts.tcp_established = false;
+        let joined = strings(&dump_args(&opts)).join(" ");
+        assert!(joined.contains("--leave-running") && !joined.contains("--tcp-established"));
+    }
+}
