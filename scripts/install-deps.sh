@@ -14,3 +14,5 @@ if ! command -v cargo >/dev/null; then
   echo "cargo is missing: install the Rust toolchain (https://rustup.rs), version from rust-toolchain.toml" >&2
   exit 1
 fi
+# CRIU >= 4.2 for full snapshots, suspend and resume (Debian 12's is too old; see the script).
+"$(dirname "$0")/install-criu.sh"

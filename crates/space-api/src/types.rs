@@ -15,8 +15,13 @@ pub enum SessionState {
     Running,
     /// Frozen in place: processes stopped, memory kept on the node.
     Paused,
-    /// Going back to a snapshot in a new sandbox.
+    /// Going back to a snapshot in a new sandbox (also: resuming a suspended session).
     Restoring,
+    /// Taking the full snapshot a suspend keeps, then freeing the sandbox.
+    Suspending,
+    /// No sandbox: processes, memory and files are kept in a full snapshot; `resume` brings
+    /// them back.
+    Suspended,
     Destroying,
     Destroyed,
     /// Creation failed; `error` says why. Only `destroy` is allowed.
@@ -30,6 +35,8 @@ impl SessionState {
             SessionState::Running => "running",
             SessionState::Paused => "paused",
             SessionState::Restoring => "restoring",
+            SessionState::Suspending => "suspending",
+            SessionState::Suspended => "suspended",
             SessionState::Destroying => "destroying",
             SessionState::Destroyed => "destroyed",
             SessionState::Failed => "failed",
@@ -42,6 +49,8 @@ impl SessionState {
             "running" => SessionState::Running,
             "paused" => SessionState::Paused,
             "restoring" => SessionState::Restoring,
+            "suspending" => SessionState::Suspending,
+            "suspended" => SessionState::Suspended,
             "destroying" => SessionState::Destroying,
             "destroyed" => SessionState::Destroyed,
             "failed" => SessionState::Failed,
@@ -50,7 +59,10 @@ impl SessionState {
     }
 
     pub fn is_transitional(self) -> bool {
-        matches!(self, SessionState::Creating | SessionState::Restoring | SessionState::Destroying)
+        matches!(
+            self,
+            SessionState::Creating | SessionState::Restoring | SessionState::Suspending | SessionState::Destroying
+        )
     }
 }
 
@@ -379,6 +391,16 @@ pub struct Status {
     pub sessions: BTreeMap<String, u64>,
     pub templates: Vec<Template>,
     pub pool: PoolStatus,
+    /// Full snapshots (suspend, resume, fork with processes): the checkpoint tool in use, or
+    /// why they are unavailable on this node.
+    pub full_snapshots: FullSnapshotSupport,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct FullSnapshotSupport {
+    pub available: bool,
+    /// E.g. `CRIU 4.2.1`, or what is missing and how to fix it.
+    pub detail: String,
 }
 
 /// The node's warm pool: sandboxes started ahead of demand ("pods"), per template.

@@ -109,6 +109,8 @@ pub fn print_status(status: &Status, json: bool) -> anyhow::Result<()> {
     println!("sessions  {}", if sessions.is_empty() { "none".into() } else { sessions.join(" ") });
     let templates: Vec<String> = status.templates.iter().map(|t| format!("{}@{}", t.name, t.version)).collect();
     println!("templates {}", if templates.is_empty() { "none".into() } else { templates.join(" ") });
+    let full = &status.full_snapshots;
+    println!("full snapshots {}", if full.available { full.detail.clone() } else { format!("OFF: {}", full.detail) });
     println!(
         "pool      filling {}/{} at most, {} deletions pending",
         status.pool.filling, status.pool.max_filling, status.pool.pending_deletions

@@ -146,6 +146,13 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
     let state = space_control::start(&config).await?;
+    match state.node.checkpoint_support() {
+        Ok(tool) => tracing::info!("full snapshots, suspend and resume use {tool}"),
+        Err(why) => tracing::warn!(
+            "full snapshots, suspend and process-preserving fork are OFF: {why}; run scripts/install-criu.sh \
+             and restart (disk snapshots, pause, restore and fork of files work)"
+        ),
+    }
     tracing::info!(listen = %config.listen, data_dir = %data_dir.display(), "space is serving; admin key in {}/admin.key", data_dir.display());
     space_control::serve(state, listener, shutdown_signal()).await?;
     Ok(())

@@ -54,8 +54,11 @@ pub enum SessionCommand {
     Events { id: String },
     /// Freeze every process of a session in place (memory stays on the node).
     Pause { id: String },
-    /// Continue a paused session.
+    /// Continue a paused or suspended session.
     Resume { id: String },
+    /// Save the session's processes, memory and files in a full snapshot and free its sandbox
+    /// (`resume` brings it back, also after a server restart).
+    Suspend { id: String },
     /// Return a session to one of its snapshots.
     Restore { id: String, snapshot: String },
     /// New sessions that continue from a snapshot of this one; prints their ids.
@@ -125,6 +128,9 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
         }
         SessionCommand::Resume { id } => {
             print_state(&client.post_json(&format!("/v1/sessions/{id}/resume"), &()).await?, json)?;
+        }
+        SessionCommand::Suspend { id } => {
+            print_state(&client.post_json(&format!("/v1/sessions/{id}/suspend"), &()).await?, json)?;
         }
         SessionCommand::Restore { id, snapshot } => {
             let request = RestoreRequest { snapshot: snapshot.parse()? };

@@ -58,7 +58,17 @@ impl From<space_store::StoreError> for AppError {
 
 impl From<space_node::NodeError> for AppError {
     fn from(e: space_node::NodeError) -> Self {
-        AppError::new(ErrorCode::SandboxUnavailable, format!("node: {e}"))
+        use space_runtime::RuntimeError;
+        match e {
+            space_node::NodeError::Runtime(RuntimeError::CheckpointUnavailable(why)) => AppError::new(
+                ErrorCode::FeatureUnavailable,
+                format!(
+                    "full snapshots (suspend, resume, fork with processes) need CRIU 4.2 or newer on the node \
+                     ({why}); run scripts/install-criu.sh and restart the server, or use disk snapshots"
+                ),
+            ),
+            e => AppError::new(ErrorCode::SandboxUnavailable, format!("node: {e}")),
+        }
     }
 }
 

@@ -182,7 +182,8 @@ async fn start_sandbox(
     Ok(handle)
 }
 
-/// Starts sandbox `sandbox` for `session` from a snapshot (of any of the tenant's sessions).
+/// Starts sandbox `sandbox` for `session` from a snapshot (of any of the tenant's sessions):
+/// a full snapshot's processes continue, a disk snapshot's root boots afresh.
 async fn start_from_snapshot(
     state: &AppState,
     session: &space_api::Session,
@@ -205,7 +206,11 @@ async fn start_from_snapshot(
     state.store.insert_sandbox(&new).await?;
     let limits = Limits::from(&session.resources);
     let hostname = space_node::hostname_for(&sandbox);
-    let handle = state.node.start_sandbox_from_snapshot(&sandbox, &origin, snapshot, limits, &hostname).await?;
+    let handle = if state.node.snapshot_is_full(&origin, snapshot) {
+        state.node.restore_sandbox(&sandbox, &origin, snapshot, limits).await?
+    } else {
+        state.node.start_sandbox_from_snapshot(&sandbox, &origin, snapshot, limits, &hostname).await?
+    };
     state.store.set_sandbox_running(&sandbox, handle.pid).await?;
     Ok(handle)
 }
@@ -216,6 +221,9 @@ pub struct RestoreInput {
     pub snapshot: SnapshotId,
     /// Named up front so a re-run after a crash finds (and replaces) a half-made attempt.
     pub sandbox: SandboxId,
+    /// Resuming a suspended session: a failure leaves it suspended.
+    #[serde(default)]
+    pub from_suspended: bool,
 }
 
 async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()> {
@@ -243,7 +251,15 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
         }
         Err(e) => {
             remove_sandbox(state, &input.sandbox).await?;
-            roll_back_restore(state, &id, previous, &e.0.message).await?;
+            if input.from_suspended {
+                let message = format!("resume failed: {}", e.0.message);
+                state
+                    .store
+                    .transition(&id, &[SessionState::Restoring], SessionState::Suspended, Some(&message))
+                    .await?;
+            } else {
+                roll_back_restore(state, &id, previous, &e.0.message).await?;
+            }
             Err(e)
         }
     }

@@ -4,10 +4,13 @@
 //! 2. Running sessions whose sandbox survived are kept (spaced outlives the server); those
 //!    whose sandbox is gone fail with a recorded reason.
 //! 3. Every node resource (cgroup, socket, subvolume) not owned by a kept sandbox is destroyed.
+//!
+//! Snapshots come first: one a crash interrupted is deleted, so a `suspending` session whose
+//! full snapshot is listed is known to be resumable.
 
 use std::collections::HashSet;
 
-use space_api::{SandboxId, SessionState};
+use space_api::{SandboxId, SessionState, SnapshotKind};
 
 use crate::AppState;
 use crate::error::AppResult;
@@ -17,6 +20,12 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
     let requeued = state.store.requeue_running_operations().await?;
     state.store.idempotency_clear_unfinished().await?;
     let mut keep: HashSet<SandboxId> = HashSet::new();
+    let snapshots = recover_snapshots(state).await?;
+    let suspending = state.store.sessions_in_states(&[SessionState::Suspending]).await?;
+    let sandboxes = state.store.live_sandboxes(&state.node_id).await?;
+    for record in suspending {
+        finish_suspend(state, &record.session, &sandboxes).await?;
+    }
     let running = state.store.sessions_in_states(&[SessionState::Running, SessionState::Paused]).await?;
     let sandboxes = state.store.live_sandboxes(&state.node_id).await?;
     for record in running {
@@ -53,8 +62,33 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
         }
     }
     let orphans = state.node.sweep(&keep).await?;
-    let snapshots = recover_snapshots(state).await?;
     tracing::info!(requeued, removed, orphans = orphans.len(), kept = keep.len(), snapshots, "recovered");
+    Ok(())
+}
+
+/// A suspend the crash interrupted: if its full snapshot was completed, the session is
+/// suspended (the sandbox is removed below with the other unkept ones); otherwise it goes back
+/// to running on its sandbox, or fails if that is gone too.
+async fn finish_suspend(
+    state: &AppState,
+    session: &space_api::Session,
+    sandboxes: &[space_store::SandboxRecord],
+) -> AppResult<()> {
+    let id = &session.id;
+    let snapshots = state.store.list_snapshots(id).await?;
+    let suspended_at =
+        state.store.events(id).await?.iter().rev().find(|e| e.to_state == Some(SessionState::Suspending)).map(|e| e.at);
+    let snapshot_taken = snapshots.iter().any(|s| s.kind == SnapshotKind::Full && Some(s.created_at) >= suspended_at);
+    let alive = sandboxes.iter().any(|s| {
+        Some(&s.id) == session.sandbox_id.as_ref()
+            && s.pid.is_some_and(|pid| state.node.is_alive(&state.node.handle(&s.id, pid)))
+    });
+    let (to, message) = match (snapshot_taken, alive) {
+        (true, _) => (SessionState::Suspended, None),
+        (false, true) => (SessionState::Running, Some("the server stopped during a suspend; the session kept running")),
+        (false, false) => (SessionState::Failed, Some("the server stopped during a suspend and the sandbox is gone")),
+    };
+    state.store.transition(id, &[SessionState::Suspending], to, message).await?;
     Ok(())
 }
 

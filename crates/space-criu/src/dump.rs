@@ -30,6 +30,10 @@ pub struct DumpOptions {
     /// An executable CRIU runs at each stage with `CRTOOLS_SCRIPT_ACTION` set; at `post-dump`
     /// the tree is still frozen: that is when to snapshot its root filesystem. Must exit 0.
     pub action_script: Option<PathBuf>,
+    /// The tree's freezer cgroup (v1: the freezer hierarchy's directory): CRIU freezes through
+    /// it instead of seizing each task, and leaves a tree the caller froze first frozen, so
+    /// the caller can snapshot the rootfs in the same frozen state.
+    pub freeze_cgroup: Option<PathBuf>,
 }
 
 impl DumpOptions {
@@ -40,6 +44,7 @@ impl DumpOptions {
             leave_running: false,
             tcp_established: true,
             action_script: None,
+            freeze_cgroup: None,
         }
     }
 }
@@ -90,6 +95,9 @@ pub(crate) fn dump_args(opts: &DumpOptions) -> Vec<OsString> {
     }
     if let Some(script) = &opts.action_script {
         flag(&mut args, "--action-script", script);
+    }
+    if let Some(cgroup) = &opts.freeze_cgroup {
+        flag(&mut args, "--freeze-cgroup", cgroup);
     }
     args
 }

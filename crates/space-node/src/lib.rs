@@ -3,6 +3,7 @@
 //!
 //! Storage calls block on disk I/O, so they run on the blocking pool.
 
+mod checkpoint;
 mod lifecycle;
 mod templates;
 mod warm;
@@ -18,6 +19,7 @@ use space_runtime::{Runtime, SandboxHandle, SandboxSpec, SandboxStats};
 use space_runtime_linux::{LinuxOptions, LinuxRuntime};
 use space_storage::{IdMap, Pool, PoolOptions, SandboxIdentity};
 
+pub use checkpoint::FullSnapshotStats;
 pub use space_storage::{BUILTINS, TemplateInfo};
 pub use warm::{MAX_POOL_SIZE, WarmSettings};
 
@@ -56,6 +58,10 @@ pub struct Node {
     pool: Arc<Pool>,
     runtime: LinuxRuntime,
     agents: Mutex<HashMap<SandboxId, AgentClient>>,
+    /// Sandboxes being checkpointed: no connection to their agent may be made meanwhile.
+    connect_gates: Mutex<HashMap<SandboxId, tokio::sync::watch::Receiver<()>>>,
+    /// The pool's copy of the node's `spaced`, which sandboxes run (see checkpoint.rs).
+    kept_spaced: PathBuf,
     template_builds: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     warm: warm::WarmPool,
     /// Wakes the deletion of destroyed roots.
@@ -85,14 +91,24 @@ impl Node {
         let options =
             PoolOptions { image_size_bytes: config.image_size_bytes, id_map: config.id_map, ..PoolOptions::default() };
         let data_dir = config.data_dir.clone();
-        let pool = blocking(move || Ok(Pool::open(&data_dir, options)?)).await?;
-        let mut options = LinuxOptions::new(&config.spaced_bin, config.data_dir.join("run"), &config.cgroup_parent);
+        let binary = config.spaced_bin.clone();
+        let (pool, kept_spaced) = blocking(move || {
+            let pool = Pool::open(&data_dir, options)?;
+            let kept = pool.keep_binary(&binary)?;
+            Ok((pool, kept))
+        })
+        .await?;
+        // Sandboxes run the pool's copy: a full snapshot links that very file, and a restore
+        // binds it from the same mount again (CRIU must re-apply the dumped mount's flags).
+        let mut options = LinuxOptions::new(&kept_spaced, config.data_dir.join("run"), &config.cgroup_parent);
         options.id_map = config.id_map;
         let runtime = LinuxRuntime::new(options)?;
         Ok(Node {
             pool: Arc::new(pool),
             runtime,
             agents: Mutex::new(HashMap::new()),
+            connect_gates: Mutex::new(HashMap::new()),
+            kept_spaced,
             template_builds: tokio::sync::Mutex::new(HashMap::new()),
             warm: warm::WarmPool::new(&config.warm),
             reclaim: tokio::sync::Notify::new(),
@@ -167,6 +183,7 @@ impl Node {
     /// The connection to a sandbox's `spaced`, reconnecting if it dropped (e.g. after a
     /// server restart: `spaced` keeps running and accepts a new connection).
     pub async fn agent(&self, id: &SandboxId) -> Result<AgentClient> {
+        self.pass_connect_gate(id).await?;
         if let Some(agent) = self.agents.lock().map_err(poisoned)?.get(id).filter(|a| !a.is_closed()) {
             return Ok(agent.clone());
         }

@@ -187,6 +187,12 @@ impl AgentClient {
         self.mux.is_closed()
     }
 
+    /// Closes the connection for every clone of this client (streams in use end with an
+    /// error); the agent then closes its end.
+    pub fn close(&self) {
+        self.mux.close();
+    }
+
     /// A raw stream, for protocol extensions and tests.
     pub async fn open_stream(&self) -> Result<FramedStream, AgentError> {
         Ok(self.mux.open().await?)

@@ -10,6 +10,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{Decoder, Encoder, Framed};
 use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt, TokioAsyncReadCompatExt};
+use tokio_util::sync::CancellationToken;
 
 use crate::codec::{Frame, FrameCodec, FrameError};
 
@@ -85,6 +86,7 @@ type OpenReply = oneshot::Sender<Result<yamux::Stream, MuxError>>;
 #[derive(Clone, Debug)]
 pub struct MuxClient {
     open_tx: mpsc::UnboundedSender<OpenReply>,
+    shutdown: CancellationToken,
 }
 
 impl MuxClient {
@@ -96,7 +98,13 @@ impl MuxClient {
     {
         let (open_tx, open_rx) = mpsc::unbounded_channel();
         let conn = yamux::Connection::new(io.compat(), config(), yamux::Mode::Client);
-        (MuxClient { open_tx }, drive_client(conn, open_rx))
+        let shutdown = CancellationToken::new();
+        (MuxClient { open_tx, shutdown: shutdown.clone() }, drive_client(conn, open_rx, shutdown))
+    }
+
+    /// Closes the connection now, for every clone: streams in use end with an error.
+    pub fn close(&self) {
+        self.shutdown.cancel();
     }
 
     /// Opens a stream for one operation.
@@ -113,13 +121,21 @@ impl MuxClient {
     }
 }
 
-async fn drive_client<T>(mut conn: yamux::Connection<T>, mut open_rx: mpsc::UnboundedReceiver<OpenReply>)
-where
+async fn drive_client<T>(
+    mut conn: yamux::Connection<T>,
+    mut open_rx: mpsc::UnboundedReceiver<OpenReply>,
+    shutdown: CancellationToken,
+) where
     T: futures::AsyncRead + futures::AsyncWrite + Unpin,
 {
     let mut waiting: VecDeque<OpenReply> = VecDeque::new();
     let mut handles_gone = false;
+    let closing = shutdown.cancelled();
+    let mut closing = std::pin::pin!(closing);
     let ended = poll_fn(|cx| {
+        if closing.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
         while !handles_gone {
             match open_rx.poll_recv(cx) {
                 Poll::Ready(Some(reply)) => waiting.push_back(reply),

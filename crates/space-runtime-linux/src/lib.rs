@@ -4,12 +4,17 @@
 //! docs/sandbox-isolation.md for the isolation decisions.
 //!
 //! Per sandbox the runtime owns exactly two host resources, both named after the sandbox id:
-//! the cgroup `<cgroup parent>/<id>` (in every hierarchy used) and the socket
-//! `<run dir>/<id>.sock`. `list` finds sandboxes by them and `destroy` removes them, so both
-//! work after a node restart.
+//! the cgroup `<cgroup parent>/<id>` (in every hierarchy used) and the directory
+//! `<run dir>/<id>.d` holding the agent's socket `agent.sock` (the sandbox binds it through a
+//! mount of that directory, see `space-sandbox-init`'s listener). `list` finds sandboxes by
+//! them and `destroy` removes them, so both work after a node restart.
+//!
+//! Checkpoints (full snapshots) use CRIU (`checkpoint.rs`); without a usable CRIU everything
+//! else works and [`Runtime::checkpoint_support`] says why checkpoints do not.
 
 mod boot;
 mod cgroup;
+mod checkpoint;
 mod process;
 mod spawn;
 mod teardown;
@@ -21,7 +26,9 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use space_runtime::{Limits, Runtime, RuntimeError, SandboxHandle, SandboxId, SandboxSpec, SandboxStats};
+use space_runtime::{
+    CheckpointStats, Limits, Runtime, RuntimeError, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
+};
 use space_sandbox_init::sync::{InitConfig, ToInit};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -31,12 +38,17 @@ use crate::cgroup::Backend;
 
 pub use space_runtime::IdMap;
 
+/// `<run dir>/<id>.d`: the sandbox's agent directory.
+const AGENT_DIR_SUFFIX: &str = ".d";
+/// The socket's name in it (and, inside the sandbox, in `space_sandbox_init::AGENT_DIR`).
+const AGENT_SOCKET: &str = "agent.sock";
+
 /// Configuration of a [`LinuxRuntime`].
 #[derive(Debug, Clone)]
 pub struct LinuxOptions {
     /// The host's static `spaced` binary, started as `spaced init`.
     pub spaced: PathBuf,
-    /// Where sandbox sockets live (`<run_dir>/<id>.sock`); created 0700 if missing.
+    /// Where sandbox sockets live (`<run_dir>/<id>.d/agent.sock`); created 0700 if missing.
     pub run_dir: PathBuf,
     /// Relative cgroup path all sandbox cgroups go under, e.g. `space/<node>`.
     pub cgroup_parent: String,
@@ -48,6 +60,9 @@ pub struct LinuxOptions {
     /// OOM score adjustment for each sandbox's pid 1, so the OOM killer picks sandbox
     /// processes before `spaced`. Lowering needs CAP_SYS_RESOURCE; without it a warning is logged.
     pub pid1_oom_score_adj: i32,
+    /// The CRIU binary for checkpoints; `None` looks in the usual places
+    /// ([`space_criu::Criu::locate`]).
+    pub criu: Option<PathBuf>,
 }
 
 impl LinuxOptions {
@@ -60,6 +75,7 @@ impl LinuxOptions {
             start_timeout: Duration::from_secs(10),
             stop_timeout: Duration::from_secs(10),
             pid1_oom_score_adj: -1000,
+            criu: None,
         }
     }
 }
@@ -78,6 +94,8 @@ pub struct LinuxRuntime {
     cgroups: Arc<dyn Backend>,
     tracked: Mutex<HashMap<SandboxId, Tracked>>,
     oom_warned: std::sync::atomic::AtomicBool,
+    /// CRIU, or why there is none.
+    criu: Result<space_criu::Criu, String>,
 }
 
 fn unsupported(what: impl std::fmt::Display) -> RuntimeError {
@@ -99,7 +117,8 @@ impl LinuxRuntime {
         let cgroups: Arc<dyn Backend> = cgroup::detect().map_err(unsupported)?.into();
         process::become_subreaper().map_err(|e| unsupported(format!("PR_SET_CHILD_SUBREAPER: {e}")))?;
         tracing::debug!(version = cgroups.version(), parent = %opts.cgroup_parent, "linux runtime ready");
-        Ok(LinuxRuntime { opts, cgroups, tracked: Mutex::new(HashMap::new()), oom_warned: Default::default() })
+        let criu = space_criu::Criu::locate(opts.criu.as_deref()).map_err(|e| e.to_string());
+        Ok(LinuxRuntime { opts, cgroups, tracked: Mutex::new(HashMap::new()), oom_warned: Default::default(), criu })
     }
 
     pub fn options(&self) -> &LinuxOptions {
@@ -118,7 +137,12 @@ impl LinuxRuntime {
 
     /// Host path of the sandbox's socket.
     pub fn socket_path(&self, id: &SandboxId) -> PathBuf {
-        self.opts.run_dir.join(format!("{id}.sock"))
+        self.agent_dir(id).join(AGENT_SOCKET)
+    }
+
+    /// The host directory holding only the sandbox's socket (mounted into the sandbox).
+    fn agent_dir(&self, id: &SandboxId) -> PathBuf {
+        self.opts.run_dir.join(format!("{id}{AGENT_DIR_SUFFIX}"))
     }
 
     /// Removes the (empty) cgroup parent directories, e.g. when a node scope is retired.
@@ -145,6 +169,7 @@ impl LinuxRuntime {
     }
 
     fn track(&self, id: &SandboxId, pid1: Pid1) {
+        self.protect_from_oom(pid1.pid);
         let entry = Tracked { pid: pid1.pid, pidfd: Arc::new(pid1.pidfd) };
         self.tracked.lock().expect("tracked lock").insert(id.clone(), entry);
     }
@@ -186,6 +211,7 @@ impl LinuxRuntime {
     async fn start_new(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
         let (name, limits) = (self.cgroup_name(&spec.id), spec.limits);
         self.blocking(move |cg| cg.create(&name, &limits).map_err(|e| RuntimeError::Cgroup(e.to_string()))).await?;
+        self.agent_dir_fresh(&spec.id)?;
         let mut boot = Boot::spawn(&self.opts.spaced, &self.socket_path(&spec.id))?;
         let result = match tokio::time::timeout(self.opts.start_timeout, self.boot(&mut boot, spec)).await {
             Ok(result) => result,
@@ -206,15 +232,29 @@ impl LinuxRuntime {
         for warning in &boot.warnings {
             tracing::warn!(sandbox = %spec.id, "{warning}");
         }
-        if let Err(e) = process::set_oom_score_adj(pid1.pid, self.opts.pid1_oom_score_adj) {
+        let handle = self.handle(&spec.id, pid1.pid);
+        self.track(&spec.id, pid1);
+        Ok(handle)
+    }
+
+    fn protect_from_oom(&self, pid: u32) {
+        if let Err(e) = process::set_oom_score_adj(pid, self.opts.pid1_oom_score_adj) {
             // The same for every sandbox (the host lacks CAP_SYS_RESOURCE): say it once.
             if !self.oom_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!(error = %e, "cannot protect spaced from the OOM killer (said once)");
             }
         }
-        let handle = self.handle(&spec.id, pid1.pid);
-        self.track(&spec.id, pid1);
-        Ok(handle)
+    }
+
+    /// Creates the sandbox's agent directory, empty and host root's (mode 0700: no sandbox
+    /// process can enter it).
+    fn agent_dir_fresh(&self, id: &SandboxId) -> Result<PathBuf, RuntimeError> {
+        let dir = self.agent_dir(id);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|source| RuntimeError::Io { path: dir.clone(), source })?;
+        Ok(dir)
     }
 
     /// Reaps the sandbox's pid 1 if this instance started it (it is our child once the
@@ -310,9 +350,9 @@ impl Runtime for LinuxRuntime {
         }
         self.reap_tracked(id).await;
         self.blocking(move |cg| teardown::remove(cg, &name)).await?;
-        let socket = self.socket_path(id);
-        match std::fs::remove_file(&socket) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RuntimeError::Io { path: socket, source: e }),
+        let dir = self.agent_dir(id);
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RuntimeError::Io { path: dir, source: e }),
             _ => Ok(()),
         }
     }
@@ -382,7 +422,7 @@ impl Runtime for LinuxRuntime {
         let entries = std::fs::read_dir(&self.opts.run_dir)
             .map_err(|source| RuntimeError::Io { path: self.opts.run_dir.clone(), source })?;
         for entry in entries.flatten() {
-            if let Some(stem) = entry.file_name().to_str().and_then(|n| n.strip_suffix(".sock")) {
+            if let Some(stem) = entry.file_name().to_str().and_then(|n| n.strip_suffix(AGENT_DIR_SUFFIX)) {
                 names.push(stem.to_owned());
             }
         }
@@ -390,6 +430,27 @@ impl Runtime for LinuxRuntime {
         ids.sort();
         ids.dedup();
         Ok(ids)
+    }
+
+    fn checkpoint_support(&self) -> Result<String, String> {
+        self.criu.as_ref().map(|c| format!("CRIU {}", c.version())).map_err(Clone::clone)
+    }
+
+    async fn wait_agent_released(&self, id: &SandboxId, timeout: Duration) -> Result<(), RuntimeError> {
+        checkpoint::wait_agent_released(self, id, timeout).await
+    }
+
+    async fn checkpoint(&self, id: &SandboxId, images_dir: &Path) -> Result<CheckpointStats, RuntimeError> {
+        checkpoint::checkpoint(self, id, images_dir).await
+    }
+
+    async fn restore(
+        &self,
+        spec: &SandboxSpec,
+        images_dir: &Path,
+        spaced: &Path,
+    ) -> Result<SandboxHandle, RuntimeError> {
+        checkpoint::restore(self, spec, images_dir, spaced).await
     }
 }
 

@@ -5,7 +5,8 @@
 //! idempotent and named after the [`SandboxId`], so the node can replay it after a crash.
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 pub use space_api::{IdMap, SandboxId};
@@ -56,6 +57,15 @@ pub struct SandboxStats {
     pub cpu_usage_ns: u64,
 }
 
+/// What a checkpoint cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointStats {
+    /// Wall time of the dump itself (the sandbox is frozen throughout).
+    pub wall: Duration,
+    /// Total size of the image files.
+    pub image_bytes: u64,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("sandbox {0} does not exist on this node")]
@@ -68,6 +78,13 @@ pub enum RuntimeError {
     Unsupported(String),
     #[error("i/o on {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    /// Checkpoint or restore is not possible on this node (e.g. no usable CRIU).
+    #[error("checkpoints are unavailable on this node: {0}")]
+    CheckpointUnavailable(String),
+    #[error("checkpoint failed: {0}")]
+    Checkpoint(String),
+    #[error("restoring a checkpoint failed: {0}")]
+    Restore(String),
 }
 
 pub trait Runtime: Send + Sync + 'static {
@@ -102,4 +119,35 @@ pub trait Runtime: Send + Sync + 'static {
     /// Ids of every sandbox that has runtime resources on this node, alive or not; the node
     /// destroys those no session owns.
     fn list(&self) -> Result<Vec<SandboxId>, RuntimeError>;
+
+    /// The checkpoint tool in use (e.g. `CRIU 4.2.1`), or why sandboxes cannot be checkpointed.
+    fn checkpoint_support(&self) -> Result<String, String>;
+
+    /// Waits (at most `timeout`) until the sandbox's agent holds no connection: a checkpoint
+    /// cannot take a connection to the host along. The caller closes its own first; the
+    /// sandbox must be running (the agent closes its ends).
+    fn wait_agent_released(
+        &self,
+        id: &SandboxId,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Checkpoints the process tree of a paused sandbox into `images_dir` (created; must not
+    /// hold another checkpoint). The sandbox keeps running, still paused.
+    fn checkpoint(
+        &self,
+        id: &SandboxId,
+        images_dir: &Path,
+    ) -> impl Future<Output = Result<CheckpointStats, RuntimeError>> + Send;
+
+    /// Starts sandbox `spec.id` by restoring the checkpoint in `images_dir` onto `spec.rootfs`
+    /// (a writable copy of the root snapshot taken with it), with `spec.limits`; `spaced` is
+    /// the very binary the checkpointed sandbox ran. Returns once `spaced` accepts
+    /// connections. Restoring one checkpoint several times forks it.
+    fn restore(
+        &self,
+        spec: &SandboxSpec,
+        images_dir: &Path,
+        spaced: &Path,
+    ) -> impl Future<Output = Result<SandboxHandle, RuntimeError>> + Send;
 }

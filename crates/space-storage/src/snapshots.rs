@@ -38,6 +38,52 @@ impl Pool {
         Ok(dir)
     }
 
+    /// Where a full snapshot keeps its process images: `<snapshot dir>/criu`.
+    pub fn snapshot_images_dir(&self, session: &SessionId, snapshot: &SnapshotId) -> PathBuf {
+        self.snapshot_dir(session, snapshot).join("criu")
+    }
+
+    /// The `spaced` a full snapshot's processes ran: `<snapshot dir>/spaced`. A restore needs
+    /// that very binary (CRIU checks its build id), whatever the node runs by then.
+    pub fn snapshot_binary(&self, session: &SessionId, snapshot: &SnapshotId) -> PathBuf {
+        self.snapshot_dir(session, snapshot).join("spaced")
+    }
+
+    /// Whether the snapshot holds process images (a full snapshot), not only a root.
+    pub fn snapshot_has_images(&self, session: &SessionId, snapshot: &SnapshotId) -> bool {
+        self.snapshot_binary(session, snapshot).is_file()
+    }
+
+    /// Keeps `binary` (from [`Pool::keep_binary`]) with the snapshot, as a hard link. Written
+    /// last: a snapshot with it is complete.
+    pub fn link_snapshot_binary(&self, session: &SessionId, snapshot: &SnapshotId, kept: &Path) -> Result<()> {
+        let link = self.snapshot_binary(session, snapshot);
+        if std::fs::symlink_metadata(&link).is_ok() {
+            std::fs::remove_file(&link).ctx("remove", &link)?;
+        }
+        std::fs::hard_link(kept, &link).ctx("link", &link)
+    }
+
+    /// A copy of `binary` in the pool, named by its content (`<pool>/binaries/<sha256>`), made
+    /// once; snapshots hard-link it.
+    pub fn keep_binary(&self, binary: &Path) -> Result<PathBuf> {
+        use sha2::Digest;
+        let content = std::fs::read(binary).ctx("read", binary)?;
+        let digest = sha2::Sha256::digest(&content);
+        let name: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let dir = self.root().join("binaries");
+        std::fs::create_dir_all(&dir).ctx("create directory", &dir)?;
+        let kept = dir.join(name);
+        if !kept.is_file() {
+            let partial = dir.join(format!(".partial-{}", std::process::id()));
+            std::fs::write(&partial, &content).ctx("write", &partial)?;
+            std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o555))
+                .ctx("chmod", &partial)?;
+            std::fs::rename(&partial, &kept).ctx("rename", &kept)?;
+        }
+        Ok(kept)
+    }
+
     /// A new sandbox root from a snapshot; `identity` as for a template (`None` keeps the
     /// snapshot's, as a restored process tree needs).
     pub fn create_sandbox_root_from_snapshot(

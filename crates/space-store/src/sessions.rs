@@ -122,10 +122,16 @@ impl Store {
         Ok(op_id)
     }
 
-    /// Moves a running or paused session into `restoring` and queues the operation that
-    /// restores it (`input` says from what). Returns `None` if the session is in another state.
-    pub async fn begin_restore(&self, tenant: &TenantId, id: &SessionId, input: &str) -> Result<Option<OperationId>> {
-        let allowed = |s: SessionState| matches!(s, SessionState::Running | SessionState::Paused);
+    /// Moves a session in one of the states `from` into `restoring` and queues the operation
+    /// that restores it (`input` says from what). Returns `None` if it is in another state.
+    pub async fn begin_restore(
+        &self,
+        tenant: &TenantId,
+        id: &SessionId,
+        input: &str,
+        from: &[SessionState],
+    ) -> Result<Option<OperationId>> {
+        let allowed = |s: SessionState| from.contains(&s);
         let op = (OperationKind::RestoreSession, Some(input.to_owned()));
         self.begin_operation(tenant, id, allowed, SessionState::Restoring, op).await
     }

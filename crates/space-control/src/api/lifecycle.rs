@@ -22,14 +22,14 @@ pub const MAX_FORK: u32 = 16;
 const MAX_NAME: usize = 128;
 const WAIT: Duration = Duration::from_secs(600);
 
-fn invalid_state(session: &Session, action: &str) -> AppError {
+pub(crate) fn invalid_state(session: &Session, action: &str) -> AppError {
     AppError::new(
         ErrorCode::InvalidState,
         format!("session {} is {}; only running or paused sessions can {action}", session.id, session.state.as_str()),
     )
 }
 
-fn sandbox_of(session: &Session) -> AppResult<space_api::SandboxId> {
+pub(crate) fn sandbox_of(session: &Session) -> AppResult<space_api::SandboxId> {
     session.sandbox_id.clone().ok_or_else(|| AppError::internal(format!("session {} has no sandbox", session.id)))
 }
 
@@ -44,7 +44,8 @@ pub async fn pause(
     Ok(ApiJson(set_frozen(&state, &caller, &id, true).await?))
 }
 
-/// Thaws a paused session. Idempotent on a running one.
+/// Thaws a paused session, or brings a suspended one back from its full snapshot (processes
+/// continue where they were). Idempotent on a running one.
 #[utoipa::path(post, path = "/v1/sessions/{id}/resume", params(("id" = String, Path)),
     responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn resume(
@@ -52,6 +53,10 @@ pub async fn resume(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> AppResult<ApiJson<Session>> {
+    let session = find_session(&state, &caller, &id).await?;
+    if session.state == SessionState::Suspended {
+        return Ok(ApiJson(super::suspend::resume_suspended(&state, &caller, &session).await?));
+    }
     Ok(ApiJson(set_frozen(&state, &caller, &id, false).await?))
 }
 
@@ -115,10 +120,7 @@ pub(crate) async fn take_snapshot(
     name: Option<String>,
 ) -> AppResult<Snapshot> {
     if kind == SnapshotKind::Full {
-        return Err(AppError::new(
-            ErrorCode::FeatureUnavailable,
-            "full snapshots need CRIU 4.2 or newer on the node, which this server does not use yet; take a disk snapshot",
-        ));
+        require_checkpoints(state)?;
     }
     let _guard = state.session_lock(id).await;
     let session = state.store.session(tenant, id).await?.ok_or_else(|| AppError::session_not_found(id.as_str()))?;
@@ -127,10 +129,27 @@ pub(crate) async fn take_snapshot(
         SessionState::Paused => true,
         _ => return Err(invalid_state(&session, "be snapshotted")),
     };
-    let sandbox = sandbox_of(&session)?;
+    snapshot_locked(state, tenant, &session, paused, kind, name).await
+}
+
+/// Takes a snapshot of a session whose sandbox runs (or, `paused`, is paused) and whose
+/// lifecycle lock the caller holds.
+pub(crate) async fn snapshot_locked(
+    state: &AppState,
+    tenant: &TenantId,
+    session: &Session,
+    paused: bool,
+    kind: SnapshotKind,
+    name: Option<String>,
+) -> AppResult<Snapshot> {
+    let (id, sandbox) = (&session.id, sandbox_of(session)?);
     let new = NewSnapshot { id: SnapshotId::generate(), session_id: id.clone(), tenant_id: tenant.clone(), kind, name };
     state.store.insert_snapshot(&new).await?;
-    match state.node.snapshot_disk(&sandbox, id, &new.id, paused).await {
+    let taken = match kind {
+        SnapshotKind::Disk => state.node.snapshot_disk(&sandbox, id, &new.id, paused).await,
+        SnapshotKind::Full => state.node.snapshot_full(&sandbox, id, &new.id, paused).await.map(|s| s.size_bytes),
+    };
+    match taken {
         Ok(size) => state.store.set_snapshot_ready(&new.id, size).await?,
         Err(e) => {
             state.node.delete_snapshot(id, &new.id).await?;
@@ -139,6 +158,12 @@ pub(crate) async fn take_snapshot(
         }
     }
     state.store.snapshot(tenant, &new.id).await?.ok_or_else(|| AppError::internal("snapshot vanished"))
+}
+
+/// Fails with `feature_unavailable` unless the node can take full snapshots.
+pub(crate) fn require_checkpoints(state: &AppState) -> AppResult<()> {
+    let support = state.node.checkpoint_support().map_err(space_runtime::RuntimeError::CheckpointUnavailable);
+    support.map(drop).map_err(|e| space_node::NodeError::from(e).into())
 }
 
 /// The session's snapshots, oldest first.
@@ -189,22 +214,38 @@ pub async fn restore(
     let session = find_session(&state, &caller, &id).await?;
     let snapshot = find_snapshot(&state, &caller, &session.id, request.snapshot.as_str()).await?;
     let _guard = state.session_lock(&session.id).await;
-    let input = RestoreInput { snapshot: snapshot.id, sandbox: space_api::SandboxId::generate() };
-    let input = serde_json::to_string(&input).map_err(|e| AppError::internal(e.to_string()))?;
-    let Some(op) = state.store.begin_restore(&caller.tenant_id, &session.id, &input).await? else {
-        let session = find_session(&state, &caller, &id).await?;
-        return Err(invalid_state(&session, "be restored"));
-    };
-    state.reconciler.wake();
-    let finished = state.reconciler.wait(&state, &caller.tenant_id, &op, WAIT).await?;
-    if let Some(error) = finished.error {
-        return Err(AppError::new(ErrorCode::SandboxUnavailable, format!("restoring session {id} failed: {error}")));
-    }
-    Ok(ApiJson(find_session(&state, &caller, &id).await?))
+    let from_suspended = session.state == SessionState::Suspended;
+    let input = RestoreInput { snapshot: snapshot.id, sandbox: space_api::SandboxId::generate(), from_suspended };
+    let from = [SessionState::Running, SessionState::Paused, SessionState::Suspended];
+    Ok(ApiJson(run_restore(&state, &caller, &session.id, input, &from, "be restored").await?))
 }
 
-/// Creates `count` new sessions from a snapshot of this one (a new disk snapshot of it as it
-/// is now, unless `from` names one). Each continues independently.
+/// Moves the session (in a state of `from`) into `restoring`, queues the restore and waits
+/// for it; errors name `action` ("be restored").
+pub(crate) async fn run_restore(
+    state: &AppState,
+    caller: &Caller,
+    id: &SessionId,
+    input: RestoreInput,
+    from: &[SessionState],
+    action: &str,
+) -> AppResult<Session> {
+    let input = serde_json::to_string(&input).map_err(|e| AppError::internal(e.to_string()))?;
+    let Some(op) = state.store.begin_restore(&caller.tenant_id, id, &input, from).await? else {
+        let session = find_session(state, caller, id.as_str()).await?;
+        return Err(invalid_state(&session, action));
+    };
+    state.reconciler.wake();
+    let finished = state.reconciler.wait(state, &caller.tenant_id, &op, WAIT).await?;
+    if let Some(error) = finished.error {
+        return Err(AppError::new(ErrorCode::SandboxUnavailable, format!("session {id} could not {action}: {error}")));
+    }
+    find_session(state, caller, id.as_str()).await
+}
+
+/// Creates `count` new sessions from a snapshot of this one (unless `from` names one, a new
+/// snapshot of it as it is now: full if the node has CRIU, else disk). Each continues
+/// independently.
 #[utoipa::path(post, path = "/v1/sessions/{id}/fork", params(("id" = String, Path)), request_body = ForkRequest,
     responses((status = 201, body = SessionList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn fork(
@@ -220,7 +261,11 @@ pub async fn fork(
     let parent = find_session(&state, &caller, &id).await?;
     let snapshot = match &request.from {
         Some(from) => find_snapshot(&state, &caller, &parent.id, from.as_str()).await?,
-        None => take_snapshot(&state, &caller.tenant_id, &parent.id, SnapshotKind::Disk, None).await?,
+        // Processes too when the node can checkpoint them; otherwise the files.
+        None => {
+            let kind = if require_checkpoints(&state).is_ok() { SnapshotKind::Full } else { SnapshotKind::Disk };
+            take_snapshot(&state, &caller.tenant_id, &parent.id, kind, None).await?
+        }
     };
     let mut ops = Vec::new();
     let mut ids = Vec::new();

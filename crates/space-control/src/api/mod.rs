@@ -6,6 +6,7 @@ mod lifecycle;
 pub(crate) use lifecycle::take_snapshot;
 mod pool;
 mod sessions;
+mod suspend;
 mod system;
 mod templates;
 
@@ -37,7 +38,7 @@ const JSON_BODY_LIMIT: usize = 1 << 20;
         templates::list_templates, templates::import_template, templates::build_template,
         pool::get_pool, pool::set_pool_size,
         lifecycle::pause, lifecycle::resume, lifecycle::create_snapshot, lifecycle::list_snapshots,
-        lifecycle::delete_snapshot, lifecycle::restore, lifecycle::fork,
+        lifecycle::delete_snapshot, lifecycle::restore, lifecycle::fork, suspend::suspend,
     ),
     modifiers(&BearerAuth),
     security(("api_key" = []))
@@ -87,6 +88,7 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/events", get(sessions::session_events))
         .route("/sessions/{id}/pause", post(lifecycle::pause))
         .route("/sessions/{id}/resume", post(lifecycle::resume))
+        .route("/sessions/{id}/suspend", post(suspend::suspend))
         .route("/sessions/{id}/snapshots", post(lifecycle::create_snapshot).get(lifecycle::list_snapshots))
         .route("/sessions/{id}/snapshots/{snapshot}", axum::routing::delete(lifecycle::delete_snapshot))
         .route("/sessions/{id}/restore", post(lifecycle::restore))

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use space_api::{CreateKeyRequest, CreatedKey, ErrorBody, ErrorCode, Operation, OperationId, Status};
+use space_api::{
+    CreateKeyRequest, CreatedKey, ErrorBody, ErrorCode, FullSnapshotSupport, Operation, OperationId, Status,
+};
 
 use super::templates::template_view;
 use crate::AppState;
@@ -30,7 +32,18 @@ pub async fn status(State(state): State<AppState>, Extension(caller): Extension<
         sessions,
         templates,
         pool: state.node.pool_status(),
+        full_snapshots: full_snapshot_support(&state),
     }))
+}
+
+pub(crate) fn full_snapshot_support(state: &AppState) -> FullSnapshotSupport {
+    match state.node.checkpoint_support() {
+        Ok(tool) => FullSnapshotSupport { available: true, detail: tool },
+        Err(why) => FullSnapshotSupport {
+            available: false,
+            detail: format!("{why}; run scripts/install-criu.sh and restart the server"),
+        },
+    }
 }
 
 /// Creates an API key for a tenant (admin only). The key is shown once.

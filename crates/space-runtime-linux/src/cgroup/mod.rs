@@ -65,6 +65,11 @@ pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
     /// The path `/proc/<pid>/cgroup` shows for a member of this cgroup, and the hierarchy's
     /// selector there (a v1 controller name, or "" for v2).
     fn membership(&self, name: &Path) -> (String, String);
+    /// Per hierarchy: its controllers (v1: `memory`, `cpu,cpuacct`; v2: `None`) and this
+    /// cgroup's path within it, as CRIU's `--cgroup-root` takes them.
+    fn hierarchy_paths(&self, name: &Path) -> Vec<(Option<String>, String)>;
+    /// The directory whose freezer state covers the cgroup (CRIU's `--freeze-cgroup`).
+    fn freezer_dir(&self, name: &Path) -> PathBuf;
 }
 
 /// Picks the backend for this host from `/proc/self/mountinfo`: v2 when /sys/fs/cgroup is

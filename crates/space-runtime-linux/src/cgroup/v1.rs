@@ -150,6 +150,15 @@ impl Backend for V1 {
         let root = Path::new(&self.hierarchy("pids").root);
         (root.join(name).to_string_lossy().into_owned(), "pids".to_string())
     }
+
+    fn hierarchy_paths(&self, name: &Path) -> Vec<(Option<String>, String)> {
+        let path = |h: &CgroupMount| Path::new(&h.root).join(name).to_string_lossy().into_owned();
+        self.hierarchies.iter().map(|h| (Some(h.controllers.join(",")), path(h))).collect()
+    }
+
+    fn freezer_dir(&self, name: &Path) -> PathBuf {
+        self.dir("freezer", name)
+    }
 }
 
 #[cfg(test)]

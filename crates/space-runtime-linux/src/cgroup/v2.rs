@@ -116,6 +116,14 @@ impl Backend for V2 {
     fn membership(&self, name: &Path) -> (String, String) {
         (Path::new(&self.mount.root).join(name).to_string_lossy().into_owned(), String::new())
     }
+
+    fn hierarchy_paths(&self, name: &Path) -> Vec<(Option<String>, String)> {
+        vec![(None, Path::new(&self.mount.root).join(name).to_string_lossy().into_owned())]
+    }
+
+    fn freezer_dir(&self, name: &Path) -> PathBuf {
+        self.dir(name)
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,73 @@
+//! Suspend: a full snapshot of the session, then its sandbox is destroyed and every node
+//! resource it held is freed; resume restores that snapshot in a new sandbox.
+
+use axum::Extension;
+use axum::extract::{Path, State};
+use space_api::{ErrorBody, ErrorCode, SandboxId, Session, SessionId, SessionState, SnapshotKind, TenantId};
+
+use super::find_session;
+use super::lifecycle::{invalid_state, require_checkpoints, run_restore, sandbox_of, snapshot_locked};
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiJson, AppError, AppResult};
+use crate::reconciler::{RestoreInput, remove_sandbox};
+
+/// Suspends a running or paused session: its processes, memory and files go into a full
+/// snapshot and its sandbox is freed. Idempotent on a suspended one.
+#[utoipa::path(post, path = "/v1/sessions/{id}/suspend", params(("id" = String, Path)),
+    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 501, body = ErrorBody)))]
+pub async fn suspend(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> AppResult<ApiJson<Session>> {
+    let session = find_session(&state, &caller, &id).await?;
+    suspend_session(&state, &caller.tenant_id, &session.id).await?;
+    Ok(ApiJson(find_session(&state, &caller, &id).await?))
+}
+
+/// Suspends the session (see [`suspend`]); also used by the idle timeout. On failure the
+/// session returns to the state it was in, with the error recorded, and keeps its sandbox.
+pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &SessionId) -> AppResult<()> {
+    require_checkpoints(state)?;
+    let _guard = state.session_lock(id).await;
+    let session = state.store.session(tenant, id).await?.ok_or_else(|| AppError::session_not_found(id.as_str()))?;
+    let was = session.state;
+    let paused = match was {
+        SessionState::Suspended => return Ok(()),
+        SessionState::Running => false,
+        SessionState::Paused => true,
+        _ => return Err(invalid_state(&session, "be suspended")),
+    };
+    let sandbox = sandbox_of(&session)?;
+    if !state.store.transition(id, &[was], SessionState::Suspending, None).await? {
+        return Err(AppError::new(ErrorCode::Conflict, format!("session {id} changed state meanwhile; try again")));
+    }
+    match snapshot_locked(state, tenant, &session, paused, SnapshotKind::Full, None).await {
+        Ok(_) => {
+            remove_sandbox(state, &sandbox).await?;
+            state.store.transition(id, &[SessionState::Suspending], SessionState::Suspended, None).await?;
+            Ok(())
+        }
+        Err(e) => {
+            let message = format!("suspend failed, the session kept running: {}", e.0.message);
+            state.store.transition(id, &[SessionState::Suspending], was, Some(&message)).await?;
+            Err(e)
+        }
+    }
+}
+
+/// Restores the newest full snapshot of a suspended session; it stays suspended if that fails.
+pub(crate) async fn resume_suspended(state: &AppState, caller: &Caller, session: &Session) -> AppResult<Session> {
+    let _guard = state.session_lock(&session.id).await;
+    let snapshots = state.store.list_snapshots(&session.id).await?;
+    let Some(latest) = snapshots.iter().rev().find(|s| s.kind == SnapshotKind::Full) else {
+        return Err(AppError::new(
+            ErrorCode::SnapshotNotFound,
+            format!("session {} has no full snapshot to resume from; restore a disk snapshot instead", session.id),
+        ));
+    };
+    let input = RestoreInput { snapshot: latest.id.clone(), sandbox: SandboxId::generate(), from_suspended: true };
+    run_restore(state, caller, &session.id, input, &[SessionState::Suspended], "be resumed").await
+}

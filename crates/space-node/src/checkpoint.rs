@@ -1,0 +1,150 @@
+//! Full snapshots (root + every process, with CRIU) and sandboxes restored from them.
+//!
+//! A full snapshot: the node closes its connection to the sandbox's `spaced` (a connection to
+//! the host cannot be checkpointed; it blocks reconnects meanwhile), freezes the sandbox,
+//! checkpoints the process tree (which stays frozen), snapshots the root while still frozen
+//! (so files and memory show the same instant), links the `spaced` binary the sandbox runs
+//! (the pool's copy, see [`Node::open`]) into it, and thaws.
+//! Agent streams open at that moment (attached execs, watches) end; the processes keep
+//! running and can be attached to again.
+
+use std::time::{Duration, Instant};
+
+use space_api::{SandboxId, SessionId, SnapshotId};
+use space_runtime::{Limits, Runtime, SandboxHandle, SandboxSpec};
+
+use crate::{Node, NodeError, Result, blocking, poisoned};
+
+/// How long the sandbox's agent gets to close its ends of the node's connections.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a full snapshot cost.
+#[derive(Debug, Clone, Copy)]
+pub struct FullSnapshotStats {
+    /// Root and images together.
+    pub size_bytes: u64,
+    /// From closing the agent connection until the sandbox runs again.
+    pub frozen_for: Duration,
+}
+
+/// While alive, [`Node::agent`] waits instead of reconnecting to the sandbox.
+pub(crate) struct ConnectGate {
+    _open_when_dropped: tokio::sync::watch::Sender<()>,
+}
+
+impl Node {
+    /// The checkpoint tool in use, or why full snapshots are unavailable.
+    pub fn checkpoint_support(&self) -> std::result::Result<String, String> {
+        self.runtime.checkpoint_support()
+    }
+
+    /// Takes a full snapshot of a running (or, `already_paused`, paused) sandbox; it is left
+    /// as it was found. On failure the snapshot directory may hold a partial snapshot: the
+    /// caller deletes it.
+    pub async fn snapshot_full(
+        &self,
+        sandbox: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        already_paused: bool,
+    ) -> Result<FullSnapshotStats> {
+        self.runtime.checkpoint_support().map_err(space_runtime::RuntimeError::CheckpointUnavailable)?;
+        let kept = self.kept_spaced.clone();
+        let started = Instant::now();
+        let gate = self.close_agent(sandbox)?;
+        if already_paused {
+            // Its agent must run to let go of the connection.
+            self.runtime.resume(sandbox)?;
+        }
+        let taken = self.checkpoint_frozen(sandbox, session, snapshot).await;
+        let restored_state = match already_paused {
+            true => Ok(()),
+            false => self.runtime.resume(sandbox),
+        };
+        let frozen_for = started.elapsed();
+        drop(gate);
+        let image_bytes = taken?;
+        restored_state?;
+        let pool = self.pool.clone();
+        let (ses, snap) = (session.clone(), snapshot.clone());
+        let root_bytes = blocking(move || {
+            pool.link_snapshot_binary(&ses, &snap, &kept)?;
+            Ok(space_storage::apparent_size(&pool.snapshot_dir(&ses, &snap).join("rootfs"))?)
+        })
+        .await?;
+        Ok(FullSnapshotStats { size_bytes: root_bytes + image_bytes, frozen_for })
+    }
+
+    /// Waits for the agent to let go, freezes, checkpoints and snapshots the root; returns the
+    /// images' size. Leaves the sandbox frozen.
+    async fn checkpoint_frozen(&self, sandbox: &SandboxId, session: &SessionId, snapshot: &SnapshotId) -> Result<u64> {
+        self.runtime.wait_agent_released(sandbox, RELEASE_TIMEOUT).await?;
+        self.runtime.pause(sandbox).await?;
+        let images = self.pool.snapshot_images_dir(session, snapshot);
+        if let Some(dir) = images.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| NodeError::Internal(format!("create {}: {e}", dir.display())))?;
+        }
+        let stats = self.runtime.checkpoint(sandbox, &images).await?;
+        let pool = self.pool.clone();
+        let (sbx, ses, snap) = (sandbox.clone(), session.clone(), snapshot.clone());
+        blocking(move || Ok(pool.snapshot_sandbox_root(&sbx, &ses, &snap)?)).await?;
+        Ok(stats.image_bytes)
+    }
+
+    /// Starts sandbox `id` by restoring a full snapshot: its processes continue where they
+    /// were, with the snapshot's hostname and files.
+    pub async fn restore_sandbox(
+        &self,
+        id: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        limits: Limits,
+    ) -> Result<SandboxHandle> {
+        let pool = self.pool.clone();
+        let (sid, ses, snap) = (id.clone(), session.clone(), snapshot.clone());
+        let rootfs = blocking(move || Ok(pool.create_sandbox_root_from_snapshot(&sid, &ses, &snap, None)?)).await?;
+        let spec = SandboxSpec { id: id.clone(), rootfs, hostname: String::new(), limits };
+        let images = self.pool.snapshot_images_dir(session, snapshot);
+        let spaced = self.pool.snapshot_binary(session, snapshot);
+        let handle = self.runtime.restore(&spec, &images, &spaced).await?;
+        let agent = self.connect(id).await?;
+        self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
+        Ok(handle)
+    }
+
+    /// Whether a snapshot holds processes (was taken as a full snapshot).
+    pub fn snapshot_is_full(&self, session: &SessionId, snapshot: &SnapshotId) -> bool {
+        self.pool.snapshot_has_images(session, snapshot)
+    }
+
+    /// Closes every connection to the sandbox's agent and keeps new ones from being made
+    /// until the returned gate is dropped.
+    fn close_agent(&self, sandbox: &SandboxId) -> Result<ConnectGate> {
+        let (tx, rx) = tokio::sync::watch::channel(());
+        self.connect_gates.lock().map_err(poisoned)?.insert(sandbox.clone(), rx);
+        if let Some(agent) = self.agents.lock().map_err(poisoned)?.remove(sandbox) {
+            agent.close();
+        }
+        Ok(ConnectGate { _open_when_dropped: tx })
+    }
+
+    /// Waits while a full snapshot of the sandbox is being taken.
+    pub(crate) async fn pass_connect_gate(&self, sandbox: &SandboxId) -> Result<()> {
+        let gate = {
+            let mut gates = self.connect_gates.lock().map_err(poisoned)?;
+            match gates.get(sandbox) {
+                // A dropped sender means the gate is open again.
+                Some(rx) if rx.has_changed().is_err() => {
+                    gates.remove(sandbox);
+                    None
+                }
+                other => other.cloned(),
+            }
+        };
+        if let Some(mut rx) = gate {
+            // Returns once the sender is dropped.
+            while rx.changed().await.is_ok() {}
+        }
+        Ok(())
+    }
+}
