@@ -331,7 +331,7 @@ fn parse_optional(value: &str) -> Result<Option<u64>, String> {
 }
 
 /// `<digits><unit>` with unit s, m, h or d, in seconds.
-fn parse_duration(value: &str) -> Result<u64, String> {
+pub fn parse_duration(value: &str) -> Result<u64, String> {
     let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
     let (digits, unit) = value.split_at(split);
     let scale = match unit {

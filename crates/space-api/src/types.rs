@@ -95,12 +95,57 @@ pub struct CreateSessionRequest {
     pub env: BTreeMap<String, String>,
     /// Automatic snapshots and their retention; default: the server's policy.
     pub snapshot_policy: Option<crate::policy::SnapshotPolicy>,
+    /// Suspend the session after this many seconds without activity (no API call for it and
+    /// no exec, attach or watch stream open). Default: never.
+    pub idle_timeout_secs: Option<u64>,
+    /// Destroy the session this many seconds after it was created. Default: never.
+    pub max_age_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateSessionRequest {
     pub snapshot_policy: Option<crate::policy::SnapshotPolicy>,
+    /// As at creation; 0 turns it off.
+    pub idle_timeout_secs: Option<u64>,
+    /// As at creation; 0 turns it off.
+    pub max_age_secs: Option<u64>,
+}
+
+/// When a session ends or sleeps on its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SessionLifetime {
+    /// Suspended after this many idle seconds.
+    pub idle_timeout_secs: Option<u64>,
+    /// Destroyed this many seconds after creation.
+    pub max_age_secs: Option<u64>,
+}
+
+impl SessionLifetime {
+    /// Longest accepted value of either: a year.
+    pub const MAX_SECS: u64 = 366 * 24 * 3600;
+
+    /// Applies an update where `Some(0)` turns a setting off.
+    pub fn updated(self, idle_timeout_secs: Option<u64>, max_age_secs: Option<u64>) -> SessionLifetime {
+        let pick = |new: Option<u64>, old| match new {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => old,
+        };
+        SessionLifetime {
+            idle_timeout_secs: pick(idle_timeout_secs, self.idle_timeout_secs),
+            max_age_secs: pick(max_age_secs, self.max_age_secs),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, value) in [("idle_timeout_secs", self.idle_timeout_secs), ("max_age_secs", self.max_age_secs)] {
+            if value.is_some_and(|v| v == 0 || v > Self::MAX_SECS) {
+                return Err(format!("{name} must be between 1 and {} seconds", Self::MAX_SECS));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -112,6 +157,8 @@ pub struct Session {
     pub resources: Resources,
     pub env: BTreeMap<String, String>,
     pub snapshot_policy: crate::policy::SnapshotPolicy,
+    #[serde(default)]
+    pub lifetime: SessionLifetime,
     /// Why the last operation failed, if it did.
     pub error: Option<String>,
     pub sandbox_id: Option<SandboxId>,

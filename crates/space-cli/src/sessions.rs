@@ -33,12 +33,24 @@ pub enum SessionCommand {
         /// (default: the server's).
         #[arg(long)]
         snapshot_policy: Option<SnapshotPolicy>,
+        /// Suspend the session after this long without activity, e.g. `10m` (default: never).
+        #[arg(long, value_parser = space_api::policy::parse_duration)]
+        idle_timeout: Option<u64>,
+        /// Destroy the session this long after its creation, e.g. `7d` (default: never).
+        #[arg(long, value_parser = space_api::policy::parse_duration)]
+        max_age: Option<u64>,
     },
     /// Change a session's settings.
     Update {
         id: String,
         #[arg(long)]
         snapshot_policy: Option<SnapshotPolicy>,
+        /// New idle timeout (`0s` turns it off).
+        #[arg(long, value_parser = space_api::policy::parse_duration)]
+        idle_timeout: Option<u64>,
+        /// New maximum age (`0s` turns it off).
+        #[arg(long, value_parser = space_api::policy::parse_duration)]
+        max_age: Option<u64>,
     },
     /// List your sessions.
     List {
@@ -93,9 +105,18 @@ fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
 
 pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        SessionCommand::Create { template, cpus, memory, pids, env, snapshot_policy } => {
+        SessionCommand::Create { template, cpus, memory, pids, env, snapshot_policy, idle_timeout, max_age } => {
             let env = parse_env(&env)?;
-            let request = CreateSessionRequest { template, cpus, memory_mib: memory, pids, env, snapshot_policy };
+            let request = CreateSessionRequest {
+                template,
+                cpus,
+                memory_mib: memory,
+                pids,
+                env,
+                snapshot_policy,
+                idle_timeout_secs: idle_timeout,
+                max_age_secs: max_age,
+            };
             let session: Session = client.post_json("/v1/sessions", &request).await?;
             if json {
                 print_json(&serde_json::json!({ "id": session.id, "session": session }))?;
@@ -118,8 +139,9 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
         SessionCommand::Destroy { id } => {
             print_state(&client.delete_json(&format!("/v1/sessions/{id}")).await?, json)?;
         }
-        SessionCommand::Update { id, snapshot_policy } => {
-            let request = UpdateSessionRequest { snapshot_policy };
+        SessionCommand::Update { id, snapshot_policy, idle_timeout, max_age } => {
+            let request =
+                UpdateSessionRequest { snapshot_policy, idle_timeout_secs: idle_timeout, max_age_secs: max_age };
             let session: Session = client.patch_json(&format!("/v1/sessions/{id}"), &request).await?;
             print_session(&session, json)?;
         }

@@ -4,6 +4,7 @@
 //! Stateless by construction: every decision is read from and written to [`Store`], so the
 //! process can be killed at any instant and [`recovery`] converges on restart.
 
+pub mod activity;
 pub mod api;
 pub mod auth;
 pub mod error;
@@ -52,6 +53,8 @@ pub struct AppState {
     /// Serialises lifecycle calls (pause, resume, snapshot, restore) per session, so e.g. a
     /// snapshot's thaw never undoes a pause that came in meanwhile.
     session_locks: Arc<std::sync::Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>>,
+    /// When each session was last used (idle timeouts).
+    pub activity: Arc<activity::Activity>,
 }
 
 impl AppState {
@@ -96,6 +99,7 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         snapshot_policy: config.snapshot_policy.clone(),
         reconciler: reconciler.clone(),
         session_locks: Default::default(),
+        activity: Default::default(),
     };
     recovery::recover(&state).await.map_err(context("recovering from the previous run"))?;
     // Only after recovery: its sweep destroys every sandbox no session owns, pods included.

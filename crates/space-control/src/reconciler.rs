@@ -332,6 +332,7 @@ async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()
             last_error = Some(e.to_string());
         }
     }
+    state.activity.forget(&id);
     // The session ends either way; leftovers are retried by the periodic sweep.
     state.store.transition(&id, &[SessionState::Destroying], SessionState::Destroyed, last_error.as_deref()).await?;
     Ok(())

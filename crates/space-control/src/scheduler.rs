@@ -2,15 +2,18 @@
 //! gets one, and snapshots its retention no longer wants are deleted. Paused sessions are
 //! left alone (nothing changes in them). Deletions go through the node's trash, which caps
 //! the kernel's pending subvolume deletions.
+//!
+//! The same tick enforces session lifetimes: a session past its maximum age is destroyed
+//! (whatever its state), a running or paused one idle for its idle timeout is suspended.
 
 use std::time::Duration;
 
 use space_api::policy::{Candidate, next_due, prune};
-use space_api::{Session, SessionState, Snapshot, SnapshotKind, SnapshotPolicy};
+use space_api::{Session, SessionState, Snapshot, SnapshotKind, SnapshotPolicy, TenantId};
 use space_store::now_ms;
 
 use crate::AppState;
-use crate::api::take_snapshot;
+use crate::api::{suspend_session, take_snapshot};
 use crate::error::AppResult;
 
 pub fn spawn(state: AppState, tick: Duration) {
@@ -27,14 +30,24 @@ pub fn spawn(state: AppState, tick: Duration) {
 
 async fn run_once(state: &AppState, full_unavailable_logged: &mut bool) -> AppResult<()> {
     let now = now_ms();
+    for record in state.store.sessions_in_states(&[SessionState::Suspended]).await? {
+        expire(state, &record.tenant_id, &record.session, now).await?;
+    }
     for record in state.store.sessions_in_states(&[SessionState::Running, SessionState::Paused]).await? {
         let session = &record.session;
+        if expire(state, &record.tenant_id, session, now).await?
+            || suspend_if_idle(state, &record.tenant_id, session, now, full_unavailable_logged).await
+        {
+            continue;
+        }
         let mut snapshots = state.store.list_snapshots(&session.id).await?;
         if session.state == SessionState::Running {
             for kind in due_kinds(&session.snapshot_policy, session, &snapshots, now) {
-                if kind == SnapshotKind::Full {
+                if kind == SnapshotKind::Full
+                    && let Err(why) = state.node.checkpoint_support()
+                {
                     if !std::mem::replace(full_unavailable_logged, true) {
-                        tracing::warn!("scheduled full snapshots are skipped: this server takes disk snapshots only");
+                        tracing::warn!("scheduled full snapshots are skipped: {why}");
                     }
                     continue;
                 }
@@ -47,6 +60,52 @@ async fn run_once(state: &AppState, full_unavailable_logged: &mut bool) -> AppRe
         prune_session(state, session, &snapshots, now).await?;
     }
     Ok(())
+}
+
+/// Destroys the session if it is past its maximum age; returns whether it did.
+async fn expire(state: &AppState, tenant: &TenantId, session: &Session, now: i64) -> AppResult<bool> {
+    let Some(max_age) = session.lifetime.max_age_secs else { return Ok(false) };
+    if now - session.created_at < (max_age as i64).saturating_mul(1000) {
+        return Ok(false);
+    }
+    let message = format!("destroyed: the session reached its maximum age of {max_age} s");
+    if state.store.begin_destroy(tenant, &session.id).await?.is_some() {
+        state.store.record_event(&session.id, "max_age", &message).await?;
+        state.activity.forget(&session.id);
+        state.reconciler.wake();
+    }
+    Ok(true)
+}
+
+/// Suspends the session if it has been idle for its idle timeout; returns whether it tried.
+async fn suspend_if_idle(
+    state: &AppState,
+    tenant: &TenantId,
+    session: &Session,
+    now: i64,
+    full_unavailable_logged: &mut bool,
+) -> bool {
+    let Some(timeout) = session.lifetime.idle_timeout_secs else { return false };
+    let idle = state.activity.idle_for(&session.id, session.updated_at, now);
+    if idle.is_none_or(|idle| idle < (timeout as i64).saturating_mul(1000)) {
+        return false;
+    }
+    if let Err(why) = state.node.checkpoint_support() {
+        if !std::mem::replace(full_unavailable_logged, true) {
+            tracing::warn!("idle sessions are not suspended: {why}");
+        }
+        return false;
+    }
+    match suspend_session(state, tenant, &session.id).await {
+        Ok(()) => {
+            let message = format!("suspended after {timeout} s without activity");
+            if let Err(e) = state.store.record_event(&session.id, "idle_timeout", &message).await {
+                tracing::warn!(session = %session.id, error = %e, "recording the idle suspend");
+            }
+        }
+        Err(e) => tracing::warn!(session = %session.id, error = %e.0.message, "idle suspend"),
+    }
+    true
 }
 
 /// Kinds whose next snapshot is due. A session that never had one counts from its creation,

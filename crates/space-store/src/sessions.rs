@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use space_api::{
-    OperationId, Resources, SandboxId, Session, SessionEvent, SessionId, SessionState, SnapshotId, SnapshotPolicy,
-    TenantId,
+    OperationId, Resources, SandboxId, Session, SessionEvent, SessionId, SessionLifetime, SessionState, SnapshotId,
+    SnapshotPolicy, TenantId,
 };
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
@@ -33,6 +33,7 @@ pub struct NewSession {
     pub source_snapshot: Option<SnapshotId>,
     pub template_version: Option<u32>,
     pub snapshot_policy: SnapshotPolicy,
+    pub lifetime: SessionLifetime,
 }
 
 /// What [`Store::insert_sandbox`] records.
@@ -57,7 +58,7 @@ pub struct SandboxRecord {
     pub pid: Option<u32>,
 }
 
-const SESSION_COLUMNS: &str = "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at, source_snapshot, snapshot_policy";
+const SESSION_COLUMNS: &str = "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at, source_snapshot, snapshot_policy, lifetime";
 
 fn session_from_row(row: &SqliteRow) -> Result<SessionRecord> {
     let state: &str = row.get(4);
@@ -75,6 +76,10 @@ fn session_from_row(row: &SqliteRow) -> Result<SessionRecord> {
         snapshot_policy: match row.get::<Option<&str>, _>(12) {
             Some(json) => serde_json::from_str(json).map_err(|e| StoreError::Corrupt(e.to_string()))?,
             None => SnapshotPolicy::off(),
+        },
+        lifetime: match row.get::<Option<&str>, _>(13) {
+            Some(json) => serde_json::from_str(json).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            None => SessionLifetime::default(),
         },
         sandbox_id: sandbox.map(|s| parse("sandbox id", s)).transpose()?,
         created_at: row.get(9),
@@ -95,8 +100,8 @@ impl Store {
         let now = now_ms();
         let mut tx = self.write_tx().await?;
         sqlx::query(
-            "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10)",
+            "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy, lifetime)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11)",
         )
         .bind(new.id.as_str())
         .bind(new.tenant_id.as_str())
@@ -108,6 +113,7 @@ impl Store {
         .bind(new.source_snapshot.as_ref().map(|s| s.as_str().to_owned()))
         .bind(new.template_version.map(i64::from))
         .bind(serde_json::to_string(&new.snapshot_policy).unwrap_or_default())
+        .bind(serde_json::to_string(&new.lifetime).unwrap_or_default())
         .execute(&mut *tx)
         .await?;
         insert_event(&mut tx, &new.id, "created", None, Some(SessionState::Creating), None).await?;
@@ -305,6 +311,16 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn set_lifetime(&self, id: &SessionId, lifetime: &SessionLifetime) -> Result<()> {
+        sqlx::query("UPDATE sessions SET lifetime = $1, updated_at = $2 WHERE id = $3")
+            .bind(serde_json::to_string(lifetime).unwrap_or_default())
+            .bind(now_ms())
+            .bind(id.as_str())
+            .execute(&self.writer)
+            .await?;
         Ok(())
     }
 

@@ -59,6 +59,7 @@ pub async fn exec(
 ) -> AppResult<ApiJson<ExecResult>> {
     check_command(&request.cmd)?;
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let _busy = state.activity.busy(&session.id);
     let agent = state.node.agent(&sandbox).await?;
     let oom_before = oom_kills(&state, &sandbox);
     let spec = ExecSpec {
@@ -126,6 +127,7 @@ pub async fn exec_ws(
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let agent = state.node.agent(&sandbox).await?;
     Ok(upgrade.on_upgrade(move |mut socket| async move {
+        let _busy = state.activity.busy(&session.id);
         let started = match start_from_socket(&mut socket, &agent, &session.env).await {
             Ok(process) => process,
             Err(e) => return send_error(&mut socket, e).await,
@@ -321,10 +323,12 @@ pub async fn attach_ws(
     Path((id, pid)): Path<(String, u32)>,
     upgrade: WebSocketUpgrade,
 ) -> AppResult<Response> {
-    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let agent = state.node.agent(&sandbox).await?;
     let process = agent.attach(pid).await?;
+    let busy = state.activity.busy(&session.id);
     Ok(upgrade.on_upgrade(move |mut socket| async move {
+        let _busy = busy;
         let _ = send_json(&mut socket, &WsServerMessage::Started { pid }).await;
         if let Some(status) = bridge(&mut socket, process).await {
             let _ = send_json(&mut socket, &exit_message(status, false)).await;

@@ -205,10 +205,12 @@ pub async fn watch_ws(
     ApiQuery(params): ApiQuery<WatchParams>,
     upgrade: WebSocketUpgrade,
 ) -> AppResult<Response> {
-    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let agent = state.node.agent(&sandbox).await?;
     let mut events = Box::pin(agent.watch(check_path(&params.path)?, params.recursive).await?);
+    let busy = state.activity.busy(&session.id);
     Ok(upgrade.on_upgrade(move |mut socket| async move {
+        let _busy = busy;
         loop {
             tokio::select! {
                 event = events.next() => {

@@ -279,6 +279,7 @@ pub async fn fork(
             source_snapshot: Some(snapshot.id.clone()),
             template_version: parent.template_version,
             snapshot_policy: parent.snapshot_policy.clone(),
+            lifetime: parent.lifetime,
         };
         ops.push(state.store.insert_session(&new).await?);
         ids.push(new.id);

@@ -4,6 +4,7 @@ mod exec;
 mod files;
 mod lifecycle;
 pub(crate) use lifecycle::take_snapshot;
+pub(crate) use suspend::suspend_session;
 mod pool;
 mod sessions;
 mod suspend;
@@ -124,7 +125,10 @@ pub(crate) async fn find_session(state: &AppState, caller: &Caller, id: &str) ->
 pub(crate) async fn running_sandbox(state: &AppState, caller: &Caller, id: &str) -> AppResult<(Session, SandboxId)> {
     let session = find_session(state, caller, id).await?;
     match (session.state, session.sandbox_id.clone()) {
-        (SessionState::Running, Some(sandbox)) => Ok((session, sandbox)),
+        (SessionState::Running, Some(sandbox)) => {
+            state.activity.touch(&session.id);
+            Ok((session, sandbox))
+        }
         (SessionState::Creating, _) => Err(AppError::new(
             ErrorCode::InvalidState,
             format!("session {id} is still being created; wait until it is running"),

@@ -7,8 +7,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
 use space_api::{
-    CreateSessionRequest, ErrorBody, ErrorCode, EventList, OperationState, Resources, Session, SessionId, SessionList,
-    UpdateSessionRequest,
+    CreateSessionRequest, ErrorBody, ErrorCode, EventList, OperationState, Resources, Session, SessionId,
+    SessionLifetime, SessionList, UpdateSessionRequest,
 };
 use space_store::NewSession;
 use utoipa::IntoParams;
@@ -104,6 +104,8 @@ pub async fn create_session(
     check_env(&request)?;
     let snapshot_policy = request.snapshot_policy.clone().unwrap_or_else(|| state.snapshot_policy.clone());
     snapshot_policy.validate().map_err(|e| AppError::bad_request(format!("snapshot_policy: {e}")))?;
+    let lifetime = SessionLifetime { idle_timeout_secs: request.idle_timeout_secs, max_age_secs: request.max_age_secs };
+    lifetime.validate().map_err(AppError::bad_request)?;
     let new = NewSession {
         id: SessionId::generate(),
         tenant_id: caller.tenant_id.clone(),
@@ -113,6 +115,7 @@ pub async fn create_session(
         source_snapshot: None,
         template_version: None,
         snapshot_policy,
+        lifetime,
     };
     let op = state.store.insert_session(&new).await?;
     state.reconciler.wake();
@@ -155,7 +158,7 @@ pub async fn get_session(
     Ok(ApiJson(find_session(&state, &caller, &id).await?))
 }
 
-/// Changes a session's settings (today: its snapshot policy).
+/// Changes a session's settings: its snapshot policy, idle timeout and maximum age.
 #[utoipa::path(patch, path = "/v1/sessions/{id}", params(("id" = String, Path)), request_body = UpdateSessionRequest,
     responses((status = 200, body = Session), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn update_session(
@@ -165,9 +168,14 @@ pub async fn update_session(
     ApiJson(request): ApiJson<UpdateSessionRequest>,
 ) -> AppResult<ApiJson<Session>> {
     let session = find_session(&state, &caller, &id).await?;
+    let lifetime = session.lifetime.updated(request.idle_timeout_secs, request.max_age_secs);
+    lifetime.validate().map_err(AppError::bad_request)?;
     if let Some(policy) = &request.snapshot_policy {
         policy.validate().map_err(|e| AppError::bad_request(format!("snapshot_policy: {e}")))?;
         state.store.set_snapshot_policy(&session.id, policy).await?;
+    }
+    if lifetime != session.lifetime {
+        state.store.set_lifetime(&session.id, &lifetime).await?;
     }
     Ok(ApiJson(find_session(&state, &caller, &id).await?))
 }
