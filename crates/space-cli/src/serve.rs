@@ -26,6 +26,11 @@ pub struct ServeArgs {
     /// The static `spaced` binary (default: next to this executable).
     #[arg(long, env = "SPACED_BIN")]
     spaced: Option<PathBuf>,
+    /// CRIU (>= 4.2) for full snapshots, suspend and resume (default:
+    /// /var/cache/space/criu/bin/criu, as scripts/install-criu.sh installs it, else `criu` on
+    /// PATH).
+    #[arg(long, env = "SPACE_CRIU")]
+    criu: Option<PathBuf>,
     /// Cgroup directory for this server's sandboxes, under each controller.
     #[arg(long, default_value = "space")]
     cgroup_parent: String,
@@ -135,6 +140,7 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         node: NodeConfig {
             data_dir: data_dir.clone(),
             spaced_bin: find_spaced(args.spaced)?,
+            criu: args.criu,
             cgroup_parent: args.cgroup_parent,
             template_cache_dir: args.template_cache,
             image_size_bytes: args.pool_size_gib.map(|g| g << 30).unwrap_or(DEFAULT_IMAGE_SIZE),

@@ -107,7 +107,12 @@ fn forks_diverge_independently() {
     let server = Server::start();
     let parent = server.create_session(json!({ "env": { "WHO": "parent" } }));
     stdout(&server, &parent, "echo shared > /root/history");
-    let (status, forks) = post(&server, &format!("/v1/sessions/{parent}/fork"), json!({ "count": 3 }));
+    // From a disk snapshot: each fork boots afresh, with an identity of its own (forks of a
+    // full snapshot continue its processes, hostname included: tests/suspend.rs).
+    let (status, snap) = post(&server, &format!("/v1/sessions/{parent}/snapshots"), json!({ "kind": "disk" }));
+    assert_eq!(status, 201, "{snap}");
+    let body = json!({ "count": 3, "from": snap["id"] });
+    let (status, forks) = post(&server, &format!("/v1/sessions/{parent}/fork"), body);
     assert_eq!(status, 201, "{forks}");
     let children: Vec<String> =
         forks["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_owned()).collect();
@@ -131,7 +136,8 @@ fn forks_diverge_independently() {
 #[test]
 fn bad_lifecycle_requests_get_clear_errors() {
     require_root!();
-    let server = Server::start();
+    // Without CRIU: full snapshots are refused with a clear error, everything else works.
+    let server = Server::start_with(&["--criu", "/nonexistent/criu"]);
     let id = server.create_session(json!({}));
     for count in [0, 17] {
         let (status, r) = post(&server, &format!("/v1/sessions/{id}/fork"), json!({ "count": count }));
@@ -140,8 +146,13 @@ fn bad_lifecycle_requests_get_clear_errors() {
     let missing = "snap_00000000000000000000";
     let (status, r) = post(&server, &format!("/v1/sessions/{id}/restore"), json!({ "snapshot": missing }));
     assert_eq!((status, r["error"]["code"].as_str()), (404, Some("snapshot_not_found")), "{r}");
-    let (status, r) = post(&server, &format!("/v1/sessions/{id}/snapshots"), json!({ "kind": "full" }));
-    assert_eq!((status, r["error"]["code"].as_str()), (501, Some("feature_unavailable")), "{r}");
+    for call in ["snapshots", "suspend"] {
+        let (status, r) = post(&server, &format!("/v1/sessions/{id}/{call}"), json!({ "kind": "full" }));
+        assert_eq!((status, r["error"]["code"].as_str()), (501, Some("feature_unavailable")), "{call}: {r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains("install-criu.sh"), "{r}");
+    }
+    let (_, status) = server.call("GET", "/v1/status", None);
+    assert_eq!(status["full_snapshots"]["available"], false, "{status}");
 
     // Another tenant can neither see nor use this session's snapshots.
     let (_, snap) = post(&server, &format!("/v1/sessions/{id}/snapshots"), json!({}));
@@ -157,7 +168,7 @@ fn bad_lifecycle_requests_get_clear_errors() {
 
     assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
     let (status, r) = post(&server, &format!("/v1/sessions/{id}/resume"), json!(null));
-    assert_eq!((status, r["error"]["code"].as_str()), (409, Some("invalid_state")), "{r}");
+    assert_eq!((status, r["error"]["code"].as_str()), (404, Some("not_found")), "{r}");
     let snapshots = server.data_dir.join(format!("pool/snapshots/{id}"));
     let left: Vec<_> = std::fs::read_dir(&snapshots).map(|d| d.flatten().collect()).unwrap_or_default();
     assert!(left.is_empty(), "a destroyed session's snapshots are left: {left:?}");

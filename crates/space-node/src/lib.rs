@@ -29,6 +29,8 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// The static `spaced` binary started as every sandbox's pid 1.
     pub spaced_bin: PathBuf,
+    /// CRIU for full snapshots; `None` looks in the usual places.
+    pub criu: Option<PathBuf>,
     /// Cgroup directory (under each controller) that holds this node's sandboxes.
     pub cgroup_parent: String,
     /// Finished built-in templates are cached here across data dirs.
@@ -102,6 +104,7 @@ impl Node {
         // binds it from the same mount again (CRIU must re-apply the dumped mount's flags).
         let mut options = LinuxOptions::new(&kept_spaced, config.data_dir.join("run"), &config.cgroup_parent);
         options.id_map = config.id_map;
+        options.criu = config.criu.clone();
         let runtime = LinuxRuntime::new(options)?;
         Ok(Node {
             pool: Arc::new(pool),

@@ -434,6 +434,7 @@ mod tests {
             source_snapshot: None,
             template_version: None,
             snapshot_policy: SnapshotPolicy::off(),
+            lifetime: Default::default(),
         };
         store.insert_session(&new).await.unwrap();
         (tenant_id, id)

@@ -130,6 +130,7 @@ mod tests {
             source_snapshot: None,
             template_version: None,
             snapshot_policy: space_api::SnapshotPolicy::off(),
+            lifetime: Default::default(),
         };
         store.insert_session(&new).await.unwrap();
         let snap = |name: Option<&str>| NewSnapshot {

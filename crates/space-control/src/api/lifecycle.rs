@@ -29,6 +29,15 @@ pub(crate) fn invalid_state(session: &Session, action: &str) -> AppError {
     )
 }
 
+/// The caller's session `id`, or 404 also when it was destroyed: nothing can be done with it.
+pub(crate) async fn live_session(state: &AppState, caller: &Caller, id: &str) -> AppResult<Session> {
+    let session = find_session(state, caller, id).await?;
+    if session.state == SessionState::Destroyed {
+        return Err(AppError::new(ErrorCode::NotFound, format!("session {id} was destroyed; create a new one")));
+    }
+    Ok(session)
+}
+
 pub(crate) fn sandbox_of(session: &Session) -> AppResult<space_api::SandboxId> {
     session.sandbox_id.clone().ok_or_else(|| AppError::internal(format!("session {} has no sandbox", session.id)))
 }
@@ -53,7 +62,7 @@ pub async fn resume(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> AppResult<ApiJson<Session>> {
-    let session = find_session(&state, &caller, &id).await?;
+    let session = live_session(&state, &caller, &id).await?;
     if session.state == SessionState::Suspended {
         return Ok(ApiJson(super::suspend::resume_suspended(&state, &caller, &session).await?));
     }
@@ -67,7 +76,7 @@ async fn set_frozen(state: &AppState, caller: &Caller, id: &str, frozen: bool) -
         true => (SessionState::Running, SessionState::Paused, "be paused"),
         false => (SessionState::Paused, SessionState::Running, "be resumed"),
     };
-    let session = find_session(state, caller, id).await?;
+    let session = live_session(state, caller, id).await?;
     let _guard = state.session_lock(&session.id).await;
     let session = find_session(state, caller, id).await?;
     if session.state == to {
@@ -104,7 +113,7 @@ pub async fn create_snapshot(
     if request.name.as_ref().is_some_and(|n| n.is_empty() || n.len() > MAX_NAME || n.contains('\0')) {
         return Err(AppError::bad_request(format!("snapshot names are 1-{MAX_NAME} characters")));
     }
-    let session = find_session(&state, &caller, &id).await?;
+    let session = live_session(&state, &caller, &id).await?;
     let kind = request.kind.unwrap_or(SnapshotKind::Disk);
     let snapshot = take_snapshot(&state, &caller.tenant_id, &session.id, kind, request.name).await?;
     Ok((StatusCode::CREATED, ApiJson(snapshot)))
@@ -211,7 +220,7 @@ pub async fn restore(
     Path(id): Path<String>,
     ApiJson(request): ApiJson<RestoreRequest>,
 ) -> AppResult<ApiJson<Session>> {
-    let session = find_session(&state, &caller, &id).await?;
+    let session = live_session(&state, &caller, &id).await?;
     let snapshot = find_snapshot(&state, &caller, &session.id, request.snapshot.as_str()).await?;
     let _guard = state.session_lock(&session.id).await;
     let from_suspended = session.state == SessionState::Suspended;
@@ -258,7 +267,7 @@ pub async fn fork(
     if count == 0 || count > MAX_FORK {
         return Err(AppError::bad_request(format!("count must be between 1 and {MAX_FORK}")));
     }
-    let parent = find_session(&state, &caller, &id).await?;
+    let parent = live_session(&state, &caller, &id).await?;
     let snapshot = match &request.from {
         Some(from) => find_snapshot(&state, &caller, &parent.id, from.as_str()).await?,
         // Processes too when the node can checkpoint them; otherwise the files.

@@ -6,7 +6,7 @@ use axum::extract::{Path, State};
 use space_api::{ErrorBody, ErrorCode, SandboxId, Session, SessionId, SessionState, SnapshotKind, TenantId};
 
 use super::find_session;
-use super::lifecycle::{invalid_state, require_checkpoints, run_restore, sandbox_of, snapshot_locked};
+use super::lifecycle::{invalid_state, live_session, require_checkpoints, run_restore, sandbox_of, snapshot_locked};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiJson, AppError, AppResult};
@@ -22,7 +22,7 @@ pub async fn suspend(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> AppResult<ApiJson<Session>> {
-    let session = find_session(&state, &caller, &id).await?;
+    let session = live_session(&state, &caller, &id).await?;
     suspend_session(&state, &caller.tenant_id, &session.id).await?;
     Ok(ApiJson(find_session(&state, &caller, &id).await?))
 }

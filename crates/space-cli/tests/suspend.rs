@@ -1,0 +1,288 @@
+//! Full snapshots with CRIU: suspend and resume (also across a server restart), memory and
+//! loopback TCP kept exactly, forks of a live session, idle timeout and maximum age, a CRIU
+//! failure and `kill -9` of the server in the middle of a suspend or resume.
+//!
+//! Needs CRIU >= 4.2 (scripts/install-criu.sh, which the test command runs).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Server;
+use serde_json::{Value, json};
+
+const COUNTER: &str = "n=0; while :; do n=$((n+1)); echo $n > /root/c.new; mv /root/c.new /root/c; sleep 0.05; done";
+
+fn post(server: &Server, path: &str) -> (u16, Value) {
+    server.call("POST", path, Some(json!({})))
+}
+
+fn stdout(server: &Server, id: &str, script: &str) -> String {
+    server.exec(id, &["sh", "-c", script])["stdout"].as_str().unwrap().trim().to_owned()
+}
+
+fn session(server: &Server, id: &str) -> Value {
+    server.call("GET", &format!("/v1/sessions/{id}"), None).1
+}
+
+/// Starts the counter in the background; returns its pid inside the sandbox.
+fn start_counter(server: &Server, id: &str) -> u64 {
+    let body = json!({ "cmd": ["sh", "-c", COUNTER], "background": true });
+    let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    assert_eq!(status, 200, "{r}");
+    r["pid"].as_u64().unwrap()
+}
+
+fn counter(server: &Server, id: &str) -> u64 {
+    stdout(server, id, "cat /root/c 2>/dev/null || echo 0").parse().unwrap_or(0)
+}
+
+/// Polls `check` until it returns `Some` (a generous bound only keeps a broken run from hanging).
+fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn counter_above(server: &Server, id: &str, value: u64) -> u64 {
+    eventually(&format!("the counter of {id} passes {value}"), || Some(counter(server, id)).filter(|n| *n > value))
+}
+
+fn suspend(server: &Server, id: &str) {
+    let (status, s) = post(server, &format!("/v1/sessions/{id}/suspend"));
+    assert_eq!((status, s["state"].as_str()), (200, Some("suspended")), "{s}\n{}", server.log_text());
+}
+
+fn resume(server: &Server, id: &str) {
+    let (status, s) = post(server, &format!("/v1/sessions/{id}/resume"));
+    assert_eq!((status, s["state"].as_str()), (200, Some("running")), "{s}\n{}", server.log_text());
+}
+
+fn states(server: &Server, id: &str) -> Vec<String> {
+    let (_, events) = server.call("GET", &format!("/v1/sessions/{id}/events"), None);
+    events["events"].as_array().unwrap().iter().filter_map(|e| e["to_state"].as_str().map(str::to_owned)).collect()
+}
+
+#[test]
+fn suspended_processes_continue_after_a_server_restart() {
+    require_root!();
+    let mut server = Server::start_with(&["--pool", ""]);
+    let (_, status) = server.call("GET", "/v1/status", None);
+    assert_eq!(status["full_snapshots"]["available"], true, "CRIU is missing: {status}");
+    let id = server.create_session(json!({}));
+    let pid = start_counter(&server, &id);
+    let before = counter_above(&server, &id, 3);
+
+    suspend(&server, &id);
+    assert!(server.sandbox_pids().is_empty(), "a suspended session keeps processes: {:?}", server.sandbox_pids());
+    assert!(server.sandbox_roots().is_empty(), "a suspended session keeps its root");
+    let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "cmd": ["true"] })));
+    assert_eq!((status, r["error"]["code"].as_str()), (409, Some("invalid_state")), "{r}");
+    assert_eq!(post(&server, &format!("/v1/sessions/{id}/suspend")).0, 200, "suspend is idempotent");
+
+    server.kill9();
+    server.spawn();
+    assert_eq!(session(&server, &id)["state"], "suspended");
+    resume(&server, &id);
+    let after = counter(&server, &id);
+    assert!(after >= before, "the counter went back from {before} to {after}");
+    counter_above(&server, &id, after);
+    assert_eq!(stdout(&server, &id, &format!("cat /proc/{pid}/cmdline | tr '\\0' ' '")), format!("sh -c {COUNTER}"));
+    let states = states(&server, &id);
+    assert_eq!(states, ["creating", "running", "suspending", "suspended", "restoring", "running"]);
+
+    // Twice more, from paused too: the state before is kept.
+    assert_eq!(post(&server, &format!("/v1/sessions/{id}/pause")).0, 200);
+    suspend(&server, &id);
+    resume(&server, &id);
+    counter_above(&server, &id, counter(&server, &id));
+}
+
+/// 100 MiB of random bytes in a Python process keep their SHA-256, and a TCP connection over
+/// the sandbox's loopback keeps carrying data, across suspend and resume.
+#[test]
+fn memory_and_loopback_tcp_survive_suspend() {
+    require_root!();
+    let server = Server::start_with(&["--pool", ""]);
+    let out = server.cli(&["template", "build", "debian"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = server.create_session(json!({ "template": "debian", "memory_mib": 1024 }));
+    let script = r#"
+import hashlib, os, signal, socket, time
+data = os.urandom(100 << 20)
+open('/root/sha-before', 'w').write(hashlib.sha256(data).hexdigest())
+signal.signal(signal.SIGUSR1, lambda *_: open('/root/sha-after', 'w').write(hashlib.sha256(data).hexdigest()))
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(('127.0.0.1', 7000))
+server.listen(1)
+client = socket.create_connection(('127.0.0.1', 7000))
+conn, _ = server.accept()
+n = 0
+while True:
+    n += 1
+    client.sendall(b'%08d' % n)
+    echoed = conn.recv(8, socket.MSG_WAITALL)
+    assert echoed == b'%08d' % n
+    open('/root/tcp.new', 'w').write(str(n))
+    os.rename('/root/tcp.new', '/root/tcp')
+    time.sleep(0.05)
+"#;
+    let body = json!({ "cmd": ["python3", "-c", script], "background": true });
+    let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    assert_eq!(status, 200, "{r}");
+    let pid = r["pid"].as_u64().unwrap();
+    let tcp = |server: &Server| stdout(server, &id, "cat /root/tcp 2>/dev/null || echo 0").parse::<u64>().unwrap_or(0);
+    let lines = eventually("TCP lines flow", || Some(tcp(&server)).filter(|n| *n > 3));
+    let sha = stdout(&server, &id, "cat /root/sha-before");
+    assert_eq!(sha.len(), 64);
+
+    suspend(&server, &id);
+    resume(&server, &id);
+    eventually("TCP lines keep flowing after resume", || Some(tcp(&server)).filter(|n| *n > lines + 5));
+    stdout(&server, &id, &format!("kill -USR1 {pid}"));
+    let after = eventually("the process hashes its memory again", || {
+        Some(stdout(&server, &id, "cat /root/sha-after 2>/dev/null")).filter(|s| s.len() == 64)
+    });
+    assert_eq!(after, sha, "the 100 MiB changed across suspend/resume");
+}
+
+#[test]
+fn forks_of_a_live_session_continue_its_processes_independently() {
+    require_root!();
+    let server = Server::start();
+    let parent = server.create_session(json!({}));
+    let pid = start_counter(&server, &parent);
+    let at_fork = counter_above(&server, &parent, 3);
+    stdout(&server, &parent, "echo shared > /root/history");
+
+    // Without `from`: a full snapshot of the parent as it is now.
+    let (status, forks) = server.call("POST", &format!("/v1/sessions/{parent}/fork"), Some(json!({ "count": 3 })));
+    assert_eq!(status, 201, "{forks}\n{}", server.log_text());
+    let children: Vec<String> =
+        forks["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_owned()).collect();
+    let (_, list) = server.call("GET", &format!("/v1/sessions/{parent}/snapshots"), None);
+    assert_eq!(list["snapshots"][0]["kind"], "full", "{list}");
+    for (i, child) in children.iter().enumerate() {
+        counter_above(&server, child, at_fork);
+        assert_eq!(stdout(&server, child, "cat /root/history"), "shared");
+        stdout(&server, child, &format!("echo {i} > /root/mine"));
+    }
+    for (i, child) in children.iter().enumerate() {
+        assert_eq!(stdout(&server, child, "cat /root/mine"), i.to_string(), "another fork's write leaked");
+    }
+    assert_eq!(stdout(&server, &parent, "cat /root/mine 2>/dev/null || echo none"), "none");
+
+    // Stopping the counter in one fork stops it there only.
+    stdout(&server, &children[0], &format!("kill {pid}"));
+    std::thread::sleep(Duration::from_millis(200));
+    let stopped = counter(&server, &children[0]);
+    for other in [&children[1], &children[2], &parent] {
+        counter_above(&server, other, counter(&server, other));
+    }
+    assert_eq!(counter(&server, &children[0]), stopped, "the killed counter kept counting");
+}
+
+/// A CRIU that fails: the suspend is refused, the session keeps running with its processes,
+/// and the error is recorded.
+#[test]
+fn a_failed_checkpoint_loses_nothing() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let criu = dir.path().join("criu");
+    let script =
+        "#!/bin/sh\ncase \"$1\" in --version) echo 'Version: 4.2.1';; *) echo 'injected failure' >&2; exit 1;; esac\n";
+    std::fs::write(&criu, script).unwrap();
+    std::fs::set_permissions(&criu, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let server = Server::start_with(&["--criu", criu.to_str().unwrap()]);
+    let id = server.create_session(json!({}));
+    start_counter(&server, &id);
+    let before = counter_above(&server, &id, 2);
+
+    let (status, r) = post(&server, &format!("/v1/sessions/{id}/suspend"));
+    assert_eq!((status, r["error"]["code"].as_str()), (503, Some("sandbox_unavailable")), "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("injected failure"), "{r}");
+    let s = session(&server, &id);
+    assert_eq!(s["state"], "running", "{s}");
+    assert!(s["error"].as_str().unwrap().contains("suspend failed"), "{s}");
+    counter_above(&server, &id, before);
+    let (status, _) = server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(json!({ "kind": "full" })));
+    assert_eq!(status, 503);
+    let (_, list) = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None);
+    assert_eq!(list["snapshots"].as_array().unwrap().len(), 0, "a failed snapshot is listed: {list}");
+    let kept = server.data_dir.join(format!("pool/snapshots/{id}"));
+    let left: Vec<_> = std::fs::read_dir(&kept).map(|d| d.flatten().collect()).unwrap_or_default();
+    assert!(left.is_empty(), "a failed snapshot left {left:?}");
+}
+
+#[test]
+fn idle_sessions_are_suspended_and_old_ones_destroyed() {
+    require_root!();
+    let server = Server::start_with(&["--snapshot-tick-ms", "100", "--snapshot-policy", "off"]);
+    let idle = server.create_session(json!({ "idle_timeout_secs": 2 }));
+    let old = server.create_session(json!({ "max_age_secs": 3 }));
+    start_counter(&server, &idle);
+    let (status, r) = server.call("POST", "/v1/sessions", Some(json!({ "idle_timeout_secs": 0 })));
+    assert_eq!((status, r["error"]["code"].as_str()), (400, Some("bad_request")), "{r}");
+
+    eventually("the idle session is suspended", || (session(&server, &idle)["state"] == "suspended").then_some(()));
+    let (_, events) = server.call("GET", &format!("/v1/sessions/{idle}/events"), None);
+    assert!(events["events"].as_array().unwrap().iter().any(|e| e["kind"] == "idle_timeout"), "{events}");
+    resume(&server, &idle);
+    counter_above(&server, &idle, counter(&server, &idle));
+    let out = server.cli(&["session", "update", &idle, "--idle-timeout", "0s"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(session(&server, &idle)["lifetime"]["idle_timeout_secs"], Value::Null);
+
+    eventually("the old session is destroyed", || (session(&server, &old)["state"] == "destroyed").then_some(()));
+    let (_, events) = server.call("GET", &format!("/v1/sessions/{old}/events"), None);
+    assert!(events["events"].as_array().unwrap().iter().any(|e| e["kind"] == "max_age"), "{events}");
+    assert_eq!(session(&server, &idle)["state"], "running", "the idle timeout was turned off");
+}
+
+/// `kill -9` of the server while a suspend or a resume runs: after the restart every session
+/// is running or suspended, and every full snapshot listed restores.
+#[test]
+fn kill9_during_suspend_or_resume_leaves_stable_sessions() {
+    require_root!();
+    let mut server = Server::start_with(&["--pool", ""]);
+    let id = server.create_session(json!({}));
+    start_counter(&server, &id);
+    counter_above(&server, &id, 2);
+    for round in 0..6u64 {
+        let state = session(&server, &id)["state"].as_str().unwrap().to_owned();
+        let call = if state == "suspended" { "resume" } else { "suspend" };
+        let (url, auth) = (format!("{}/v1/sessions/{id}/{call}", server.url), server.auth());
+        let request = std::thread::spawn(move || common::curl(&["-s", "-X", "POST", "-H", &auth, &url]));
+        std::thread::sleep(Duration::from_millis(40 + round * 45));
+        server.kill9();
+        let _ = request.join();
+        server.spawn();
+        let settled = eventually("the session settles", || {
+            let state = session(&server, &id)["state"].as_str().unwrap_or_default().to_owned();
+            matches!(state.as_str(), "running" | "suspended").then_some(state)
+        });
+        if settled == "running" {
+            counter_above(&server, &id, counter(&server, &id));
+        }
+    }
+    if session(&server, &id)["state"] == "suspended" {
+        resume(&server, &id);
+    }
+    counter_above(&server, &id, counter(&server, &id));
+    let (_, list) = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None);
+    for snapshot in list["snapshots"].as_array().unwrap().iter().filter(|s| s["kind"] == "full") {
+        let body = json!({ "snapshot": snapshot["id"] });
+        let (status, s) = server.call("POST", &format!("/v1/sessions/{id}/restore"), Some(body));
+        assert_eq!((status, s["state"].as_str()), (200, Some("running")), "{snapshot}: {s}");
+        counter_above(&server, &id, counter(&server, &id));
+    }
+    assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
+    assert!(server.sandbox_pids().is_empty(), "processes left: {:?}", server.sandbox_pids());
+    assert!(server.sockets().is_empty(), "agent directories left: {:?}", server.sockets());
+}
