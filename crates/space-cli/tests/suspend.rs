@@ -76,6 +76,15 @@ fn suspended_processes_continue_after_a_server_restart() {
     assert_eq!(status["full_snapshots"]["available"], true, "CRIU is missing: {status}");
     let id = server.create_session(json!({}));
     let pid = start_counter(&server, &id);
+    // A process holding a file it deleted (2 MiB, above CRIU's default limit for copying them).
+    let holder = "exec 3<>/root/deleted; head -c 2097152 /dev/urandom >&3; rm /root/deleted; exec sleep 100000";
+    let body = json!({ "cmd": ["sh", "-c", holder], "background": true });
+    let holder = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body)).1["pid"].as_u64().unwrap();
+    let deleted_sum = |server: &Server| stdout(server, &id, &format!("md5sum < /proc/{holder}/fd/3"));
+    let sum = eventually("the file is written and deleted", || {
+        let gone = stdout(&server, &id, "ls /root/deleted 2>/dev/null || echo gone") == "gone";
+        gone.then(|| deleted_sum(&server))
+    });
     let before = counter_above(&server, &id, 3);
 
     suspend(&server, &id);
@@ -93,6 +102,7 @@ fn suspended_processes_continue_after_a_server_restart() {
     assert!(after >= before, "the counter went back from {before} to {after}");
     counter_above(&server, &id, after);
     assert_eq!(stdout(&server, &id, &format!("cat /proc/{pid}/cmdline | tr '\\0' ' '")), format!("sh -c {COUNTER}"));
+    assert_eq!(deleted_sum(&server), sum, "the deleted file's content changed");
     let states = states(&server, &id);
     assert_eq!(states, ["creating", "running", "suspending", "suspended", "restoring", "running"]);
 

@@ -12,6 +12,9 @@ use crate::{AGENT_DIR, Criu, SELF_EXE, flag, run};
 pub(crate) const AGENT_KEY: &str = "space-agent";
 pub(crate) const SPACED_KEY: &str = "space-spaced";
 
+/// The largest deleted-but-open file a dump copies (CRIU's default is 1 MiB).
+const GHOST_LIMIT: &str = "512M";
+
 /// The log file a dump writes in its images directory.
 pub const DUMP_LOG: &str = "dump.log";
 
@@ -27,9 +30,6 @@ pub struct DumpOptions {
     /// Checkpoint established TCP connections (they are all inside the sandbox's own network
     /// namespace, so both ends are frozen together).
     pub tcp_established: bool,
-    /// An executable CRIU runs at each stage with `CRTOOLS_SCRIPT_ACTION` set; at `post-dump`
-    /// the tree is still frozen: that is when to snapshot its root filesystem. Must exit 0.
-    pub action_script: Option<PathBuf>,
     /// The tree's freezer cgroup (v1: the freezer hierarchy's directory): CRIU freezes through
     /// it instead of seizing each task, and leaves a tree the caller froze first frozen, so
     /// the caller can snapshot the rootfs in the same frozen state.
@@ -43,7 +43,6 @@ impl DumpOptions {
             images_dir: images_dir.into(),
             leave_running: false,
             tcp_established: true,
-            action_script: None,
             freeze_cgroup: None,
         }
     }
@@ -83,18 +82,19 @@ pub(crate) fn dump_args(opts: &DumpOptions) -> Vec<OsString> {
     // namespace only has lo, but locking keeps TCP state still while the tree is frozen.
     flag(&mut args, "--network-lock", "nftables");
     // The sandbox's only host mounts are binds of single host files or directories
-    // (space-sandbox-init): the directory of the agent's socket (the run dir) and pid 1's
+    // (space-sandbox-init): the directory of the agent's socket (`<run dir>/<id>.d`) and pid 1's
     // executable get names the restore maps to new host paths; the device nodes and the
     // /dev/null masks over /proc files are found automatically and bound from the same host
     // paths again.
     flag(&mut args, "--external", format!("mnt[{AGENT_DIR}]:{AGENT_KEY}"));
     flag(&mut args, "--external", format!("mnt[{SELF_EXE}]:{SPACED_KEY}"));
     flag(&mut args, "--external", "mnt[]");
+    // Files that are open but deleted (temporary files, O_TMPFILE) are copied into the image
+    // ("ghost files"). Not --link-remap: that links them into the live root, and CRIU removes
+    // the links again before the root is snapshotted after a dump that leaves the tree alive.
+    flag(&mut args, "--ghost-limit", GHOST_LIMIT);
     if opts.leave_running {
         args.push("--leave-running".into());
-    }
-    if let Some(script) = &opts.action_script {
-        flag(&mut args, "--action-script", script);
     }
     if let Some(cgroup) = &opts.freeze_cgroup {
         flag(&mut args, "--freeze-cgroup", cgroup);
@@ -112,9 +112,6 @@ pub(crate) fn common_args(args: &mut Vec<OsString>, tcp_established: bool) {
     }
     // Sandbox processes may hold flock/POSIX locks.
     args.push("--file-locks".into());
-    // Files that are open but deleted are linked back into the rootfs (and so into its
-    // snapshot) instead of failing the dump or copying their content into the image.
-    args.push("--link-remap".into());
     // The sandbox's cgroups are recorded (with their limits) and re-created on restore under
     // the roots given there.
     // (Its argument is optional, so it must be attached with `=`.)
@@ -145,7 +142,6 @@ mod tests {
     #[test]
     fn dump_arguments() {
         let mut opts = DumpOptions::new(42, "/snap/criu");
-        opts.action_script = Some("/hook".into());
         let args = strings(&dump_args(&opts));
         let joined = args.join(" ");
         assert!(joined.starts_with("dump --tree 42 --images-dir /snap/criu --log-file dump.log -v4"), "{joined}");
@@ -153,13 +149,12 @@ mod tests {
             "--tcp-established",
             "--skip-in-flight",
             "--file-locks",
-            "--link-remap",
+            "--ghost-limit 512M",
             "--manage-cgroups=soft",
             "--network-lock nftables",
             "--external mnt[/dev/.spaced-agent]:space-agent",
             "--external mnt[/dev/.spaced]:space-spaced",
             "--external mnt[]",
-            "--action-script /hook",
         ] {
             assert!(joined.contains(expected), "{expected} missing in {joined}");
         }

@@ -7,13 +7,14 @@
 //! What a sandbox needs from its start sequence for this (done by `space-sandbox-init`):
 //! pid 1 is a session leader, runs its executable from a mount inside the sandbox
 //! ([`SELF_EXE`]), is dumpable, and listens on a socket created in the sandbox's network
-//! namespace and bound through a mount of the host's run dir at [`AGENT_DIR`]. See the
-//! `space-sandbox-init` docs for why.
+//! namespace and bound through a mount of the sandbox's own host directory at [`AGENT_DIR`].
+//! See the `space-sandbox-init` docs for why.
 //!
 //! The caller's part: drop its agent connections before a dump (a connection to the host is a
-//! socket CRIU cannot take along), snapshot the rootfs while the tree is frozen (from the
-//! post-dump action script: [`DumpOptions::action_script`]), and restore onto a writable copy of
-//! that snapshot. CRIU runs as host root; sandbox images are only as trustworthy as the host
+//! socket CRIU cannot take along), freeze the tree's cgroup and dump it through that cgroup
+//! ([`DumpOptions::freeze_cgroup`]: CRIU leaves it frozen), snapshot the rootfs before thawing,
+//! and restore onto a writable copy of that snapshot (then thaw the restored cgroup: CRIU
+//! restores the freezer state too). CRIU runs as host root; sandbox images are only as trustworthy as the host
 //! directory they are kept in.
 //!
 //! The CRIU flags, and why each is there, are documented where they are built (`dump_args`

@@ -80,8 +80,6 @@ pub struct RestoreOptions {
     /// Where the new sandbox's cgroups are created (CRIU copies the dumped limits into them).
     pub cgroup_roots: Vec<CgroupRoot>,
     pub tcp_established: bool,
-    /// An executable CRIU runs at each stage (`CRTOOLS_SCRIPT_ACTION`), besides ours.
-    pub action_script: Option<PathBuf>,
     /// CRIU's log; by default a new `restore-<time>.log` in the images directory.
     pub log_file: Option<PathBuf>,
 }
@@ -101,7 +99,6 @@ impl RestoreOptions {
             spaced: spaced.into(),
             cgroup_roots: Vec::new(),
             tcp_established: true,
-            action_script: None,
             log_file: None,
         }
     }
@@ -197,9 +194,6 @@ pub(crate) fn restore_args(
         flag(&mut args, "--cgroup-root", root.arg());
     }
     flag(&mut args, "--action-script", hook);
-    if let Some(script) = &opts.action_script {
-        flag(&mut args, "--action-script", script);
-    }
     args
 }
 

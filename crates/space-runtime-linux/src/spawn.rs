@@ -103,7 +103,8 @@ pub(crate) fn spawn_init(
     attr.set_sigmask(&SigSet::empty())?;
     attr.set_pgroup(Pid::from_raw(0))?;
     let program = CString::new(spaced.as_os_str().as_bytes())?;
-    let args = [program.clone(), CString::new("init")?];
+    // argv[0] is what the sandbox sees as pid 1's command line: not the host path.
+    let args = [CString::new("spaced")?, CString::new("init")?];
     let envp: Vec<CString> = env.iter().map(|(k, v)| CString::new(format!("{k}={v}"))).collect::<Result<_, _>>()?;
     let pid = posix_spawn(program.as_c_str(), &actions, &attr, &args, &envp)?;
     let pid = pid.as_raw() as u32;

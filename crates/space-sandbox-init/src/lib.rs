@@ -9,7 +9,8 @@
 //!    subreaper, inherits the child);
 //! 3. (the child, pid 1 of the sandbox) builds the mount namespace, replaces the node's
 //!    listener by one CRIU can checkpoint (same host path, but created in the sandbox's network
-//!    namespace and bound through a mount of the run dir at [`AGENT_DIR`], see `listener.rs`),
+//!    namespace and bound through a mount of the socket's host directory at [`AGENT_DIR`], see
+//!    `listener.rs`),
 //!    pivots into the rootfs,
 //!    sets the hostname, brings up `lo`, closes every other fd, drops capabilities, sets
 //!    no_new_privs, installs the seccomp filter;

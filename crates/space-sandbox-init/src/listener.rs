@@ -1,15 +1,16 @@
 //! Makes the sandbox's listening socket one that CRIU can checkpoint and restore.
 //!
-//! The node binds the listener at `<run dir>/<id>.sock` before the sandbox exists: that socket
-//! belongs to the host's network namespace and its path to a host mount. CRIU finds sockets
-//! only through the network namespaces of the tree it dumps, and restores a bound socket by
-//! binding its name again through the dumped mount it was bound through. So pid 1 gets a new
-//! listener instead, at the same host path (the node notices nothing):
+//! The node binds the listener at `<run dir>/<id>.d/agent.sock` before the sandbox exists:
+//! that socket belongs to the host's network namespace and its path to a host mount. CRIU
+//! finds sockets only through the network namespaces of the tree it dumps, and restores a
+//! bound socket by binding its name again through the dumped mount it was bound through. So
+//! pid 1 gets a new listener instead, at the same host path (the node notices nothing):
 //! - created inside the sandbox's network namespace (a path-bound unix socket is reachable
 //!   from every network namespace);
-//! - bound as [`AGENT_DIR`]`/<id>.sock` inside the sandbox's mount namespace, where
-//!   [`AGENT_DIR`] is a bind mount of the run dir: host root's, mode 0700, so no sandbox process
-//!   can enter it (capabilities do not apply to inodes of unmapped owners);
+//! - bound as [`AGENT_DIR`]`/agent.sock` inside the sandbox's mount namespace, where
+//!   [`AGENT_DIR`] is a bind mount of the socket's directory `<run dir>/<id>.d`, which holds
+//!   nothing else: host root's, mode 0700, so no sandbox process can enter it (capabilities
+//!   do not apply to inodes of unmapped owners);
 //! - its file owned by sandbox root (CRIU restores the owner from inside the sandbox).
 //!
 //! On restore CRIU recreates the socket in the restored network namespace and binds it again
@@ -216,7 +217,7 @@ fn helper_main(
     std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o600))
         .map_err(io_ctx(format!("chmod {}", socket_path.display())))?;
     // Owned by sandbox root, as if pid 1 had bound it: CRIU restores the file's owner from
-    // inside the sandbox, where host root has no id. The run dir keeps the sandbox out.
+    // inside the sandbox, where host root has no id. Its directory keeps the sandbox out.
     std::os::unix::fs::lchown(&socket_path, Some(owner.0), Some(owner.1))
         .map_err(io_ctx(format!("chown {}", socket_path.display())))?;
     let fds = [socket.as_raw_fd()];

@@ -88,7 +88,7 @@ async fn measure_all(client: &Client, args: &BenchArgs, data_dir: &Path, report:
         peer_measures(client, args, data_dir, report).await?;
     }
     if args.lifecycle_n > 0 {
-        eprintln!("lifecycle: pause/resume, snapshots, restore, fork ({} samples)", args.lifecycle_n);
+        eprintln!("lifecycle: pause/resume, snapshots, restore, fork, full snapshots ({} samples)", args.lifecycle_n);
         api::set_pool(client, template, 0).await?;
         lifecycle::measure(client, template, args.lifecycle_n, report).await?;
     }

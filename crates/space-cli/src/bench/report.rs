@@ -75,6 +75,18 @@ impl Report {
         self.add_value(value);
     }
 
+    /// Whether `name` stays within the goal `goal_ms` at p50 and p90.
+    pub fn add_goal(&mut self, name: &str, goal_ms: f64) {
+        let Some(m) = self.get(name) else { return };
+        let value = json!({
+            "measure": format!("goal:{name}"),
+            "goal_ms": goal_ms,
+            "met_p50": m.p50_ms <= goal_ms,
+            "met_p90": m.p90_ms <= goal_ms,
+        });
+        self.add_value(value);
+    }
+
     pub fn print(&self) {
         let rows: Vec<Vec<String>> = self
             .measures
