@@ -230,6 +230,55 @@ fn a_failed_checkpoint_loses_nothing() {
     assert!(left.is_empty(), "a failed snapshot left {left:?}");
 }
 
+/// Unmounts a test filesystem when dropped (also when the test fails).
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// A full disk where the images go: the snapshot fails with an error, the session keeps
+/// running and the earlier snapshots stay restorable.
+#[test]
+fn a_full_disk_fails_the_snapshot_and_keeps_the_earlier_ones() {
+    require_root!();
+    let server = Server::start_with(&["--pool", ""]);
+    // The data dir's filesystem, as the images see it: a small one of its own.
+    let images = server.data_dir.join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    nix::mount::mount(Some("tmpfs"), &images, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=48m"))
+        .expect("mount a small tmpfs");
+    let _unmount = Mounted(images.clone());
+    let id = server.create_session(json!({}));
+    start_counter(&server, &id);
+    counter_above(&server, &id, 2);
+    let full = json!({ "kind": "full" });
+    let (status, earlier) = server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(full.clone()));
+    assert_eq!(status, 201, "{earlier}");
+    let filler = images.join("filler");
+    let _ = std::process::Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", filler.display()))
+        .arg("bs=1M")
+        .output();
+
+    let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(full));
+    assert_eq!((status, r["error"]["code"].as_str()), (503, Some("sandbox_unavailable")), "{r}");
+    assert_eq!(session(&server, &id)["state"], "running");
+    counter_above(&server, &id, counter(&server, &id));
+    let (_, list) = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None);
+    assert_eq!(list["snapshots"].as_array().unwrap().len(), 1, "{list}");
+
+    std::fs::remove_file(&filler).unwrap();
+    let body = json!({ "snapshot": earlier["id"] });
+    let (status, s) = server.call("POST", &format!("/v1/sessions/{id}/restore"), Some(body));
+    assert_eq!((status, s["state"].as_str()), (200, Some("running")), "{s}");
+    counter_above(&server, &id, counter(&server, &id));
+    assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
+}
+
 #[test]
 fn idle_sessions_are_suspended_and_old_ones_destroyed() {
     require_root!();

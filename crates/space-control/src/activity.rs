@@ -60,6 +60,12 @@ impl Activity {
         (used.open_streams == 0).then(|| now_ms - used.last_ms.max(since_ms).max(self.started_ms))
     }
 
+    /// Whether an exec, attach or watch stream of the session is open.
+    pub fn has_open_streams(&self, session: &SessionId) -> bool {
+        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        sessions.get(session).is_some_and(|u| u.open_streams > 0)
+    }
+
     /// Forgets sessions that ended.
     pub fn forget(&self, session: &SessionId) {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(session);

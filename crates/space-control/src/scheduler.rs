@@ -1,5 +1,6 @@
 //! Rolling snapshots: every tick, each running session whose policy says a snapshot is due
-//! gets one, and snapshots its retention no longer wants are deleted. Paused sessions are
+//! gets one (a full one only while no exec, attach or watch stream is open, as it would end
+//! them), and snapshots its retention no longer wants are deleted. Paused sessions are
 //! left alone (nothing changes in them). Deletions go through the node's trash, which caps
 //! the kernel's pending subvolume deletions.
 //!
@@ -43,13 +44,18 @@ async fn run_once(state: &AppState, full_unavailable_logged: &mut bool) -> AppRe
         let mut snapshots = state.store.list_snapshots(&session.id).await?;
         if session.state == SessionState::Running {
             for kind in due_kinds(&session.snapshot_policy, session, &snapshots, now) {
-                if kind == SnapshotKind::Full
-                    && let Err(why) = state.node.checkpoint_support()
-                {
-                    if !std::mem::replace(full_unavailable_logged, true) {
-                        tracing::warn!("scheduled full snapshots are skipped: {why}");
+                if kind == SnapshotKind::Full {
+                    if let Err(why) = state.node.checkpoint_support() {
+                        if !std::mem::replace(full_unavailable_logged, true) {
+                            tracing::warn!("scheduled full snapshots are skipped: {why}");
+                        }
+                        continue;
                     }
-                    continue;
+                    // A full snapshot ends the streams open to the sandbox's agent: wait for a
+                    // tick without any (user-requested ones do not wait).
+                    if state.activity.has_open_streams(&session.id) {
+                        continue;
+                    }
                 }
                 match take_snapshot(state, &record.tenant_id, &session.id, kind, None).await {
                     Ok(taken) => snapshots.push(taken),

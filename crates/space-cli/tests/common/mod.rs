@@ -79,7 +79,16 @@ impl Server {
         let child = Command::new(SPACE)
             .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
             .args(["--default-template", "busybox", "--prepare-templates", "busybox"])
-            .args(["--cgroup-parent", &self.cgroup_parent, "--pool-size-gib", "8"])
+            .args(["--cgroup-parent", &self.cgroup_parent])
+            .args(
+                if self.extra_args.iter().any(|a| a == "--pool-size-gib") {
+                    None
+                } else {
+                    Some(["--pool-size-gib", "8"])
+                }
+                .into_iter()
+                .flatten(),
+            )
             .arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--spaced")
