@@ -57,8 +57,9 @@ impl Node {
             self.runtime.resume(sandbox)?;
         }
         let taken = self.checkpoint_frozen(sandbox, session, snapshot).await;
+        // As found: a paused sandbox frozen again also when the checkpoint failed early.
         let restored_state = match already_paused {
-            true => Ok(()),
+            true => self.runtime.pause(sandbox).await,
             false => self.runtime.resume(sandbox),
         };
         let frozen_for = started.elapsed();

@@ -51,7 +51,7 @@ pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &Se
             Ok(())
         }
         Err(e) => {
-            let message = format!("suspend failed, the session kept running: {}", e.0.message);
+            let message = format!("suspend failed, the session kept its sandbox: {}", e.0.message);
             state.store.transition(id, &[SessionState::Suspending], was, Some(&message)).await?;
             Err(e)
         }
