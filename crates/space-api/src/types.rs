@@ -95,8 +95,8 @@ pub struct CreateSessionRequest {
     pub env: BTreeMap<String, String>,
     /// Automatic snapshots and their retention; default: the server's policy.
     pub snapshot_policy: Option<crate::policy::SnapshotPolicy>,
-    /// Suspend the session after this many seconds without activity (no API call for it and
-    /// no exec, attach or watch stream open). Default: never.
+    /// Suspend the session after this many seconds without activity (no exec, file, process
+    /// or watch call, and no such stream open). Default: never.
     pub idle_timeout_secs: Option<u64>,
     /// Destroy the session this many seconds after it was created. Default: never.
     pub max_age_secs: Option<u64>,

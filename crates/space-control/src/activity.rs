@@ -1,5 +1,6 @@
-//! When each session was last used, for idle timeouts: any API call naming a running session
-//! counts, and a session with an exec, attach or watch stream open is never idle.
+//! When each session was last used, for idle timeouts: every call that needs its running
+//! sandbox (exec, files, processes, watch) counts, and a session with an exec, attach or
+//! watch stream open is never idle.
 //!
 //! Kept in memory only (a write per request would cost every exec a database write): after a
 //! restart, sessions count as used at the moment the server started.
