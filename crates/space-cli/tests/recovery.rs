@@ -12,7 +12,7 @@ fn settled(server: &Server, id: &str) -> String {
     for _ in 0..600 {
         let (_, s) = server.call("GET", &format!("/v1/sessions/{id}"), None);
         let state = s["state"].as_str().unwrap_or_default().to_owned();
-        if !matches!(state.as_str(), "creating" | "destroying") {
+        if !matches!(state.as_str(), "creating" | "restoring" | "suspending" | "destroying") {
             return state;
         }
         std::thread::sleep(Duration::from_millis(50));
