@@ -8,7 +8,7 @@ use std::time::Duration;
 use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, SessionId, SessionState, SnapshotId};
 use space_node::TemplateInfo;
 use space_runtime::{Limits, SandboxHandle};
-use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord};
+use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord, SandboxRecord};
 use tokio::sync::{Notify, watch};
 
 use crate::AppState;
@@ -274,10 +274,7 @@ async fn roll_back_restore(
     message: &str,
 ) -> AppResult<()> {
     let live = state.store.live_sandboxes(&state.node_id).await?;
-    let alive = previous.and_then(|p| live.into_iter().find(|s| s.id == p)).and_then(|s| {
-        let handle = state.node.handle(&s.id, s.pid?);
-        state.node.is_alive(&handle).then_some(handle)
-    });
+    let alive = alive_handle(state, &live, previous.as_ref());
     let message = format!("restore failed: {message}");
     match alive {
         Some(handle) => {
@@ -336,6 +333,13 @@ async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()
     // The session ends either way; leftovers are retried by the periodic sweep.
     state.store.transition(&id, &[SessionState::Destroying], SessionState::Destroyed, last_error.as_deref()).await?;
     Ok(())
+}
+
+/// The handle of `sandbox` among the recorded `live` sandboxes, if its pid 1 still runs.
+pub fn alive_handle(state: &AppState, live: &[SandboxRecord], sandbox: Option<&SandboxId>) -> Option<SandboxHandle> {
+    let record = live.iter().find(|s| Some(&s.id) == sandbox)?;
+    let handle = state.node.handle(&record.id, record.pid?);
+    state.node.is_alive(&handle).then_some(handle)
 }
 
 /// Destroys a sandbox's node resources and marks it gone. Idempotent.

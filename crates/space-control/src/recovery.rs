@@ -14,7 +14,7 @@ use space_api::{SandboxId, SessionState, SnapshotKind};
 
 use crate::AppState;
 use crate::error::AppResult;
-use crate::reconciler::{remove_sandbox, watch_exit};
+use crate::reconciler::{alive_handle, remove_sandbox, watch_exit};
 
 pub async fn recover(state: &AppState) -> AppResult<()> {
     let requeued = state.store.requeue_running_operations().await?;
@@ -27,15 +27,9 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
         finish_suspend(state, &record.session, &sandboxes).await?;
     }
     let running = state.store.sessions_in_states(&[SessionState::Running, SessionState::Paused]).await?;
-    let sandboxes = state.store.live_sandboxes(&state.node_id).await?;
     for record in running {
         let id = &record.session.id;
-        let sandbox = sandboxes.iter().find(|s| Some(&s.id) == record.session.sandbox_id.as_ref());
-        let alive = sandbox.and_then(|s| s.pid.map(|pid| (s, pid))).and_then(|(s, pid)| {
-            let handle = state.node.handle(&s.id, pid);
-            state.node.is_alive(&handle).then_some(handle)
-        });
-        match alive {
+        match alive_handle(state, &sandboxes, record.session.sandbox_id.as_ref()) {
             Some(handle) => {
                 // A crash between freezing and recording the state leaves them disagreeing:
                 // the recorded state wins.
@@ -79,10 +73,7 @@ async fn finish_suspend(
     let suspended_at =
         state.store.events(id).await?.iter().rev().find(|e| e.to_state == Some(SessionState::Suspending)).map(|e| e.at);
     let snapshot_taken = snapshots.iter().any(|s| s.kind == SnapshotKind::Full && Some(s.created_at) >= suspended_at);
-    let alive = sandboxes.iter().any(|s| {
-        Some(&s.id) == session.sandbox_id.as_ref()
-            && s.pid.is_some_and(|pid| state.node.is_alive(&state.node.handle(&s.id, pid)))
-    });
+    let alive = alive_handle(state, sandboxes, session.sandbox_id.as_ref()).is_some();
     let (to, message) = match (snapshot_taken, alive) {
         (true, _) => (SessionState::Suspended, None),
         (false, true) => (SessionState::Running, Some("the server stopped during a suspend; the session kept running")),
