@@ -8,7 +8,7 @@
 //! Agent streams open at that moment (attached execs, watches) end; the processes keep
 //! running and can be attached to again.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use space_api::{SandboxId, SessionId, SnapshotId};
 use space_runtime::{Limits, Runtime, SandboxHandle, SandboxSpec};
@@ -17,15 +17,6 @@ use crate::{Node, NodeError, Result, blocking, poisoned};
 
 /// How long the sandbox's agent gets to close its ends of the node's connections.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What a full snapshot cost.
-#[derive(Debug, Clone, Copy)]
-pub struct FullSnapshotStats {
-    /// Root and images together.
-    pub size_bytes: u64,
-    /// From closing the agent connection until the sandbox runs again.
-    pub frozen_for: Duration,
-}
 
 /// While alive, [`Node::agent`] waits instead of reconnecting to the sandbox.
 pub(crate) struct ConnectGate {
@@ -39,18 +30,17 @@ impl Node {
     }
 
     /// Takes a full snapshot of a running (or, `already_paused`, paused) sandbox; it is left
-    /// as it was found. On failure the snapshot directory may hold a partial snapshot: the
-    /// caller deletes it.
+    /// as it was found. Returns its size (root and images). On failure the snapshot directory
+    /// may hold a partial snapshot: the caller deletes it.
     pub async fn snapshot_full(
         &self,
         sandbox: &SandboxId,
         session: &SessionId,
         snapshot: &SnapshotId,
         already_paused: bool,
-    ) -> Result<FullSnapshotStats> {
+    ) -> Result<u64> {
         self.runtime.checkpoint_support().map_err(space_runtime::RuntimeError::CheckpointUnavailable)?;
         let kept = self.kept_spaced.clone();
-        let started = Instant::now();
         let gate = self.close_agent(sandbox)?;
         if already_paused {
             // Its agent must run to let go of the connection.
@@ -62,7 +52,6 @@ impl Node {
             true => self.runtime.pause(sandbox).await,
             false => self.runtime.resume(sandbox),
         };
-        let frozen_for = started.elapsed();
         drop(gate);
         let image_bytes = taken?;
         restored_state?;
@@ -73,7 +62,7 @@ impl Node {
             Ok(space_storage::apparent_size(&pool.snapshot_dir(&ses, &snap).join("rootfs"))?)
         })
         .await?;
-        Ok(FullSnapshotStats { size_bytes: root_bytes + image_bytes, frozen_for })
+        Ok(root_bytes + image_bytes)
     }
 
     /// Waits for the agent to let go, freezes, checkpoints and snapshots the root; returns the
@@ -86,6 +75,7 @@ impl Node {
             std::fs::create_dir_all(dir).map_err(|e| NodeError::Internal(format!("create {}: {e}", dir.display())))?;
         }
         let stats = self.runtime.checkpoint(sandbox, &images).await?;
+        tracing::debug!(%sandbox, dump = ?stats.wall, image_bytes = stats.image_bytes, "checkpointed");
         let pool = self.pool.clone();
         let (sbx, ses, snap) = (sandbox.clone(), session.clone(), snapshot.clone());
         blocking(move || Ok(pool.snapshot_sandbox_root(&sbx, &ses, &snap)?)).await?;

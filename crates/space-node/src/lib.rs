@@ -19,7 +19,6 @@ use space_runtime::{Runtime, SandboxHandle, SandboxSpec, SandboxStats};
 use space_runtime_linux::{LinuxOptions, LinuxRuntime};
 use space_storage::{IdMap, Pool, PoolOptions, SandboxIdentity};
 
-pub use checkpoint::FullSnapshotStats;
 pub use space_storage::{BUILTINS, TemplateInfo};
 pub use warm::{MAX_POOL_SIZE, WarmSettings};
 

@@ -156,7 +156,7 @@ pub(crate) async fn snapshot_locked(
     state.store.insert_snapshot(&new).await?;
     let taken = match kind {
         SnapshotKind::Disk => state.node.snapshot_disk(&sandbox, id, &new.id, paused).await,
-        SnapshotKind::Full => state.node.snapshot_full(&sandbox, id, &new.id, paused).await.map(|s| s.size_bytes),
+        SnapshotKind::Full => state.node.snapshot_full(&sandbox, id, &new.id, paused).await,
     };
     match taken {
         Ok(size) => state.store.set_snapshot_ready(&new.id, size).await?,
