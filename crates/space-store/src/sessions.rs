@@ -314,19 +314,16 @@ impl Store {
         Ok(())
     }
 
-    pub async fn set_lifetime(&self, id: &SessionId, lifetime: &SessionLifetime) -> Result<()> {
-        sqlx::query("UPDATE sessions SET lifetime = $1, updated_at = $2 WHERE id = $3")
-            .bind(serde_json::to_string(lifetime).unwrap_or_default())
-            .bind(now_ms())
-            .bind(id.as_str())
-            .execute(&self.writer)
-            .await?;
-        Ok(())
-    }
-
-    pub async fn set_snapshot_policy(&self, id: &SessionId, policy: &SnapshotPolicy) -> Result<()> {
-        sqlx::query("UPDATE sessions SET snapshot_policy = $1, updated_at = $2 WHERE id = $3")
+    /// Replaces the session's settings (`PATCH /v1/sessions/{id}`) in one write.
+    pub async fn set_settings(
+        &self,
+        id: &SessionId,
+        policy: &SnapshotPolicy,
+        lifetime: &SessionLifetime,
+    ) -> Result<()> {
+        sqlx::query("UPDATE sessions SET snapshot_policy = $1, lifetime = $2, updated_at = $3 WHERE id = $4")
             .bind(serde_json::to_string(policy).unwrap_or_default())
+            .bind(serde_json::to_string(lifetime).unwrap_or_default())
             .bind(now_ms())
             .bind(id.as_str())
             .execute(&self.writer)

@@ -172,10 +172,10 @@ pub async fn update_session(
     lifetime.validate().map_err(AppError::bad_request)?;
     if let Some(policy) = &request.snapshot_policy {
         policy.validate().map_err(|e| AppError::bad_request(format!("snapshot_policy: {e}")))?;
-        state.store.set_snapshot_policy(&session.id, policy).await?;
     }
-    if lifetime != session.lifetime {
-        state.store.set_lifetime(&session.id, &lifetime).await?;
+    if request.snapshot_policy.is_some() || lifetime != session.lifetime {
+        let policy = request.snapshot_policy.as_ref().unwrap_or(&session.snapshot_policy);
+        state.store.set_settings(&session.id, policy, &lifetime).await?;
     }
     Ok(ApiJson(find_session(&state, &caller, &id).await?))
 }
