@@ -12,6 +12,23 @@ use space_api::{
 use crate::client::Client;
 use crate::output::{self, SESSION_HEADER, print_json, print_session, print_table, session_row};
 
+/// What `create` sets and `update` changes.
+#[derive(clap::Args)]
+pub struct Settings {
+    /// Automatic snapshots, e.g. `disk=1m,full=15m,keep=1h,hourly=1d,daily=7d` or `off`
+    /// (default at create: the server's).
+    #[arg(long)]
+    snapshot_policy: Option<SnapshotPolicy>,
+    /// Suspend the session after this long without activity, e.g. `10m` (default: never;
+    /// `update --idle-timeout 0s` turns it off).
+    #[arg(long, value_parser = space_api::policy::parse_duration)]
+    idle_timeout: Option<u64>,
+    /// Destroy the session this long after its creation, e.g. `7d` (default: never;
+    /// `update --max-age 0s` turns it off).
+    #[arg(long, value_parser = space_api::policy::parse_duration)]
+    max_age: Option<u64>,
+}
+
 #[derive(Subcommand)]
 pub enum SessionCommand {
     /// Create a session; prints its id.
@@ -29,28 +46,14 @@ pub enum SessionCommand {
         /// Environment variable for every command, `K=V` (repeatable).
         #[arg(long = "env", value_name = "K=V")]
         env: Vec<String>,
-        /// Automatic snapshots, e.g. `disk=1m,full=15m,keep=1h,hourly=1d,daily=7d` or `off`
-        /// (default: the server's).
-        #[arg(long)]
-        snapshot_policy: Option<SnapshotPolicy>,
-        /// Suspend the session after this long without activity, e.g. `10m` (default: never).
-        #[arg(long, value_parser = space_api::policy::parse_duration)]
-        idle_timeout: Option<u64>,
-        /// Destroy the session this long after its creation, e.g. `7d` (default: never).
-        #[arg(long, value_parser = space_api::policy::parse_duration)]
-        max_age: Option<u64>,
+        #[command(flatten)]
+        settings: Settings,
     },
     /// Change a session's settings.
     Update {
         id: String,
-        #[arg(long)]
-        snapshot_policy: Option<SnapshotPolicy>,
-        /// New idle timeout (`0s` turns it off).
-        #[arg(long, value_parser = space_api::policy::parse_duration)]
-        idle_timeout: Option<u64>,
-        /// New maximum age (`0s` turns it off).
-        #[arg(long, value_parser = space_api::policy::parse_duration)]
-        max_age: Option<u64>,
+        #[command(flatten)]
+        settings: Settings,
     },
     /// List your sessions.
     List {
@@ -105,7 +108,7 @@ fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
 
 pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        SessionCommand::Create { template, cpus, memory, pids, env, snapshot_policy, idle_timeout, max_age } => {
+        SessionCommand::Create { template, cpus, memory, pids, env, settings } => {
             let env = parse_env(&env)?;
             let request = CreateSessionRequest {
                 template,
@@ -113,9 +116,9 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
                 memory_mib: memory,
                 pids,
                 env,
-                snapshot_policy,
-                idle_timeout_secs: idle_timeout,
-                max_age_secs: max_age,
+                snapshot_policy: settings.snapshot_policy,
+                idle_timeout_secs: settings.idle_timeout,
+                max_age_secs: settings.max_age,
             };
             let session: Session = client.post_json("/v1/sessions", &request).await?;
             if json {
@@ -139,9 +142,12 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
         SessionCommand::Destroy { id } => {
             print_state(&client.delete_json(&format!("/v1/sessions/{id}")).await?, json)?;
         }
-        SessionCommand::Update { id, snapshot_policy, idle_timeout, max_age } => {
-            let request =
-                UpdateSessionRequest { snapshot_policy, idle_timeout_secs: idle_timeout, max_age_secs: max_age };
+        SessionCommand::Update { id, settings } => {
+            let request = UpdateSessionRequest {
+                snapshot_policy: settings.snapshot_policy,
+                idle_timeout_secs: settings.idle_timeout,
+                max_age_secs: settings.max_age,
+            };
             let session: Session = client.patch_json(&format!("/v1/sessions/{id}"), &request).await?;
             print_session(&session, json)?;
         }
