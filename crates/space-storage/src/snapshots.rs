@@ -78,7 +78,7 @@ impl Pool {
         use sha2::Digest;
         let content = std::fs::read(binary).ctx("read", binary)?;
         let digest = sha2::Sha256::digest(&content);
-        let name: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let name = hex::encode(digest);
         let dir = self.root().join("binaries");
         std::fs::create_dir_all(&dir).ctx("create directory", &dir)?;
         let kept = dir.join(name);
