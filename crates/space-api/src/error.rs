@@ -18,6 +18,7 @@ pub enum ErrorCode {
     PayloadTooLarge,
     UnknownTemplate,
     SnapshotNotFound,
+    CredentialNotFound,
     /// The server lacks what the feature needs (e.g. CRIU for full snapshots).
     FeatureUnavailable,
     SandboxUnavailable,
@@ -42,9 +43,11 @@ impl ErrorCode {
             | ErrorCode::DirectoryNotEmpty => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::PermissionDenied => 403,
-            ErrorCode::NotFound | ErrorCode::FileNotFound | ErrorCode::NoSuchProcess | ErrorCode::SnapshotNotFound => {
-                404
-            }
+            ErrorCode::NotFound
+            | ErrorCode::FileNotFound
+            | ErrorCode::NoSuchProcess
+            | ErrorCode::SnapshotNotFound
+            | ErrorCode::CredentialNotFound => 404,
             ErrorCode::Conflict | ErrorCode::InvalidState | ErrorCode::IdempotencyConflict | ErrorCode::FileExists => {
                 409
             }

@@ -104,6 +104,7 @@ typed_id!(OperationId, "op_", "operation");
 typed_id!(TenantId, "ten_", "tenant");
 typed_id!(NodeId, "node_", "node");
 typed_id!(SnapshotId, "snap_", "snapshot");
+typed_id!(CredentialId, "cred_", "credential");
 
 #[cfg(test)]
 mod tests {

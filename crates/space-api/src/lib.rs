@@ -1,6 +1,7 @@
 //! Types shared by the API server, the CLI and the node: typed ids, request and response
 //! bodies, and the error envelope.
 
+pub mod egress;
 pub mod error;
 pub mod idmap;
 pub mod ids;
@@ -9,6 +10,6 @@ pub mod types;
 
 pub use error::{ApiError, ErrorBody, ErrorCode};
 pub use idmap::IdMap;
-pub use ids::{IdError, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId};
+pub use ids::{CredentialId, IdError, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId};
 pub use policy::{Retention, RetentionTier, SnapshotPolicy};
 pub use types::*;

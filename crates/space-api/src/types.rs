@@ -100,6 +100,11 @@ pub struct CreateSessionRequest {
     pub idle_timeout_secs: Option<u64>,
     /// Destroy the session this many seconds after it was created. Default: never.
     pub max_age_secs: Option<u64>,
+    /// Where the session may connect to; default: nowhere (deny all).
+    pub network: Option<crate::egress::NetworkPolicy>,
+    /// Names of credentials to grant to the session (see `POST /v1/credentials`).
+    #[serde(default)]
+    pub grants: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]

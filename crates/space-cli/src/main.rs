@@ -2,6 +2,7 @@
 
 mod bench;
 mod client;
+mod credentials;
 mod exec;
 mod files;
 mod output;
@@ -46,6 +47,9 @@ enum Command {
     /// Create, list, show and destroy sessions.
     #[command(subcommand)]
     Session(sessions::SessionCommand),
+    /// Store, list, rotate and delete credentials the gateway injects for sessions.
+    #[command(subcommand)]
+    Credential(credentials::CredentialCommand),
     /// Run a command in a session: `space exec ID -- CMD ARGS…`.
     Exec(exec::ExecArgs),
     /// Re-attach to a process started with `space exec -d`.
@@ -121,6 +125,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve(_) => unreachable!("handled above"),
         Command::Session(cmd) => sessions::run(&client, cmd, json).await?,
+        Command::Credential(cmd) => credentials::run(&client, cmd, json).await?,
         Command::Exec(args) => return exec::run(&client, args).await,
         Command::Attach { id, pid } => return exec::attach(&client, &id, pid).await,
         Command::Ps { id } => {

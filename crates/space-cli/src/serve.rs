@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use space_api::SnapshotPolicy;
 use space_control::ServerConfig;
-use space_node::{Limits, NodeConfig, WarmSettings};
+use space_node::{GatewayConfig, Limits, NodeConfig, WarmSettings};
 use space_storage::{DEFAULT_IMAGE_SIZE, DEFAULT_TEMPLATE_CACHE_DIR, IdMap};
 use tracing_subscriber::EnvFilter;
 
@@ -58,6 +58,49 @@ pub struct ServeArgs {
     /// so refilling never takes every core from running sandboxes.
     #[arg(long)]
     pool_fill_concurrency: Option<u32>,
+    /// Key file that encrypts credential values at rest (created, mode 0600, if missing;
+    /// default: DATA_DIR/keys/master.key). Keep a copy: without it stored credentials are
+    /// unreadable.
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// Gateway: resolve NAME to ADDR (an address, or address:port to also replace the port)
+    /// instead of asking DNS. Repeatable. Meant for tests and private upstreams.
+    #[arg(long = "gateway-resolve", value_name = "NAME=ADDR")]
+    gateway_resolve: Vec<String>,
+    /// Gateway: also trust this PEM file's certificates for upstream TLS.
+    #[arg(long = "gateway-extra-root", value_name = "PEM")]
+    gateway_extra_root: Vec<PathBuf>,
+    /// Gateway: let upstream addresses be private, loopback or link-local (off: such
+    /// addresses are refused, which stops DNS rebinding). For tests and trusted networks.
+    #[arg(long)]
+    gateway_allow_private: bool,
+}
+
+/// The gateway's operator settings from the flags.
+fn gateway_config(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
+    let mut config = GatewayConfig { allow_private_upstreams: args.gateway_allow_private, ..Default::default() };
+    for entry in &args.gateway_resolve {
+        let (name, addr) = entry.split_once('=').with_context(|| {
+            format!("--gateway-resolve {entry:?} must look like NAME=ADDR, e.g. api.test=127.0.0.1")
+        })?;
+        let name = space_api::egress::normalize_host(name);
+        space_api::egress::validate_host_pattern(&name).map_err(anyhow::Error::msg)?;
+        if let Ok(socket) = addr.parse::<SocketAddr>() {
+            config.resolve.insert(name, socket);
+        } else {
+            let ip =
+                addr.parse().with_context(|| format!("--gateway-resolve address {addr:?} is not an IP address"))?;
+            config.resolve_ip.insert(name, ip);
+        }
+    }
+    for path in &args.gateway_extra_root {
+        let pem = std::fs::read(path).with_context(|| format!("reading --gateway-extra-root {}", path.display()))?;
+        config.extra_roots.extend(
+            space_node::certificates_from_pem(&pem)
+                .with_context(|| format!("--gateway-extra-root {}: no PEM certificate in it", path.display()))?,
+        );
+    }
+    Ok(config)
 }
 
 /// Parses `name=size,name=size`.
@@ -130,9 +173,11 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
     }
     raise_fd_limit();
     let warm = warm_settings(&args)?;
+    let gateway = gateway_config(&args)?;
     let config = ServerConfig {
         data_dir: data_dir.clone(),
         listen: args.listen,
+        key_file: args.key_file.clone().unwrap_or_else(|| data_dir.join("keys/master.key")),
         prepare_templates: args.prepare_templates.unwrap_or_else(|| vec![args.default_template.clone()]),
         default_template: args.default_template,
         snapshot_policy: args.snapshot_policy,
@@ -146,6 +191,7 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
             image_size_bytes: args.pool_size_gib.map(|g| g << 30).unwrap_or(DEFAULT_IMAGE_SIZE),
             id_map: IdMap { host_base: args.uid_base, count: 65_536 },
             warm,
+            gateway,
         },
     };
     let listener = tokio::net::TcpListener::bind(config.listen)

@@ -4,13 +4,38 @@ use std::collections::BTreeMap;
 
 use anyhow::bail;
 use clap::Subcommand;
+use space_api::egress::{AuditList, GrantRequest, NetworkPolicy, NetworkPolicyUpdate, SessionNetwork};
 use space_api::{
     CreateSessionRequest, EventList, ForkRequest, RestoreRequest, Session, SessionList, SnapshotPolicy,
     UpdateSessionRequest,
 };
 
-use crate::client::Client;
+use crate::client::{Client, encode};
 use crate::output::{self, SESSION_HEADER, print_json, print_session, print_table, session_row};
+
+/// Network policy flags of `create` and `policy`.
+#[derive(clap::Args)]
+pub struct NetworkFlags {
+    /// Host the session may reach: `api.github.com` or `*.pypi.org` (repeatable).
+    #[arg(long = "allow", value_name = "PATTERN")]
+    allow: Vec<String>,
+    /// Host refused even if allowed or granted (repeatable).
+    #[arg(long = "deny", value_name = "PATTERN")]
+    deny: Vec<String>,
+    /// Destination port (repeatable; default 80 and 443). With `policy`, replaces the list.
+    #[arg(long = "port", value_name = "N")]
+    ports: Vec<u16>,
+    /// Address range reachable by address, e.g. 203.0.113.0/24 (repeatable). With `policy`,
+    /// replaces the list.
+    #[arg(long = "cidr", value_name = "CIDR")]
+    cidrs: Vec<String>,
+}
+
+impl NetworkFlags {
+    fn is_empty(&self) -> bool {
+        self.allow.is_empty() && self.deny.is_empty() && self.ports.is_empty() && self.cidrs.is_empty()
+    }
+}
 
 /// What `create` sets and `update` changes.
 #[derive(clap::Args)]
@@ -48,6 +73,28 @@ pub enum SessionCommand {
         env: Vec<String>,
         #[command(flatten)]
         settings: Settings,
+        #[command(flatten)]
+        network: NetworkFlags,
+        /// Credential to grant to the session (repeatable).
+        #[arg(long = "grant", value_name = "NAME")]
+        grants: Vec<String>,
+    },
+    /// Show a session's network policy and grants; with flags, change the policy first.
+    Policy {
+        id: String,
+        #[command(flatten)]
+        network: NetworkFlags,
+    },
+    /// Grant a credential to a session (injected from its next request on).
+    Grant { id: String, credential: String },
+    /// Revoke a credential from a session.
+    Revoke { id: String, credential: String },
+    /// The gateway's decisions for a session, oldest first.
+    Audit {
+        id: String,
+        /// The latest N events.
+        #[arg(long)]
+        limit: Option<u32>,
     },
     /// Change a session's settings.
     Update {
@@ -108,7 +155,7 @@ fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
 
 pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        SessionCommand::Create { template, cpus, memory, pids, env, settings } => {
+        SessionCommand::Create { template, cpus, memory, pids, env, settings, network, grants } => {
             let env = parse_env(&env)?;
             let request = CreateSessionRequest {
                 template,
@@ -119,6 +166,13 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
                 snapshot_policy: settings.snapshot_policy,
                 idle_timeout_secs: settings.idle_timeout,
                 max_age_secs: settings.max_age,
+                network: (!network.is_empty()).then_some(NetworkPolicy {
+                    allow: network.allow,
+                    deny: network.deny,
+                    ports: network.ports,
+                    cidrs: network.cidrs,
+                }),
+                grants,
             };
             let session: Session = client.post_json("/v1/sessions", &request).await?;
             if json {
@@ -174,6 +228,35 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
                 println!("{}", session.id);
             }
         }
+        SessionCommand::Policy { id, network } => {
+            let path = format!("/v1/sessions/{}/network", encode(&id));
+            let result: SessionNetwork = if network.is_empty() {
+                client.get_json(&path).await?
+            } else {
+                let update = NetworkPolicyUpdate {
+                    allow: network.allow,
+                    deny: network.deny,
+                    ports: (!network.ports.is_empty()).then_some(network.ports),
+                    cidrs: (!network.cidrs.is_empty()).then_some(network.cidrs),
+                };
+                client.patch_json(&path, &update).await?
+            };
+            print_network(&result, json)?;
+        }
+        SessionCommand::Grant { id, credential } => {
+            let request = GrantRequest { credential };
+            let path = format!("/v1/sessions/{}/grants", encode(&id));
+            print_network(&client.post_json(&path, &request).await?, json)?;
+        }
+        SessionCommand::Revoke { id, credential } => {
+            let path = format!("/v1/sessions/{}/grants/{}", encode(&id), encode(&credential));
+            print_network(&client.delete_json(&path).await?, json)?;
+        }
+        SessionCommand::Audit { id, limit } => {
+            let query = limit.map(|n| format!("?limit={n}")).unwrap_or_default();
+            let audit: AuditList = client.get_json(&format!("/v1/sessions/{}/audit{query}", encode(&id))).await?;
+            print_audit(&audit, json)?;
+        }
         SessionCommand::Events { id } => {
             let events: EventList = client.get_json(&format!("/v1/sessions/{id}/events")).await?;
             if json {
@@ -194,5 +277,52 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
             print_table(&["TIME", "KIND", "STATE", "MESSAGE"], &rows);
         }
     }
+    Ok(())
+}
+
+fn print_network(network: &SessionNetwork, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(network);
+    }
+    let p = &network.policy;
+    let list = |items: &[String]| if items.is_empty() { "-".to_owned() } else { items.join(" ") };
+    let ports = if p.ports.is_empty() {
+        "80 443 (default)".to_owned()
+    } else {
+        p.ports.iter().map(u16::to_string).collect::<Vec<_>>().join(" ")
+    };
+    println!("session  {}", network.session_id);
+    println!("allow    {}", list(&p.allow));
+    println!("deny     {}", list(&p.deny));
+    println!("ports    {ports}");
+    println!("cidrs    {}", list(&p.cidrs));
+    println!("grants   {}", list(&network.grants));
+    Ok(())
+}
+
+fn print_audit(audit: &AuditList, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(audit);
+    }
+    let rows: Vec<Vec<String>> = audit
+        .events
+        .iter()
+        .map(|e| {
+            vec![
+                output::time(e.time),
+                e.decision.as_str().to_owned(),
+                e.protocol.clone(),
+                format!("{}:{}", e.host, e.port),
+                e.method.clone().unwrap_or_default(),
+                e.path.clone().unwrap_or_default(),
+                e.credential.clone().unwrap_or_default(),
+                format!("{}/{}", output::bytes(e.bytes_sent), output::bytes(e.bytes_received)),
+                e.reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let header =
+        ["TIME", "DECISION", "PROTOCOL", "DESTINATION", "METHOD", "PATH", "CREDENTIAL", "SENT/RECEIVED", "REASON"];
+    print_table(&header, &rows);
     Ok(())
 }

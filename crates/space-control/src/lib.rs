@@ -7,6 +7,7 @@
 pub mod activity;
 pub mod api;
 pub mod auth;
+pub mod egress;
 pub mod error;
 pub mod idempotency;
 pub mod reconciler;
@@ -38,6 +39,8 @@ pub struct ServerConfig {
     pub scheduler_tick: std::time::Duration,
     /// Built-in templates to build at start if missing.
     pub prepare_templates: Vec<String>,
+    /// The local key file that wraps the keys of credential values (created if missing).
+    pub key_file: PathBuf,
     pub node: NodeConfig,
 }
 
@@ -55,6 +58,8 @@ pub struct AppState {
     session_locks: Arc<std::sync::Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>>,
     /// When each session was last used (idle timeouts).
     pub activity: Arc<activity::Activity>,
+    /// Seals credential values and session CA keys at rest.
+    pub sealer: Arc<space_keys::Sealer>,
 }
 
 impl AppState {
@@ -90,6 +95,7 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
     auth::bootstrap_admin_key(&store, &config.data_dir.join("admin.key"))
         .await
         .map_err(context("creating the admin key"))?;
+    let sealer = space_keys::Sealer::local(&config.key_file).map_err(context("opening the key file"))?;
     let reconciler = Reconciler::new();
     let state = AppState {
         store,
@@ -100,8 +106,12 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         reconciler: reconciler.clone(),
         session_locks: Default::default(),
         activity: Default::default(),
+        sealer: Arc::new(sealer),
     };
+    egress::spawn_audit_writer(&state);
     recovery::recover(&state).await.map_err(context("recovering from the previous run"))?;
+    // Before the reconciler: every sandbox it starts or restores joins its session's egress.
+    egress::push_all(&state).await;
     // Only after recovery: its sweep destroys every sandbox no session owns, pods included.
     state.node.start_background();
     reconciler.spawn(state.clone());

@@ -173,12 +173,14 @@ async fn start_sandbox(
             state.node.destroy_sandbox(&pod.id).await?;
             return Err(e.into());
         }
+        state.node.join_session_network(&pod.id, &session.id).await?;
         return Ok(pod);
     }
     state.store.insert_sandbox(&sandbox).await?;
     let hostname = space_node::hostname_for(sandbox.id);
     let handle = state.node.start_sandbox(sandbox.id, &template, limits, &hostname).await?;
     state.store.set_sandbox_running(sandbox.id, handle.pid).await?;
+    state.node.join_session_network(&handle.id, &session.id).await?;
     Ok(handle)
 }
 
@@ -212,6 +214,7 @@ async fn start_from_snapshot(
         state.node.start_sandbox_from_snapshot(&sandbox, &origin, snapshot, limits, &hostname).await?
     };
     state.store.set_sandbox_running(&sandbox, handle.pid).await?;
+    state.node.join_session_network(&handle.id, &session.id).await?;
     Ok(handle)
 }
 
@@ -330,6 +333,7 @@ async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()
         }
     }
     state.activity.forget(&id);
+    crate::egress::forget_session(state, &id);
     // The session ends either way; leftovers are retried by the periodic sweep.
     state.store.transition(&id, &[SessionState::Destroying], SessionState::Destroyed, last_error.as_deref()).await?;
     Ok(())

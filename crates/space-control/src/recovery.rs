@@ -38,6 +38,10 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
                 } else {
                     state.node.resume_sandbox(&handle.id)?;
                 }
+                // The gateway's listeners died with the previous process.
+                if let Err(e) = state.node.reattach_gateway(&handle, id).await {
+                    tracing::warn!(session = %id, error = %e, "the sandbox has no egress until it is restored");
+                }
                 keep.insert(handle.id.clone());
                 watch_exit(state.clone(), id.clone(), handle);
             }

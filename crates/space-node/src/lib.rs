@@ -4,6 +4,7 @@
 //! Storage calls block on disk I/O, so they run on the blocking pool.
 
 mod checkpoint;
+mod egress;
 mod lifecycle;
 mod templates;
 mod warm;
@@ -19,6 +20,7 @@ use space_runtime::{Runtime, SandboxHandle, SandboxSpec, SandboxStats};
 use space_runtime_linux::{LinuxOptions, LinuxRuntime};
 use space_storage::{IdMap, Pool, PoolOptions, SandboxIdentity};
 
+pub use space_gateway::{Gateway, GatewayConfig, certificates_from_pem};
 pub use space_storage::{BUILTINS, TemplateInfo};
 pub use warm::{MAX_POOL_SIZE, WarmSettings};
 
@@ -37,6 +39,7 @@ pub struct NodeConfig {
     pub image_size_bytes: u64,
     pub id_map: IdMap,
     pub warm: WarmSettings,
+    pub gateway: GatewayConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +52,8 @@ pub enum NodeError {
     Runtime(#[from] space_runtime::RuntimeError),
     #[error("cannot reach the sandbox agent of {sandbox}: {reason}")]
     Agent { sandbox: SandboxId, reason: String },
+    #[error("the egress gateway: {0}")]
+    Gateway(String),
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -67,6 +72,9 @@ pub struct Node {
     warm: warm::WarmPool,
     /// Wakes the deletion of destroyed roots.
     reclaim: tokio::sync::Notify,
+    gateway: Arc<Gateway>,
+    /// The gateway's audit events, until the control plane takes them.
+    audit_events: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<space_api::egress::AuditEvent>>>,
     config: NodeConfig,
 }
 
@@ -105,6 +113,8 @@ impl Node {
         options.id_map = config.id_map;
         options.criu = config.criu.clone();
         let runtime = LinuxRuntime::new(options)?;
+        let (audit, audit_events) = tokio::sync::mpsc::unbounded_channel();
+        let gateway = Gateway::new(config.gateway.clone(), audit).map_err(|e| NodeError::Internal(e.to_string()))?;
         Ok(Node {
             pool: Arc::new(pool),
             runtime,
@@ -114,6 +124,8 @@ impl Node {
             template_builds: tokio::sync::Mutex::new(HashMap::new()),
             warm: warm::WarmPool::new(&config.warm),
             reclaim: tokio::sync::Notify::new(),
+            gateway,
+            audit_events: Mutex::new(Some(audit_events)),
             config,
         })
     }
@@ -144,6 +156,7 @@ impl Node {
         let handle = self.runtime.start(&spec).await?;
         let agent = self.connect(&handle.id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
+        self.attach_gateway_or_destroy(&handle).await?;
         Ok(handle)
     }
 
@@ -151,6 +164,7 @@ impl Node {
     /// only moves to the trash here; [`Node::start_background`] deletes it off the hot path.
     pub async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()> {
         self.agents.lock().map_err(poisoned)?.remove(id);
+        self.gateway.detach(id);
         self.runtime.destroy(id).await?;
         let pool = self.pool.clone();
         let sid = id.clone();
@@ -175,6 +189,18 @@ impl Node {
                 let _ = tokio::time::timeout(RECLAIM_RECHECK, node.reclaim.notified()).await;
             }
         });
+    }
+
+    /// The egress gateway of this node's sandboxes.
+    pub fn gateway(&self) -> &Arc<Gateway> {
+        &self.gateway
+    }
+
+    /// The gateway's audit events; the first caller gets them, later ones `None`.
+    pub fn take_audit_events(
+        &self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<space_api::egress::AuditEvent>> {
+        self.audit_events.lock().ok()?.take()
     }
 
     /// Destroyed roots waiting to be deleted.

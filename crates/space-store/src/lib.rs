@@ -4,8 +4,11 @@
 //! embedded default; the statements are kept portable so a PostgreSQL backend can run the
 //! same schema (see docs/control-plane.md).
 
+mod audit;
 mod auth;
+mod credentials;
 mod idempotency;
+mod network;
 mod operations;
 mod sessions;
 mod snapshots;
@@ -18,7 +21,9 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 pub use auth::KeyOwner;
+pub use credentials::{CredentialChange, CredentialRecord, NewCredential, PlaceholderEnv, placeholder_value};
 pub use idempotency::IdempotencyBegin;
+pub use network::{NewSessionEgress, SessionEgressRecord};
 pub use operations::{NewOperation, OperationKind, OperationRecord};
 pub use sessions::{NewSandbox, NewSession, SandboxRecord, SessionRecord};
 pub use snapshots::NewSnapshot;

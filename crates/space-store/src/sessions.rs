@@ -97,33 +97,8 @@ impl Store {
     /// Records a new session in `creating`, its first event and the operation that will build
     /// it, atomically: a crash never leaves a session without the work that finishes it.
     pub async fn insert_session(&self, new: &NewSession) -> Result<OperationId> {
-        let now = now_ms();
         let mut tx = self.write_tx().await?;
-        sqlx::query(
-            "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy, lifetime)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11)",
-        )
-        .bind(new.id.as_str())
-        .bind(new.tenant_id.as_str())
-        .bind(&new.template)
-        .bind(SessionState::Creating.as_str())
-        .bind(serde_json::to_string(&new.resources).unwrap_or_default())
-        .bind(serde_json::to_string(&new.env).unwrap_or_default())
-        .bind(now)
-        .bind(new.source_snapshot.as_ref().map(|s| s.as_str().to_owned()))
-        .bind(new.template_version.map(i64::from))
-        .bind(serde_json::to_string(&new.snapshot_policy).unwrap_or_default())
-        .bind(serde_json::to_string(&new.lifetime).unwrap_or_default())
-        .execute(&mut *tx)
-        .await?;
-        insert_event(&mut tx, &new.id, "created", None, Some(SessionState::Creating), None).await?;
-        let op = NewOperation {
-            tenant_id: new.tenant_id.clone(),
-            session_id: Some(new.id.clone()),
-            kind: OperationKind::CreateSession,
-            input: None,
-        };
-        let op_id = insert_operation(&mut tx, &op).await?;
+        let op_id = insert_session_tx(&mut tx, new).await?;
         tx.commit().await?;
         Ok(op_id)
     }
@@ -390,6 +365,40 @@ impl Store {
             })
             .collect()
     }
+}
+
+/// The rows of [`Store::insert_session`], inside the caller's transaction.
+pub(crate) async fn insert_session_tx(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    new: &NewSession,
+) -> Result<OperationId> {
+    let now = now_ms();
+    sqlx::query(
+        "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy, lifetime)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11)",
+    )
+    .bind(new.id.as_str())
+    .bind(new.tenant_id.as_str())
+    .bind(&new.template)
+    .bind(SessionState::Creating.as_str())
+    .bind(serde_json::to_string(&new.resources).unwrap_or_default())
+    .bind(serde_json::to_string(&new.env).unwrap_or_default())
+    .bind(now)
+    .bind(new.source_snapshot.as_ref().map(|s| s.as_str().to_owned()))
+    .bind(new.template_version.map(i64::from))
+    .bind(serde_json::to_string(&new.snapshot_policy).unwrap_or_default())
+    .bind(serde_json::to_string(&new.lifetime).unwrap_or_default())
+    .execute(&mut **tx)
+    .await?;
+    insert_event(tx, &new.id, "created", None, Some(SessionState::Creating), None).await?;
+    let op = NewOperation {
+        tenant_id: new.tenant_id.clone(),
+        session_id: Some(new.id.clone()),
+        kind: OperationKind::CreateSession,
+        input: None,
+    };
+    let op_id = insert_operation(tx, &op).await?;
+    Ok(op_id)
 }
 
 async fn insert_event(

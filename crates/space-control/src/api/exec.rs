@@ -38,9 +38,11 @@ fn check_command(cmd: &[String]) -> AppResult<()> {
     Ok(())
 }
 
+/// The gateway's settings (proxy, trust bundle), then the session's env, then the request's:
+/// a later one wins, so a command may still opt out of the proxy.
 fn merged_env(session: &BTreeMap<String, String>, request: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-    let mut env = session.clone();
-    env.extend(request.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let mut env = space_gateway::sandbox_env();
+    env.extend(session.iter().chain(request).map(|(k, v)| (k.clone(), v.clone())));
     env
 }
 

@@ -290,7 +290,7 @@ pub async fn fork(
             snapshot_policy: parent.snapshot_policy.clone(),
             lifetime: parent.lifetime,
         };
-        ops.push(state.store.insert_session(&new).await?);
+        ops.push(crate::egress::insert_forked_session(&state, &parent.id, &new).await?);
         ids.push(new.id);
     }
     state.reconciler.wake();

@@ -1,8 +1,10 @@
 //! The `/v1` HTTP API and its OpenAPI document.
 
+mod credentials;
 mod exec;
 mod files;
 mod lifecycle;
+mod network;
 pub(crate) use lifecycle::take_snapshot;
 pub(crate) use suspend::suspend_session;
 mod pool;
@@ -40,6 +42,9 @@ const JSON_BODY_LIMIT: usize = 1 << 20;
         pool::get_pool, pool::set_pool_size,
         lifecycle::pause, lifecycle::resume, lifecycle::create_snapshot, lifecycle::list_snapshots,
         lifecycle::delete_snapshot, lifecycle::restore, lifecycle::fork, suspend::suspend,
+        credentials::create_credential, credentials::list_credentials, credentials::get_credential,
+        credentials::update_credential, credentials::delete_credential,
+        network::get_network, network::update_network, network::grant, network::revoke, network::audit,
     ),
     modifiers(&BearerAuth),
     security(("api_key" = []))
@@ -100,6 +105,17 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/processes/{pid}/signal", post(exec::signal_process))
         .route("/sessions/{id}/processes/{pid}/attach", get(exec::attach_ws))
         .route("/sessions/{id}/watch", get(files::watch_ws))
+        .route("/sessions/{id}/network", get(network::get_network).patch(network::update_network))
+        .route("/sessions/{id}/grants", post(network::grant))
+        .route("/sessions/{id}/grants/{name}", axum::routing::delete(network::revoke))
+        .route("/sessions/{id}/audit", get(network::audit))
+        .route("/credentials", post(credentials::create_credential).get(credentials::list_credentials))
+        .route(
+            "/credentials/{name}",
+            get(credentials::get_credential)
+                .patch(credentials::update_credential)
+                .delete(credentials::delete_credential),
+        )
         .nest("/sessions/{id}/files", files)
         .route("/templates", get(templates::list_templates))
         .route("/templates/import", post(templates::import_template))

@@ -106,7 +106,7 @@ pub async fn create_session(
     snapshot_policy.validate().map_err(|e| AppError::bad_request(format!("snapshot_policy: {e}")))?;
     let lifetime = SessionLifetime { idle_timeout_secs: request.idle_timeout_secs, max_age_secs: request.max_age_secs };
     lifetime.validate().map_err(AppError::bad_request)?;
-    let new = NewSession {
+    let mut new = NewSession {
         id: SessionId::generate(),
         tenant_id: caller.tenant_id.clone(),
         template,
@@ -117,7 +117,8 @@ pub async fn create_session(
         snapshot_policy,
         lifetime,
     };
-    let op = state.store.insert_session(&new).await?;
+    // The session's egress reaches the gateway before any sandbox of it starts.
+    let op = crate::egress::insert_new_session(&state, &mut new, request.network, &request.grants).await?;
     state.reconciler.wake();
     if !params.wait {
         let session = find_session(&state, &caller, new.id.as_str()).await?;
@@ -197,7 +198,8 @@ pub async fn destroy_session(
         }
         state.reconciler.wait(&state, &caller.tenant_id, &op, WAIT).await?;
     }
-    Ok((StatusCode::OK, ApiJson(find_session(&state, &caller, &id).await?)))
+    let session = find_session(&state, &caller, &id).await?;
+    Ok((StatusCode::OK, ApiJson(session)))
 }
 
 /// Every state transition and notable event of a session, oldest first.

@@ -1,0 +1,380 @@
+//! Egress: a session's network policy, credentials and their grants, and the gateway's audit
+//! records. The matching rules live here so the API, the CLI and the gateway agree on them.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::{CredentialId, SessionId};
+
+/// Ports a session may reach when its policy names none.
+pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
+/// Longest host pattern accepted (a DNS name is at most 253 bytes, plus `*.`).
+const MAX_PATTERN_LEN: usize = 255;
+/// Entries per list of a policy.
+pub const MAX_POLICY_ENTRIES: usize = 256;
+
+/// Where a session's sandboxes may connect to. Default deny: nothing is reachable until a
+/// host is allowed (or a credential granted for it). `deny` wins over `allow`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkPolicy {
+    /// Host names: `api.github.com` (exactly that name) or `*.pypi.org` (any name below
+    /// `pypi.org`, not `pypi.org` itself).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Host patterns refused even when `allow` (or a grant) matches them.
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// Destination ports; empty means 80 and 443.
+    #[serde(default)]
+    pub ports: Vec<u16>,
+    /// Address ranges (`203.0.113.0/24`) that may be reached by address instead of by name.
+    #[serde(default)]
+    pub cidrs: Vec<String>,
+}
+
+/// A change to a session's network policy (`PATCH /v1/sessions/{id}/network`): applied to
+/// new connections at once, without restarting anything.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkPolicyUpdate {
+    /// Patterns to allow (also removed from `deny`).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Patterns to refuse (also removed from `allow`).
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// Replaces the port list when given.
+    pub ports: Option<Vec<u16>>,
+    /// Replaces the address ranges when given.
+    pub cidrs: Option<Vec<String>>,
+}
+
+impl NetworkPolicy {
+    /// Checks every entry; the message names the first bad one and what is expected.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, list) in [("allow", &self.allow), ("deny", &self.deny), ("cidrs", &self.cidrs)] {
+            if list.len() > MAX_POLICY_ENTRIES {
+                return Err(format!("{name} has {} entries; at most {MAX_POLICY_ENTRIES} are allowed", list.len()));
+            }
+        }
+        for pattern in self.allow.iter().chain(&self.deny) {
+            validate_host_pattern(pattern)?;
+        }
+        if self.ports.contains(&0) {
+            return Err("port 0 is not a valid destination port".into());
+        }
+        for cidr in &self.cidrs {
+            Cidr::parse(cidr)?;
+        }
+        Ok(())
+    }
+
+    /// The policy after `update`, validated. Patterns are stored lower-case.
+    pub fn updated(&self, update: &NetworkPolicyUpdate) -> Result<NetworkPolicy, String> {
+        let mut next = self.clone();
+        for pattern in &update.allow {
+            let p = pattern.to_ascii_lowercase();
+            next.deny.retain(|d| *d != p);
+            if !next.allow.contains(&p) {
+                next.allow.push(p);
+            }
+        }
+        for pattern in &update.deny {
+            let p = pattern.to_ascii_lowercase();
+            next.allow.retain(|a| *a != p);
+            if !next.deny.contains(&p) {
+                next.deny.push(p);
+            }
+        }
+        if let Some(ports) = &update.ports {
+            next.ports = ports.clone();
+        }
+        if let Some(cidrs) = &update.cidrs {
+            next.cidrs = cidrs.clone();
+        }
+        next.validate()?;
+        Ok(next)
+    }
+
+    /// Whether `host` (a DNS name, any case, optional trailing dot) may be reached, counting
+    /// the hosts of the session's grants as allowed.
+    pub fn allows_host<'a>(&'a self, host: &str, granted: impl IntoIterator<Item = &'a str>) -> bool {
+        let host = normalize_host(host);
+        if self.deny.iter().any(|p| host_matches(p, &host)) {
+            return false;
+        }
+        self.allow.iter().map(String::as_str).chain(granted).any(|p| host_matches(p, &host))
+    }
+
+    pub fn allows_port(&self, port: u16) -> bool {
+        if self.ports.is_empty() { DEFAULT_PORTS.contains(&port) } else { self.ports.contains(&port) }
+    }
+
+    /// Whether `addr` is inside one of the policy's ranges (invalid entries never match).
+    pub fn allows_addr(&self, addr: IpAddr) -> bool {
+        self.cidrs.iter().filter_map(|c| Cidr::parse(c).ok()).any(|c| c.contains(addr))
+    }
+}
+
+/// Lower-case, without a trailing dot.
+pub fn normalize_host(host: &str) -> String {
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// `pattern` is `name` or `*.suffix`; matching ignores case.
+pub fn host_matches(pattern: &str, host: &str) -> bool {
+    let host = normalize_host(host);
+    let pattern = pattern.to_ascii_lowercase();
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => host.len() > suffix.len() + 1 && host.ends_with(suffix) && {
+            let cut = host.len() - suffix.len();
+            host.as_bytes()[cut - 1] == b'.'
+        },
+        None => host == pattern,
+    }
+}
+
+/// A DNS name of letters, digits and hyphens (or `*.` then one), not an address.
+pub fn validate_host_pattern(pattern: &str) -> Result<(), String> {
+    let name = pattern.strip_prefix("*.").unwrap_or(pattern);
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    let valid = !name.is_empty() && pattern.len() <= MAX_PATTERN_LEN && name.split('.').all(label_ok);
+    if !valid {
+        return Err(format!(
+            "{pattern:?} is not a host pattern: use a DNS name like api.github.com or *.pypi.org"
+        ));
+    }
+    if name.parse::<IpAddr>().is_ok() || name.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(format!("{pattern:?} is an address; allow addresses with a CIDR (--cidr {pattern}/32)"));
+    }
+    Ok(())
+}
+
+/// An address range, `addr/len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub len: u8,
+}
+
+impl Cidr {
+    pub fn parse(text: &str) -> Result<Cidr, String> {
+        let bad = || format!("{text:?} is not an address range: use e.g. 203.0.113.0/24 or 2001:db8::/32");
+        let (addr, len) = text.split_once('/').ok_or_else(bad)?;
+        let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+        let len: u8 = len.parse().map_err(|_| bad())?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        if len > max {
+            return Err(bad());
+        }
+        Ok(Cidr { addr, len })
+    }
+
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        fn prefix(bits: u128, len: u8, width: u8) -> u128 {
+            if len == 0 { 0 } else { bits >> (width - len) }
+        }
+        match (self.addr, addr) {
+            (IpAddr::V4(net), IpAddr::V4(a)) => {
+                prefix(u32::from(net) as u128, self.len, 32) == prefix(u32::from(a) as u128, self.len, 32)
+            }
+            (IpAddr::V6(net), IpAddr::V6(a)) => prefix(u128::from(net), self.len, 128) == prefix(u128::from(a), self.len, 128),
+            _ => false,
+        }
+    }
+}
+
+/// `POST /v1/credentials`: the value is sent once and never returned.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateCredentialRequest {
+    /// Unique per tenant: letters, digits, `-`, `_`, `.`; at most 64.
+    pub name: String,
+    /// Host patterns (as in a network policy) the value may be sent to.
+    pub hosts: Vec<String>,
+    /// The header to inject, with `{secret}` where the value goes: `Authorization: Bearer {secret}`.
+    pub header: String,
+    pub value: String,
+    /// Unix time in seconds after which the gateway stops injecting it.
+    pub expires_at: Option<i64>,
+    /// Injections per minute per session; beyond it the gateway answers 429.
+    pub rate_limit_per_min: Option<u32>,
+    /// An environment variable the sandbox sees holding a placeholder; the gateway swaps the
+    /// placeholder for the value in requests to the credential's hosts only.
+    pub placeholder_env: Option<String>,
+}
+
+/// `PATCH /v1/credentials/{name}`: rotation and changes, effective on the next request.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateCredentialRequest {
+    pub value: Option<String>,
+    pub hosts: Option<Vec<String>>,
+    pub header: Option<String>,
+    /// 0 removes the expiry.
+    pub expires_at: Option<i64>,
+    /// 0 removes the limit.
+    pub rate_limit_per_min: Option<u32>,
+}
+
+/// A credential as listed: never its value.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Credential {
+    pub id: CredentialId,
+    pub name: String,
+    pub hosts: Vec<String>,
+    pub header: String,
+    pub expires_at: Option<i64>,
+    pub rate_limit_per_min: Option<u32>,
+    pub placeholder_env: Option<String>,
+    /// Increases with every change of the value.
+    pub version: u32,
+    /// Unix time in milliseconds.
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CredentialList {
+    pub credentials: Vec<Credential>,
+}
+
+/// `POST /v1/sessions/{id}/grants`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GrantRequest {
+    pub credential: String,
+}
+
+/// A session's network policy and the credentials granted to it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionNetwork {
+    pub session_id: SessionId,
+    pub policy: NetworkPolicy,
+    /// Names of granted credentials.
+    pub grants: Vec<String>,
+}
+
+/// What the gateway decided about one connection or request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditDecision {
+    Allowed,
+    Denied,
+    /// Allowed, with a credential injected.
+    Injected,
+}
+
+impl AuditDecision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditDecision::Allowed => "allowed",
+            AuditDecision::Denied => "denied",
+            AuditDecision::Injected => "injected",
+        }
+    }
+}
+
+impl std::str::FromStr for AuditDecision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "allowed" => Ok(AuditDecision::Allowed),
+            "denied" => Ok(AuditDecision::Denied),
+            "injected" => Ok(AuditDecision::Injected),
+            other => Err(format!("unknown audit decision {other:?}")),
+        }
+    }
+}
+
+/// One gateway decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AuditEvent {
+    pub session_id: SessionId,
+    /// Unix time in milliseconds.
+    pub time: i64,
+    pub decision: AuditDecision,
+    /// Why it was denied (or what was notable).
+    pub reason: Option<String>,
+    /// `dns`, `http`, `https`, `connect` or `tcp`.
+    pub protocol: String,
+    /// The name (or address) asked for.
+    pub host: String,
+    pub port: u16,
+    /// HTTP method when the request was seen, else the TLS SNI if any.
+    pub method: Option<String>,
+    /// For HTTP requests seen in clear (or intercepted): the path.
+    pub path: Option<String>,
+    /// The credential injected (its name, never its value).
+    pub credential: Option<String>,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AuditList {
+    pub events: Vec<AuditEvent>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_exact_names_and_strict_suffixes() {
+        assert!(host_matches("api.github.com", "API.GitHub.com."));
+        assert!(!host_matches("api.github.com", "github.com"));
+        assert!(host_matches("*.pypi.org", "files.pypi.org"));
+        assert!(host_matches("*.pypi.org", "a.b.pypi.org"));
+        assert!(!host_matches("*.pypi.org", "pypi.org"));
+        assert!(!host_matches("*.pypi.org", "evilpypi.org"));
+    }
+
+    #[test]
+    fn deny_wins_and_grants_count_as_allowed() {
+        let policy = NetworkPolicy {
+            allow: vec!["*.example.com".into()],
+            deny: vec!["secret.example.com".into()],
+            ..Default::default()
+        };
+        assert!(policy.allows_host("www.example.com", []));
+        assert!(!policy.allows_host("secret.example.com", ["secret.example.com"]));
+        assert!(policy.allows_host("api.other.org", ["api.other.org"]));
+        assert!(!policy.allows_host("api.other.org", []));
+    }
+
+    #[test]
+    fn updates_move_patterns_between_lists_and_validate() {
+        let policy = NetworkPolicy { allow: vec!["a.com".into()], ..Default::default() };
+        let update = NetworkPolicyUpdate { deny: vec!["A.com".into()], allow: vec!["b.com".into()], ..Default::default() };
+        let next = policy.updated(&update).unwrap();
+        assert_eq!(next.allow, vec!["b.com".to_string()]);
+        assert_eq!(next.deny, vec!["a.com".to_string()]);
+        let bad = NetworkPolicyUpdate { allow: vec!["1.2.3.4".into()], ..Default::default() };
+        assert!(policy.updated(&bad).unwrap_err().contains("CIDR"));
+        assert!(policy.updated(&NetworkPolicyUpdate { allow: vec!["a b".into()], ..Default::default() }).is_err());
+    }
+
+    #[test]
+    fn ports_default_to_web_and_cidrs_contain_addresses() {
+        let mut policy = NetworkPolicy::default();
+        assert!(policy.allows_port(443) && !policy.allows_port(22));
+        policy.ports = vec![22];
+        assert!(policy.allows_port(22) && !policy.allows_port(443));
+        policy.cidrs = vec!["203.0.113.0/24".into(), "2001:db8::/32".into()];
+        assert!(policy.allows_addr("203.0.113.9".parse().unwrap()));
+        assert!(!policy.allows_addr("203.0.114.1".parse().unwrap()));
+        assert!(policy.allows_addr("2001:db8::1".parse().unwrap()));
+        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
+        assert!(Cidr::parse("1.2.3.4/33").is_err());
+    }
+}

@@ -1,0 +1,475 @@
+//! The control plane's side of the egress gateway: what each session may reach and which
+//! credentials it holds, loaded from the store, unsealed, and pushed to the node's gateway;
+//! and the writer that stores the gateway's audit events.
+//!
+//! Credential values and CA keys exist in clear only in memory, inside the
+//! [`space_gateway::SessionEgress`] handed to the gateway. They are never logged or returned.
+
+use std::collections::BTreeMap;
+
+use space_api::egress::{AuditEvent, NetworkPolicy};
+use space_api::{CredentialId, ErrorCode, SessionId, SessionState, TenantId};
+use space_gateway::{Grant, SessionCa, SessionEgress, placeholder_for};
+use space_store::{CredentialRecord, NewSession, NewSessionEgress, SessionEgressRecord};
+
+use crate::AppState;
+use crate::error::{AppError, AppResult};
+
+/// Audit events written per transaction at most.
+const AUDIT_BATCH: usize = 512;
+/// Longest credential name.
+pub const MAX_CREDENTIAL_NAME: usize = 64;
+/// Longest credential value.
+pub const MAX_CREDENTIAL_VALUE: usize = 8 * 1024;
+/// Longest header template.
+const MAX_HEADER: usize = 8 * 1024;
+/// Most hosts per credential and grants per session.
+const MAX_HOSTS: usize = space_api::egress::MAX_POLICY_ENTRIES;
+/// Headers the gateway must not be asked to set: they frame or route the request.
+const RESERVED_HEADERS: [&str; 9] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+];
+
+/// Associated data that binds a credential's sealed value to its tenant and id.
+pub fn credential_owner(tenant: &TenantId, id: &CredentialId) -> String {
+    format!("credential/{tenant}/{id}")
+}
+
+/// Associated data that binds a session CA's sealed key to its session.
+pub fn ca_owner(session: &SessionId) -> String {
+    format!("session-ca/{session}")
+}
+
+pub fn credential_not_found(name: &str) -> AppError {
+    AppError::new(
+        ErrorCode::CredentialNotFound,
+        format!(
+            "credential {name:?} not found; `space credential list` shows yours, and \
+             `space credential create {name} --host HOST --header 'Authorization: Bearer {{secret}}'` \
+             (value on stdin) creates one"
+        ),
+    )
+}
+
+fn key_error(e: space_keys::KeyError) -> AppError {
+    AppError::internal(e.to_string())
+}
+
+/// Letters, digits, `-`, `_`, `.`; starts with a letter or digit; at most 64.
+pub fn validate_credential_name(name: &str) -> AppResult<()> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_CREDENTIAL_NAME
+        && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if valid {
+        return Ok(());
+    }
+    Err(AppError::bad_request(format!(
+        "invalid credential name {name:?}: use 1-{MAX_CREDENTIAL_NAME} letters, digits, '-', '_' or '.', starting with a letter or digit"
+    )))
+}
+
+/// Lower-cased host patterns, at least one.
+pub fn validate_hosts(hosts: &[String]) -> AppResult<Vec<String>> {
+    if hosts.is_empty() {
+        return Err(AppError::bad_request(
+            "a credential needs at least one host it may be sent to (e.g. --host api.github.com)",
+        ));
+    }
+    if hosts.len() > MAX_HOSTS {
+        return Err(AppError::bad_request(format!("at most {MAX_HOSTS} hosts per credential")));
+    }
+    let mut out: Vec<String> = Vec::new();
+    for host in hosts {
+        let host = host.to_ascii_lowercase();
+        space_api::egress::validate_host_pattern(&host).map_err(|e| AppError::bad_request(format!("hosts: {e}")))?;
+        if !out.contains(&host) {
+            out.push(host);
+        }
+    }
+    Ok(out)
+}
+
+/// `Name: value with {secret}` → (name, value template).
+pub fn parse_header(header: &str) -> AppResult<(String, String)> {
+    let bad = |why: &str| {
+        AppError::bad_request(format!(
+            "invalid header {header:?}: {why}; write it like 'Authorization: Bearer {{secret}}'"
+        ))
+    };
+    if header.len() > MAX_HEADER {
+        return Err(bad("too long"));
+    }
+    let (name, value) = header.split_once(':').ok_or_else(|| bad("expected `Name: value`"))?;
+    let name = name.trim();
+    if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() || name.is_empty() {
+        return Err(bad(&format!("{name:?} is not a valid header name")));
+    }
+    if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+        return Err(bad(&format!("the gateway does not set the {name} header")));
+    }
+    let value = value.trim();
+    if !value.contains("{secret}") {
+        return Err(bad("the value must contain {secret} where the credential goes"));
+    }
+    if axum::http::HeaderValue::from_str(&value.replace("{secret}", "x")).is_err() {
+        return Err(bad("the value has control characters"));
+    }
+    Ok((name.to_owned(), value.to_owned()))
+}
+
+/// Non-empty, at most 8 KiB, usable in a header.
+pub fn validate_value(value: &str) -> AppResult<()> {
+    if value.is_empty() {
+        return Err(AppError::bad_request("the credential value is empty"));
+    }
+    if value.len() > MAX_CREDENTIAL_VALUE {
+        return Err(AppError::bad_request(format!(
+            "the credential value has {} bytes; at most {MAX_CREDENTIAL_VALUE} are allowed",
+            value.len()
+        )));
+    }
+    if value.contains(['\r', '\n']) {
+        return Err(AppError::bad_request(
+            "the credential value contains a line break (CR or LF); a header value cannot hold one",
+        ));
+    }
+    if value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+        return Err(AppError::bad_request("the credential value contains control characters"));
+    }
+    Ok(())
+}
+
+/// A valid environment variable name the gateway does not set itself.
+pub fn validate_env_name(name: &str) -> AppResult<()> {
+    let valid = !name.is_empty()
+        && name.len() <= 128
+        && name.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !valid {
+        return Err(AppError::bad_request(format!(
+            "invalid placeholder_env {name:?}: use letters, digits and '_', not starting with a digit (e.g. GITHUB_TOKEN)"
+        )));
+    }
+    if space_gateway::sandbox_env().contains_key(name) {
+        return Err(AppError::bad_request(format!("placeholder_env {name:?} is set by the gateway; choose another")));
+    }
+    Ok(())
+}
+
+/// Splits a header template and puts the value in.
+fn render(credential: &space_api::egress::Credential, secret: &str) -> AppResult<(String, String)> {
+    let (name, template) = parse_header(&credential.header)?;
+    Ok((name, template.replace("{secret}", secret)))
+}
+
+/// Unseals a credential into what the gateway injects.
+fn grant_of(state: &AppState, record: &CredentialRecord) -> AppResult<Grant> {
+    let c = &record.credential;
+    let value = state
+        .sealer
+        .open(&record.value_sealed, &credential_owner(&record.tenant_id, &c.id))
+        .map_err(|e| AppError::internal(format!("credential {:?}: {e}", c.name)))?;
+    let secret = String::from_utf8(value.to_vec())
+        .map_err(|_| AppError::internal(format!("credential {:?}: the stored value is not text", c.name)))?;
+    let (header_name, header_value) = render(c, &secret)?;
+    Ok(Grant {
+        credential: c.name.clone(),
+        hosts: c.hosts.clone(),
+        header_name,
+        header_value,
+        secret,
+        placeholder: c.placeholder_env.as_ref().map(|_| placeholder_for(&c.name)),
+        expires_at: c.expires_at,
+        rate_limit_per_min: c.rate_limit_per_min,
+    })
+}
+
+/// A new CA for `session`, and its key sealed for it.
+fn new_ca(state: &AppState, session: &SessionId) -> AppResult<(SessionCa, Vec<u8>)> {
+    let ca = SessionCa::generate(session)
+        .map_err(|e| AppError::internal(format!("cannot create the session's certificate authority: {e}")))?;
+    let sealed = state.sealer.seal(ca.key_pem.as_bytes(), &ca_owner(session)).map_err(key_error)?;
+    Ok((ca, sealed))
+}
+
+fn open_ca(state: &AppState, session: &SessionId, cert: &str, key_sealed: &[u8]) -> AppResult<SessionCa> {
+    let key = state
+        .sealer
+        .open(key_sealed, &ca_owner(session))
+        .map_err(|e| AppError::internal(format!("session {session}'s certificate authority: {e}")))?;
+    let key_pem = String::from_utf8(key.to_vec())
+        .map_err(|_| AppError::internal(format!("session {session}'s CA key is not PEM")))?;
+    Ok(SessionCa { cert_pem: cert.to_owned(), key_pem })
+}
+
+/// The credentials named in a create request, or 404 for the first unknown one.
+async fn resolve_grants(state: &AppState, tenant: &TenantId, names: &[String]) -> AppResult<Vec<CredentialRecord>> {
+    if names.len() > MAX_HOSTS {
+        return Err(AppError::bad_request(format!("at most {MAX_HOSTS} grants")));
+    }
+    let mut records: Vec<CredentialRecord> = Vec::new();
+    for name in names {
+        let record = state.store.credential(tenant, name).await?.ok_or_else(|| credential_not_found(name))?;
+        if !records.iter().any(|r| r.credential.id == record.credential.id) {
+            records.push(record);
+        }
+    }
+    Ok(records)
+}
+
+/// Placeholder variables of `grants`, added to `env` unless it sets them already.
+fn add_placeholders(env: &mut BTreeMap<String, String>, grants: &[CredentialRecord]) {
+    for record in grants {
+        if let Some(name) = &record.credential.placeholder_env {
+            env.entry(name.clone()).or_insert_with(|| placeholder_for(&record.credential.name));
+        }
+    }
+}
+
+/// Records a new session (see [`space_store::Store::insert_session_with_egress`]) with
+/// `policy` and the credentials named in `grants`, after pushing its egress to the gateway
+/// (so it is there before any sandbox starts). Validates the policy (400) and the grants
+/// (404). Placeholders of the grants are added to `new.env`.
+pub async fn insert_new_session(
+    state: &AppState,
+    new: &mut NewSession,
+    policy: Option<NetworkPolicy>,
+    grants: &[String],
+) -> AppResult<space_api::OperationId> {
+    let mut policy = policy.unwrap_or_default();
+    policy.validate().map_err(|e| AppError::bad_request(format!("network: {e}")))?;
+    for list in [&mut policy.allow, &mut policy.deny] {
+        for p in list.iter_mut() {
+            *p = p.to_ascii_lowercase();
+        }
+    }
+    let records = resolve_grants(state, &new.tenant_id, grants).await?;
+    add_placeholders(&mut new.env, &records);
+    let (ca, key_sealed) = new_ca(state, &new.id)?;
+    let gateway_grants = records.iter().map(|r| grant_of(state, r)).collect::<AppResult<Vec<_>>>()?;
+    let stored = NewSessionEgress {
+        egress: SessionEgressRecord {
+            policy: policy.clone(),
+            ca_cert: Some(ca.cert_pem.clone()),
+            ca_key_sealed: Some(key_sealed),
+        },
+        grants: records.iter().map(|r| r.credential.id.clone()).collect(),
+    };
+    insert_with_egress(state, new, &stored, SessionEgress { policy, ca, grants: gateway_grants }).await
+}
+
+/// Records a session forked from `parent`: it keeps the parent's policy, grants and CA (its
+/// processes may already trust that CA).
+pub async fn insert_forked_session(
+    state: &AppState,
+    parent: &SessionId,
+    new: &NewSession,
+) -> AppResult<space_api::OperationId> {
+    let record =
+        state.store.session_egress(parent).await?.ok_or_else(|| AppError::session_not_found(parent.as_str()))?;
+    let ca = match (&record.ca_cert, &record.ca_key_sealed) {
+        (Some(cert), Some(key)) => open_ca(state, parent, cert, key)?,
+        _ => new_ca(state, parent)?.0,
+    };
+    let key_sealed = state.sealer.seal(ca.key_pem.as_bytes(), &ca_owner(&new.id)).map_err(key_error)?;
+    let grants = state.store.session_grants(parent).await?;
+    let gateway_grants = grants.iter().map(|r| grant_of(state, r)).collect::<AppResult<Vec<_>>>()?;
+    let stored = NewSessionEgress {
+        egress: SessionEgressRecord {
+            policy: record.policy.clone(),
+            ca_cert: Some(ca.cert_pem.clone()),
+            ca_key_sealed: Some(key_sealed),
+        },
+        grants: grants.iter().map(|r| r.credential.id.clone()).collect(),
+    };
+    let egress = SessionEgress { policy: record.policy, ca, grants: gateway_grants };
+    insert_with_egress(state, new, &stored, egress).await
+}
+
+async fn insert_with_egress(
+    state: &AppState,
+    new: &NewSession,
+    stored: &NewSessionEgress,
+    egress: SessionEgress,
+) -> AppResult<space_api::OperationId> {
+    let gateway = state.node.gateway();
+    gateway.set_session(&new.id, egress);
+    match state.store.insert_session_with_egress(new, stored).await {
+        Ok(op) => Ok(op),
+        Err(e) => {
+            gateway.forget_session(&new.id);
+            Err(e.into())
+        }
+    }
+}
+
+/// Loads `session`'s policy, CA and grants from the store, unseals them and hands them to
+/// the gateway; a destroyed (or unknown) session is forgotten instead. Call after every
+/// change: policy, grant, revoke, and any change of a credential the session holds.
+///
+/// A grant whose value cannot be unsealed is left out (the rest still applies) and reported
+/// as the error.
+pub async fn push_session(state: &AppState, session: &SessionId) -> AppResult<()> {
+    let Some(record) = state.store.session_any(session).await? else {
+        forget_session(state, session);
+        return Ok(());
+    };
+    if record.session.state == SessionState::Destroyed {
+        forget_session(state, session);
+        return Ok(());
+    }
+    let egress =
+        state.store.session_egress(session).await?.ok_or_else(|| AppError::session_not_found(session.as_str()))?;
+    let ca = match (&egress.ca_cert, &egress.ca_key_sealed) {
+        (Some(cert), Some(key)) => open_ca(state, session, cert, key)?,
+        // Sessions made before egress existed get their CA now.
+        _ => {
+            let (ca, sealed) = new_ca(state, session)?;
+            match state.store.set_session_ca_if_missing(session, &ca.cert_pem, &sealed).await? {
+                Some((cert, key)) if cert != ca.cert_pem => open_ca(state, session, &cert, &key)?,
+                _ => ca,
+            }
+        }
+    };
+    let mut grants = Vec::new();
+    let mut failure = None;
+    for record in state.store.session_grants(session).await? {
+        match grant_of(state, &record) {
+            Ok(grant) => grants.push(grant),
+            Err(e) => {
+                tracing::warn!(%session, credential = %record.credential.name, error = %e, "credential left out of the session's egress");
+                failure.get_or_insert(e);
+            }
+        }
+    }
+    state.node.gateway().set_session(session, SessionEgress { policy: egress.policy, ca, grants });
+    failure.map_or(Ok(()), Err)
+}
+
+/// Pushes every session holding a grant of `credential` (after it changed or was deleted).
+pub async fn push_credential_sessions(state: &AppState, sessions: &[SessionId]) -> AppResult<()> {
+    let mut failure = None;
+    for session in sessions {
+        if let Err(e) = push_session(state, session).await {
+            failure.get_or_insert(e);
+        }
+    }
+    failure.map_or(Ok(()), Err)
+}
+
+/// The gateway stops knowing `session` (destroyed).
+pub fn forget_session(state: &AppState, session: &SessionId) {
+    state.node.gateway().forget_session(session);
+}
+
+/// At server start: pushes every session that is not destroyed. Failures are logged; such
+/// a session reaches nothing until its egress is pushed again.
+pub async fn push_all(state: &AppState) {
+    let states = [
+        SessionState::Creating,
+        SessionState::Running,
+        SessionState::Paused,
+        SessionState::Suspended,
+        SessionState::Restoring,
+        SessionState::Destroying,
+        SessionState::Failed,
+    ];
+    let sessions = match state.store.sessions_in_states(&states).await {
+        Ok(sessions) => sessions,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot load sessions to push their egress");
+            return;
+        }
+    };
+    for record in sessions {
+        if let Err(e) = push_session(state, &record.session.id).await {
+            tracing::warn!(session = %record.session.id, error = %e, "cannot load the session's egress");
+        }
+    }
+}
+
+/// Stores the gateway's audit events: whatever is queued, up to [`AUDIT_BATCH`] per
+/// transaction. Runs until the gateway goes away.
+pub fn spawn_audit_writer(state: &AppState) {
+    let Some(mut events) = state.node.take_audit_events() else {
+        tracing::warn!("the audit writer already runs");
+        return;
+    };
+    let store = state.store.clone();
+    tokio::spawn(async move {
+        let mut batch: Vec<AuditEvent> = Vec::with_capacity(AUDIT_BATCH);
+        while let Some(first) = events.recv().await {
+            batch.push(first);
+            while batch.len() < AUDIT_BATCH {
+                match events.try_recv() {
+                    Ok(event) => batch.push(event),
+                    Err(_) => break,
+                }
+            }
+            let mut attempt = 0;
+            while let Err(e) = store.insert_audit_events(&batch).await {
+                attempt += 1;
+                if attempt >= 3 {
+                    tracing::error!(error = %e, events = batch.len(), "audit events lost");
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
+            }
+            batch.clear();
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_need_a_name_and_the_secret() {
+        let (name, value) = parse_header("Authorization: Bearer {secret}").unwrap();
+        assert_eq!((name.as_str(), value.as_str()), ("Authorization", "Bearer {secret}"));
+        assert_eq!(parse_header("X-Api-Key:{secret}").unwrap().1, "{secret}");
+        for bad in [
+            "Authorization Bearer {secret}",
+            "Authorization: Bearer",
+            "Bad Name: {secret}",
+            ": {secret}",
+            "Host: {secret}",
+        ] {
+            let e = parse_header(bad).unwrap_err();
+            assert!(e.0.message.contains("Bearer {secret}"), "{bad}: {}", e.0.message);
+        }
+    }
+
+    #[test]
+    fn values_names_and_env_are_checked() {
+        assert!(validate_value("ghp_abc").is_ok());
+        assert!(validate_value("").is_err());
+        assert!(validate_value("a\nb").unwrap_err().0.message.contains("line break"));
+        assert!(validate_value(&"x".repeat(MAX_CREDENTIAL_VALUE + 1)).is_err());
+        assert!(validate_credential_name("github.token_1").is_ok());
+        for bad in ["", ".x", "a b", "a/b", &"x".repeat(65)] {
+            assert!(validate_credential_name(bad).is_err(), "{bad}");
+        }
+        assert!(validate_env_name("GITHUB_TOKEN").is_ok());
+        assert!(validate_env_name("1X").is_err());
+        assert!(validate_env_name("HTTPS_PROXY").is_err());
+        assert_eq!(validate_hosts(&["API.example.com".into()]).unwrap(), vec!["api.example.com".to_string()]);
+        assert!(validate_hosts(&[]).is_err());
+        assert!(validate_hosts(&["1.2.3.4".into()]).is_err());
+    }
+
+    #[test]
+    fn store_and_gateway_agree_on_placeholders() {
+        assert_eq!(space_store::placeholder_value("gh"), placeholder_for("gh"));
+    }
+}

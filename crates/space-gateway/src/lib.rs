@@ -1,0 +1,324 @@
+//! The node's egress gateway: the only way out of a sandbox.
+//!
+//! A sandbox's network namespace has no interface that leaves it: only `lo`, with every IPv4
+//! address routed to it (`local 0.0.0.0/0 dev lo`). The gateway creates its listening sockets
+//! *inside* that namespace (see `netns.rs`), so whatever a sandbox connects to, it reaches
+//! either its own processes or the gateway, which decides per connection and per request
+//! with the session's current policy and grants. There is nothing to spoof: a connection is
+//! attributed to the sandbox by the listener that accepted it.
+//!
+//! Inside every sandbox:
+//! - `GATEWAY_ADDR:PROXY_PORT` is the explicit HTTP/HTTPS proxy (`HTTP(S)_PROXY`);
+//! - any address, port 80 or 443, reaches the transparent interception;
+//! - any address, UDP port 53, reaches the DNS responder: allowed names resolve to
+//!   `GATEWAY_ADDR`, others are NXDOMAIN;
+//! - everything else (other ports, other UDP, IPv6) goes nowhere.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex, RwLock};
+
+use space_api::egress::{AuditEvent, NetworkPolicy};
+use space_api::{SandboxId, SessionId};
+
+/// The address sandboxes use for the gateway (and that allowed names resolve to).
+pub const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 254, 254, 1);
+/// The explicit proxy's port.
+pub const PROXY_PORT: u16 = 3128;
+/// Where the session CA's certificate is written in the sandbox.
+pub const CA_CERT_PATH: &str = "/etc/space/ca.crt";
+/// The template's trusted roots plus the session CA.
+pub const CA_BUNDLE_PATH: &str = "/etc/space/ca-bundle.crt";
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("cannot set up the gateway in the sandbox's network namespace: {0}")]
+    Netns(String),
+    #[error("bad gateway configuration: {0}")]
+    Config(String),
+    #[error("certificate authority: {0}")]
+    Ca(String),
+}
+
+/// Operator settings.
+#[derive(Debug, Clone, Default)]
+pub struct GatewayConfig {
+    /// Name → address overrides, consulted before DNS (tests map names to loopback servers).
+    /// A port, when given, replaces the port asked for.
+    pub resolve: HashMap<String, std::net::SocketAddr>,
+    /// Name → address without a port override.
+    pub resolve_ip: HashMap<String, IpAddr>,
+    /// Upstream trust roots in addition to the built-in (Mozilla) ones, DER-encoded.
+    pub extra_roots: Vec<Vec<u8>>,
+    /// Lets upstream addresses be private, loopback or link-local. Off by default (DNS
+    /// rebinding protection); tests turn it on.
+    pub allow_private_upstreams: bool,
+}
+
+/// A session's certificate authority: signs the certificates the gateway shows for the
+/// hosts it intercepts. Only `cert_pem` ever enters the sandbox.
+#[derive(Clone)]
+pub struct SessionCa {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for SessionCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionCa").field("cert_pem", &self.cert_pem).finish_non_exhaustive()
+    }
+}
+
+/// A credential granted to a session, with its value: lives only in the node's memory.
+#[derive(Clone)]
+pub struct Grant {
+    pub credential: String,
+    pub hosts: Vec<String>,
+    /// Header name and value (with the secret already substituted).
+    pub header_name: String,
+    pub header_value: String,
+    /// The raw secret, swapped for `placeholder` in request headers to the hosts.
+    pub secret: String,
+    pub placeholder: Option<String>,
+    /// Unix seconds.
+    pub expires_at: Option<i64>,
+    pub rate_limit_per_min: Option<u32>,
+}
+
+impl std::fmt::Debug for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant").field("credential", &self.credential).field("hosts", &self.hosts).finish_non_exhaustive()
+    }
+}
+
+/// Everything the gateway needs to decide for one session.
+#[derive(Debug, Clone)]
+pub struct SessionEgress {
+    pub policy: NetworkPolicy,
+    pub ca: SessionCa,
+    pub grants: Vec<Grant>,
+}
+
+/// Where audit events go (the control plane stores them).
+pub type AuditSink = tokio::sync::mpsc::UnboundedSender<AuditEvent>;
+
+/// The placeholder a sandbox sees for a credential's `placeholder_env`.
+pub fn placeholder_for(credential: &str) -> String {
+    format!("space-placeholder-{credential}")
+}
+
+/// Environment every command in a sandbox gets, so clients use the proxy and trust the
+/// session CA.
+pub fn sandbox_env() -> BTreeMap<String, String> {
+    let proxy = format!("http://{GATEWAY_ADDR}:{PROXY_PORT}");
+    let no_proxy = "localhost,127.0.0.1,::1".to_string();
+    let mut env = BTreeMap::new();
+    for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+        env.insert(name.to_string(), proxy.clone());
+    }
+    env.insert("NO_PROXY".into(), no_proxy.clone());
+    env.insert("no_proxy".into(), no_proxy);
+    for name in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"] {
+        env.insert(name.to_string(), CA_BUNDLE_PATH.to_string());
+    }
+    env.insert("NODE_EXTRA_CA_CERTS".into(), CA_CERT_PATH.into());
+    env
+}
+
+mod dns;
+mod netns;
+// Data path (explicit proxy, transparent interception, TLS, upstream connections).
+mod proxy;
+
+/// State shared by every sandbox's listeners.
+struct Shared {
+    config: GatewayConfig,
+    audit: AuditSink,
+    sessions: RwLock<HashMap<SessionId, Arc<SessionEgress>>>,
+    /// The data path's caches and upstream TLS settings.
+    state: proxy::State,
+}
+
+/// One attached sandbox, as its listeners see it: which session it serves right now (a
+/// warm-pool pod serves none until bound, and is denied everything until then).
+pub(crate) struct SandboxContext {
+    pub(crate) sandbox: SandboxId,
+    session: RwLock<Option<SessionId>>,
+    shared: Arc<Shared>,
+}
+
+impl SandboxContext {
+    /// The session and its egress as of now: each new connection (and each intercepted
+    /// request) asks again, so policy changes and rotations apply at once.
+    pub(crate) fn current(&self) -> Option<(SessionId, Arc<SessionEgress>)> {
+        let session = self.session.read().ok()?.clone()?;
+        let egress = self.shared.sessions.read().ok()?.get(&session)?.clone();
+        Some((session, egress))
+    }
+
+    pub(crate) fn config(&self) -> &GatewayConfig {
+        &self.shared.config
+    }
+
+    pub(crate) fn audit(&self, event: AuditEvent) {
+        // The receiver only goes away when the server shuts down.
+        let _ = self.shared.audit.send(event);
+    }
+
+    pub(crate) fn state(&self) -> &proxy::State {
+        &self.shared.state
+    }
+}
+
+#[cfg(test)]
+impl SandboxContext {
+    /// A context serving `session` (if any), without a network namespace: tests run the
+    /// listeners on loopback.
+    pub(crate) fn for_test(
+        config: GatewayConfig,
+        audit: AuditSink,
+        session: Option<(SessionId, SessionEgress)>,
+    ) -> Result<Arc<SandboxContext>, GatewayError> {
+        let state = proxy::State::new(&config)?;
+        let shared = Arc::new(Shared { config, audit, sessions: RwLock::new(HashMap::new()), state });
+        let context = SandboxContext { sandbox: SandboxId::generate(), session: RwLock::new(None), shared };
+        if let Some((id, egress)) = session {
+            context.set_test_session(&id, egress);
+        }
+        Ok(Arc::new(context))
+    }
+
+    /// Serves `session` from now on, with `egress`.
+    pub(crate) fn set_test_session(&self, session: &SessionId, egress: SessionEgress) {
+        if let Ok(mut sessions) = self.shared.sessions.write() {
+            sessions.insert(session.clone(), Arc::new(egress));
+        }
+        if let Ok(mut current) = self.session.write() {
+            *current = Some(session.clone());
+        }
+    }
+}
+
+/// An attached sandbox: its context and the tasks serving its listeners.
+struct Attachment {
+    context: Arc<SandboxContext>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// The node's gateway.
+pub struct Gateway {
+    shared: Arc<Shared>,
+    sandboxes: Mutex<HashMap<SandboxId, Attachment>>,
+}
+
+impl Gateway {
+    pub fn new(config: GatewayConfig, audit: AuditSink) -> Result<Arc<Gateway>, GatewayError> {
+        proxy::check_config(&config)?;
+        let state = proxy::State::new(&config)?;
+        let shared = Arc::new(Shared { config, audit, sessions: RwLock::new(HashMap::new()), state });
+        Ok(Arc::new(Gateway { shared, sandboxes: Mutex::new(HashMap::new()) }))
+    }
+
+    /// Opens the gateway's listeners inside the network namespace of the sandbox whose pid 1
+    /// is host pid `pid`, and serves them. Attaching again (e.g. after a server restart)
+    /// replaces the earlier attachment; the session it serves is kept.
+    pub async fn attach(&self, sandbox: &SandboxId, pid: u32) -> Result<(), GatewayError> {
+        let sockets = tokio::task::spawn_blocking(move || netns::open_sandbox_sockets(pid))
+            .await
+            .map_err(|e| GatewayError::Netns(format!("setup task: {e}")))??;
+        let session = self.sandboxes.lock().ok().and_then(|s| s.get(sandbox).and_then(|a| session_of(&a.context)));
+        let context = Arc::new(SandboxContext {
+            sandbox: sandbox.clone(),
+            session: RwLock::new(session),
+            shared: self.shared.clone(),
+        });
+        let tasks = serve(sockets, &context)?;
+        if let Ok(mut sandboxes) = self.sandboxes.lock() {
+            sandboxes.insert(sandbox.clone(), Attachment { context, tasks });
+        }
+        Ok(())
+    }
+
+    /// From now on, `sandbox`'s traffic is decided by `session`'s egress.
+    pub fn assign(&self, sandbox: &SandboxId, session: &SessionId) {
+        if let Some(attachment) = self.sandboxes.lock().ok().as_ref().and_then(|s| s.get(sandbox))
+            && let Ok(mut current) = attachment.context.session.write()
+        {
+            *current = Some(session.clone());
+        }
+    }
+
+    /// Stops serving `sandbox` (its listeners close). Idempotent.
+    pub fn detach(&self, sandbox: &SandboxId) {
+        if let Ok(mut sandboxes) = self.sandboxes.lock() {
+            sandboxes.remove(sandbox);
+        }
+    }
+
+    /// Whether `sandbox` is attached.
+    pub fn is_attached(&self, sandbox: &SandboxId) -> bool {
+        self.sandboxes.lock().is_ok_and(|s| s.contains_key(sandbox))
+    }
+
+    /// Sets (or replaces) what `session` may reach and which credentials it holds.
+    pub fn set_session(&self, session: &SessionId, egress: SessionEgress) {
+        if let Ok(mut sessions) = self.shared.sessions.write() {
+            sessions.insert(session.clone(), Arc::new(egress));
+        }
+    }
+
+    /// The certificate (PEM) of `session`'s CA, if its egress is set.
+    pub fn session_ca_cert(&self, session: &SessionId) -> Option<String> {
+        Some(self.shared.sessions.read().ok()?.get(session)?.ca.cert_pem.clone())
+    }
+
+    pub fn forget_session(&self, session: &SessionId) {
+        if let Ok(mut sessions) = self.shared.sessions.write() {
+            sessions.remove(session);
+        }
+    }
+}
+
+fn session_of(context: &SandboxContext) -> Option<SessionId> {
+    context.session.read().ok()?.clone()
+}
+
+/// Starts one task per listener.
+fn serve(
+    sockets: netns::SandboxSockets,
+    context: &Arc<SandboxContext>,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, GatewayError> {
+    let tcp = |l: std::net::TcpListener| {
+        tokio::net::TcpListener::from_std(l).map_err(|e| GatewayError::Netns(format!("register listener: {e}")))
+    };
+    let dns = tokio::net::UdpSocket::from_std(sockets.dns)
+        .map_err(|e| GatewayError::Netns(format!("register dns socket: {e}")))?;
+    let (proxy_listener, http, https) = (tcp(sockets.proxy)?, tcp(sockets.http)?, tcp(sockets.https)?);
+    Ok(vec![
+        tokio::spawn(dns::serve(dns, context.clone())),
+        tokio::spawn(proxy::serve_explicit(proxy_listener, context.clone())),
+        tokio::spawn(proxy::serve_transparent_http(http, context.clone())),
+        tokio::spawn(proxy::serve_transparent_https(https, context.clone())),
+    ])
+}
+
+/// The DER certificates in a PEM file (at least one).
+pub fn certificates_from_pem(pem: &[u8]) -> Result<Vec<Vec<u8>>, GatewayError> {
+    let mut reader = std::io::BufReader::new(pem);
+    let certs = rustls_pemfile::certs(&mut reader)
+        .map(|c| c.map(|c| c.to_vec()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| GatewayError::Config(format!("bad PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(GatewayError::Config("no certificate in the PEM data".into()));
+    }
+    Ok(certs)
+}

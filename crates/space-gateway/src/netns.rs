@@ -1,0 +1,101 @@
+//! The gateway's sockets inside a sandbox's network namespace.
+//!
+//! A sandbox's namespace has only `lo`. Here every IPv4 address is made local to it
+//! (`local 0.0.0.0/0 dev lo`, "AnyIP"), and the gateway's listeners are bound to the
+//! wildcard address from a thread that has entered the namespace: a socket belongs to the
+//! namespace it was created in, whichever thread later uses it. So a connection to any
+//! address, port 80/443/3128, and a datagram to any address, port 53, reach the gateway,
+//! which learns the original destination from the accepted socket's local address.
+//! Nothing routes out of the namespace: what the gateway does not serve is refused locally.
+
+use std::fs::File;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::os::fd::AsFd;
+
+use netlink_packet_route::route::{RouteProtocol, RouteScope, RouteType};
+use nix::sched::{CloneFlags, setns};
+use rtnetlink::RouteMessageBuilder;
+
+use crate::{GatewayError, PROXY_PORT};
+
+/// Every namespace's loopback interface has index 1.
+const LOOPBACK_INDEX: u32 = 1;
+/// The kernel's `local` routing table.
+const LOCAL_TABLE: u32 = 255;
+/// Pending connections per listener; a sandbox may open many at once (package installs).
+const BACKLOG: i32 = 1024;
+
+pub(crate) struct SandboxSockets {
+    pub(crate) proxy: TcpListener,
+    pub(crate) http: TcpListener,
+    pub(crate) https: TcpListener,
+    pub(crate) dns: UdpSocket,
+}
+
+/// Makes every address local in the namespace of host pid `pid` and opens the gateway's
+/// sockets there. Blocking: call from a blocking thread.
+pub(crate) fn open_sandbox_sockets(pid: u32) -> Result<SandboxSockets, GatewayError> {
+    let path = format!("/proc/{pid}/ns/net");
+    let netns = File::open(&path).map_err(|e| GatewayError::Netns(format!("open {path}: {e}")))?;
+    // A thread of its own: it enters the namespace and ends, leaving the caller's untouched.
+    std::thread::Builder::new()
+        .name("gateway-netns".into())
+        .spawn(move || {
+            setns(netns.as_fd(), CloneFlags::CLONE_NEWNET)
+                .map_err(|e| GatewayError::Netns(format!("enter the network namespace of pid {pid}: {e}")))?;
+            route_everything_to_loopback()?;
+            Ok(SandboxSockets {
+                proxy: listen(PROXY_PORT)?,
+                http: listen(80)?,
+                https: listen(443)?,
+                dns: bind_udp(53)?,
+            })
+        })
+        .map_err(|e| GatewayError::Netns(format!("spawn thread: {e}")))?
+        .join()
+        .map_err(|_| GatewayError::Netns("namespace thread panicked".into()))?
+}
+
+/// `ip route replace local 0.0.0.0/0 dev lo table local`, over a netlink socket created in
+/// the current thread's namespace.
+fn route_everything_to_loopback() -> Result<(), GatewayError> {
+    let failed = |what: &str, e: &dyn std::fmt::Display| GatewayError::Netns(format!("{what}: {e}"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| failed("netlink runtime", &e))?;
+    runtime.block_on(async {
+        let (connection, handle, _) = rtnetlink::new_connection().map_err(|e| failed("netlink socket", &e))?;
+        let driver = tokio::spawn(connection);
+        let route = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(Ipv4Addr::UNSPECIFIED, 0)
+            .output_interface(LOOPBACK_INDEX)
+            .table_id(LOCAL_TABLE)
+            .kind(RouteType::Local)
+            .scope(RouteScope::Host)
+            .protocol(RouteProtocol::Static)
+            .build();
+        let added = handle.route().add(route).replace().execute().await;
+        driver.abort();
+        added.map_err(|e| failed("route every address to lo", &e))
+    })
+}
+
+fn listen(port: u16) -> Result<TcpListener, GatewayError> {
+    let failed = |e: std::io::Error| GatewayError::Netns(format!("listen on port {port}: {e}"));
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
+        .map_err(failed)?;
+    // After a server restart, connections the old listener accepted may linger in TIME_WAIT.
+    socket.set_reuse_address(true).map_err(failed)?;
+    socket.set_nonblocking(true).map_err(failed)?;
+    socket.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)).into()).map_err(failed)?;
+    socket.listen(BACKLOG).map_err(failed)?;
+    Ok(socket.into())
+}
+
+fn bind_udp(port: u16) -> Result<UdpSocket, GatewayError> {
+    let failed = |e: std::io::Error| GatewayError::Netns(format!("bind udp port {port}: {e}"));
+    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)).map_err(failed)?;
+    socket.set_nonblocking(true).map_err(failed)?;
+    Ok(socket)
+}

@@ -1,0 +1,271 @@
+//! TLS interception for hosts with a grant: the sandbox's TLS ends here (a leaf certificate
+//! from the session CA), every request is checked again with the session's current policy
+//! and grants, the credential is injected, and the request goes on over verified TLS.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use space_api::SessionId;
+use space_api::egress::{AuditDecision, AuditEvent, normalize_host};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::{Grant, SandboxContext};
+
+use super::audit::{self, Record};
+use super::client_hello::HELLO_TIMEOUT;
+use super::forward::{Forwarder, Target, outgoing, relay};
+use super::policy::{check_name, check_port, grants_for, refusal, split_authority, unix_now};
+use super::{RespBody, http_server, text};
+
+/// Intercepts the TLS connection `client` (its ClientHello named `sni`), forwarding its
+/// requests to `target`.
+pub(crate) async fn serve<S>(context: Arc<SandboxContext>, session: SessionId, sni: String, target: Target, client: S)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Some((current, egress)) = context.current() else { return };
+    if current != session {
+        return;
+    }
+    let config = match context.state().leaves.server_config(&session, &egress.ca, &sni) {
+        Ok(config) => config,
+        Err(e) => {
+            let event = audit::event(&session, "https", &sni, target.port);
+            context.audit(audit::denied(event, &format!("no certificate for {sni}: {e}")));
+            return;
+        }
+    };
+    let tls = match tokio::time::timeout(HELLO_TIMEOUT, tokio_rustls::TlsAcceptor::from(config).accept(client)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => return tracing::debug!("TLS from the sandbox for {sni}: {e}"),
+        Err(_) => return tracing::debug!("TLS from the sandbox for {sni}: timed out"),
+    };
+    let connection = Arc::new(Intercepted { context, session, sni, target, forwarder: Forwarder::new() });
+    let service = hyper::service::service_fn(move |request| {
+        let connection = connection.clone();
+        async move { Ok::<_, Infallible>(connection.handle(request).await) }
+    });
+    if let Err(e) = http_server().serve_connection(TokioIo::new(tls), service).await {
+        tracing::debug!("intercepted connection: {e}");
+    }
+}
+
+/// One intercepted client connection.
+struct Intercepted {
+    context: Arc<SandboxContext>,
+    session: SessionId,
+    sni: String,
+    target: Target,
+    forwarder: Forwarder,
+}
+
+impl Intercepted {
+    fn deny(&self, event: AuditEvent, status: StatusCode, reason: &str) -> Response<RespBody> {
+        self.context.audit(audit::denied(event, reason));
+        text(status, format!("space gateway: {reason}\n"))
+    }
+
+    async fn handle(&self, mut request: Request<Incoming>) -> Response<RespBody> {
+        let mut event = audit::event(&self.session, "https", &self.sni, self.target.port);
+        event.method = Some(request.method().to_string());
+        event.path = Some(request.uri().path().to_string());
+        // Rotation, revocation and policy changes apply to the next request.
+        let Some((session, egress)) = self.context.current() else {
+            return text(StatusCode::FORBIDDEN, "space gateway: no session is bound to this sandbox\n");
+        };
+        if session != self.session {
+            return self.deny(event, StatusCode::FORBIDDEN, "the sandbox now serves another session");
+        }
+        let authority = match request.headers().get(header::HOST) {
+            Some(value) => value.to_str().ok().map(str::to_string),
+            None => request.uri().authority().map(|a| a.to_string()),
+        };
+        let Some(authority) = authority else {
+            return self.deny(event, StatusCode::BAD_REQUEST, "request without a Host header");
+        };
+        let host = split_authority(&authority).map(|(host, _)| normalize_host(&host));
+        if host.as_deref() != Some(self.sni.as_str()) {
+            let reason = format!("Host header {authority} does not match TLS server name {}", self.sni);
+            return self.deny(event, StatusCode::MISDIRECTED_REQUEST, &reason);
+        }
+        if let Err(reason) = check_name(&egress, &self.sni).and_then(|()| check_port(&egress, self.target.port)) {
+            self.context.audit(audit::denied(event, &reason));
+            return text(StatusCode::FORBIDDEN, refusal(&session, &reason, &self.sni));
+        }
+        let grants = grants_for(&egress, &self.sni);
+        let now = unix_now();
+        for grant in &grants {
+            if grant.expires_at.is_some_and(|at| at < now) {
+                let reason = format!("credential {} expired", grant.credential);
+                return self.deny(event, StatusCode::FORBIDDEN, &reason);
+            }
+            if let Some(limit) = grant.rate_limit_per_min.filter(|l| *l > 0)
+                && !self.context.state().limits.allow(&session, &grant.credential, limit)
+            {
+                let reason = format!("credential {} rate limit of {limit}/min exceeded", grant.credential);
+                return self.deny(event, StatusCode::TOO_MANY_REQUESTS, &reason);
+            }
+        }
+        let mut injected = Vec::new();
+        for grant in &grants {
+            if let Err(reason) = inject(request.headers_mut(), grant) {
+                return self.deny(event, StatusCode::INTERNAL_SERVER_ERROR, &reason);
+            }
+            injected.push(grant.credential.as_str());
+        }
+        if !injected.is_empty() {
+            event.decision = AuditDecision::Injected;
+            event.credential = Some(injected.join(","));
+        }
+        let record = Record::new(self.context.clone(), event);
+        let request = outgoing(request, &authority, &record);
+        relay(&self.context, &self.forwarder, &self.target, request, record).await
+    }
+}
+
+/// Swaps the grant's placeholder for its secret in every header value, then sets its header
+/// (replacing any value the sandbox sent). Errors never contain the secret.
+pub(crate) fn inject(headers: &mut HeaderMap, grant: &Grant) -> Result<(), String> {
+    let bad = || format!("credential {} makes an invalid header", grant.credential);
+    if let Some(placeholder) = grant.placeholder.as_deref().filter(|p| !p.is_empty()) {
+        for value in headers.values_mut() {
+            if let Some(swapped) = replace_bytes(value.as_bytes(), placeholder.as_bytes(), grant.secret.as_bytes()) {
+                let mut new = HeaderValue::from_bytes(&swapped).map_err(|_| bad())?;
+                new.set_sensitive(true);
+                *value = new;
+            }
+        }
+    }
+    let name = HeaderName::from_bytes(grant.header_name.trim().as_bytes()).map_err(|_| bad())?;
+    let mut value = HeaderValue::from_str(&grant.header_value).map_err(|_| bad())?;
+    value.set_sensitive(true);
+    headers.insert(name, value);
+    Ok(())
+}
+
+/// `haystack` with every `needle` replaced, or `None` when there is none.
+fn replace_bytes(haystack: &[u8], needle: &[u8], replacement: &[u8]) -> Option<Vec<u8>> {
+    if needle.is_empty() || haystack.len() < needle.len() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(haystack.len() + replacement.len());
+    let mut i = 0;
+    let mut found = false;
+    while i < haystack.len() {
+        if haystack[i..].starts_with(needle) {
+            out.extend_from_slice(replacement);
+            i += needle.len();
+            found = true;
+        } else {
+            out.push(haystack[i]);
+            i += 1;
+        }
+    }
+    found.then_some(out)
+}
+
+/// Token buckets per (session, credential): `limit` injections per minute, refilled evenly.
+#[derive(Default)]
+pub(crate) struct RateLimits {
+    buckets: Mutex<HashMap<(SessionId, String), Bucket>>,
+}
+
+struct Bucket {
+    tokens: f64,
+    last: Instant,
+}
+
+/// Buckets kept before idle (full) ones are dropped.
+const MAX_BUCKETS: usize = 16 * 1024;
+
+impl RateLimits {
+    pub(crate) fn allow(&self, session: &SessionId, credential: &str, limit: u32) -> bool {
+        self.allow_at(session, credential, limit, Instant::now())
+    }
+
+    fn allow_at(&self, session: &SessionId, credential: &str, limit: u32, now: Instant) -> bool {
+        let Ok(mut buckets) = self.buckets.lock() else { return false };
+        let capacity = f64::from(limit);
+        if buckets.len() >= MAX_BUCKETS {
+            buckets.retain(|_, b| now.saturating_duration_since(b.last).as_secs() < 60);
+        }
+        let bucket =
+            buckets.entry((session.clone(), credential.to_string())).or_insert(Bucket { tokens: capacity, last: now });
+        let elapsed = now.saturating_duration_since(bucket.last).as_secs_f64();
+        bucket.tokens = (bucket.tokens + elapsed * capacity / 60.0).min(capacity);
+        bucket.last = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn grant() -> Grant {
+        Grant {
+            credential: "gh".into(),
+            hosts: vec!["api.test".into()],
+            header_name: "Authorization".into(),
+            header_value: "Bearer s3cret".into(),
+            secret: "s3cret".into(),
+            placeholder: Some("space-placeholder-gh".into()),
+            expires_at: None,
+            rate_limit_per_min: None,
+        }
+    }
+
+    #[test]
+    fn the_header_is_set_and_placeholders_swapped() {
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", HeaderValue::from_static("token mine"));
+        headers.insert("x-token", HeaderValue::from_static("a space-placeholder-gh b space-placeholder-gh"));
+        headers.insert("x-other", HeaderValue::from_static("space-placeholder-other"));
+        inject(&mut headers, &grant()).unwrap();
+        assert_eq!(headers.get_all("authorization").iter().count(), 1);
+        assert_eq!(headers["authorization"], "Bearer s3cret");
+        assert_eq!(headers["x-token"], "a s3cret b s3cret");
+        assert_eq!(headers["x-other"], "space-placeholder-other");
+
+        let mut bad = grant();
+        bad.header_value = "line\nbreak".into();
+        let err = inject(&mut HeaderMap::new(), &bad).unwrap_err();
+        assert!(!err.contains("s3cret"));
+    }
+
+    #[test]
+    fn replacing_bytes() {
+        assert_eq!(replace_bytes(b"xPHy", b"PH", b"secret"), Some(b"xsecrety".to_vec()));
+        assert_eq!(replace_bytes(b"abc", b"PH", b"s"), None);
+        assert_eq!(replace_bytes(b"abc", b"", b"s"), None);
+    }
+
+    #[test]
+    fn rate_limits_refill_over_time() {
+        let limits = RateLimits::default();
+        let session = SessionId::generate();
+        let start = Instant::now();
+        assert!(limits.allow_at(&session, "gh", 2, start));
+        assert!(limits.allow_at(&session, "gh", 2, start));
+        assert!(!limits.allow_at(&session, "gh", 2, start));
+        // Another credential and another session have their own buckets.
+        assert!(limits.allow_at(&session, "other", 2, start));
+        assert!(limits.allow_at(&SessionId::generate(), "gh", 2, start));
+        // 2/min: one token every 30 s.
+        assert!(!limits.allow_at(&session, "gh", 2, start + Duration::from_secs(10)));
+        assert!(limits.allow_at(&session, "gh", 2, start + Duration::from_secs(31)));
+        assert!(!limits.allow_at(&session, "gh", 2, start + Duration::from_secs(32)));
+    }
+}

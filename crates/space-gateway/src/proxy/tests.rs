@@ -1,0 +1,376 @@
+//! In-process tests of the data path on loopback: the explicit proxy in front of a real
+//! HTTPS upstream with its own test CA.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use space_api::SessionId;
+use space_api::egress::{AuditDecision, AuditEvent, NetworkPolicy};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::{GatewayConfig, Grant, SandboxContext, SessionCa, SessionEgress, certificates_from_pem};
+
+const SECRET: &str = "s3cret-value";
+const PLACEHOLDER: &str = "space-placeholder-gh";
+
+/// A test CA and an HTTPS server for `api.test` and `other.test` that answers with what it
+/// received, and a plain HTTP server doing the same.
+struct Upstream {
+    ca_der: CertificateDer<'static>,
+    https: SocketAddr,
+    http: SocketAddr,
+}
+
+async fn echo(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let mut text = format!("{} {}\n", request.method(), request.uri());
+    for (name, value) in request.headers() {
+        text.push_str(&format!("{name}: {}\n", String::from_utf8_lossy(value.as_bytes())));
+    }
+    let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    text.push_str(&format!("body: {}\n", String::from_utf8_lossy(&body)));
+    Ok(Response::new(Full::new(Bytes::from(text))))
+}
+
+async fn start_upstream() -> Upstream {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::default();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "test upstream CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["api.test".to_string(), "other.test".to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &issuer)
+        .unwrap();
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
+    let mut config = rustls::ServerConfig::builder_with_provider(super::upstream::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.der().clone()], key)
+        .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+
+    let https = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let https_addr = https.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = https.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(stream).await {
+                    let service = hyper::service::service_fn(echo);
+                    let _ =
+                        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).await;
+                }
+            });
+        }
+    });
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http_addr = http.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = http.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(echo);
+                let _ =
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    });
+    Upstream { ca_der: ca_cert.der().clone(), https: https_addr, http: http_addr }
+}
+
+fn grant(secret: &str) -> Grant {
+    Grant {
+        credential: "gh".into(),
+        hosts: vec!["api.test".into()],
+        header_name: "Authorization".into(),
+        header_value: format!("Bearer {secret}"),
+        secret: secret.into(),
+        placeholder: Some(PLACEHOLDER.into()),
+        expires_at: None,
+        rate_limit_per_min: None,
+    }
+}
+
+struct Setup {
+    proxy: SocketAddr,
+    context: Arc<SandboxContext>,
+    session: SessionId,
+    ca: SessionCa,
+    upstream: Upstream,
+    audit: UnboundedReceiver<AuditEvent>,
+}
+
+impl Setup {
+    async fn new() -> Setup {
+        let upstream = start_upstream().await;
+        let mut config = GatewayConfig { allow_private_upstreams: true, ..Default::default() };
+        config.resolve.insert("api.test".into(), upstream.https);
+        config.resolve.insert("other.test".into(), upstream.https);
+        config.resolve.insert("plain.test".into(), upstream.http);
+        config.extra_roots.push(upstream.ca_der.to_vec());
+        let session = SessionId::generate();
+        let ca = SessionCa::generate(&session).unwrap();
+        let (tx, audit) = tokio::sync::mpsc::unbounded_channel();
+        let context = SandboxContext::for_test(config, tx, None).unwrap();
+        let setup_egress = egress(&ca, vec![grant(SECRET)]);
+        context.set_test_session(&session, setup_egress);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = listener.local_addr().unwrap();
+        tokio::spawn(super::serve_explicit(listener, context.clone()));
+        Setup { proxy, context, session, ca, upstream, audit }
+    }
+
+    /// The next audit event (waiting a little for it).
+    async fn event(&mut self) -> AuditEvent {
+        tokio::time::timeout(Duration::from_secs(10), self.audit.recv()).await.unwrap().unwrap()
+    }
+
+    /// `CONNECT authority`: the status and the stream after the response head.
+    async fn connect(&self, authority: &str) -> (u16, TcpStream) {
+        let mut stream = TcpStream::connect(self.proxy).await.unwrap();
+        let head = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        while !response.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            if stream.read(&mut byte).await.unwrap() == 0 {
+                break;
+            }
+            response.push(byte[0]);
+        }
+        let text = String::from_utf8_lossy(&response);
+        let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        (status, stream)
+    }
+
+    /// TLS over `stream` to `sni`, trusting `root`.
+    async fn tls(
+        stream: TcpStream,
+        sni: &str,
+        root: CertificateDer<'static>,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(root).unwrap();
+        let mut config = rustls::ClientConfig::builder_with_provider(super::upstream::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        connector.connect(ServerName::try_from(sni.to_string()).unwrap(), stream).await
+    }
+
+    fn session_root(&self) -> CertificateDer<'static> {
+        certificates_from_pem(self.ca.cert_pem.as_bytes()).unwrap().remove(0).into()
+    }
+}
+
+fn egress(ca: &SessionCa, grants: Vec<Grant>) -> SessionEgress {
+    SessionEgress {
+        policy: NetworkPolicy { allow: vec!["other.test".into(), "plain.test".into()], ..Default::default() },
+        ca: ca.clone(),
+        grants,
+    }
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+async fn http_client<S>(io: S) -> Sender
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await.unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+async fn get(sender: &mut Sender, host: &str, path: &str, headers: &[(&str, &str)]) -> (StatusCode, String) {
+    let mut request = Request::get(path).header("host", host);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    sender.ready().await.unwrap();
+    let response = sender.send_request(request.body(Empty::new()).unwrap()).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn granted_hosts_are_intercepted_and_the_credential_injected() {
+    let mut setup = Setup::new().await;
+    let (status, stream) = setup.connect("api.test:443").await;
+    assert_eq!(status, 200);
+    let tls = Setup::tls(stream, "api.test", setup.session_root()).await.unwrap();
+    let mut sender = http_client(tls).await;
+    let (status, body) =
+        get(&mut sender, "api.test", "/repos?q=1", &[("authorization", "token mine"), ("x-token", PLACEHOLDER)]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.starts_with("GET /repos?q=1\n"), "{body}");
+    assert!(body.contains(&format!("authorization: Bearer {SECRET}\n")), "{body}");
+    assert!(!body.contains("token mine"), "{body}");
+    assert!(body.contains(&format!("x-token: {SECRET}\n")), "{body}");
+    let event = setup.event().await;
+    assert_eq!(event.decision, AuditDecision::Injected);
+    assert_eq!(event.credential.as_deref(), Some("gh"));
+    assert_eq!((event.host.as_str(), event.port, event.method.as_deref()), ("api.test", 443, Some("GET")));
+    assert_eq!(event.path.as_deref(), Some("/repos"));
+    assert!(event.bytes_received > 0);
+    assert!(!format!("{event:?}").contains(SECRET));
+
+    // Rotation applies to the next request on the same connection.
+    setup.context.set_test_session(&setup.session, egress(&setup.ca, vec![grant("rotated")]));
+    let (status, body) = get(&mut sender, "api.test", "/", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("authorization: Bearer rotated\n"), "{body}");
+    setup.event().await;
+
+    // Revocation too: api.test was allowed only by the grant.
+    setup.context.set_test_session(&setup.session, egress(&setup.ca, vec![]));
+    let (status, body) = get(&mut sender, "api.test", "/", &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(setup.event().await.decision, AuditDecision::Denied);
+}
+
+#[tokio::test]
+async fn expired_and_rate_limited_credentials_are_refused() {
+    let mut setup = Setup::new().await;
+    let mut limited = grant(SECRET);
+    limited.rate_limit_per_min = Some(1);
+    setup.context.set_test_session(&setup.session, egress(&setup.ca, vec![limited]));
+    let (_, stream) = setup.connect("api.test:443").await;
+    let tls = Setup::tls(stream, "api.test", setup.session_root()).await.unwrap();
+    let mut sender = http_client(tls).await;
+    assert_eq!(get(&mut sender, "api.test", "/", &[]).await.0, StatusCode::OK);
+    setup.event().await;
+    assert_eq!(get(&mut sender, "api.test", "/", &[]).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert!(setup.event().await.reason.unwrap().contains("rate limit"));
+
+    let mut expired = grant(SECRET);
+    expired.expires_at = Some(1);
+    setup.context.set_test_session(&setup.session, egress(&setup.ca, vec![expired]));
+    let (status, body) = get(&mut sender, "api.test", "/", &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(body.contains("credential gh expired"), "{body}");
+}
+
+#[tokio::test]
+async fn denied_names_get_403_and_are_audited() {
+    let mut setup = Setup::new().await;
+    let (status, _) = setup.connect("denied.test:443").await;
+    assert_eq!(status, 403);
+    let event = setup.event().await;
+    assert_eq!(event.decision, AuditDecision::Denied);
+    assert_eq!(event.host, "denied.test");
+    assert_eq!(event.reason.as_deref(), Some("name denied.test not allowed"));
+    // A port outside the policy, and an address literal without a CIDR.
+    assert_eq!(setup.connect("other.test:22").await.0, 403);
+    assert_eq!(setup.event().await.reason.as_deref(), Some("port 22 not allowed"));
+    assert_eq!(setup.connect("127.0.0.1:443").await.0, 403);
+    assert!(setup.event().await.reason.unwrap().contains("not in an allowed range"));
+}
+
+#[tokio::test]
+async fn sni_must_match_the_connect_authority() {
+    let mut setup = Setup::new().await;
+    let (status, stream) = setup.connect("api.test:443").await;
+    assert_eq!(status, 200);
+    // other.test is allowed too, but fronting through api.test's tunnel is not.
+    assert!(Setup::tls(stream, "other.test", setup.upstream.ca_der.clone()).await.is_err());
+    let event = setup.event().await;
+    assert_eq!(event.decision, AuditDecision::Denied);
+    assert_eq!(event.reason.as_deref(), Some("SNI other.test does not match CONNECT authority api.test"));
+}
+
+#[tokio::test]
+async fn host_header_must_match_the_server_name_when_intercepted() {
+    let mut setup = Setup::new().await;
+    let (_, stream) = setup.connect("api.test:443").await;
+    let tls = Setup::tls(stream, "api.test", setup.session_root()).await.unwrap();
+    let mut sender = http_client(tls).await;
+    let (status, body) = get(&mut sender, "other.test", "/", &[]).await;
+    assert_eq!(status, StatusCode::MISDIRECTED_REQUEST);
+    assert!(!body.contains(SECRET));
+    let event = setup.event().await;
+    assert_eq!(event.decision, AuditDecision::Denied);
+    assert_eq!(event.reason.as_deref(), Some("Host header other.test does not match TLS server name api.test"));
+}
+
+#[tokio::test]
+async fn hosts_without_a_grant_are_tunnelled_untouched() {
+    let mut setup = Setup::new().await;
+    let (status, stream) = setup.connect("other.test:443").await;
+    assert_eq!(status, 200);
+    // The client sees the upstream's own certificate.
+    let tls = Setup::tls(stream, "other.test", setup.upstream.ca_der.clone()).await.unwrap();
+    let mut sender = http_client(tls).await;
+    let (status, body) = get(&mut sender, "other.test", "/x", &[("x-token", PLACEHOLDER)]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains(&format!("x-token: {PLACEHOLDER}\n")), "{body}");
+    assert!(!body.contains("authorization"), "{body}");
+    drop(sender);
+    let event = setup.event().await;
+    assert_eq!(event.decision, AuditDecision::Allowed);
+    assert_eq!((event.protocol.as_str(), event.method.as_deref()), ("connect", Some("other.test")));
+    assert!(event.bytes_sent > 0 && event.bytes_received > 0);
+}
+
+#[tokio::test]
+async fn absolute_form_requests_are_forwarded_and_checked() {
+    let mut setup = Setup::new().await;
+    let stream = TcpStream::connect(setup.proxy).await.unwrap();
+    let mut sender = http_client(stream).await;
+    let (status, body) =
+        get(&mut sender, "plain.test", "http://plain.test/a?b=c", &[("proxy-authorization", "x")]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.starts_with("GET /a?b=c\n"), "{body}");
+    assert!(!body.contains("proxy-authorization"), "{body}");
+    let event = setup.event().await;
+    assert_eq!((event.decision, event.protocol.as_str()), (AuditDecision::Allowed, "http"));
+
+    let (status, _) = get(&mut sender, "other.test", "http://plain.test/", &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(setup.event().await.reason.unwrap().contains("does not match"));
+    let (status, body) = get(&mut sender, "denied.test", "http://denied.test/", &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(body.contains(&format!("space session policy {} --allow denied.test", setup.session)), "{body}");
+    setup.event().await;
+    // Origin-form to the proxy itself.
+    assert_eq!(get(&mut sender, "plain.test", "/", &[]).await.0, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn private_upstreams_are_refused_unless_allowed() {
+    let upstream = start_upstream().await;
+    let mut config = GatewayConfig::default();
+    config.resolve.insert("api.test".into(), upstream.https);
+    let session = SessionId::generate();
+    let ca = SessionCa::generate(&session).unwrap();
+    let (tx, mut audit) = tokio::sync::mpsc::unbounded_channel();
+    let context = SandboxContext::for_test(config, tx, Some((session, egress(&ca, vec![grant(SECRET)])))).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = listener.local_addr().unwrap();
+    tokio::spawn(super::serve_explicit(listener, context));
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    stream.write_all(b"CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n").await.unwrap();
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 403");
+    let event = audit.recv().await.unwrap();
+    assert_eq!(event.reason.as_deref(), Some("private upstream address 127.0.0.1"));
+}

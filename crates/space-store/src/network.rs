@@ -1,0 +1,126 @@
+//! A session's egress settings: network policy and certificate authority.
+
+use space_api::egress::NetworkPolicy;
+use space_api::{CredentialId, OperationId, SessionId};
+use sqlx::Row;
+
+use crate::sessions::insert_session_tx;
+use crate::{NewSession, Result, Store, StoreError, now_ms};
+
+/// A session's stored egress settings.
+#[derive(Clone)]
+pub struct SessionEgressRecord {
+    pub policy: NetworkPolicy,
+    /// The session CA's certificate (PEM); `None` for sessions made before egress existed.
+    pub ca_cert: Option<String>,
+    /// The CA's private key (PEM), sealed by space-keys.
+    pub ca_key_sealed: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for SessionEgressRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionEgressRecord").field("policy", &self.policy).finish_non_exhaustive()
+    }
+}
+
+/// What a new session starts with.
+#[derive(Debug, Clone)]
+pub struct NewSessionEgress {
+    pub egress: SessionEgressRecord,
+    pub grants: Vec<CredentialId>,
+}
+
+fn policy_from(json: &str) -> Result<NetworkPolicy> {
+    serde_json::from_str(json).map_err(|e| StoreError::Corrupt(format!("network policy: {e}")))
+}
+
+impl Store {
+    /// [`Store::insert_session`] plus the session's egress settings and grants, atomically.
+    pub async fn insert_session_with_egress(&self, new: &NewSession, egress: &NewSessionEgress) -> Result<OperationId> {
+        let mut tx = self.write_tx().await?;
+        let op = insert_session_tx(&mut tx, new).await?;
+        let e = &egress.egress;
+        sqlx::query("UPDATE sessions SET network_policy = $1, ca_cert = $2, ca_key_sealed = $3 WHERE id = $4")
+            .bind(serde_json::to_string(&e.policy).unwrap_or_default())
+            .bind(&e.ca_cert)
+            .bind(&e.ca_key_sealed)
+            .bind(new.id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        for credential in &egress.grants {
+            sqlx::query(
+                "INSERT INTO grants (session_id, credential_id, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            )
+            .bind(new.id.as_str())
+            .bind(credential.as_str())
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(op)
+    }
+
+    /// The session's egress settings; `None` if there is no such session.
+    pub async fn session_egress(&self, session: &SessionId) -> Result<Option<SessionEgressRecord>> {
+        let row = sqlx::query("SELECT network_policy, ca_cert, ca_key_sealed FROM sessions WHERE id = $1")
+            .bind(session.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            Ok(SessionEgressRecord { policy: policy_from(r.get(0))?, ca_cert: r.get(1), ca_key_sealed: r.get(2) })
+        })
+        .transpose()
+    }
+
+    /// Sets the CA of a session that has none yet (sessions made before egress existed);
+    /// returns the CA it has afterwards (another caller's, if it won the race).
+    pub async fn set_session_ca_if_missing(
+        &self,
+        session: &SessionId,
+        cert: &str,
+        key_sealed: &[u8],
+    ) -> Result<Option<(String, Vec<u8>)>> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query("UPDATE sessions SET ca_cert = $1, ca_key_sealed = $2 WHERE id = $3 AND ca_cert IS NULL")
+            .bind(cert)
+            .bind(key_sealed)
+            .bind(session.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let row = sqlx::query("SELECT ca_cert, ca_key_sealed FROM sessions WHERE id = $1")
+            .bind(session.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(row.and_then(|r| Some((r.get::<Option<String>, _>(0)?, r.get::<Option<Vec<u8>>, _>(1)?))))
+    }
+
+    /// Read-modify-write of the session's network policy in one transaction (under the
+    /// writer). `change` returns the new policy or a validation message, which is passed back
+    /// as `Ok(Err(message))` with nothing written. `None` if there is no such session.
+    pub async fn update_network_policy(
+        &self,
+        session: &SessionId,
+        change: impl FnOnce(&NetworkPolicy) -> std::result::Result<NetworkPolicy, String>,
+    ) -> Result<Option<std::result::Result<NetworkPolicy, String>>> {
+        let mut tx = self.write_tx().await?;
+        let current: Option<String> = sqlx::query_scalar("SELECT network_policy FROM sessions WHERE id = $1")
+            .bind(session.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(current) = current else { return Ok(None) };
+        let next = match change(&policy_from(&current)?) {
+            Ok(next) => next,
+            Err(message) => return Ok(Some(Err(message))),
+        };
+        sqlx::query("UPDATE sessions SET network_policy = $1, updated_at = $2 WHERE id = $3")
+            .bind(serde_json::to_string(&next).unwrap_or_default())
+            .bind(now_ms())
+            .bind(session.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(Ok(next)))
+    }
+}
