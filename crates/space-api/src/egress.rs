@@ -129,10 +129,12 @@ pub fn host_matches(pattern: &str, host: &str) -> bool {
     let host = normalize_host(host);
     let pattern = pattern.to_ascii_lowercase();
     match pattern.strip_prefix("*.") {
-        Some(suffix) => host.len() > suffix.len() + 1 && host.ends_with(suffix) && {
-            let cut = host.len() - suffix.len();
-            host.as_bytes()[cut - 1] == b'.'
-        },
+        Some(suffix) => {
+            host.len() > suffix.len() + 1 && host.ends_with(suffix) && {
+                let cut = host.len() - suffix.len();
+                host.as_bytes()[cut - 1] == b'.'
+            }
+        }
         None => host == pattern,
     }
 }
@@ -149,9 +151,7 @@ pub fn validate_host_pattern(pattern: &str) -> Result<(), String> {
     };
     let valid = !name.is_empty() && pattern.len() <= MAX_PATTERN_LEN && name.split('.').all(label_ok);
     if !valid {
-        return Err(format!(
-            "{pattern:?} is not a host pattern: use a DNS name like api.github.com or *.pypi.org"
-        ));
+        return Err(format!("{pattern:?} is not a host pattern: use a DNS name like api.github.com or *.pypi.org"));
     }
     if name.parse::<IpAddr>().is_ok() || name.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
         return Err(format!("{pattern:?} is an address; allow addresses with a CIDR (--cidr {pattern}/32)"));
@@ -187,7 +187,9 @@ impl Cidr {
             (IpAddr::V4(net), IpAddr::V4(a)) => {
                 prefix(u32::from(net) as u128, self.len, 32) == prefix(u32::from(a) as u128, self.len, 32)
             }
-            (IpAddr::V6(net), IpAddr::V6(a)) => prefix(u128::from(net), self.len, 128) == prefix(u128::from(a), self.len, 128),
+            (IpAddr::V6(net), IpAddr::V6(a)) => {
+                prefix(u128::from(net), self.len, 128) == prefix(u128::from(a), self.len, 128)
+            }
             _ => false,
         }
     }
@@ -355,7 +357,8 @@ mod tests {
     #[test]
     fn updates_move_patterns_between_lists_and_validate() {
         let policy = NetworkPolicy { allow: vec!["a.com".into()], ..Default::default() };
-        let update = NetworkPolicyUpdate { deny: vec!["A.com".into()], allow: vec!["b.com".into()], ..Default::default() };
+        let update =
+            NetworkPolicyUpdate { deny: vec!["A.com".into()], allow: vec!["b.com".into()], ..Default::default() };
         let next = policy.updated(&update).unwrap();
         assert_eq!(next.allow, vec!["b.com".to_string()]);
         assert_eq!(next.deny, vec!["a.com".to_string()]);

@@ -87,7 +87,10 @@ pub struct Grant {
 
 impl std::fmt::Debug for Grant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grant").field("credential", &self.credential).field("hosts", &self.hosts).finish_non_exhaustive()
+        f.debug_struct("Grant")
+            .field("credential", &self.credential)
+            .field("hosts", &self.hosts)
+            .finish_non_exhaustive()
     }
 }
 

@@ -60,10 +60,8 @@ pub(crate) fn open_sandbox_sockets(pid: u32) -> Result<SandboxSockets, GatewayEr
 /// the current thread's namespace.
 fn route_everything_to_loopback() -> Result<(), GatewayError> {
     let failed = |what: &str, e: &dyn std::fmt::Display| GatewayError::Netns(format!("{what}: {e}"));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .map_err(|e| failed("netlink runtime", &e))?;
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_io().build().map_err(|e| failed("netlink runtime", &e))?;
     runtime.block_on(async {
         let (connection, handle, _) = rtnetlink::new_connection().map_err(|e| failed("netlink socket", &e))?;
         let driver = tokio::spawn(connection);

@@ -100,7 +100,7 @@ impl Node {
         let handle = self.runtime.restore(&spec, &images, &spaced).await?;
         let agent = self.connect(id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
-        self.attach_gateway_or_destroy(&handle).await?;
+        self.connect_to_gateway_or_destroy(&handle).await?;
         Ok(handle)
     }
 

@@ -7,7 +7,7 @@ use space_gateway::{CA_BUNDLE_PATH, CA_CERT_PATH, GATEWAY_ADDR};
 use space_proto::client::AgentClient;
 use space_runtime::SandboxHandle;
 
-use crate::{Node, NodeError, Result};
+use crate::{Node, NodeError, Result, poisoned};
 
 /// Where Debian-like roots keep their trusted roots; the session bundle starts from them so
 /// tunnelled (not intercepted) hosts still verify.
@@ -16,17 +16,31 @@ const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 const MAX_SYSTEM_BUNDLE: usize = 4 << 20;
 
 impl Node {
-    /// Opens the gateway's listeners in a sandbox that just started (or was restored).
-    /// The sandbox serves no session, so it reaches nothing, until [`Node::join_session_network`].
-    /// A sandbox the gateway cannot serve is of no use: it is destroyed.
-    pub(crate) async fn attach_gateway_or_destroy(&self, handle: &SandboxHandle) -> Result<()> {
-        let attached = self.attach_gateway(handle).await;
-        if attached.is_err()
+    /// Opens the gateway's listeners in a sandbox that just started (or was restored), and
+    /// points its resolver at the gateway. The sandbox serves no session, so it reaches
+    /// nothing, until [`Node::join_session_network`]. A sandbox the gateway cannot serve is of
+    /// no use: it is destroyed.
+    pub(crate) async fn connect_to_gateway_or_destroy(&self, handle: &SandboxHandle) -> Result<()> {
+        let connected = self.connect_to_gateway(handle).await;
+        if connected.is_err()
             && let Err(e) = self.destroy_sandbox(&handle.id).await
         {
             tracing::warn!(sandbox = %handle.id, error = %e, "destroying a sandbox the gateway could not serve");
         }
-        attached
+        connected
+    }
+
+    /// Done when a sandbox starts (for pods: before any session waits for it), so that
+    /// joining a session only has to write the session's own files.
+    async fn connect_to_gateway(&self, handle: &SandboxHandle) -> Result<()> {
+        self.attach_gateway(handle).await?;
+        let agent = self.agent(&handle.id).await?;
+        agent.make_dir("/etc/space").await.map_err(|e| agent_failed(&handle.id, "create /etc/space", &e))?;
+        let resolver = format!("nameserver {GATEWAY_ADDR}\noptions timeout:2 attempts:2\n");
+        write(&agent, &handle.id, "/etc/resolv.conf", Bytes::from(resolver)).await?;
+        let bundle = read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default();
+        self.system_bundles.lock().map_err(poisoned)?.insert(handle.id.clone(), Bytes::from(bundle));
+        Ok(())
     }
 
     async fn attach_gateway(&self, handle: &SandboxHandle) -> Result<()> {
@@ -42,36 +56,53 @@ impl Node {
     }
 
     /// From now on `sandbox`'s traffic is decided by `session`'s egress (set beforehand with
-    /// `gateway().set_session`). Writes the session CA, a trust bundle holding it and the
-    /// resolver setting into the sandbox's root.
+    /// `gateway().set_session`). Writes the session CA and a trust bundle holding it (after
+    /// the template's roots, so tunnelled hosts still verify) into the sandbox's root.
     pub async fn join_session_network(&self, sandbox: &SandboxId, session: &SessionId) -> Result<()> {
-        let ca_cert_pem = self.gateway.session_ca_cert(session).ok_or_else(|| {
-            NodeError::Gateway(format!("the egress of session {session} is not loaded"))
-        })?;
+        let ca_cert_pem = self
+            .gateway
+            .session_ca_cert(session)
+            .ok_or_else(|| NodeError::Gateway(format!("the egress of session {session} is not loaded")))?;
         self.gateway.assign(sandbox, session);
         let agent = self.agent(sandbox).await?;
-        let failed = |what: &str, e: &dyn std::fmt::Display| NodeError::Agent {
-            sandbox: sandbox.clone(),
-            reason: format!("{what}: {e}"),
+        let system = self.system_bundles.lock().map_err(poisoned)?.remove(sandbox);
+        let system = match system {
+            Some(bundle) => bundle.to_vec(),
+            None => read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default(),
         };
-        agent.make_dir("/etc/space").await.map_err(|e| failed("create /etc/space", &e))?;
-        let mut bundle = read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default();
+        let mut bundle = system;
         if !bundle.is_empty() && !bundle.ends_with(b"\n") {
             bundle.push(b'\n');
         }
         bundle.extend_from_slice(ca_cert_pem.as_bytes());
-        let resolver = format!("nameserver {GATEWAY_ADDR}\noptions timeout:2 attempts:2\n");
-        let files = [
-            (CA_CERT_PATH, Bytes::copy_from_slice(ca_cert_pem.as_bytes())),
-            (CA_BUNDLE_PATH, Bytes::from(bundle)),
-            ("/etc/resolv.conf", Bytes::from(resolver)),
-        ];
-        for (path, data) in files {
-            let chunks = futures::stream::iter([Ok::<_, std::io::Error>(data)]);
-            agent.write_file(path, Some(0o644), chunks).await.map_err(|e| failed(&format!("write {path}"), &e))?;
-        }
+        let ca = Bytes::from(ca_cert_pem);
+        futures::try_join!(
+            write(&agent, sandbox, CA_CERT_PATH, ca),
+            write(&agent, sandbox, CA_BUNDLE_PATH, Bytes::from(bundle)),
+        )?;
         Ok(())
     }
+
+    /// Forgets what [`Node::connect_to_gateway`] kept for a sandbox that goes away.
+    pub(crate) fn disconnect_from_gateway(&self, sandbox: &SandboxId) {
+        self.gateway.detach(sandbox);
+        if let Ok(mut bundles) = self.system_bundles.lock() {
+            bundles.remove(sandbox);
+        }
+    }
+}
+
+fn agent_failed(sandbox: &SandboxId, what: &str, e: &dyn std::fmt::Display) -> NodeError {
+    NodeError::Agent { sandbox: sandbox.clone(), reason: format!("{what}: {e}") }
+}
+
+async fn write(agent: &AgentClient, sandbox: &SandboxId, path: &str, data: Bytes) -> Result<()> {
+    let chunks = futures::stream::iter([Ok::<_, std::io::Error>(data)]);
+    agent
+        .write_file(path, Some(0o644), chunks)
+        .await
+        .map_err(|e| agent_failed(sandbox, &format!("write {path}"), &e))?;
+    Ok(())
 }
 
 /// A file of the sandbox, if it exists and is small enough to hold in memory.

@@ -73,6 +73,8 @@ pub struct Node {
     /// Wakes the deletion of destroyed roots.
     reclaim: tokio::sync::Notify,
     gateway: Arc<Gateway>,
+    /// Each started sandbox's trusted roots, read while it starts, for the session bundle.
+    system_bundles: Mutex<HashMap<SandboxId, bytes::Bytes>>,
     /// The gateway's audit events, until the control plane takes them.
     audit_events: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<space_api::egress::AuditEvent>>>,
     config: NodeConfig,
@@ -125,6 +127,7 @@ impl Node {
             warm: warm::WarmPool::new(&config.warm),
             reclaim: tokio::sync::Notify::new(),
             gateway,
+            system_bundles: Mutex::new(HashMap::new()),
             audit_events: Mutex::new(Some(audit_events)),
             config,
         })
@@ -156,7 +159,7 @@ impl Node {
         let handle = self.runtime.start(&spec).await?;
         let agent = self.connect(&handle.id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
-        self.attach_gateway_or_destroy(&handle).await?;
+        self.connect_to_gateway_or_destroy(&handle).await?;
         Ok(handle)
     }
 
@@ -164,7 +167,7 @@ impl Node {
     /// only moves to the trash here; [`Node::start_background`] deletes it off the hot path.
     pub async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()> {
         self.agents.lock().map_err(poisoned)?.remove(id);
-        self.gateway.detach(id);
+        self.disconnect_from_gateway(id);
         self.runtime.destroy(id).await?;
         let pool = self.pool.clone();
         let sid = id.clone();
@@ -197,9 +200,7 @@ impl Node {
     }
 
     /// The gateway's audit events; the first caller gets them, later ones `None`.
-    pub fn take_audit_events(
-        &self,
-    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<space_api::egress::AuditEvent>> {
+    pub fn take_audit_events(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<space_api::egress::AuditEvent>> {
         self.audit_events.lock().ok()?.take()
     }
 

@@ -5,6 +5,7 @@
 
 mod api;
 mod density;
+mod gateway;
 mod lifecycle;
 mod peers;
 mod report;
@@ -50,6 +51,23 @@ pub struct BenchArgs {
     /// Skip `runc` and `bwrap`.
     #[arg(long)]
     no_peers: bool,
+    /// HTTPS requests per gateway latency measure (0 skips the gateway measures, which start
+    /// a server of their own with the gateway's test flags).
+    #[arg(long, default_value_t = 500)]
+    gateway_n: usize,
+    /// Bytes of the gateway download measures.
+    #[arg(long, default_value_t = 1 << 30)]
+    gateway_bytes: u64,
+    /// Downloads per gateway throughput measure (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    gateway_runs: usize,
+    /// mitmproxy's `mitmdump`, measured side by side with the gateway (as scripts/bench.sh
+    /// installs it; skipped when missing).
+    #[arg(long, default_value = "/var/cache/space/mitmproxy/bin/mitmdump")]
+    mitmdump: PathBuf,
+    /// Only the gateway measures (they need no running server).
+    #[arg(long)]
+    gateway_only: bool,
     /// Directory the JSON results are written to.
     #[arg(long, default_value = "bench/results")]
     out: PathBuf,
@@ -57,6 +75,12 @@ pub struct BenchArgs {
 
 pub async fn run(client: &Client, args: BenchArgs, data_dir: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(args.n >= 2 && args.exec_n > 0, "--n must be at least 2 and --exec-n at least 1");
+    if args.gateway_only {
+        let mut report = Report::default();
+        gateway::measure(&gateway_args(&args), &mut report).await?;
+        report.print();
+        return report.save(&args.out);
+    }
     let initial = api::pool(client).await?;
     let size_before = initial.templates.iter().find(|t| t.template == args.template).map_or(0, |t| t.size);
     let mut report = Report::default();
@@ -100,7 +124,19 @@ async fn measure_all(client: &Client, args: &BenchArgs, data_dir: &Path, report:
         api::set_pool(client, template, 0).await?;
         report.add_value(density::measure(client, template, args.density, &args.cgroup_parent).await?);
     }
+    if args.gateway_n > 0 {
+        gateway::measure(&gateway_args(args), report).await?;
+    }
     Ok(())
+}
+
+fn gateway_args(args: &BenchArgs) -> gateway::GatewayArgs {
+    gateway::GatewayArgs {
+        n: args.gateway_n.max(1),
+        bytes: args.gateway_bytes,
+        runs: args.gateway_runs,
+        mitmdump: args.mitmdump.clone(),
+    }
 }
 
 async fn peer_measures(client: &Client, args: &BenchArgs, data_dir: &Path, report: &mut Report) -> anyhow::Result<()> {

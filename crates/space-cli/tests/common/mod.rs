@@ -2,6 +2,8 @@
 //! (its own loop-mounted btrfs pool and cgroup parent), torn down even when a test fails.
 #![allow(dead_code)]
 
+pub mod upstream;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

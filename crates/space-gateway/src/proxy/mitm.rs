@@ -125,7 +125,24 @@ impl Intercepted {
         }
         let record = Record::new(self.context.clone(), event);
         let request = outgoing(request, &authority, &record);
-        relay(&self.context, &self.forwarder, &self.target, request, record).await
+        let mut response = relay(&self.context, &self.forwarder, &self.target, request, record).await;
+        // An upstream that echoes request headers back must not hand the value to the sandbox.
+        for grant in &grants {
+            scrub(response.headers_mut(), grant);
+        }
+        response
+    }
+}
+
+/// Replaces the grant's secret in every header value with its placeholder (or a marker).
+fn scrub(headers: &mut HeaderMap, grant: &Grant) {
+    let shown = grant.placeholder.as_deref().unwrap_or("[credential removed by the space gateway]");
+    for value in headers.values_mut() {
+        if let Some(scrubbed) = replace_bytes(value.as_bytes(), grant.secret.as_bytes(), shown.as_bytes())
+            && let Ok(scrubbed) = HeaderValue::from_bytes(&scrubbed)
+        {
+            *value = scrubbed;
+        }
     }
 }
 
@@ -243,6 +260,14 @@ mod tests {
         bad.header_value = "line\nbreak".into();
         let err = inject(&mut HeaderMap::new(), &bad).unwrap_err();
         assert!(!err.contains("s3cret"));
+    }
+
+    #[test]
+    fn secrets_echoed_in_response_headers_are_scrubbed() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-echo", HeaderValue::from_static("Bearer s3cret"));
+        scrub(&mut headers, &grant());
+        assert_eq!(headers["x-echo"], "Bearer space-placeholder-gh");
     }
 
     #[test]
