@@ -339,11 +339,11 @@ async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()
     Ok(())
 }
 
-/// The handle of `sandbox` among the recorded `live` sandboxes, if its pid 1 still runs.
+/// The handle of `sandbox` among the recorded `live` sandboxes, if its pid 1 still runs
+/// (adopted by this process: it may have been started by an earlier one).
 pub fn alive_handle(state: &AppState, live: &[SandboxRecord], sandbox: Option<&SandboxId>) -> Option<SandboxHandle> {
     let record = live.iter().find(|s| Some(&s.id) == sandbox)?;
-    let handle = state.node.handle(&record.id, record.pid?);
-    state.node.is_alive(&handle).then_some(handle)
+    state.node.adopt(&record.id, record.pid?)
 }
 
 /// Destroys a sandbox's node resources and marks it gone. Idempotent.

@@ -237,6 +237,13 @@ impl Node {
         self.runtime.is_alive(handle)
     }
 
+    /// The handle of a sandbox an earlier server process started, if it is still alive;
+    /// from then on it is this node's like any other (snapshots, suspend, teardown).
+    pub fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle> {
+        let handle = self.handle(id, pid);
+        self.runtime.adopt(&handle).then_some(handle)
+    }
+
     pub async fn wait_exit(&self, handle: &SandboxHandle) {
         self.runtime.wait_exit(handle).await
     }

@@ -390,6 +390,21 @@ impl Runtime for LinuxRuntime {
         process::cgroup_of(handle.pid, &selector).as_deref() == Some(path.as_str())
     }
 
+    fn adopt(&self, handle: &SandboxHandle) -> bool {
+        if self.tracked_pidfd(handle).is_some() {
+            return self.is_alive(handle);
+        }
+        match process::pidfd_open(handle.pid) {
+            // Checked after opening: the pidfd then refers to that very process.
+            Ok(pidfd) if self.is_alive(handle) => {
+                let entry = Tracked { pid: handle.pid, pidfd: Arc::new(pidfd) };
+                self.tracked.lock().expect("tracked lock").insert(handle.id.clone(), entry);
+                true
+            }
+            _ => false,
+        }
+    }
+
     async fn wait_exit(&self, handle: &SandboxHandle) {
         let pidfd = match self.tracked_pidfd(handle) {
             Some(fd) => fd,

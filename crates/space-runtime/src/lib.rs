@@ -108,6 +108,11 @@ pub trait Runtime: Send + Sync + 'static {
     /// Whether the sandbox's pid 1 is still the process recorded in `handle`.
     fn is_alive(&self, handle: &SandboxHandle) -> bool;
 
+    /// Takes over a sandbox an earlier instance started (found alive after a restart), so
+    /// that everything this instance does to its own sandboxes works on it too. Returns
+    /// whether the sandbox is alive (and now adopted).
+    fn adopt(&self, handle: &SandboxHandle) -> bool;
+
     /// Resolves when the sandbox's pid 1 has exited.
     fn wait_exit(&self, handle: &SandboxHandle) -> impl Future<Output = ()> + Send;
 
