@@ -729,3 +729,37 @@ fn policy_changes_apply_to_new_connections() {
     assert_eq!(env.up.requests().len(), 3);
     env.audited(&id, "denied", "late.test");
 }
+
+/// (9) A sandbox that outlives a `kill -9` of the server keeps its egress (the new process
+/// opens the gateway in it again and reloads the credentials), and so does one restored by a
+/// suspend and resume.
+#[test]
+fn egress_survives_a_server_restart_and_a_suspend() {
+    require_root!();
+    let mut env = start();
+    let secret = random_secret();
+    env.create_credential("kept", "granted.test", "Authorization: Bearer {secret}", &secret, None);
+    let id = env.session(json!({ "network": { "allow": ["api.allowed.test"] }, "grants": ["kept"] }));
+    let works = |env: &Env, when: &str| {
+        let (code, r) = env.curl(&id, "", &format!("http://api.allowed.test/{when}-plain"));
+        assert_eq!(code, "200", "plain HTTP {when}: {r}");
+        let (code, r) = env.curl(&id, "", &format!("https://granted.test/{when}-injected"));
+        assert_eq!(code, "200", "intercepted HTTPS {when}: {r}");
+        let got = env.up.request_to(&format!("/{when}-injected"));
+        assert_eq!(got.header("authorization"), Some(format!("Bearer {secret}").as_str()), "{when}: {got:?}");
+        let (code, r) = env.curl(&id, "", "http://denied.test/");
+        assert_eq!(code, "403", "a denied name {when}: {r}");
+    };
+    works(&env, "before");
+
+    env.server.kill9();
+    env.server.spawn();
+    works(&env, "after-restart");
+
+    for action in ["suspend", "resume"] {
+        let (status, r) = env.server.call("POST", &format!("/v1/sessions/{id}/{action}"), None);
+        assert_eq!(status, 200, "{action}: {r}");
+    }
+    works(&env, "after-resume");
+    env.audited(&id, "injected", "granted.test");
+}

@@ -128,6 +128,7 @@ pub fn sandbox_env() -> BTreeMap<String, String> {
     env
 }
 
+mod audit_budget;
 mod dns;
 mod netns;
 // Data path (explicit proxy, transparent interception, TLS, upstream connections).
@@ -148,6 +149,7 @@ pub(crate) struct SandboxContext {
     pub(crate) sandbox: SandboxId,
     session: RwLock<Option<SessionId>>,
     shared: Arc<Shared>,
+    audit_budget: Mutex<audit_budget::AuditBudget>,
 }
 
 impl SandboxContext {
@@ -163,8 +165,21 @@ impl SandboxContext {
         &self.shared.config
     }
 
+    /// Records a decision, unless the sandbox makes them faster than the audit budget allows
+    /// (a flood of DNS queries must not fill the node's memory or disk); what is left out is
+    /// counted in an event of its own once the budget allows again.
     pub(crate) fn audit(&self, event: AuditEvent) {
+        let summary = match self.audit_budget.lock() {
+            Ok(mut budget) => match budget.spend(std::time::Instant::now()) {
+                audit_budget::Spent::No => return,
+                audit_budget::Spent::Yes { dropped } => (dropped > 0).then(|| audit_budget::summary(&event, dropped)),
+            },
+            Err(_) => None,
+        };
         // The receiver only goes away when the server shuts down.
+        if let Some(summary) = summary {
+            let _ = self.shared.audit.send(summary);
+        }
         let _ = self.shared.audit.send(event);
     }
 
@@ -184,7 +199,12 @@ impl SandboxContext {
     ) -> Result<Arc<SandboxContext>, GatewayError> {
         let state = proxy::State::new(&config)?;
         let shared = Arc::new(Shared { config, audit, sessions: RwLock::new(HashMap::new()), state });
-        let context = SandboxContext { sandbox: SandboxId::generate(), session: RwLock::new(None), shared };
+        let context = SandboxContext {
+            sandbox: SandboxId::generate(),
+            session: RwLock::new(None),
+            shared,
+            audit_budget: Default::default(),
+        };
         if let Some((id, egress)) = session {
             context.set_test_session(&id, egress);
         }
@@ -242,6 +262,7 @@ impl Gateway {
             sandbox: sandbox.clone(),
             session: RwLock::new(session),
             shared: self.shared.clone(),
+            audit_budget: Default::default(),
         });
         let tasks = serve(sockets, &context)?;
         if let Ok(mut sandboxes) = self.sandboxes.lock() {
@@ -264,6 +285,7 @@ impl Gateway {
         if let Ok(mut sandboxes) = self.sandboxes.lock() {
             sandboxes.remove(sandbox);
         }
+        self.shared.state.idle.forget(sandbox);
     }
 
     /// Whether `sandbox` is attached.

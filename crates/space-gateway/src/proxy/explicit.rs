@@ -28,7 +28,7 @@ const NO_SESSION: &str = "space gateway: no session is bound to this sandbox\n";
 
 pub(crate) async fn serve_explicit(listener: TcpListener, context: Arc<SandboxContext>) {
     accept_loop(listener, context, |stream, context| async move {
-        let forwarder = Arc::new(Forwarder::new());
+        let forwarder = Arc::new(Forwarder::new(context.clone()));
         let service = hyper::service::service_fn(move |request| {
             let (context, forwarder) = (context.clone(), forwarder.clone());
             async move { Ok::<_, Infallible>(handle(context, &forwarder, request).await) }
@@ -192,5 +192,5 @@ async fn absolute(
     let request = outgoing(request, &host_header, &record);
     // Plain HTTP: never a credential (secrets only go over verified TLS).
     let target = Target { dest, port, tls_name: None, addrs: None };
-    relay(&context, forwarder, &target, request, record).await
+    relay(forwarder, &target, request, record).await
 }

@@ -1,8 +1,10 @@
 //! Forwarding HTTP requests: one upstream connection per client connection (reconnected
 //! when the destination changes or the upstream closed it), bodies streamed both ways.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri};
@@ -10,6 +12,8 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+
+use space_api::SandboxId;
 
 use crate::SandboxContext;
 
@@ -33,27 +37,38 @@ pub(crate) struct Target {
     pub(crate) addrs: Option<Vec<SocketAddr>>,
 }
 
-/// One client connection's upstream connection.
+/// One client connection's upstream connection. When the client goes away, a reusable
+/// upstream connection goes back to its sandbox's idle pool, so the next client connection
+/// to the same destination skips the TCP and TLS handshakes.
 pub(crate) struct Forwarder {
+    context: Arc<SandboxContext>,
     current: tokio::sync::Mutex<Option<(Target, SendRequest<ReqBody>)>>,
 }
 
 impl Forwarder {
-    pub(crate) fn new() -> Forwarder {
-        Forwarder { current: tokio::sync::Mutex::new(None) }
+    pub(crate) fn new(context: Arc<SandboxContext>) -> Forwarder {
+        Forwarder { context, current: tokio::sync::Mutex::new(None) }
     }
 
     /// Sends `request` to `target`, connecting (again) when needed.
     pub(crate) async fn send(
         &self,
-        context: &SandboxContext,
         target: &Target,
         request: Request<ReqBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
+        let context = &*self.context;
         let mut current = self.current.lock().await;
         let mut sender = match current.take() {
             Some((t, sender)) if t == *target && !sender.is_closed() => sender,
-            _ => open(context, target).await?,
+            other => {
+                if let Some((t, sender)) = other {
+                    context.state().idle.put(&context.sandbox, t, sender);
+                }
+                match context.state().idle.take(&context.sandbox, target) {
+                    Some(sender) => sender,
+                    None => open(context, target).await?,
+                }
+            }
         };
         if sender.ready().await.is_err() {
             sender = open(context, target).await?;
@@ -62,6 +77,85 @@ impl Forwarder {
         let response = sender.send_request(request).await;
         *current = Some((target.clone(), sender));
         response.map_err(|e| UpstreamError::Failed(format!("upstream request: {e}")))
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        if let Some((target, sender)) = self.current.get_mut().take() {
+            self.context.state().idle.put(&self.context.sandbox, target, sender);
+        }
+    }
+}
+
+/// How long an idle upstream connection is kept.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle connections kept per sandbox and destination.
+const MAX_IDLE_PER_DESTINATION: usize = 8;
+
+/// Idle upstream connections, per sandbox (never shared between sandboxes) and destination.
+#[derive(Default)]
+pub(crate) struct IdlePool {
+    idle: Mutex<HashMap<(SandboxId, PoolKey), Vec<IdleSender>>>,
+}
+
+/// An idle connection and since when.
+type IdleSender = (Instant, SendRequest<ReqBody>);
+
+/// A [`Target`] without its resolved addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PoolKey {
+    dest: String,
+    port: u16,
+    tls_name: Option<String>,
+}
+
+impl PoolKey {
+    fn of(target: &Target) -> PoolKey {
+        let dest = match &target.dest {
+            Dest::Name(name) => name.clone(),
+            Dest::Ip(ip) => ip.to_string(),
+        };
+        PoolKey { dest, port: target.port, tls_name: target.tls_name.clone() }
+    }
+}
+
+impl IdlePool {
+    fn take(&self, sandbox: &SandboxId, target: &Target) -> Option<SendRequest<ReqBody>> {
+        let mut idle = self.idle.lock().ok()?;
+        let key = (sandbox.clone(), PoolKey::of(target));
+        let senders = idle.get_mut(&key)?;
+        let found = std::iter::from_fn(|| senders.pop())
+            .find(|(since, sender)| since.elapsed() < IDLE_TIMEOUT && !sender.is_closed())
+            .map(|(_, sender)| sender);
+        if senders.is_empty() {
+            idle.remove(&key);
+        }
+        found
+    }
+
+    fn put(&self, sandbox: &SandboxId, target: Target, sender: SendRequest<ReqBody>) {
+        // Only a connection with no request in flight can serve another client.
+        if sender.is_closed() || !sender.is_ready() {
+            return;
+        }
+        let Ok(mut idle) = self.idle.lock() else { return };
+        let now = Instant::now();
+        idle.retain(|_, senders| {
+            senders.retain(|(since, sender)| now.duration_since(*since) < IDLE_TIMEOUT && !sender.is_closed());
+            !senders.is_empty()
+        });
+        let senders = idle.entry((sandbox.clone(), PoolKey::of(&target))).or_default();
+        if senders.len() < MAX_IDLE_PER_DESTINATION {
+            senders.push((now, sender));
+        }
+    }
+
+    /// Drops a sandbox's idle connections (it went away).
+    pub(crate) fn forget(&self, sandbox: &SandboxId) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.retain(|(owner, _), _| owner != sandbox);
+        }
     }
 }
 
@@ -136,13 +230,12 @@ pub(crate) fn outgoing(request: Request<Incoming>, host_header: &str, record: &A
 
 /// Sends `request` and turns the outcome into the client's response (errors as 403 or 502).
 pub(crate) async fn relay(
-    context: &SandboxContext,
     forwarder: &Forwarder,
     target: &Target,
     request: Request<ReqBody>,
     record: Arc<Record>,
 ) -> Response<RespBody> {
-    match forwarder.send(context, target, request).await {
+    match forwarder.send(target, request).await {
         Ok(response) => {
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);

@@ -46,7 +46,8 @@ where
         Ok(Err(e)) => return tracing::debug!("TLS from the sandbox for {sni}: {e}"),
         Err(_) => return tracing::debug!("TLS from the sandbox for {sni}: timed out"),
     };
-    let connection = Arc::new(Intercepted { context, session, sni, target, forwarder: Forwarder::new() });
+    let forwarder = Forwarder::new(context.clone());
+    let connection = Arc::new(Intercepted { context, session, sni, target, forwarder });
     let service = hyper::service::service_fn(move |request| {
         let connection = connection.clone();
         async move { Ok::<_, Infallible>(connection.handle(request).await) }
@@ -125,7 +126,7 @@ impl Intercepted {
         }
         let record = Record::new(self.context.clone(), event);
         let request = outgoing(request, &authority, &record);
-        let mut response = relay(&self.context, &self.forwarder, &self.target, request, record).await;
+        let mut response = relay(&self.forwarder, &self.target, request, record).await;
         // An upstream that echoes request headers back must not hand the value to the sandbox.
         for grant in &grants {
             scrub(response.headers_mut(), grant);

@@ -48,6 +48,7 @@ pub(crate) struct State {
     pub(crate) client_tls: Arc<rustls::ClientConfig>,
     pub(crate) leaves: ca::LeafCache,
     pub(crate) limits: mitm::RateLimits,
+    pub(crate) idle: forward::IdlePool,
 }
 
 impl State {
@@ -57,6 +58,7 @@ impl State {
             client_tls: upstream::client_config(config, provider.clone())?,
             leaves: ca::LeafCache::new(provider),
             limits: mitm::RateLimits::default(),
+            idle: forward::IdlePool::default(),
         })
     }
 }

@@ -41,7 +41,7 @@ fn canonical(addr: IpAddr) -> IpAddr {
 pub(crate) async fn serve_transparent_http(listener: TcpListener, context: Arc<SandboxContext>) {
     accept_loop(listener, context, |stream, context| async move {
         let Ok(local) = stream.local_addr() else { return };
-        let forwarder = Arc::new(Forwarder::new());
+        let forwarder = Arc::new(Forwarder::new(context.clone()));
         let service = hyper::service::service_fn(move |request| {
             let (context, forwarder) = (context.clone(), forwarder.clone());
             async move { Ok::<_, Infallible>(plain(context, &forwarder, local, request).await) }
@@ -84,7 +84,7 @@ async fn plain(
     let record = Record::new(context.clone(), event);
     let request = outgoing(request, &host_header, &record);
     let target = Target { dest, port, tls_name: None, addrs: None };
-    relay(&context, forwarder, &target, request, record).await
+    relay(forwarder, &target, request, record).await
 }
 
 /// Where a TLS connection to `ip:port` with server name `sni` may go, by the policy.
