@@ -3,17 +3,21 @@
 
 use bytes::Bytes;
 use space_api::{SandboxId, SessionId};
-use space_gateway::{CA_BUNDLE_PATH, CA_CERT_PATH, GATEWAY_ADDR};
+use space_gateway::GATEWAY_ADDR;
 use space_proto::client::AgentClient;
 use space_runtime::SandboxHandle;
 
-use crate::{Node, NodeError, Result, poisoned};
+use crate::{Node, NodeError, Result, blocking, poisoned};
 
 /// Where Debian-like roots keep their trusted roots; the session bundle starts from them so
 /// tunnelled (not intercepted) hosts still verify.
 const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The longest system bundle copied (Debian's is ~220 KiB).
 const MAX_SYSTEM_BUNDLE: usize = 4 << 20;
+/// `CA_CERT_PATH` and `CA_BUNDLE_PATH` as a directory under `/etc` and names in it.
+const CA_DIR: &str = "space";
+const CA_CERT_FILE: &str = "ca.crt";
+const CA_BUNDLE_FILE: &str = "ca-bundle.crt";
 
 impl Node {
     /// Opens the gateway's listeners in a sandbox that just started (or was restored), and
@@ -35,7 +39,6 @@ impl Node {
     async fn connect_to_gateway(&self, handle: &SandboxHandle) -> Result<()> {
         self.attach_gateway(handle).await?;
         let agent = self.agent(&handle.id).await?;
-        agent.make_dir("/etc/space").await.map_err(|e| agent_failed(&handle.id, "create /etc/space", &e))?;
         let resolver = format!("nameserver {GATEWAY_ADDR}\noptions timeout:2 attempts:2\n");
         write(&agent, &handle.id, "/etc/resolv.conf", Bytes::from(resolver)).await?;
         let bundle = read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default();
@@ -57,30 +60,33 @@ impl Node {
 
     /// From now on `sandbox`'s traffic is decided by `session`'s egress (set beforehand with
     /// `gateway().set_session`). Writes the session CA and a trust bundle holding it (after
-    /// the template's roots, so tunnelled hosts still verify) into the sandbox's root.
+    /// the template's roots, so tunnelled hosts still verify) into the sandbox's root: from the
+    /// host, without a round trip to the sandbox, as this is on the path of every create.
     pub async fn join_session_network(&self, sandbox: &SandboxId, session: &SessionId) -> Result<()> {
         let ca_cert_pem = self
             .gateway
             .session_ca_cert(session)
             .ok_or_else(|| NodeError::Gateway(format!("the egress of session {session} is not loaded")))?;
         self.gateway.assign(sandbox, session);
-        let agent = self.agent(sandbox).await?;
         let system = self.system_bundles.lock().map_err(poisoned)?.remove(sandbox);
         let system = match system {
-            Some(bundle) => bundle.to_vec(),
-            None => read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default(),
+            Some(bundle) => bundle,
+            None => {
+                let agent = self.agent(sandbox).await?;
+                Bytes::from(read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default())
+            }
         };
-        let mut bundle = system;
-        if !bundle.is_empty() && !bundle.ends_with(b"\n") {
-            bundle.push(b'\n');
-        }
-        bundle.extend_from_slice(ca_cert_pem.as_bytes());
-        let ca = Bytes::from(ca_cert_pem);
-        futures::try_join!(
-            write(&agent, sandbox, CA_CERT_PATH, ca),
-            write(&agent, sandbox, CA_BUNDLE_PATH, Bytes::from(bundle)),
-        )?;
-        Ok(())
+        let (pool, sbx) = (self.pool.clone(), sandbox.clone());
+        blocking(move || {
+            let mut bundle = system.to_vec();
+            if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+                bundle.push(b'\n');
+            }
+            bundle.extend_from_slice(ca_cert_pem.as_bytes());
+            let files: [(&str, &[u8]); 2] = [(CA_CERT_FILE, ca_cert_pem.as_bytes()), (CA_BUNDLE_FILE, &bundle)];
+            Ok(pool.write_sandbox_etc_files(&sbx, CA_DIR, &files)?)
+        })
+        .await
     }
 
     /// Forgets what [`Node::connect_to_gateway`] kept for a sandbox that goes away.
@@ -120,4 +126,15 @@ async fn read_small_file(agent: &AgentClient, path: &str) -> Option<Vec<u8>> {
         }
     }
     Some(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_files_written_are_those_the_sandbox_is_told_about() {
+        assert_eq!(space_gateway::CA_CERT_PATH, format!("/etc/{CA_DIR}/{CA_CERT_FILE}"));
+        assert_eq!(space_gateway::CA_BUNDLE_PATH, format!("/etc/{CA_DIR}/{CA_BUNDLE_FILE}"));
+    }
 }

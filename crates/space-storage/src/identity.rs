@@ -65,6 +65,31 @@ pub fn write_identity(rootfs: &Path, identity: &SandboxIdentity, owner: u32) -> 
     Ok(())
 }
 
+/// Writes `files` (`name` → content) into `rootfs/etc/<dir>`, creating that directory, all
+/// owned by `owner`, never following a symlink: safe while the sandbox runs, since whatever
+/// it renames or links, the writes stay inside its root. Does nothing without a real `/etc`.
+pub fn write_etc_dir_files(rootfs: &Path, dir: &str, files: &[(&str, &[u8])], owner: u32) -> Result<()> {
+    let Some(etc) = open_etc(rootfs)? else {
+        return Ok(());
+    };
+    let dir_path = rootfs.join("etc").join(dir);
+    match nix::sys::stat::mkdirat(&etc, dir, Mode::from_bits_truncate(0o755)) {
+        Ok(()) => {
+            let made = openat(&etc, dir, OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+                .ctx("open", &dir_path)?;
+            nix::unistd::fchown(&made, Some(owner.into()), Some(owner.into())).ctx("chown", &dir_path)?;
+        }
+        Err(Errno::EEXIST) => {}
+        Err(e) => return Err(e).ctx("create", &dir_path),
+    }
+    let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    let dir_fd = openat(&etc, dir, dir_flags, Mode::empty()).ctx("open", &dir_path)?;
+    for (name, content) in files {
+        replace_file(&dir_fd, &dir_path.join(name), name, content, owner)?;
+    }
+    Ok(())
+}
+
 fn open_etc(rootfs: &Path) -> Result<Option<OwnedFd>> {
     let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
     let root = openat(AT_FDCWD, rootfs, dir_flags, Mode::empty()).ctx("open", rootfs)?;
@@ -76,8 +101,8 @@ fn open_etc(rootfs: &Path) -> Result<Option<OwnedFd>> {
     }
 }
 
-fn replace_file(etc: &OwnedFd, path: &Path, name: &str, content: &[u8], owner: u32) -> Result<()> {
-    match unlinkat(etc, name, UnlinkatFlags::NoRemoveDir) {
+fn replace_file(dir: &OwnedFd, path: &Path, name: &str, content: &[u8], owner: u32) -> Result<()> {
+    match unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
         Ok(()) | Err(Errno::ENOENT) => {}
         Err(Errno::EISDIR) => {
             return Err(StorageError::BadTemplateContent {
@@ -88,7 +113,7 @@ fn replace_file(etc: &OwnedFd, path: &Path, name: &str, content: &[u8], owner: u
         Err(e) => return Err(e).ctx("remove", path),
     }
     let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let fd = openat(etc, name, flags, Mode::from_bits_truncate(0o644)).ctx("create", path)?;
+    let fd = openat(dir, name, flags, Mode::from_bits_truncate(0o644)).ctx("create", path)?;
     let mut file = File::from(fd);
     file.write_all(content).ctx("write", path)?;
     std::os::unix::fs::fchown(&file, Some(owner), Some(owner)).ctx("chown", path)?;
@@ -122,6 +147,32 @@ mod tests {
     #[test]
     fn hosts_names_the_host() {
         assert!(hosts_file("box").starts_with("127.0.0.1\tlocalhost box\n"));
+    }
+
+    #[test]
+    fn directory_files_are_written_without_following_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir(root.join("etc")).unwrap();
+        let outside = root.join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        write_etc_dir_files(root, "space", &[("ca.crt", b"one")], me).unwrap();
+        write_etc_dir_files(root, "space", &[("ca.crt", b"two")], me).unwrap();
+        assert_eq!(std::fs::read_to_string(root.join("etc/space/ca.crt")).unwrap(), "two");
+        // A directory replaced by a symlink out of the root is refused, and nothing is written.
+        std::fs::remove_dir_all(root.join("etc/space")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("etc/space")).unwrap();
+        assert!(write_etc_dir_files(root, "space", &[("ca.crt", b"x")], me).is_err());
+        assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
+        // So is a file replaced by a symlink: it is replaced, its target untouched.
+        std::fs::remove_file(root.join("etc/space")).unwrap();
+        std::fs::create_dir(root.join("etc/space")).unwrap();
+        std::fs::write(outside.join("target"), "keep").unwrap();
+        std::os::unix::fs::symlink(outside.join("target"), root.join("etc/space/ca.crt")).unwrap();
+        write_etc_dir_files(root, "space", &[("ca.crt", b"three")], me).unwrap();
+        assert_eq!(std::fs::read_to_string(outside.join("target")).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(root.join("etc/space/ca.crt")).unwrap(), "three");
     }
 
     #[test]

@@ -32,7 +32,7 @@ mod util;
 
 pub use builtin::{BUILTINS, DEFAULT_TEMPLATE_CACHE_DIR};
 pub use error::{Result, StorageError};
-pub use identity::{SandboxIdentity, validate_hostname};
+pub use identity::{SandboxIdentity, validate_hostname, write_etc_dir_files};
 pub use import::Compression;
 pub use pool::{Backing, DEFAULT_IMAGE_SIZE, Pool, PoolOptions};
 pub use progress::{Progress, ProgressFn, no_progress};

@@ -162,6 +162,12 @@ impl Pool {
         self.sandbox_dir(id).join("rootfs")
     }
 
+    /// Writes `files` into the sandbox's `/etc/<dir>`, owned by its root (see
+    /// [`crate::write_etc_dir_files`]: safe while the sandbox runs).
+    pub fn write_sandbox_etc_files(&self, id: &SandboxId, dir: &str, files: &[(&str, &[u8])]) -> Result<()> {
+        crate::write_etc_dir_files(&self.sandbox_root_path(id), dir, files, self.id_map.root())
+    }
+
     /// Creates the writable root filesystem of a sandbox: one btrfs snapshot of the template
     /// (O(1)) plus its own `/etc/hostname`, `/etc/machine-id` and `/etc/hosts`. A root left by
     /// an interrupted attempt is replaced. Returns the root's path.
