@@ -527,8 +527,10 @@ pub struct Snapshot {
     pub name: Option<String>,
     /// The session's previous snapshot, if any.
     pub parent: Option<SnapshotId>,
-    /// Apparent size of the files (and of the process image, for full snapshots).
-    pub size_bytes: u64,
+    /// Apparent size of the files (and of the process image, for full snapshots). `null`
+    /// for a moment after a disk snapshot is taken: its files are measured in the
+    /// background, so taking it costs no walk of the tree (the snapshot is usable at once).
+    pub size_bytes: Option<u64>,
     /// Unix time in milliseconds.
     pub created_at: i64,
 }

@@ -58,7 +58,7 @@ pub async fn run(client: &Client, command: SnapshotCommand, json: bool) -> anyho
                         s.id.to_string(),
                         s.kind.as_str().to_owned(),
                         output::time(s.created_at),
-                        output::bytes(s.size_bytes),
+                        s.size_bytes.map(output::bytes).unwrap_or_else(|| "-".into()),
                         s.parent.as_ref().map(|p| p.to_string()).unwrap_or_default(),
                         s.name.clone().unwrap_or_default(),
                     ]

@@ -78,7 +78,15 @@ fn restore_brings_back_a_disk_snapshot() {
     let (status, snap) = post(&server, &format!("/v1/sessions/{id}/snapshots"), json!({ "name": "v1" }));
     assert_eq!(status, 201, "{snap}");
     assert_eq!((snap["kind"].as_str(), snap["name"].as_str()), (Some("disk"), Some("v1")));
-    assert!(snap["size_bytes"].as_u64().unwrap() > 0, "{snap}");
+    let measured = (0..100).find_map(|_| {
+        let (_, list) = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None);
+        let size = list["snapshots"].as_array()?.iter().find(|s| s["id"] == snap["id"])?["size_bytes"].as_u64();
+        if size.is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        size
+    });
+    assert!(measured.is_some_and(|s| s > 0), "the disk snapshot's size is never measured: {snap}");
     stdout(&server, &id, "echo v2 > /root/file; touch /root/later");
     let (_, second) = post(&server, &format!("/v1/sessions/{id}/snapshots"), json!({}));
     assert_eq!(second["parent"], snap["id"], "snapshots chain: {second}");

@@ -19,14 +19,15 @@ impl Node {
     }
 
     /// A read-only copy of the sandbox's root, consistent because the sandbox is frozen while
-    /// it is taken (unless `already_paused`, it is thawed right after). Returns its size.
+    /// it is taken (unless `already_paused`, it is thawed right after). Its size is measured
+    /// apart ([`Node::snapshot_disk_size`]): walking the tree takes longer than the snapshot.
     pub async fn snapshot_disk(
         &self,
         sandbox: &SandboxId,
         session: &SessionId,
         snapshot: &SnapshotId,
         already_paused: bool,
-    ) -> Result<u64> {
+    ) -> Result<()> {
         if !already_paused {
             self.runtime.pause(sandbox).await?;
         }
@@ -36,8 +37,12 @@ impl Node {
         if !already_paused {
             self.runtime.resume(sandbox)?;
         }
-        let dir = taken?;
-        // Sized after the thaw: walking the files is not worth keeping the sandbox frozen.
+        taken.map(drop)
+    }
+
+    /// The apparent size of a disk snapshot's files.
+    pub async fn snapshot_disk_size(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<u64> {
+        let dir = self.pool.snapshot_dir(session, snapshot);
         blocking(move || Ok(space_storage::apparent_size(&dir.join("rootfs"))?)).await
     }
 

@@ -18,6 +18,8 @@ pub struct NewSnapshot {
 }
 
 const COLUMNS: &str = "id, session_id, kind, name, parent, size_bytes, created_at";
+/// `size_bytes` of a snapshot not measured yet.
+const UNMEASURED: i64 = -1;
 
 fn snapshot_from_row(row: &SqliteRow) -> Result<Snapshot> {
     let kind: &str = row.get(2);
@@ -28,7 +30,7 @@ fn snapshot_from_row(row: &SqliteRow) -> Result<Snapshot> {
         kind: SnapshotKind::parse(kind).ok_or_else(|| StoreError::Corrupt(format!("snapshot kind {kind}")))?,
         name: row.get(3),
         parent: parent.map(|p| parse("snapshot id", p)).transpose()?,
-        size_bytes: row.get::<i64, _>(5) as u64,
+        size_bytes: u64::try_from(row.get::<i64, _>(5)).ok(),
         created_at: row.get(6),
     })
 }
@@ -60,8 +62,19 @@ impl Store {
         Ok(())
     }
 
-    pub async fn set_snapshot_ready(&self, id: &SnapshotId, size_bytes: u64) -> Result<()> {
+    /// Marks a snapshot usable; a size of `None` (stored as -1: the column predates it and
+    /// is NOT NULL) is filled in later with [`Store::set_snapshot_size`].
+    pub async fn set_snapshot_ready(&self, id: &SnapshotId, size_bytes: Option<u64>) -> Result<()> {
         sqlx::query("UPDATE snapshots SET state = 'ready', size_bytes = $1 WHERE id = $2")
+            .bind(size_bytes.map_or(UNMEASURED, |s| s as i64))
+            .bind(id.as_str())
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn set_snapshot_size(&self, id: &SnapshotId, size_bytes: u64) -> Result<()> {
+        sqlx::query("UPDATE snapshots SET size_bytes = $1 WHERE id = $2")
             .bind(size_bytes as i64)
             .bind(id.as_str())
             .execute(&self.writer)
@@ -143,14 +156,16 @@ mod tests {
         let first = snap(Some("before"));
         store.insert_snapshot(&first).await.unwrap();
         assert!(store.list_snapshots(&session).await.unwrap().is_empty(), "a creating snapshot is listed");
-        store.set_snapshot_ready(&first.id, 42).await.unwrap();
+        store.set_snapshot_ready(&first.id, None).await.unwrap();
+        assert_eq!(store.list_snapshots(&session).await.unwrap()[0].size_bytes, None);
+        store.set_snapshot_size(&first.id, 42).await.unwrap();
         let second = snap(None);
         store.insert_snapshot(&second).await.unwrap();
-        store.set_snapshot_ready(&second.id, 7).await.unwrap();
+        store.set_snapshot_ready(&second.id, Some(7)).await.unwrap();
         let list = store.list_snapshots(&session).await.unwrap();
         assert_eq!(list.len(), 2);
         assert_eq!(list[1].parent.as_ref(), Some(&first.id));
-        assert_eq!((list[0].name.as_deref(), list[0].size_bytes), (Some("before"), 42));
+        assert_eq!((list[0].name.as_deref(), list[0].size_bytes), (Some("before"), Some(42)));
         let other = store.ensure_tenant("b").await.unwrap();
         assert!(store.snapshot(&other, &first.id).await.unwrap().is_none(), "another tenant sees it");
         store.delete_snapshot_row(&first.id).await.unwrap();

@@ -155,11 +155,16 @@ pub(crate) async fn snapshot_locked(
     let new = NewSnapshot { id: SnapshotId::generate(), session_id: id.clone(), tenant_id: tenant.clone(), kind, name };
     state.store.insert_snapshot(&new).await?;
     let taken = match kind {
-        SnapshotKind::Disk => state.node.snapshot_disk(&sandbox, id, &new.id, paused).await,
-        SnapshotKind::Full => state.node.snapshot_full(&sandbox, id, &new.id, paused).await,
+        SnapshotKind::Disk => state.node.snapshot_disk(&sandbox, id, &new.id, paused).await.map(|()| None),
+        SnapshotKind::Full => state.node.snapshot_full(&sandbox, id, &new.id, paused).await.map(Some),
     };
     match taken {
-        Ok(size) => state.store.set_snapshot_ready(&new.id, size).await?,
+        Ok(size) => {
+            state.store.set_snapshot_ready(&new.id, size).await?;
+            if size.is_none() {
+                measure_in_background(state.clone(), id.clone(), new.id.clone());
+            }
+        }
         Err(e) => {
             state.node.delete_snapshot(id, &new.id).await?;
             state.store.delete_snapshot_row(&new.id).await?;
@@ -167,6 +172,21 @@ pub(crate) async fn snapshot_locked(
         }
     }
     state.store.snapshot(tenant, &new.id).await?.ok_or_else(|| AppError::internal("snapshot vanished"))
+}
+
+/// Fills in a disk snapshot's size once its files are walked (off the request: the walk
+/// takes longer than the snapshot itself).
+fn measure_in_background(state: AppState, session: SessionId, snapshot: SnapshotId) {
+    tokio::spawn(async move {
+        let measured = match state.node.snapshot_disk_size(&session, &snapshot).await {
+            Ok(size) => state.store.set_snapshot_size(&snapshot, size).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        // A snapshot deleted meanwhile has nothing left to measure.
+        if let Err(e) = measured {
+            tracing::debug!(%snapshot, error = %e, "measuring a disk snapshot");
+        }
+    });
 }
 
 /// Fails with `feature_unavailable` unless the node can take full snapshots.
