@@ -91,10 +91,7 @@ fn answer(packet: &[u8], egress: Option<&SessionEgress>) -> Option<(Vec<u8>, Opt
     };
     reply.add_query(question.clone());
     let name = normalize_host(&question.name().to_ascii());
-    let allowed = egress.is_some_and(|egress| {
-        let granted = egress.grants.iter().flat_map(|g| g.hosts.iter().map(String::as_str));
-        !name.is_empty() && egress.policy.allows_host(&name, granted)
-    });
+    let allowed = egress.is_some_and(|egress| !name.is_empty() && egress.allows_host(&name));
     if !allowed {
         reply.set_response_code(ResponseCode::NXDomain);
     } else if question.query_type() == RecordType::A && question.query_class() == DNSClass::IN {

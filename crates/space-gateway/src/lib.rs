@@ -102,13 +102,18 @@ pub struct SessionEgress {
     pub grants: Vec<Grant>,
 }
 
+impl SessionEgress {
+    /// Whether the name may be reached: the policy allows it, counting granted hosts.
+    pub(crate) fn allows_host(&self, name: &str) -> bool {
+        let granted = self.grants.iter().flat_map(|g| g.hosts.iter().map(String::as_str));
+        self.policy.allows_host(name, granted)
+    }
+}
+
 /// Where audit events go (the control plane stores them).
 pub type AuditSink = tokio::sync::mpsc::UnboundedSender<AuditEvent>;
 
-/// The placeholder a sandbox sees for a credential's `placeholder_env`.
-pub fn placeholder_for(credential: &str) -> String {
-    format!("space-placeholder-{credential}")
-}
+pub use space_api::egress::placeholder_for;
 
 /// Environment every command in a sandbox gets, so clients use the proxy and trust the
 /// session CA.
@@ -243,8 +248,8 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// Fails on a configuration the data path cannot use (e.g. extra roots that do not parse).
     pub fn new(config: GatewayConfig, audit: AuditSink) -> Result<Arc<Gateway>, GatewayError> {
-        proxy::check_config(&config)?;
         let state = proxy::State::new(&config)?;
         let shared = Arc::new(Shared { config, audit, sessions: RwLock::new(HashMap::new()), state });
         Ok(Arc::new(Gateway { shared, sandboxes: Mutex::new(HashMap::new()) }))
@@ -286,11 +291,6 @@ impl Gateway {
             sandboxes.remove(sandbox);
         }
         self.shared.state.idle.forget(sandbox);
-    }
-
-    /// Whether `sandbox` is attached.
-    pub fn is_attached(&self, sandbox: &SandboxId) -> bool {
-        self.sandboxes.lock().is_ok_and(|s| s.contains_key(sandbox))
     }
 
     /// Sets (or replaces) what `session` may reach and which credentials it holds.

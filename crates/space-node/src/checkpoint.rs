@@ -57,12 +57,8 @@ impl Node {
         restored_state?;
         let pool = self.pool.clone();
         let (ses, snap) = (session.clone(), snapshot.clone());
-        let root_bytes = blocking(move || {
-            pool.link_snapshot_binary(&ses, &snap, &kept)?;
-            Ok(space_storage::apparent_size(&pool.snapshot_dir(&ses, &snap).join("rootfs"))?)
-        })
-        .await?;
-        Ok(root_bytes + image_bytes)
+        blocking(move || Ok(pool.link_snapshot_binary(&ses, &snap, &kept)?)).await?;
+        Ok(self.snapshot_disk_size(session, snapshot).await? + image_bytes)
     }
 
     /// Waits for the agent to let go, freezes, checkpoints and snapshots the root; returns the

@@ -20,7 +20,7 @@ use crate::{Grant, SandboxContext};
 use super::audit::{self, Record};
 use super::client_hello::HELLO_TIMEOUT;
 use super::forward::{Forwarder, Target, outgoing, relay};
-use super::policy::{check_name, check_port, grants_for, refusal, split_authority, unix_now};
+use super::policy::{check_name, check_port, grants_for, refusal, split_authority};
 use super::{RespBody, http_server, text};
 
 /// Intercepts the TLS connection `client` (its ClientHello named `sni`), forwarding its
@@ -100,7 +100,7 @@ impl Intercepted {
             return text(StatusCode::FORBIDDEN, refusal(&session, &reason, &self.sni));
         }
         let grants = grants_for(&egress, &self.sni);
-        let now = unix_now();
+        let now = audit::now_millis() / 1000;
         for grant in &grants {
             if grant.expires_at.is_some_and(|at| at < now) {
                 let reason = format!("credential {} expired", grant.credential);

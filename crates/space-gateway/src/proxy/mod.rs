@@ -63,10 +63,6 @@ impl State {
     }
 }
 
-pub(crate) fn check_config(config: &GatewayConfig) -> Result<(), GatewayError> {
-    upstream::client_config(config, upstream::provider()).map(drop)
-}
-
 /// A plain-text response.
 pub(crate) fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<RespBody> {
     let mut response = Response::new(Full::new(body.into()).map_err(|never: Infallible| match never {}).boxed_unsync());

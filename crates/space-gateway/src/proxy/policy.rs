@@ -40,16 +40,8 @@ pub(crate) fn split_authority(text: &str) -> Option<(String, Option<u16>)> {
     Some((authority.host().to_string(), authority.port_u16()))
 }
 
-fn granted(egress: &SessionEgress) -> impl Iterator<Item = &str> {
-    egress.grants.iter().flat_map(|g| g.hosts.iter().map(String::as_str))
-}
-
 pub(crate) fn check_name(egress: &SessionEgress, name: &str) -> Result<(), String> {
-    if egress.policy.allows_host(name, granted(egress)) {
-        Ok(())
-    } else {
-        Err(format!("name {} not allowed", normalize_host(name)))
-    }
+    if egress.allows_host(name) { Ok(()) } else { Err(format!("name {} not allowed", normalize_host(name))) }
 }
 
 pub(crate) fn check_port(egress: &SessionEgress, port: u16) -> Result<(), String> {
@@ -82,10 +74,6 @@ pub(crate) fn intercepted(egress: &SessionEgress, host: &str) -> bool {
 /// The text of a refusal, with how to lift it.
 pub(crate) fn refusal(session: &space_api::SessionId, reason: &str, host: &str) -> String {
     format!("space gateway: {reason}\nTo allow it: space session policy {session} --allow {host}\n")
-}
-
-pub(crate) fn unix_now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
 #[cfg(test)]
