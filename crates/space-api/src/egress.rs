@@ -119,6 +119,12 @@ impl NetworkPolicy {
     }
 }
 
+/// The placeholder a sandbox sees for a credential's `placeholder_env`: set in the session's
+/// environment by the control plane, swapped for the value by the gateway.
+pub fn placeholder_for(credential: &str) -> String {
+    format!("space-placeholder-{credential}")
+}
+
 /// Lower-case, without a trailing dot.
 pub fn normalize_host(host: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()

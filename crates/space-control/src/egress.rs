@@ -467,9 +467,4 @@ mod tests {
         assert!(validate_hosts(&[]).is_err());
         assert!(validate_hosts(&["1.2.3.4".into()]).is_err());
     }
-
-    #[test]
-    fn store_and_gateway_agree_on_placeholders() {
-        assert_eq!(space_store::placeholder_value("gh"), placeholder_for("gh"));
-    }
 }

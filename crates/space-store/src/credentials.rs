@@ -279,13 +279,7 @@ impl Store {
 /// The placeholder variable a credential sets, if any.
 fn placeholder_of(credential: &Credential) -> Option<PlaceholderEnv> {
     let name = credential.placeholder_env.clone()?;
-    Some(PlaceholderEnv { name, placeholder: placeholder_value(&credential.name) })
-}
-
-/// Must equal `space_gateway::placeholder_for` (the store does not depend on the gateway);
-/// a unit test in space-control checks that they agree.
-pub fn placeholder_value(credential: &str) -> String {
-    format!("space-placeholder-{credential}")
+    Some(PlaceholderEnv { name, placeholder: space_api::egress::placeholder_for(&credential.name) })
 }
 
 fn remove_placeholder(vars: &mut BTreeMap<String, String>, env: &PlaceholderEnv) {

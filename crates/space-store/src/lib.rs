@@ -21,7 +21,7 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 pub use auth::KeyOwner;
-pub use credentials::{CredentialChange, CredentialRecord, NewCredential, PlaceholderEnv, placeholder_value};
+pub use credentials::{CredentialChange, CredentialRecord, NewCredential, PlaceholderEnv};
 pub use idempotency::IdempotencyBegin;
 pub use network::{NewSessionEgress, SessionEgressRecord};
 pub use operations::{NewOperation, OperationKind, OperationRecord};
