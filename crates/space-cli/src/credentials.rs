@@ -80,41 +80,10 @@ fn parse_expiry_or_never(text: &str) -> Result<i64, String> {
     if text == "never" { Ok(0) } else { parse_expiry(text) }
 }
 
-/// `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` → Unix seconds.
+/// An RFC 3339 time (`2030-01-01T00:00:00Z`, `…T01:00:00.5+01:00`) → Unix seconds.
 fn parse_rfc3339(text: &str) -> Option<i64> {
-    let num = |s: &str| -> Option<i64> {
-        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse().ok()).flatten()
-    };
-    let (date, rest) = text.split_once(['T', 't', ' '])?;
-    let mut d = date.split('-');
-    let (y, m, day) = (num(d.next()?)?, num(d.next()?)?, num(d.next()?)?);
-    if d.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&day) {
-        return None;
-    }
-    let (clock, offset) = if let Some(c) = rest.strip_suffix(['Z', 'z']) {
-        (c, 0)
-    } else {
-        let at = rest.rfind(['+', '-'])?;
-        let (c, off) = rest.split_at(at);
-        let sign = if off.starts_with('-') { -1 } else { 1 };
-        let (oh, om) = off[1..].split_once(':')?;
-        (c, sign * (num(oh)? * 3600 + num(om)? * 60))
-    };
-    let clock = clock.split('.').next()?;
-    let mut c = clock.split(':');
-    let (h, min, s) = (num(c.next()?)?, num(c.next()?)?, num(c.next()?)?);
-    if c.next().is_some() || h > 23 || min > 59 || s > 60 {
-        return None;
-    }
-    // Howard Hinnant's days-from-civil.
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days * 86_400 + h * 3600 + min * 60 + s - offset)
+    let time = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
+    Some(time.unix_timestamp())
 }
 
 /// The value from stdin, without one trailing newline; refuses an empty one.
