@@ -243,13 +243,22 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
     remove_sandbox(state, &input.sandbox).await?;
     match start_from_snapshot(state, &record.session, &input.snapshot, input.sandbox.clone()).await {
         Ok(handle) => {
-            for sandbox in state.store.live_sandboxes(&state.node_id).await? {
-                if sandbox.session_id == id && sandbox.id != handle.id {
-                    remove_sandbox(state, &sandbox.id).await?;
-                }
+            let retired: Vec<SandboxId> = state
+                .store
+                .live_sandboxes(&state.node_id)
+                .await?
+                .into_iter()
+                .filter(|s| s.session_id == id && s.id != handle.id)
+                .map(|s| s.id)
+                .collect();
+            // Frozen now, so the session's old processes stop as it moves on; torn down after
+            // (the session already points at the new sandbox, so recovery removes them too).
+            for sandbox in &retired {
+                let _ = state.node.pause_sandbox(sandbox).await;
             }
             state.store.transition(&id, &[SessionState::Restoring], SessionState::Running, None).await?;
             watch_exit(state.clone(), id, handle);
+            remove_in_background(state.clone(), retired);
             Ok(())
         }
         Err(e) => {
@@ -351,6 +360,20 @@ pub async fn remove_sandbox(state: &AppState, sandbox: &SandboxId) -> AppResult<
     state.node.destroy_sandbox(sandbox).await?;
     state.store.set_sandbox_gone(sandbox).await?;
     Ok(())
+}
+
+/// Removes sandboxes a session no longer uses, off the caller's path.
+fn remove_in_background(state: AppState, sandboxes: Vec<SandboxId>) {
+    if sandboxes.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        for sandbox in sandboxes {
+            if let Err(e) = remove_sandbox(&state, &sandbox).await {
+                tracing::warn!(%sandbox, error = %e.0.message, "cannot remove a retired sandbox; recovery will");
+            }
+        }
+    });
 }
 
 /// When a sandbox's pid 1 dies on its own, the session fails with a recorded reason.
