@@ -64,7 +64,7 @@ impl Criu {
     pub async fn dump(&self, opts: &DumpOptions) -> Result<DumpStats> {
         tokio::fs::create_dir_all(&opts.images_dir).await.map_err(io_err("create images dir", &opts.images_dir))?;
         let log = opts.images_dir.join(DUMP_LOG);
-        let wall = run::criu(&self.path, "dump", &dump_args(opts), &[], &log).await?;
+        let wall = run::criu(self, "dump", &dump_args(opts), &[], &log).await?;
         let image_bytes = images_size(&opts.images_dir).await?;
         Ok(DumpStats { wall, image_bytes })
     }

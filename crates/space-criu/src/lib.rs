@@ -22,6 +22,7 @@
 
 mod dump;
 mod error;
+mod kerndat;
 mod restore;
 mod run;
 
@@ -30,6 +31,7 @@ use std::path::{Path, PathBuf};
 
 pub use dump::{DumpOptions, DumpStats};
 pub use error::{CriuError, Result};
+pub use kerndat::CACHE_DIR as KERNDAT_CACHE_DIR;
 pub use restore::{CgroupRoot, RestoreOptions, RestoredTree};
 pub use space_sandbox_init::{AGENT_DIR, SELF_EXE};
 
@@ -44,11 +46,15 @@ pub const MIN_VERSION: (u32, u32) = (4, 2);
 pub struct Criu {
     path: PathBuf,
     version: String,
+    /// A tmpfs to show CRIU as `/run`, where it keeps its kernel probes (see `kerndat.rs`).
+    private_run: Option<PathBuf>,
 }
 
 impl Criu {
     /// Finds CRIU: `explicit` if given (and nothing else), else [`DEFAULT_CRIU`], else `criu`
-    /// on PATH. Checks that `--version` reports at least [`MIN_VERSION`].
+    /// on PATH. Checks that `--version` reports at least [`MIN_VERSION`]. Sets up the cache of
+    /// CRIU's kernel probes (mounting a tmpfs at [`KERNDAT_CACHE_DIR`] if the host's `/run` is
+    /// not one).
     pub fn locate(explicit: Option<&Path>) -> Result<Criu> {
         let candidates: Vec<PathBuf> = match explicit {
             Some(path) => vec![path.to_path_buf()],
@@ -68,7 +74,7 @@ impl Criu {
             let needed = format!("{}.{}", MIN_VERSION.0, MIN_VERSION.1);
             return Err(CriuError::TooOld { path: path.clone(), found: version, needed });
         }
-        Ok(Criu { path: path.clone(), version })
+        Ok(Criu { path: path.clone(), version, private_run: kerndat::private_run_dir() })
     }
 
     pub fn path(&self) -> &Path {

@@ -13,29 +13,22 @@
 //! CRIU gets the directory through a bind mount in a private searchable directory instead).
 //! Before any restored process runs it must belong to host root again (mode 0700, so no
 //! sandbox process can enter it), otherwise the sandbox could plant a symlink there for the
-//! node to follow: a `pre-resume` action script hands it back. CRIU also re-applies the
-//! dumped mount's flags, and atime flags cannot change on such a mount: the directory must be
-//! on a filesystem mounted like the dumped sandbox's (in practice: next to it).
+//! node to follow: the `pre-resume` step of the action script ([`RestoreOptions::hook`]) hands
+//! it back. CRIU also re-applies the dumped mount's flags, and atime flags cannot change on
+//! such a mount: the directory must be on a filesystem mounted like the dumped sandbox's (in
+//! practice: next to it).
 
 use std::ffi::OsString;
-use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::dump::{AGENT_KEY, SPACED_KEY, common_args};
 use crate::error::{CriuError, Result, io_err};
+use space_sandbox_init::CRIU_AGENT_DIR_ENV;
+
 use crate::{Criu, flag, run};
-
-/// The environment variable naming the agent directory for the hook.
-const AGENT_DIR_ENV: &str = "SPACE_CRIU_AGENT_DIR";
-
-/// Runs as a CRIU action script; only `pre-resume` matters (see the module docs).
-const HOOK: &str = "#!/bin/sh\n\
-# space-criu: the restored sandbox must not be able to enter its agent directory.\n\
-[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-resume ] || exit 0\n\
-chown -h 0:0 -- \"$SPACE_CRIU_AGENT_DIR\" && chmod 0700 -- \"$SPACE_CRIU_AGENT_DIR\"\n";
 
 /// Where a restored tree's cgroups go: `--cgroup-root [controller:]path`. Without a
 /// controller, the root of every controller not named otherwise (cgroup v2: the only one).
@@ -77,6 +70,9 @@ pub struct RestoreOptions {
     /// The `spaced` binary the dumped pid 1 ran (mounted at `/dev/.spaced` again). CRIU checks
     /// its build id: a restore needs the very binary the sandbox was started with.
     pub spaced: PathBuf,
+    /// CRIU's action script: the current `spaced` (see `space_sandbox_init::run_criu_hook`),
+    /// which may be newer than [`RestoreOptions::spaced`].
+    pub hook: PathBuf,
     /// Where the new sandbox's cgroups are created (CRIU copies the dumped limits into them).
     pub cgroup_roots: Vec<CgroupRoot>,
     pub tcp_established: bool,
@@ -91,12 +87,14 @@ impl RestoreOptions {
         agent_dir: impl Into<PathBuf>,
         spaced: impl Into<PathBuf>,
     ) -> Self {
+        let spaced = spaced.into();
         RestoreOptions {
             images_dir: images_dir.into(),
             root: root.into(),
             agent_dir: agent_dir.into(),
             sandbox_root: (100_000, 100_000),
-            spaced: spaced.into(),
+            hook: spaced.clone(),
+            spaced,
             cgroup_roots: Vec::new(),
             tcp_established: true,
             log_file: None,
@@ -130,8 +128,6 @@ impl Criu {
             .permissions(std::fs::Permissions::from_mode(0o711))
             .tempdir()
             .map_err(io_err("create a temp dir", &std::env::temp_dir()))?;
-        let hook = work.path().join("hook");
-        write_hook(&hook)?;
         let pidfile = work.path().join("pid");
         prepare_agent_dir(&opts.agent_dir, opts.sandbox_root)?;
         // Whatever happens from here, the directory must not stay the sandbox's.
@@ -139,8 +135,8 @@ impl Criu {
         let reachable = work.path().join("agent");
         let ran = match AgentBind::new(&opts.agent_dir, &reachable) {
             Ok(bind) => {
-                let args = restore_args(opts, &reachable, &log, &pidfile, &hook);
-                let ran = run::criu(&self.path, "restore", &args, &[(AGENT_DIR_ENV, &opts.agent_dir)], &log).await;
+                let args = restore_args(opts, &reachable, &log, &pidfile);
+                let ran = run::criu(self, "restore", &args, &[(CRIU_AGENT_DIR_ENV, &opts.agent_dir)], &log).await;
                 drop(bind);
                 ran
             }
@@ -164,13 +160,7 @@ impl Criu {
 
 /// The arguments of `criu restore`, each with the reason it is there; `agent_dir` is where
 /// CRIU finds the agent directory.
-pub(crate) fn restore_args(
-    opts: &RestoreOptions,
-    agent_dir: &Path,
-    log: &Path,
-    pidfile: &Path,
-    hook: &Path,
-) -> Vec<OsString> {
+pub(crate) fn restore_args(opts: &RestoreOptions, agent_dir: &Path, log: &Path, pidfile: &Path) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec!["restore".into()];
     flag(&mut args, "--images-dir", &opts.images_dir);
     flag(&mut args, "--log-file", log);
@@ -181,6 +171,10 @@ pub(crate) fn restore_args(
     args.push("--restore-detached".into());
     flag(&mut args, "--pidfile", pidfile);
     common_args(&mut args, opts.tcp_established);
+    // A sandbox's network namespace holds only `lo` (see space-gateway): CRIU's restore of
+    // its addresses, routes and rules (six `ip` runs, ~30 ms) is replaced by bringing `lo` up
+    // in the hook; the node adds its route and the gateway's sockets afterwards, as at boot.
+    flag(&mut args, "--empty-ns", "net");
     let mut agent = OsString::from(format!("mnt[{AGENT_KEY}]:"));
     agent.push(agent_dir);
     flag(&mut args, "--external", agent);
@@ -193,7 +187,7 @@ pub(crate) fn restore_args(
     for root in &opts.cgroup_roots {
         flag(&mut args, "--cgroup-root", root.arg());
     }
-    flag(&mut args, "--action-script", hook);
+    flag(&mut args, "--action-script", &opts.hook);
     args
 }
 
@@ -222,16 +216,6 @@ impl Drop for AgentBind<'_> {
 fn default_log_name() -> String {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     format!("restore-{nanos}.log")
-}
-
-fn write_hook(path: &Path) -> Result<()> {
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o700)
-        .open(path)
-        .map_err(io_err("create", path))?;
-    file.write_all(HOOK.as_bytes()).map_err(io_err("write", path))
 }
 
 /// Creates the agent directory (or accepts an empty one) and gives it to sandbox root.
@@ -325,7 +309,7 @@ mod tests {
         opts.cgroup_roots =
             vec![CgroupRoot::new(Some("memory"), "/space/sbx_b"), CgroupRoot::new(None, "/space/sbx_b")];
         let (agent, log) = (Path::new("/t/agent"), Path::new("/snap/criu/r.log"));
-        let args = restore_args(&opts, agent, log, Path::new("/t/pid"), Path::new("/t/hook"));
+        let args = restore_args(&opts, agent, log, Path::new("/t/pid"));
         let joined = args.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
         assert!(joined.starts_with("restore --images-dir /snap/criu --log-file /snap/criu/r.log -v4"), "{joined}");
         for expected in [
@@ -337,9 +321,10 @@ mod tests {
             "--external mnt[space-agent]:/t/agent",
             "--external mnt[space-spaced]:/bin/spaced",
             "--ext-mount-map auto",
+            "--empty-ns net",
             "--cgroup-root memory:/space/sbx_b",
             "--cgroup-root /space/sbx_b",
-            "--action-script /t/hook",
+            "--action-script /bin/spaced",
         ] {
             assert!(joined.contains(expected), "{expected} missing in {joined}");
         }
@@ -365,31 +350,5 @@ mod tests {
     fn nix_ids() -> (u32, u32) {
         // SAFETY: getuid and getgid cannot fail and touch no memory.
         unsafe { (libc::getuid(), libc::getgid()) }
-    }
-
-    #[test]
-    fn the_hook_only_acts_before_resume() {
-        let base = tempfile::tempdir().unwrap();
-        let hook = base.path().join("hook");
-        write_hook(&hook).unwrap();
-        let run = |action: &str| {
-            // A test thread forking meanwhile can hold our just-closed write fd until it execs.
-            for _ in 0..100 {
-                let status = std::process::Command::new(&hook)
-                    .env("CRTOOLS_SCRIPT_ACTION", action)
-                    .env(AGENT_DIR_ENV, "/nonexistent")
-                    .stderr(std::process::Stdio::null())
-                    .status();
-                match status {
-                    Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                    other => return other.unwrap().success(),
-                }
-            }
-            panic!("{} stays busy", hook.display())
-        };
-        assert!(run("post-restore"));
-        assert!(!run("pre-resume"), "chown of a missing dir must fail the restore");
     }
 }

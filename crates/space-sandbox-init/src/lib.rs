@@ -25,6 +25,7 @@
 //! exit non-zero. Must be called while the process is single-threaded (before any runtime).
 
 mod bootstrap;
+mod criu_hook;
 mod listener;
 mod mounts;
 mod pid1;
@@ -35,6 +36,7 @@ mod sys;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 
+pub use criu_hook::{ACTION_ENV as CRIU_ACTION_ENV, AGENT_DIR_ENV as CRIU_AGENT_DIR_ENV, run_criu_hook};
 pub use listener::AGENT_DIR;
 pub use reexec::SELF_EXE;
 pub use security::{KEPT_CAPABILITIES, seccomp_programs, seccomp_rules};

@@ -19,6 +19,10 @@ use crate::sys::{ctx, io_ctx};
 /// Host device nodes bind-mounted into the sandbox's /dev.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
+/// An empty, read-only directory bound over masked directories. (A tmpfs per masked
+/// directory would cost a `tar` run each in every full snapshot and restore.)
+const MASK_SOURCE: &str = "/dev/.masked";
+
 const DEV_SYMLINKS: &[(&str, &str)] = &[
     ("ptmx", "pts/ptmx"),
     ("fd", "/proc/self/fd"),
@@ -110,9 +114,12 @@ fn mount_dev(root: &Path, warnings: &mut Vec<String>) -> Result<(), InitError> {
     let data = "newinstance,ptmxmode=0666,mode=0620,gid=5";
     mnt(Some("devpts"), &pts, Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(data))
         .map_err(ctx("mount /dev/pts"))?;
-    let shm = make_dir(&dev, "shm", 0o1777)?;
+    // A directory of /dev's tmpfs, not a tmpfs of its own: CRIU saves and restores every
+    // tmpfs's contents through a `tar` run (~7 ms each way), so a sandbox has only one.
+    make_dir(&dev, "shm", 0o1777)?;
+    let masked = make_dir(&dev, MASK_SOURCE.trim_start_matches("/dev/"), 0o555)?;
+    bind_read_only(&masked, &masked).map_err(ctx(format!("bind {MASK_SOURCE} read-only")))?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    mnt(Some("shm"), &shm, Some("tmpfs"), flags, Some("mode=1777,size=65536k")).map_err(ctx("mount /dev/shm"))?;
     let mqueue = make_dir(&dev, "mqueue", 0o755)?;
     if let Err(e) = mnt(Some("mqueue"), &mqueue, Some("mqueue"), flags, None) {
         warnings.push(format!("mount /dev/mqueue: {e:?}"));
@@ -194,13 +201,25 @@ fn mask_paths(paths: &[String]) -> Result<(), InitError> {
         };
         let target = Path::new(path);
         let result = if meta.is_dir() {
-            mnt(Some("tmpfs"), target, Some("tmpfs"), MsFlags::MS_RDONLY, Some("mode=555"))
+            bind_read_only(Path::new(MASK_SOURCE), target)
         } else {
             mnt(Some("/dev/null"), target, None, MsFlags::MS_BIND, None)
         };
         result.map_err(ctx(format!("mask {path}")))?;
     }
     Ok(())
+}
+
+/// Binds `source` at `target` and makes that mount read-only.
+fn bind_read_only(source: &Path, target: &Path) -> Result<(), Errno> {
+    mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+    remount_read_only(target)
+}
+
+fn remount_read_only(target: &Path) -> Result<(), Errno> {
+    // A remount must repeat the flags the kernel locked on the mount (nosuid, ...).
+    let locked = locked_flags(statvfs(target)?.flags());
+    mnt(None, target, None, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | locked, None)
 }
 
 fn readonly_paths(paths: &[String]) -> Result<(), InitError> {
@@ -211,10 +230,7 @@ fn readonly_paths(paths: &[String]) -> Result<(), InitError> {
             Err(Errno::ENOENT) => continue,
             Err(e) => return Err(ctx(format!("bind {path}"))(e)),
         }
-        // A remount must repeat the flags the kernel locked on this mount (nosuid, ...).
-        let current = statvfs(target).map_err(ctx(format!("statvfs {path}")))?;
-        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | locked_flags(current.flags());
-        mnt(None, target, None, flags, None).map_err(ctx(format!("remount {path} read-only")))?;
+        remount_read_only(target).map_err(ctx(format!("remount {path} read-only")))?;
     }
     Ok(())
 }
