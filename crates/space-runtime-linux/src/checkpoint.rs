@@ -108,6 +108,7 @@ pub(crate) async fn checkpoint(
     let mut opts = DumpOptions::new(pid, images_dir);
     opts.leave_running = true;
     opts.freeze_cgroup = Some(rt.cgroups.freezer_dir(&name));
+    opts.cgroup_controllers = dumped_controllers(rt.cgroups.hierarchy_paths(&name));
     let stats = criu.dump(&opts).await.map_err(|e| RuntimeError::Checkpoint(e.to_string()))?;
     Ok(CheckpointStats { wall: stats.wall, image_bytes: stats.image_bytes })
 }
@@ -157,6 +158,16 @@ pub(crate) async fn restore(
     }
 }
 
+/// One controller per v1 hierarchy the runtime puts sandboxes in; none (CRIU records every
+/// hierarchy) on cgroup v2, which has just one.
+fn dumped_controllers(hierarchies: Vec<(Option<String>, String)>) -> Vec<String> {
+    let firsts: Option<Vec<String>> = hierarchies
+        .into_iter()
+        .map(|(controllers, _)| controllers.and_then(|c| c.split(',').next().map(str::to_owned)))
+        .collect();
+    firsts.unwrap_or_default()
+}
+
 async fn cleanup(rt: &LinuxRuntime, id: &SandboxId) {
     if let Err(e) = rt.destroy(id).await {
         tracing::warn!(sandbox = %id, error = %e, "cleanup after a failed restore");
@@ -166,6 +177,13 @@ async fn cleanup(rt: &LinuxRuntime, id: &SandboxId) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_controller_per_v1_hierarchy_and_none_on_v2() {
+        let v1 = vec![(Some("cpu,cpuacct".to_owned()), "/a".to_owned()), (Some("memory".to_owned()), "/a".to_owned())];
+        assert_eq!(dumped_controllers(v1), vec!["cpu", "memory"]);
+        assert!(dumped_controllers(vec![(None, "/a".to_owned())]).is_empty());
+    }
 
     #[test]
     fn socket_inodes_of_each_table() {
