@@ -48,43 +48,6 @@ pub struct Criu {
     version: String,
     /// A tmpfs to show CRIU as `/run`, where it keeps its kernel probes (see `kerndat.rs`).
     private_run: Option<PathBuf>,
-    /// How CRIU is started: `path` itself, or the loader of its private prefix.
-    launch: Launch,
-}
-
-/// A program and the arguments that come before CRIU's own.
-#[derive(Debug, Clone)]
-struct Launch {
-    program: PathBuf,
-    leading_args: Vec<std::ffi::OsString>,
-}
-
-impl Launch {
-    /// The private prefix `scripts/install-criu.sh` makes (`bin/criu`, a shell script, as its
-    /// first lines say, that runs `lib/ld-linux*` on `libexec/criu`) is started without the shell: the shell's
-    /// start alone cost ~9 ms of every CRIU run here. Anything else runs as is.
-    fn for_path(path: &Path) -> Launch {
-        let direct = Launch { program: path.to_path_buf(), leading_args: Vec::new() };
-        let ours = std::fs::read(path).is_ok_and(|text| text.starts_with(b"#!/bin/sh\n# CRIU from Debian"));
-        if !ours {
-            return direct;
-        }
-        let Some(prefix) = path.parent().filter(|bin| bin.ends_with("bin")).and_then(Path::parent) else {
-            return direct;
-        };
-        let (lib, binary) = (prefix.join("lib"), prefix.join("libexec/criu"));
-        let loader = std::fs::read_dir(&lib).ok().and_then(|entries| {
-            entries.flatten().map(|e| e.path()).find(|p| {
-                p.file_name().and_then(OsStr::to_str).is_some_and(|n| n.starts_with("ld-linux") && n.contains(".so"))
-            })
-        });
-        match loader {
-            Some(loader) if is_executable(&binary) && is_executable(&loader) => {
-                Launch { program: loader, leading_args: vec!["--library-path".into(), lib.into(), binary.into()] }
-            }
-            _ => direct,
-        }
-    }
 }
 
 impl Criu {
@@ -111,12 +74,7 @@ impl Criu {
             let needed = format!("{}.{}", MIN_VERSION.0, MIN_VERSION.1);
             return Err(CriuError::TooOld { path: path.clone(), found: version, needed });
         }
-        Ok(Criu {
-            path: path.clone(),
-            version,
-            private_run: kerndat::private_run_dir(),
-            launch: Launch::for_path(path),
-        })
+        Ok(Criu { path: path.clone(), version, private_run: kerndat::private_run_dir() })
     }
 
     pub fn path(&self) -> &Path {
@@ -178,30 +136,6 @@ mod tests {
         assert_eq!(parse_version("criu: unknown option\n"), None);
         assert!(at_least("4.2", (4, 2)) && at_least("4.2.1", (4, 2)) && at_least("5.0", (4, 2)));
         assert!(!at_least("3.17.1", (4, 2)) && !at_least("4.1.1", (4, 2)));
-    }
-
-    #[test]
-    fn the_private_prefix_is_started_through_its_loader() {
-        let prefix = tempfile::tempdir().unwrap();
-        let make = |rel: &str| {
-            let path = prefix.path().join(rel);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, "").unwrap();
-            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-            path
-        };
-        let wrapper = make("bin/criu");
-        let loader = make("lib/ld-linux-x86-64.so.2");
-        make("libexec/criu");
-        assert_eq!(Launch::for_path(&wrapper).program, wrapper, "not the install script's wrapper");
-        std::fs::write(&wrapper, "#!/bin/sh\n# CRIU from Debian forky with its own libraries\n").unwrap();
-        let launch = Launch::for_path(&wrapper);
-        assert_eq!(launch.program, loader);
-        let args: Vec<_> = launch.leading_args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-        let lib = prefix.path().join("lib").display().to_string();
-        assert_eq!(args, ["--library-path", &lib, &prefix.path().join("libexec/criu").display().to_string()]);
-        let elsewhere = make("usr/sbin/criu");
-        assert_eq!(Launch::for_path(&elsewhere).program, elsewhere);
     }
 
     #[test]

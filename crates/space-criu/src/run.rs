@@ -19,14 +19,8 @@ pub(crate) async fn criu(
     log: &Path,
 ) -> Result<Duration> {
     let binary = criu.path.as_path();
-    let mut command = tokio::process::Command::new(&criu.launch.program);
-    command
-        .args(&criu.launch.leading_args)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    let mut command = tokio::process::Command::new(binary);
+    command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     for (key, value) in env {
         command.env(key, value);
     }
