@@ -162,6 +162,12 @@ async fn measure_full(client: &Client, template: &str, n: usize, report: &mut Re
 }
 
 async fn measure_full_on(client: &Client, id: &str, n: usize, report: &mut Report) -> anyhow::Result<()> {
+    // The fixed cost of a restore (a few MiB of memory: spaced and the shell), next to the
+    // 100 MiB one below.
+    let idle = snapshot(client, id, SnapshotKind::Full).await?;
+    report.add(summarize("restore_full_idle", restores(client, id, &idle, n).await?));
+    delete_snapshot(client, id, &idle).await?;
+
     let rss = run(client, id, &["sh", "-c", HOLD_100_MIB]).await?;
     eprintln!("  memory holder resident: {} KiB", rss.trim());
     report.add(summarize("snapshot_full_100mib", snapshots(client, id, SnapshotKind::Full, n).await?));
