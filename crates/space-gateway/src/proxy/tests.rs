@@ -374,3 +374,30 @@ async fn private_upstreams_are_refused_unless_allowed() {
     let event = audit.recv().await.unwrap();
     assert_eq!(event.reason.as_deref(), Some("private upstream address 127.0.0.1"));
 }
+
+#[tokio::test]
+async fn transparent_interception_refuses_a_private_upstream_at_the_request() {
+    // Private upstreams refused (the default); the sandbox dials 127.0.0.1 itself, which a
+    // CIDR allows, with the SNI of a granted host: intercepted, then refused when the
+    // request needs an upstream connection.
+    let session = SessionId::generate();
+    let ca = SessionCa::generate(&session).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut granted = egress(&ca, vec![grant(SECRET)]);
+    granted.policy.cidrs = vec!["127.0.0.0/8".into()];
+    granted.policy.ports = vec![addr.port()];
+    let (tx, mut audit) = tokio::sync::mpsc::unbounded_channel();
+    let context = SandboxContext::for_test(GatewayConfig::default(), tx, Some((session, granted))).unwrap();
+    tokio::spawn(super::transparent::serve_transparent_https(listener, context));
+    let root = certificates_from_pem(ca.cert_pem.as_bytes()).unwrap().remove(0).into();
+    let tls = Setup::tls(TcpStream::connect(addr).await.unwrap(), "api.test", root).await.unwrap();
+    let mut sender = http_client(tls).await;
+    let (status, body) = get(&mut sender, "api.test", "/", &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("private upstream address 127.0.0.1"), "{body}");
+    let event = tokio::time::timeout(Duration::from_secs(10), audit.recv()).await.unwrap().unwrap();
+    assert_eq!(event.decision, AuditDecision::Denied);
+    assert_eq!(event.reason.as_deref(), Some("private upstream address 127.0.0.1"));
+    assert_eq!(event.credential, None, "nothing was injected");
+}

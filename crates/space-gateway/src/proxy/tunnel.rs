@@ -46,6 +46,22 @@ impl Allowed<'_> {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        if let Some(sni) = &self.sni
+            && policy::intercepted(self.egress, sni)
+        {
+            // Unresolved names are resolved (and checked) when an upstream connection is
+            // opened: a request that reuses an idle one needs no lookup. A refused address
+            // then answers that request with a 403.
+            let target = Target {
+                dest: self.dest.clone(),
+                port: self.port,
+                tls_name: Some(sni.clone()),
+                addrs: self.addrs.clone(),
+            };
+            let client = Prefixed::new(hello, client);
+            super::mitm::serve(self.context.clone(), self.session.clone(), sni.clone(), target, client).await;
+            return;
+        }
         let resolved = match self.addrs.clone() {
             Some(addrs) => Ok(addrs),
             None => upstream::resolve(self.context.config(), &self.dest, self.port).await,
@@ -59,15 +75,6 @@ impl Allowed<'_> {
                 return self.context.audit(event);
             }
         };
-        if let Some(sni) = &self.sni
-            && policy::intercepted(self.egress, sni)
-        {
-            let target =
-                Target { dest: self.dest.clone(), port: self.port, tls_name: Some(sni.clone()), addrs: Some(addrs) };
-            let client = Prefixed::new(hello, client);
-            super::mitm::serve(self.context.clone(), self.session.clone(), sni.clone(), target, client).await;
-            return;
-        }
         splice(self.context, self.event(), hello, client, &addrs).await;
     }
 }
