@@ -6,6 +6,7 @@ use space_api::{SandboxId, SessionId};
 use space_gateway::GATEWAY_ADDR;
 use space_proto::client::AgentClient;
 use space_runtime::SandboxHandle;
+use space_storage::SandboxIdentity;
 
 use crate::{Node, NodeError, Result, blocking, poisoned};
 
@@ -18,6 +19,15 @@ const MAX_SYSTEM_BUNDLE: usize = 4 << 20;
 const CA_DIR: &str = "space";
 const CA_CERT_FILE: &str = "ca.crt";
 const CA_BUNDLE_FILE: &str = "ca-bundle.crt";
+
+/// The identity files of a new root: its resolver asks the gateway, which answers for the
+/// session's allowed names (any address on UDP port 53 reaches it, but not every client
+/// tries without a `resolv.conf`). Written with the root, from the host: no round trip to
+/// the sandbox on the way to its first command. A root restored from a full snapshot keeps
+/// the one it had.
+pub(crate) fn sandbox_identity(hostname: &str) -> SandboxIdentity {
+    SandboxIdentity { hostname: hostname.to_owned(), nameserver: Some(GATEWAY_ADDR.into()) }
+}
 
 impl Node {
     /// Opens the gateway's listeners in a sandbox that just started (or was restored), and
@@ -35,12 +45,11 @@ impl Node {
     }
 
     /// Done when a sandbox starts (for pods: before any session waits for it), so that
-    /// joining a session only has to write the session's own files.
+    /// joining a session only has to write the session's own files. (The resolver already
+    /// points at the gateway: see [`sandbox_identity`].)
     async fn connect_to_gateway(&self, handle: &SandboxHandle) -> Result<()> {
         self.attach_gateway(handle).await?;
         let agent = self.agent(&handle.id).await?;
-        let resolver = format!("nameserver {GATEWAY_ADDR}\noptions timeout:2 attempts:2\n");
-        write(&agent, &handle.id, "/etc/resolv.conf", Bytes::from(resolver)).await?;
         let bundle = read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default();
         self.system_bundles.lock().map_err(poisoned)?.insert(handle.id.clone(), Bytes::from(bundle));
         Ok(())
@@ -96,19 +105,6 @@ impl Node {
             bundles.remove(sandbox);
         }
     }
-}
-
-fn agent_failed(sandbox: &SandboxId, what: &str, e: &dyn std::fmt::Display) -> NodeError {
-    NodeError::Agent { sandbox: sandbox.clone(), reason: format!("{what}: {e}") }
-}
-
-async fn write(agent: &AgentClient, sandbox: &SandboxId, path: &str, data: Bytes) -> Result<()> {
-    let chunks = futures::stream::iter([Ok::<_, std::io::Error>(data)]);
-    agent
-        .write_file(path, Some(0o644), chunks)
-        .await
-        .map_err(|e| agent_failed(sandbox, &format!("write {path}"), &e))?;
-    Ok(())
 }
 
 /// A file of the sandbox, if it exists and is small enough to hold in memory.

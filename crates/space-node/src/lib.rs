@@ -18,7 +18,7 @@ use space_proto::client::AgentClient;
 pub use space_runtime::Limits;
 use space_runtime::{Runtime, SandboxHandle, SandboxSpec, SandboxStats};
 use space_runtime_linux::{LinuxOptions, LinuxRuntime};
-use space_storage::{IdMap, Pool, PoolOptions, SandboxIdentity};
+use space_storage::{IdMap, Pool, PoolOptions};
 
 pub use space_gateway::{Gateway, GatewayConfig, certificates_from_pem};
 pub use space_storage::{BUILTINS, TemplateInfo};
@@ -142,7 +142,7 @@ impl Node {
         hostname: &str,
     ) -> Result<SandboxHandle> {
         let pool = self.pool.clone();
-        let (sid, tpl, identity) = (id.clone(), template.clone(), SandboxIdentity { hostname: hostname.to_owned() });
+        let (sid, tpl, identity) = (id.clone(), template.clone(), crate::egress::sandbox_identity(hostname));
         let rootfs = blocking(move || Ok(pool.create_sandbox_root(&sid, &tpl, identity)?)).await?;
         self.boot(id, rootfs, limits, hostname).await
     }

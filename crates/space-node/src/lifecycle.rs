@@ -4,7 +4,6 @@ use std::collections::HashSet;
 
 use space_api::{SandboxId, SessionId, SnapshotId};
 use space_runtime::{Limits, Runtime, SandboxHandle};
-use space_storage::SandboxIdentity;
 
 use crate::{Node, Result, blocking};
 
@@ -57,7 +56,7 @@ impl Node {
         hostname: &str,
     ) -> Result<SandboxHandle> {
         let pool = self.pool.clone();
-        let identity = SandboxIdentity { hostname: hostname.to_owned() };
+        let identity = crate::egress::sandbox_identity(hostname);
         let (sid, ses, snap) = (id.clone(), session.clone(), snapshot.clone());
         let rootfs =
             blocking(move || Ok(pool.create_sandbox_root_from_snapshot(&sid, &ses, &snap, Some(identity))?)).await?;

@@ -1,10 +1,11 @@
 //! Per-sandbox identity files written into a fresh root: `/etc/hostname`, `/etc/machine-id`,
-//! `/etc/hosts`. They are written through `openat` with `O_NOFOLLOW` below an `/etc` opened
+//! `/etc/hosts` and, given a name server, `/etc/resolv.conf`. They are written through `openat` with `O_NOFOLLOW` below an `/etc` opened
 //! without following symlinks, so a template's symlinks can never redirect the writes onto
 //! the host.
 
 use std::fs::File;
 use std::io::Write;
+use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -21,6 +22,8 @@ use crate::error::{IoContext, Result, StorageError};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxIdentity {
     pub hostname: String,
+    /// The only name server the sandbox's resolver is told about.
+    pub nameserver: Option<IpAddr>,
 }
 
 /// Checks `hostname` is a valid host name (letters, digits, `-`, `.`; at most 64 bytes).
@@ -47,6 +50,11 @@ pub fn hosts_file(hostname: &str) -> String {
     format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback {hostname}\n")
 }
 
+/// The `/etc/resolv.conf` of a sandbox: one name server, failing fast.
+pub fn resolv_conf(nameserver: IpAddr) -> String {
+    format!("nameserver {nameserver}\noptions timeout:2 attempts:2\n")
+}
+
 /// Writes the identity files into `rootfs/etc`, owned by `owner` (uid = gid). Does nothing
 /// when the root has no real `/etc` directory.
 pub fn write_identity(rootfs: &Path, identity: &SandboxIdentity, owner: u32) -> Result<()> {
@@ -57,8 +65,11 @@ pub fn write_identity(rootfs: &Path, identity: &SandboxIdentity, owner: u32) -> 
     };
     let etc_path = rootfs.join("etc");
     let hostname = format!("{}\n", identity.hostname);
-    let files =
-        [("hostname", hostname), ("machine-id", random_machine_id()), ("hosts", hosts_file(&identity.hostname))];
+    let mut files =
+        vec![("hostname", hostname), ("machine-id", random_machine_id()), ("hosts", hosts_file(&identity.hostname))];
+    if let Some(nameserver) = identity.nameserver {
+        files.push(("resolv.conf", resolv_conf(nameserver)));
+    }
     for (name, content) in files {
         replace_file(&etc, &etc_path.join(name), name, content.as_bytes(), owner)?;
     }
@@ -184,10 +195,12 @@ mod tests {
         std::fs::write(&outside, "keep").unwrap();
         std::os::unix::fs::symlink(&outside, root.join("etc/hostname")).unwrap();
         let me = nix::unistd::geteuid().as_raw();
-        let id = SandboxIdentity { hostname: "box".into() };
+        let id = SandboxIdentity { hostname: "box".into(), nameserver: Some("10.0.0.53".parse().unwrap()) };
         write_identity(root, &id, me).unwrap();
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
         assert_eq!(std::fs::read_to_string(root.join("etc/hostname")).unwrap(), "box\n");
+        let resolv = std::fs::read_to_string(root.join("etc/resolv.conf")).unwrap();
+        assert!(resolv.starts_with("nameserver 10.0.0.53\n"), "{resolv}");
         assert_eq!(std::fs::read_to_string(root.join("etc/machine-id")).unwrap().len(), 33);
     }
 
@@ -199,7 +212,7 @@ mod tests {
         let root = dir.path().join("root");
         std::fs::create_dir(&root).unwrap();
         std::os::unix::fs::symlink(&target, root.join("etc")).unwrap();
-        let id = SandboxIdentity { hostname: "box".into() };
+        let id = SandboxIdentity { hostname: "box".into(), nameserver: None };
         write_identity(&root, &id, 0).unwrap();
         assert!(std::fs::read_dir(&target).unwrap().next().is_none());
     }

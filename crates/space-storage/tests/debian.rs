@@ -51,7 +51,7 @@ fn debian_template_builds_caches_and_runs() {
     let mut times = Vec::new();
     for id in &ids {
         let start = Instant::now();
-        let identity = SandboxIdentity { hostname: "deb".into() };
+        let identity = SandboxIdentity { hostname: "deb".into(), nameserver: None };
         t.pool().create_sandbox_root(id, &info, identity).unwrap();
         times.push(start.elapsed().as_micros());
     }

@@ -163,7 +163,7 @@ fn data_dir_on_btrfs_is_used_directly() {
     assert!(!data.join("pool.img").exists());
     let template = pool.templates().build_builtin("busybox", None, &space_storage::no_progress).unwrap();
     let id = space_api::SandboxId::generate();
-    let identity = space_storage::SandboxIdentity { hostname: "native".into() };
+    let identity = space_storage::SandboxIdentity { hostname: "native".into(), nameserver: None };
     let root = pool.create_sandbox_root(&id, &template, identity).unwrap();
     assert!(btrfs::is_subvolume(&root).unwrap());
     pool.delete_sandbox_root(&id).unwrap();

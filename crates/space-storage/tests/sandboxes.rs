@@ -10,7 +10,7 @@ use space_api::SandboxId;
 use space_storage::{SandboxIdentity, StorageError, btrfs, no_progress};
 
 fn identity(hostname: &str) -> SandboxIdentity {
-    SandboxIdentity { hostname: hostname.into() }
+    SandboxIdentity { hostname: hostname.into(), nameserver: None }
 }
 
 #[test]
