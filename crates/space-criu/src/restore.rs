@@ -24,10 +24,10 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt}
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::dump::{AGENT_KEY, SPACED_KEY, common_args};
-use crate::error::{CriuError, Result, io_err};
 use space_sandbox_init::CRIU_AGENT_DIR_ENV;
 
+use crate::dump::{AGENT_KEY, SPACED_KEY, common_args};
+use crate::error::{CriuError, Result, io_err};
 use crate::{Criu, flag, run};
 
 /// Where a restored tree's cgroups go: `--cgroup-root [controller:]path`. Without a
