@@ -251,10 +251,10 @@ impl Drop for Seal<'_> {
     }
 }
 
-/// Gives the agent directory back to host root, mode 0700 (the hook normally did already).
+/// Gives the agent directory back to host root, mode 0700 (the hook normally did already),
+/// the way the hook does.
 fn seal_agent_dir(dir: &Path) -> Result<()> {
-    std::os::unix::fs::lchown(dir, Some(0), Some(0)).map_err(io_err("chown agent dir", dir))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io_err("chmod agent dir", dir))
+    space_sandbox_init::seal_agent_dir(dir).map_err(|e| CriuError::Restored(e.0))
 }
 
 /// The restored listener: the agent dir's only entry, a socket (not something else the

@@ -12,6 +12,7 @@
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
 
 use nix::sched::{CloneFlags, setns};
 
@@ -29,7 +30,7 @@ const INIT_PID_ENV: &str = "CRTOOLS_INIT_PID";
 pub fn run_criu_hook(action: &str) -> Result<(), InitError> {
     match action {
         "setup-namespaces" => bring_up_loopback(&env(INIT_PID_ENV)?),
-        "pre-resume" => seal_agent_dir(&env(AGENT_DIR_ENV)?),
+        "pre-resume" => seal_agent_dir(Path::new(&env(AGENT_DIR_ENV)?)),
         _ => Ok(()),
     }
 }
@@ -47,16 +48,18 @@ fn bring_up_loopback(pid: &str) -> Result<(), InitError> {
     link_up("lo")
 }
 
-/// Host root's again, 0700. Opened without following a symlink, then changed through the
-/// descriptor: nothing the sandbox may have put at that path is followed.
-fn seal_agent_dir(dir: &str) -> Result<(), InitError> {
+/// Gives a restored sandbox's agent directory back to host root, 0700. Opened without
+/// following a symlink, then changed through the descriptor: nothing the sandbox may have
+/// put at that path is followed.
+pub fn seal_agent_dir(dir: &Path) -> Result<(), InitError> {
+    let shown = dir.display();
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
         .open(dir)
-        .map_err(io_ctx(format!("open agent dir {dir}")))?;
-    std::os::unix::fs::fchown(&file, Some(0), Some(0)).map_err(io_ctx(format!("chown {dir}")))?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o700)).map_err(io_ctx(format!("chmod {dir}")))
+        .map_err(io_ctx(format!("open agent dir {shown}")))?;
+    std::os::unix::fs::fchown(&file, Some(0), Some(0)).map_err(io_ctx(format!("chown {shown}")))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o700)).map_err(io_ctx(format!("chmod {shown}")))
 }
 
 #[cfg(test)]
@@ -83,9 +86,9 @@ mod tests {
         std::fs::create_dir(&target).unwrap();
         let link = base.path().join("link");
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        assert!(seal_agent_dir(link.to_str().unwrap()).is_err());
+        assert!(seal_agent_dir(&link).is_err());
         if nix::unistd::geteuid().is_root() {
-            seal_agent_dir(target.to_str().unwrap()).unwrap();
+            seal_agent_dir(&target).unwrap();
             let meta = std::fs::metadata(&target).unwrap();
             assert_eq!(std::os::unix::fs::MetadataExt::mode(&meta) & 0o777, 0o700);
         }

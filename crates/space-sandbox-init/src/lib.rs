@@ -36,7 +36,9 @@ mod sys;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 
-pub use criu_hook::{ACTION_ENV as CRIU_ACTION_ENV, AGENT_DIR_ENV as CRIU_AGENT_DIR_ENV, run_criu_hook};
+pub use criu_hook::{
+    ACTION_ENV as CRIU_ACTION_ENV, AGENT_DIR_ENV as CRIU_AGENT_DIR_ENV, run_criu_hook, seal_agent_dir,
+};
 pub use listener::AGENT_DIR;
 pub use reexec::SELF_EXE;
 pub use security::{KEPT_CAPABILITIES, seccomp_programs, seccomp_rules};
