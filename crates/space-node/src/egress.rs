@@ -30,8 +30,8 @@ pub(crate) fn sandbox_identity(hostname: &str) -> SandboxIdentity {
 }
 
 impl Node {
-    /// Opens the gateway's listeners in a sandbox that just started (or was restored), and
-    /// points its resolver at the gateway. The sandbox serves no session, so it reaches
+    /// Opens the gateway's listeners in a sandbox that just started (or was restored). The
+    /// sandbox serves no session, so it reaches
     /// nothing, until [`Node::join_session_network`]. A sandbox the gateway cannot serve is of
     /// no use: it is destroyed.
     pub(crate) async fn connect_to_gateway_or_destroy(&self, handle: &SandboxHandle) -> Result<()> {

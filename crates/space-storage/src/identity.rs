@@ -51,7 +51,7 @@ pub fn hosts_file(hostname: &str) -> String {
 }
 
 /// The `/etc/resolv.conf` of a sandbox: one name server, failing fast.
-pub fn resolv_conf(nameserver: IpAddr) -> String {
+fn resolv_conf(nameserver: IpAddr) -> String {
     format!("nameserver {nameserver}\noptions timeout:2 attempts:2\n")
 }
 
