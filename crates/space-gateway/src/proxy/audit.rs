@@ -60,6 +60,15 @@ impl Record {
         })
     }
 
+    /// Adds `bytes` that went `direction`.
+    pub(crate) fn count(&self, direction: Direction, bytes: u64) {
+        let counter = match direction {
+            Direction::Sent => &self.sent,
+            Direction::Received => &self.received,
+        };
+        counter.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Changes the event before it is sent.
     pub(crate) fn update(&self, change: impl FnOnce(&mut AuditEvent)) {
         if let Ok(mut event) = self.event.lock()
@@ -113,11 +122,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Counted<B> {
         if let Poll::Ready(Some(Ok(frame))) = &poll
             && let Some(data) = frame.data_ref()
         {
-            let counter = match this.direction {
-                Direction::Sent => &this.record.sent,
-                Direction::Received => &this.record.received,
-            };
-            counter.fetch_add(data.len() as u64, Ordering::Relaxed);
+            this.record.count(this.direction, data.len() as u64);
         }
         poll
     }

@@ -1,13 +1,15 @@
 //! Forwarding HTTP requests: one upstream connection per client connection (reconnected
-//! when the destination changes or the upstream closed it), bodies streamed both ways.
+//! when the destination changes or the upstream closed it), bodies streamed both ways, a
+//! WebSocket handshake handed to [`upgrade`].
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Uri};
+use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -19,6 +21,7 @@ use crate::SandboxContext;
 
 use super::audit::{Counted, Direction, Record};
 use super::policy::Dest;
+use super::upgrade;
 use super::upstream::{self, UpstreamError};
 use super::{RespBody, text};
 
@@ -170,22 +173,21 @@ async fn open(context: &SandboxContext, target: &Target) -> Result<SendRequest<R
         Some(name) => {
             let tls = upstream::connect_tls(context.state().client_tls.clone(), name, tcp).await?;
             let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.map_err(failed)?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!("upstream connection: {e}");
-                }
-            });
+            tokio::spawn(drive(conn.with_upgrades()));
             Ok(sender)
         }
         None => {
             let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.map_err(failed)?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!("upstream connection: {e}");
-                }
-            });
+            tokio::spawn(drive(conn.with_upgrades()));
             Ok(sender)
         }
+    }
+}
+
+/// Runs an upstream connection until it closes or is handed over to a WebSocket.
+async fn drive(conn: impl Future<Output = hyper::Result<()>>) {
+    if let Err(e) = conn.await {
+        tracing::debug!("upstream connection: {e}");
     }
 }
 
@@ -213,11 +215,15 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The request as sent upstream: origin-form URI, Host set, hop-by-hop headers removed, body
-/// counted into `record`.
+/// The request as sent upstream: origin-form URI, Host set, hop-by-hop headers removed (but
+/// a WebSocket handshake's), body counted into `record`.
 pub(crate) fn outgoing(request: Request<Incoming>, host_header: &str, record: &Arc<Record>) -> Request<ReqBody> {
     let (mut parts, body) = request.into_parts();
+    let websocket = upgrade::is_websocket(&parts.headers);
     strip_hop_by_hop(&mut parts.headers);
+    if websocket {
+        upgrade::set_websocket_headers(&mut parts.headers);
+    }
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     parts.uri = path.parse::<Uri>().unwrap_or_else(|_| Uri::from_static("/"));
     if !parts.headers.contains_key(header::HOST)
@@ -229,16 +235,28 @@ pub(crate) fn outgoing(request: Request<Incoming>, host_header: &str, record: &A
 }
 
 /// Sends `request` and turns the outcome into the client's response (errors as 403 or 502).
+/// A WebSocket handshake the upstream accepts goes on as a splice of the two connections.
 pub(crate) async fn relay(
     forwarder: &Forwarder,
     target: &Target,
-    request: Request<ReqBody>,
+    mut request: Request<ReqBody>,
     record: Arc<Record>,
 ) -> Response<RespBody> {
+    let client_side = upgrade::is_websocket(request.headers()).then(|| hyper::upgrade::on(&mut request));
     match forwarder.send(target, request).await {
-        Ok(response) => {
+        Ok(mut response) => {
+            let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+            let upstream_side = switched.then(|| hyper::upgrade::on(&mut response));
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            if let (Some(client_side), Some(upstream_side)) = (client_side, upstream_side) {
+                upgrade::set_websocket_headers(&mut parts.headers);
+                tokio::spawn(upgrade::splice(client_side, upstream_side, record.clone()));
+            } else if switched {
+                let reason = "the upstream switched protocols without a WebSocket handshake";
+                record.update(|e| e.reason = Some(reason.into()));
+                return text(StatusCode::BAD_GATEWAY, format!("space gateway: {reason}\n"));
+            }
             Response::from_parts(parts, Counted::new(body, record, Direction::Received).boxed_unsync())
         }
         Err(UpstreamError::Refused(reason)) => {

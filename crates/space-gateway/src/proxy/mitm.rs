@@ -52,7 +52,7 @@ where
         let connection = connection.clone();
         async move { Ok::<_, Infallible>(connection.handle(request).await) }
     });
-    if let Err(e) = http_server().serve_connection(TokioIo::new(tls), service).await {
+    if let Err(e) = http_server().serve_connection(TokioIo::new(tls), service).with_upgrades().await {
         tracing::debug!("intercepted connection: {e}");
     }
 }

@@ -27,6 +27,7 @@ mod mitm;
 mod policy;
 mod transparent;
 mod tunnel;
+mod upgrade;
 mod upstream;
 
 #[cfg(test)]

@@ -32,10 +32,29 @@ struct Upstream {
     http: SocketAddr,
 }
 
-async fn echo(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn echo(mut request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let mut text = format!("{} {}\n", request.method(), request.uri());
     for (name, value) in request.headers() {
         text.push_str(&format!("{name}: {}\n", String::from_utf8_lossy(value.as_bytes())));
+    }
+    if super::upgrade::is_websocket(request.headers()) {
+        // Switches, says what it received (ending with "end"), then echoes.
+        let upgrade = hyper::upgrade::on(&mut request);
+        tokio::spawn(async move {
+            let Ok(upgraded) = upgrade.await else { return };
+            let mut io = TokioIo::new(upgraded);
+            let _ = io.write_all(format!("{text}end\n").as_bytes()).await;
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = io.read(&mut buf).await {
+                if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut response = Response::new(Full::new(Bytes::new()));
+        *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        super::upgrade::set_websocket_headers(response.headers_mut());
+        return Ok(response);
     }
     let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     text.push_str(&format!("body: {}\n", String::from_utf8_lossy(&body)));
@@ -72,8 +91,10 @@ async fn start_upstream() -> Upstream {
             tokio::spawn(async move {
                 if let Ok(tls) = acceptor.accept(stream).await {
                     let service = hyper::service::service_fn(echo);
-                    let _ =
-                        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).await;
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), service)
+                        .with_upgrades()
+                        .await;
                 }
             });
         }
@@ -84,8 +105,10 @@ async fn start_upstream() -> Upstream {
         while let Ok((stream, _)) = http.accept().await {
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(echo);
-                let _ =
-                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .with_upgrades()
+                    .await;
             });
         }
     });
@@ -245,6 +268,94 @@ async fn granted_hosts_are_intercepted_and_the_credential_injected() {
     let (status, body) = get(&mut sender, "api.test", "/", &[]).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert_eq!(setup.event().await.decision, AuditDecision::Denied);
+}
+
+/// Sends a WebSocket handshake for `uri` over `io`: the response and, when it switched, the
+/// upgraded connection.
+async fn websocket_handshake<S>(
+    io: S,
+    host: &str,
+    uri: &str,
+) -> (Response<Incoming>, Option<TokioIo<hyper::upgrade::Upgraded>>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await.unwrap();
+    tokio::spawn(conn.with_upgrades());
+    let request = Request::get(uri)
+        .header("host", host)
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .header("sec-websocket-version", "13")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let mut response = sender.send_request(request).await.unwrap();
+    if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+        return (response, None);
+    }
+    let upgraded = hyper::upgrade::on(&mut response).await.unwrap();
+    (response, Some(TokioIo::new(upgraded)))
+}
+
+/// What the test upstream says first on a WebSocket: the handshake it received.
+async fn handshake_seen<S: tokio::io::AsyncRead + Unpin>(io: &mut S) -> String {
+    let mut seen = Vec::new();
+    while !seen.ends_with(b"end\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(io.read(&mut byte).await.unwrap(), 1, "closed after {}", String::from_utf8_lossy(&seen));
+        seen.push(byte[0]);
+    }
+    String::from_utf8(seen).unwrap()
+}
+
+#[tokio::test]
+async fn websockets_to_granted_hosts_get_the_credential_and_carry_data_both_ways() {
+    let mut setup = Setup::new().await;
+    let (_, stream) = setup.connect("api.test:443").await;
+    let tls = Setup::tls(stream, "api.test", setup.session_root()).await.unwrap();
+    let (response, io) = websocket_handshake(tls, "api.test", "/socket?v=1").await;
+    assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
+    assert!(super::upgrade::is_websocket(response.headers()));
+    let mut io = io.unwrap();
+    let seen = handshake_seen(&mut io).await;
+    assert!(seen.starts_with("GET /socket?v=1\n"), "{seen}");
+    assert!(seen.contains(&format!("authorization: Bearer {SECRET}\n")), "{seen}");
+    assert!(seen.contains("upgrade: websocket\n") && seen.contains("sec-websocket-key: "), "{seen}");
+    io.write_all(b"ping").await.unwrap();
+    let mut pong = [0u8; 4];
+    io.read_exact(&mut pong).await.unwrap();
+    assert_eq!(&pong, b"ping");
+    drop(io);
+    // One event for the whole WebSocket, sent when it closes.
+    let event = setup.event().await;
+    assert_eq!((event.decision, event.credential.as_deref()), (AuditDecision::Injected, Some("gh")));
+    assert_eq!(event.path.as_deref(), Some("/socket"));
+    assert_eq!(event.bytes_sent, 4);
+    assert_eq!(event.bytes_received, seen.len() as u64 + 4);
+}
+
+#[tokio::test]
+async fn plain_websockets_are_relayed_but_no_other_upgrade() {
+    let mut setup = Setup::new().await;
+    let stream = TcpStream::connect(setup.proxy).await.unwrap();
+    let (response, io) = websocket_handshake(stream, "plain.test", "http://plain.test/ws").await;
+    assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
+    let mut io = io.unwrap();
+    let seen = handshake_seen(&mut io).await;
+    assert!(seen.starts_with("GET /ws\n") && seen.contains("upgrade: websocket\n"), "{seen}");
+    assert!(!seen.contains("authorization"), "{seen}");
+    drop(io);
+    assert_eq!(setup.event().await.decision, AuditDecision::Allowed);
+
+    // h2c would carry requests the gateway could not check: the upstream never sees it asked.
+    let stream = TcpStream::connect(setup.proxy).await.unwrap();
+    let mut sender = http_client(stream).await;
+    let headers =
+        [("connection", "Upgrade, HTTP2-Settings"), ("upgrade", "h2c"), ("http2-settings", "AAMAAABkAAQAAP__")];
+    let (status, body) = get(&mut sender, "plain.test", "http://plain.test/", &headers).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(!body.contains("upgrade") && !body.contains("http2-settings"), "{body}");
 }
 
 #[tokio::test]

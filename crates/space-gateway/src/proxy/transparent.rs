@@ -46,7 +46,7 @@ pub(crate) async fn serve_transparent_http(listener: TcpListener, context: Arc<S
             let (context, forwarder) = (context.clone(), forwarder.clone());
             async move { Ok::<_, Infallible>(plain(context, &forwarder, local, request).await) }
         });
-        if let Err(e) = http_server().serve_connection(TokioIo::new(stream), service).await {
+        if let Err(e) = http_server().serve_connection(TokioIo::new(stream), service).with_upgrades().await {
             tracing::debug!("transparent HTTP connection: {e}");
         }
     })
