@@ -120,6 +120,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         serve::run(args, cli.data_dir).await?;
         return Ok(ExitCode::SUCCESS);
     }
+    if let Command::Bench(args) = &cli.command
+        && args.gateway_only
+    {
+        // Starts a server of its own: needs no key and no running server.
+        bench::run_gateway_only(args).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let client = Client::new(&cli.url, cli.api_key.clone(), &cli.data_dir)?;
     let json = cli.json;
     match cli.command {

@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// unreadable.
     #[arg(long)]
     key_file: Option<PathBuf>,
+    /// How long the gateway's audit events are kept, e.g. `30d` or `12h` (`off`: for ever).
+    /// Older ones are deleted hourly.
+    #[arg(long, default_value = "30d", value_parser = parse_retention)]
+    audit_retention: Retention,
     /// Gateway: resolve NAME to ADDR (an address, or address:port to also replace the port)
     /// instead of asking DNS. Repeatable. Meant for tests and private upstreams.
     #[arg(long = "gateway-resolve", value_name = "NAME=ADDR")]
@@ -74,6 +78,20 @@ pub struct ServeArgs {
     /// addresses are refused, which stops DNS rebinding). For tests and trusted networks.
     #[arg(long)]
     gateway_allow_private: bool,
+}
+
+/// A retention period, or none (`off`).
+#[derive(Debug, Clone, Copy)]
+struct Retention(Option<std::time::Duration>);
+
+fn parse_retention(value: &str) -> Result<Retention, String> {
+    if value == "off" {
+        return Ok(Retention(None));
+    }
+    match space_api::policy::parse_duration(value)? {
+        0 => Err("a retention of 0 would delete every event; use `off` to keep them for ever".into()),
+        secs => Ok(Retention(Some(std::time::Duration::from_secs(secs)))),
+    }
 }
 
 /// The gateway's operator settings from the flags.
@@ -178,6 +196,7 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         data_dir: data_dir.clone(),
         listen: args.listen,
         key_file: args.key_file.clone().unwrap_or_else(|| data_dir.join("keys/master.key")),
+        audit_retention: args.audit_retention.0,
         prepare_templates: args.prepare_templates.unwrap_or_else(|| vec![args.default_template.clone()]),
         default_template: args.default_template,
         snapshot_policy: args.snapshot_policy,

@@ -1,6 +1,7 @@
 //! The control plane's side of the egress gateway: what each session may reach and which
 //! credentials it holds, loaded from the store, unsealed, and pushed to the node's gateway;
-//! and the writer that stores the gateway's audit events.
+//! and the writer that stores the gateway's audit events (and deletes them after the
+//! retention period).
 //!
 //! Credential values and CA keys exist in clear only in memory, inside the
 //! [`space_gateway::SessionEgress`] handed to the gateway. They are never logged or returned.
@@ -17,6 +18,10 @@ use crate::error::{AppError, AppResult};
 
 /// Audit events written per transaction at most.
 const AUDIT_BATCH: usize = 512;
+/// Old audit events deleted per transaction at most.
+const AUDIT_PRUNE_BATCH: u32 = 5000;
+/// How often old audit events are deleted.
+const AUDIT_PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Longest credential name.
 pub const MAX_CREDENTIAL_NAME: usize = 64;
 /// Longest credential value.
@@ -429,6 +434,36 @@ pub fn spawn_audit_writer(state: &AppState) {
     });
 }
 
+/// Deletes audit events older than `retention` now, then every hour.
+pub fn spawn_audit_retention(state: &AppState, retention: std::time::Duration) {
+    let store = state.store.clone();
+    tokio::spawn(async move {
+        loop {
+            let before = space_store::now_ms().saturating_sub(retention.as_millis().min(i64::MAX as u128) as i64);
+            match prune_audit(&store, before).await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::info!(deleted, "audit events past their retention deleted"),
+                Err(e) => tracing::warn!(error = %e, "deleting old audit events"),
+            }
+            tokio::time::sleep(AUDIT_PRUNE_EVERY).await;
+        }
+    });
+}
+
+/// Deletes every audit event older than `before`, in batches so that the audit writer and
+/// the API get the database in between.
+async fn prune_audit(store: &space_store::Store, before: i64) -> Result<u64, space_store::StoreError> {
+    let mut total = 0;
+    loop {
+        let deleted = store.prune_audit_events(before, AUDIT_PRUNE_BATCH).await?;
+        total += deleted;
+        if deleted < u64::from(AUDIT_PRUNE_BATCH) {
+            return Ok(total);
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,5 +501,32 @@ mod tests {
         assert_eq!(validate_hosts(&["API.example.com".into()]).unwrap(), vec!["api.example.com".to_string()]);
         assert!(validate_hosts(&[]).is_err());
         assert!(validate_hosts(&["1.2.3.4".into()]).is_err());
+    }
+
+    #[tokio::test]
+    async fn retention_deletes_every_old_event_batch_after_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = space_store::Store::open_sqlite(&dir.path().join("space.db")).await.unwrap();
+        let session = SessionId::generate();
+        let event = |time| AuditEvent {
+            session_id: session.clone(),
+            time,
+            decision: space_api::egress::AuditDecision::Allowed,
+            reason: None,
+            protocol: "https".into(),
+            host: "h.com".into(),
+            port: 443,
+            method: None,
+            path: None,
+            credential: None,
+            bytes_sent: 0,
+            bytes_received: 0,
+        };
+        let old = 2 * AUDIT_PRUNE_BATCH as i64 + 7;
+        let events: Vec<_> = (0..old).map(event).chain([event(old + 1000)]).collect();
+        store.insert_audit_events(&events).await.unwrap();
+        assert_eq!(prune_audit(&store, old + 500).await.unwrap(), old as u64);
+        let left = store.audit_events(&session, 10).await.unwrap();
+        assert_eq!(left.iter().map(|e| e.time).collect::<Vec<_>>(), vec![old + 1000]);
     }
 }

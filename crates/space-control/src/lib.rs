@@ -41,6 +41,8 @@ pub struct ServerConfig {
     pub prepare_templates: Vec<String>,
     /// The local key file that wraps the keys of credential values (created if missing).
     pub key_file: PathBuf,
+    /// How long audit events are kept (`None`: for ever).
+    pub audit_retention: Option<std::time::Duration>,
     pub node: NodeConfig,
 }
 
@@ -109,6 +111,9 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         sealer: Arc::new(sealer),
     };
     egress::spawn_audit_writer(&state);
+    if let Some(retention) = config.audit_retention {
+        egress::spawn_audit_retention(&state, retention);
+    }
     recovery::recover(&state).await.map_err(context("recovering from the previous run"))?;
     // Before the reconciler: every sandbox it starts or restores joins its session's egress.
     egress::push_all(&state).await;

@@ -37,6 +37,23 @@ impl Store {
         Ok(())
     }
 
+    /// Deletes up to `limit` events older than `before` (ms since the epoch), the oldest
+    /// first; returns how many went. Small batches keep each write transaction short.
+    pub async fn prune_audit_events(&self, before: i64, limit: u32) -> Result<u64> {
+        let mut tx = self.write_tx().await?;
+        let deleted = sqlx::query(
+            "DELETE FROM audit_events WHERE seq IN
+               (SELECT seq FROM audit_events WHERE time < $1 ORDER BY time LIMIT $2)",
+        )
+        .bind(before)
+        .bind(i64::from(limit))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
     /// The session's latest `limit` audit events, oldest first.
     pub async fn audit_events(&self, session: &SessionId, limit: u32) -> Result<Vec<AuditEvent>> {
         let rows = sqlx::query(
@@ -69,5 +86,45 @@ impl Store {
             .collect::<Result<Vec<_>>>()?;
         events.reverse();
         Ok(events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_store;
+
+    fn event(session: &SessionId, time: i64) -> AuditEvent {
+        AuditEvent {
+            session_id: session.clone(),
+            time,
+            decision: AuditDecision::Allowed,
+            reason: None,
+            protocol: "https".into(),
+            host: "h.com".into(),
+            port: 443,
+            method: None,
+            path: None,
+            credential: None,
+            bytes_sent: 0,
+            bytes_received: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn pruning_deletes_only_old_events_in_batches() {
+        let (store, _dir) = test_store().await;
+        let (a, b) = (SessionId::generate(), SessionId::generate());
+        // Inserted out of time order, as a long connection's event is written when it ends.
+        let times = [500, 100, 900, 300, 1000, 200];
+        let events: Vec<_> =
+            times.iter().enumerate().map(|(i, t)| event(if i % 2 == 0 { &a } else { &b }, *t)).collect();
+        store.insert_audit_events(&events).await.unwrap();
+        assert_eq!(store.prune_audit_events(600, 2).await.unwrap(), 2);
+        assert_eq!(store.prune_audit_events(600, 2).await.unwrap(), 2);
+        assert_eq!(store.prune_audit_events(600, 2).await.unwrap(), 0);
+        let times_of = |events: Vec<AuditEvent>| events.iter().map(|e| e.time).collect::<Vec<_>>();
+        assert_eq!(times_of(store.audit_events(&a, 10).await.unwrap()), vec![900, 1000]);
+        assert!(store.audit_events(&b, 10).await.unwrap().is_empty());
     }
 }

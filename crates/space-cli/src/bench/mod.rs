@@ -67,20 +67,22 @@ pub struct BenchArgs {
     mitmdump: PathBuf,
     /// Only the gateway measures (they need no running server).
     #[arg(long)]
-    gateway_only: bool,
+    pub gateway_only: bool,
     /// Directory the JSON results are written to.
     #[arg(long, default_value = "bench/results")]
     out: PathBuf,
 }
 
+/// `--gateway-only`: the gateway measures alone.
+pub async fn run_gateway_only(args: &BenchArgs) -> anyhow::Result<()> {
+    let mut report = Report::default();
+    gateway::measure(&gateway_args(args), &mut report).await?;
+    report.print();
+    report.save(&args.out)
+}
+
 pub async fn run(client: &Client, args: BenchArgs, data_dir: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(args.n >= 2 && args.exec_n > 0, "--n must be at least 2 and --exec-n at least 1");
-    if args.gateway_only {
-        let mut report = Report::default();
-        gateway::measure(&gateway_args(&args), &mut report).await?;
-        report.print();
-        return report.save(&args.out);
-    }
     let initial = api::pool(client).await?;
     let size_before = initial.templates.iter().find(|t| t.template == args.template).map_or(0, |t| t.size);
     let mut report = Report::default();
