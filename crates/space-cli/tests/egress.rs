@@ -627,6 +627,52 @@ fn placeholder_is_swapped_only_for_the_granted_host() {
     }
 }
 
+/// Python: a WebSocket handshake straight to granted.test:443 (transparent interception,
+/// trusting the session CA only), then raw bytes echoed back; prints the status line and
+/// the echo.
+const WEBSOCKET: &str = r#"
+import socket, ssl
+ctx = ssl.create_default_context(cafile='/etc/space/ca.crt')
+raw = socket.create_connection(('granted.test', 443), timeout=15)
+s = ctx.wrap_socket(raw, server_hostname='granted.test')
+s.sendall(b'GET /ws HTTP/1.1\r\nHost: granted.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n'
+          b'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n')
+head = b''
+while not head.endswith(b'\r\n\r\n'):
+    byte = s.recv(1)
+    if not byte:
+        break
+    head += byte
+print(head.split(b'\r\n')[0].decode())
+s.sendall(b'ping-over-websocket')
+echo = b''
+while len(echo) < 19:
+    chunk = s.recv(19 - len(echo))
+    if not chunk:
+        break
+    echo += chunk
+print(echo.decode())
+"#;
+
+/// A WebSocket to a granted host: the handshake carries the credential, then data flows both
+/// ways; one audit event covers it.
+#[test]
+fn websocket_to_a_granted_host_carries_the_credential_and_data() {
+    require_root!();
+    let env = start();
+    let secret = random_secret();
+    env.create_credential("ws", "granted.test", "Authorization: Bearer {secret}", &secret, None);
+    let id = env.session(json!({ "grants": ["ws"] }));
+    let r = env.python(&id, WEBSOCKET, &[]);
+    assert_eq!(r.code, 0, "{r}");
+    assert_eq!(r.stdout, "HTTP/1.1 101 Switching Protocols\nping-over-websocket\n", "{r}");
+    let got = env.up.request_to("/ws");
+    assert_eq!(got.header("authorization"), Some(format!("Bearer {secret}").as_str()), "{got:?}");
+    assert_eq!(got.header("upgrade"), Some("websocket"), "{got:?}");
+    let event = env.audited(&id, "injected", "granted.test");
+    assert_eq!((event["path"].as_str(), event["bytes_sent"].as_u64()), (Some("/ws"), Some(19)), "{event}");
+}
+
 /// (7) Rotation applies to the next request; revoking the grant stops the injection.
 #[test]
 fn rotation_and_revocation_apply_to_the_next_request() {

@@ -1,5 +1,5 @@
 //! Test upstreams on the host's loopback for the egress tests: an HTTP server (port 80), an
-//! HTTPS server (port 443) whose certificate a throw-away test CA signed for the test names, a
+//! HTTPS server (port 443; both also echo on a WebSocket) whose certificate a throw-away test CA signed for the test names, a
 //! TCP echo and a UDP echo, all on one random address in 127.0.0.0/8 so parallel tests never
 //! share one. Each records what it received, so a test can assert what the gateway forwarded
 //! (an injected header) or that nothing arrived at all.
@@ -271,11 +271,14 @@ where
         let (log, marker, sni) = (log.clone(), marker.clone(), sni.clone());
         async move { Ok::<_, Infallible>(respond(request, tls, sni, &log, &marker).await) }
     });
-    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades()
+        .await;
 }
 
 async fn respond(
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
     tls: bool,
     sni: Option<String>,
     log: &Log,
@@ -289,6 +292,27 @@ async fn respond(
         .collect();
     let method = request.method().to_string();
     log.requests.lock().unwrap().push(Recorded { tls, sni, method, path: path.clone(), headers });
+    let websocket = request.headers().get("upgrade").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+    if websocket {
+        // Switches, then echoes whatever comes (the tests send raw bytes, not frames).
+        let upgrade = hyper::upgrade::on(&mut request);
+        tokio::spawn(async move {
+            let Ok(upgraded) = upgrade.await else { return };
+            let mut io = TokioIo::new(upgraded);
+            let mut buf = vec![0u8; 16 << 10];
+            while let Ok(n) = io.read(&mut buf).await {
+                if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        });
+        return Response::builder()
+            .status(101)
+            .header("connection", "upgrade")
+            .header("upgrade", "websocket")
+            .body(Full::new(Bytes::new()).boxed())
+            .unwrap();
+    }
     // Drain the request body.
     let _ = request.into_body().collect().await;
     let builder = Response::builder().header("x-upstream-marker", marker);
