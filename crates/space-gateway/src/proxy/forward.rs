@@ -245,17 +245,22 @@ pub(crate) async fn relay(
     let client_side = upgrade::is_websocket(request.headers()).then(|| hyper::upgrade::on(&mut request));
     match forwarder.send(target, request).await {
         Ok(mut response) => {
-            let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-            let upstream_side = switched.then(|| hyper::upgrade::on(&mut response));
+            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                // Spliced only when both sides agreed on WebSocket: after any other switch the
+                // sandbox could talk HTTP to the upstream past every check.
+                let Some(client_side) = client_side.filter(|_| upgrade::is_websocket(response.headers())) else {
+                    let reason = "the upstream switched protocols without a WebSocket handshake";
+                    record.update(|e| e.reason = Some(reason.into()));
+                    return text(StatusCode::BAD_GATEWAY, format!("space gateway: {reason}\n"));
+                };
+                let upstream_side = hyper::upgrade::on(&mut response);
+                tokio::spawn(upgrade::splice(client_side, upstream_side, record.clone()));
+            }
+            let websocket = response.status() == StatusCode::SWITCHING_PROTOCOLS;
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
-            if let (Some(client_side), Some(upstream_side)) = (client_side, upstream_side) {
+            if websocket {
                 upgrade::set_websocket_headers(&mut parts.headers);
-                tokio::spawn(upgrade::splice(client_side, upstream_side, record.clone()));
-            } else if switched {
-                let reason = "the upstream switched protocols without a WebSocket handshake";
-                record.update(|e| e.reason = Some(reason.into()));
-                return text(StatusCode::BAD_GATEWAY, format!("space gateway: {reason}\n"));
             }
             Response::from_parts(parts, Counted::new(body, record, Direction::Received).boxed_unsync())
         }

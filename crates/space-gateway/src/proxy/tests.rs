@@ -54,6 +54,9 @@ async fn echo(mut request: Request<Incoming>) -> Result<Response<Full<Bytes>>, I
         let mut response = Response::new(Full::new(Bytes::new()));
         *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         super::upgrade::set_websocket_headers(response.headers_mut());
+        if request.uri().path() == "/switch-to-other" {
+            response.headers_mut().insert("upgrade", "other".parse().unwrap());
+        }
         return Ok(response);
     }
     let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
@@ -347,6 +350,12 @@ async fn plain_websockets_are_relayed_but_no_other_upgrade() {
     assert!(!seen.contains("authorization"), "{seen}");
     drop(io);
     assert_eq!(setup.event().await.decision, AuditDecision::Allowed);
+
+    // An upstream that answers a WebSocket handshake by switching to something else.
+    let stream = TcpStream::connect(setup.proxy).await.unwrap();
+    let (response, io) = websocket_handshake(stream, "plain.test", "http://plain.test/switch-to-other").await;
+    assert_eq!((response.status(), io.is_none()), (StatusCode::BAD_GATEWAY, true));
+    assert!(setup.event().await.reason.unwrap().contains("without a WebSocket handshake"));
 
     // h2c would carry requests the gateway could not check: the upstream never sees it asked.
     let stream = TcpStream::connect(setup.proxy).await.unwrap();
