@@ -328,6 +328,26 @@ pub struct AuditEvent {
     pub bytes_received: u64,
 }
 
+impl AuditEvent {
+    /// An allowed connection to `host:port` at `time`, with nothing else known yet.
+    pub fn allowed(session_id: SessionId, time: i64, protocol: &str, host: &str, port: u16) -> AuditEvent {
+        AuditEvent {
+            session_id,
+            time,
+            decision: AuditDecision::Allowed,
+            reason: None,
+            protocol: protocol.to_string(),
+            host: host.to_string(),
+            port,
+            method: None,
+            path: None,
+            credential: None,
+            bytes_sent: 0,
+            bytes_received: 0,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct AuditList {
     pub events: Vec<AuditEvent>,

@@ -508,20 +508,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = space_store::Store::open_sqlite(&dir.path().join("space.db")).await.unwrap();
         let session = SessionId::generate();
-        let event = |time| AuditEvent {
-            session_id: session.clone(),
-            time,
-            decision: space_api::egress::AuditDecision::Allowed,
-            reason: None,
-            protocol: "https".into(),
-            host: "h.com".into(),
-            port: 443,
-            method: None,
-            path: None,
-            credential: None,
-            bytes_sent: 0,
-            bytes_received: 0,
-        };
+        let event = |time| AuditEvent::allowed(session.clone(), time, "https", "h.com", 443);
         let old = 2 * AUDIT_PRUNE_BATCH as i64 + 7;
         let events: Vec<_> = (0..old).map(event).chain([event(old + 1000)]).collect();
         store.insert_audit_events(&events).await.unwrap();

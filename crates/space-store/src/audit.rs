@@ -95,20 +95,7 @@ mod tests {
     use crate::test_store;
 
     fn event(session: &SessionId, time: i64) -> AuditEvent {
-        AuditEvent {
-            session_id: session.clone(),
-            time,
-            decision: AuditDecision::Allowed,
-            reason: None,
-            protocol: "https".into(),
-            host: "h.com".into(),
-            port: 443,
-            method: None,
-            path: None,
-            credential: None,
-            bytes_sent: 0,
-            bytes_received: 0,
-        }
+        AuditEvent::allowed(session.clone(), time, "https", "h.com", 443)
     }
 
     #[tokio::test]

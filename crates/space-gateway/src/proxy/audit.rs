@@ -19,20 +19,7 @@ pub(crate) fn now_millis() -> i64 {
 
 /// An event for `host:port` over `protocol`, allowed until said otherwise.
 pub(crate) fn event(session: &SessionId, protocol: &str, host: &str, port: u16) -> AuditEvent {
-    AuditEvent {
-        session_id: session.clone(),
-        time: now_millis(),
-        decision: AuditDecision::Allowed,
-        reason: None,
-        protocol: protocol.to_string(),
-        host: host.to_string(),
-        port,
-        method: None,
-        path: None,
-        credential: None,
-        bytes_sent: 0,
-        bytes_received: 0,
-    }
+    AuditEvent::allowed(session.clone(), now_millis(), protocol, host, port)
 }
 
 /// `event`, denied for `reason`.
