@@ -245,7 +245,8 @@ pub(crate) async fn relay(
     let client_side = upgrade::is_websocket(request.headers()).then(|| hyper::upgrade::on(&mut request));
     match forwarder.send(target, request).await {
         Ok(mut response) => {
-            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+            if switched {
                 // Spliced only when both sides agreed on WebSocket: after any other switch the
                 // sandbox could talk HTTP to the upstream past every check.
                 let Some(client_side) = client_side.filter(|_| upgrade::is_websocket(response.headers())) else {
@@ -256,10 +257,9 @@ pub(crate) async fn relay(
                 let upstream_side = hyper::upgrade::on(&mut response);
                 tokio::spawn(upgrade::splice(client_side, upstream_side, record.clone()));
             }
-            let websocket = response.status() == StatusCode::SWITCHING_PROTOCOLS;
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
-            if websocket {
+            if switched {
                 upgrade::set_websocket_headers(&mut parts.headers);
             }
             Response::from_parts(parts, Counted::new(body, record, Direction::Received).boxed_unsync())
