@@ -421,18 +421,11 @@ mod tests {
 
         let events: Vec<AuditEvent> = (0..5)
             .map(|i| AuditEvent {
-                session_id: session.clone(),
-                time: 1000 + i,
                 decision: if i % 2 == 0 { AuditDecision::Allowed } else { AuditDecision::Denied },
-                reason: None,
-                protocol: "https".into(),
-                host: format!("h{i}.com"),
-                port: 443,
                 method: Some("GET".into()),
-                path: None,
-                credential: None,
                 bytes_sent: 10,
                 bytes_received: 20,
+                ..AuditEvent::allowed(session.clone(), 1000 + i, "https", &format!("h{i}.com"), 443)
             })
             .collect();
         store.insert_audit_events(&events).await.unwrap();

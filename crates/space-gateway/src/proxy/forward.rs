@@ -195,15 +195,15 @@ async fn drive(conn: impl Future<Output = hyper::Result<()>>) {
 const HOP_BY_HOP: [&str; 7] =
     ["connection", "proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate", "te", "upgrade"];
 
+/// The comma-separated tokens of every `Connection` header, trimmed.
+pub(crate) fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers.get_all(header::CONNECTION).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).map(str::trim)
+}
+
 /// Removes hop-by-hop headers, including those the Connection header names.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
+    let named: Vec<HeaderName> =
+        connection_tokens(headers).filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok()).collect();
     for name in named {
         // Never let a client hide framing headers this way.
         if name != header::CONTENT_LENGTH && name != header::TRANSFER_ENCODING && name != header::HOST {

@@ -14,17 +14,13 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
 use super::audit::{Direction, Record};
+use super::forward::connection_tokens;
 use super::io::Counting;
 
 /// Whether `headers` ask to switch (or, in a 101, have switched) to WebSocket:
 /// `Connection` names `upgrade` and `Upgrade` is `websocket`.
 pub(crate) fn is_websocket(headers: &HeaderMap) -> bool {
-    let connection_upgrade = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    let connection_upgrade = connection_tokens(headers).any(|token| token.eq_ignore_ascii_case("upgrade"));
     let to_websocket = headers
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
