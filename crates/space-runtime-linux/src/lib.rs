@@ -96,7 +96,13 @@ pub struct LinuxRuntime {
     oom_warned: std::sync::atomic::AtomicBool,
     /// CRIU, or why there is none.
     criu: Result<space_criu::Criu, String>,
+    /// Striped by sandbox id: serialises the create, attach and remove steps on one sandbox's
+    /// cgroups (see [`LinuxRuntime::cgroup_step`]).
+    cgroup_step_locks: Vec<Arc<tokio::sync::Mutex<()>>>,
 }
+
+/// Enough stripes that concurrent starts of different sandboxes rarely share one.
+const CGROUP_STEP_STRIPES: usize = 64;
 
 fn unsupported(what: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Unsupported(what.to_string())
@@ -118,7 +124,14 @@ impl LinuxRuntime {
         process::become_subreaper().map_err(|e| unsupported(format!("PR_SET_CHILD_SUBREAPER: {e}")))?;
         tracing::debug!(version = cgroups.version(), parent = %opts.cgroup_parent, "linux runtime ready");
         let criu = space_criu::Criu::locate(opts.criu.as_deref()).map_err(|e| e.to_string());
-        Ok(LinuxRuntime { opts, cgroups, tracked: Mutex::new(HashMap::new()), oom_warned: Default::default(), criu })
+        Ok(LinuxRuntime {
+            opts,
+            cgroups,
+            tracked: Mutex::new(HashMap::new()),
+            oom_warned: Default::default(),
+            criu,
+            cgroup_step_locks: (0..CGROUP_STEP_STRIPES).map(|_| Default::default()).collect(),
+        })
     }
 
     pub fn options(&self) -> &LinuxOptions {
@@ -185,21 +198,37 @@ impl LinuxRuntime {
         self.is_alive(&handle).then_some(handle)
     }
 
-    async fn blocking<T: Send + 'static>(
+    /// Runs a structural step on the cgroups of sandbox `id` on a blocking thread. The step
+    /// holds the sandbox's lock until it has finished, even when its caller is cancelled: a
+    /// dropped `start` cannot leave a `create` running behind the `destroy` that follows it.
+    async fn cgroup_step<T: Send + 'static>(
         &self,
+        id: &SandboxId,
         f: impl FnOnce(&dyn Backend) -> Result<T, RuntimeError> + Send + 'static,
     ) -> Result<T, RuntimeError> {
+        let held = self.cgroup_step_lock(id).lock_owned().await;
         let cgroups = self.cgroups.clone();
-        tokio::task::spawn_blocking(move || f(&*cgroups))
-            .await
-            .map_err(|e| RuntimeError::Cgroup(format!("cgroup task: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            let _held = held;
+            f(&*cgroups)
+        })
+        .await
+        .map_err(|e| RuntimeError::Cgroup(format!("cgroup task: {e}")))?
+    }
+
+    fn cgroup_step_lock(&self, id: &SandboxId) -> Arc<tokio::sync::Mutex<()>> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        id.hash(&mut hasher);
+        self.cgroup_step_locks[hasher.finish() as usize % self.cgroup_step_locks.len()].clone()
     }
 
     async fn boot(&self, boot: &mut Boot, spec: &SandboxSpec) -> Result<(), RuntimeError> {
         boot.send(&ToInit::Config(InitConfig::new(&spec.rootfs, &spec.hostname))).await?;
         let (name, pid) = (self.cgroup_name(&spec.id), boot.bootstrap_pid());
         // Joining happens while the bootstrap unshares its user namespace.
-        self.blocking(move |cg| cg.attach(&name, pid).map_err(|e| RuntimeError::Cgroup(e.to_string()))).await?;
+        self.cgroup_step(&spec.id, move |cg| cg.attach(&name, pid).map_err(|e| RuntimeError::Cgroup(e.to_string())))
+            .await?;
         boot.expect_user_ns().await?;
         let map = self.opts.id_map;
         process::write_id_maps(pid, map.host_base, map.count)
@@ -210,7 +239,10 @@ impl LinuxRuntime {
 
     async fn start_new(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
         let (name, limits) = (self.cgroup_name(&spec.id), spec.limits);
-        self.blocking(move |cg| cg.create(&name, &limits).map_err(|e| RuntimeError::Cgroup(e.to_string()))).await?;
+        self.cgroup_step(&spec.id, move |cg| {
+            cg.create(&name, &limits).map_err(|e| RuntimeError::Cgroup(e.to_string()))
+        })
+        .await?;
         self.agent_dir_fresh(&spec.id)?;
         let mut boot = Boot::spawn(&self.opts.spaced, &self.socket_path(&spec.id))?;
         let result = match tokio::time::timeout(self.opts.start_timeout, self.boot(&mut boot, spec)).await {
@@ -349,7 +381,7 @@ impl Runtime for LinuxRuntime {
             teardown::kill_all(&*self.cgroups, &name, self.opts.stop_timeout).await?;
         }
         self.reap_tracked(id).await;
-        self.blocking(move |cg| teardown::remove(cg, &name)).await?;
+        self.cgroup_step(id, move |cg| teardown::remove(cg, &name)).await?;
         let dir = self.agent_dir(id);
         match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RuntimeError::Io { path: dir, source: e }),
