@@ -18,12 +18,13 @@
 //! directory they are kept in.
 //!
 //! The CRIU flags, and why each is there, are documented where they are built (`dump_args`
-//! in dump.rs, `restore_args` in restore.rs).
+//! in dump.rs, `restore_opts` in restore.rs; restores go through CRIU's RPC, see rpc.rs).
 
 mod dump;
 mod error;
 mod kerndat;
 mod restore;
+mod rpc;
 mod run;
 
 use std::ffi::OsStr;

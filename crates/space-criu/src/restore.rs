@@ -13,22 +13,19 @@
 //! CRIU gets the directory through a bind mount in a private searchable directory instead).
 //! Before any restored process runs it must belong to host root again (mode 0700, so no
 //! sandbox process can enter it), otherwise the sandbox could plant a symlink there for the
-//! node to follow: the `pre-resume` step of the action script ([`RestoreOptions::hook`]) hands
-//! it back. CRIU also re-applies the dumped mount's flags, and atime flags cannot change on
+//! node to follow: the node hands it back at CRIU's `pre-resume` step (CRIU runs through its RPC,
+//! `criu swrk`, and tells the node each step; see rpc.rs). CRIU also re-applies the dumped mount's flags, and atime flags cannot change on
 //! such a mount: the directory must be on a filesystem mounted like the dumped sandbox's (in
 //! practice: next to it).
 
-use std::ffi::OsString;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use space_sandbox_init::CRIU_AGENT_DIR_ENV;
-
-use crate::dump::{AGENT_KEY, SPACED_KEY, common_args};
-use crate::error::{CriuError, Result, io_err};
-use crate::{Criu, flag, run};
+use crate::dump::{AGENT_KEY, SPACED_KEY};
+use crate::error::{CriuError, Result, io_err, log_excerpt};
+use crate::{Criu, rpc};
 
 /// Where a restored tree's cgroups go: `--cgroup-root [controller:]path`. Without a
 /// controller, the root of every controller not named otherwise (cgroup v2: the only one).
@@ -42,13 +39,6 @@ pub struct CgroupRoot {
 impl CgroupRoot {
     pub fn new(controller: Option<&str>, path: impl Into<String>) -> Self {
         CgroupRoot { controller: controller.map(str::to_owned), path: path.into() }
-    }
-
-    fn arg(&self) -> String {
-        match &self.controller {
-            Some(controller) => format!("{controller}:{}", self.path),
-            None => self.path.clone(),
-        }
     }
 }
 
@@ -70,9 +60,6 @@ pub struct RestoreOptions {
     /// The `spaced` binary the dumped pid 1 ran (mounted at `/dev/.spaced` again). CRIU checks
     /// its build id: a restore needs the very binary the sandbox was started with.
     pub spaced: PathBuf,
-    /// CRIU's action script: the current `spaced` (see `space_sandbox_init::run_criu_hook`),
-    /// which may be newer than [`RestoreOptions::spaced`].
-    pub hook: PathBuf,
     /// Where the new sandbox's cgroups are created (CRIU copies the dumped limits into them).
     pub cgroup_roots: Vec<CgroupRoot>,
     pub tcp_established: bool,
@@ -93,7 +80,6 @@ impl RestoreOptions {
             root: root.into(),
             agent_dir: agent_dir.into(),
             sandbox_root: (100_000, 100_000),
-            hook: spaced.clone(),
             spaced,
             cgroup_roots: Vec::new(),
             tcp_established: true,
@@ -106,7 +92,7 @@ impl RestoreOptions {
 #[derive(Debug)]
 pub struct RestoredTree {
     /// Host pid of its root (`spaced`, pid 1 inside). The caller's process is its parent
-    /// (CRIU, our child, exits; a child subreaper such as the linux runtime adopts it).
+    /// (CRIU restores it as CRIU's sibling); the caller reaps it.
     pub pid: u32,
     /// A pidfd of `pid`, opened while the process could not have been reaped yet.
     pub pidfd: OwnedFd,
@@ -118,9 +104,10 @@ pub struct RestoredTree {
 }
 
 impl Criu {
-    /// Restores the dump in `opts.images_dir` as a new sandbox, detached. On failure no process
+    /// Restores the dump in `opts.images_dir` as a new sandbox. On failure no process
     /// of it keeps running (its cgroups may remain: remove them as for a failed start) and the
-    /// error carries the log's excerpt. Dropping the future kills CRIU half-way: don't.
+    /// error carries the log's excerpt. Dropping the future leaves CRIU to finish on its own
+    /// thread: don't.
     pub async fn restore(&self, opts: &RestoreOptions) -> Result<RestoredTree> {
         let log = opts.log_file.clone().unwrap_or_else(|| opts.images_dir.join(default_log_name()));
         let work = tempfile::Builder::new()
@@ -128,25 +115,22 @@ impl Criu {
             .permissions(std::fs::Permissions::from_mode(0o711))
             .tempdir()
             .map_err(io_err("create a temp dir", &std::env::temp_dir()))?;
-        let pidfile = work.path().join("pid");
         prepare_agent_dir(&opts.agent_dir, opts.sandbox_root)?;
         // Whatever happens from here, the directory must not stay the sandbox's.
         let seal = Seal(&opts.agent_dir);
         let reachable = work.path().join("agent");
         let ran = match AgentBind::new(&opts.agent_dir, &reachable) {
             Ok(bind) => {
-                let args = restore_args(opts, &reachable, &log, &pidfile);
-                let ran = run::criu(self, "restore", &args, &[(CRIU_AGENT_DIR_ENV, &opts.agent_dir)], &log).await;
+                let ran = self.run_restore(opts, &reachable, &log, work.path()).await;
                 drop(bind);
                 ran
             }
             Err(e) => Err(e),
         };
         let sealed = seal.now();
-        let wall = ran?;
-        let pid = read_pid(&pidfile)?;
-        // Its parent was CRIU, our child, now gone: a child subreaper (the linux runtime is one)
-        // has adopted it and not reaped it yet, so the pidfd names this very process.
+        let (pid, wall) = ran?;
+        // Its parent is this process (CRIU restored it as its sibling) and it has not been
+        // reaped yet, so the pidfd names this very process.
         let pidfd = pidfd_open(pid).map_err(|e| CriuError::Restored(format!("pidfd_open({pid}): {e}")))?;
         match sealed.and_then(|()| find_socket(&opts.agent_dir)) {
             Ok(socket) => Ok(RestoredTree { pid, pidfd, socket, wall, log }),
@@ -156,39 +140,129 @@ impl Criu {
             }
         }
     }
+
+    /// One `criu swrk` restore, answering CRIU's steps (see [`on_restore_step`]); `work` is a
+    /// private directory for the restore's own files.
+    async fn run_restore(
+        &self,
+        opts: &RestoreOptions,
+        agent_dir: &Path,
+        log: &Path,
+        work: &Path,
+    ) -> Result<(u32, Duration)> {
+        let images = rpc::open_dir(&opts.images_dir).map_err(io_err("open images dir", &opts.images_dir))?;
+        let config = work.join("criu.conf");
+        std::fs::write(&config, config_text(log)?).map_err(io_err("write", &config))?;
+        let request = restore_opts(opts, agent_dir, &config, images.as_raw_fd())?;
+        let (criu, sealed_dir, stderr) = (self.clone(), opts.agent_dir.clone(), work.join("criu.stderr"));
+        tracing::debug!(criu = %criu.path.display(), ?request, "running criu swrk restore");
+        let started = Instant::now();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let outcome = rpc::restore(&criu, request, &stderr, |step| on_restore_step(step, &sealed_dir));
+            drop(images); // CRIU opened it through /proc while it ran
+            outcome
+        })
+        .await
+        .map_err(|e| CriuError::Restored(format!("restore task: {e}")))?
+        .map_err(|source| CriuError::Spawn { path: self.path.clone(), source })?;
+        let wall = started.elapsed();
+        match outcome.result {
+            Ok(pid) if pid > 0 => Ok((pid as u32, wall)),
+            other => {
+                let reason = other.err().unwrap_or_else(|| "CRIU reported no pid".to_owned());
+                let text = tokio::fs::read_to_string(log).await.unwrap_or_default();
+                Err(CriuError::Failed {
+                    action: "restore",
+                    status: format!("{reason}; {}", outcome.status),
+                    log: log.to_path_buf(),
+                    excerpt: log_excerpt(&text, &outcome.stderr),
+                })
+            }
+        }
+    }
 }
 
-/// The arguments of `criu restore`, each with the reason it is there; `agent_dir` is where
-/// CRIU finds the agent directory.
-pub(crate) fn restore_args(opts: &RestoreOptions, agent_dir: &Path, log: &Path, pidfile: &Path) -> Vec<OsString> {
-    let mut args: Vec<OsString> = vec!["restore".into()];
-    flag(&mut args, "--images-dir", &opts.images_dir);
-    flag(&mut args, "--log-file", log);
-    args.push("-v4".into());
-    // The mount namespace is rebuilt on the new rootfs.
-    flag(&mut args, "--root", &opts.root);
-    // CRIU exits once the tree runs; the tree's root is re-parented to our subreaper.
-    args.push("--restore-detached".into());
-    flag(&mut args, "--pidfile", pidfile);
-    common_args(&mut args, opts.tcp_established);
-    // A sandbox's network namespace holds only `lo` (see space-gateway): CRIU's restore of
-    // its addresses, routes and rules (six `ip` runs, ~30 ms) is replaced by bringing `lo` up
-    // in the hook; the node adds its route and the gateway's sockets afterwards, as at boot.
-    flag(&mut args, "--empty-ns", "net");
-    let mut agent = OsString::from(format!("mnt[{AGENT_KEY}]:"));
-    agent.push(agent_dir);
-    flag(&mut args, "--external", agent);
-    let mut spaced = OsString::from(format!("mnt[{SPACED_KEY}]:"));
-    spaced.push(&opts.spaced);
-    flag(&mut args, "--external", spaced);
-    // The automatically detected host binds (device nodes, /dev/null masks) come from the same
-    // host paths again.
-    flag(&mut args, "--ext-mount-map", "auto");
-    for root in &opts.cgroup_roots {
-        flag(&mut args, "--cgroup-root", root.arg());
+/// What the node does at CRIU's restore steps:
+/// - `setup-namespaces`: the restored network namespace is created empty (`empty_ns`), so
+///   its `lo` is brought up before CRIU restores the sockets bound to it.
+/// - `pre-resume`: the agent directory goes back to host root, mode 0700, before any restored
+///   process runs (see the module docs for why).
+fn on_restore_step(step: rpc::Step<'_>, agent_dir: &Path) -> std::result::Result<(), String> {
+    match step.name {
+        "setup-namespaces" => {
+            let pid = step.pid.and_then(|p| u32::try_from(p).ok()).ok_or("CRIU named no root pid")?;
+            // Entering the namespace changes the calling thread for good: use one of its own.
+            std::thread::spawn(move || space_sandbox_init::bring_up_loopback(pid))
+                .join()
+                .map_err(|_| "the loopback thread panicked".to_owned())?
+                .map_err(|e| e.0)
+        }
+        "pre-resume" => space_sandbox_init::seal_agent_dir(agent_dir).map_err(|e| e.0),
+        _ => Ok(()),
     }
-    flag(&mut args, "--action-script", &opts.hook);
-    args
+}
+
+/// CRIU's settings that must be paths in its own mount namespace (it runs in a private one,
+/// see kerndat.rs): its working directory, where it mounts a cgroup yard (a mount there fails
+/// on a directory handed over as a descriptor of ours), and the log in it.
+fn config_text(log: &Path) -> Result<String> {
+    let dir = log.parent().unwrap_or(Path::new("/"));
+    let name = log.file_name().map(Path::new).unwrap_or(log);
+    Ok(format!("work-dir {}\nlog-file {}\n", config_value(dir)?, config_value(name)?))
+}
+
+/// A path as a value in a CRIU configuration file, which splits at white space and quotes.
+fn config_value(path: &Path) -> Result<&str> {
+    path.to_str()
+        .filter(|text| {
+            !text.is_empty() && !text.contains(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == '\\')
+        })
+        .ok_or_else(|| CriuError::Restored(format!("{} cannot be given to CRIU in its configuration", path.display())))
+}
+
+/// The options of a `criu swrk` restore, each with the reason it is there; `agent_dir` is
+/// where CRIU finds the agent directory, `config` the file [`config_text`] wrote, `images`
+/// the open images directory.
+pub(crate) fn restore_opts(opts: &RestoreOptions, agent_dir: &Path, config: &Path, images: RawFd) -> Result<rpc::Opts> {
+    let text = |path: &Path| {
+        path.to_str()
+            .map(str::to_owned)
+            .ok_or_else(|| CriuError::Restored(format!("{} is not UTF-8, which CRIU's RPC needs", path.display())))
+    };
+    Ok(rpc::Opts {
+        images_dir_fd: images,
+        config_file: Some(text(config)?),
+        log_level: Some(4),
+        // The mount namespace is rebuilt on the new rootfs.
+        root: Some(text(&opts.root)?),
+        // CRIU's steps come to us as messages, not as forks of an action script.
+        notify_scripts: Some(true),
+        // The tree's root becomes our child, as a started sandbox's pid 1 is.
+        rst_sibling: Some(true),
+        tcp_established: Some(opts.tcp_established),
+        tcp_skip_in_flight: Some(opts.tcp_established),
+        // Sandbox processes may hold flock/POSIX locks.
+        file_locks: Some(true),
+        // The dumped cgroups (with their limits) are created again under these roots.
+        manage_cgroups: Some(true),
+        manage_cgroups_mode: Some(rpc::CgMode::Soft as i32),
+        cg_root: opts
+            .cgroup_roots
+            .iter()
+            .map(|root| rpc::CgroupRootMsg { ctrl: root.controller.clone(), path: root.path.clone() })
+            .collect(),
+        // A sandbox's network namespace holds only `lo` (see space-gateway): CRIU's restore of
+        // its addresses, routes and rules (six `ip` runs, ~30 ms) is replaced by bringing `lo`
+        // up at the `setup-namespaces` step; the node adds the gateway's sockets afterwards.
+        empty_ns: Some(libc::CLONE_NEWNET as u32),
+        external: vec![
+            format!("mnt[{AGENT_KEY}]:{}", text(agent_dir)?),
+            format!("mnt[{SPACED_KEY}]:{}", text(&opts.spaced)?),
+        ],
+        // The automatically detected host binds (device nodes, /dev/null masks) come from the
+        // same host paths again.
+        auto_ext_mnt: Some(true),
+    })
 }
 
 /// A bind mount of the agent directory at a path sandbox root can reach, for the time of a
@@ -251,8 +325,8 @@ impl Drop for Seal<'_> {
     }
 }
 
-/// Gives the agent directory back to host root, mode 0700 (the hook normally did already),
-/// the way the hook does.
+/// Gives the agent directory back to host root, mode 0700 (normally done at `pre-resume`
+/// already).
 fn seal_agent_dir(dir: &Path) -> Result<()> {
     space_sandbox_init::seal_agent_dir(dir).map_err(|e| CriuError::Restored(e.0))
 }
@@ -274,11 +348,6 @@ fn find_socket(dir: &Path) -> Result<PathBuf> {
     } else {
         Err(CriuError::Restored(format!("{} is not the agent's socket", socket.display())))
     }
-}
-
-fn read_pid(pidfile: &Path) -> Result<u32> {
-    let text = std::fs::read_to_string(pidfile).map_err(io_err("read pidfile", pidfile))?;
-    text.trim().parse().map_err(|_| CriuError::Restored(format!("pidfile holds {:?}", text.trim())))
 }
 
 fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
@@ -303,31 +372,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn restore_arguments() {
+    fn restore_options() {
         let mut opts =
             RestoreOptions::new("/snap/criu", "/pool/sbx_b/rootfs", "/run/space/sbx_b.sock.d", "/bin/spaced");
         opts.cgroup_roots =
             vec![CgroupRoot::new(Some("memory"), "/space/sbx_b"), CgroupRoot::new(None, "/space/sbx_b")];
-        let (agent, log) = (Path::new("/t/agent"), Path::new("/snap/criu/r.log"));
-        let args = restore_args(&opts, agent, log, Path::new("/t/pid"));
-        let joined = args.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
-        assert!(joined.starts_with("restore --images-dir /snap/criu --log-file /snap/criu/r.log -v4"), "{joined}");
-        for expected in [
-            "--root /pool/sbx_b/rootfs",
-            "--restore-detached",
-            "--pidfile /t/pid",
-            "--tcp-established",
-            "--manage-cgroups=soft",
-            "--external mnt[space-agent]:/t/agent",
-            "--external mnt[space-spaced]:/bin/spaced",
-            "--ext-mount-map auto",
-            "--empty-ns net",
-            "--cgroup-root memory:/space/sbx_b",
-            "--cgroup-root /space/sbx_b",
-            "--action-script /bin/spaced",
-        ] {
-            assert!(joined.contains(expected), "{expected} missing in {joined}");
-        }
+        let request = restore_opts(&opts, Path::new("/t/agent"), Path::new("/t/criu.conf"), 7).unwrap();
+        assert_eq!((request.images_dir_fd, request.config_file.as_deref()), (7, Some("/t/criu.conf")));
+        assert_eq!(request.root.as_deref(), Some("/pool/sbx_b/rootfs"));
+        assert_eq!(
+            (request.notify_scripts, request.rst_sibling, request.tcp_established),
+            (Some(true), Some(true), Some(true))
+        );
+        assert_eq!(request.manage_cgroups_mode, Some(rpc::CgMode::Soft as i32));
+        assert_eq!(request.external, vec!["mnt[space-agent]:/t/agent", "mnt[space-spaced]:/bin/spaced"]);
+        assert_eq!(request.empty_ns, Some(libc::CLONE_NEWNET as u32));
+        let roots: Vec<_> = request.cg_root.iter().map(|r| (r.ctrl.as_deref(), r.path.as_str())).collect();
+        assert_eq!(roots, vec![(Some("memory"), "/space/sbx_b"), (None, "/space/sbx_b")]);
+    }
+
+    #[test]
+    fn a_path_criu_cannot_be_given_is_refused() {
+        use std::os::unix::ffi::OsStrExt;
+        let root = std::ffi::OsStr::from_bytes(b"/pool/\xff/rootfs");
+        let opts = RestoreOptions::new("/snap/criu", root, "/run/a.d", "/bin/spaced");
+        assert!(restore_opts(&opts, Path::new("/t/agent"), Path::new("/t/criu.conf"), 7).is_err());
+    }
+
+    #[test]
+    fn the_configuration_names_the_work_dir_and_log() {
+        let text = config_text(Path::new("/snap/criu/restore-1.log")).unwrap();
+        assert_eq!(text, "work-dir /snap/criu\nlog-file restore-1.log\n");
+        assert!(config_text(Path::new("/snap/my criu/r.log")).is_err());
+        assert!(config_text(Path::new("/snap/criu/r\".log")).is_err());
     }
 
     #[test]

@@ -126,7 +126,6 @@ pub(crate) async fn restore(
     rt.destroy(&spec.id).await?; // leftovers of an earlier attempt
     let mut opts = RestoreOptions::new(images_dir, &spec.rootfs, rt.agent_dir(&spec.id), spaced);
     opts.sandbox_root = (rt.opts.id_map.host_base, rt.opts.id_map.host_base);
-    opts.hook = rt.opts.spaced.clone();
     let name = rt.cgroup_name(&spec.id);
     opts.cgroup_roots = rt
         .cgroups

@@ -25,22 +25,20 @@
 //! exit non-zero. Must be called while the process is single-threaded (before any runtime).
 
 mod bootstrap;
-mod criu_hook;
 mod listener;
 mod mounts;
 mod pid1;
 mod reexec;
+mod restore_steps;
 mod security;
 pub mod sync;
 mod sys;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 
-pub use criu_hook::{
-    ACTION_ENV as CRIU_ACTION_ENV, AGENT_DIR_ENV as CRIU_AGENT_DIR_ENV, run_criu_hook, seal_agent_dir,
-};
 pub use listener::AGENT_DIR;
 pub use reexec::SELF_EXE;
+pub use restore_steps::{bring_up_loopback, seal_agent_dir};
 pub use security::{KEPT_CAPABILITIES, seccomp_programs, seccomp_rules};
 
 /// What pid 1 of a fresh sandbox gets back from [`run_init`].

@@ -1,8 +1,6 @@
 //! `spaced init` — pid 1 of a sandbox: set the sandbox up, then serve the node.
 //! `spaced serve --socket PATH` — the same server on a fresh unix socket, without any
 //! sandboxing (tests on the host).
-//! `spaced` with no arguments and `CRTOOLS_SCRIPT_ACTION` set — CRIU's action script while
-//! a sandbox is restored (see `space_sandbox_init::run_criu_hook`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,15 +9,11 @@ const USAGE: &str = "usage: spaced init\n       spaced serve --socket PATH\n    
 
 enum Command {
     Init,
-    CriuHook { action: String },
     Serve { socket: PathBuf },
     Version,
 }
 
 fn parse(args: &[String]) -> Result<Command, String> {
-    if let ([], Ok(action)) = (args, std::env::var(space_sandbox_init::CRIU_ACTION_ENV)) {
-        return Ok(Command::CriuHook { action });
-    }
     match args {
         [cmd] if cmd == "init" => Ok(Command::Init),
         [cmd, flag, path] if cmd == "serve" && flag == "--socket" => Ok(Command::Serve { socket: path.into() }),
@@ -43,7 +37,6 @@ fn run(command: Command) -> Result<(), spaced::SpacedError> {
             }
             spaced::run(spaced::bind(&socket)?, spaced::Mode::Serve)
         }
-        Command::CriuHook { action } => Ok(space_sandbox_init::run_criu_hook(&action)?),
         Command::Version => {
             println!("{}", spaced::agent_name());
             Ok(())
