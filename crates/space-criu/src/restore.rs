@@ -13,10 +13,10 @@
 //! CRIU gets the directory through a bind mount in a private searchable directory instead).
 //! Before any restored process runs it must belong to host root again (mode 0700, so no
 //! sandbox process can enter it), otherwise the sandbox could plant a symlink there for the
-//! node to follow: the node hands it back at CRIU's `pre-resume` step (CRIU runs through its RPC,
-//! `criu swrk`, and tells the node each step; see rpc.rs). CRIU also re-applies the dumped mount's flags, and atime flags cannot change on
-//! such a mount: the directory must be on a filesystem mounted like the dumped sandbox's (in
-//! practice: next to it).
+//! node to follow: the node hands it back at CRIU's `pre-resume` step (CRIU runs through its
+//! RPC, `criu swrk`, and tells the node each step; see rpc.rs). CRIU also re-applies the dumped
+//! mount's flags, and atime flags cannot change on such a mount: the directory must be on a
+//! filesystem mounted like the dumped sandbox's (in practice: next to it).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
@@ -27,7 +27,7 @@ use crate::dump::{AGENT_KEY, SPACED_KEY};
 use crate::error::{CriuError, Result, io_err, log_excerpt};
 use crate::{Criu, rpc};
 
-/// Where a restored tree's cgroups go: `--cgroup-root [controller:]path`. Without a
+/// Where a restored tree's cgroups go (CRIU's `cg_root`: `[controller:]path`). Without a
 /// controller, the root of every controller not named otherwise (cgroup v2: the only one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgroupRoot {
@@ -166,6 +166,9 @@ impl Criu {
         .map_err(|e| CriuError::Restored(format!("restore task: {e}")))?
         .map_err(|source| CriuError::Spawn { path: self.path.clone(), source })?;
         let wall = started.elapsed();
+        if let Some(root) = outcome.failed_root {
+            reap_failed_root(root).await;
+        }
         match outcome.result {
             Ok(pid) if pid > 0 => Ok((pid as u32, wall)),
             other => {
@@ -179,6 +182,25 @@ impl Criu {
                 })
             }
         }
+    }
+}
+
+/// Kills (if CRIU did not) and reaps the root of a failed restore: our child, not yet reaped,
+/// so its pid cannot name another process.
+async fn reap_failed_root(pid: i32) {
+    let Ok(pidfd) = pidfd_open(pid as u32) else {
+        return;
+    };
+    kill(&pidfd);
+    let reaped = tokio::task::spawn_blocking(move || {
+        // SAFETY: waitid on a pidfd we own, into a zeroed siginfo that outlives the call.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; P_PIDFD takes the descriptor as the id.
+        unsafe { libc::waitid(libc::P_PIDFD, pidfd.as_raw_fd() as libc::id_t, &mut info, libc::WEXITED) }
+    })
+    .await;
+    if !matches!(reaped, Ok(0)) {
+        tracing::warn!(pid, "cannot reap the root of a failed restore");
     }
 }
 

@@ -139,7 +139,11 @@ pub(crate) struct Step<'a> {
 
 /// How a `criu swrk` conversation ended, CRIU's stderr included.
 pub(crate) struct Outcome {
+    /// The restored root's pid, or why there is none.
     pub result: Result<i32, String>,
+    /// A root CRIU forked for a restore that then failed: our child (`rst_sibling`), killed
+    /// by CRIU but not reaped by it.
+    pub failed_root: Option<i32>,
     pub stderr: String,
     pub status: std::process::ExitStatus,
 }
@@ -156,11 +160,14 @@ pub(crate) fn restore(
     let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
     let mut child = spawn(criu, &theirs, File::create(stderr)?)?;
     drop(theirs); // EOF once CRIU is gone
-    let result = converse(ours.as_raw_fd(), opts, &mut on_step);
+    let (result, failed_root) = match converse(ours.as_raw_fd(), opts, &mut on_step) {
+        Ok(pid) => (Ok(pid), None),
+        Err((reason, root)) => (Err(reason), root.filter(|&pid| pid > 0)),
+    };
     drop(ours);
     let status = child.wait()?;
     let stderr = std::fs::read_to_string(stderr).unwrap_or_default();
-    Ok(Outcome { result, stderr, status })
+    Ok(Outcome { result, failed_root, stderr, status })
 }
 
 fn spawn(criu: &Criu, theirs: &OwnedFd, stderr: File) -> std::io::Result<std::process::Child> {
@@ -187,14 +194,19 @@ fn give_fd(fd: RawFd, at: RawFd) -> std::io::Result<()> {
     if ret < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
-fn converse(sock: RawFd, opts: Opts, on_step: &mut impl FnMut(Step<'_>) -> Result<(), String>) -> Result<i32, String> {
+/// The restored root's pid, or why the restore failed with the root CRIU had forked if any.
+fn converse(
+    sock: RawFd,
+    opts: Opts,
+    on_step: &mut impl FnMut(Step<'_>) -> Result<(), String>,
+) -> Result<i32, (String, Option<i32>)> {
     // SAFETY: `sock` stays open (owned by `restore`) for the whole conversation.
     let sock = unsafe { BorrowedFd::borrow_raw(sock) };
     let request = Req { r#type: ReqType::Restore as i32, opts: Some(opts), notify_success: None };
-    send_message(sock, &request)?;
+    send_message(sock, &request).map_err(|e| (e, None))?;
     let mut step_error = None;
     loop {
-        let resp = recv_message(sock)?;
+        let resp = recv_message(sock).map_err(|e| (e, None))?;
         match ReqType::try_from(resp.r#type) {
             Ok(ReqType::Notify) => {
                 let notify = resp.notify.unwrap_or_default();
@@ -204,15 +216,16 @@ fn converse(sock: RawFd, opts: Opts, on_step: &mut impl FnMut(Step<'_>) -> Resul
                     step_error = Some(format!("step {name}: {e}"));
                 }
                 let reply = Req { r#type: ReqType::Notify as i32, opts: None, notify_success: Some(answer.is_ok()) };
-                send_message(sock, &reply)?;
+                send_message(sock, &reply).map_err(|e| (e, None))?;
             }
             Ok(ReqType::Restore) => {
-                return match (resp.success, resp.restore) {
-                    (true, Some(restored)) => Ok(restored.pid),
-                    _ => Err(step_error.unwrap_or_else(|| describe_failure(&resp.cr_errmsg, resp.cr_errno))),
+                let pid = resp.restore.map(|restored| restored.pid);
+                return match (resp.success, pid) {
+                    (true, Some(pid)) => Ok(pid),
+                    _ => Err((step_error.unwrap_or_else(|| describe_failure(&resp.cr_errmsg, resp.cr_errno)), pid)),
                 };
             }
-            _ => return Err(format!("unexpected CRIU message of type {}", resp.r#type)),
+            _ => return Err((format!("unexpected CRIU message of type {}", resp.r#type), None)),
         }
     }
 }
