@@ -166,22 +166,23 @@ impl Criu {
         .map_err(|e| CriuError::Restored(format!("restore task: {e}")))?
         .map_err(|source| CriuError::Spawn { path: self.path.clone(), source })?;
         let wall = started.elapsed();
-        if let Some(root) = outcome.failed_root {
-            reap_failed_root(root).await;
-        }
-        match outcome.result {
-            Ok(pid) if pid > 0 => Ok((pid as u32, wall)),
-            other => {
-                let reason = other.err().unwrap_or_else(|| "CRIU reported no pid".to_owned());
-                let text = tokio::fs::read_to_string(log).await.unwrap_or_default();
-                Err(CriuError::Failed {
-                    action: "restore",
-                    status: format!("{reason}; {}", outcome.status),
-                    log: log.to_path_buf(),
-                    excerpt: log_excerpt(&text, &outcome.stderr),
-                })
+        let reason = match outcome.result {
+            Ok(pid) if pid > 0 => return Ok((pid as u32, wall)),
+            Ok(_) => "CRIU reported no pid".to_owned(),
+            Err(failure) => {
+                if let Some(root) = failure.root {
+                    reap_failed_root(root).await;
+                }
+                failure.reason
             }
-        }
+        };
+        let text = tokio::fs::read_to_string(log).await.unwrap_or_default();
+        Err(CriuError::Failed {
+            action: "restore",
+            status: format!("{reason}; {}", outcome.status),
+            log: log.to_path_buf(),
+            excerpt: log_excerpt(&text, &outcome.stderr),
+        })
     }
 }
 

@@ -140,12 +140,22 @@ pub(crate) struct Step<'a> {
 /// How a `criu swrk` conversation ended, CRIU's stderr included.
 pub(crate) struct Outcome {
     /// The restored root's pid, or why there is none.
-    pub result: Result<i32, String>,
-    /// A root CRIU forked for a restore that then failed: our child (`rst_sibling`), killed
-    /// by CRIU but not reaped by it.
-    pub failed_root: Option<i32>,
+    pub result: Result<i32, Failure>,
     pub stderr: String,
     pub status: std::process::ExitStatus,
+}
+
+/// Why a restore failed, and the root CRIU had forked for it if any: our child
+/// (`rst_sibling`), killed by CRIU but not reaped by it.
+pub(crate) struct Failure {
+    pub reason: String,
+    pub root: Option<i32>,
+}
+
+impl Failure {
+    fn before_any_root(reason: String) -> Failure {
+        Failure { reason, root: None }
+    }
 }
 
 /// Runs one restore through `criu swrk`, answering each step with `on_step` (an `Err` aborts
@@ -160,14 +170,11 @@ pub(crate) fn restore(
     let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
     let mut child = spawn(criu, &theirs, File::create(stderr)?)?;
     drop(theirs); // EOF once CRIU is gone
-    let (result, failed_root) = match converse(ours.as_raw_fd(), opts, &mut on_step) {
-        Ok(pid) => (Ok(pid), None),
-        Err((reason, root)) => (Err(reason), root.filter(|&pid| pid > 0)),
-    };
+    let result = converse(ours.as_raw_fd(), opts, &mut on_step);
     drop(ours);
     let status = child.wait()?;
     let stderr = std::fs::read_to_string(stderr).unwrap_or_default();
-    Ok(Outcome { result, failed_root, stderr, status })
+    Ok(Outcome { result, stderr, status })
 }
 
 fn spawn(criu: &Criu, theirs: &OwnedFd, stderr: File) -> std::io::Result<std::process::Child> {
@@ -194,19 +201,15 @@ fn give_fd(fd: RawFd, at: RawFd) -> std::io::Result<()> {
     if ret < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
-/// The restored root's pid, or why the restore failed with the root CRIU had forked if any.
-fn converse(
-    sock: RawFd,
-    opts: Opts,
-    on_step: &mut impl FnMut(Step<'_>) -> Result<(), String>,
-) -> Result<i32, (String, Option<i32>)> {
+/// The restored root's pid, or why the restore failed.
+fn converse(sock: RawFd, opts: Opts, on_step: &mut impl FnMut(Step<'_>) -> Result<(), String>) -> Result<i32, Failure> {
     // SAFETY: `sock` stays open (owned by `restore`) for the whole conversation.
     let sock = unsafe { BorrowedFd::borrow_raw(sock) };
     let request = Req { r#type: ReqType::Restore as i32, opts: Some(opts), notify_success: None };
-    send_message(sock, &request).map_err(|e| (e, None))?;
+    send_message(sock, &request).map_err(Failure::before_any_root)?;
     let mut step_error = None;
     loop {
-        let resp = recv_message(sock).map_err(|e| (e, None))?;
+        let resp = recv_message(sock).map_err(Failure::before_any_root)?;
         match ReqType::try_from(resp.r#type) {
             Ok(ReqType::Notify) => {
                 let notify = resp.notify.unwrap_or_default();
@@ -216,16 +219,19 @@ fn converse(
                     step_error = Some(format!("step {name}: {e}"));
                 }
                 let reply = Req { r#type: ReqType::Notify as i32, opts: None, notify_success: Some(answer.is_ok()) };
-                send_message(sock, &reply).map_err(|e| (e, None))?;
+                send_message(sock, &reply).map_err(Failure::before_any_root)?;
             }
             Ok(ReqType::Restore) => {
                 let pid = resp.restore.map(|restored| restored.pid);
                 return match (resp.success, pid) {
                     (true, Some(pid)) => Ok(pid),
-                    _ => Err((step_error.unwrap_or_else(|| describe_failure(&resp.cr_errmsg, resp.cr_errno)), pid)),
+                    _ => Err(Failure {
+                        reason: step_error.unwrap_or_else(|| describe_failure(&resp.cr_errmsg, resp.cr_errno)),
+                        root: pid.filter(|&pid| pid > 0),
+                    }),
                 };
             }
-            _ => return Err((format!("unexpected CRIU message of type {}", resp.r#type), None)),
+            _ => return Err(Failure::before_any_root(format!("unexpected CRIU message of type {}", resp.r#type))),
         }
     }
 }
