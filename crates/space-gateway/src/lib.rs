@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, RwLock};
 
 use space_api::egress::{AuditEvent, NetworkPolicy};
@@ -255,11 +256,11 @@ impl Gateway {
         Ok(Arc::new(Gateway { shared, sandboxes: Mutex::new(HashMap::new()) }))
     }
 
-    /// Opens the gateway's listeners inside the network namespace of the sandbox whose pid 1
-    /// is host pid `pid`, and serves them. Attaching again (e.g. after a server restart)
-    /// replaces the earlier attachment; the session it serves is kept.
-    pub async fn attach(&self, sandbox: &SandboxId, pid: u32) -> Result<(), GatewayError> {
-        let sockets = tokio::task::spawn_blocking(move || netns::open_sandbox_sockets(pid))
+    /// Opens the gateway's listeners inside `netns`, the sandbox's network namespace (refused
+    /// when it is the node's own), and serves them. Attaching again (e.g. after a server
+    /// restart) replaces the earlier attachment; the session it serves is kept.
+    pub async fn attach(&self, sandbox: &SandboxId, netns: OwnedFd) -> Result<(), GatewayError> {
+        let sockets = tokio::task::spawn_blocking(move || netns::open_sandbox_sockets(netns))
             .await
             .map_err(|e| GatewayError::Netns(format!("setup task: {e}")))??;
         let session = self.sandboxes.lock().ok().and_then(|s| s.get(sandbox).and_then(|a| session_of(&a.context)));

@@ -8,9 +8,8 @@
 //! which learns the original destination from the accepted socket's local address.
 //! Nothing routes out of the namespace: what the gateway does not serve is refused locally.
 
-use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use netlink_packet_route::route::{RouteProtocol, RouteScope, RouteType};
 use nix::sched::{CloneFlags, setns};
@@ -32,17 +31,19 @@ pub(crate) struct SandboxSockets {
     pub(crate) dns: UdpSocket,
 }
 
-/// Makes every address local in the namespace of host pid `pid` and opens the gateway's
-/// sockets there. Blocking: call from a blocking thread.
-pub(crate) fn open_sandbox_sockets(pid: u32) -> Result<SandboxSockets, GatewayError> {
-    let path = format!("/proc/{pid}/ns/net");
-    let netns = File::open(&path).map_err(|e| GatewayError::Netns(format!("open {path}: {e}")))?;
+/// Makes every address local in the network namespace `netns` and opens the gateway's
+/// sockets there. Refuses the node's own namespace: replacing its `local` table would route
+/// every address of the host to its loopback. Blocking: call from a blocking thread.
+pub(crate) fn open_sandbox_sockets(netns: OwnedFd) -> Result<SandboxSockets, GatewayError> {
+    if is_own_namespace(&netns)? {
+        return Err(GatewayError::Netns("refusing to attach to the node's own network namespace".into()));
+    }
     // A thread of its own: it enters the namespace and ends, leaving the caller's untouched.
     std::thread::Builder::new()
         .name("gateway-netns".into())
         .spawn(move || {
             setns(netns.as_fd(), CloneFlags::CLONE_NEWNET)
-                .map_err(|e| GatewayError::Netns(format!("enter the network namespace of pid {pid}: {e}")))?;
+                .map_err(|e| GatewayError::Netns(format!("enter the sandbox's network namespace: {e}")))?;
             route_everything_to_loopback()?;
             Ok(SandboxSockets {
                 proxy: listen(PROXY_PORT)?,
@@ -54,6 +55,14 @@ pub(crate) fn open_sandbox_sockets(pid: u32) -> Result<SandboxSockets, GatewayEr
         .map_err(|e| GatewayError::Netns(format!("spawn thread: {e}")))?
         .join()
         .map_err(|_| GatewayError::Netns("namespace thread panicked".into()))?
+}
+
+/// Whether `netns` is the network namespace this process runs in (same nsfs inode).
+fn is_own_namespace(netns: &OwnedFd) -> Result<bool, GatewayError> {
+    let failed = |what: &str, e: nix::Error| GatewayError::Netns(format!("{what}: {e}"));
+    let theirs = nix::sys::stat::fstat(netns).map_err(|e| failed("stat the sandbox's network namespace", e))?;
+    let ours = nix::sys::stat::stat("/proc/self/ns/net").map_err(|e| failed("stat /proc/self/ns/net", e))?;
+    Ok((theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino))
 }
 
 /// `ip route replace local 0.0.0.0/0 dev lo table local`, over a netlink socket created in
@@ -96,4 +105,16 @@ fn bind_udp(port: u16) -> Result<UdpSocket, GatewayError> {
     let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)).map_err(failed)?;
     socket.set_nonblocking(true).map_err(failed)?;
     Ok(socket)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nodes_own_namespace_is_refused_before_anything_changes() {
+        let own = std::fs::File::open("/proc/self/ns/net").unwrap();
+        let err = open_sandbox_sockets(own.into()).err().expect("attached to the host's namespace");
+        assert!(err.to_string().contains("node's own network namespace"), "{err}");
+    }
 }

@@ -16,6 +16,7 @@ mod boot;
 mod cgroup;
 mod checkpoint;
 mod process;
+mod sealed;
 mod spawn;
 mod teardown;
 
@@ -99,6 +100,8 @@ pub struct LinuxRuntime {
     /// Striped by sandbox id: serialises the create, attach and remove steps on one sandbox's
     /// cgroups (see [`LinuxRuntime::cgroup_step`]).
     cgroup_step_locks: Vec<Arc<tokio::sync::Mutex<()>>>,
+    /// What `start` executes: a sealed copy of `opts.spaced` that no sandbox can reach.
+    spaced: sealed::SealedBinary,
 }
 
 /// Enough stripes that concurrent starts of different sandboxes rarely share one.
@@ -115,6 +118,8 @@ impl LinuxRuntime {
         validate_cgroup_parent(&opts.cgroup_parent)?;
         validate_id_map(opts.id_map)?;
         check_spaced(&opts.spaced)?;
+        let spaced = sealed::SealedBinary::load(&opts.spaced)
+            .map_err(|e| unsupported(format!("sealed copy of {}: {e}", opts.spaced.display())))?;
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -125,6 +130,7 @@ impl LinuxRuntime {
         tracing::debug!(version = cgroups.version(), parent = %opts.cgroup_parent, "linux runtime ready");
         let criu = space_criu::Criu::locate(opts.criu.as_deref()).map_err(|e| e.to_string());
         Ok(LinuxRuntime {
+            spaced,
             opts,
             cgroups,
             tracked: Mutex::new(HashMap::new()),
@@ -224,7 +230,9 @@ impl LinuxRuntime {
     }
 
     async fn boot(&self, boot: &mut Boot, spec: &SandboxSpec) -> Result<(), RuntimeError> {
-        boot.send(&ToInit::Config(InitConfig::new(&spec.rootfs, &spec.hostname))).await?;
+        let config =
+            InitConfig { exe: Some(self.opts.spaced.clone()), ..InitConfig::new(&spec.rootfs, &spec.hostname) };
+        boot.send(&ToInit::Config(config)).await?;
         let (name, pid) = (self.cgroup_name(&spec.id), boot.bootstrap_pid());
         // Joining happens while the bootstrap unshares its user namespace.
         self.cgroup_step(&spec.id, move |cg| cg.attach(&name, pid).map_err(|e| RuntimeError::Cgroup(e.to_string())))
@@ -244,7 +252,7 @@ impl LinuxRuntime {
         })
         .await?;
         self.agent_dir_fresh(&spec.id)?;
-        let mut boot = Boot::spawn(&self.opts.spaced, &self.socket_path(&spec.id))?;
+        let mut boot = Boot::spawn(&self.spaced.exec_path(), &self.socket_path(&spec.id))?;
         let result = match tokio::time::timeout(self.opts.start_timeout, self.boot(&mut boot, spec)).await {
             Ok(result) => result,
             Err(_) => Err(RuntimeError::Start(format!("spaced not ready after {:?}", self.opts.start_timeout))),
@@ -435,6 +443,24 @@ impl Runtime for LinuxRuntime {
             }
             _ => false,
         }
+    }
+
+    fn network_namespace(&self, handle: &SandboxHandle) -> Result<OwnedFd, RuntimeError> {
+        let pidfd = match self.tracked_pidfd(handle) {
+            Some(fd) => fd,
+            None if self.adopt(handle) => {
+                self.tracked_pidfd(handle).ok_or_else(|| RuntimeError::NotFound(handle.id.clone()))?
+            }
+            None => return Err(RuntimeError::NotFound(handle.id.clone())),
+        };
+        let path = format!("/proc/{}/ns/net", handle.pid);
+        let netns = std::fs::File::open(&path).map_err(|source| RuntimeError::Io { path: path.into(), source })?;
+        // Checked after opening: while the pidfd's process lives its pid cannot be reused, so
+        // the namespace opened is that process's.
+        if process::has_exited(&*pidfd) {
+            return Err(RuntimeError::NotFound(handle.id.clone()));
+        }
+        Ok(netns.into())
     }
 
     async fn wait_exit(&self, handle: &SandboxHandle) {

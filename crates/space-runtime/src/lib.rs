@@ -5,6 +5,7 @@
 //! idempotent and named after the [`SandboxId`], so the node can replay it after a crash.
 
 use std::future::Future;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -112,6 +113,11 @@ pub trait Runtime: Send + Sync + 'static {
     /// that everything this instance does to its own sandboxes works on it too. Returns
     /// whether the sandbox is alive (and now adopted).
     fn adopt(&self, handle: &SandboxHandle) -> bool;
+
+    /// The sandbox's network namespace, where the node's gateway opens its listeners. Opened
+    /// through what pins the sandbox (never a bare pid that may since have been reused);
+    /// `NotFound` when the sandbox no longer runs.
+    fn network_namespace(&self, handle: &SandboxHandle) -> Result<OwnedFd, RuntimeError>;
 
     /// Resolves when the sandbox's pid 1 has exited.
     fn wait_exit(&self, handle: &SandboxHandle) -> impl Future<Output = ()> + Send;

@@ -60,7 +60,7 @@ pub(crate) fn prepare(config: &InitConfig, bind_self: bool, warnings: &mut Vec<S
     mount_sys(root, warnings)?;
     mount_dev(root, warnings)?;
     if bind_self {
-        bind_self_exe(root)?;
+        bind_self_exe(root, config.exe.as_deref())?;
     }
     let agent = root.join(AGENT_DIR.trim_start_matches('/'));
     fs::DirBuilder::new().mode(0o700).create(agent).map_err(io_ctx(format!("mkdir {AGENT_DIR}")))
@@ -150,17 +150,15 @@ fn bind_device(dev: &Path, name: &str) -> Result<(), InitError> {
     mnt(Some(&source), &target, None, MsFlags::MS_BIND, None).map_err(ctx(format!("bind /dev/{name}")))
 }
 
-/// Binds this process's executable read-only onto [`SELF_EXE`] in the rootfs's /dev. Before
-/// pivot_root: the binary's host path is still reachable.
-fn bind_self_exe(root: &Path) -> Result<(), InitError> {
+/// Binds `exe` (default: this process's executable) read-only onto [`SELF_EXE`] in the
+/// rootfs's /dev. Before pivot_root: the binary's host path is still reachable.
+fn bind_self_exe(root: &Path, exe: Option<&Path>) -> Result<(), InitError> {
     // The kernel only binds from mounts of the caller's namespace, and the executable's mount is
-    // the host's (ours is a copy): bind its path, after checking it is still the same file.
-    let source = fs::read_link("/proc/self/exe").map_err(io_ctx("readlink /proc/self/exe"))?;
-    let running = fs::metadata("/proc/self/exe").map_err(io_ctx("stat /proc/self/exe"))?;
-    let at_path = fs::metadata(&source).map_err(io_ctx(format!("stat {}", source.display())))?;
-    if (running.dev(), running.ino()) != (at_path.dev(), at_path.ino()) {
-        return Err(InitError(format!("{} was replaced since spaced started", source.display())));
-    }
+    // the host's (ours is a copy): bind its path.
+    let source = match exe {
+        Some(path) => checked_exe(path)?,
+        None => running_exe()?,
+    };
     let target = root.join(SELF_EXE.trim_start_matches('/'));
     fs::OpenOptions::new()
         .write(true)
@@ -180,6 +178,27 @@ fn bind_self_exe(root: &Path) -> Result<(), InitError> {
         | MsFlags::MS_NODEV
         | locked_flags(current.flags());
     mnt(None, &target, None, flags, None).map_err(ctx(format!("remount {SELF_EXE} read-only")))
+}
+
+/// The node's copy of the binary, which must be a regular file (a bind of anything else
+/// would not be executable).
+fn checked_exe(path: &Path) -> Result<PathBuf, InitError> {
+    let meta = fs::metadata(path).map_err(io_ctx(format!("stat {}", path.display())))?;
+    if !meta.is_file() {
+        return Err(InitError(format!("{} is not a regular file", path.display())));
+    }
+    Ok(path.to_owned())
+}
+
+/// This process's executable, checked to be still the file at its path.
+fn running_exe() -> Result<PathBuf, InitError> {
+    let source = fs::read_link("/proc/self/exe").map_err(io_ctx("readlink /proc/self/exe"))?;
+    let running = fs::metadata("/proc/self/exe").map_err(io_ctx("stat /proc/self/exe"))?;
+    let at_path = fs::metadata(&source).map_err(io_ctx(format!("stat {}", source.display())))?;
+    if (running.dev(), running.ino()) != (at_path.dev(), at_path.ino()) {
+        return Err(InitError(format!("{} was replaced since spaced started", source.display())));
+    }
+    Ok(source)
 }
 
 /// Makes `root` the root of the mount namespace and detaches the old root entirely.

@@ -59,6 +59,11 @@ pub struct InitConfig {
     pub hostname: String,
     pub masked_paths: Vec<String>,
     pub readonly_paths: Vec<String>,
+    /// Host path of the binary pid 1 re-executes from inside the sandbox (bound read-only at
+    /// `SELF_EXE`); `None`: the running executable's own path. The node passes its pool copy
+    /// because it starts `spaced init` from a sealed memfd, which has no path to bind.
+    #[serde(default)]
+    pub exe: Option<PathBuf>,
 }
 
 impl InitConfig {
@@ -69,6 +74,7 @@ impl InitConfig {
             hostname: hostname.into(),
             masked_paths: DEFAULT_MASKED_PATHS.iter().map(|p| p.to_string()).collect(),
             readonly_paths: DEFAULT_READONLY_PATHS.iter().map(|p| p.to_string()).collect(),
+            exe: None,
         }
     }
 }
