@@ -81,9 +81,54 @@ fn fork_bomb_hits_the_pids_limit_and_the_node_stays_responsive() {
     assert_eq!(r["stdout"], "responsive\n");
     let (_, session) = server.call("GET", &format!("/v1/sessions/{id}"), None);
     let sandbox = session["sandbox_id"].as_str().unwrap();
-    let cgroup = format!("/sys/fs/cgroup/pids/{}/{sandbox}", server.cgroup_parent);
-    let current: u32 = std::fs::read_to_string(format!("{cgroup}/pids.current")).unwrap().trim().parse().unwrap();
-    let events = std::fs::read_to_string(format!("{cgroup}/pids.events")).unwrap();
+    let cgroup = server.sandbox_cgroup("pids", sandbox);
+    let current: u32 = std::fs::read_to_string(cgroup.join("pids.current")).unwrap().trim().parse().unwrap();
+    let events = std::fs::read_to_string(cgroup.join("pids.events")).unwrap();
     assert!(current <= 64, "pids.current {current} above the limit");
     assert!(!events.contains("max 0"), "the limit was never hit: {events}");
+}
+
+/// `socket(2)` as the probe makes it.
+fn socket(server: &Server, id: &str, family: i32, kind: i32, protocol: i32) -> Result<i64, i32> {
+    server.syscall(id, libc::SYS_socket, &[family.into(), kind.into(), protocol.into()])
+}
+
+#[test]
+fn sockets_are_limited_to_the_families_a_sandbox_needs_and_raw_ones_need_a_dropped_capability() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    server.install_probe(&id);
+    // vsock's port space is the whole host's, not the network namespace's: refused by seccomp.
+    for (family, kind) in [(libc::AF_VSOCK, libc::SOCK_STREAM), (libc::AF_PACKET, libc::SOCK_RAW)] {
+        assert_eq!(socket(&server, &id, family, kind, 0), Err(libc::EAFNOSUPPORT), "family {family}");
+    }
+    assert_eq!(socket(&server, &id, libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_AUDIT), Err(libc::EAFNOSUPPORT));
+    // A raw IPv4 socket is an allowed family; it fails on the capability (CAP_NET_RAW is dropped).
+    assert_eq!(socket(&server, &id, libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP), Err(libc::EPERM));
+    let status = server.exec(&id, &["grep", "^CapBnd", "/proc/self/status"]);
+    assert_eq!(status["stdout"], "CapBnd:\t00000000a80405fb\n", "bounding set: {status}");
+    // What programs need still works.
+    for (family, kind, protocol) in [
+        (libc::AF_UNIX, libc::SOCK_STREAM, 0),
+        (libc::AF_INET, libc::SOCK_STREAM, 0),
+        (libc::AF_INET6, libc::SOCK_DGRAM, 0),
+        (libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
+    ] {
+        assert!(socket(&server, &id, family, kind, protocol).is_ok(), "family {family} protocol {protocol}");
+    }
+}
+
+#[test]
+fn x32_system_calls_are_refused_by_the_filter() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    server.install_probe(&id);
+    const X32: i64 = 0x4000_0000;
+    assert!(server.syscall(&id, libc::SYS_getpid, &[]).is_ok());
+    // EPERM is the filter's answer; a kernel without x32 would say ENOSYS.
+    for nr in [libc::SYS_getpid, libc::SYS_bpf, libc::SYS_keyctl, libc::SYS_unshare] {
+        assert_eq!(server.syscall(&id, nr | X32, &[]), Err(libc::EPERM), "x32 syscall {nr}");
+    }
 }

@@ -12,14 +12,14 @@ use seccompiler::{
 use crate::InitError;
 use crate::sys::ctx;
 
-/// Docker's default capability set: everything else leaves the bounding set.
+/// Docker's default capability set less `CAP_NET_RAW` (raw and packet sockets have no use
+/// behind the gateway and are kernel attack surface): everything else leaves the bounding set.
 pub const KEPT_CAPABILITIES: &[Capability] = &[
     Capability::CAP_CHOWN,
     Capability::CAP_DAC_OVERRIDE,
     Capability::CAP_FSETID,
     Capability::CAP_FOWNER,
     Capability::CAP_MKNOD,
-    Capability::CAP_NET_RAW,
     Capability::CAP_SETGID,
     Capability::CAP_SETUID,
     Capability::CAP_SETFCAP,
@@ -74,6 +74,23 @@ const DENIED: &[(&str, i64)] = &[
 
 /// Syscalls that fail with EPERM when their flags argument (arg 0) asks for a new user namespace.
 const DENIED_WITH_NEWUSER: &[i64] = &[libc::SYS_unshare, libc::SYS_clone];
+
+/// The only address families `socket(2)` may create; any other fails with EAFNOSUPPORT.
+/// `AF_UNIX` and `AF_INET`/`AF_INET6` are what programs use (the gateway is reached over
+/// IPv4); `AF_NETLINK` because glibc's `getaddrinfo` (AI_ADDRCONFIG), `ip` and `ss` query the
+/// sandbox's own network namespace through it. Everything else is refused, above all
+/// `AF_VSOCK` (one port space for the whole host, not per network namespace) and `AF_PACKET`.
+pub const ALLOWED_SOCKET_FAMILIES: &[i32] = &[libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK];
+
+/// The netlink protocols an `AF_NETLINK` socket may use: routing (addresses, links, routes of
+/// the sandbox's namespace) and socket diagnostics (`ss`). Generic netlink, audit, netfilter,
+/// uevents and the rest reach kernel subsystems that are not the sandbox's business.
+pub const ALLOWED_NETLINK_PROTOCOLS: &[i32] = &[libc::NETLINK_ROUTE, libc::NETLINK_SOCK_DIAG];
+
+/// The bit that marks an x32 system call on x86_64. x32 calls share the x86_64 audit
+/// architecture, so seccompiler's architecture check lets them through, and a filter keyed on
+/// syscall numbers never matches `nr | X32_SYSCALL_BIT`: they are refused as a whole.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 /// Reduces the bounding, permitted, effective and inheritable sets to [`KEPT_CAPABILITIES`]
 /// and clears the ambient set.
@@ -130,27 +147,72 @@ pub fn seccomp_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
     rules
 }
 
+/// `socket(2)` calls outside [`ALLOWED_SOCKET_FAMILIES`] and [`ALLOWED_NETLINK_PROTOCOLS`]:
+/// one rule per refused shape (rules are or-ed, a rule's conditions and-ed).
+pub fn socket_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
+    let arg = |index: u8, op: SeccompCmpOp, value: i32| {
+        SeccompCondition::new(index, SeccompCmpArgLen::Dword, op, value as u64).expect("valid condition")
+    };
+    let other_family = ALLOWED_SOCKET_FAMILIES.iter().map(|f| arg(0, SeccompCmpOp::Ne, *f)).collect();
+    let other_netlink = std::iter::once(arg(0, SeccompCmpOp::Eq, libc::AF_NETLINK))
+        .chain(ALLOWED_NETLINK_PROTOCOLS.iter().map(|p| arg(2, SeccompCmpOp::Ne, *p)))
+        .collect();
+    let rules = [other_family, other_netlink].into_iter().map(|c| SeccompRule::new(c).expect("non-empty rule"));
+    [(libc::SYS_socket, rules.collect())].into_iter().collect()
+}
+
 /// Compiles the sandbox filters, in installation order:
 /// 1. default allow; [`DENIED`] and new user namespaces → EPERM;
 /// 2. clone3 → ENOSYS: its flags live in memory a filter cannot read, so libc falls back to
-///    clone, whose flags the first filter inspects.
+///    clone, whose flags the first filter inspects;
+/// 3. sockets of other families or netlink protocols ([`socket_rules`]) → EAFNOSUPPORT, the
+///    errno a kernel without that family gives, which programs already handle;
+/// 4. every x32 system call → EPERM ([`x32_program`]).
 ///
-/// seccompiler gives one match action per filter, hence two; the kernel runs both and they
-/// match disjoint syscalls. Syscalls of any other architecture (i386 `int 0x80`) kill the process.
+/// seccompiler gives one match action per filter, hence several; the kernel runs them all and
+/// they match disjoint syscalls. Syscalls of any other architecture (i386 `int 0x80`) kill the
+/// process.
 pub fn seccomp_programs() -> Result<Vec<BpfProgram>, InitError> {
     let arch: seccompiler::TargetArch =
         std::env::consts::ARCH.try_into().map_err(|e| InitError(format!("seccomp: unsupported architecture: {e}")))?;
     let eperm = SeccompAction::Errno(libc::EPERM as u32);
     let enosys = SeccompAction::Errno(libc::ENOSYS as u32);
+    let eafnosupport = SeccompAction::Errno(libc::EAFNOSUPPORT as u32);
     let clone3 = [(libc::SYS_clone3, Vec::new())].into_iter().collect();
-    [(seccomp_rules(), eperm), (clone3, enosys)]
+    let mut programs = [(seccomp_rules(), eperm), (clone3, enosys), (socket_rules(), eafnosupport)]
         .into_iter()
         .map(|(rules, action)| {
             let filter = SeccompFilter::new(rules, SeccompAction::Allow, action, arch)
                 .map_err(|e| InitError(format!("seccomp filter: {e}")))?;
             filter.try_into().map_err(|e| InitError(format!("seccomp compile: {e}")))
         })
-        .collect()
+        .collect::<Result<Vec<BpfProgram>, InitError>>()?;
+    programs.extend(x32_program());
+    Ok(programs)
+}
+
+/// A filter that refuses every x32 system call with EPERM (EPERM, not ENOSYS, so a test can
+/// tell the filter's answer from that of a kernel built without x32). seccompiler keys rules on
+/// exact syscall numbers and cannot express "any number with this bit", hence four
+/// instructions by hand. The other filters have already checked the architecture.
+#[cfg(target_arch = "x86_64")]
+fn x32_program() -> Option<BpfProgram> {
+    use seccompiler::sock_filter;
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const JSET_K: u16 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16;
+    const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    let stmt = |code, k| sock_filter { code, jt: 0, jf: 0, k };
+    Some(vec![
+        stmt(LD_W_ABS, 0), // seccomp_data.nr
+        sock_filter { code: JSET_K, jt: 0, jf: 1, k: X32_SYSCALL_BIT },
+        stmt(RET_K, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        stmt(RET_K, libc::SECCOMP_RET_ALLOW),
+    ])
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn x32_program() -> Option<BpfProgram> {
+    None
 }
 
 /// Installs [`seccomp_programs`] on the calling (only) thread. Requires no_new_privs.
@@ -168,8 +230,81 @@ mod tests {
     #[test]
     fn filters_compile() {
         let programs = seccomp_programs().unwrap();
-        assert_eq!(programs.len(), 2);
+        assert_eq!(programs.len(), 4);
         assert!(programs.iter().all(|p| !p.is_empty()));
+    }
+
+    /// Runs `probe` in a forked child under the real filters; returns the errno of each call
+    /// (0 when it succeeded). The child makes only raw syscalls before `_exit`, so forking a
+    /// threaded test process is safe.
+    fn errnos_under_filter(probes: &[fn() -> libc::c_long]) -> Vec<i32> {
+        let programs = seccomp_programs().unwrap();
+        let mut pipe = [0i32; 2];
+        // SAFETY: pipe(2) writes two fds into the array.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        // SAFETY: the child only makes syscalls and _exits (see above).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let _ = nix::sys::prctl::set_no_new_privs();
+            let installed = programs.iter().all(|p| seccompiler::apply_filter(p).is_ok());
+            for probe in probes {
+                let errno = if !installed {
+                    -1
+                } else if probe() < 0 {
+                    Errno::last_raw()
+                } else {
+                    0
+                };
+                // SAFETY: writes 4 bytes from a live i32 to our pipe.
+                unsafe { libc::write(pipe[1], (&errno as *const i32).cast(), 4) };
+            }
+            // SAFETY: ends the forked child without running the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        // SAFETY: closes the parent's copy of the write end.
+        unsafe { libc::close(pipe[1]) };
+        let mut out = Vec::new();
+        // SAFETY: pipe[0] is ours and owned from here on.
+        let mut file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(pipe[0]) };
+        std::io::Read::read_to_end(&mut file, &mut out).unwrap();
+        let mut status = 0;
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        out.chunks_exact(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap())).collect()
+    }
+
+    fn socket(family: i32, kind: i32, protocol: i32) -> libc::c_long {
+        // SAFETY: socket(2) takes integers; the fd (if any) is left to the child's exit.
+        unsafe { libc::syscall(libc::SYS_socket, family, kind, protocol) }
+    }
+
+    #[test]
+    fn the_installed_filter_refuses_what_it_must_and_allows_the_rest() {
+        let got = errnos_under_filter(&[
+            || socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0),
+            || socket(libc::AF_PACKET, libc::SOCK_RAW, 0),
+            || socket(libc::AF_BLUETOOTH, libc::SOCK_STREAM, 0),
+            || socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_AUDIT),
+            || socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_GENERIC),
+            // SAFETY: getpid through the x32 ABI touches no memory.
+            || unsafe { libc::syscall(libc::SYS_getpid | X32_SYSCALL_BIT as i64) },
+            // SAFETY: bpf(2) with a null attribute pointer; refused before it is read.
+            || unsafe { libc::syscall(libc::SYS_bpf, 0, 0, 0) },
+            // SAFETY: unshare takes flags only.
+            || unsafe { libc::syscall(libc::SYS_unshare, libc::CLONE_NEWUSER) },
+            // SAFETY: clone3 with a null argument; refused before it is read.
+            || unsafe { libc::syscall(libc::SYS_clone3, 0, 0) },
+            || socket(libc::AF_UNIX, libc::SOCK_STREAM, 0),
+            || socket(libc::AF_INET, libc::SOCK_STREAM, 0),
+            || socket(libc::AF_INET6, libc::SOCK_DGRAM, 0),
+            || socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
+            || socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG),
+            // SAFETY: getpid touches no memory.
+            || unsafe { libc::syscall(libc::SYS_getpid) },
+        ]);
+        let (eperm, eafno, enosys) = (libc::EPERM, libc::EAFNOSUPPORT, libc::ENOSYS);
+        assert_eq!(got, [eafno, eafno, eafno, eafno, eafno, eperm, eperm, eperm, enosys, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]
@@ -183,6 +318,6 @@ mod tests {
     #[test]
     fn kept_capabilities_are_dockers_default() {
         let mask: u64 = KEPT_CAPABILITIES.iter().map(|c| c.bitmask()).sum();
-        assert_eq!(mask, 0xa80425fb);
+        assert_eq!(mask, 0xa80405fb, "Docker's 0xa80425fb without CAP_NET_RAW (bit 13)");
     }
 }
