@@ -31,7 +31,9 @@ pub struct ServeArgs {
     /// PATH).
     #[arg(long, env = "SPACE_CRIU")]
     criu: Option<PathBuf>,
-    /// Cgroup directory for this server's sandboxes, under each controller.
+    /// Cgroup directory for this server's sandboxes, under each controller. They go in a
+    /// subdirectory named by the node id (`space/<node id>/<sandbox id>`), so servers that
+    /// share this parent never touch each other's sandboxes.
     #[arg(long, default_value = "space")]
     cgroup_parent: String,
     /// Where finished built-in templates are cached across data dirs.

@@ -69,12 +69,11 @@ fn confinement(server: &Server, id: &str) -> String {
 }
 
 fn host_limits(server: &Server, sandbox: &str) -> Vec<String> {
-    let parent = &server.cgroup_parent;
-    ["memory/{p}/{s}/memory.limit_in_bytes", "cpu/{p}/{s}/cpu.cfs_quota_us", "pids/{p}/{s}/pids.max"]
+    [("memory", "memory.limit_in_bytes"), ("cpu", "cpu.cfs_quota_us"), ("pids", "pids.max")]
         .iter()
-        .map(|f| {
-            let path = format!("/sys/fs/cgroup/{}", f.replace("{p}", parent).replace("{s}", sandbox));
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}")).trim().to_owned()
+        .map(|(controller, file)| {
+            let path = server.sandbox_cgroup(controller, sandbox).join(file);
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).trim().to_owned()
         })
         .collect()
 }

@@ -132,3 +132,22 @@ fn kill9_during_restore_and_fork_leaves_stable_sessions_and_usable_snapshots() {
     let child = forks["sessions"][0]["id"].as_str().unwrap();
     assert_eq!(server.exec(child, &["cat", "/root/f"])["stdout"], "kept\n");
 }
+
+#[test]
+fn servers_sharing_a_cgroup_parent_never_sweep_each_others_sandboxes() {
+    require_root!();
+    let first = Server::start();
+    let kept = first.create_session(json!({}));
+    let mut second = Server::start_sharing_cgroup_parent(&first);
+    let own = second.create_session(json!({}));
+    assert_ne!(first.node_id(), second.node_id());
+    // The second server's start-up sweep destroys every sandbox it finds that none of its
+    // sessions owns: the first server's must not be among them.
+    second.kill9();
+    second.spawn();
+    assert_eq!(settled(&second, &own), "running");
+    assert_eq!(first.exec(&kept, &["echo", "still here"])["stdout"], "still here\n");
+    assert_eq!(second.exec(&own, &["echo", "mine too"])["stdout"], "mine too\n");
+    drop(second);
+    assert_eq!(first.exec(&kept, &["echo", "after the other left"])["stdout"], "after the other left\n");
+}

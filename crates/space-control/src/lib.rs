@@ -7,6 +7,7 @@
 pub mod activity;
 pub mod api;
 pub mod auth;
+pub mod datadir;
 pub mod egress;
 pub mod error;
 pub mod idempotency;
@@ -85,15 +86,24 @@ fn context<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> StartE
     move |e| StartError(format!("{what}: {e}"))
 }
 
+/// The node's settings, with its sandboxes' cgroups in a directory of their own named by the
+/// node id: servers sharing a cgroup parent (the default `space`) then never see, and never
+/// sweep away, each other's sandboxes.
+fn node_config(config: &ServerConfig, node_id: &str) -> NodeConfig {
+    let mut node = config.node.clone();
+    node.cgroup_parent = format!("{}/{node_id}", node.cgroup_parent.trim_end_matches('/'));
+    node
+}
+
 /// Opens the store and node, recovers from any earlier crash, and starts the reconciler.
 pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
-    std::fs::create_dir_all(&config.data_dir).map_err(context("creating the data directory"))?;
+    datadir::secure(&config.data_dir).map_err(context("securing the data directory"))?;
     let store = Store::open_sqlite(&config.data_dir.join("space.db")).await.map_err(context("opening the database"))?;
     let node_id = store
         .meta_get_or_insert("node_id", NodeId::generate().as_str())
         .await
         .map_err(context("reading the node id"))?;
-    let node = Arc::new(Node::open(config.node.clone()).await.map_err(context("starting the node"))?);
+    let node = Arc::new(Node::open(node_config(config, &node_id)).await.map_err(context("starting the node"))?);
     auth::bootstrap_admin_key(&store, &config.data_dir.join("admin.key"))
         .await
         .map_err(context("creating the admin key"))?;
