@@ -97,3 +97,42 @@ fn idempotency_key_replays_the_first_response() {
     let (_, list) = server.call("GET", "/v1/sessions", None);
     assert_eq!(list["sessions"].as_array().unwrap().len(), 1);
 }
+
+/// Mode of `path` without the file type bits.
+fn mode_of(path: &std::path::Path) -> u32 {
+    std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(path).unwrap().permissions()) & 0o7777
+}
+
+#[test]
+fn the_data_dir_is_readable_by_root_only_and_loose_modes_are_fixed_at_start() {
+    require_root!();
+    let mut server = Server::start();
+    let data = server.data_dir.clone();
+    let expected = [("", 0o711), ("space.db", 0o600), ("admin.key", 0o600), ("keys", 0o700), ("images", 0o700)];
+    let expected = expected.into_iter().chain([("pool/snapshots", 0o700)]);
+    for (name, mode) in expected.clone().chain([("keys/master.key", 0o600)]) {
+        assert_eq!(mode_of(&data.join(name)), mode, "{name}: {:o}", mode_of(&data.join(name)));
+    }
+    // Another local user cannot read the database, nor list the data dir.
+    for (args, path) in [(["cat"], "space.db"), (["ls"], "")] {
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .args(args)
+            .arg(data.join(path))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("Permission denied"), "{args:?} {path}: {stderr}");
+    }
+
+    server.kill9();
+    for (name, _) in expected.clone() {
+        let loose = if data.join(name).is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(data.join(name), std::os::unix::fs::PermissionsExt::from_mode(loose)).unwrap();
+    }
+    server.spawn();
+    for (name, mode) in expected {
+        assert_eq!(mode_of(&data.join(name)), mode, "{name} was not fixed at start");
+    }
+    assert!(server.log_text().contains("space.db was mode 0644, readable beyond root; now 0600"), "not said loudly");
+}

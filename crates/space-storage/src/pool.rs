@@ -21,7 +21,11 @@ use space_api::IdMap;
 
 /// Default size of a new pool image (sparse: it only uses what is written).
 pub const DEFAULT_IMAGE_SIZE: u64 = 64 << 30;
-const LAYOUT: [&str; 5] = ["templates", "sandboxes", "snapshots", "pods", "trash"];
+/// The pool's directories and their modes. Sandbox roots live below `sandboxes` and `pods`,
+/// which the sandboxes' mapped root uids must traverse (`0711`: nothing listable); snapshots
+/// and the trash are reached by root alone.
+const LAYOUT: [(&str, u32); 5] =
+    [("templates", DIR_MODE), ("sandboxes", DIR_MODE), ("snapshots", 0o700), ("pods", DIR_MODE), ("trash", 0o700)];
 const DIR_MODE: u32 = 0o711;
 
 /// How to open a pool.
@@ -90,9 +94,11 @@ impl Pool {
         let root = data_dir.join("pool");
         let backing = prepare_root(&data_dir, &root, &options)?;
         ensure_dir(&root, DIR_MODE)?;
-        for sub in LAYOUT {
-            ensure_dir(&root.join(sub), DIR_MODE)?;
+        for (sub, mode) in LAYOUT {
+            ensure_dir(&root.join(sub), mode)?;
         }
+        // Full snapshots' process images: whatever the sandboxes had in memory.
+        ensure_dir(&data_dir.join("images"), 0o700)?;
         let templates = TemplateStore::new(root.join("templates"), options.id_map);
         templates.cleanup()?;
         tracing::info!(root = %root.display(), ?backing, "storage pool open");
