@@ -14,14 +14,15 @@ use serde_json::{Value, json};
 
 pub const SPACE: &str = env!("CARGO_BIN_EXE_space");
 
-/// Skips a test (passes with a note) when not root: sandboxes need it.
+/// Fails a test that cannot run because it is not root: sandboxes need it, and a skipped
+/// test would pass without testing anything.
 #[macro_export]
 macro_rules! require_root {
     () => {
-        if !nix::unistd::Uid::effective().is_root() {
-            eprintln!("skipped: needs root");
-            return;
-        }
+        assert!(
+            nix::unistd::Uid::effective().is_root(),
+            "this test creates real sandboxes and needs root: run it as root (scripts/test.sh)"
+        );
     };
 }
 
@@ -46,6 +47,9 @@ pub struct Server {
     port: u16,
     child: Option<Child>,
     log: PathBuf,
+    /// Known once the server answered: its sandboxes' cgroups are below
+    /// `<cgroup_parent>/<node id>`, and only those are removed on drop.
+    node: Option<String>,
 }
 
 impl Server {
@@ -57,6 +61,16 @@ impl Server {
 
     /// Like [`Server::start`], with extra `space serve` flags (e.g. `--pool`).
     pub fn start_with(extra_args: &[&str]) -> Server {
+        Server::start_in(None, extra_args)
+    }
+
+    /// Like [`Server::start`], but with the cgroup parent of `other` (as two servers on one
+    /// host with the default `--cgroup-parent` have).
+    pub fn start_sharing_cgroup_parent(other: &Server) -> Server {
+        Server::start_in(Some(&other.cgroup_parent), &[])
+    }
+
+    fn start_in(cgroup_parent: Option<&str>, extra_args: &[&str]) -> Server {
         let tag: String = (0..8).map(|_| rand::rng().random_range(b'a'..=b'z') as char).collect();
         let data_dir = PathBuf::from(format!("/var/tmp/space-test-{tag}"));
         std::fs::create_dir_all(&data_dir).unwrap();
@@ -66,10 +80,11 @@ impl Server {
             data_dir,
             url: format!("http://127.0.0.1:{port}"),
             key: String::new(),
-            cgroup_parent: format!("space-test-{tag}"),
+            cgroup_parent: cgroup_parent.map_or_else(|| format!("space-test-{tag}"), str::to_owned),
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             port,
             child: None,
+            node: None,
         };
         server.spawn();
         server
@@ -119,6 +134,7 @@ impl Server {
                     .and_then(|t| t["templates"].as_array())
                     .is_some_and(|list| list.iter().any(|t| t["name"] == "busybox"));
                 if ready {
+                    self.node = Some(self.node_id());
                     return;
                 }
             }
@@ -214,6 +230,19 @@ impl Server {
         result
     }
 
+    /// This server's node id (`GET /v1/status`).
+    pub fn node_id(&self) -> String {
+        let (status, body) = self.call("GET", "/v1/status", None);
+        assert_eq!(status, 200, "{body}");
+        body["node_id"].as_str().expect("node_id in status").to_owned()
+    }
+
+    /// The cgroup of `sandbox` in `controller` (sandboxes sit in a directory named by their
+    /// node's id below the cgroup parent).
+    pub fn sandbox_cgroup(&self, controller: &str, sandbox: &str) -> PathBuf {
+        Path::new("/sys/fs/cgroup").join(controller).join(&self.cgroup_parent).join(self.node_id()).join(sandbox)
+    }
+
     /// Host pids of processes inside this server's sandbox cgroups.
     pub fn sandbox_pids(&self) -> Vec<u32> {
         cgroup_dirs(&self.cgroup_parent).iter().flat_map(|d| read_pids(&d.join("cgroup.procs"))).collect()
@@ -254,6 +283,44 @@ impl Server {
     }
 }
 
+/// `common/probe.c` compiled statically, once per test binary.
+fn probe_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/probe.c");
+            let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("syscall-probe-{}", std::process::id()));
+            let built = Command::new("cc").args(["-static", "-O1", "-o"]).arg(&out).arg(&source).output();
+            let built = built.expect("running cc (scripts/install-deps.sh installs gcc)");
+            assert!(built.status.success(), "cc probe.c: {}", String::from_utf8_lossy(&built.stderr));
+            out
+        })
+        .clone()
+}
+
+impl Server {
+    /// Puts the syscall probe at `/probe` in session `id`.
+    pub fn install_probe(&self, id: &str) {
+        let out = self.cli(&["files", "put", id, probe_binary().to_str().unwrap(), "/probe"]);
+        assert!(out.status.success(), "files put probe: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(self.exec(id, &["chmod", "755", "/probe"])["exit_code"], 0);
+    }
+
+    /// Makes one raw system call in session `id` through `/probe` ([`Server::install_probe`]):
+    /// `Ok(return value)` or `Err(errno)`.
+    pub fn syscall(&self, id: &str, nr: i64, args: &[i64]) -> Result<i64, i32> {
+        let mut cmd = vec!["/probe".to_owned(), nr.to_string()];
+        cmd.extend(args.iter().map(i64::to_string));
+        let r = self.exec(id, &cmd.iter().map(String::as_str).collect::<Vec<_>>());
+        let out = r["stdout"].as_str().unwrap_or_default().trim().to_owned();
+        match out.split_once(' ') {
+            Some(("ok", n)) => Ok(n.parse().unwrap()),
+            Some(("errno", n)) => Err(n.parse().unwrap()),
+            _ => panic!("probe {nr} {args:?}: {r}"),
+        }
+    }
+}
+
 fn list_names(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
@@ -268,23 +335,32 @@ fn read_pids(path: &Path) -> Vec<u32> {
     std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
 
-/// Every sandbox cgroup below `parent` in any v1 controller (or v2).
+/// The subdirectories of `dir`.
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(children) = std::fs::read_dir(dir) else { return Vec::new() };
+    children.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()).collect()
+}
+
+/// Every node directory below `parent` in any v1 controller (or v2).
+fn node_dirs(parent: &str) -> Vec<PathBuf> {
+    subdirs(Path::new("/sys/fs/cgroup")).iter().flat_map(|controller| subdirs(&controller.join(parent))).collect()
+}
+
+/// Every sandbox cgroup below `parent` (in its node directories) in any controller.
 fn cgroup_dirs(parent: &str) -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else { return dirs };
-    for controller in controllers.filter_map(|e| e.ok()) {
-        let base = controller.path().join(parent);
-        if let Ok(children) = std::fs::read_dir(&base) {
-            dirs.extend(children.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()));
-        }
-    }
-    dirs
+    node_dirs(parent).iter().flat_map(|node| subdirs(node)).collect()
 }
 
 /// Kills every process in the test's cgroups and removes them: nothing may outlive a test.
-fn remove_cgroups(parent: &str) {
+/// With `node`, only that node's (another server may share the parent).
+fn remove_cgroups(parent: &str, node: Option<&str>) {
+    let scope = |dirs: Vec<PathBuf>| -> Vec<PathBuf> {
+        dirs.into_iter()
+            .filter(|d| node.is_none_or(|n| d.ends_with(n) || d.parent().is_some_and(|p| p.ends_with(n))))
+            .collect()
+    };
     for _ in 0..50 {
-        let dirs = cgroup_dirs(parent);
+        let dirs = scope(cgroup_dirs(parent));
         let mut busy = false;
         for dir in &dirs {
             for pid in read_pids(&dir.join("cgroup.procs")) {
@@ -300,17 +376,18 @@ fn remove_cgroups(parent: &str) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
-        for controller in controllers.filter_map(|e| e.ok()) {
-            let _ = std::fs::remove_dir(controller.path().join(parent));
-        }
+    for dir in scope(node_dirs(parent)) {
+        let _ = std::fs::remove_dir(dir);
+    }
+    for controller in subdirs(Path::new("/sys/fs/cgroup")) {
+        let _ = std::fs::remove_dir(controller.join(parent));
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
-        remove_cgroups(&self.cgroup_parent);
+        remove_cgroups(&self.cgroup_parent, self.node.as_deref());
         let pool = self.data_dir.join("pool");
         let sandboxes = pool.join("sandboxes");
         for name in list_names(&sandboxes) {

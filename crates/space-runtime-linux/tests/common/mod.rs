@@ -12,13 +12,14 @@ use space_proto::{AgentClient, ExecSpec, ExitStatus};
 use space_runtime::{Limits, Runtime, SandboxHandle, SandboxId, SandboxSpec};
 use space_runtime_linux::{IdMap, LinuxOptions, LinuxRuntime};
 
-/// Whether the test can run; prints why not.
-pub fn root_or_skip(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("SKIPPED {test}: the linux runtime tests need root (namespaces, cgroups)");
-    false
+/// Fails the test when not root (a skipped test would pass without testing anything); returns
+/// `true` so callers keep their early return.
+pub fn require_root(test: &str) -> bool {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "{test}: the linux runtime tests need root (namespaces, cgroups): run them as root (scripts/test.sh)"
+    );
+    true
 }
 
 /// The binary started as `<it> init`: $SPACED_BIN (the real static spaced, as

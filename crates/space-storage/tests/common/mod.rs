@@ -9,14 +9,14 @@ use std::path::{Path, PathBuf};
 
 use space_storage::{Pool, PoolOptions, btrfs};
 
-/// `None` (with a message) when not running as root.
+/// Fails the test when not running as root: a skipped test would pass without testing anything.
+/// Returns `Some` so callers keep their `?`.
 pub fn require_root(test: &str) -> Option<()> {
-    if nix::unistd::geteuid().is_root() {
-        Some(())
-    } else {
-        eprintln!("SKIPPED {test}: needs root (mounts btrfs, creates subvolumes, chowns)");
-        None
-    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "{test} needs root (mounts btrfs, creates subvolumes, chowns): run it as root (scripts/test.sh)"
+    );
+    Some(())
 }
 
 /// A pool in a tempdir. Drop deletes every subvolume it holds, unmounts and removes the dir.
