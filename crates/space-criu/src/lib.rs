@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 pub use dump::{DumpOptions, DumpStats};
 pub use error::{CriuError, Result};
 pub use kerndat::CACHE_DIR as KERNDAT_CACHE_DIR;
-pub use restore::{CgroupRoot, RestoreOptions, RestoredTree};
+pub use restore::{CgroupRoot, RestoreOptions, RestoredTree, WORK_PREFIX, sweep_leftover_work};
 pub use space_sandbox_init::{AGENT_DIR, SELF_EXE};
 
 /// Where `scripts/install-criu.sh` puts its wrapper.

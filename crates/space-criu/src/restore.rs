@@ -65,6 +65,10 @@ pub struct RestoreOptions {
     pub tcp_established: bool,
     /// CRIU's log; by default a new `restore-<time>.log` in the images directory.
     pub log_file: Option<PathBuf>,
+    /// Name prefix of the restore's private directory in the temp dir, which holds a bind
+    /// mount while CRIU runs: unique per node, so [`sweep_leftover_work`] at start-up removes
+    /// only what this node's killed restores left.
+    pub work_prefix: String,
 }
 
 impl RestoreOptions {
@@ -84,6 +88,7 @@ impl RestoreOptions {
             cgroup_roots: Vec::new(),
             tcp_established: true,
             log_file: None,
+            work_prefix: WORK_PREFIX.to_owned(),
         }
     }
 }
@@ -111,14 +116,14 @@ impl Criu {
     pub async fn restore(&self, opts: &RestoreOptions) -> Result<RestoredTree> {
         let log = opts.log_file.clone().unwrap_or_else(|| opts.images_dir.join(default_log_name()));
         let work = tempfile::Builder::new()
-            .prefix("space-criu-")
+            .prefix(&opts.work_prefix)
             .permissions(std::fs::Permissions::from_mode(0o711))
             .tempdir()
             .map_err(io_err("create a temp dir", &std::env::temp_dir()))?;
         prepare_agent_dir(&opts.agent_dir, opts.sandbox_root)?;
         // Whatever happens from here, the directory must not stay the sandbox's.
         let seal = Seal(&opts.agent_dir);
-        let reachable = work.path().join("agent");
+        let reachable = work.path().join(AGENT_BIND);
         let ran = match AgentBind::new(&opts.agent_dir, &reachable) {
             Ok(bind) => {
                 let ran = self.run_restore(opts, &reachable, &log, work.path()).await;
@@ -290,6 +295,46 @@ pub(crate) fn restore_opts(opts: &RestoreOptions, agent_dir: &Path, config: &Pat
 
 /// A bind mount of the agent directory at a path sandbox root can reach, for the time of a
 /// restore.
+/// Prefix of restore work directories when none is given.
+pub const WORK_PREFIX: &str = "space-criu-";
+
+/// Where a restore binds the agent dir inside its work directory.
+const AGENT_BIND: &str = "agent";
+
+/// Removes the work directories of restores that were killed with their process (named
+/// `<prefix>*` in the temp dir): the agent dir's bind is detached first, and a directory
+/// whose bind cannot be detached is left alone rather than emptied through it. Never fails:
+/// what cannot be removed is logged. Returns how many were removed.
+pub fn sweep_leftover_work(prefix: &str) -> usize {
+    let temp = std::env::temp_dir();
+    let Ok(entries) = std::fs::read_dir(&temp) else { return 0 };
+    let mut removed = 0;
+    for dir in entries.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with(prefix)) {
+        let dir = dir.path();
+        match detach_all(&dir.join(AGENT_BIND)) {
+            Ok(()) => match std::fs::remove_dir_all(&dir) {
+                Ok(()) => removed += 1,
+                Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a restore's leftovers"),
+            },
+            Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot detach a restore's leftover bind"),
+        }
+    }
+    removed
+}
+
+/// Detaches every mount stacked at `at` until it is a plain directory (or missing).
+fn detach_all(at: &Path) -> std::result::Result<(), nix::Error> {
+    for _ in 0..16 {
+        match nix::mount::umount2(at, nix::mount::MntFlags::MNT_DETACH) {
+            Ok(()) => continue,
+            // EINVAL: not a mount point (any more); ENOENT: no such directory.
+            Err(nix::Error::EINVAL | nix::Error::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(nix::Error::EBUSY)
+}
+
 struct AgentBind<'a>(&'a Path);
 
 impl<'a> AgentBind<'a> {

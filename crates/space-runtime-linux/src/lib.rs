@@ -129,7 +129,7 @@ impl LinuxRuntime {
         process::become_subreaper().map_err(|e| unsupported(format!("PR_SET_CHILD_SUBREAPER: {e}")))?;
         tracing::debug!(version = cgroups.version(), parent = %opts.cgroup_parent, "linux runtime ready");
         let criu = space_criu::Criu::locate(opts.criu.as_deref()).map_err(|e| e.to_string());
-        Ok(LinuxRuntime {
+        let runtime = LinuxRuntime {
             spaced,
             opts,
             cgroups,
@@ -137,7 +137,14 @@ impl LinuxRuntime {
             oom_warned: Default::default(),
             criu,
             cgroup_step_locks: (0..CGROUP_STEP_STRIPES).map(|_| Default::default()).collect(),
-        })
+        };
+        // A restore killed with the node leaves its work directory and a bind mount of an agent
+        // directory in the host's mount namespace.
+        let swept = space_criu::sweep_leftover_work(&runtime.restore_work_prefix());
+        if swept > 0 {
+            tracing::info!(swept, "removed what interrupted restores left");
+        }
+        Ok(runtime)
     }
 
     pub fn options(&self) -> &LinuxOptions {
@@ -176,6 +183,11 @@ impl LinuxRuntime {
             }
         }
         Ok(())
+    }
+
+    /// Prefix of this runtime's restore work directories: the cgroup parent names the node.
+    fn restore_work_prefix(&self) -> String {
+        format!("{}{}-", space_criu::WORK_PREFIX, self.opts.cgroup_parent.replace('/', "_"))
     }
 
     fn cgroup_name(&self, id: &SandboxId) -> PathBuf {

@@ -318,3 +318,30 @@ async fn start_latency() {
         pct(&first_exec, 50)
     );
 }
+
+#[tokio::test]
+async fn a_killed_restores_bind_mount_is_removed_when_the_runtime_starts() {
+    if !require_root("a_killed_restores_bind_mount_is_removed_when_the_runtime_starts") {
+        return;
+    }
+    let parent = format!("space-test/{}", space_runtime::SandboxId::generate().as_str().trim_start_matches("sbx_"));
+    let prefix = format!("{}{}-", space_criu::WORK_PREFIX, parent.replace('/', "_"));
+    // What a restore killed mid-way leaves: its work dir, with an agent dir bound into it.
+    let agent_dir = tempfile::tempdir().unwrap();
+    std::fs::write(agent_dir.path().join("agent.sock"), "").unwrap();
+    let work = tempfile::Builder::new().prefix(&prefix).tempdir().unwrap().keep();
+    let bind = work.join("agent");
+    std::fs::create_dir(&bind).unwrap();
+    nix::mount::mount(Some(agent_dir.path()), &bind, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>)
+        .unwrap();
+    // Another node's leftovers are not this runtime's to remove.
+    let other = tempfile::Builder::new().prefix(space_criu::WORK_PREFIX).tempdir().unwrap();
+
+    let t = TestRuntime::with(|opts| opts.cgroup_parent = parent.clone());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(work.to_str().unwrap()), "the bind is still mounted");
+    assert!(!work.exists(), "the work dir is still there");
+    assert!(agent_dir.path().join("agent.sock").exists(), "the sweep emptied the agent dir through its bind");
+    assert!(other.path().exists());
+    drop(t);
+}
