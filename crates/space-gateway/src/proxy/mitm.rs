@@ -147,19 +147,13 @@ fn scrub(headers: &mut HeaderMap, grant: &Grant) {
     }
 }
 
-/// Swaps the grant's placeholder for its secret in every header value, then sets its header
-/// (replacing any value the sandbox sent). Errors never contain the secret.
+/// Sets the grant's header, replacing whatever the sandbox sent under that name (the
+/// placeholder, typically): that is the only place the placeholder becomes the secret. A
+/// placeholder in any other header stays as it is: swapped there, the secret would go where
+/// the upstream reflects it (`User-Agent` and `Cookie` into logs, error pages, `Set-Cookie`)
+/// or under a name the sandbox chose. Errors never contain the secret.
 pub(crate) fn inject(headers: &mut HeaderMap, grant: &Grant) -> Result<(), String> {
     let bad = || format!("credential {} makes an invalid header", grant.credential);
-    if let Some(placeholder) = grant.placeholder.as_deref().filter(|p| !p.is_empty()) {
-        for value in headers.values_mut() {
-            if let Some(swapped) = replace_bytes(value.as_bytes(), placeholder.as_bytes(), grant.secret.as_bytes()) {
-                let mut new = HeaderValue::from_bytes(&swapped).map_err(|_| bad())?;
-                new.set_sensitive(true);
-                *value = new;
-            }
-        }
-    }
     let name = HeaderName::from_bytes(grant.header_name.trim().as_bytes()).map_err(|_| bad())?;
     let mut value = HeaderValue::from_str(&grant.header_value).map_err(|_| bad())?;
     value.set_sensitive(true);
@@ -247,20 +241,41 @@ mod tests {
 
     #[test]
     fn the_header_is_set_and_placeholders_swapped() {
+        // The credential's own header is set whatever the sandbox sent there (the placeholder
+        // or anything else), once.
         let mut headers = HeaderMap::new();
-        headers.insert("authorization", HeaderValue::from_static("token mine"));
-        headers.insert("x-token", HeaderValue::from_static("a space-placeholder-gh b space-placeholder-gh"));
-        headers.insert("x-other", HeaderValue::from_static("space-placeholder-other"));
+        headers.insert("authorization", HeaderValue::from_static("token space-placeholder-gh"));
+        headers.append("authorization", HeaderValue::from_static("token mine"));
         inject(&mut headers, &grant()).unwrap();
         assert_eq!(headers.get_all("authorization").iter().count(), 1);
         assert_eq!(headers["authorization"], "Bearer s3cret");
-        assert_eq!(headers["x-token"], "a s3cret b s3cret");
-        assert_eq!(headers["x-other"], "space-placeholder-other");
+        assert!(headers["authorization"].is_sensitive());
 
         let mut bad = grant();
         bad.header_value = "line\nbreak".into();
         let err = inject(&mut HeaderMap::new(), &bad).unwrap_err();
         assert!(!err.contains("s3cret"));
+    }
+
+    #[test]
+    fn placeholders_outside_the_credentials_header_are_left_alone() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("user-agent", "tool/1 space-placeholder-gh"),
+            ("cookie", "t=space-placeholder-gh"),
+            ("content-type", "text/space-placeholder-gh"),
+            ("x-token", "space-placeholder-gh"),
+        ] {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+        let sent = headers.clone();
+        inject(&mut headers, &grant()).unwrap();
+        for (name, value) in &sent {
+            assert_eq!(&headers[name], value, "{name}");
+        }
+        let with_secret: Vec<_> = headers.iter().filter(|(_, v)| v.as_bytes().ends_with(b"s3cret")).collect();
+        assert_eq!(with_secret.len(), 1);
+        assert_eq!(with_secret[0].0, "authorization");
     }
 
     #[test]

@@ -244,13 +244,23 @@ async fn granted_hosts_are_intercepted_and_the_credential_injected() {
     assert_eq!(status, 200);
     let tls = Setup::tls(stream, "api.test", setup.session_root()).await.unwrap();
     let mut sender = http_client(tls).await;
-    let (status, body) =
-        get(&mut sender, "api.test", "/repos?q=1", &[("authorization", "token mine"), ("x-token", PLACEHOLDER)]).await;
+    let (agent, cookie) = (format!("tool/1 {PLACEHOLDER}"), format!("t={PLACEHOLDER}"));
+    let headers = [
+        ("authorization", "token mine"),
+        ("x-token", PLACEHOLDER),
+        ("user-agent", agent.as_str()),
+        ("cookie", cookie.as_str()),
+    ];
+    let (status, body) = get(&mut sender, "api.test", "/repos?q=1", &headers).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body.starts_with("GET /repos?q=1\n"), "{body}");
     assert!(body.contains(&format!("authorization: Bearer {SECRET}\n")), "{body}");
     assert!(!body.contains("token mine"), "{body}");
-    assert!(body.contains(&format!("x-token: {SECRET}\n")), "{body}");
+    // The secret goes in the credential's own header, nowhere else.
+    assert_eq!(body.matches(SECRET).count(), 1, "{body}");
+    assert!(body.contains(&format!("x-token: {PLACEHOLDER}\n")), "{body}");
+    assert!(body.contains(&format!("user-agent: {agent}\n")), "{body}");
+    assert!(body.contains(&format!("cookie: {cookie}\n")), "{body}");
     let event = setup.event().await;
     assert_eq!(event.decision, AuditDecision::Injected);
     assert_eq!(event.credential.as_deref(), Some("gh"));
