@@ -1,9 +1,11 @@
 //! TLS interception for hosts with a grant: the sandbox's TLS ends here (a leaf certificate
 //! from the session CA), every request is checked again with the session's current policy
-//! and grants, the credential is injected, and the request goes on over verified TLS.
+//! and grants, the credential is injected, and the request goes on over verified TLS to an
+//! address the gateway resolved for the name.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -20,15 +22,28 @@ use crate::{Grant, SandboxContext};
 use super::audit::{self, Record};
 use super::client_hello::HELLO_TIMEOUT;
 use super::forward::{Forwarder, Target, outgoing, relay};
-use super::policy::{check_name, check_port, grants_for, refusal, split_authority};
+use super::policy::{Dest, check_name, check_port, grants_for, refusal, split_authority};
 use super::{RespBody, http_server, text};
 
 /// Intercepts the TLS connection `client` (its ClientHello named `sni`), forwarding its
-/// requests to `target`.
-pub(crate) async fn serve<S>(context: Arc<SandboxContext>, session: SessionId, sni: String, target: Target, client: S)
-where
+/// requests to `sni` on `port`: at `addrs` when the gateway already resolved the name,
+/// else where it resolves when connecting.
+///
+/// The upstream is always found by the name, never an address the sandbox picked: the
+/// upstream's certificate is the only other check between the credential and whoever holds
+/// that address, and an allowed range may hold hosts with a certificate for the name
+/// (shared front ends, a staging copy of the service).
+pub(crate) async fn serve<S>(
+    context: Arc<SandboxContext>,
+    session: SessionId,
+    sni: String,
+    port: u16,
+    addrs: Option<Vec<SocketAddr>>,
+    client: S,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let target = Target { dest: Dest::Name(normalize_host(&sni)), port, tls_name: Some(sni.clone()), addrs };
     let Some((current, egress)) = context.current() else { return };
     if current != session {
         return;

@@ -189,8 +189,19 @@ impl Setup {
         sni: &str,
         root: CertificateDer<'static>,
     ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        Setup::tls_trusting(stream, sni, vec![root]).await
+    }
+
+    /// TLS over `stream` to `sni`, trusting every one of `trusted`.
+    async fn tls_trusting(
+        stream: TcpStream,
+        sni: &str,
+        trusted: Vec<CertificateDer<'static>>,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(root).unwrap();
+        for root in trusted {
+            roots.add(root).unwrap();
+        }
         let mut config = rustls::ClientConfig::builder_with_provider(super::upstream::provider())
             .with_safe_default_protocol_versions()
             .unwrap()
@@ -506,10 +517,10 @@ async fn private_upstreams_are_refused_unless_allowed() {
 }
 
 #[tokio::test]
-async fn transparent_interception_refuses_a_private_upstream_at_the_request() {
-    // Private upstreams refused (the default); the sandbox dials 127.0.0.1 itself, which a
-    // CIDR allows, with the SNI of a granted host: intercepted, then refused when the
-    // request needs an upstream connection.
+async fn transparent_tls_to_an_address_is_tunnelled_not_intercepted() {
+    // The sandbox dials 127.0.0.1 itself, which a CIDR allows, with the SNI of a granted
+    // host. The gateway did not choose that address, so it does not intercept (and inject):
+    // it tunnels, and the tunnel is refused because the address is private.
     let session = SessionId::generate();
     let ca = SessionCa::generate(&session).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -521,13 +532,36 @@ async fn transparent_interception_refuses_a_private_upstream_at_the_request() {
     let context = SandboxContext::for_test(GatewayConfig::default(), tx, Some((session, granted))).unwrap();
     tokio::spawn(super::transparent::serve_transparent_https(listener, context));
     let root = certificates_from_pem(ca.cert_pem.as_bytes()).unwrap().remove(0).into();
-    let tls = Setup::tls(TcpStream::connect(addr).await.unwrap(), "api.test", root).await.unwrap();
-    let mut sender = http_client(tls).await;
-    let (status, body) = get(&mut sender, "api.test", "/", &[]).await;
-    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-    assert!(body.contains("private upstream address 127.0.0.1"), "{body}");
+    let tls = Setup::tls(TcpStream::connect(addr).await.unwrap(), "api.test", root).await;
+    assert!(tls.is_err(), "the gateway terminated TLS for an address the sandbox chose");
     let event = tokio::time::timeout(Duration::from_secs(10), audit.recv()).await.unwrap().unwrap();
     assert_eq!(event.decision, AuditDecision::Denied);
     assert_eq!(event.reason.as_deref(), Some("private upstream address 127.0.0.1"));
     assert_eq!(event.credential, None, "nothing was injected");
+}
+
+#[tokio::test]
+async fn a_granted_name_reached_by_address_is_tunnelled_without_the_credential() {
+    let mut setup = Setup::new().await;
+    let port = setup.upstream.https.port();
+    let mut by_address = egress(&setup.ca, vec![grant(SECRET)]);
+    by_address.policy.cidrs = vec!["127.0.0.0/8".into()];
+    by_address.policy.ports = vec![port];
+    setup.context.set_test_session(&setup.session, by_address);
+    let (status, stream) = setup.connect(&format!("127.0.0.1:{port}")).await;
+    assert_eq!(status, 200);
+    // Trusting the session CA too, the client would also accept an interception.
+    let trusted = vec![setup.session_root(), setup.upstream.ca_der.clone()];
+    let tls = Setup::tls_trusting(stream, "api.test", trusted).await.unwrap();
+    let mut sender = http_client(tls).await;
+    let sent = format!("Bearer {PLACEHOLDER}");
+    let (status, body) = get(&mut sender, "api.test", "/", &[("authorization", sent.as_str())]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(!body.contains(SECRET), "{body}");
+    assert!(body.contains(&format!("authorization: {sent}\n")), "{body}");
+    drop(sender);
+    let event = setup.event().await;
+    assert_eq!((event.decision, event.credential.as_deref()), (AuditDecision::Allowed, None));
+    assert_eq!((event.protocol.as_str(), event.host.as_str()), ("connect", "api.test"));
+    assert!(event.reason.unwrap().contains("the sandbox chose"));
 }
