@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use space_api::SessionId;
@@ -105,6 +105,13 @@ impl Intercepted {
         let Some(authority) = authority else {
             return self.deny(event, StatusCode::BAD_REQUEST, "request without a Host header");
         };
+        if echoes_request(request.method()) {
+            let reason = format!(
+                "{} is refused on hosts the gateway adds credentials to: the upstream would echo the credential back",
+                request.method()
+            );
+            return self.deny(event, StatusCode::FORBIDDEN, &reason);
+        }
         let host = split_authority(&authority).map(|(host, _)| normalize_host(&host));
         if host.as_deref() != Some(self.sni.as_str()) {
             let reason = format!("Host header {authority} does not match TLS server name {}", self.sni);
@@ -148,6 +155,13 @@ impl Intercepted {
         }
         response
     }
+}
+
+/// TRACE and TRACK (IIS's) answer with the request as the upstream received it, injected
+/// header included. Compared without case: methods are case-sensitive, upstreams not always.
+fn echoes_request(method: &Method) -> bool {
+    let name = method.as_str();
+    name.eq_ignore_ascii_case("TRACE") || name.eq_ignore_ascii_case("TRACK")
 }
 
 /// Replaces the grant's secret in every header value with its placeholder (or a marker).

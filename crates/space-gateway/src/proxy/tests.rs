@@ -237,7 +237,17 @@ where
 }
 
 async fn get(sender: &mut Sender, host: &str, path: &str, headers: &[(&str, &str)]) -> (StatusCode, String) {
-    let mut request = Request::get(path).header("host", host);
+    send(sender, "GET", host, path, headers).await
+}
+
+async fn send(
+    sender: &mut Sender,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, String) {
+    let mut request = Request::builder().method(method).uri(path).header("host", host);
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -564,4 +574,24 @@ async fn a_granted_name_reached_by_address_is_tunnelled_without_the_credential()
     assert_eq!((event.decision, event.credential.as_deref()), (AuditDecision::Allowed, None));
     assert_eq!((event.protocol.as_str(), event.host.as_str()), ("connect", "api.test"));
     assert!(event.reason.unwrap().contains("the sandbox chose"));
+}
+
+#[tokio::test]
+async fn trace_and_track_are_refused_on_intercepted_hosts() {
+    let mut setup = Setup::new().await;
+    let (_, stream) = setup.connect("api.test:443").await;
+    let tls = Setup::tls(stream, "api.test", setup.session_root()).await.unwrap();
+    let mut sender = http_client(tls).await;
+    // Methods are case-sensitive, but an upstream may not treat them so.
+    for method in ["TRACE", "TRACK", "trace"] {
+        let (status, body) = send(&mut sender, method, "api.test", "/", &[]).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{method}: {body}");
+        assert!(body.contains(method) && !body.contains(SECRET), "{body}");
+        let event = setup.event().await;
+        assert_eq!((event.decision, event.credential.as_deref()), (AuditDecision::Denied, None));
+        assert_eq!(event.method.as_deref(), Some(method));
+        assert!(event.reason.unwrap().contains("echo"));
+    }
+    // The connection goes on serving other requests.
+    assert_eq!(get(&mut sender, "api.test", "/", &[]).await.0, StatusCode::OK);
 }
