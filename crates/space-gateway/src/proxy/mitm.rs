@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -19,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::{Grant, SandboxContext};
 
+use super::ambiguity;
 use super::audit::{self, Record};
 use super::client_hello::HELLO_TIMEOUT;
 use super::forward::{Forwarder, Target, outgoing, relay};
@@ -98,12 +99,10 @@ impl Intercepted {
         if session != self.session {
             return self.deny(event, StatusCode::FORBIDDEN, "the sandbox now serves another session");
         }
-        let authority = match request.headers().get(header::HOST) {
-            Some(value) => value.to_str().ok().map(str::to_string),
-            None => request.uri().authority().map(|a| a.to_string()),
-        };
-        let Some(authority) = authority else {
-            return self.deny(event, StatusCode::BAD_REQUEST, "request without a Host header");
+        let authority = match ambiguity::authority(&request) {
+            Ok(Some(authority)) => authority,
+            Ok(None) => return self.deny(event, StatusCode::BAD_REQUEST, "request without a Host header"),
+            Err(ambiguous) => return self.deny(event, StatusCode::BAD_REQUEST, &ambiguous.to_string()),
         };
         if echoes_request(request.method()) {
             let reason = format!(
