@@ -78,8 +78,10 @@ pub struct Grant {
     /// Header name and value (with the secret already substituted).
     pub header_name: String,
     pub header_value: String,
-    /// The raw secret, swapped for `placeholder` in request headers to the hosts.
+    /// The raw secret. Request headers get it only as `header_value`; response headers that
+    /// echo it get `placeholder` (or a marker) instead.
     pub secret: String,
+    /// What the sandbox holds instead of the value (`placeholder_env`), if anything.
     pub placeholder: Option<String>,
     /// Unix seconds.
     pub expires_at: Option<i64>,

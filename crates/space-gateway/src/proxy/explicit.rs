@@ -5,7 +5,6 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::header;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -16,10 +15,11 @@ use tokio::net::TcpListener;
 
 use crate::SandboxContext;
 
+use super::ambiguity;
 use super::audit::{self, Record};
 use super::client_hello::{Hello, read_client_hello};
 use super::forward::{Forwarder, Target, outgoing, relay};
-use super::policy::{Dest, check_dest, check_name, refusal, split_authority};
+use super::policy::{Dest, check_dest, check_name, refusal};
 use super::tunnel::{Allowed, splice};
 use super::upstream::{self, UpstreamError};
 use super::{RespBody, accept_loop, empty, http_server, text};
@@ -171,14 +171,11 @@ async fn absolute(
     let mut event = audit::event(&session, "http", &dest.text(), port);
     event.method = Some(request.method().to_string());
     event.path = Some(uri.path().to_string());
-    if let Some(value) = request.headers().get(header::HOST) {
-        let named = value.to_str().ok().and_then(split_authority).map(|(host, _)| Dest::parse(&host));
-        if named.as_ref() != Some(&dest) {
-            let reason =
-                format!("Host header {} does not match {}", String::from_utf8_lossy(value.as_bytes()), dest.text());
-            context.audit(audit::denied(event, &reason));
-            return text(StatusCode::FORBIDDEN, format!("space gateway: {reason}\n"));
-        }
+    // The target decides where the request goes; a Host header, if any, must agree with it.
+    if let Err(ambiguous) = ambiguity::authority(&request) {
+        let reason = ambiguous.to_string();
+        context.audit(audit::denied(event, &reason));
+        return text(StatusCode::BAD_REQUEST, format!("space gateway: {reason}\n"));
     }
     if let Err(reason) = check_dest(&egress, &dest, port) {
         context.audit(audit::denied(event, &reason));

@@ -1,14 +1,16 @@
 //! TLS interception for hosts with a grant: the sandbox's TLS ends here (a leaf certificate
 //! from the session CA), every request is checked again with the session's current policy
-//! and grants, the credential is injected, and the request goes on over verified TLS.
+//! and grants, the credential is injected, and the request goes on over verified TLS to an
+//! address the gateway resolved for the name.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use space_api::SessionId;
@@ -17,18 +19,32 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::{Grant, SandboxContext};
 
+use super::ambiguity;
 use super::audit::{self, Record};
 use super::client_hello::HELLO_TIMEOUT;
 use super::forward::{Forwarder, Target, outgoing, relay};
-use super::policy::{check_name, check_port, grants_for, refusal, split_authority};
+use super::policy::{Dest, check_name, check_port, grants_for, refusal, split_authority};
 use super::{RespBody, http_server, text};
 
 /// Intercepts the TLS connection `client` (its ClientHello named `sni`), forwarding its
-/// requests to `target`.
-pub(crate) async fn serve<S>(context: Arc<SandboxContext>, session: SessionId, sni: String, target: Target, client: S)
-where
+/// requests to `sni` on `port`: at `addrs` when the gateway already resolved the name,
+/// else where it resolves when connecting.
+///
+/// The upstream is always found by the name, never an address the sandbox picked: the
+/// upstream's certificate is the only other check between the credential and whoever holds
+/// that address, and an allowed range may hold hosts with a certificate for the name
+/// (shared front ends, a staging copy of the service).
+pub(crate) async fn serve<S>(
+    context: Arc<SandboxContext>,
+    session: SessionId,
+    sni: String,
+    port: u16,
+    addrs: Option<Vec<SocketAddr>>,
+    client: S,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let target = Target { dest: Dest::Name(normalize_host(&sni)), port, tls_name: Some(sni.clone()), addrs };
     let Some((current, egress)) = context.current() else { return };
     if current != session {
         return;
@@ -83,13 +99,18 @@ impl Intercepted {
         if session != self.session {
             return self.deny(event, StatusCode::FORBIDDEN, "the sandbox now serves another session");
         }
-        let authority = match request.headers().get(header::HOST) {
-            Some(value) => value.to_str().ok().map(str::to_string),
-            None => request.uri().authority().map(|a| a.to_string()),
+        let authority = match ambiguity::authority(&request) {
+            Ok(Some(authority)) => authority,
+            Ok(None) => return self.deny(event, StatusCode::BAD_REQUEST, "request without a Host header"),
+            Err(ambiguous) => return self.deny(event, StatusCode::BAD_REQUEST, &ambiguous.to_string()),
         };
-        let Some(authority) = authority else {
-            return self.deny(event, StatusCode::BAD_REQUEST, "request without a Host header");
-        };
+        if echoes_request(request.method()) {
+            let reason = format!(
+                "{} is refused on hosts the gateway adds credentials to: the upstream would echo the credential back",
+                request.method()
+            );
+            return self.deny(event, StatusCode::FORBIDDEN, &reason);
+        }
         let host = split_authority(&authority).map(|(host, _)| normalize_host(&host));
         if host.as_deref() != Some(self.sni.as_str()) {
             let reason = format!("Host header {authority} does not match TLS server name {}", self.sni);
@@ -135,6 +156,13 @@ impl Intercepted {
     }
 }
 
+/// TRACE and TRACK (IIS's) answer with the request as the upstream received it, injected
+/// header included. Compared without case: methods are case-sensitive, upstreams not always.
+fn echoes_request(method: &Method) -> bool {
+    let name = method.as_str();
+    name.eq_ignore_ascii_case("TRACE") || name.eq_ignore_ascii_case("TRACK")
+}
+
 /// Replaces the grant's secret in every header value with its placeholder (or a marker).
 fn scrub(headers: &mut HeaderMap, grant: &Grant) {
     let shown = grant.placeholder.as_deref().unwrap_or("[credential removed by the space gateway]");
@@ -147,19 +175,13 @@ fn scrub(headers: &mut HeaderMap, grant: &Grant) {
     }
 }
 
-/// Swaps the grant's placeholder for its secret in every header value, then sets its header
-/// (replacing any value the sandbox sent). Errors never contain the secret.
+/// Sets the grant's header, replacing whatever the sandbox sent under that name (the
+/// placeholder, typically): that is the only place the placeholder becomes the secret. A
+/// placeholder in any other header stays as it is: swapped there, the secret would go where
+/// the upstream reflects it (`User-Agent` and `Cookie` into logs, error pages, `Set-Cookie`)
+/// or under a name the sandbox chose. Errors never contain the secret.
 pub(crate) fn inject(headers: &mut HeaderMap, grant: &Grant) -> Result<(), String> {
     let bad = || format!("credential {} makes an invalid header", grant.credential);
-    if let Some(placeholder) = grant.placeholder.as_deref().filter(|p| !p.is_empty()) {
-        for value in headers.values_mut() {
-            if let Some(swapped) = replace_bytes(value.as_bytes(), placeholder.as_bytes(), grant.secret.as_bytes()) {
-                let mut new = HeaderValue::from_bytes(&swapped).map_err(|_| bad())?;
-                new.set_sensitive(true);
-                *value = new;
-            }
-        }
-    }
     let name = HeaderName::from_bytes(grant.header_name.trim().as_bytes()).map_err(|_| bad())?;
     let mut value = HeaderValue::from_str(&grant.header_value).map_err(|_| bad())?;
     value.set_sensitive(true);
@@ -247,20 +269,41 @@ mod tests {
 
     #[test]
     fn the_header_is_set_and_placeholders_swapped() {
+        // The credential's own header is set whatever the sandbox sent there (the placeholder
+        // or anything else), once.
         let mut headers = HeaderMap::new();
-        headers.insert("authorization", HeaderValue::from_static("token mine"));
-        headers.insert("x-token", HeaderValue::from_static("a space-placeholder-gh b space-placeholder-gh"));
-        headers.insert("x-other", HeaderValue::from_static("space-placeholder-other"));
+        headers.insert("authorization", HeaderValue::from_static("token space-placeholder-gh"));
+        headers.append("authorization", HeaderValue::from_static("token mine"));
         inject(&mut headers, &grant()).unwrap();
         assert_eq!(headers.get_all("authorization").iter().count(), 1);
         assert_eq!(headers["authorization"], "Bearer s3cret");
-        assert_eq!(headers["x-token"], "a s3cret b s3cret");
-        assert_eq!(headers["x-other"], "space-placeholder-other");
+        assert!(headers["authorization"].is_sensitive());
 
         let mut bad = grant();
         bad.header_value = "line\nbreak".into();
         let err = inject(&mut HeaderMap::new(), &bad).unwrap_err();
         assert!(!err.contains("s3cret"));
+    }
+
+    #[test]
+    fn placeholders_outside_the_credentials_header_are_left_alone() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("user-agent", "tool/1 space-placeholder-gh"),
+            ("cookie", "t=space-placeholder-gh"),
+            ("content-type", "text/space-placeholder-gh"),
+            ("x-token", "space-placeholder-gh"),
+        ] {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+        let sent = headers.clone();
+        inject(&mut headers, &grant()).unwrap();
+        for (name, value) in &sent {
+            assert_eq!(&headers[name], value, "{name}");
+        }
+        let with_secret: Vec<_> = headers.iter().filter(|(_, v)| v.as_bytes().ends_with(b"s3cret")).collect();
+        assert_eq!(with_secret.len(), 1);
+        assert_eq!(with_secret[0].0, "authorization");
     }
 
     #[test]

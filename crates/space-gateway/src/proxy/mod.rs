@@ -17,6 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::{GatewayConfig, GatewayError, SandboxContext};
 
+mod ambiguity;
 mod audit;
 mod ca;
 mod client_hello;

@@ -66,7 +66,8 @@ pub(crate) fn grants_for<'a>(egress: &'a SessionEgress, host: &str) -> Vec<&'a G
     egress.grants.iter().filter(|g| g.hosts.iter().any(|p| host_matches(p, host))).collect()
 }
 
-/// Whether `host` is intercepted (some grant names it, and policy does not deny it).
+/// Whether some grant names `host`: TLS to it is intercepted when the gateway resolves the
+/// name (never when the sandbox picked the address).
 pub(crate) fn intercepted(egress: &SessionEgress, host: &str) -> bool {
     !grants_for(egress, host).is_empty()
 }

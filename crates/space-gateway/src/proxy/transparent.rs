@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use http::{Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use space_api::egress::normalize_host;
@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::{GATEWAY_ADDR, SandboxContext, SessionEgress};
 
+use super::ambiguity;
 use super::audit::{self, Record};
 use super::client_hello::{Hello, read_client_hello};
 use super::forward::{Forwarder, Target, outgoing, relay};
@@ -65,15 +66,19 @@ async fn plain(
         return text(StatusCode::FORBIDDEN, "space gateway: no session is bound to this sandbox\n");
     };
     let port = local.port();
-    let host_header = request.headers().get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let authority = ambiguity::authority(&request);
+    let host_header = authority.clone().ok().flatten();
     let named = host_header.as_deref().and_then(split_authority).map(|(host, _)| Dest::parse(&host));
     let shown = named.as_ref().map(Dest::text).unwrap_or_else(|| canonical(local.ip()).to_string());
     let mut event = audit::event(&session, "http", &shown, port);
     event.method = Some(request.method().to_string());
     event.path = Some(request.uri().path().to_string());
     let (Some(host_header), Some(named)) = (host_header, named) else {
-        let reason = "request without a valid Host header";
-        context.audit(audit::denied(event, reason));
+        let reason = match authority {
+            Err(ambiguous) => ambiguous.to_string(),
+            Ok(_) => "request without a valid Host header".to_string(),
+        };
+        context.audit(audit::denied(event, &reason));
         return text(StatusCode::BAD_REQUEST, format!("space gateway: {reason}\n"));
     };
     let dest = if is_gateway(local.ip()) { named } else { Dest::Ip(canonical(local.ip())) };
@@ -200,5 +205,22 @@ mod tests {
         let event = audit.recv().await.unwrap();
         assert_eq!(event.reason.as_deref(), Some("address 127.0.0.1 not in an allowed range"));
         assert_eq!((event.host.as_str(), event.protocol.as_str()), ("api.test", "http"));
+    }
+
+    #[tokio::test]
+    async fn ambiguous_plain_http_is_refused_before_the_policy() {
+        let (tx, mut audit) = tokio::sync::mpsc::unbounded_channel();
+        let session = space_api::SessionId::generate();
+        let context = SandboxContext::for_test(Default::default(), tx, Some((session, egress()))).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_transparent_http(listener, context));
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let twice = "GET / HTTP/1.1\r\nHost: api.test\r\nHost: api.test\r\n\r\n";
+        let (status, body) = super::super::tests::exchange(&mut stream, twice).await;
+        assert_eq!(status, 400, "{body}");
+        let event = audit.recv().await.unwrap();
+        assert_eq!(event.decision, space_api::egress::AuditDecision::Denied);
+        assert_eq!(event.reason.as_deref(), Some("more than one Host header"));
     }
 }

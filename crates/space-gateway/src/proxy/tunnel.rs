@@ -1,5 +1,5 @@
 //! After a TLS ClientHello was read and the destination allowed: intercept (the host has a
-//! grant) or splice bytes to the upstream untouched.
+//! grant and is reached by name) or splice bytes to the upstream untouched.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,7 +11,6 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use crate::{SandboxContext, SessionEgress};
 
 use super::audit;
-use super::forward::Target;
 use super::io::{Counting, Prefixed};
 use super::policy::{self, Dest};
 use super::upstream::{self, UpstreamError};
@@ -46,21 +45,30 @@ impl Allowed<'_> {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        let mut event = self.event();
         if let Some(sni) = &self.sni
             && policy::intercepted(self.egress, sni)
         {
-            // Unresolved names are resolved (and checked) when an upstream connection is
-            // opened: a request that reuses an idle one needs no lookup. A refused address
-            // then answers that request with a 403.
-            let target = Target {
-                dest: self.dest.clone(),
-                port: self.port,
-                tls_name: Some(sni.clone()),
-                addrs: self.addrs.clone(),
-            };
-            let client = Prefixed::new(hello, client);
-            super::mitm::serve(self.context.clone(), self.session.clone(), sni.clone(), target, client).await;
-            return;
+            match &self.dest {
+                Dest::Name(_) => {
+                    // Unresolved names are resolved (and checked) when an upstream connection
+                    // is opened: a request that reuses an idle one needs no lookup. A refused
+                    // address then answers that request with a 403.
+                    let client = Prefixed::new(hello, client);
+                    let (context, session, addrs) = (self.context.clone(), self.session.clone(), self.addrs.clone());
+                    return super::mitm::serve(context, session, sni.clone(), self.port, addrs, client).await;
+                }
+                // The sandbox picked the address (a CIDR allows it): only the upstream's
+                // certificate would stand between the credential and that address, so the
+                // connection is not intercepted. Tunnelled, it still works, without the
+                // credential; the client checks the certificate itself.
+                Dest::Ip(ip) => {
+                    event.reason = Some(format!(
+                        "the sandbox chose the address {ip}: tunnelled without the credential (credentials only go \
+                         to addresses the gateway resolved for the name)"
+                    ));
+                }
+            }
         }
         let resolved = match self.addrs.clone() {
             Some(addrs) => Ok(addrs),
@@ -68,14 +76,13 @@ impl Allowed<'_> {
         };
         let addrs = match resolved {
             Ok(addrs) => addrs,
-            Err(UpstreamError::Refused(reason)) => return self.context.audit(audit::denied(self.event(), &reason)),
+            Err(UpstreamError::Refused(reason)) => return self.context.audit(audit::denied(event, &reason)),
             Err(UpstreamError::Failed(reason)) => {
-                let mut event = self.event();
                 event.reason = Some(reason);
                 return self.context.audit(event);
             }
         };
-        splice(self.context, self.event(), hello, client, &addrs).await;
+        splice(self.context, event, hello, client, &addrs).await;
     }
 }
 
