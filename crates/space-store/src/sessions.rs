@@ -256,10 +256,13 @@ impl Store {
             .collect()
     }
 
-    /// Records the intent to run `sandbox` for `session` on `node` (before any side effect).
     /// Records that `sandbox` belongs to its session (and which template version it runs),
     /// before anything is started for it. A sandbox that is already running (a warm pod) is
     /// recorded as running in the same transaction.
+    ///
+    /// An operation re-run after a crash names the same sandbox again (restores name theirs up
+    /// front): a row of the same session is its own half-made attempt and is taken over, back
+    /// to `starting`. A row of another session is refused.
     pub async fn insert_sandbox(&self, new: &NewSandbox<'_>) -> Result<()> {
         let now = now_ms();
         let (state, pid) = match new.running_pid {
@@ -267,8 +270,11 @@ impl Store {
             None => ("starting", None),
         };
         let mut tx = self.write_tx().await?;
-        sqlx::query(
-            "INSERT INTO sandboxes (id, session_id, node_id, state, pid, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $6)",
+        let inserted = sqlx::query(
+            "INSERT INTO sandboxes (id, session_id, node_id, state, pid, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $6) \
+             ON CONFLICT (id) DO UPDATE SET node_id = excluded.node_id, state = excluded.state, pid = excluded.pid, \
+             updated_at = excluded.updated_at WHERE sandboxes.session_id = excluded.session_id",
         )
         .bind(new.id.as_str())
         .bind(new.session.as_str())
@@ -278,6 +284,9 @@ impl Store {
         .bind(now)
         .execute(&mut *tx)
         .await?;
+        if inserted.rows_affected() != 1 {
+            return Err(StoreError::Conflict(format!("sandbox {} belongs to another session", new.id)));
+        }
         sqlx::query("UPDATE sessions SET sandbox_id = $1, template_version = $2, updated_at = $3 WHERE id = $4")
             .bind(new.id.as_str())
             .bind(new.template_version as i64)
@@ -444,6 +453,25 @@ mod tests {
         };
         store.insert_session(&new).await.unwrap();
         (tenant_id, id)
+    }
+
+    #[tokio::test]
+    async fn a_rerun_takes_over_its_own_sandbox_row_but_not_another_sessions() {
+        let (store, _dir) = test_store().await;
+        let (_, id) = new_session(&store, "a").await;
+        let (_, other) = new_session(&store, "a").await;
+        let sandbox = SandboxId::generate();
+        let new = NewSandbox { id: &sandbox, session: &id, node: "n", template_version: 1, running_pid: None };
+        store.insert_sandbox(&new).await.unwrap();
+        store.set_sandbox_running(&sandbox, 42).await.unwrap();
+        store.set_sandbox_gone(&sandbox).await.unwrap();
+        // The re-run of a restore after a crash: same id, same session.
+        store.insert_sandbox(&new).await.expect("a re-run must adopt its own attempt");
+        let live = store.live_sandboxes("n").await.unwrap();
+        let row = live.iter().find(|s| s.id == sandbox).expect("the row is live again");
+        assert_eq!((row.state.as_str(), row.pid), ("starting", None));
+        let theirs = NewSandbox { session: &other, ..new };
+        assert!(matches!(store.insert_sandbox(&theirs).await, Err(StoreError::Conflict(_))));
     }
 
     #[tokio::test]
