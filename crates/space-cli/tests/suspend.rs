@@ -345,3 +345,49 @@ fn kill9_during_suspend_or_resume_leaves_stable_sessions() {
     assert!(server.sandbox_pids().is_empty(), "processes left: {:?}", server.sandbox_pids());
     assert!(server.sockets().is_empty(), "agent directories left: {:?}", server.sockets());
 }
+
+/// Whether an exec in session `id` answers within `secs` (a frozen sandbox never does).
+fn answers_within(server: &Server, id: &str, secs: u32) -> bool {
+    let url = format!("{}/v1/sessions/{id}/exec", server.url);
+    let body = json!({ "cmd": ["echo", "answering"] }).to_string();
+    let secs = secs.to_string();
+    let auth = server.auth();
+    let args = ["-s", "-m", &secs, "-X", "POST", "-H", &auth, "-H", "content-type: application/json", "-d", &body, &url];
+    String::from_utf8_lossy(&common::curl(&args).stdout).contains("answering\\n")
+}
+
+/// `kill -9` of the server while a full snapshot or a fork of the live session runs: after
+/// the restart the session is running and answers. (CRIU used to outlive the server and, at
+/// the end of its dump, freeze again the sandbox the new server had thawed.)
+#[test]
+fn kill9_during_full_snapshots_and_forks_leaves_a_session_that_answers() {
+    require_root!();
+    let mut server = Server::start_with(&["--pool", ""]);
+    let id = server.create_session(json!({ "memory_mib": 512 }));
+    start_counter(&server, &id);
+    // Memory for CRIU to copy, so that the kill lands while it works.
+    let holder = r#"awk 'BEGIN { s = sprintf("%67108864s", ""); while (1) system("sleep 100000") }'"#;
+    let (status, r) = server.call(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(json!({ "cmd": ["sh", "-c", holder], "background": true })),
+    );
+    assert_eq!(status, 200, "{r}");
+    counter_above(&server, &id, 2);
+    for round in 0..6u64 {
+        let (call, body) =
+            if round % 2 == 0 { ("snapshots", json!({ "kind": "full" })) } else { ("fork", json!({ "count": 1 })) };
+        let (url, auth) = (format!("{}/v1/sessions/{id}/{call}", server.url), server.auth());
+        let request = std::thread::spawn(move || {
+            let data = body.to_string();
+            common::curl(&["-s", "-X", "POST", "-H", &auth, "-H", "content-type: application/json", "-d", &data, &url])
+        });
+        std::thread::sleep(Duration::from_millis(60 + round * 40));
+        server.kill9();
+        let _ = request.join();
+        server.spawn();
+        eventually("the session is running again", || (session(&server, &id)["state"] == "running").then_some(()));
+        assert!(answers_within(&server, &id, 30), "round {round}: the session is running but does not answer");
+        counter_above(&server, &id, counter(&server, &id));
+    }
+}

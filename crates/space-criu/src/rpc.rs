@@ -182,9 +182,12 @@ fn spawn(criu: &Criu, theirs: &OwnedFd, stderr: File) -> std::io::Result<std::pr
     command.arg("swrk").arg(SWRK_FD.to_string()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr);
     let private_run = criu.private_run.as_deref().map(PrivateRun::new).transpose()?;
     let fd = theirs.as_raw_fd();
-    // SAFETY: only syscalls (dup2, fcntl, and `enter`'s unshare/mount) between fork and exec.
+    let server = std::process::id();
+    // SAFETY: only syscalls (prctl, dup2, fcntl, and `enter`'s unshare/mount) between fork and
+    // exec.
     unsafe {
         command.pre_exec(move || {
+            crate::run::die_with(server)?;
             if let Some(run) = &private_run {
                 run.enter()?;
             }

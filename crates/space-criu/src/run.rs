@@ -9,6 +9,23 @@ use crate::Criu;
 use crate::error::{CriuError, Result, log_excerpt};
 use crate::kerndat::PrivateRun;
 
+/// In a forked child that will exec CRIU: SIGKILL when the server dies (`PR_SET_PDEATHSIG`,
+/// kept across exec). A CRIU that outlived a killed server would go on working on a sandbox
+/// the restarted server has taken back: a dump re-freezes the cgroup the new server thawed, so
+/// the session reads `running` and answers nothing. The signal comes when the thread that
+/// forked the child ends: CRIU is spawned from threads that wait for it. Checks the parent
+/// afterwards, in case the server died before the call.
+pub(crate) fn die_with(server: u32) -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if std::os::unix::process::parent_id() != server {
+        return Err(std::io::Error::other("the server died before CRIU started"));
+    }
+    Ok(())
+}
+
 /// Runs `criu <args>` (environment: ours plus `env`) to completion. CRIU writes its real log
 /// to `log`; its stdout and stderr only carry what the tools it runs print.
 pub(crate) async fn criu(
@@ -24,12 +41,21 @@ pub(crate) async fn criu(
     for (key, value) in env {
         command.env(key, value);
     }
-    if let Some(dir) = &criu.private_run {
-        let private_run =
-            PrivateRun::new(dir).map_err(|source| CriuError::Spawn { path: binary.to_path_buf(), source })?;
-        // SAFETY: `enter` only makes syscalls (no allocation, no locks): fit for a forked child.
-        unsafe { command.pre_exec(move || private_run.enter()) };
-    }
+    let private_run = criu
+        .private_run
+        .as_deref()
+        .map(PrivateRun::new)
+        .transpose()
+        .map_err(|source| CriuError::Spawn { path: binary.to_path_buf(), source })?;
+    let server = std::process::id();
+    // SAFETY: `die_with` and `enter` only make syscalls (no allocation, no locks): fit for a
+    // forked child.
+    unsafe {
+        command.pre_exec(move || {
+            die_with(server)?;
+            private_run.as_ref().map_or(Ok(()), PrivateRun::enter)
+        })
+    };
     tracing::debug!(criu = %binary.display(), ?args, "running criu {action}");
     let started = Instant::now();
     let output = command.output().await.map_err(|source| CriuError::Spawn { path: binary.to_path_buf(), source })?;
