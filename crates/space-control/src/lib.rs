@@ -60,8 +60,10 @@ pub struct AppState {
     session_locks: Arc<std::sync::Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>>,
     /// When each session was last used (idle timeouts).
     pub activity: Arc<activity::Activity>,
-    /// Seals credential values and session CA keys at rest.
+    /// Seals credential values, session CA keys and the idempotency fingerprint key at rest.
     pub sealer: Arc<space_keys::Sealer>,
+    /// State of the `Idempotency-Key` middleware.
+    pub idempotency: idempotency::Idempotency,
 }
 
 impl AppState {
@@ -93,11 +95,14 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         .meta_get_or_insert("node_id", NodeId::generate().as_str())
         .await
         .map_err(context("reading the node id"))?;
+    let sealer = space_keys::Sealer::local(&config.key_file).map_err(context("opening the key file"))?;
+    let idempotency = idempotency::Idempotency::load(store.clone(), &sealer)
+        .await
+        .map_err(context("loading the key of idempotency fingerprints"))?;
     let node = Arc::new(Node::open(config.node.clone()).await.map_err(context("starting the node"))?);
     auth::bootstrap_admin_key(&store, &config.data_dir.join("admin.key"))
         .await
         .map_err(context("creating the admin key"))?;
-    let sealer = space_keys::Sealer::local(&config.key_file).map_err(context("opening the key file"))?;
     let reconciler = Reconciler::new();
     let state = AppState {
         store,
@@ -109,6 +114,7 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         session_locks: Default::default(),
         activity: Default::default(),
         sealer: Arc::new(sealer),
+        idempotency,
     };
     egress::spawn_audit_writer(&state);
     if let Some(retention) = config.audit_retention {

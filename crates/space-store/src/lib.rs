@@ -110,3 +110,46 @@ pub(crate) async fn test_store() -> (Store, tempfile::TempDir) {
     let store = Store::open_sqlite(&dir.path().join("space.db")).await.unwrap();
     (store, dir)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// Records of the plain-hash era (fingerprints that are SHA-256 of the body, plaintext
+    /// API keys in responses) do not survive the upgrade.
+    #[tokio::test]
+    async fn upgrading_drops_idempotency_records_made_before_keyed_fingerprints() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("migrations");
+        std::fs::create_dir(&old).unwrap();
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        for name in
+            ["0001_init.sql", "0002_snapshots.sql", "0003_lifetime.sql", "0004_egress.sql", "0005_audit_time.sql"]
+        {
+            std::fs::copy(source.join(name), old.join(name)).unwrap();
+        }
+        let path = dir.path().join("space.db");
+        let options = SqliteConnectOptions::from_str("sqlite:").unwrap().filename(&path).create_if_missing(true);
+        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
+        sqlx::migrate::Migrator::new(old.as_path()).await.unwrap().run(&pool).await.unwrap();
+        sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ('ten_1', 'admin', 0)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO idempotency (tenant_id, key, fingerprint, status, body, created_at)
+             VALUES ('ten_1', 'k', 'plain-sha256', 201, '{\"key\":\"sk_secret\"}', 0)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+        let store = Store::open_sqlite(&path).await.unwrap();
+        let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency").fetch_one(&store.pool).await.unwrap();
+        assert_eq!(left, 0);
+    }
+}
