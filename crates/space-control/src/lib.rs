@@ -10,6 +10,7 @@ pub mod auth;
 pub mod egress;
 pub mod error;
 pub mod idempotency;
+pub mod keys;
 pub mod reconciler;
 pub mod recovery;
 pub mod scheduler;
@@ -39,7 +40,9 @@ pub struct ServerConfig {
     pub scheduler_tick: std::time::Duration,
     /// Built-in templates to build at start if missing.
     pub prepare_templates: Vec<String>,
-    /// The local key file that wraps the keys of credential values (created if missing).
+    /// The local key file that wraps the keys of sealed data (credential values, session CA
+    /// keys, the idempotency fingerprint key). Created if missing only while the database
+    /// holds nothing sealed; see [`keys::open_sealer`].
     pub key_file: PathBuf,
     /// How long audit events are kept (`None`: for ever).
     pub audit_retention: Option<std::time::Duration>,
@@ -95,7 +98,8 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         .meta_get_or_insert("node_id", NodeId::generate().as_str())
         .await
         .map_err(context("reading the node id"))?;
-    let sealer = space_keys::Sealer::local(&config.key_file).map_err(context("opening the key file"))?;
+    // Before the node: a server whose key cannot open its sealed data must not touch anything.
+    let sealer = keys::open_sealer(&config.key_file, &store).await.map_err(context("opening the key file"))?;
     let idempotency = idempotency::Idempotency::load(store.clone(), &sealer)
         .await
         .map_err(context("loading the key of idempotency fingerprints"))?;
