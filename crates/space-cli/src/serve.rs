@@ -60,9 +60,9 @@ pub struct ServeArgs {
     /// so refilling never takes every core from running sandboxes.
     #[arg(long)]
     pool_fill_concurrency: Option<u32>,
-    /// Key file that encrypts credential values at rest (created, mode 0600, if missing;
-    /// default: DATA_DIR/keys/master.key). Keep a copy: without it stored credentials are
-    /// unreadable.
+    /// Key file that encrypts credential values and other secrets at rest (default:
+    /// DATA_DIR/keys/master.key; created, mode 0600, only while nothing is sealed yet). Keep a
+    /// copy: without it stored credentials are unreadable, and the server refuses to start.
     #[arg(long)]
     key_file: Option<PathBuf>,
     /// How long the gateway's audit events are kept, e.g. `30d` or `12h` (`off`: for ever).

@@ -10,7 +10,7 @@
 //! `pool/sandboxes/<id>/rootfs`. `x` alone lists nothing and opens nothing whose name is not
 //! known, and every entry that holds data is itself `0600`/`0700`.
 
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Mode of the data dir (see the module docs for why not 0700).
@@ -35,23 +35,15 @@ fn fail(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DataD
     move |source| DataDirError { what, path: path.to_owned(), source }
 }
 
-/// Creates the data dir if missing, creates an empty database file with mode 0600 so SQLite
-/// never makes one world-readable (its `-wal` and `-shm` files take the database's mode), and
-/// tightens every entry named above. Returns what it had to fix, already logged.
+/// Creates the data dir if missing and tightens every entry named above. Returns what it had
+/// to fix, already logged. (The store creates a new database 0600 itself, and refuses one that
+/// is not private: this runs first, so a data dir copied with loose modes is fixed, not refused.)
 pub fn secure(data_dir: &Path) -> Result<Vec<String>, DataDirError> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(DATA_DIR_MODE)
         .create(data_dir)
         .map_err(fail("create", data_dir))?;
-    let db = data_dir.join("space.db");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&db)
-        .map_err(fail("create", &db))?;
     let mut fixed = Vec::new();
     tighten(data_dir, DATA_DIR_MODE, &mut fixed)?;
     for name in PRIVATE_FILES {
@@ -95,9 +87,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         assert!(secure(&data).unwrap().is_empty(), "a fresh data dir needs no fixing");
-        assert_eq!((mode(&data), mode(&data.join("space.db"))), (0o711, 0o600));
+        assert_eq!(mode(&data), 0o711);
 
         std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(data.join("space.db"), "").unwrap();
         std::fs::set_permissions(data.join("space.db"), std::fs::Permissions::from_mode(0o644)).unwrap();
         std::fs::create_dir(data.join("images")).unwrap();
         std::fs::set_permissions(data.join("images"), std::fs::Permissions::from_mode(0o755)).unwrap();

@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 
 use space_api::egress::{AuditEvent, NetworkPolicy};
 use space_api::{CredentialId, ErrorCode, SessionId, SessionState, TenantId};
-use space_gateway::{Grant, SessionCa, SessionEgress, placeholder_for};
-use space_store::{CredentialRecord, NewSession, NewSessionEgress, SessionEgressRecord};
+use space_gateway::{Gateway, Grant, SessionCa, SessionEgress, placeholder_for};
+use space_keys::Sealer;
+use space_store::{CredentialRecord, NewSession, NewSessionEgress, SessionEgressRecord, Store};
 
 use crate::AppState;
 use crate::error::{AppError, AppResult};
@@ -42,6 +43,21 @@ const RESERVED_HEADERS: [&str; 9] = [
     "keep-alive",
     "proxy-connection",
 ];
+
+/// What pushing a session's egress needs: the store, the sealer and the node's gateway. Apart
+/// from [`AppState`] so that it works without a node.
+#[derive(Clone, Copy)]
+pub struct Egress<'a> {
+    pub store: &'a Store,
+    pub sealer: &'a Sealer,
+    pub gateway: &'a Gateway,
+}
+
+impl AppState {
+    pub fn egress(&self) -> Egress<'_> {
+        Egress { store: &self.store, sealer: &self.sealer, gateway: self.node.gateway() }
+    }
+}
 
 /// Associated data that binds a credential's sealed value to its tenant and id.
 pub fn credential_owner(tenant: &TenantId, id: &CredentialId) -> String {
@@ -177,10 +193,9 @@ fn render(credential: &space_api::egress::Credential, secret: &str) -> AppResult
 }
 
 /// Unseals a credential into what the gateway injects.
-fn grant_of(state: &AppState, record: &CredentialRecord) -> AppResult<Grant> {
+fn grant_of(sealer: &Sealer, record: &CredentialRecord) -> AppResult<Grant> {
     let c = &record.credential;
-    let value = state
-        .sealer
+    let value = sealer
         .open(&record.value_sealed, &credential_owner(&record.tenant_id, &c.id))
         .map_err(|e| AppError::internal(format!("credential {:?}: {e}", c.name)))?;
     let secret = String::from_utf8(value.to_vec())
@@ -199,16 +214,15 @@ fn grant_of(state: &AppState, record: &CredentialRecord) -> AppResult<Grant> {
 }
 
 /// A new CA for `session`, and its key sealed for it.
-fn new_ca(state: &AppState, session: &SessionId) -> AppResult<(SessionCa, Vec<u8>)> {
+fn new_ca(sealer: &Sealer, session: &SessionId) -> AppResult<(SessionCa, Vec<u8>)> {
     let ca = SessionCa::generate(session)
         .map_err(|e| AppError::internal(format!("cannot create the session's certificate authority: {e}")))?;
-    let sealed = state.sealer.seal(ca.key_pem.as_bytes(), &ca_owner(session)).map_err(key_error)?;
+    let sealed = sealer.seal(ca.key_pem.as_bytes(), &ca_owner(session)).map_err(key_error)?;
     Ok((ca, sealed))
 }
 
-fn open_ca(state: &AppState, session: &SessionId, cert: &str, key_sealed: &[u8]) -> AppResult<SessionCa> {
-    let key = state
-        .sealer
+fn open_ca(sealer: &Sealer, session: &SessionId, cert: &str, key_sealed: &[u8]) -> AppResult<SessionCa> {
+    let key = sealer
         .open(key_sealed, &ca_owner(session))
         .map_err(|e| AppError::internal(format!("session {session}'s certificate authority: {e}")))?;
     let key_pem = String::from_utf8(key.to_vec())
@@ -259,8 +273,8 @@ pub async fn insert_new_session(
     }
     let records = resolve_grants(state, &new.tenant_id, grants).await?;
     add_placeholders(&mut new.env, &records);
-    let (ca, key_sealed) = new_ca(state, &new.id)?;
-    let gateway_grants = records.iter().map(|r| grant_of(state, r)).collect::<AppResult<Vec<_>>>()?;
+    let (ca, key_sealed) = new_ca(&state.sealer, &new.id)?;
+    let gateway_grants = records.iter().map(|r| grant_of(&state.sealer, r)).collect::<AppResult<Vec<_>>>()?;
     let stored = NewSessionEgress {
         egress: SessionEgressRecord {
             policy: policy.clone(),
@@ -282,12 +296,12 @@ pub async fn insert_forked_session(
     let record =
         state.store.session_egress(parent).await?.ok_or_else(|| AppError::session_not_found(parent.as_str()))?;
     let ca = match (&record.ca_cert, &record.ca_key_sealed) {
-        (Some(cert), Some(key)) => open_ca(state, parent, cert, key)?,
-        _ => new_ca(state, parent)?.0,
+        (Some(cert), Some(key)) => open_ca(&state.sealer, parent, cert, key)?,
+        _ => new_ca(&state.sealer, parent)?.0,
     };
     let key_sealed = state.sealer.seal(ca.key_pem.as_bytes(), &ca_owner(&new.id)).map_err(key_error)?;
     let grants = state.store.session_grants(parent).await?;
-    let gateway_grants = grants.iter().map(|r| grant_of(state, r)).collect::<AppResult<Vec<_>>>()?;
+    let gateway_grants = grants.iter().map(|r| grant_of(&state.sealer, r)).collect::<AppResult<Vec<_>>>()?;
     let stored = NewSessionEgress {
         egress: SessionEgressRecord {
             policy: record.policy.clone(),
@@ -324,40 +338,65 @@ async fn insert_with_egress(
 /// A grant whose value cannot be unsealed is left out (the rest still applies) and reported
 /// as the error.
 pub async fn push_session(state: &AppState, session: &SessionId) -> AppResult<()> {
-    let Some(record) = state.store.session_any(session).await? else {
-        forget_session(state, session);
-        return Ok(());
-    };
-    if record.session.state == SessionState::Destroyed {
-        forget_session(state, session);
-        return Ok(());
-    }
-    let egress =
-        state.store.session_egress(session).await?.ok_or_else(|| AppError::session_not_found(session.as_str()))?;
-    let ca = match (&egress.ca_cert, &egress.ca_key_sealed) {
-        (Some(cert), Some(key)) => open_ca(state, session, cert, key)?,
-        // Sessions made before egress existed get their CA now.
-        _ => {
-            let (ca, sealed) = new_ca(state, session)?;
-            match state.store.set_session_ca_if_missing(session, &ca.cert_pem, &sealed).await? {
-                Some((cert, key)) if cert != ca.cert_pem => open_ca(state, session, &cert, &key)?,
-                _ => ca,
+    let left_out = state.egress().push(session).await?;
+    left_out.into_iter().next().map_or(Ok(()), |(_, e)| Err(e))
+}
+
+impl Egress<'_> {
+    /// [`push_session`]; returns the grants left out (by credential name) with the reason.
+    pub async fn push(self, session: &SessionId) -> AppResult<Vec<(String, AppError)>> {
+        let Some(record) = self.store.session_any(session).await? else {
+            self.gateway.forget_session(session);
+            return Ok(Vec::new());
+        };
+        if record.session.state == SessionState::Destroyed {
+            self.gateway.forget_session(session);
+            return Ok(Vec::new());
+        }
+        let egress =
+            self.store.session_egress(session).await?.ok_or_else(|| AppError::session_not_found(session.as_str()))?;
+        let ca = self.ca(session, &egress).await?;
+        let mut grants = Vec::new();
+        let mut left_out = Vec::new();
+        for record in self.store.session_grants(session).await? {
+            match grant_of(self.sealer, &record) {
+                Ok(grant) => grants.push(grant),
+                Err(e) => {
+                    tracing::warn!(%session, credential = %record.credential.name, error = %e, "credential left out of the session's egress");
+                    left_out.push((record.credential.name, e));
+                }
             }
         }
-    };
-    let mut grants = Vec::new();
-    let mut failure = None;
-    for record in state.store.session_grants(session).await? {
-        match grant_of(state, &record) {
-            Ok(grant) => grants.push(grant),
-            Err(e) => {
-                tracing::warn!(%session, credential = %record.credential.name, error = %e, "credential left out of the session's egress");
-                failure.get_or_insert(e);
-            }
+        self.gateway.set_session(session, SessionEgress { policy: egress.policy, ca, grants });
+        Ok(left_out)
+    }
+
+    /// The session's CA, unsealed; sessions made before egress existed get theirs now.
+    async fn ca(self, session: &SessionId, egress: &SessionEgressRecord) -> AppResult<SessionCa> {
+        if let (Some(cert), Some(key)) = (&egress.ca_cert, &egress.ca_key_sealed) {
+            return open_ca(self.sealer, session, cert, key);
+        }
+        let (ca, sealed) = new_ca(self.sealer, session)?;
+        match self.store.set_session_ca_if_missing(session, &ca.cert_pem, &sealed).await? {
+            Some((cert, key)) if cert != ca.cert_pem => open_ca(self.sealer, session, &cert, &key),
+            _ => Ok(ca),
         }
     }
-    state.node.gateway().set_session(session, SessionEgress { policy: egress.policy, ca, grants });
-    failure.map_or(Ok(()), Err)
+
+    /// Grants `record` to `session` and pushes the session's egress. What the push must
+    /// unseal for this grant (its value, the session's CA) is opened before the grant is
+    /// stored, so a grant the server cannot apply leaves nothing behind. Other grants of the
+    /// session that cannot be unsealed are left out as always (and logged): they do not undo
+    /// this one, which is in effect.
+    pub async fn grant(self, session: &SessionId, record: &CredentialRecord) -> AppResult<()> {
+        grant_of(self.sealer, record)?;
+        let egress =
+            self.store.session_egress(session).await?.ok_or_else(|| AppError::session_not_found(session.as_str()))?;
+        self.ca(session, &egress).await?;
+        self.store.grant(session, &record.credential).await?;
+        self.push(session).await?;
+        Ok(())
+    }
 }
 
 /// Pushes every session holding a grant of `credential` (after it changed or was deleted).
@@ -501,6 +540,116 @@ mod tests {
         assert_eq!(validate_hosts(&["API.example.com".into()]).unwrap(), vec!["api.example.com".to_string()]);
         assert!(validate_hosts(&[]).is_err());
         assert!(validate_hosts(&["1.2.3.4".into()]).is_err());
+    }
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        store: Store,
+        sealer: Sealer,
+        /// Another key file: what it sealed the server's key cannot open.
+        lost: Sealer,
+        gateway: std::sync::Arc<Gateway>,
+        tenant: TenantId,
+    }
+
+    impl Fixture {
+        async fn new() -> Fixture {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open_sqlite(&dir.path().join("space.db")).await.unwrap();
+            let sealer = Sealer::local(&dir.path().join("keys/master.key")).unwrap();
+            let lost = Sealer::local(&dir.path().join("keys/lost.key")).unwrap();
+            let (audit, _) = tokio::sync::mpsc::unbounded_channel();
+            let gateway = Gateway::new(Default::default(), audit).unwrap();
+            let tenant = store.ensure_tenant("t").await.unwrap();
+            Fixture { _dir: dir, store, sealer, lost, gateway, tenant }
+        }
+
+        fn egress(&self) -> Egress<'_> {
+            Egress { store: &self.store, sealer: &self.sealer, gateway: &self.gateway }
+        }
+
+        async fn credential(&self, sealer: &Sealer, name: &str) -> CredentialRecord {
+            let id = CredentialId::generate();
+            let value_sealed = sealer.seal(b"ghp_secret", &credential_owner(&self.tenant, &id)).unwrap();
+            let new = space_store::NewCredential {
+                id,
+                tenant_id: self.tenant.clone(),
+                name: name.into(),
+                hosts: vec!["api.github.com".into()],
+                header: "Authorization: Bearer {secret}".into(),
+                value_sealed,
+                expires_at: None,
+                rate_limit_per_min: None,
+                placeholder_env: Some(format!("{}_TOKEN", name.to_uppercase())),
+            };
+            self.store.insert_credential(&new).await.unwrap().unwrap();
+            self.store.credential(&self.tenant, name).await.unwrap().unwrap()
+        }
+
+        async fn session(&self, ca_sealer: &Sealer) -> SessionId {
+            let id = SessionId::generate();
+            let (ca, ca_key_sealed) = new_ca(ca_sealer, &id).unwrap();
+            let new = NewSession {
+                id: id.clone(),
+                tenant_id: self.tenant.clone(),
+                template: "busybox".into(),
+                resources: Default::default(),
+                env: Default::default(),
+                source_snapshot: None,
+                template_version: None,
+                snapshot_policy: space_api::SnapshotPolicy::off(),
+                lifetime: Default::default(),
+            };
+            let egress = SessionEgressRecord {
+                policy: NetworkPolicy::default(),
+                ca_cert: Some(ca.cert_pem),
+                ca_key_sealed: Some(ca_key_sealed),
+            };
+            self.store.insert_session_with_egress(&new, &NewSessionEgress { egress, grants: vec![] }).await.unwrap();
+            id
+        }
+
+        async fn granted(&self, session: &SessionId) -> (Vec<String>, Vec<String>) {
+            let names = self.store.session_grants(session).await.unwrap().into_iter().map(|r| r.credential.name);
+            let env = self.store.session(&self.tenant, session).await.unwrap().unwrap().env;
+            (names.collect(), env.into_keys().collect())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_grant_whose_value_cannot_be_unsealed_leaves_nothing_behind() {
+        let f = Fixture::new().await;
+        let session = f.session(&f.sealer).await;
+        let credential = f.credential(&f.lost, "gh").await;
+        let err = f.egress().grant(&session, &credential).await.unwrap_err();
+        assert!(err.0.message.contains("\"gh\"") && err.0.message.contains("restore"), "{}", err.0.message);
+        assert_eq!(f.granted(&session).await, (vec![], vec![]), "no grant row, no placeholder");
+    }
+
+    #[tokio::test]
+    async fn a_grant_to_a_session_whose_ca_cannot_be_opened_leaves_nothing_behind() {
+        let f = Fixture::new().await;
+        let session = f.session(&f.lost).await;
+        let credential = f.credential(&f.sealer, "gh").await;
+        let err = f.egress().grant(&session, &credential).await.unwrap_err();
+        assert!(err.0.message.contains("certificate authority"), "{}", err.0.message);
+        assert_eq!(f.granted(&session).await, (vec![], vec![]));
+        assert!(f.gateway.session_ca_cert(&session).is_none());
+    }
+
+    /// Another grant the key cannot open is left out, as in every push; it does not turn a
+    /// grant that is in effect into an error.
+    #[tokio::test]
+    async fn a_grant_beside_an_unreadable_one_succeeds() {
+        let f = Fixture::new().await;
+        let session = f.session(&f.sealer).await;
+        let broken = f.credential(&f.lost, "old").await;
+        f.store.grant(&session, &broken.credential).await.unwrap();
+        let credential = f.credential(&f.sealer, "gh").await;
+        f.egress().grant(&session, &credential).await.unwrap();
+        let names = vec!["gh".to_string(), "old".to_string()];
+        assert_eq!(f.granted(&session).await, (names, vec!["GH_TOKEN".to_string(), "OLD_TOKEN".to_string()]));
+        assert!(f.gateway.session_ca_cert(&session).is_some(), "the egress was pushed");
     }
 
     #[tokio::test]

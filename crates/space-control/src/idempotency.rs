@@ -1,16 +1,24 @@
 //! `Idempotency-Key` middleware for mutating calls: a retried call gets the first call's
 //! response back; the same key on a different request is refused.
+//!
+//! Nothing stored here may reveal a secret. Request bodies can hold one (a credential's
+//! value), so the fingerprint that tells a retry from another request is keyed (HMAC) with
+//! a server key kept sealed in the database: a plain hash would let whoever reads the
+//! database test guesses of the value offline. Responses can hold one (a new API key): a
+//! handler marks those with [`CarriesSecret`], and they are never recorded; a retry learns
+//! that the first request succeeded, not what it answered.
+
+use std::sync::Arc;
 
 use axum::body::{Body, to_bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
 use space_api::ErrorCode;
-use space_store::IdempotencyBegin;
+use space_keys::{DigestKey, KeyError, Sealer};
+use space_store::{IdempotencyBegin, Store, StoreError};
 
-use crate::AppState;
 use crate::auth::Caller;
 use crate::error::AppError;
 
@@ -18,8 +26,65 @@ pub const HEADER: &str = "idempotency-key";
 const MAX_KEY_LEN: usize = 255;
 const MAX_REQUEST_BODY: usize = 1 << 20;
 const MAX_RECORDED_RESPONSE: usize = 32 << 20;
+/// The owner the fingerprint key is sealed for.
+const KEY_OWNER: &str = "idempotency-fingerprint-key";
 
-pub async fn idempotency(State(state): State<AppState>, request: Request, next: Next) -> Result<Response, AppError> {
+/// Response extension of a response that carries a secret: it is not recorded for replay.
+#[derive(Debug, Clone, Copy)]
+pub struct CarriesSecret;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdempotencyKeyError {
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The middleware's state: the store and the key of fingerprints.
+#[derive(Clone)]
+pub struct Idempotency {
+    store: Store,
+    key: Arc<DigestKey>,
+}
+
+impl Idempotency {
+    /// Loads the fingerprint key from the store, creating it on first start. It is kept
+    /// (sealed) in the database so fingerprints survive restarts and replicas share it.
+    ///
+    /// A key sealed under a key-encryption key that is gone (the key check at start lets
+    /// that through only when nothing else sealed needed the old key) is replaced, and the
+    /// records made with it are dropped: they could never match again.
+    pub async fn load(store: Store, sealer: &Sealer) -> Result<Idempotency, IdempotencyKeyError> {
+        let candidate = DigestKey::generate()?;
+        let sealed = store.idempotency_key_sealed(&candidate.seal(sealer, KEY_OWNER)?).await?;
+        let key = match DigestKey::open(sealer, &sealed, KEY_OWNER) {
+            Ok(key) => key,
+            Err(KeyError::WrongKey { .. }) => {
+                if store.idempotency_replace_key(&sealed, &candidate.seal(sealer, KEY_OWNER)?).await? {
+                    tracing::warn!(
+                        "the key of idempotency fingerprints was sealed with another key file; replaced it \
+                         and dropped the idempotency records"
+                    );
+                    candidate
+                } else {
+                    // Another replica replaced it first.
+                    let sealed = store.idempotency_key_sealed(&candidate.seal(sealer, KEY_OWNER)?).await?;
+                    DigestKey::open(sealer, &sealed, KEY_OWNER)?
+                }
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Idempotency { store, key: Arc::new(key) })
+    }
+
+    /// Keyed fingerprint of a request.
+    fn fingerprint(&self, method: &Method, path: &str, body: &[u8]) -> String {
+        hex::encode(self.key.digest(&[method.as_str().as_bytes(), path.as_bytes(), body]))
+    }
+}
+
+pub async fn idempotency(State(state): State<Idempotency>, request: Request, next: Next) -> Result<Response, AppError> {
     let Some(key) = request.headers().get(HEADER).cloned() else {
         return Ok(next.run(request).await);
     };
@@ -41,11 +106,22 @@ pub async fn idempotency(State(state): State<AppState>, request: Request, next: 
     let body = to_bytes(body, MAX_REQUEST_BODY)
         .await
         .map_err(|_| AppError::new(ErrorCode::PayloadTooLarge, "request body too large (limit 1 MiB)"))?;
-    let fingerprint = fingerprint(&parts.method, parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(""), &body);
+    let fingerprint =
+        state.fingerprint(&parts.method, parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(""), &body);
 
     match state.store.idempotency_begin(&caller.tenant_id, &key, &fingerprint).await? {
         IdempotencyBegin::New => {}
         IdempotencyBegin::Replay { status, body } => return Ok(replay(status, body)),
+        IdempotencyBegin::Withheld { status } => {
+            return Err(AppError::new(
+                ErrorCode::IdempotencyConflict,
+                format!(
+                    "the request with this Idempotency-Key already succeeded ({status}), but its response held a \
+                     secret (such as a new API key), which is shown once and never stored, so it cannot be \
+                     replayed; if that response was lost, send the request again with a new Idempotency-Key"
+                ),
+            ));
+        }
         IdempotencyBegin::InProgress => {
             return Err(AppError::new(
                 ErrorCode::IdempotencyConflict,
@@ -62,28 +138,23 @@ pub async fn idempotency(State(state): State<AppState>, request: Request, next: 
 
     let response = next.run(Request::from_parts(parts, Body::from(body))).await;
     let (parts, body) = response.into_parts();
-    let Ok(bytes) = to_bytes(body, MAX_RECORDED_RESPONSE).await else {
-        state.store.idempotency_abandon(&caller.tenant_id, &key).await?;
-        return Err(AppError::internal("response too large to record for Idempotency-Key"));
-    };
+    let tenant = &caller.tenant_id;
     if parts.status.is_server_error() {
         // Let the client retry a failure the server may not repeat.
-        state.store.idempotency_abandon(&caller.tenant_id, &key).await?;
-    } else {
-        let text = String::from_utf8_lossy(&bytes);
-        state.store.idempotency_finish(&caller.tenant_id, &key, parts.status.as_u16(), &text).await?;
+        state.store.idempotency_abandon(tenant, &key).await?;
+        return Ok(Response::from_parts(parts, body));
     }
+    if parts.extensions.get::<CarriesSecret>().is_some() {
+        state.store.idempotency_withhold(tenant, &key, parts.status.as_u16()).await?;
+        return Ok(Response::from_parts(parts, body));
+    }
+    let Ok(bytes) = to_bytes(body, MAX_RECORDED_RESPONSE).await else {
+        state.store.idempotency_abandon(tenant, &key).await?;
+        return Err(AppError::internal("response too large to record for Idempotency-Key"));
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    state.store.idempotency_finish(tenant, &key, parts.status.as_u16(), &text).await?;
     Ok(Response::from_parts(parts, Body::from(bytes)))
-}
-
-fn fingerprint(method: &Method, path: &str, body: &[u8]) -> String {
-    let mut hash = Sha256::new();
-    hash.update(method.as_str());
-    hash.update([0]);
-    hash.update(path);
-    hash.update([0]);
-    hash.update(body);
-    hex::encode(hash.finalize())
 }
 
 fn replay(status: u16, body: String) -> Response {
@@ -93,4 +164,150 @@ fn replay(status: u16, body: String) -> Response {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
     response
+}
+
+/// On a router of stand-in handlers: no node needed.
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::http::Request;
+    use axum::middleware::{self, Next};
+    use axum::routing::post;
+    use sha2::{Digest, Sha256};
+    use space_api::TenantId;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    const CREDENTIAL_VALUE: &str = "ghp_the-credential-value";
+    const API_KEY: &str = "sk_the-new-api-key";
+
+    /// Stands in for `POST /v1/credentials`: the request holds a secret, the response does not.
+    async fn create_credential() -> (StatusCode, &'static str) {
+        (StatusCode::CREATED, r#"{"name":"gh","version":1}"#)
+    }
+
+    /// Stands in for `POST /v1/keys`: the response holds a secret.
+    async fn create_key() -> impl IntoResponse {
+        (StatusCode::CREATED, axum::Extension(CarriesSecret), format!(r#"{{"key":"{API_KEY}"}}"#))
+    }
+
+    async fn router(state: Idempotency, tenant: TenantId) -> Router {
+        let caller = Caller { tenant_id: tenant, tenant: "t".into(), admin: true };
+        Router::new()
+            .route("/v1/credentials", post(create_credential))
+            .route("/v1/keys", post(create_key))
+            .layer(middleware::from_fn_with_state(state, idempotency))
+            .layer(middleware::from_fn(move |mut request: Request<Body>, next: Next| {
+                request.extensions_mut().insert(caller.clone());
+                next.run(request)
+            }))
+    }
+
+    async fn call(router: &Router, path: &str, key: &str, body: &str) -> (StatusCode, bool, String) {
+        let request = Request::post(path).header(HEADER, key).body(Body::from(body.to_owned())).unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        let replayed = response.headers().contains_key("idempotent-replayed");
+        let status = response.status();
+        let bytes = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        (status, replayed, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    struct Server {
+        dir: tempfile::TempDir,
+        store: Store,
+        sealer: Sealer,
+        tenant: TenantId,
+    }
+
+    async fn server() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("space.db")).await.unwrap();
+        let sealer = Sealer::local(&dir.path().join("keys/master.key")).unwrap();
+        let tenant = store.ensure_tenant("t").await.unwrap();
+        Server { dir, store, sealer, tenant }
+    }
+
+    /// Every byte of the database files (the WAL holds what is not checkpointed yet).
+    fn database_bytes(dir: &Path) -> Vec<u8> {
+        ["space.db", "space.db-wal"].iter().filter_map(|name| std::fs::read(dir.join(name)).ok()).flatten().collect()
+    }
+
+    fn contains(haystack: &[u8], needle: &str) -> bool {
+        haystack.windows(needle.len()).any(|w| w == needle.as_bytes())
+    }
+
+    #[tokio::test]
+    async fn fingerprints_are_keyed_so_the_database_is_no_guessing_oracle() {
+        let s = server().await;
+        let app = router(Idempotency::load(s.store.clone(), &s.sealer).await.unwrap(), s.tenant.clone()).await;
+        let body = format!(r#"{{"name":"gh","value":"{CREDENTIAL_VALUE}"}}"#);
+        let first = call(&app, "/v1/credentials", "k1", &body).await;
+        assert_eq!((first.0, first.1), (StatusCode::CREATED, false));
+        let retry = call(&app, "/v1/credentials", "k1", &body).await;
+        assert_eq!(retry, (StatusCode::CREATED, true, first.2), "the retry is replayed");
+        let other = call(&app, "/v1/credentials", "k1", &body.replace("gh", "npm")).await;
+        assert_eq!(other.0, StatusCode::CONFLICT);
+
+        // A plain hash of the request would let anyone with the database confirm a guessed value.
+        let mut plain = Sha256::new();
+        for part in ["POST", "/v1/credentials"] {
+            plain.update(part);
+            plain.update([0]);
+        }
+        plain.update(&body);
+        let stored = database_bytes(s.dir.path());
+        assert!(!contains(&stored, &hex::encode(plain.finalize())), "the plain SHA-256 of the request is stored");
+        assert!(!contains(&stored, CREDENTIAL_VALUE));
+    }
+
+    #[tokio::test]
+    async fn responses_that_carry_a_secret_are_never_recorded_or_replayed() {
+        let s = server().await;
+        let app = router(Idempotency::load(s.store.clone(), &s.sealer).await.unwrap(), s.tenant.clone()).await;
+        let (status, replayed, body) = call(&app, "/v1/keys", "k2", r#"{"tenant":"a"}"#).await;
+        assert_eq!((status, replayed), (StatusCode::CREATED, false));
+        assert!(body.contains(API_KEY), "the first caller gets the secret");
+        assert!(!contains(&database_bytes(s.dir.path()), API_KEY), "the secret is in the database");
+
+        let (status, replayed, body) = call(&app, "/v1/keys", "k2", r#"{"tenant":"a"}"#).await;
+        assert_eq!((status, replayed), (StatusCode::CONFLICT, false), "{body}");
+        assert!(!body.contains(API_KEY));
+        assert!(body.contains("idempotency_conflict") && body.contains("cannot be replayed"), "{body}");
+        // The record survives a restart's cleanup: the request is not run twice.
+        s.store.idempotency_clear_unfinished().await.unwrap();
+        assert_eq!(call(&app, "/v1/keys", "k2", r#"{"tenant":"a"}"#).await.0, StatusCode::CONFLICT);
+    }
+
+    #[tokio::test]
+    async fn the_fingerprint_key_survives_a_restart() {
+        let s = server().await;
+        let body = r#"{"name":"gh"}"#;
+        let app = router(Idempotency::load(s.store.clone(), &s.sealer).await.unwrap(), s.tenant.clone()).await;
+        assert!(!call(&app, "/v1/credentials", "k", body).await.1);
+        s.store.close().await;
+
+        let store = Store::open_sqlite(&s.dir.path().join("space.db")).await.unwrap();
+        let sealer = Sealer::local(&s.dir.path().join("keys/master.key")).unwrap();
+        let app = router(Idempotency::load(store, &sealer).await.unwrap(), s.tenant.clone()).await;
+        assert_eq!(call(&app, "/v1/credentials", "k", body).await.0, StatusCode::CREATED);
+        assert!(call(&app, "/v1/credentials", "k", body).await.1, "replayed after the restart");
+    }
+
+    #[tokio::test]
+    async fn a_fingerprint_key_sealed_by_a_lost_key_is_replaced_with_its_records() {
+        let s = server().await;
+        let body = r#"{"name":"gh"}"#;
+        let app = router(Idempotency::load(s.store.clone(), &s.sealer).await.unwrap(), s.tenant.clone()).await;
+        call(&app, "/v1/credentials", "k", body).await;
+
+        let other = Sealer::local(&s.dir.path().join("keys/other.key")).unwrap();
+        let app = router(Idempotency::load(s.store.clone(), &other).await.unwrap(), s.tenant.clone()).await;
+        let (status, replayed, _) = call(&app, "/v1/credentials", "k", body).await;
+        assert_eq!((status, replayed), (StatusCode::CREATED, false), "a new record, not a false mismatch");
+        assert!(call(&app, "/v1/credentials", "k", body).await.1);
+    }
 }

@@ -11,6 +11,7 @@ pub mod datadir;
 pub mod egress;
 pub mod error;
 pub mod idempotency;
+pub mod keys;
 pub mod reconciler;
 pub mod recovery;
 pub mod scheduler;
@@ -40,7 +41,9 @@ pub struct ServerConfig {
     pub scheduler_tick: std::time::Duration,
     /// Built-in templates to build at start if missing.
     pub prepare_templates: Vec<String>,
-    /// The local key file that wraps the keys of credential values (created if missing).
+    /// The local key file that wraps the keys of sealed data (credential values, session CA
+    /// keys, the idempotency fingerprint key). Created if missing only while the database
+    /// holds nothing sealed; see [`keys::open_sealer`].
     pub key_file: PathBuf,
     /// How long audit events are kept (`None`: for ever).
     pub audit_retention: Option<std::time::Duration>,
@@ -61,8 +64,10 @@ pub struct AppState {
     session_locks: Arc<std::sync::Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>>,
     /// When each session was last used (idle timeouts).
     pub activity: Arc<activity::Activity>,
-    /// Seals credential values and session CA keys at rest.
+    /// Seals credential values, session CA keys and the idempotency fingerprint key at rest.
     pub sealer: Arc<space_keys::Sealer>,
+    /// State of the `Idempotency-Key` middleware.
+    pub idempotency: idempotency::Idempotency,
 }
 
 impl AppState {
@@ -103,11 +108,15 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         .meta_get_or_insert("node_id", NodeId::generate().as_str())
         .await
         .map_err(context("reading the node id"))?;
+    // Before the node: a server whose key cannot open its sealed data must not touch anything.
+    let sealer = keys::open_sealer(&config.key_file, &store).await.map_err(context("opening the key file"))?;
+    let idempotency = idempotency::Idempotency::load(store.clone(), &sealer)
+        .await
+        .map_err(context("loading the key of idempotency fingerprints"))?;
     let node = Arc::new(Node::open(node_config(config, &node_id)).await.map_err(context("starting the node"))?);
     auth::bootstrap_admin_key(&store, &config.data_dir.join("admin.key"))
         .await
         .map_err(context("creating the admin key"))?;
-    let sealer = space_keys::Sealer::local(&config.key_file).map_err(context("opening the key file"))?;
     let reconciler = Reconciler::new();
     let state = AppState {
         store,
@@ -119,6 +128,7 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         session_locks: Default::default(),
         activity: Default::default(),
         sealer: Arc::new(sealer),
+        idempotency,
     };
     egress::spawn_audit_writer(&state);
     if let Some(retention) = config.audit_retention {

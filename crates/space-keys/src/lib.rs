@@ -10,6 +10,9 @@
 //! `0x01 | wrapped key length (u16 BE) | wrapped data key | nonce (12) | ciphertext | tag (16)`.
 //! The associated data of the value is `0x01 | owner`, so neither the version byte nor the
 //! owner can be changed without the value failing to open.
+//!
+//! [`DigestKey`] keys digests (HMAC-SHA-256) of data that may hold secrets, so that what is
+//! stored of them cannot be used to test guesses offline; it is kept sealed like any secret.
 
 use std::fs::{DirBuilder, OpenOptions};
 use std::io::{Read, Write};
@@ -18,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use aws_lc_rs::hmac;
 pub use zeroize::Zeroizing;
 
 /// Bytes of a key (data key or local key-encryption key).
@@ -29,6 +33,8 @@ const TAG_LEN: usize = 16;
 const LOCAL_WRAP_AAD: &[u8] = b"space-keys/local-wrap/v1";
 /// Length of the key fingerprint that prefixes a key wrapped by a local key file.
 const FINGERPRINT_LEN: usize = 8;
+/// Bytes of a [`DigestKey`] digest.
+pub const DIGEST_LEN: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -43,6 +49,10 @@ pub enum KeyError {
     Corrupt { owner: String },
     #[error("sealed data has format version {0}, which this version of space cannot read; upgrade space")]
     UnsupportedVersion(u8),
+    /// The key file is not there. Distinct from [`KeyError::KeyFile`] so that a caller can
+    /// tell "never created" from "unusable" and decide whether a new key is safe.
+    #[error("the key file {path} does not exist")]
+    Missing { path: PathBuf },
     #[error("key file {path}: {why}")]
     KeyFile { path: PathBuf, why: String },
     #[error("cryptography failure: {0}")]
@@ -146,7 +156,10 @@ impl LocalKeyFile {
     /// Opens an existing key file (see [`LocalKeyFile::open_or_create`] for the checks).
     pub fn open(path: &Path) -> Result<LocalKeyFile> {
         let fail = |why: String| KeyError::KeyFile { path: path.to_owned(), why };
-        let mut file = std::fs::File::open(path).map_err(|e| fail(format!("cannot open it: {e}")))?;
+        let mut file = std::fs::File::open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => KeyError::Missing { path: path.to_owned() },
+            _ => fail(format!("cannot open it: {e}")),
+        })?;
         let meta = file.metadata().map_err(|e| fail(format!("cannot stat it: {e}")))?;
         if !meta.is_file() {
             return Err(fail("not a regular file".into()));
@@ -274,6 +287,57 @@ fn aad(owner: &str) -> Vec<u8> {
     aad
 }
 
+/// A secret key for digests (HMAC-SHA-256) of data that may hold secrets, such as the request
+/// bodies behind idempotency fingerprints. A plain hash of such data, stored at rest, lets
+/// whoever reads it test guesses of the data offline; a keyed digest does not without the key.
+pub struct DigestKey {
+    bytes: Zeroizing<[u8; KEY_LEN]>,
+    key: hmac::Key,
+}
+
+impl std::fmt::Debug for DigestKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DigestKey").finish_non_exhaustive()
+    }
+}
+
+impl DigestKey {
+    /// A new random key.
+    pub fn generate() -> Result<DigestKey> {
+        Ok(DigestKey::from_bytes(Zeroizing::new(random::<KEY_LEN>()?)))
+    }
+
+    fn from_bytes(bytes: Zeroizing<[u8; KEY_LEN]>) -> DigestKey {
+        let key = hmac::Key::new(hmac::HMAC_SHA256, &bytes[..]);
+        DigestKey { bytes, key }
+    }
+
+    /// The digest of `parts`. Each part is length-prefixed, so no two different lists of
+    /// parts digest the same input (`["ab", "c"]` is not `["a", "bc"]`).
+    pub fn digest(&self, parts: &[&[u8]]) -> [u8; DIGEST_LEN] {
+        let mut context = hmac::Context::with_key(&self.key);
+        for part in parts {
+            context.update(&(part.len() as u64).to_be_bytes());
+            context.update(part);
+        }
+        let mut out = [0u8; DIGEST_LEN];
+        out.copy_from_slice(context.sign().as_ref());
+        out
+    }
+
+    /// This key sealed by `sealer` for `owner`, to be stored.
+    pub fn seal(&self, sealer: &Sealer, owner: &str) -> Result<Vec<u8>> {
+        sealer.seal(&self.bytes[..], owner)
+    }
+
+    /// Opens a key sealed by [`DigestKey::seal`].
+    pub fn open(sealer: &Sealer, sealed: &[u8], owner: &str) -> Result<DigestKey> {
+        let plain = sealer.open(sealed, owner)?;
+        let bytes: [u8; KEY_LEN] = plain[..].try_into().map_err(|_| KeyError::Corrupt { owner: owner.to_owned() })?;
+        Ok(DigestKey::from_bytes(Zeroizing::new(bytes)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,5 +408,37 @@ mod tests {
         std::fs::write(&path, b"short").unwrap();
         let err = LocalKeyFile::open_or_create(&path).unwrap_err().to_string();
         assert!(err.contains("5 bytes") && err.contains("exactly 32"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_key_file_is_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys/master.key");
+        let err = LocalKeyFile::open(&path).unwrap_err();
+        assert!(matches!(&err, KeyError::Missing { path: p } if *p == path), "{err}");
+        assert!(!path.exists(), "open never creates");
+    }
+
+    #[test]
+    fn digests_are_keyed_framed_and_survive_sealing() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sealer(dir.path(), "k");
+        let key = DigestKey::generate().unwrap();
+        let parts: &[&[u8]] = &[b"POST", b"/v1/credentials", b"{\"value\":\"hunter2\"}"];
+        let digest = key.digest(parts);
+        assert_eq!(digest, key.digest(parts));
+        assert_ne!(digest, DigestKey::generate().unwrap().digest(parts), "another key, another digest");
+        assert_ne!(key.digest(&[b"ab", b"c"]), key.digest(&[b"a", b"bc"]));
+        let plain = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &parts.concat());
+        assert_ne!(&digest[..], plain.as_ref());
+
+        let sealed = key.seal(&s, "idempotency-key").unwrap();
+        assert!(!sealed.windows(KEY_LEN).any(|w| w == &key.bytes[..]));
+        assert_eq!(DigestKey::open(&s, &sealed, "idempotency-key").unwrap().digest(parts), digest);
+        assert!(matches!(DigestKey::open(&s, &sealed, "other"), Err(KeyError::Corrupt { .. })));
+        let short = s.seal(b"short", "idempotency-key").unwrap();
+        assert!(matches!(DigestKey::open(&s, &short, "idempotency-key"), Err(KeyError::Corrupt { .. })));
+        let other = sealer(dir.path(), "other.key");
+        assert!(matches!(DigestKey::open(&other, &sealed, "idempotency-key"), Err(KeyError::WrongKey { .. })));
     }
 }

@@ -1,17 +1,30 @@
 //! `Idempotency-Key` bookkeeping: the first request with a key records its response; a retry
 //! with the same key and the same request gets that response back.
+//!
+//! A record is unfinished (`status` NULL), finished (`status` and `body`), or finished with
+//! its response withheld (`status` set, `body` NULL): the response carried a secret, which
+//! is never stored, so a retry learns only that the request already succeeded.
+//!
+//! The fingerprint is computed by the caller; it must not let anyone who reads the database
+//! test guesses of the request (space-control keys it with [`Store::idempotency_key_sealed`]).
 
 use space_api::TenantId;
 use sqlx::Row;
 
 use crate::{Result, Store, now_ms};
 
+/// The `meta` row holding the sealed key of idempotency fingerprints (hex).
+const KEY_META: &str = "idempotency_key_sealed";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IdempotencyBegin {
-    /// First time: run the request, then call [`Store::idempotency_finish`].
+    /// First time: run the request, then call [`Store::idempotency_finish`] (or
+    /// [`Store::idempotency_withhold`]).
     New,
     /// Seen before and finished: replay this response.
     Replay { status: u16, body: String },
+    /// Seen before and finished, but its response carried a secret and was not kept.
+    Withheld { status: u16 },
     /// The first request with this key is still running.
     InProgress,
     /// The key was used for a different request.
@@ -45,6 +58,7 @@ impl Store {
         }
         match (row.get::<Option<i64>, _>(1), row.get::<Option<String>, _>(2)) {
             (Some(status), Some(body)) => Ok(IdempotencyBegin::Replay { status: status as u16, body }),
+            (Some(status), None) => Ok(IdempotencyBegin::Withheld { status: status as u16 }),
             _ => Ok(IdempotencyBegin::InProgress),
         }
     }
@@ -53,6 +67,18 @@ impl Store {
         sqlx::query("UPDATE idempotency SET status = $1, body = $2 WHERE tenant_id = $3 AND key = $4")
             .bind(status as i64)
             .bind(body)
+            .bind(tenant.as_str())
+            .bind(key)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// Finishes a key whose response carried a secret: records that it succeeded, with
+    /// `status`, but not the response.
+    pub async fn idempotency_withhold(&self, tenant: &TenantId, key: &str, status: u16) -> Result<()> {
+        sqlx::query("UPDATE idempotency SET status = $1, body = NULL WHERE tenant_id = $2 AND key = $3")
+            .bind(status as i64)
             .bind(tenant.as_str())
             .bind(key)
             .execute(&self.writer)
@@ -74,6 +100,33 @@ impl Store {
     pub async fn idempotency_clear_unfinished(&self) -> Result<u64> {
         Ok(sqlx::query("DELETE FROM idempotency WHERE status IS NULL").execute(&self.writer).await?.rows_affected())
     }
+
+    /// The sealed key of idempotency fingerprints: the stored one, or `candidate` if none is
+    /// stored yet (every replica ends up with the same key).
+    pub async fn idempotency_key_sealed(&self, candidate: &[u8]) -> Result<Vec<u8>> {
+        let stored = self.meta_get_or_insert(KEY_META, &hex::encode(candidate)).await?;
+        hex::decode(&stored).map_err(|e| crate::StoreError::Corrupt(format!("meta {KEY_META}: {e}")))
+    }
+
+    /// Replaces the sealed fingerprint key `old` with `new` and, in the same transaction,
+    /// forgets every record: their fingerprints were made with the old key and could never
+    /// match again. Returns false (changing nothing) if the stored key is no longer `old`.
+    pub async fn idempotency_replace_key(&self, old: &[u8], new: &[u8]) -> Result<bool> {
+        let mut tx = self.write_tx().await?;
+        let replaced = sqlx::query("UPDATE meta SET value = $1 WHERE key = $2 AND value = $3")
+            .bind(hex::encode(new))
+            .bind(KEY_META)
+            .bind(hex::encode(old))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if replaced == 0 {
+            return Ok(false);
+        }
+        sqlx::query("DELETE FROM idempotency").execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
 }
 
 #[cfg(test)]
@@ -93,5 +146,36 @@ mod tests {
             IdempotencyBegin::Replay { status: 201, body: "{}".into() }
         );
         assert_eq!(store.idempotency_begin(&t, "k", "f2").await.unwrap(), IdempotencyBegin::Mismatch);
+    }
+
+    #[tokio::test]
+    async fn withheld_responses_are_finished_but_not_kept() {
+        let (store, _dir) = test_store().await;
+        let t = store.ensure_tenant("t").await.unwrap();
+        assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::New);
+        store.idempotency_withhold(&t, "k", 201).await.unwrap();
+        assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::Withheld { status: 201 });
+        // Finished: neither a restart nor an abandon makes it retryable.
+        store.idempotency_clear_unfinished().await.unwrap();
+        store.idempotency_abandon(&t, "k").await.unwrap();
+        assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::Withheld { status: 201 });
+    }
+
+    #[tokio::test]
+    async fn the_fingerprint_key_is_stored_once_and_replaced_with_the_records() {
+        let (store, _dir) = test_store().await;
+        assert_eq!(store.idempotency_key_sealed(&[1, 2, 0xff]).await.unwrap(), vec![1, 2, 0xff]);
+        assert_eq!(store.idempotency_key_sealed(&[9]).await.unwrap(), vec![1, 2, 0xff], "the first one stays");
+        let t = store.ensure_tenant("t").await.unwrap();
+        store.idempotency_begin(&t, "k", "f").await.unwrap();
+        store.idempotency_finish(&t, "k", 200, "{}").await.unwrap();
+        assert!(!store.idempotency_replace_key(&[9], &[7]).await.unwrap(), "not the stored key");
+        assert_eq!(
+            store.idempotency_begin(&t, "k", "f").await.unwrap(),
+            IdempotencyBegin::Replay { status: 200, body: "{}".into() }
+        );
+        assert!(store.idempotency_replace_key(&[1, 2, 0xff], &[7]).await.unwrap());
+        assert_eq!(store.idempotency_key_sealed(&[9]).await.unwrap(), vec![7]);
+        assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::New);
     }
 }

@@ -10,10 +10,12 @@ mod credentials;
 mod idempotency;
 mod network;
 mod operations;
+mod sealed;
 mod sessions;
 mod snapshots;
 
-use std::path::Path;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -25,6 +27,7 @@ pub use credentials::{CredentialChange, CredentialRecord, NewCredential, Placeho
 pub use idempotency::IdempotencyBegin;
 pub use network::{NewSessionEgress, SessionEgressRecord};
 pub use operations::{NewOperation, OperationKind, OperationRecord};
+pub use sealed::{SealedOwner, SealedValue};
 pub use sessions::{NewSandbox, NewSession, SandboxRecord, SessionRecord};
 pub use snapshots::NewSnapshot;
 
@@ -39,6 +42,25 @@ pub enum StoreError {
     /// A write that would take over a row someone else owns.
     #[error("conflict: {0}")]
     Conflict(String),
+    #[error("creating the database {path}: {source}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}", not_private_message(.0))]
+    NotPrivate(Vec<(PathBuf, u32)>),
+}
+
+fn not_private_message(files: &[(PathBuf, u32)]) -> String {
+    let list = files.iter().map(|(p, mode)| format!("{} (mode {mode:04o})", p.display())).collect::<Vec<_>>();
+    let paths = files.iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>();
+    format!(
+        "group or others may access {}, which holds the server's state (credentials' sealed values, \
+         sessions' environments, idempotency records): make it private to the server with `chmod 600 {}`",
+        list.join(", "),
+        paths.join(" ")
+    )
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -58,8 +80,10 @@ pub fn now_ms() -> i64 {
 }
 
 impl Store {
-    /// Opens (creating if needed) the SQLite database at `path` and applies migrations.
+    /// Opens (creating if needed, mode 0600) the SQLite database at `path` and applies
+    /// migrations. Refuses a database whose files group or others may access.
     pub async fn open_sqlite(path: &Path) -> Result<Store> {
+        create_private(path)?;
         let options = SqliteConnectOptions::from_str("sqlite:")?
             .filename(path)
             .create_if_missing(true)
@@ -103,6 +127,36 @@ impl Store {
     }
 }
 
+/// The database and the `-wal` and `-shm` files beside it.
+fn database_files(path: &Path) -> [PathBuf; 3] {
+    let with = |suffix: &str| {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        PathBuf::from(name)
+    };
+    [path.to_owned(), with("-wal"), with("-shm")]
+}
+
+/// Creates the database file, mode 0600, unless it exists, and checks that none of its files
+/// is open to group or others (as the key file is checked). Created here because SQLite would
+/// create it with the umask's mode (usually 0644); the `-wal` and `-shm` files it creates
+/// later take the mode of the database file.
+fn create_private(path: &Path) -> Result<()> {
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(source) => return Err(StoreError::Create { path: path.to_owned(), source }),
+    }
+    let open: Vec<(PathBuf, u32)> = database_files(path)
+        .into_iter()
+        .filter_map(|file| {
+            let mode = std::fs::metadata(&file).ok()?.permissions().mode() & 0o777;
+            (mode & 0o077 != 0).then_some((file, mode))
+        })
+        .collect();
+    if open.is_empty() { Ok(()) } else { Err(StoreError::NotPrivate(open)) }
+}
+
 fn parse<T: FromStr>(what: &str, value: &str) -> Result<T> {
     value.parse().map_err(|_| StoreError::Corrupt(format!("{what}: {value:?}")))
 }
@@ -112,4 +166,75 @@ pub(crate) async fn test_store() -> (Store, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_sqlite(&dir.path().join("space.db")).await.unwrap();
     (store, dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[tokio::test]
+    async fn database_files_are_private_to_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("space.db");
+        let store = Store::open_sqlite(&path).await.unwrap();
+        store.ensure_tenant("t").await.unwrap();
+        let [db, wal, shm] = database_files(&path);
+        for file in [&db, &wal, &shm] {
+            assert_eq!(mode(file), 0o600, "{}", file.display());
+        }
+        store.close().await;
+
+        // A database left open to others (e.g. created by an older version) is refused, with
+        // the command that fixes it.
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = Store::open_sqlite(&path).await.unwrap_err().to_string();
+        assert!(err.contains("mode 0644") && err.contains(&format!("chmod 600 {}", db.display())), "{err}");
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&wal, b"").unwrap();
+        std::fs::set_permissions(&wal, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let err = Store::open_sqlite(&path).await.unwrap_err().to_string();
+        assert!(err.contains(&format!("{}-wal (mode 0640)", db.display())), "{err}");
+        std::fs::set_permissions(&wal, std::fs::Permissions::from_mode(0o600)).unwrap();
+        Store::open_sqlite(&path).await.unwrap().close().await;
+    }
+
+    /// Records of the plain-hash era (fingerprints that are SHA-256 of the body, plaintext
+    /// API keys in responses) do not survive the upgrade.
+    #[tokio::test]
+    async fn upgrading_drops_idempotency_records_made_before_keyed_fingerprints() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("migrations");
+        std::fs::create_dir(&old).unwrap();
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        for name in
+            ["0001_init.sql", "0002_snapshots.sql", "0003_lifetime.sql", "0004_egress.sql", "0005_audit_time.sql"]
+        {
+            std::fs::copy(source.join(name), old.join(name)).unwrap();
+        }
+        let path = dir.path().join("space.db");
+        let options = SqliteConnectOptions::from_str("sqlite:").unwrap().filename(&path).create_if_missing(true);
+        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
+        sqlx::migrate::Migrator::new(old.as_path()).await.unwrap().run(&pool).await.unwrap();
+        sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ('ten_1', 'admin', 0)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO idempotency (tenant_id, key, fingerprint, status, body, created_at)
+             VALUES ('ten_1', 'k', 'plain-sha256', 201, '{\"key\":\"sk_secret\"}', 0)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+        let store = Store::open_sqlite(&path).await.unwrap();
+        let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency").fetch_one(&store.pool).await.unwrap();
+        assert_eq!(left, 0);
+    }
 }

@@ -120,7 +120,7 @@ pub fn router(state: AppState) -> Router {
         .route("/templates", get(templates::list_templates))
         .route("/templates/import", post(templates::import_template))
         .route("/templates/build", post(templates::build_template))
-        .layer(middleware::from_fn_with_state(state.clone(), idempotency))
+        .layer(middleware::from_fn_with_state(state.idempotency.clone(), idempotency))
         .layer(middleware::from_fn_with_state(state.clone(), require_key))
         .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT));
     Router::new()

@@ -68,7 +68,8 @@ pub async fn update_network(
 }
 
 /// Grants a credential to the session: the gateway injects it into requests to its hosts
-/// from the next request on. Idempotent.
+/// from the next request on. Idempotent. A credential the server cannot unseal is not
+/// granted (500, nothing stored).
 #[utoipa::path(post, path = "/v1/sessions/{id}/grants", params(("id" = String, Path)), request_body = GrantRequest,
     responses((status = 200, body = SessionNetwork), (status = 404, body = ErrorBody)))]
 pub async fn grant(
@@ -80,8 +81,7 @@ pub async fn grant(
     let session = live_session(&state, &caller, &id).await?;
     let name = &request.credential;
     let record = state.store.credential(&caller.tenant_id, name).await?.ok_or_else(|| credential_not_found(name))?;
-    state.store.grant(&session.id, &record.credential).await?;
-    push_session(&state, &session.id).await?;
+    state.egress().grant(&session.id, &record).await?;
     Ok(ApiJson(network_of(&state, &session.id).await?))
 }
 

@@ -13,6 +13,7 @@ use super::templates::template_view;
 use crate::AppState;
 use crate::auth::{Caller, create_key as make_key};
 use crate::error::{ApiJson, AppError, AppResult};
+use crate::idempotency::CarriesSecret;
 
 /// Liveness probe; needs no key.
 #[utoipa::path(get, path = "/v1/health", security(()), responses((status = 200, description = "The server is up")))]
@@ -46,14 +47,15 @@ pub(crate) fn full_snapshot_support(state: &AppState) -> FullSnapshotSupport {
     }
 }
 
-/// Creates an API key for a tenant (admin only). The key is shown once.
+/// Creates an API key for a tenant (admin only). The key is shown once: the response is not
+/// kept for `Idempotency-Key` replays (a retry gets 409 `idempotency_conflict`).
 #[utoipa::path(post, path = "/v1/keys", request_body = CreateKeyRequest,
-    responses((status = 201, body = CreatedKey), (status = 403, body = ErrorBody)))]
+    responses((status = 201, body = CreatedKey), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn create_key(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     ApiJson(request): ApiJson<CreateKeyRequest>,
-) -> AppResult<(StatusCode, ApiJson<CreatedKey>)> {
+) -> AppResult<(StatusCode, Extension<CarriesSecret>, ApiJson<CreatedKey>)> {
     if !caller.admin {
         return Err(AppError::new(ErrorCode::Forbidden, "only the admin key can create keys"));
     }
@@ -65,7 +67,11 @@ pub async fn create_key(
         return Err(AppError::bad_request("tenant names are 1-64 characters of letters, digits, '-', '_' or '.'"));
     }
     let (key, tenant_id) = make_key(&state.store, tenant, false).await?;
-    Ok((StatusCode::CREATED, ApiJson(CreatedKey { key, tenant: tenant.to_owned(), tenant_id })))
+    Ok((
+        StatusCode::CREATED,
+        Extension(CarriesSecret),
+        ApiJson(CreatedKey { key, tenant: tenant.to_owned(), tenant_id }),
+    ))
 }
 
 /// An operation: what the reconciler is doing or did for a request.
