@@ -352,7 +352,8 @@ fn answers_within(server: &Server, id: &str, secs: u32) -> bool {
     let body = json!({ "cmd": ["echo", "answering"] }).to_string();
     let secs = secs.to_string();
     let auth = server.auth();
-    let args = ["-s", "-m", &secs, "-X", "POST", "-H", &auth, "-H", "content-type: application/json", "-d", &body, &url];
+    let args =
+        ["-s", "-m", &secs, "-X", "POST", "-H", &auth, "-H", "content-type: application/json", "-d", &body, &url];
     String::from_utf8_lossy(&common::curl(&args).stdout).contains("answering\\n")
 }
 
@@ -390,4 +391,57 @@ fn kill9_during_full_snapshots_and_forks_leaves_a_session_that_answers() {
         assert!(answers_within(&server, &id, 30), "round {round}: the session is running but does not answer");
         counter_above(&server, &id, counter(&server, &id));
     }
+}
+
+/// Whether a process of session `id` holds an established TCP connection to port 3128 (the
+/// gateway's proxy): `/proc/net/tcp`'s remote port 0C38, state 01.
+fn holds_gateway_connection(server: &Server, id: &str) -> bool {
+    let table = stdout(server, id, "cat /proc/net/tcp");
+    table.lines().skip(1).any(|l| {
+        let fields: Vec<&str> = l.split_whitespace().collect();
+        fields.len() > 3 && fields[2].ends_with(":0C38") && fields[3] == "01"
+    })
+}
+
+/// A process that keeps a connection to the gateway open (any keep-alive HTTP client: pip,
+/// `requests.Session`) across suspend/resume and fork: the sandbox comes back, the old
+/// connection is reset (its gateway end was not in the dump), and new ones work.
+#[test]
+fn a_connection_to_the_gateway_does_not_stop_suspend_resume_or_fork() {
+    require_root!();
+    let server = Server::start_with(&["--pool", ""]);
+    let id = server.create_session(json!({}));
+    // The client sends what arrives on a fifo; a second process keeps the fifo open.
+    let client = "mkfifo /root/f; nc 10.254.254.1 3128 < /root/f > /root/nc.out 2>&1; echo $? > /root/nc.exit";
+    for script in [client, "sleep 0.2; exec 3>/root/f; exec sleep 100000"] {
+        let body = json!({ "cmd": ["sh", "-c", script], "background": true });
+        let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+        assert_eq!(status, 200, "{r}");
+    }
+    eventually("the client holds its connection", || holds_gateway_connection(&server, &id).then_some(()));
+
+    suspend(&server, &id);
+    resume(&server, &id);
+    // The restored connection meets no peer: the client's next bytes are answered with a
+    // reset, and it ends.
+    stdout(&server, &id, "echo next-request > /root/f");
+    eventually("the old connection is reset", || {
+        (!stdout(&server, &id, "cat /root/nc.exit 2>/dev/null").is_empty()).then_some(())
+    });
+    // A new connection reaches the gateway, which answers a request it cannot parse.
+    let answer = stdout(&server, &id, "printf 'nonsense\\r\\n\\r\\n' | nc -w 5 10.254.254.1 3128 | head -n 1");
+    assert!(answer.starts_with("HTTP/1.1 400"), "the gateway did not answer: {answer:?}");
+
+    // A fork of a session holding such a connection.
+    let (status, r) = server.call(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(json!({ "cmd": ["sh", "-c", "sleep 100000 | nc 10.254.254.1 3128"], "background": true })),
+    );
+    assert_eq!(status, 200, "{r}");
+    eventually("the second client holds its connection", || holds_gateway_connection(&server, &id).then_some(()));
+    let (status, forked) = server.call("POST", &format!("/v1/sessions/{id}/fork"), Some(json!({ "count": 1 })));
+    assert_eq!(status, 201, "fork: {forked}\n{}", server.log_text());
+    let child = forked["sessions"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(stdout(&server, &child, "echo forked"), "forked");
 }

@@ -23,6 +23,8 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt}
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use space_sandbox_init::Confinement;
+
 use crate::dump::{AGENT_KEY, SPACED_KEY};
 use crate::error::{CriuError, Result, io_err, log_excerpt};
 use crate::{Criu, rpc};
@@ -57,6 +59,9 @@ pub struct RestoreOptions {
     /// Host uid and gid of the sandbox's root (the id map's base): owner of `agent_dir` while
     /// CRIU binds the socket.
     pub sandbox_root: (u32, u32),
+    /// How many ids the sandbox's map holds from `sandbox_root`: every restored task is
+    /// checked against that map (and the rest of a sandbox's confinement) before it runs.
+    pub id_count: u32,
     /// The `spaced` binary the dumped pid 1 ran (mounted at `/dev/.spaced` again). CRIU checks
     /// its build id: a restore needs the very binary the sandbox was started with.
     pub spaced: PathBuf,
@@ -84,6 +89,7 @@ impl RestoreOptions {
             root: root.into(),
             agent_dir: agent_dir.into(),
             sandbox_root: (100_000, 100_000),
+            id_count: 65_536,
             spaced,
             cgroup_roots: Vec::new(),
             tcp_established: true,
@@ -146,7 +152,7 @@ impl Criu {
         }
     }
 
-    /// One `criu swrk` restore, answering CRIU's steps (see [`on_restore_step`]); `work` is a
+    /// One `criu swrk` restore, answering CRIU's steps (see [`RestoreSteps`]); `work` is a
     /// private directory for the restore's own files.
     async fn run_restore(
         &self,
@@ -159,11 +165,17 @@ impl Criu {
         let config = work.join("criu.conf");
         std::fs::write(&config, config_text(log)?).map_err(io_err("write", &config))?;
         let request = restore_opts(opts, agent_dir, &config, images.as_raw_fd())?;
-        let (criu, sealed_dir, stderr) = (self.clone(), opts.agent_dir.clone(), work.join("criu.stderr"));
+        let (criu, stderr) = (self.clone(), work.join("criu.stderr"));
+        let (uid_base, gid_base) = opts.sandbox_root;
+        let mut steps = RestoreSteps {
+            agent_dir: opts.agent_dir.clone(),
+            confinement: Confinement { uid_base, gid_base, count: opts.id_count },
+            root: None,
+        };
         tracing::debug!(criu = %criu.path.display(), ?request, "running criu swrk restore");
         let started = Instant::now();
         let outcome = tokio::task::spawn_blocking(move || {
-            let outcome = rpc::restore(&criu, request, &stderr, |step| on_restore_step(step, &sealed_dir));
+            let outcome = rpc::restore(&criu, request, &stderr, |step| steps.on_step(step));
             drop(images); // CRIU opened it through /proc while it ran
             outcome
         })
@@ -212,21 +224,45 @@ async fn reap_failed_root(pid: i32) {
 
 /// What the node does at CRIU's restore steps:
 /// - `setup-namespaces`: the restored network namespace is created empty (`empty_ns`), so
-///   its `lo` is brought up before CRIU restores the sockets bound to it.
-/// - `pre-resume`: the agent directory goes back to host root, mode 0700, before any restored
-///   process runs (see the module docs for why).
-fn on_restore_step(step: rpc::Step<'_>, agent_dir: &Path) -> std::result::Result<(), String> {
-    match step.name {
-        "setup-namespaces" => {
-            let pid = step.pid.and_then(|p| u32::try_from(p).ok()).ok_or("CRIU named no root pid")?;
-            // Entering the namespace changes the calling thread for good: use one of its own.
-            std::thread::spawn(move || space_sandbox_init::bring_up_loopback(pid))
+///   its `lo` is brought up and every address made local to it (the sandbox's one route)
+///   before CRIU restores the sockets bound to them. A connection the sandbox held to the
+///   gateway has the gateway's address as its own, so without the route CRIU cannot bind it
+///   back and the restore fails; with it, the connection is restored and its first segment
+///   meets no peer (the gateway's end was never in the dump): the client sees a reset and
+///   connects again, as after any proxy restart.
+/// - `pre-resume`, before any restored process runs: every task is checked against the
+///   sandbox's confinement (`space_sandbox_init::check_restored_tree`: id map, capabilities,
+///   no_new_privs, seccomp), and the agent directory goes back to host root, mode 0700 (see
+///   the module docs for why).
+struct RestoreSteps {
+    agent_dir: PathBuf,
+    confinement: Confinement,
+    /// The restored tree's root, as CRIU names it at `setup-namespaces`.
+    root: Option<u32>,
+}
+
+impl RestoreSteps {
+    fn on_step(&mut self, step: rpc::Step<'_>) -> std::result::Result<(), String> {
+        match step.name {
+            "setup-namespaces" => {
+                let pid = step.pid.and_then(|p| u32::try_from(p).ok()).ok_or("CRIU named no root pid")?;
+                self.root = Some(pid);
+                // Entering the namespace changes the calling thread for good: use one of its own.
+                std::thread::spawn(move || {
+                    space_sandbox_init::bring_up_loopback(pid).map_err(|e| e.0)?;
+                    space_netns::route_every_address_to_loopback().map_err(|e| e.to_string())
+                })
                 .join()
                 .map_err(|_| "the loopback thread panicked".to_owned())?
-                .map_err(|e| e.0)
+            }
+            "pre-resume" => {
+                let root = self.root.ok_or("CRIU reached pre-resume without naming the tree's root")?;
+                space_sandbox_init::check_restored_tree(root, &self.confinement)
+                    .map_err(|e| format!("the restored tree is not confined as a sandbox: {}", e.0))?;
+                space_sandbox_init::seal_agent_dir(&self.agent_dir).map_err(|e| e.0)
+            }
+            _ => Ok(()),
         }
-        "pre-resume" => space_sandbox_init::seal_agent_dir(agent_dir).map_err(|e| e.0),
-        _ => Ok(()),
     }
 }
 

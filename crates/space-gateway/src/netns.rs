@@ -11,16 +11,10 @@
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
 
-use netlink_packet_route::route::{RouteProtocol, RouteScope, RouteType};
 use nix::sched::{CloneFlags, setns};
-use rtnetlink::RouteMessageBuilder;
 
 use crate::{GatewayError, PROXY_PORT};
 
-/// Every namespace's loopback interface has index 1.
-const LOOPBACK_INDEX: u32 = 1;
-/// The kernel's `local` routing table.
-const LOCAL_TABLE: u32 = 255;
 /// Pending connections per listener; a sandbox may open many at once (package installs).
 const BACKLOG: i32 = 1024;
 
@@ -44,7 +38,7 @@ pub(crate) fn open_sandbox_sockets(netns: OwnedFd) -> Result<SandboxSockets, Gat
         .spawn(move || {
             setns(netns.as_fd(), CloneFlags::CLONE_NEWNET)
                 .map_err(|e| GatewayError::Netns(format!("enter the sandbox's network namespace: {e}")))?;
-            route_everything_to_loopback()?;
+            space_netns::route_every_address_to_loopback().map_err(|e| GatewayError::Netns(e.to_string()))?;
             Ok(SandboxSockets {
                 proxy: listen(PROXY_PORT)?,
                 http: listen(80)?,
@@ -63,29 +57,6 @@ fn is_own_namespace(netns: &OwnedFd) -> Result<bool, GatewayError> {
     let theirs = nix::sys::stat::fstat(netns).map_err(|e| failed("stat the sandbox's network namespace", e))?;
     let ours = nix::sys::stat::stat("/proc/self/ns/net").map_err(|e| failed("stat /proc/self/ns/net", e))?;
     Ok((theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino))
-}
-
-/// `ip route replace local 0.0.0.0/0 dev lo table local`, over a netlink socket created in
-/// the current thread's namespace.
-fn route_everything_to_loopback() -> Result<(), GatewayError> {
-    let failed = |what: &str, e: &dyn std::fmt::Display| GatewayError::Netns(format!("{what}: {e}"));
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_io().build().map_err(|e| failed("netlink runtime", &e))?;
-    runtime.block_on(async {
-        let (connection, handle, _) = rtnetlink::new_connection().map_err(|e| failed("netlink socket", &e))?;
-        let driver = tokio::spawn(connection);
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(Ipv4Addr::UNSPECIFIED, 0)
-            .output_interface(LOOPBACK_INDEX)
-            .table_id(LOCAL_TABLE)
-            .kind(RouteType::Local)
-            .scope(RouteScope::Host)
-            .protocol(RouteProtocol::Static)
-            .build();
-        let added = handle.route().add(route).replace().execute().await;
-        driver.abort();
-        added.map_err(|e| failed("route every address to lo", &e))
-    })
 }
 
 fn listen(port: u16) -> Result<TcpListener, GatewayError> {

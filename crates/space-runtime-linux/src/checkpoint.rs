@@ -126,6 +126,7 @@ pub(crate) async fn restore(
     rt.destroy(&spec.id).await?; // leftovers of an earlier attempt
     let mut opts = RestoreOptions::new(images_dir, &spec.rootfs, rt.agent_dir(&spec.id), spaced);
     opts.sandbox_root = (rt.opts.id_map.host_base, rt.opts.id_map.host_base);
+    opts.id_count = rt.opts.id_map.count;
     opts.work_prefix = rt.restore_work_prefix();
     let name = rt.cgroup_name(&spec.id);
     opts.cgroup_roots = rt

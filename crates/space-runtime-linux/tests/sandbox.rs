@@ -332,8 +332,7 @@ async fn a_killed_restores_bind_mount_is_removed_when_the_runtime_starts() {
     let work = tempfile::Builder::new().prefix(&prefix).tempdir().unwrap().keep();
     let bind = work.join("agent");
     std::fs::create_dir(&bind).unwrap();
-    nix::mount::mount(Some(agent_dir.path()), &bind, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>)
-        .unwrap();
+    nix::mount::mount(Some(agent_dir.path()), &bind, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).unwrap();
     // Another node's leftovers are not this runtime's to remove.
     let other = tempfile::Builder::new().prefix(space_criu::WORK_PREFIX).tempdir().unwrap();
 

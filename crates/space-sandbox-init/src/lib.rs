@@ -25,6 +25,7 @@
 //! exit non-zero. Must be called while the process is single-threaded (before any runtime).
 
 mod bootstrap;
+mod confinement;
 mod listener;
 mod mounts;
 mod pid1;
@@ -36,6 +37,7 @@ mod sys;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 
+pub use confinement::{Confinement, check_tree as check_restored_tree};
 pub use listener::AGENT_DIR;
 pub use reexec::SELF_EXE;
 pub use restore_steps::{bring_up_loopback, seal_agent_dir};

@@ -92,6 +92,11 @@ pub const ALLOWED_NETLINK_PROTOCOLS: &[i32] = &[libc::NETLINK_ROUTE, libc::NETLI
 /// syscall numbers never matches `nr | X32_SYSCALL_BIT`: they are refused as a whole.
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
+/// [`KEPT_CAPABILITIES`] as a bit mask (the form of `/proc/PID/status`'s `Cap*` lines).
+pub fn kept_mask() -> u64 {
+    KEPT_CAPABILITIES.iter().map(|c| c.bitmask()).sum()
+}
+
 /// Reduces the bounding, permitted, effective and inheritable sets to [`KEPT_CAPABILITIES`]
 /// and clears the ambient set.
 pub(crate) fn drop_capabilities() -> Result<(), InitError> {
@@ -317,7 +322,6 @@ mod tests {
 
     #[test]
     fn kept_capabilities_are_dockers_default() {
-        let mask: u64 = KEPT_CAPABILITIES.iter().map(|c| c.bitmask()).sum();
-        assert_eq!(mask, 0xa80405fb, "Docker's 0xa80425fb without CAP_NET_RAW (bit 13)");
+        assert_eq!(kept_mask(), 0xa80405fb, "Docker's 0xa80425fb without CAP_NET_RAW (bit 13)");
     }
 }
