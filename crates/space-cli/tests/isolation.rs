@@ -132,3 +132,27 @@ fn x32_system_calls_are_refused_by_the_filter() {
         assert_eq!(server.syscall(&id, nr | X32, &[]), Err(libc::EPERM), "x32 syscall {nr}");
     }
 }
+
+/// What sandbox root can do to pid 1 (`spaced`, which holds the node's connection).
+fn assert_pid1_out_of_reach(server: &Server, id: &str, when: &str) {
+    const PTRACE_ATTACH: i64 = 16;
+    assert_eq!(server.syscall(id, libc::SYS_ptrace, &[PTRACE_ATTACH, 1, 0, 0]), Err(libc::EPERM), "{when}: ptrace");
+    let environ = server.exec(id, &["cat", "/proc/1/environ"]);
+    assert!(environ["stderr"].as_str().unwrap().contains("Permission denied"), "{when}: {environ}");
+}
+
+#[test]
+fn sandbox_root_cannot_trace_pid1_before_or_after_a_full_snapshot() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    server.install_probe(&id);
+    assert_pid1_out_of_reach(&server, &id, "at start");
+    let (status, snap) = server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(json!({ "kind": "full" })));
+    assert_eq!(status, 201, "{snap}");
+    assert_pid1_out_of_reach(&server, &id, "after a full snapshot");
+    let (status, s) =
+        server.call("POST", &format!("/v1/sessions/{id}/restore"), Some(json!({ "snapshot": snap["id"] })));
+    assert_eq!(status, 200, "{s}");
+    assert_pid1_out_of_reach(&server, &id, "after its restore");
+}

@@ -41,11 +41,12 @@ impl Node {
     ) -> Result<u64> {
         self.runtime.checkpoint_support().map_err(space_runtime::RuntimeError::CheckpointUnavailable)?;
         let kept = self.kept_spaced.clone();
-        let gate = self.close_agent(sandbox)?;
         if already_paused {
-            // Its agent must run to let go of the connection.
+            // Its agent must run to let CRIU in and to let go of the connection.
             self.runtime.resume(sandbox)?;
         }
+        self.allow_checkpoint(sandbox).await;
+        let gate = self.close_agent(sandbox)?;
         let taken = self.checkpoint_frozen(sandbox, session, snapshot).await;
         // As found: a paused sandbox frozen again also when the checkpoint failed early.
         let restored_state = match already_paused {
@@ -53,6 +54,11 @@ impl Node {
             false => self.runtime.resume(sandbox),
         };
         drop(gate);
+        if !already_paused {
+            // Connecting is what makes pid 1 non-dumpable again (a paused sandbox runs nothing
+            // until it is resumed, which connects).
+            self.reconnect(sandbox).await;
+        }
         let image_bytes = taken?;
         restored_state?;
         let pool = self.pool.clone();
@@ -98,6 +104,26 @@ impl Node {
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
         self.connect_to_gateway_or_destroy(&handle).await?;
         Ok(handle)
+    }
+
+    /// Asks pid 1 to let CRIU in (see `Request::AllowCheckpoint`). A `spaced` too old to know
+    /// the request is dumpable already; one that fails makes the dump fail, which loses
+    /// nothing.
+    async fn allow_checkpoint(&self, sandbox: &SandboxId) {
+        let allowed = match self.agent(sandbox).await {
+            Ok(agent) => agent.allow_checkpoint().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = allowed {
+            tracing::warn!(%sandbox, error = %e, "cannot ask pid 1 to allow the checkpoint");
+        }
+    }
+
+    /// Connects to the sandbox's agent again (best effort: the next call would anyway).
+    pub async fn reconnect(&self, sandbox: &SandboxId) {
+        if let Err(e) = self.agent(sandbox).await {
+            tracing::warn!(%sandbox, error = %e, "cannot connect to the agent again");
+        }
     }
 
     /// Whether a snapshot holds processes (was taken as a full snapshot).

@@ -254,6 +254,11 @@ impl AgentClient {
         }
     }
 
+    /// Lets pid 1 be checkpointed until the next connection (see [`Request::AllowCheckpoint`]).
+    pub async fn allow_checkpoint(&self) -> Result<(), AgentError> {
+        self.call_ok(&Request::AllowCheckpoint).await
+    }
+
     /// Forgets every exited process; running ones stay.
     pub async fn forget_exited(&self) -> Result<(), AgentError> {
         self.call_ok(&Request::ForgetExited).await

@@ -54,6 +54,11 @@ pub enum Request {
     /// Forgets every exited process (the list, output and exit status kept for `Attach`).
     /// Used after warming up a pod, so its first user sees no process they did not start.
     ForgetExited,
+    /// The node is about to take a full snapshot: pid 1 lets itself be dumped (CRIU reads it
+    /// like a tracer would) until the node's next connection, which makes it non-dumpable
+    /// again. Outside that window sandbox processes cannot ptrace pid 1 or take its
+    /// descriptors.
+    AllowCheckpoint,
     Stat {
         path: String,
     },

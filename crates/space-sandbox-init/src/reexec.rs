@@ -5,12 +5,13 @@
 //! the dumped namespace. So once the sandbox is built and confined, pid 1 bind-mounts its own
 //! binary read-only at [`SELF_EXE`] and executes that with the same arguments.
 //!
-//! The new image stays dumpable (exec resets the flag): CRIU checks a tree's namespaces from a
-//! process inside the sandbox's user namespace, which cannot open the namespace files of a
-//! non-dumpable pid 1 whose memory belongs to the host's user namespace, and a pid 1 CRIU
-//! restored always has such memory (CRIU builds it in a process it forked). The cost: sandbox
-//! root, which has pid 1's uid and capabilities, can ptrace pid 1, i.e. act as the agent with
-//! the privileges it already has; other sandbox users still cannot.
+//! The new image is dumpable (exec resets the flag) until spaced clears it at the node's first
+//! connection; it is dumpable again only while the node takes a full snapshot
+//! (`Request::AllowCheckpoint`): CRIU checks a tree's namespaces from a process inside the
+//! sandbox's user namespace, which cannot open the namespace files of a non-dumpable pid 1
+//! whose memory belongs to the host's user namespace, and a pid 1 CRIU restored always has such
+//! memory (CRIU builds it in a process it forked). Sandbox root has pid 1's uid, so outside
+//! that window only the flag keeps it from ptracing pid 1.
 //!
 //! The new image enters [`crate::run_init`] again and recognises itself by being pid 1
 //! ([`resume`]): fd 3 is still the sync channel, fd 4 the listener, and fd [`WARNINGS_FD`] a

@@ -104,7 +104,13 @@ async fn accept_loop(listener: UnixListener, agent: Arc<Agent>) {
 async fn connection(mut conn: UnixStream, agent: Arc<Agent>) {
     let name = crate::agent_name();
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, space_proto::handshake(&mut conn, &name)).await {
-        Ok(Ok(hello)) => tracing::info!(peer = %hello.agent, "node connected"),
+        Ok(Ok(hello)) => {
+            tracing::info!(peer = %hello.agent, "node connected");
+            // A checkpoint, if one was allowed, is over once the node connects again.
+            if let Err(e) = set_dumpable(false) {
+                tracing::warn!(error = %e, "cannot make pid 1 non-dumpable");
+            }
+        }
         Ok(Err(e)) => return tracing::warn!(error = %e, "handshake failed"),
         Err(_) => return tracing::warn!("handshake timed out"),
     }
@@ -112,6 +118,14 @@ async fn connection(mut conn: UnixStream, agent: Arc<Agent>) {
     if let Err(e) = served {
         tracing::info!(error = %e, "connection ended");
     }
+}
+
+/// Whether sandbox processes may ptrace pid 1, read its memory and take its descriptors (with
+/// `pidfd_getfd`): only while CRIU checkpoints it. Sandbox root has pid 1's uid, so only the
+/// dumpable flag stands between them; it is cleared at every node connection, and `exec`
+/// gives every process pid 1 starts a flag of its own again.
+fn set_dumpable(dumpable: bool) -> nix::Result<()> {
+    nix::sys::prctl::set_dumpable(dumpable)
 }
 
 /// One stream: the first frame is the request.
@@ -141,6 +155,10 @@ async fn dispatch(stream: FramedStream, agent: Arc<Agent>, request: Request) {
             agent.table.forget_exited();
             Reply::Ok
         }
+        Request::AllowCheckpoint => match set_dumpable(true) {
+            Ok(()) => Reply::Ok,
+            Err(e) => Reply::error(space_proto::ErrorKind::Other, format!("PR_SET_DUMPABLE: {e}")),
+        },
         Request::Stat { path } => files::stat(path).await,
         Request::ListDir { path } => files::list_dir(path).await,
         Request::MakeDir { path } => files::make_dir(path).await,

@@ -90,6 +90,8 @@ async fn set_frozen(state: &AppState, caller: &Caller, id: &str, frozen: bool) -
         state.node.pause_sandbox(&sandbox).await?;
     } else {
         state.node.resume_sandbox(&sandbox)?;
+        // A full snapshot of the paused session left pid 1 dumpable; connecting ends that.
+        state.node.reconnect(&sandbox).await;
     }
     if !state.store.transition(&session.id, &[from], to, None).await? {
         if frozen {
