@@ -109,7 +109,7 @@ fn the_data_dir_is_readable_by_root_only_and_loose_modes_are_fixed_at_start() {
     let mut server = Server::start();
     let data = server.data_dir.clone();
     let expected = [("", 0o711), ("space.db", 0o600), ("admin.key", 0o600), ("keys", 0o700), ("images", 0o700)];
-    let expected = expected.into_iter().chain([("pool/snapshots", 0o700)]);
+    let expected = expected.into_iter().chain([("pool/snapshots", 0o711), ("pool/trash", 0o700)]);
     for (name, mode) in expected.clone().chain([("keys/master.key", 0o600)]) {
         assert_eq!(mode_of(&data.join(name)), mode, "{name}: {:o}", mode_of(&data.join(name)));
     }

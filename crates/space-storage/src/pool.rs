@@ -22,10 +22,11 @@ use space_api::IdMap;
 /// Default size of a new pool image (sparse: it only uses what is written).
 pub const DEFAULT_IMAGE_SIZE: u64 = 64 << 30;
 /// The pool's directories and their modes. Sandbox roots live below `sandboxes` and `pods`,
-/// which the sandboxes' mapped root uids must traverse (`0711`: nothing listable); snapshots
-/// and the trash are reached by root alone.
+/// which the sandboxes' mapped root uids must traverse (`0711`: nothing listable), and so must
+/// `snapshots`: CRIU binds a full snapshot's `spaced` from inside the restored sandbox's user
+/// namespace. The trash is reached by root alone.
 const LAYOUT: [(&str, u32); 5] =
-    [("templates", DIR_MODE), ("sandboxes", DIR_MODE), ("snapshots", 0o700), ("pods", DIR_MODE), ("trash", 0o700)];
+    [("templates", DIR_MODE), ("sandboxes", DIR_MODE), ("snapshots", DIR_MODE), ("pods", DIR_MODE), ("trash", 0o700)];
 const DIR_MODE: u32 = 0o711;
 
 /// How to open a pool.
