@@ -76,10 +76,20 @@ pub struct ServeArgs {
     /// Gateway: also trust this PEM file's certificates for upstream TLS.
     #[arg(long = "gateway-extra-root", value_name = "PEM")]
     gateway_extra_root: Vec<PathBuf>,
-    /// Gateway: let upstream addresses be private, loopback or link-local (off: such
-    /// addresses are refused, which stops DNS rebinding). For tests and trusted networks.
+    /// Gateway: let upstream addresses be private, loopback, link-local or the node's own
+    /// (off: such addresses are refused, which stops DNS rebinding and sandboxes reaching the
+    /// node's own services). For tests and trusted networks.
     #[arg(long)]
     gateway_allow_private: bool,
+    /// Gateway: resolve upstream names with this name server (an address, port 53 unless
+    /// given; IPv6 in brackets before a port) instead of the host's resolver configuration;
+    /// /etc/hosts and search domains are then not used. Repeatable.
+    #[arg(long = "gateway-dns", value_name = "ADDR[:PORT]", value_parser = parse_gateway_dns)]
+    gateway_dns: Vec<SocketAddr>,
+}
+
+fn parse_gateway_dns(value: &str) -> Result<SocketAddr, String> {
+    space_node::parse_dns_server(value).map_err(|e| e.to_string())
 }
 
 /// A retention period, or none (`off`).
@@ -98,7 +108,11 @@ fn parse_retention(value: &str) -> Result<Retention, String> {
 
 /// The gateway's operator settings from the flags.
 fn gateway_config(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
-    let mut config = GatewayConfig { allow_private_upstreams: args.gateway_allow_private, ..Default::default() };
+    let mut config = GatewayConfig {
+        allow_private_upstreams: args.gateway_allow_private,
+        dns_servers: args.gateway_dns.clone(),
+        ..Default::default()
+    };
     for entry in &args.gateway_resolve {
         let (name, addr) = entry.split_once('=').with_context(|| {
             format!("--gateway-resolve {entry:?} must look like NAME=ADDR, e.g. api.test=127.0.0.1")

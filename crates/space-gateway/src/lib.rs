@@ -51,9 +51,12 @@ pub struct GatewayConfig {
     pub resolve_ip: HashMap<String, IpAddr>,
     /// Upstream trust roots in addition to the built-in (Mozilla) ones, DER-encoded.
     pub extra_roots: Vec<Vec<u8>>,
-    /// Lets upstream addresses be private, loopback or link-local. Off by default (DNS
-    /// rebinding protection); tests turn it on.
+    /// Lets upstream addresses be private, loopback, link-local or the node's own. Off by
+    /// default (DNS rebinding, and a pivot to the node's own services); tests turn it on.
     pub allow_private_upstreams: bool,
+    /// Name servers for upstream names (`--gateway-dns`), asked instead of the host's
+    /// resolver configuration when not empty.
+    pub dns_servers: Vec<std::net::SocketAddr>,
 }
 
 /// A session's certificate authority: signs the certificates the gateway shows for the
@@ -142,9 +145,10 @@ mod netns;
 // Data path (explicit proxy, transparent interception, TLS, upstream connections).
 mod proxy;
 
+pub use proxy::parse_dns_server;
+
 /// State shared by every sandbox's listeners.
 struct Shared {
-    config: GatewayConfig,
     audit: AuditSink,
     sessions: RwLock<HashMap<SessionId, Arc<SessionEgress>>>,
     /// The data path's caches and upstream TLS settings.
@@ -161,16 +165,16 @@ pub(crate) struct SandboxContext {
 }
 
 impl SandboxContext {
+    fn new(sandbox: SandboxId, session: Option<SessionId>, shared: Arc<Shared>) -> SandboxContext {
+        SandboxContext { sandbox, session: RwLock::new(session), shared, audit_budget: Default::default() }
+    }
+
     /// The session and its egress as of now: each new connection (and each intercepted
     /// request) asks again, so policy changes and rotations apply at once.
     pub(crate) fn current(&self) -> Option<(SessionId, Arc<SessionEgress>)> {
         let session = self.session.read().ok()?.clone()?;
         let egress = self.shared.sessions.read().ok()?.get(&session)?.clone();
         Some((session, egress))
-    }
-
-    pub(crate) fn config(&self) -> &GatewayConfig {
-        &self.shared.config
     }
 
     /// Records a decision, unless the sandbox makes them faster than the audit budget allows
@@ -206,17 +210,21 @@ impl SandboxContext {
         session: Option<(SessionId, SessionEgress)>,
     ) -> Result<Arc<SandboxContext>, GatewayError> {
         let state = proxy::State::new(&config)?;
-        let shared = Arc::new(Shared { config, audit, sessions: RwLock::new(HashMap::new()), state });
-        let context = SandboxContext {
-            sandbox: SandboxId::generate(),
-            session: RwLock::new(None),
-            shared,
-            audit_budget: Default::default(),
-        };
+        Ok(SandboxContext::for_test_with_state(state, audit, session))
+    }
+
+    /// The same with the data path's `state` given (e.g. with a fixed set of node addresses).
+    pub(crate) fn for_test_with_state(
+        state: proxy::State,
+        audit: AuditSink,
+        session: Option<(SessionId, SessionEgress)>,
+    ) -> Arc<SandboxContext> {
+        let shared = Arc::new(Shared { audit, sessions: RwLock::new(HashMap::new()), state });
+        let context = SandboxContext::new(SandboxId::generate(), None, shared);
         if let Some((id, egress)) = session {
             context.set_test_session(&id, egress);
         }
-        Ok(Arc::new(context))
+        Arc::new(context)
     }
 
     /// Serves `session` from now on, with `egress`.
@@ -254,7 +262,7 @@ impl Gateway {
     /// Fails on a configuration the data path cannot use (e.g. extra roots that do not parse).
     pub fn new(config: GatewayConfig, audit: AuditSink) -> Result<Arc<Gateway>, GatewayError> {
         let state = proxy::State::new(&config)?;
-        let shared = Arc::new(Shared { config, audit, sessions: RwLock::new(HashMap::new()), state });
+        let shared = Arc::new(Shared { audit, sessions: RwLock::new(HashMap::new()), state });
         Ok(Arc::new(Gateway { shared, sandboxes: Mutex::new(HashMap::new()) }))
     }
 
@@ -266,12 +274,7 @@ impl Gateway {
             .await
             .map_err(|e| GatewayError::Netns(format!("setup task: {e}")))??;
         let session = self.sandboxes.lock().ok().and_then(|s| s.get(sandbox).and_then(|a| session_of(&a.context)));
-        let context = Arc::new(SandboxContext {
-            sandbox: sandbox.clone(),
-            session: RwLock::new(session),
-            shared: self.shared.clone(),
-            audit_budget: Default::default(),
-        });
+        let context = Arc::new(SandboxContext::new(sandbox.clone(), session, self.shared.clone()));
         let tasks = serve(sockets, &context)?;
         if let Ok(mut sandboxes) = self.sandboxes.lock() {
             sandboxes.insert(sandbox.clone(), Attachment { context, tasks });

@@ -165,7 +165,7 @@ impl IdlePool {
 async fn open(context: &SandboxContext, target: &Target) -> Result<SendRequest<ReqBody>, UpstreamError> {
     let addrs = match &target.addrs {
         Some(addrs) => addrs.clone(),
-        None => upstream::resolve(context.config(), &target.dest, target.port).await?,
+        None => context.state().resolver.resolve(&target.dest, target.port).await?,
     };
     let tcp = upstream::connect(&addrs).await?;
     let failed = |e: hyper::Error| UpstreamError::Failed(format!("upstream HTTP: {e}"));

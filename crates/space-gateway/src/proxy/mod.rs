@@ -25,7 +25,9 @@ mod explicit;
 mod forward;
 mod io;
 mod mitm;
+mod node_addrs;
 mod policy;
+mod resolve;
 mod transparent;
 mod tunnel;
 mod upgrade;
@@ -36,6 +38,7 @@ mod tests;
 
 pub(crate) use audit::event as audit_event;
 pub(crate) use explicit::serve_explicit;
+pub use resolve::parse_dns_server;
 pub(crate) use transparent::{serve_transparent_http, serve_transparent_https};
 
 /// Bodies of the responses the gateway gives the sandbox.
@@ -44,9 +47,10 @@ pub(crate) type RespBody = UnsyncBoxBody<Bytes, hyper::Error>;
 /// How long an idle client connection may take to send request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// What every sandbox's data path shares: the upstream TLS configuration, the intercepted
-/// hosts' certificates and the credentials' rate limits.
+/// What every sandbox's data path shares: how upstreams are found and checked, the upstream
+/// TLS configuration, the intercepted hosts' certificates and the credentials' rate limits.
 pub(crate) struct State {
+    pub(crate) resolver: resolve::Resolver,
     pub(crate) client_tls: Arc<rustls::ClientConfig>,
     pub(crate) leaves: ca::LeafCache,
     pub(crate) limits: mitm::RateLimits,
@@ -57,11 +61,22 @@ impl State {
     pub(crate) fn new(config: &GatewayConfig) -> Result<State, GatewayError> {
         let provider = upstream::provider();
         Ok(State {
+            resolver: resolve::Resolver::new(config),
             client_tls: upstream::client_config(config, provider.clone())?,
             leaves: ca::LeafCache::new(provider),
             limits: mitm::RateLimits::default(),
             idle: forward::IdlePool::default(),
         })
+    }
+
+    /// The same, with `node` standing for the node's own addresses.
+    #[cfg(test)]
+    pub(crate) fn with_node_addrs(
+        config: &GatewayConfig,
+        node: impl IntoIterator<Item = std::net::IpAddr>,
+    ) -> Result<State, GatewayError> {
+        let fixed = node_addrs::NodeAddrs::fixed(node);
+        Ok(State { resolver: resolve::Resolver::with_node_addrs(config, fixed), ..State::new(config)? })
     }
 }
 

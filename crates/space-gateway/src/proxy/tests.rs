@@ -554,6 +554,34 @@ async fn private_upstreams_are_refused_unless_allowed() {
 }
 
 #[tokio::test]
+async fn a_name_pointing_at_the_node_itself_is_refused() {
+    // 203.0.113.7 stands for the node's public address.
+    let own: std::net::IpAddr = "203.0.113.7".parse().unwrap();
+    let mut config = GatewayConfig::default();
+    config.resolve_ip.insert("node.example.com".into(), own);
+    let state = super::State::with_node_addrs(&config, [own]).unwrap();
+    let session = SessionId::generate();
+    let ca = SessionCa::generate(&session).unwrap();
+    let mut egress = egress(&ca, vec![]);
+    egress.policy.allow.push("*.example.com".into());
+    let (tx, mut audit) = tokio::sync::mpsc::unbounded_channel();
+    let context = SandboxContext::for_test_with_state(state, tx, Some((session, egress)));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = listener.local_addr().unwrap();
+    tokio::spawn(super::serve_explicit(listener, context));
+    // Only the CONNECT is sent: had it been allowed, the gateway would wait for the
+    // tunnel's first bytes before connecting anywhere, and get none.
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    let (status, body) =
+        exchange(&mut stream, "CONNECT node.example.com:443 HTTP/1.1\r\nHost: node.example.com:443\r\n\r\n").await;
+    assert_eq!(status, 403, "{body}");
+    let event = audit.recv().await.unwrap();
+    assert_eq!(event.decision, AuditDecision::Denied);
+    assert_eq!(event.host, "node.example.com");
+    assert_eq!(event.reason.as_deref(), Some("upstream address 203.0.113.7 is one of this node's own addresses"));
+}
+
+#[tokio::test]
 async fn transparent_tls_to_an_address_is_tunnelled_not_intercepted() {
     // The sandbox dials 127.0.0.1 itself, which a CIDR allows, with the SNI of a granted
     // host. The gateway did not choose that address, so it does not intercept (and inject):
