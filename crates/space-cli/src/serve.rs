@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use space_api::SnapshotPolicy;
 use space_control::ServerConfig;
-use space_node::{GatewayConfig, Limits, NodeConfig, WarmSettings};
+use space_node::{GatewayConfig, Limits, NodeConfig, SandboxLimits, WarmSettings};
 use space_storage::{DEFAULT_IMAGE_SIZE, DEFAULT_TEMPLATE_CACHE_DIR, IdMap};
 use tracing_subscriber::EnvFilter;
 
@@ -86,6 +86,19 @@ pub struct ServeArgs {
     /// /etc/hosts and search domains are then not used. Repeatable.
     #[arg(long = "gateway-dns", value_name = "ADDR[:PORT]", value_parser = parse_gateway_dns)]
     gateway_dns: Vec<SocketAddr>,
+    /// Gateway: connections one sandbox may have open at once through the proxy and the
+    /// transparent ports 80 and 443 together; beyond it new ones are refused (503, or reset on
+    /// 443) and audited.
+    #[arg(long, value_name = "N", default_value_t = SandboxLimits::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
+    gateway_max_connections: usize,
+}
+
+fn parse_max_connections(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("a sandbox needs at least 1 connection to reach anything".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn parse_gateway_dns(value: &str) -> Result<SocketAddr, String> {
@@ -111,6 +124,7 @@ fn gateway_config(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
     let mut config = GatewayConfig {
         allow_private_upstreams: args.gateway_allow_private,
         dns_servers: args.gateway_dns.clone(),
+        limits: SandboxLimits { max_connections: args.gateway_max_connections },
         ..Default::default()
     };
     for entry in &args.gateway_resolve {

@@ -22,12 +22,12 @@ use super::forward::{Forwarder, Target, outgoing, relay};
 use super::policy::{Dest, check_dest, check_name, refusal};
 use super::tunnel::{Allowed, splice};
 use super::upstream::UpstreamError;
-use super::{RespBody, accept_loop, empty, http_server, text};
+use super::{Refusal, RespBody, accept_loop, empty, http_server, text};
 
 const NO_SESSION: &str = "space gateway: no session is bound to this sandbox\n";
 
 pub(crate) async fn serve_explicit(listener: TcpListener, context: Arc<SandboxContext>) {
-    accept_loop(listener, context, |stream, context| async move {
+    accept_loop(listener, context, Refusal::Http, |stream, context| async move {
         let forwarder = Arc::new(Forwarder::new(context.clone()));
         let service = hyper::service::service_fn(move |request| {
             let (context, forwarder) = (context.clone(), forwarder.clone());
