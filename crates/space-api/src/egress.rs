@@ -313,7 +313,8 @@ pub struct AuditEvent {
     pub decision: AuditDecision,
     /// Why it was denied (or what was notable).
     pub reason: Option<String>,
-    /// `dns`, `http`, `https`, `connect` or `tcp`.
+    /// `dns`, `http`, `https`, `connect` or `tcp`; the gateway's own notices are `audit`
+    /// (events left out over the budget) and `limit` (connections refused at the limit).
     pub protocol: String,
     /// The name (or address) asked for.
     pub host: String,

@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use space_api::SnapshotPolicy;
 use space_control::ServerConfig;
-use space_node::{GatewayConfig, Limits, NodeConfig, WarmSettings};
+use space_node::{GatewayConfig, Limits, NodeConfig, SandboxLimits, WarmSettings};
 use space_storage::{DEFAULT_IMAGE_SIZE, DEFAULT_TEMPLATE_CACHE_DIR, IdMap};
 use tracing_subscriber::EnvFilter;
 
@@ -76,10 +76,33 @@ pub struct ServeArgs {
     /// Gateway: also trust this PEM file's certificates for upstream TLS.
     #[arg(long = "gateway-extra-root", value_name = "PEM")]
     gateway_extra_root: Vec<PathBuf>,
-    /// Gateway: let upstream addresses be private, loopback or link-local (off: such
-    /// addresses are refused, which stops DNS rebinding). For tests and trusted networks.
+    /// Gateway: let upstream addresses be private, loopback, link-local or the node's own
+    /// (off: such addresses are refused, which stops DNS rebinding and sandboxes reaching the
+    /// node's own services). For tests and trusted networks.
     #[arg(long)]
     gateway_allow_private: bool,
+    /// Gateway: resolve upstream names with this name server (an address, port 53 unless
+    /// given; IPv6 in brackets before a port) instead of the host's resolver configuration;
+    /// /etc/hosts and search domains are then not used. Repeatable.
+    #[arg(long = "gateway-dns", value_name = "ADDR[:PORT]", value_parser = parse_gateway_dns)]
+    gateway_dns: Vec<SocketAddr>,
+    /// Gateway: connections one sandbox may have open at once through the proxy and the
+    /// transparent ports 80 and 443 together; beyond it new ones are refused (503, or reset on
+    /// 443) and audited.
+    #[arg(long, value_name = "N", default_value_t = SandboxLimits::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
+    gateway_max_connections: usize,
+}
+
+fn parse_max_connections(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("a sandbox needs at least 1 connection to reach anything".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn parse_gateway_dns(value: &str) -> Result<SocketAddr, String> {
+    space_node::parse_dns_server(value).map_err(|e| e.to_string())
 }
 
 /// A retention period, or none (`off`).
@@ -98,7 +121,12 @@ fn parse_retention(value: &str) -> Result<Retention, String> {
 
 /// The gateway's operator settings from the flags.
 fn gateway_config(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
-    let mut config = GatewayConfig { allow_private_upstreams: args.gateway_allow_private, ..Default::default() };
+    let mut config = GatewayConfig {
+        allow_private_upstreams: args.gateway_allow_private,
+        dns_servers: args.gateway_dns.clone(),
+        limits: SandboxLimits { max_connections: args.gateway_max_connections },
+        ..Default::default()
+    };
     for entry in &args.gateway_resolve {
         let (name, addr) = entry.split_once('=').with_context(|| {
             format!("--gateway-resolve {entry:?} must look like NAME=ADDR, e.g. api.test=127.0.0.1")

@@ -51,9 +51,14 @@ pub struct GatewayConfig {
     pub resolve_ip: HashMap<String, IpAddr>,
     /// Upstream trust roots in addition to the built-in (Mozilla) ones, DER-encoded.
     pub extra_roots: Vec<Vec<u8>>,
-    /// Lets upstream addresses be private, loopback or link-local. Off by default (DNS
-    /// rebinding protection); tests turn it on.
+    /// Lets upstream addresses be private, loopback, link-local or the node's own. Off by
+    /// default (DNS rebinding, and a pivot to the node's own services); tests turn it on.
     pub allow_private_upstreams: bool,
+    /// Name servers for upstream names (`--gateway-dns`), asked instead of the host's
+    /// resolver configuration when not empty.
+    pub dns_servers: Vec<std::net::SocketAddr>,
+    /// What each sandbox may hold of the gateway at once.
+    pub limits: SandboxLimits,
 }
 
 /// A session's certificate authority: signs the certificates the gateway shows for the
@@ -138,13 +143,17 @@ pub fn sandbox_env() -> BTreeMap<String, String> {
 
 mod audit_budget;
 mod dns;
+mod limits;
 mod netns;
 // Data path (explicit proxy, transparent interception, TLS, upstream connections).
 mod proxy;
 
+pub use limits::SandboxLimits;
+pub use proxy::parse_dns_server;
+
 /// State shared by every sandbox's listeners.
 struct Shared {
-    config: GatewayConfig,
+    limits: SandboxLimits,
     audit: AuditSink,
     sessions: RwLock<HashMap<SessionId, Arc<SessionEgress>>>,
     /// The data path's caches and upstream TLS settings.
@@ -158,19 +167,23 @@ pub(crate) struct SandboxContext {
     session: RwLock<Option<SessionId>>,
     shared: Arc<Shared>,
     audit_budget: Mutex<audit_budget::AuditBudget>,
+    /// Kept across a re-attachment, like the session: connections accepted by the earlier
+    /// listeners still hold their slots.
+    connections: Arc<limits::ConnectionLimit>,
 }
 
 impl SandboxContext {
+    fn new(sandbox: SandboxId, session: Option<SessionId>, shared: Arc<Shared>) -> SandboxContext {
+        let connections = Arc::new(limits::ConnectionLimit::new(shared.limits.max_connections));
+        SandboxContext { sandbox, session: RwLock::new(session), shared, audit_budget: Default::default(), connections }
+    }
+
     /// The session and its egress as of now: each new connection (and each intercepted
     /// request) asks again, so policy changes and rotations apply at once.
     pub(crate) fn current(&self) -> Option<(SessionId, Arc<SessionEgress>)> {
         let session = self.session.read().ok()?.clone()?;
         let egress = self.shared.sessions.read().ok()?.get(&session)?.clone();
         Some((session, egress))
-    }
-
-    pub(crate) fn config(&self) -> &GatewayConfig {
-        &self.shared.config
     }
 
     /// Records a decision, unless the sandbox makes them faster than the audit budget allows
@@ -194,6 +207,34 @@ impl SandboxContext {
     pub(crate) fn state(&self) -> &proxy::State {
         &self.shared.state
     }
+
+    /// A slot for a new connection from the sandbox, or `None` when it holds as many as its
+    /// limit allows. Refusals are audited, at most once a second with how many there were.
+    pub(crate) fn admit(&self) -> Option<limits::Slot> {
+        let now = std::time::Instant::now();
+        let (slot, report) = match self.connections.admit() {
+            Some(slot) => (Some(slot), self.connections.unreported(now)),
+            None => (None, self.connections.refused(now)),
+        };
+        if let Some(refused) = report {
+            self.audit_refusals(refused);
+        }
+        slot
+    }
+
+    fn audit_refusals(&self, refused: u64) {
+        let max = self.connections.max();
+        let Some((session, _)) = self.current() else {
+            return tracing::info!(sandbox = %self.sandbox, "{refused} gateway connections refused at the limit of {max}");
+        };
+        let mut event = proxy::audit_event(&session, "limit", "", 0);
+        event.decision = space_api::egress::AuditDecision::Denied;
+        event.reason = Some(format!(
+            "{refused} new connection(s) refused: the sandbox already holds {max} connections through the gateway (its \
+             limit)"
+        ));
+        self.audit(event);
+    }
 }
 
 #[cfg(test)]
@@ -206,17 +247,35 @@ impl SandboxContext {
         session: Option<(SessionId, SessionEgress)>,
     ) -> Result<Arc<SandboxContext>, GatewayError> {
         let state = proxy::State::new(&config)?;
-        let shared = Arc::new(Shared { config, audit, sessions: RwLock::new(HashMap::new()), state });
-        let context = SandboxContext {
-            sandbox: SandboxId::generate(),
-            session: RwLock::new(None),
-            shared,
-            audit_budget: Default::default(),
-        };
+        Ok(SandboxContext::for_test_with_state(config.limits, state, audit, session))
+    }
+
+    /// The same with the data path's `state` given (e.g. with a fixed set of node addresses).
+    pub(crate) fn for_test_with_state(
+        limits: SandboxLimits,
+        state: proxy::State,
+        audit: AuditSink,
+        session: Option<(SessionId, SessionEgress)>,
+    ) -> Arc<SandboxContext> {
+        let shared = Arc::new(Shared { limits, audit, sessions: RwLock::new(HashMap::new()), state });
+        let context = SandboxContext::new(SandboxId::generate(), None, shared);
         if let Some((id, egress)) = session {
             context.set_test_session(&id, egress);
         }
-        Ok(Arc::new(context))
+        Arc::new(context)
+    }
+
+    /// Another sandbox attached to the same gateway (sharing its sessions, caches and
+    /// configuration), serving `session`.
+    pub(crate) fn sibling_for_test(&self, session: &SessionId, egress: SessionEgress) -> Arc<SandboxContext> {
+        let context = SandboxContext::new(SandboxId::generate(), None, self.shared.clone());
+        context.set_test_session(session, egress);
+        Arc::new(context)
+    }
+
+    /// Connections holding a slot now.
+    pub(crate) fn open_connections(&self) -> usize {
+        self.connections.open()
     }
 
     /// Serves `session` from now on, with `egress`.
@@ -254,7 +313,7 @@ impl Gateway {
     /// Fails on a configuration the data path cannot use (e.g. extra roots that do not parse).
     pub fn new(config: GatewayConfig, audit: AuditSink) -> Result<Arc<Gateway>, GatewayError> {
         let state = proxy::State::new(&config)?;
-        let shared = Arc::new(Shared { config, audit, sessions: RwLock::new(HashMap::new()), state });
+        let shared = Arc::new(Shared { limits: config.limits, audit, sessions: RwLock::new(HashMap::new()), state });
         Ok(Arc::new(Gateway { shared, sandboxes: Mutex::new(HashMap::new()) }))
     }
 
@@ -265,13 +324,13 @@ impl Gateway {
         let sockets = tokio::task::spawn_blocking(move || netns::open_sandbox_sockets(netns))
             .await
             .map_err(|e| GatewayError::Netns(format!("setup task: {e}")))??;
-        let session = self.sandboxes.lock().ok().and_then(|s| s.get(sandbox).and_then(|a| session_of(&a.context)));
-        let context = Arc::new(SandboxContext {
-            sandbox: sandbox.clone(),
-            session: RwLock::new(session),
-            shared: self.shared.clone(),
-            audit_budget: Default::default(),
-        });
+        let earlier = self.sandboxes.lock().ok().and_then(|s| s.get(sandbox).map(|a| a.context.clone()));
+        let mut context =
+            SandboxContext::new(sandbox.clone(), earlier.as_ref().and_then(|c| session_of(c)), self.shared.clone());
+        if let Some(earlier) = earlier {
+            context.connections = earlier.connections.clone();
+        }
+        let context = Arc::new(context);
         let tasks = serve(sockets, &context)?;
         if let Ok(mut sandboxes) = self.sandboxes.lock() {
             sandboxes.insert(sandbox.clone(), Attachment { context, tasks });

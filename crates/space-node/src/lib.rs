@@ -20,7 +20,7 @@ use space_runtime::{Runtime, SandboxHandle, SandboxSpec, SandboxStats};
 use space_runtime_linux::{LinuxOptions, LinuxRuntime};
 use space_storage::{IdMap, Pool, PoolOptions};
 
-pub use space_gateway::{Gateway, GatewayConfig, certificates_from_pem};
+pub use space_gateway::{Gateway, GatewayConfig, SandboxLimits, certificates_from_pem, parse_dns_server};
 pub use space_storage::{BUILTINS, TemplateInfo};
 pub use warm::{MAX_POOL_SIZE, WarmSettings};
 

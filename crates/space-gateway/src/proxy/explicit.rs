@@ -21,13 +21,13 @@ use super::client_hello::{Hello, read_client_hello};
 use super::forward::{Forwarder, Target, outgoing, relay};
 use super::policy::{Dest, check_dest, check_name, refusal};
 use super::tunnel::{Allowed, splice};
-use super::upstream::{self, UpstreamError};
-use super::{RespBody, accept_loop, empty, http_server, text};
+use super::upstream::UpstreamError;
+use super::{Refusal, RespBody, accept_loop, empty, http_server, text};
 
 const NO_SESSION: &str = "space gateway: no session is bound to this sandbox\n";
 
 pub(crate) async fn serve_explicit(listener: TcpListener, context: Arc<SandboxContext>) {
-    accept_loop(listener, context, |stream, context| async move {
+    accept_loop(listener, context, Refusal::Http, |stream, context| async move {
         let forwarder = Arc::new(Forwarder::new(context.clone()));
         let service = hyper::service::service_fn(move |request| {
             let (context, forwarder) = (context.clone(), forwarder.clone());
@@ -70,7 +70,7 @@ async fn connect(context: Arc<SandboxContext>, mut request: Request<Incoming>) -
         return text(StatusCode::FORBIDDEN, refusal(&session, &reason, &dest.text()));
     }
     // Resolved now, so that a refused address is a 403 rather than a closed tunnel.
-    let addrs = match upstream::resolve(context.config(), &dest, port).await {
+    let addrs = match context.state().resolver.resolve(&dest, port).await {
         Ok(addrs) => addrs,
         Err(UpstreamError::Refused(reason)) => {
             context.audit(audit::denied(event, &reason));

@@ -23,7 +23,7 @@ use super::audit::{Counted, Direction, Record};
 use super::policy::Dest;
 use super::upgrade;
 use super::upstream::{self, UpstreamError};
-use super::{RespBody, text};
+use super::{MAX_HTTP_BUFFER, RespBody, text};
 
 /// The body sent upstream: the client's, counted.
 pub(crate) type ReqBody = Counted<Incoming>;
@@ -95,6 +95,10 @@ impl Drop for Forwarder {
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Idle connections kept per sandbox and destination.
 const MAX_IDLE_PER_DESTINATION: usize = 8;
+/// Idle connections kept per sandbox over all destinations. An idle connection is held by no
+/// client connection, so the sandbox's connection limit does not count it: without this a
+/// sandbox could leave one behind for every name a wildcard allows.
+const MAX_IDLE_PER_SANDBOX: usize = 32;
 
 /// Idle upstream connections, per sandbox (never shared between sandboxes) and destination.
 #[derive(Default)]
@@ -148,6 +152,11 @@ impl IdlePool {
             senders.retain(|(since, sender)| now.duration_since(*since) < IDLE_TIMEOUT && !sender.is_closed());
             !senders.is_empty()
         });
+        let held: usize =
+            idle.iter().filter(|((owner, _), _)| owner == sandbox).map(|(_, senders)| senders.len()).sum();
+        if held >= MAX_IDLE_PER_SANDBOX {
+            return;
+        }
         let senders = idle.entry((sandbox.clone(), PoolKey::of(&target))).or_default();
         if senders.len() < MAX_IDLE_PER_DESTINATION {
             senders.push((now, sender));
@@ -165,19 +174,21 @@ impl IdlePool {
 async fn open(context: &SandboxContext, target: &Target) -> Result<SendRequest<ReqBody>, UpstreamError> {
     let addrs = match &target.addrs {
         Some(addrs) => addrs.clone(),
-        None => upstream::resolve(context.config(), &target.dest, target.port).await?,
+        None => context.state().resolver.resolve(&target.dest, target.port).await?,
     };
     let tcp = upstream::connect(&addrs).await?;
     let failed = |e: hyper::Error| UpstreamError::Failed(format!("upstream HTTP: {e}"));
+    let mut client = hyper::client::conn::http1::Builder::new();
+    client.max_buf_size(MAX_HTTP_BUFFER);
     match &target.tls_name {
         Some(name) => {
             let tls = upstream::connect_tls(context.state().client_tls.clone(), name, tcp).await?;
-            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.map_err(failed)?;
+            let (sender, conn) = client.handshake(TokioIo::new(tls)).await.map_err(failed)?;
             tokio::spawn(drive(conn.with_upgrades()));
             Ok(sender)
         }
         None => {
-            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.map_err(failed)?;
+            let (sender, conn) = client.handshake(TokioIo::new(tcp)).await.map_err(failed)?;
             tokio::spawn(drive(conn.with_upgrades()));
             Ok(sender)
         }
@@ -282,6 +293,45 @@ pub(crate) async fn relay(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A ready upstream connection to nobody in particular (an in-memory pipe, whose other
+    /// end goes into `ends` to keep it open).
+    async fn sender(ends: &mut Vec<tokio::io::DuplexStream>) -> SendRequest<ReqBody> {
+        let (ours, theirs) = tokio::io::duplex(1024);
+        ends.push(theirs);
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(ours)).await.unwrap();
+        tokio::spawn(conn);
+        sender.ready().await.unwrap();
+        sender
+    }
+
+    fn idle_count(pool: &IdlePool, sandbox: &SandboxId) -> usize {
+        let idle = pool.idle.lock().unwrap();
+        idle.iter().filter(|((owner, _), _)| owner == sandbox).map(|(_, senders)| senders.len()).sum()
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_keeps_a_bounded_number_of_idle_connections() {
+        let pool = IdlePool::default();
+        let (sandbox, other) = (SandboxId::generate(), SandboxId::generate());
+        let mut ends = Vec::new();
+        // One destination: 8 at most.
+        for _ in 0..12 {
+            let target = Target { dest: Dest::Name("a.test".into()), port: 80, tls_name: None, addrs: None };
+            pool.put(&sandbox, target, sender(&mut ends).await);
+        }
+        assert_eq!(idle_count(&pool, &sandbox), MAX_IDLE_PER_DESTINATION);
+        // Many destinations (every name under an allowed wildcard): 32 at most in all.
+        for i in 0..2 * MAX_IDLE_PER_SANDBOX {
+            let target = Target { dest: Dest::Name(format!("n{i}.test")), port: 80, tls_name: None, addrs: None };
+            pool.put(&sandbox, target, sender(&mut ends).await);
+        }
+        assert_eq!(idle_count(&pool, &sandbox), MAX_IDLE_PER_SANDBOX);
+        // Another sandbox has its own allowance.
+        let target = Target { dest: Dest::Name("a.test".into()), port: 80, tls_name: None, addrs: None };
+        pool.put(&other, target, sender(&mut ends).await);
+        assert_eq!(idle_count(&pool, &other), 1);
+    }
 
     #[test]
     fn hop_by_hop_headers_go() {

@@ -1,11 +1,67 @@
-//! Stream adapters: replaying peeked bytes, and counting what passes.
+//! Stream adapters: a client connection with its slot, replaying peeked bytes, and counting
+//! what passes.
 
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::limits::Slot;
+
+/// A client connection admitted under the sandbox's limit. The slot goes with the socket:
+/// hyper hands the socket to a CONNECT tunnel or a WebSocket splice after the connection's
+/// own task ends, and the slot stays taken until whoever holds it last drops it.
+pub(crate) struct Admitted {
+    stream: TcpStream,
+    _slot: Slot,
+}
+
+impl Admitted {
+    pub(crate) fn new(stream: TcpStream, slot: Slot) -> Admitted {
+        Admitted { stream, _slot: slot }
+    }
+
+    /// Where the sandbox connected to.
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.stream.local_addr()
+    }
+}
+
+impl AsyncRead for Admitted {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Admitted {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
 
 /// A stream that first yields `prefix` (bytes already read from `inner`), then `inner`.
 pub(crate) struct Prefixed<S> {

@@ -26,8 +26,8 @@ const PLACEHOLDER: &str = "space-placeholder-gh";
 
 /// A test CA and an HTTPS server for `api.test` and `other.test` that answers with what it
 /// received, and a plain HTTP server doing the same.
-struct Upstream {
-    ca_der: CertificateDer<'static>,
+pub(super) struct Upstream {
+    pub(super) ca_der: CertificateDer<'static>,
     https: SocketAddr,
     http: SocketAddr,
 }
@@ -118,7 +118,7 @@ async fn start_upstream() -> Upstream {
     Upstream { ca_der: ca_cert.der().clone(), https: https_addr, http: http_addr }
 }
 
-fn grant(secret: &str) -> Grant {
+pub(super) fn grant(secret: &str) -> Grant {
     Grant {
         credential: "gh".into(),
         hosts: vec!["api.test".into()],
@@ -131,23 +131,30 @@ fn grant(secret: &str) -> Grant {
     }
 }
 
-struct Setup {
-    proxy: SocketAddr,
-    context: Arc<SandboxContext>,
-    session: SessionId,
-    ca: SessionCa,
-    upstream: Upstream,
-    audit: UnboundedReceiver<AuditEvent>,
+pub(super) struct Setup {
+    pub(super) proxy: SocketAddr,
+    pub(super) context: Arc<SandboxContext>,
+    pub(super) session: SessionId,
+    pub(super) ca: SessionCa,
+    pub(super) upstream: Upstream,
+    pub(super) audit: UnboundedReceiver<AuditEvent>,
 }
 
 impl Setup {
     async fn new() -> Setup {
+        Setup::with(|_| {}).await
+    }
+
+    /// A sandbox serving a session with a grant for `api.test`, whose explicit proxy listens on
+    /// `proxy`, in a gateway configured for the test upstream and then by `change`.
+    pub(super) async fn with(change: impl FnOnce(&mut GatewayConfig)) -> Setup {
         let upstream = start_upstream().await;
         let mut config = GatewayConfig { allow_private_upstreams: true, ..Default::default() };
         config.resolve.insert("api.test".into(), upstream.https);
         config.resolve.insert("other.test".into(), upstream.https);
         config.resolve.insert("plain.test".into(), upstream.http);
         config.extra_roots.push(upstream.ca_der.to_vec());
+        change(&mut config);
         let session = SessionId::generate();
         let ca = SessionCa::generate(&session).unwrap();
         let (tx, audit) = tokio::sync::mpsc::unbounded_channel();
@@ -161,12 +168,12 @@ impl Setup {
     }
 
     /// The next audit event (waiting a little for it).
-    async fn event(&mut self) -> AuditEvent {
+    pub(super) async fn event(&mut self) -> AuditEvent {
         tokio::time::timeout(Duration::from_secs(10), self.audit.recv()).await.unwrap().unwrap()
     }
 
     /// `CONNECT authority`: the status and the stream after the response head.
-    async fn connect(&self, authority: &str) -> (u16, TcpStream) {
+    pub(super) async fn connect(&self, authority: &str) -> (u16, TcpStream) {
         let mut stream = TcpStream::connect(self.proxy).await.unwrap();
         let head = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n");
         stream.write_all(head.as_bytes()).await.unwrap();
@@ -184,7 +191,7 @@ impl Setup {
     }
 
     /// TLS over `stream` to `sni`, trusting `root`.
-    async fn tls(
+    pub(super) async fn tls(
         stream: TcpStream,
         sni: &str,
         root: CertificateDer<'static>,
@@ -217,7 +224,7 @@ impl Setup {
     }
 }
 
-fn egress(ca: &SessionCa, grants: Vec<Grant>) -> SessionEgress {
+pub(super) fn egress(ca: &SessionCa, grants: Vec<Grant>) -> SessionEgress {
     SessionEgress {
         policy: NetworkPolicy { allow: vec!["other.test".into(), "plain.test".into()], ..Default::default() },
         ca: ca.clone(),
@@ -225,9 +232,9 @@ fn egress(ca: &SessionCa, grants: Vec<Grant>) -> SessionEgress {
     }
 }
 
-type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+pub(super) type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
 
-async fn http_client<S>(io: S) -> Sender
+pub(super) async fn http_client<S>(io: S) -> Sender
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -236,7 +243,7 @@ where
     sender
 }
 
-async fn get(sender: &mut Sender, host: &str, path: &str, headers: &[(&str, &str)]) -> (StatusCode, String) {
+pub(super) async fn get(sender: &mut Sender, host: &str, path: &str, headers: &[(&str, &str)]) -> (StatusCode, String) {
     send(sender, "GET", host, path, headers).await
 }
 
@@ -551,6 +558,34 @@ async fn private_upstreams_are_refused_unless_allowed() {
     assert_eq!(&head, b"HTTP/1.1 403");
     let event = audit.recv().await.unwrap();
     assert_eq!(event.reason.as_deref(), Some("private upstream address 127.0.0.1"));
+}
+
+#[tokio::test]
+async fn a_name_pointing_at_the_node_itself_is_refused() {
+    // 203.0.113.7 stands for the node's public address.
+    let own: std::net::IpAddr = "203.0.113.7".parse().unwrap();
+    let mut config = GatewayConfig::default();
+    config.resolve_ip.insert("node.example.com".into(), own);
+    let state = super::State::with_node_addrs(&config, [own]).unwrap();
+    let session = SessionId::generate();
+    let ca = SessionCa::generate(&session).unwrap();
+    let mut egress = egress(&ca, vec![]);
+    egress.policy.allow.push("*.example.com".into());
+    let (tx, mut audit) = tokio::sync::mpsc::unbounded_channel();
+    let context = SandboxContext::for_test_with_state(config.limits, state, tx, Some((session, egress)));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = listener.local_addr().unwrap();
+    tokio::spawn(super::serve_explicit(listener, context));
+    // Only the CONNECT is sent: had it been allowed, the gateway would wait for the
+    // tunnel's first bytes before connecting anywhere, and get none.
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    let (status, body) =
+        exchange(&mut stream, "CONNECT node.example.com:443 HTTP/1.1\r\nHost: node.example.com:443\r\n\r\n").await;
+    assert_eq!(status, 403, "{body}");
+    let event = audit.recv().await.unwrap();
+    assert_eq!(event.decision, AuditDecision::Denied);
+    assert_eq!(event.host, "node.example.com");
+    assert_eq!(event.reason.as_deref(), Some("upstream address 203.0.113.7 is one of this node's own addresses"));
 }
 
 #[tokio::test]

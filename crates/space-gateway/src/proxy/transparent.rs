@@ -11,7 +11,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use space_api::egress::normalize_host;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 use crate::{GATEWAY_ADDR, SandboxContext, SessionEgress};
 
@@ -19,9 +19,10 @@ use super::ambiguity;
 use super::audit::{self, Record};
 use super::client_hello::{Hello, read_client_hello};
 use super::forward::{Forwarder, Target, outgoing, relay};
+use super::io::Admitted;
 use super::policy::{Dest, check_dest, check_ip, check_name, check_port, refusal, split_authority};
 use super::tunnel::Allowed;
-use super::{RespBody, accept_loop, http_server, text};
+use super::{Refusal, RespBody, accept_loop, http_server, text};
 
 /// Where the sandbox connected, when that is the gateway's own address.
 fn is_gateway(addr: IpAddr) -> bool {
@@ -40,7 +41,7 @@ fn canonical(addr: IpAddr) -> IpAddr {
 }
 
 pub(crate) async fn serve_transparent_http(listener: TcpListener, context: Arc<SandboxContext>) {
-    accept_loop(listener, context, |stream, context| async move {
+    accept_loop(listener, context, Refusal::Http, |stream, context| async move {
         let Ok(local) = stream.local_addr() else { return };
         let forwarder = Arc::new(Forwarder::new(context.clone()));
         let service = hyper::service::service_fn(move |request| {
@@ -111,11 +112,11 @@ fn decide_tls(egress: &SessionEgress, ip: IpAddr, port: u16, sni: Option<&str>) 
 }
 
 pub(crate) async fn serve_transparent_https(listener: TcpListener, context: Arc<SandboxContext>) {
-    accept_loop(listener, context, tls).await
+    accept_loop(listener, context, Refusal::Reset, tls).await
 }
 
 /// One TLS connection to port 443 (or whichever port the listener has).
-async fn tls(mut stream: TcpStream, context: Arc<SandboxContext>) {
+async fn tls(mut stream: Admitted, context: Arc<SandboxContext>) {
     let Ok(local) = stream.local_addr() else { return };
     let (ip, port) = (canonical(local.ip()), local.port());
     let mut hello = Vec::new();
@@ -156,6 +157,7 @@ async fn tls(mut stream: TcpStream, context: Arc<SandboxContext>) {
 mod tests {
     use super::*;
     use space_api::egress::NetworkPolicy;
+    use tokio::net::TcpStream;
 
     fn egress() -> SessionEgress {
         SessionEgress {

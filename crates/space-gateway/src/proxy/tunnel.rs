@@ -72,7 +72,7 @@ impl Allowed<'_> {
         }
         let resolved = match self.addrs.clone() {
             Some(addrs) => Ok(addrs),
-            None => upstream::resolve(self.context.config(), &self.dest, self.port).await,
+            None => self.context.state().resolver.resolve(&self.dest, self.port).await,
         };
         let addrs = match resolved {
             Ok(addrs) => addrs,

@@ -1,20 +1,16 @@
-//! Reaching upstreams: resolution (operator overrides first), refusing private addresses
-//! (DNS rebinding), connecting, and the upstream TLS configuration.
+//! Reaching upstreams: which addresses are private, connecting, and the upstream TLS
+//! configuration (resolution and the address checks are in `resolve.rs`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
-use space_api::egress::normalize_host;
 use tokio::net::TcpStream;
 
 use crate::{GatewayConfig, GatewayError};
 
-use super::policy::Dest;
-
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why an upstream could not be used.
 #[derive(Debug)]
@@ -74,53 +70,6 @@ fn is_private_v4(ip: Ipv4Addr) -> bool {
         || a >= 240 // reserved
         || (a == 192 && b == 0 && ip.octets()[2] == 0) // IETF protocol assignments
         || (a == 198 && (b & 0xfe) == 18) // benchmarking 198.18/15
-}
-
-/// Refuses a private address unless the operator allows them.
-pub(crate) fn check_public(config: &GatewayConfig, ip: IpAddr) -> Result<(), UpstreamError> {
-    if !config.allow_private_upstreams && is_private(ip) {
-        return Err(UpstreamError::Refused(format!("private upstream address {ip}")));
-    }
-    Ok(())
-}
-
-/// The addresses to connect to for `dest:port`: operator overrides, else DNS; private ones
-/// are dropped (refused when nothing else remains).
-pub(crate) async fn resolve(config: &GatewayConfig, dest: &Dest, port: u16) -> Result<Vec<SocketAddr>, UpstreamError> {
-    let name = match dest {
-        Dest::Ip(ip) => {
-            check_public(config, *ip)?;
-            return Ok(vec![SocketAddr::new(*ip, port)]);
-        }
-        Dest::Name(name) => normalize_host(name),
-    };
-    let found: Vec<SocketAddr> = if let Some(addr) = config.resolve.get(&name) {
-        vec![*addr]
-    } else if let Some(ip) = config.resolve_ip.get(&name) {
-        vec![SocketAddr::new(*ip, port)]
-    } else {
-        match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((name.as_str(), port))).await {
-            Ok(Ok(addrs)) => addrs.collect(),
-            Ok(Err(e)) => return Err(UpstreamError::Failed(format!("cannot resolve {name}: {e}"))),
-            Err(_) => return Err(UpstreamError::Failed(format!("resolving {name} timed out"))),
-        }
-    };
-    let mut refused = None;
-    let usable: Vec<SocketAddr> = found
-        .into_iter()
-        .filter(|a| match check_public(config, a.ip()) {
-            Ok(()) => true,
-            Err(e) => {
-                refused.get_or_insert(e);
-                false
-            }
-        })
-        .collect();
-    match (usable.is_empty(), refused) {
-        (false, _) => Ok(usable),
-        (true, Some(refused)) => Err(refused),
-        (true, None) => Err(UpstreamError::Failed(format!("{name} has no address"))),
-    }
 }
 
 /// A TCP connection to the first of `addrs` that answers, with TCP_NODELAY.
@@ -223,32 +172,6 @@ mod tests {
         {
             assert!(!is_private(public.parse().unwrap()), "{public}");
         }
-    }
-
-    #[tokio::test]
-    async fn overrides_come_first_and_private_results_are_refused() {
-        let mut config = GatewayConfig::default();
-        config.resolve.insert("api.test".into(), "127.0.0.1:8443".parse().unwrap());
-        config.resolve_ip.insert("ip.test".into(), "127.0.0.2".parse().unwrap());
-        config.resolve_ip.insert("public.test".into(), "203.0.113.7".parse().unwrap());
-        let refused = resolve(&config, &Dest::Name("API.test.".into()), 443).await.unwrap_err();
-        assert_eq!(refused.to_string(), "private upstream address 127.0.0.1");
-        assert!(matches!(refused, UpstreamError::Refused(_)));
-        assert_eq!(
-            resolve(&config, &Dest::Name("public.test".into()), 443).await.unwrap(),
-            vec!["203.0.113.7:443".parse().unwrap()]
-        );
-        assert!(resolve(&config, &Dest::Ip("10.0.0.1".parse().unwrap()), 80).await.is_err());
-
-        config.allow_private_upstreams = true;
-        assert_eq!(
-            resolve(&config, &Dest::Name("api.test".into()), 443).await.unwrap(),
-            vec!["127.0.0.1:8443".parse().unwrap()]
-        );
-        assert_eq!(
-            resolve(&config, &Dest::Name("ip.test".into()), 80).await.unwrap(),
-            vec!["127.0.0.2:80".parse().unwrap()]
-        );
     }
 
     #[test]
