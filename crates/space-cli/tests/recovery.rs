@@ -151,3 +151,29 @@ fn servers_sharing_a_cgroup_parent_never_sweep_each_others_sandboxes() {
     drop(second);
     assert_eq!(first.exec(&kept, &["echo", "after the other left"])["stdout"], "after the other left\n");
 }
+
+/// Something on the node that cannot be removed (here an immutable file in an orphaned
+/// snapshot) is logged at start-up, and the server starts and serves anyway.
+#[test]
+fn a_leftover_that_cannot_be_removed_never_stops_the_server_from_starting() {
+    require_root!();
+    let mut server = Server::start_with(&["--pool", ""]);
+    server.kill9();
+    let orphan = server.data_dir.join("images/ses_aaaaaaaaaaaaaaaaaaaa/snap_aaaaaaaaaaaaaaaaaaaa");
+    std::fs::create_dir_all(&orphan).unwrap();
+    let stuck = orphan.join("stuck");
+    std::fs::write(&stuck, "x").unwrap();
+    let chattr = |flag: &str| std::process::Command::new("chattr").arg(flag).arg(&stuck).status().unwrap();
+    assert!(chattr("+i").success());
+    struct Mutable<F: Fn(&str) -> std::process::ExitStatus>(F);
+    impl<F: Fn(&str) -> std::process::ExitStatus> Drop for Mutable<F> {
+        fn drop(&mut self) {
+            (self.0)("-i");
+        }
+    }
+    let _mutable = Mutable(chattr);
+    server.spawn();
+    assert!(server.log_text().contains("cannot remove an orphaned snapshot"), "{}", server.log_text());
+    let id = server.create_session(json!({}));
+    assert_eq!(server.exec(&id, &["echo", "serving"])["stdout"], "serving\n");
+}

@@ -7,6 +7,11 @@
 //!
 //! Snapshots come first: one a crash interrupted is deleted, so a `suspending` session whose
 //! full snapshot is listed is known to be resumable.
+//!
+//! Recovery never stops the server from starting over something left on the node: a node
+//! resource that cannot be removed (a busy directory, an immutable file) is logged and left
+//! for the next start. Only the database's errors stop it, since nothing can be decided
+//! without it.
 
 use std::collections::HashSet;
 
@@ -33,10 +38,12 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
             Some(handle) => {
                 // A crash between freezing and recording the state leaves them disagreeing:
                 // the recorded state wins.
-                if record.session.state == SessionState::Paused {
-                    state.node.pause_sandbox(&handle.id).await?;
-                } else {
-                    state.node.resume_sandbox(&handle.id)?;
+                let frozen = match record.session.state {
+                    SessionState::Paused => state.node.pause_sandbox(&handle.id).await,
+                    _ => state.node.resume_sandbox(&handle.id),
+                };
+                if let Err(e) = frozen {
+                    tracing::warn!(session = %id, error = %e, "cannot bring the sandbox to its recorded state");
                 }
                 // The gateway's listeners died with the previous process.
                 if let Err(e) = state.node.reattach_gateway(&handle, id).await {
@@ -55,11 +62,18 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
     let mut removed = 0;
     for sandbox in &sandboxes {
         if !keep.contains(&sandbox.id) {
-            remove_sandbox(state, &sandbox.id).await?;
-            removed += 1;
+            match remove_sandbox(state, &sandbox.id).await {
+                Ok(()) => removed += 1,
+                Err(e) => {
+                    tracing::warn!(sandbox = %sandbox.id, error = %e.0.message, "cannot remove; next start tries again")
+                }
+            }
         }
     }
-    let orphans = state.node.sweep(&keep).await?;
+    let orphans = state.node.sweep(&keep).await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot sweep the node's orphans; next start tries again");
+        Vec::new()
+    });
     tracing::info!(requeued, removed, orphans = orphans.len(), kept = keep.len(), snapshots, "recovered");
     Ok(())
 }
@@ -96,8 +110,14 @@ async fn recover_snapshots(state: &AppState) -> AppResult<usize> {
             keep.insert(snapshot);
         } else {
             state.store.delete_snapshot_row(&snapshot).await?;
-            state.node.delete_snapshot(&session, &snapshot).await?;
+            // Without its row it is an orphan, which the sweep below (or the next) removes.
+            if let Err(e) = state.node.delete_snapshot(&session, &snapshot).await {
+                tracing::warn!(%snapshot, error = %e, "cannot delete an interrupted snapshot");
+            }
         }
     }
-    Ok(state.node.sweep_snapshots(&keep).await?)
+    Ok(state.node.sweep_snapshots(&keep).await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot remove orphaned snapshots; next start tries again");
+        0
+    }))
 }

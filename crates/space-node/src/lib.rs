@@ -256,17 +256,21 @@ impl Node {
         Ok(self.runtime.oom_kills(id)?)
     }
 
-    /// Destroys every sandbox on this node that is not in `keep`; returns their ids.
+    /// Destroys every sandbox on this node that is not in `keep`; returns the ids of those
+    /// removed. One that cannot be removed is logged and left for the next sweep.
     pub async fn sweep(&self, keep: &HashSet<SandboxId>) -> Result<Vec<SandboxId>> {
         let mut found: HashSet<SandboxId> = self.runtime.list()?.into_iter().collect();
         let pool = self.pool.clone();
         found.extend(blocking(move || Ok(pool.list_sandbox_roots()?)).await?);
-        let orphans: Vec<SandboxId> = found.into_iter().filter(|id| !keep.contains(id)).collect();
-        for id in &orphans {
+        let mut removed = Vec::new();
+        for id in found.into_iter().filter(|id| !keep.contains(id)) {
             tracing::info!(sandbox = %id, "removing orphaned sandbox");
-            self.destroy_sandbox(id).await?;
+            match self.destroy_sandbox(&id).await {
+                Ok(()) => removed.push(id),
+                Err(e) => tracing::warn!(sandbox = %id, error = %e, "cannot remove an orphaned sandbox"),
+            }
         }
-        Ok(orphans)
+        Ok(removed)
     }
 }
 

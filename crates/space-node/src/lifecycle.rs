@@ -79,8 +79,12 @@ impl Node {
         let mut removed = 0;
         for (session, snapshot) in found.into_iter().filter(|(_, s)| !keep.contains(s)) {
             tracing::info!(%session, %snapshot, "removing orphaned snapshot");
-            self.delete_snapshot(&session, &snapshot).await?;
-            removed += 1;
+            match self.delete_snapshot(&session, &snapshot).await {
+                Ok(()) => removed += 1,
+                Err(e) => {
+                    tracing::warn!(%snapshot, error = %e, "cannot remove an orphaned snapshot; left for the next start")
+                }
+            }
         }
         Ok(removed)
     }
