@@ -15,7 +15,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use space_api::ErrorCode;
+use space_api::{ErrorCode, TenantId};
 use space_keys::{DigestKey, KeyError, Sealer};
 use space_store::{IdempotencyBegin, Store, StoreError};
 
@@ -23,6 +23,8 @@ use crate::auth::Caller;
 use crate::error::AppError;
 
 pub const HEADER: &str = "idempotency-key";
+/// How long a key is remembered (records older are deleted at start-up), as Stripe does.
+pub const RETENTION_MS: i64 = 24 * 3600 * 1000;
 const MAX_KEY_LEN: usize = 255;
 const MAX_REQUEST_BODY: usize = 1 << 20;
 const MAX_RECORDED_RESPONSE: usize = 32 << 20;
@@ -122,6 +124,14 @@ pub async fn idempotency(State(state): State<Idempotency>, request: Request, nex
                 ),
             ));
         }
+        IdempotencyBegin::Interrupted => {
+            return Err(AppError::new(
+                ErrorCode::IdempotencyConflict,
+                "the request with this Idempotency-Key was interrupted by a server restart and may have taken \
+                 effect; it is not run again under this key: look (for example GET /v1/sessions) before sending \
+                 it again with a new Idempotency-Key",
+            ));
+        }
         IdempotencyBegin::InProgress => {
             return Err(AppError::new(
                 ErrorCode::IdempotencyConflict,
@@ -136,24 +146,40 @@ pub async fn idempotency(State(state): State<Idempotency>, request: Request, nex
         }
     }
 
-    let response = next.run(Request::from_parts(parts, Body::from(body))).await;
+    // On a task of its own: a client that goes away must not cancel the request half-way and
+    // leave its key in progress; the task runs it to the end and records the response.
+    let request = Request::from_parts(parts, Body::from(body));
+    tokio::spawn(async move { run_and_record(&state, &caller.tenant_id, &key, next, request).await })
+        .await
+        .map_err(|e| AppError::internal(format!("request task: {e}")))?
+}
+
+/// Runs the request and records its response under `key` (see the module docs for what is
+/// recorded).
+async fn run_and_record(
+    state: &Idempotency,
+    tenant: &TenantId,
+    key: &str,
+    next: Next,
+    request: Request,
+) -> Result<Response, AppError> {
+    let response = next.run(request).await;
     let (parts, body) = response.into_parts();
-    let tenant = &caller.tenant_id;
     if parts.status.is_server_error() {
         // Let the client retry a failure the server may not repeat.
-        state.store.idempotency_abandon(tenant, &key).await?;
+        state.store.idempotency_abandon(tenant, key).await?;
         return Ok(Response::from_parts(parts, body));
     }
     if parts.extensions.get::<CarriesSecret>().is_some() {
-        state.store.idempotency_withhold(tenant, &key, parts.status.as_u16()).await?;
+        state.store.idempotency_withhold(tenant, key, parts.status.as_u16()).await?;
         return Ok(Response::from_parts(parts, body));
     }
     let Ok(bytes) = to_bytes(body, MAX_RECORDED_RESPONSE).await else {
-        state.store.idempotency_abandon(tenant, &key).await?;
+        state.store.idempotency_abandon(tenant, key).await?;
         return Err(AppError::internal("response too large to record for Idempotency-Key"));
     };
     let text = String::from_utf8_lossy(&bytes);
-    state.store.idempotency_finish(tenant, &key, parts.status.as_u16(), &text).await?;
+    state.store.idempotency_finish(tenant, key, parts.status.as_u16(), &text).await?;
     Ok(Response::from_parts(parts, Body::from(bytes)))
 }
 
@@ -195,11 +221,32 @@ mod tests {
         (StatusCode::CREATED, axum::Extension(CarriesSecret), format!(r#"{{"key":"{API_KEY}"}}"#))
     }
 
+    /// How many times [`create_session`] ran.
+    static SESSIONS_CREATED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    /// Stands in for `POST /v1/sessions`: slow, and counts its effects.
+    async fn create_session() -> (StatusCode, &'static str) {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        SESSIONS_CREATED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        (StatusCode::CREATED, r#"{"id":"ses_1"}"#)
+    }
+
+    /// How many times [`fork_session`] ran.
+    static FORKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    /// Stands in for `POST /v1/sessions/{id}/fork`, counting its effects.
+    async fn fork_session() -> (StatusCode, &'static str) {
+        FORKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        (StatusCode::CREATED, r#"{"sessions":[]}"#)
+    }
+
     async fn router(state: Idempotency, tenant: TenantId) -> Router {
         let caller = Caller { tenant_id: tenant, tenant: "t".into(), admin: true };
         Router::new()
             .route("/v1/credentials", post(create_credential))
             .route("/v1/keys", post(create_key))
+            .route("/v1/sessions", post(create_session))
+            .route("/v1/sessions/ses_1/fork", post(fork_session))
             .layer(middleware::from_fn_with_state(state, idempotency))
             .layer(middleware::from_fn(move |mut request: Request<Body>, next: Next| {
                 request.extensions_mut().insert(caller.clone());
@@ -278,8 +325,46 @@ mod tests {
         assert!(!body.contains(API_KEY));
         assert!(body.contains("idempotency_conflict") && body.contains("cannot be replayed"), "{body}");
         // The record survives a restart's cleanup: the request is not run twice.
-        s.store.idempotency_clear_unfinished().await.unwrap();
+        s.store.idempotency_interrupt_unfinished().await.unwrap();
         assert_eq!(call(&app, "/v1/keys", "k2", r#"{"tenant":"a"}"#).await.0, StatusCode::CONFLICT);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_goes_away_neither_cancels_the_request_nor_leaves_its_key_in_progress() {
+        let s = server().await;
+        let app = router(Idempotency::load(s.store.clone(), &s.sealer).await.unwrap(), s.tenant.clone()).await;
+        let before = SESSIONS_CREATED.load(std::sync::atomic::Ordering::SeqCst);
+        let gone = tokio::time::timeout(std::time::Duration::from_millis(50), call(&app, "/v1/sessions", "d", "{}"));
+        assert!(gone.await.is_err(), "the client gave up before the response");
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        assert_eq!(
+            SESSIONS_CREATED.load(std::sync::atomic::Ordering::SeqCst),
+            before + 1,
+            "the request ran to the end"
+        );
+        let (status, replayed, body) = call(&app, "/v1/sessions", "d", "{}").await;
+        assert_eq!((status, replayed, body.as_str()), (StatusCode::CREATED, true, r#"{"id":"ses_1"}"#));
+    }
+
+    #[tokio::test]
+    async fn a_request_a_restart_interrupted_is_not_run_again_under_its_key() {
+        let s = server().await;
+        let app = router(Idempotency::load(s.store.clone(), &s.sealer).await.unwrap(), s.tenant.clone()).await;
+        // The server died while the first request ran (its session may exist).
+        let path = "/v1/sessions/ses_1/fork";
+        let fingerprint = app_fingerprint(&s, path, "{}").await;
+        assert_eq!(s.store.idempotency_begin(&s.tenant, "c", &fingerprint).await.unwrap(), IdempotencyBegin::New);
+        s.store.idempotency_interrupt_unfinished().await.unwrap();
+        let (status, _, body) = call(&app, path, "c", "{}").await;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert!(body.contains("interrupted by a server restart"), "{body}");
+        assert_eq!(FORKS.load(std::sync::atomic::Ordering::SeqCst), 0, "run again under the same key");
+    }
+
+    /// The fingerprint the middleware computes for a POST of `body` to `path`.
+    async fn app_fingerprint(s: &Server, path: &str, body: &str) -> String {
+        let state = Idempotency::load(s.store.clone(), &s.sealer).await.unwrap();
+        state.fingerprint(&Method::POST, path, body.as_bytes())
     }
 
     #[tokio::test]

@@ -23,7 +23,8 @@ use crate::reconciler::{alive_handle, remove_sandbox, watch_exit};
 
 pub async fn recover(state: &AppState) -> AppResult<()> {
     let requeued = state.store.requeue_running_operations().await?;
-    state.store.idempotency_clear_unfinished().await?;
+    state.store.idempotency_interrupt_unfinished().await?;
+    state.store.idempotency_expire(space_store::now_ms() - crate::idempotency::RETENTION_MS).await?;
     let mut keep: HashSet<SandboxId> = HashSet::new();
     let snapshots = recover_snapshots(state).await?;
     let suspending = state.store.sessions_in_states(&[SessionState::Suspending]).await?;

@@ -3,7 +3,9 @@
 //!
 //! A record is unfinished (`status` NULL), finished (`status` and `body`), or finished with
 //! its response withheld (`status` set, `body` NULL): the response carried a secret, which
-//! is never stored, so a retry learns only that the request already succeeded.
+//! is never stored, so a retry learns only that the request already succeeded. An unfinished
+//! record that a restart found is `interrupted`: its request may have taken effect, so it is
+//! never run again under that key. Records expire ([`Store::idempotency_expire`]).
 //!
 //! The fingerprint is computed by the caller; it must not let anyone who reads the database
 //! test guesses of the request (space-control keys it with [`Store::idempotency_key_sealed`]).
@@ -27,6 +29,8 @@ pub enum IdempotencyBegin {
     Withheld { status: u16 },
     /// The first request with this key is still running.
     InProgress,
+    /// The first request with this key was cut off by a server stop; it may have taken effect.
+    Interrupted,
     /// The key was used for a different request.
     Mismatch,
 }
@@ -47,11 +51,13 @@ impl Store {
         if inserted == 1 {
             return Ok(IdempotencyBegin::New);
         }
-        let row = sqlx::query("SELECT fingerprint, status, body FROM idempotency WHERE tenant_id = $1 AND key = $2")
-            .bind(tenant.as_str())
-            .bind(key)
-            .fetch_one(&self.pool)
-            .await?;
+        let row = sqlx::query(
+            "SELECT fingerprint, status, body, interrupted FROM idempotency WHERE tenant_id = $1 AND key = $2",
+        )
+        .bind(tenant.as_str())
+        .bind(key)
+        .fetch_one(&self.pool)
+        .await?;
         let stored: String = row.get(0);
         if stored != fingerprint {
             return Ok(IdempotencyBegin::Mismatch);
@@ -59,6 +65,7 @@ impl Store {
         match (row.get::<Option<i64>, _>(1), row.get::<Option<String>, _>(2)) {
             (Some(status), Some(body)) => Ok(IdempotencyBegin::Replay { status: status as u16, body }),
             (Some(status), None) => Ok(IdempotencyBegin::Withheld { status: status as u16 }),
+            _ if row.get::<i64, _>(3) != 0 => Ok(IdempotencyBegin::Interrupted),
             _ => Ok(IdempotencyBegin::InProgress),
         }
     }
@@ -96,9 +103,23 @@ impl Store {
         Ok(())
     }
 
-    /// After a restart no request is in flight: unfinished keys may be retried.
-    pub async fn idempotency_clear_unfinished(&self) -> Result<u64> {
-        Ok(sqlx::query("DELETE FROM idempotency WHERE status IS NULL").execute(&self.writer).await?.rows_affected())
+    /// After a restart no request is in flight: the unfinished keys were interrupted.
+    pub async fn idempotency_interrupt_unfinished(&self) -> Result<u64> {
+        let marked = sqlx::query("UPDATE idempotency SET interrupted = 1 WHERE status IS NULL")
+            .execute(&self.writer)
+            .await?
+            .rows_affected();
+        Ok(marked)
+    }
+
+    /// Forgets records created before `before_ms` (Unix ms): a key can be used again after.
+    pub async fn idempotency_expire(&self, before_ms: i64) -> Result<u64> {
+        let deleted = sqlx::query("DELETE FROM idempotency WHERE created_at < $1")
+            .bind(before_ms)
+            .execute(&self.writer)
+            .await?
+            .rows_affected();
+        Ok(deleted)
     }
 
     /// The sealed key of idempotency fingerprints: the stored one, or `candidate` if none is
@@ -132,6 +153,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::IdempotencyBegin;
+    use crate::now_ms;
     use crate::test_store;
 
     #[tokio::test]
@@ -149,6 +171,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_key_unfinished_at_a_restart_is_interrupted_not_forgotten_and_expires() {
+        let (store, _dir) = test_store().await;
+        let t = store.ensure_tenant("t").await.unwrap();
+        assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::New);
+        assert_eq!(store.idempotency_interrupt_unfinished().await.unwrap(), 1);
+        // Forgetting it would run the request again: a second session for one key.
+        assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::Interrupted);
+        assert_eq!(store.idempotency_begin(&t, "k", "other").await.unwrap(), IdempotencyBegin::Mismatch);
+        assert_eq!(store.idempotency_expire(now_ms() + 1).await.unwrap(), 1);
+        assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::New);
+    }
+
+    #[tokio::test]
     async fn withheld_responses_are_finished_but_not_kept() {
         let (store, _dir) = test_store().await;
         let t = store.ensure_tenant("t").await.unwrap();
@@ -156,7 +191,7 @@ mod tests {
         store.idempotency_withhold(&t, "k", 201).await.unwrap();
         assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::Withheld { status: 201 });
         // Finished: neither a restart nor an abandon makes it retryable.
-        store.idempotency_clear_unfinished().await.unwrap();
+        store.idempotency_interrupt_unfinished().await.unwrap();
         store.idempotency_abandon(&t, "k").await.unwrap();
         assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::Withheld { status: 201 });
     }
