@@ -53,14 +53,41 @@ fn tenants_never_see_each_other() {
     let (status, list) = server.call_as(&other, "GET", "/v1/sessions", None);
     assert_eq!(status, 200);
     assert_eq!(list["sessions"].as_array().unwrap().len(), 0);
+    let (status, snap) = server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(json!({})));
+    assert_eq!(status, 201, "{snap}");
+    let snap = snap["id"].as_str().unwrap().to_owned();
     for (method, path, body) in [
         ("GET", format!("/v1/sessions/{id}"), None),
+        ("PATCH", format!("/v1/sessions/{id}"), Some(json!({ "idle_timeout_secs": 60 }))),
         ("POST", format!("/v1/sessions/{id}/exec"), Some(json!({ "cmd": ["true"] }))),
         ("GET", format!("/v1/sessions/{id}/files/content?path=/etc/passwd"), None),
+        ("GET", format!("/v1/sessions/{id}/files/list?path=/"), None),
+        ("GET", format!("/v1/sessions/{id}/events"), None),
+        ("GET", format!("/v1/sessions/{id}/snapshots"), None),
+        ("POST", format!("/v1/sessions/{id}/snapshots"), Some(json!({}))),
+        ("DELETE", format!("/v1/sessions/{id}/snapshots/{snap}"), None),
+        ("POST", format!("/v1/sessions/{id}/restore"), Some(json!({ "snapshot": snap }))),
+        ("POST", format!("/v1/sessions/{id}/fork"), Some(json!({}))),
+        ("POST", format!("/v1/sessions/{id}/pause"), Some(json!({}))),
+        ("POST", format!("/v1/sessions/{id}/suspend"), Some(json!({}))),
+        ("GET", format!("/v1/sessions/{id}/network"), None),
+        ("PATCH", format!("/v1/sessions/{id}/network"), Some(json!({ "allow": ["example.com"] }))),
+        ("GET", format!("/v1/sessions/{id}/audit"), None),
+        ("GET", format!("/v1/sessions/{id}/processes"), None),
+        ("POST", format!("/v1/sessions/{id}/processes/1/signal"), Some(json!({ "signal": 15 }))),
+        ("POST", format!("/v1/sessions/{id}/grants"), Some(json!({ "credential": "gh" }))),
         ("DELETE", format!("/v1/sessions/{id}"), None),
     ] {
         let (status, body) = server.call_as(&other, method, &path, body);
         assert_eq!(status, 404, "{method} {path}: {body}");
+    }
+    // Nor can another tenant's snapshot be restored into, or forked from by, its own session.
+    let (status, own) = server.call_as(&other, "POST", "/v1/sessions", Some(json!({})));
+    assert_eq!(status, 201, "{own}");
+    let own = own["id"].as_str().unwrap();
+    for (path, body) in [("restore", json!({ "snapshot": snap })), ("fork", json!({ "from": snap }))] {
+        let (status, body) = server.call_as(&other, "POST", &format!("/v1/sessions/{own}/{path}"), Some(body));
+        assert_eq!(status, 404, "{path} from another tenant's snapshot: {body}");
     }
     let (status, _) = server.call_as(&other, "POST", "/v1/keys", Some(json!({ "tenant": "x" })));
     assert_eq!(status, 403);
