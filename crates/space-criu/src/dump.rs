@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::error::{Result, io_err};
+use crate::error::{CriuError, Result, io_err};
 use crate::{AGENT_DIR, Criu, SELF_EXE, flag, run};
 
 /// The image's names for the two host mounts a restore must provide again (see
@@ -14,6 +14,13 @@ pub(crate) const SPACED_KEY: &str = "space-spaced";
 
 /// The largest deleted-but-open file a dump copies (CRIU's default is 1 MiB).
 const GHOST_LIMIT: &str = "512M";
+
+/// What all of a dump's ghost files may add up to by default: CRIU bounds each file only, and
+/// a sandbox holding many deleted files open would otherwise fill the node's disk with them.
+pub const GHOST_TOTAL_LIMIT: u64 = 1 << 30;
+
+/// CRIU's name for the image of one ghost file (`ghost-file-<id>.img`).
+const GHOST_IMAGE_PREFIX: &str = "ghost-file-";
 
 /// The log file a dump writes in its images directory.
 pub const DUMP_LOG: &str = "dump.log";
@@ -37,6 +44,9 @@ pub struct DumpOptions {
     /// The cgroup v1 controllers the tree's cgroups are recorded for, one per hierarchy (the
     /// caller's own; the tree stays in CRIU's cgroups for the others). Empty: every hierarchy.
     pub cgroup_controllers: Vec<String>,
+    /// The most bytes the dump's ghost files (deleted-but-open files, copied whole) may take
+    /// together; a dump over it fails with [`CriuError::GhostsTooLarge`].
+    pub ghost_total_limit: u64,
 }
 
 impl DumpOptions {
@@ -48,6 +58,7 @@ impl DumpOptions {
             tcp_established: true,
             freeze_cgroup: None,
             cgroup_controllers: Vec::new(),
+            ghost_total_limit: GHOST_TOTAL_LIMIT,
         }
     }
 }
@@ -69,8 +80,11 @@ impl Criu {
         tokio::fs::create_dir_all(&opts.images_dir).await.map_err(io_err("create images dir", &opts.images_dir))?;
         let log = opts.images_dir.join(DUMP_LOG);
         let wall = run::criu(self, "dump", &dump_args(opts), &[], &log).await?;
-        let image_bytes = images_size(&opts.images_dir).await?;
-        Ok(DumpStats { wall, image_bytes })
+        let sizes = images_size(&opts.images_dir).await?;
+        if sizes.ghosts > opts.ghost_total_limit {
+            return Err(CriuError::GhostsTooLarge { bytes: sizes.ghosts, limit: opts.ghost_total_limit });
+        }
+        Ok(DumpStats { wall, image_bytes: sizes.total })
     }
 }
 
@@ -127,17 +141,29 @@ pub(crate) fn common_args(args: &mut Vec<OsString>, tcp_established: bool) {
     args.push("--manage-cgroups=soft".into());
 }
 
-async fn images_size(dir: &Path) -> Result<u64> {
-    let mut total = 0;
+/// The bytes of a dump's image files, and of its ghost files among them.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ImageSizes {
+    total: u64,
+    ghosts: u64,
+}
+
+async fn images_size(dir: &Path) -> Result<ImageSizes> {
+    let mut sizes = ImageSizes::default();
     let mut entries = tokio::fs::read_dir(dir).await.map_err(io_err("read images dir", dir))?;
     while let Some(entry) = entries.next_entry().await.map_err(io_err("read images dir", dir))? {
-        let is_log = entry.file_name().to_string_lossy().ends_with(".log");
+        let name = entry.file_name().to_string_lossy().into_owned();
         match entry.metadata().await {
-            Ok(meta) if meta.is_file() && !is_log => total += meta.len(),
+            Ok(meta) if meta.is_file() && !name.ends_with(".log") => {
+                sizes.total += meta.len();
+                if name.starts_with(GHOST_IMAGE_PREFIX) {
+                    sizes.ghosts += meta.len();
+                }
+            }
             _ => {}
         }
     }
-    Ok(total)
+    Ok(sizes)
 }
 
 #[cfg(test)]
@@ -146,6 +172,17 @@ mod tests {
 
     fn strings(args: &[OsString]) -> Vec<String> {
         args.iter().map(|a| a.to_string_lossy().into_owned()).collect()
+    }
+
+    #[tokio::test]
+    async fn ghost_files_are_added_up_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, len) in
+            [("pages-1.img", 4096), ("ghost-file-1.img", 100), ("ghost-file-2a.img", 50), ("dump.log", 9)]
+        {
+            std::fs::write(dir.path().join(name), vec![0u8; len]).unwrap();
+        }
+        assert_eq!(images_size(dir.path()).await.unwrap(), ImageSizes { total: 4246, ghosts: 150 });
     }
 
     #[test]

@@ -32,6 +32,13 @@ pub enum CriuError {
         source: std::io::Error,
     },
 
+    /// The dump's copies of deleted-but-open files add up to more than a snapshot may hold.
+    #[error(
+        "the sandbox's deleted but still open files take {bytes} bytes in the snapshot, more than the {limit} a \
+         snapshot may hold: close them (or end the processes holding them) and take it again"
+    )]
+    GhostsTooLarge { bytes: u64, limit: u64 },
+
     /// CRIU reported success but the restored tree is not what a sandbox must be.
     #[error("restored tree: {0}")]
     Restored(String),

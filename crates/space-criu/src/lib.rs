@@ -30,7 +30,7 @@ mod run;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-pub use dump::{DumpOptions, DumpStats};
+pub use dump::{DumpOptions, DumpStats, GHOST_TOTAL_LIMIT};
 pub use error::{CriuError, Result};
 pub use kerndat::CACHE_DIR as KERNDAT_CACHE_DIR;
 pub use restore::{CgroupRoot, RestoreOptions, RestoredTree, WORK_PREFIX, sweep_leftover_work};

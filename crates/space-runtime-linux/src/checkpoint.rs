@@ -109,6 +109,7 @@ pub(crate) async fn checkpoint(
     opts.leave_running = true;
     opts.freeze_cgroup = Some(rt.cgroups.freezer_dir(&name));
     opts.cgroup_controllers = dumped_controllers(rt.cgroups.hierarchy_paths(&name));
+    opts.ghost_total_limit = rt.opts.ghost_total_limit;
     let stats = criu.dump(&opts).await.map_err(|e| RuntimeError::Checkpoint(e.to_string()))?;
     Ok(CheckpointStats { wall: stats.wall, image_bytes: stats.image_bytes })
 }

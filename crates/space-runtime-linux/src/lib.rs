@@ -64,6 +64,8 @@ pub struct LinuxOptions {
     /// The CRIU binary for checkpoints; `None` looks in the usual places
     /// ([`space_criu::Criu::locate`]).
     pub criu: Option<PathBuf>,
+    /// The most bytes a full snapshot's copies of deleted-but-open files may take together.
+    pub ghost_total_limit: u64,
 }
 
 impl LinuxOptions {
@@ -77,6 +79,7 @@ impl LinuxOptions {
             stop_timeout: Duration::from_secs(10),
             pid1_oom_score_adj: -1000,
             criu: None,
+            ghost_total_limit: space_criu::GHOST_TOTAL_LIMIT,
         }
     }
 }

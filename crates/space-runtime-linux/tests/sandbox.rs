@@ -344,3 +344,26 @@ async fn a_killed_restores_bind_mount_is_removed_when_the_runtime_starts() {
     assert!(other.path().exists());
     drop(t);
 }
+
+#[tokio::test]
+async fn a_checkpoint_whose_deleted_files_exceed_the_total_ghost_limit_fails() {
+    if !require_root("a_checkpoint_whose_deleted_files_exceed_the_total_ghost_limit_fails") {
+        return;
+    }
+    let t = TestRuntime::with(|opts| opts.ghost_total_limit = 1 << 20);
+    let rootfs = Rootfs::new();
+    let spec = spec(rootfs.path(), default_limits());
+    let handle = t.rt.start(&spec).await.expect("start");
+    let client = connect(&handle).await;
+    // Two deleted files of 1 MiB each, held open: each under CRIU's per-file limit, together over ours.
+    let holder = "for f in a b; do exec 3<>/tmp/$f; head -c 1048576 /dev/zero >&3; rm /tmp/$f; \
+                  sleep 100000 <&3 >/dev/null 2>&1 & exec 3>&-; done";
+    sh_ok(&client, holder).await;
+    drop(client);
+    t.rt.wait_agent_released(&spec.id, std::time::Duration::from_secs(5)).await.expect("agent released");
+    t.rt.pause(&spec.id).await.expect("pause");
+    let images = tempfile::tempdir().unwrap();
+    let err = t.rt.checkpoint(&spec.id, &images.path().join("dump")).await.expect_err("over the ghost limit");
+    assert!(err.to_string().contains("deleted but still open files"), "{err}");
+    t.rt.destroy(&spec.id).await.expect("destroy");
+}
