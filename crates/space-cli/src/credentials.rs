@@ -15,7 +15,9 @@ pub enum CredentialCommand {
     /// Store a credential; its value is read from stdin (one trailing newline is dropped).
     Create {
         name: String,
-        /// Host (or `*.suffix` pattern) the value may be sent to (repeatable).
+        /// Host the value may be sent to, named exactly (repeatable). A `*.suffix` pattern
+        /// sends it to every name under the domain, and is refused unless the server runs with
+        /// `--allow-wildcard-credential-hosts`.
         #[arg(long = "host", required = true)]
         hosts: Vec<String>,
         /// The header to inject, `{secret}` marking where the value goes.

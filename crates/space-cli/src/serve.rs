@@ -76,6 +76,11 @@ pub struct ServeArgs {
     /// Gateway: also trust this PEM file's certificates for upstream TLS.
     #[arg(long = "gateway-extra-root", value_name = "PEM")]
     gateway_extra_root: Vec<PathBuf>,
+    /// Let credentials name hosts by wildcard (`*.example.com`). Off by default: the value then
+    /// goes to every name under the domain, including ones a sandbox user may create or take
+    /// over; credentials name each host exactly.
+    #[arg(long)]
+    allow_wildcard_credential_hosts: bool,
     /// Gateway: let upstream addresses be private, loopback, link-local or the node's own
     /// (off: such addresses are refused, which stops DNS rebinding and sandboxes reaching the
     /// node's own services). For tests and trusted networks.
@@ -227,6 +232,7 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         listen: args.listen,
         key_file: args.key_file.clone().unwrap_or_else(|| data_dir.join("keys/master.key")),
         audit_retention: args.audit_retention.0,
+        allow_wildcard_credential_hosts: args.allow_wildcard_credential_hosts,
         prepare_templates: args.prepare_templates.unwrap_or_else(|| vec![args.default_template.clone()]),
         default_template: args.default_template,
         snapshot_policy: args.snapshot_policy,

@@ -46,7 +46,7 @@ fn error_of(body: &Value) -> (&str, &str) {
 #[test]
 fn credentials_are_sealed_scoped_and_validated() {
     require_root!();
-    let server = Server::start();
+    let server = Server::start_with(&["--allow-wildcard-credential-hosts"]);
     let create = [
         "credential",
         "create",
@@ -255,8 +255,16 @@ fn grants_policies_and_audit_of_sessions() {
     let out = cli_ok(&server, &["credential", "rotate", "gh", "--json"], Some(b"after-restart\n"));
     let rotated: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(rotated["version"], 2, "created at 1, rotated once: {rotated}");
+    // Wildcard hosts need the operator's consent (this server has not given it).
     let (status, body) =
         server.call("PATCH", "/v1/credentials/npm", Some(json!({ "hosts": ["registry.npmjs.org", "*.npmjs.org"] })));
+    assert_eq!(status, 400, "{body}");
+    assert!(error_of(&body).1.contains("--allow-wildcard-credential-hosts"), "{body}");
+    let (status, body) = server.call(
+        "PATCH",
+        "/v1/credentials/npm",
+        Some(json!({ "hosts": ["registry.npmjs.org", "registry.yarnpkg.com"] })),
+    );
     assert_eq!(status, 200, "{body}\n{}", server.log_text());
     let (status, body) = server.call("DELETE", &format!("/v1/sessions/{id}/grants/npm"), None);
     assert_eq!(status, 200, "{body}");

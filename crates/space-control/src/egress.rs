@@ -98,8 +98,10 @@ pub fn validate_credential_name(name: &str) -> AppResult<()> {
     )))
 }
 
-/// Lower-cased host patterns, at least one.
-pub fn validate_hosts(hosts: &[String]) -> AppResult<Vec<String>> {
+/// Lower-cased host patterns, at least one. Wildcards (`*.example.com`) only when the operator
+/// allows them (`space serve --allow-wildcard-credential-hosts`): a wildcard sends the value to
+/// any name under the domain, including ones a sandbox user can create or take over.
+pub fn validate_hosts(hosts: &[String], allow_wildcards: bool) -> AppResult<Vec<String>> {
     if hosts.is_empty() {
         return Err(AppError::bad_request(
             "a credential needs at least one host it may be sent to (e.g. --host api.github.com)",
@@ -112,6 +114,14 @@ pub fn validate_hosts(hosts: &[String]) -> AppResult<Vec<String>> {
     for host in hosts {
         let host = host.to_ascii_lowercase();
         space_api::egress::validate_host_pattern(&host).map_err(|e| AppError::bad_request(format!("hosts: {e}")))?;
+        if host.starts_with("*.") && !allow_wildcards {
+            return Err(AppError::bad_request(format!(
+                "hosts: {host:?} would send the credential to every name under {}; name each host exactly \
+                 (e.g. api.github.com), or have the operator start the server with \
+                 --allow-wildcard-credential-hosts",
+                &host[2..]
+            )));
+        }
         if !out.contains(&host) {
             out.push(host);
         }
@@ -537,9 +547,13 @@ mod tests {
         assert!(validate_env_name("GITHUB_TOKEN").is_ok());
         assert!(validate_env_name("1X").is_err());
         assert!(validate_env_name("HTTPS_PROXY").is_err());
-        assert_eq!(validate_hosts(&["API.example.com".into()]).unwrap(), vec!["api.example.com".to_string()]);
-        assert!(validate_hosts(&[]).is_err());
-        assert!(validate_hosts(&["1.2.3.4".into()]).is_err());
+        assert_eq!(validate_hosts(&["API.example.com".into()], false).unwrap(), vec!["api.example.com".to_string()]);
+        assert!(validate_hosts(&[], true).is_err());
+        assert!(validate_hosts(&["1.2.3.4".into()], true).is_err());
+        let wildcard = ["*.example.com".to_string()];
+        let refused = validate_hosts(&wildcard, false).unwrap_err();
+        assert!(refused.0.message.contains("--allow-wildcard-credential-hosts"), "{}", refused.0.message);
+        assert_eq!(validate_hosts(&wildcard, true).unwrap(), wildcard);
     }
 
     struct Fixture {

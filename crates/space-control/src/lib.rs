@@ -47,6 +47,8 @@ pub struct ServerConfig {
     pub key_file: PathBuf,
     /// How long audit events are kept (`None`: for ever).
     pub audit_retention: Option<std::time::Duration>,
+    /// Whether credentials may name their hosts by wildcard (`*.example.com`).
+    pub allow_wildcard_credential_hosts: bool,
     pub node: NodeConfig,
 }
 
@@ -68,6 +70,8 @@ pub struct AppState {
     pub sealer: Arc<space_keys::Sealer>,
     /// State of the `Idempotency-Key` middleware.
     pub idempotency: idempotency::Idempotency,
+    /// Whether credentials may name hosts by wildcard (see [`egress::validate_hosts`]).
+    pub allow_wildcard_credential_hosts: bool,
 }
 
 impl AppState {
@@ -129,6 +133,7 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         activity: Default::default(),
         sealer: Arc::new(sealer),
         idempotency,
+        allow_wildcard_credential_hosts: config.allow_wildcard_credential_hosts,
     };
     egress::spawn_audit_writer(&state);
     if let Some(retention) = config.audit_retention {

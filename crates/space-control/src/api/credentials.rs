@@ -38,7 +38,7 @@ pub async fn create_credential(
     ApiJson(request): ApiJson<CreateCredentialRequest>,
 ) -> AppResult<(StatusCode, ApiJson<Credential>)> {
     validate_credential_name(&request.name)?;
-    let hosts = validate_hosts(&request.hosts)?;
+    let hosts = validate_hosts(&request.hosts, state.allow_wildcard_credential_hosts)?;
     parse_header(&request.header)?;
     validate_value(&request.value)?;
     if let Some(expires_at) = request.expires_at {
@@ -113,7 +113,7 @@ pub async fn update_credential(
     let current = state.store.credential(&caller.tenant_id, &name).await?.ok_or_else(|| credential_not_found(&name))?;
     let mut change = CredentialChange::default();
     if let Some(hosts) = &request.hosts {
-        change.hosts = Some(validate_hosts(hosts)?);
+        change.hosts = Some(validate_hosts(hosts, state.allow_wildcard_credential_hosts)?);
     }
     if let Some(header) = &request.header {
         parse_header(header)?;
