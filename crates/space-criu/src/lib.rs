@@ -26,6 +26,7 @@ mod kerndat;
 mod restore;
 mod rpc;
 mod run;
+mod survivors;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -35,6 +36,7 @@ pub use error::{CriuError, Result};
 pub use kerndat::CACHE_DIR as KERNDAT_CACHE_DIR;
 pub use restore::{CgroupRoot, RestoreOptions, RestoredTree, WORK_PREFIX, sweep_leftover_work};
 pub use space_sandbox_init::{AGENT_DIR, SELF_EXE};
+pub use survivors::wait_for_survivors;
 
 /// Where `scripts/install-criu.sh` puts its wrapper.
 pub const DEFAULT_CRIU: &str = "/var/cache/space/criu/bin/criu";
@@ -49,6 +51,8 @@ pub struct Criu {
     version: String,
     /// A tmpfs to show CRIU as `/run`, where it keeps its kernel probes (see `kerndat.rs`).
     private_run: Option<PathBuf>,
+    /// Where running dumps are recorded ([`wait_for_survivors`]); `None`: nowhere.
+    records: Option<PathBuf>,
 }
 
 impl Criu {
@@ -75,7 +79,14 @@ impl Criu {
             let needed = format!("{}.{}", MIN_VERSION.0, MIN_VERSION.1);
             return Err(CriuError::TooOld { path: path.clone(), found: version, needed });
         }
-        Ok(Criu { path: path.clone(), version, private_run: kerndat::private_run_dir() })
+        Ok(Criu { path: path.clone(), version, private_run: kerndat::private_run_dir(), records: None })
+    }
+
+    /// Records every running dump in `dir`, for a restarted server to wait for
+    /// ([`wait_for_survivors`]).
+    pub fn with_records(mut self, dir: impl Into<PathBuf>) -> Criu {
+        self.records = Some(dir.into());
+        self
     }
 
     pub fn path(&self) -> &Path {

@@ -9,12 +9,12 @@ use crate::Criu;
 use crate::error::{CriuError, Result, log_excerpt};
 use crate::kerndat::PrivateRun;
 
-/// In a forked child that will exec CRIU: SIGKILL when the server dies (`PR_SET_PDEATHSIG`,
-/// kept across exec). A CRIU that outlived a killed server would go on working on a sandbox
-/// the restarted server has taken back: a dump re-freezes the cgroup the new server thawed, so
-/// the session reads `running` and answers nothing. The signal comes when the thread that
-/// forked the child ends: CRIU is spawned from threads that wait for it. Checks the parent
-/// afterwards, in case the server died before the call.
+/// In a forked child that will exec CRIU for a restore: SIGKILL when the server dies
+/// (`PR_SET_PDEATHSIG`, kept across exec). A half-made restore belongs to nothing once the
+/// server is gone (the restarted server removes its tree by its cgroups). Dumps are not killed
+/// (see `survivors.rs`). The signal comes when the thread that forked the child ends: CRIU is
+/// spawned from threads that wait for it. Checks the parent afterwards, in case the server
+/// died before the call.
 pub(crate) fn die_with(server: u32) -> std::io::Result<()> {
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
@@ -47,18 +47,15 @@ pub(crate) async fn criu(
         .map(PrivateRun::new)
         .transpose()
         .map_err(|source| CriuError::Spawn { path: binary.to_path_buf(), source })?;
-    let server = std::process::id();
-    // SAFETY: `die_with` and `enter` only make syscalls (no allocation, no locks): fit for a
-    // forked child.
-    unsafe {
-        command.pre_exec(move || {
-            die_with(server)?;
-            private_run.as_ref().map_or(Ok(()), PrivateRun::enter)
-        })
-    };
+    // SAFETY: `enter` only makes syscalls (no allocation, no locks): fit for a forked child.
+    unsafe { command.pre_exec(move || private_run.as_ref().map_or(Ok(()), PrivateRun::enter)) };
     tracing::debug!(criu = %binary.display(), ?args, "running criu {action}");
     let started = Instant::now();
-    let output = command.output().await.map_err(|source| CriuError::Spawn { path: binary.to_path_buf(), source })?;
+    let spawn_err = |source| CriuError::Spawn { path: binary.to_path_buf(), source };
+    let child = command.spawn().map_err(spawn_err)?;
+    let record = criu.records.as_deref().zip(child.id()).and_then(|(dir, pid)| crate::survivors::record(dir, pid));
+    let output = child.wait_with_output().await.map_err(spawn_err)?;
+    drop(record);
     let wall = started.elapsed();
     if output.status.success() {
         return Ok(wall);

@@ -107,6 +107,13 @@ pub struct LinuxRuntime {
     spaced: sealed::SealedBinary,
 }
 
+/// Where running CRIU dumps are recorded, in the run dir.
+const CRIU_RECORDS: &str = "criu";
+
+/// How long a start waits for the previous server's CRIU dumps at most: longer than any dump
+/// of a sandbox within its memory limit takes.
+const SURVIVOR_WAIT: Duration = Duration::from_secs(120);
+
 /// Enough stripes that concurrent starts of different sandboxes rarely share one.
 const CGROUP_STEP_STRIPES: usize = 64;
 
@@ -131,7 +138,15 @@ impl LinuxRuntime {
         let cgroups: Arc<dyn Backend> = cgroup::detect().map_err(unsupported)?.into();
         process::become_subreaper().map_err(|e| unsupported(format!("PR_SET_CHILD_SUBREAPER: {e}")))?;
         tracing::debug!(version = cgroups.version(), parent = %opts.cgroup_parent, "linux runtime ready");
-        let criu = space_criu::Criu::locate(opts.criu.as_deref()).map_err(|e| e.to_string());
+        // A dump the previous server left running must end before any sandbox is touched: it
+        // would freeze again a sandbox thawed meanwhile (see space-criu's survivors.rs).
+        let records = opts.run_dir.join(CRIU_RECORDS);
+        let waited = space_criu::wait_for_survivors(&records, SURVIVOR_WAIT);
+        if waited > 0 {
+            tracing::info!(waited, "waited for the previous server's CRIU dumps");
+        }
+        let criu =
+            space_criu::Criu::locate(opts.criu.as_deref()).map(|c| c.with_records(records)).map_err(|e| e.to_string());
         let runtime = LinuxRuntime {
             spaced,
             opts,
@@ -245,8 +260,11 @@ impl LinuxRuntime {
     }
 
     async fn boot(&self, boot: &mut Boot, spec: &SandboxSpec) -> Result<(), RuntimeError> {
-        let config =
-            InitConfig { exe: Some(self.opts.spaced.clone()), ..InitConfig::new(&spec.rootfs, &spec.hostname) };
+        let config = InitConfig {
+            exe: Some(self.opts.spaced.clone()),
+            owner: Some((self.opts.id_map.host_base, self.opts.id_map.host_base)),
+            ..InitConfig::new(&spec.rootfs, &spec.hostname)
+        };
         boot.send(&ToInit::Config(config)).await?;
         let (name, pid) = (self.cgroup_name(&spec.id), boot.bootstrap_pid());
         // Joining happens while the bootstrap unshares its user namespace.

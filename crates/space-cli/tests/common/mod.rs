@@ -278,8 +278,9 @@ impl Server {
         list_names(&self.data_dir.join("pool/sandboxes"))
     }
 
+    /// The sandboxes' agent directories (`run/<id>.d`) on the host.
     pub fn sockets(&self) -> Vec<String> {
-        list_names(&self.data_dir.join("run"))
+        list_names(&self.data_dir.join("run")).into_iter().filter(|n| n.ends_with(".d")).collect()
     }
 }
 
