@@ -31,6 +31,8 @@ pub enum ErrorCode {
     NoSuchProcess,
     Timeout,
     Internal,
+    /// The client stopped sending the request body for longer than the server waits.
+    RequestTimeout,
 }
 
 impl ErrorCode {
@@ -43,6 +45,7 @@ impl ErrorCode {
             | ErrorCode::DirectoryNotEmpty => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::PermissionDenied => 403,
+            ErrorCode::RequestTimeout => 408,
             ErrorCode::NotFound
             | ErrorCode::FileNotFound
             | ErrorCode::NoSuchProcess
@@ -109,5 +112,16 @@ impl ApiError {
 impl From<ErrorBody> for ApiError {
     fn from(body: ErrorBody) -> Self {
         ApiError { code: body.error.code, message: body.error.message }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_a_status_of_its_own_class() {
+        assert_eq!(ErrorCode::RequestTimeout.http_status(), 408);
+        assert_eq!(serde_json::to_string(&ErrorCode::RequestTimeout).unwrap(), "\"request_timeout\"");
     }
 }

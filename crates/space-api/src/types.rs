@@ -253,7 +253,8 @@ pub struct ExecResult {
     pub timed_out: bool,
     /// The sandbox hit its memory limit and the kernel killed a process during this command.
     pub oom_killed: bool,
-    /// Output as UTF-8 (lossy); capped, see `truncated`.
+    /// Output as UTF-8 (lossy: invalid bytes become U+FFFD), cut to 16 MiB per stream as it
+    /// is sent, in JSON, escapes included (a NUL byte takes 6); see `truncated`.
     pub stdout: String,
     pub stderr: String,
     pub truncated: bool,

@@ -136,3 +136,62 @@ fn the_data_dir_is_readable_by_root_only_and_loose_modes_are_fixed_at_start() {
     }
     assert!(server.log_text().contains("space.db was mode 0644, readable beyond root; now 0600"), "not said loudly");
 }
+
+/// The JSON form's output cap holds for the JSON: 20 MB of NUL bytes would be 120 MB escaped.
+#[test]
+fn exec_output_is_capped_by_its_size_in_json() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    let auth = server.auth();
+    let path = server.data_dir.join("nul.json");
+    let body = json!({ "cmd": ["head", "-c", "20000000", "/dev/zero"] }).to_string();
+    let url = format!("{}/v1/sessions/{id}/exec", server.url);
+    let out = common::curl(&[
+        "-s",
+        "-o",
+        path.to_str().unwrap(),
+        "-w",
+        "%{http_code}",
+        "-X",
+        "POST",
+        "-H",
+        &auth,
+        "-H",
+        "content-type: application/json",
+        "-d",
+        &body,
+        &url,
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(size <= (16 << 20) + 4096, "{size} bytes of JSON");
+    let result: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!((result["exit_code"].as_i64(), result["truncated"].as_bool()), (Some(0), Some(true)));
+    assert!(result["stdout"].as_str().unwrap().bytes().all(|b| b == 0));
+}
+
+/// Exec WebSockets that carry nothing are closed (and their command killed); output counts
+/// as traffic.
+#[test]
+fn idle_exec_websockets_are_closed() {
+    require_root!();
+    let server = Server::start_with(&["--ws-idle-timeout", "2s"]);
+    let id = server.create_session(json!({}));
+    let out = server.cli(&["exec", &id, "--", "sh", "-c", "sleep 1; echo a; sleep 1; echo b; sleep 1; echo c"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "a\nb\nc\n");
+
+    let out = server.cli(&["exec", &id, "--", "sleep", "5"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("nothing was sent or received"), "{stderr}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let r = server.exec(&id, &["sh", "-c", "pgrep -x sleep || echo none"]);
+        if r["stdout"] == "none\n" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the idle command was not killed: {r}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -72,8 +72,31 @@ impl From<space_node::NodeError> for AppError {
     }
 }
 
+/// Whether `error` or one of its sources is the request body's idle timeout firing.
+pub(crate) fn is_body_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// The client stopped sending the body it announced (see `HttpLimits::body_idle_timeout`).
+pub(crate) fn body_timeout() -> AppError {
+    AppError::new(
+        ErrorCode::RequestTimeout,
+        "the request body stopped arriving for longer than the server waits; send the whole body without pausing",
+    )
+}
+
 impl From<JsonRejection> for AppError {
     fn from(e: JsonRejection) -> Self {
+        if is_body_timeout(&e) {
+            return body_timeout();
+        }
         let code = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ErrorCode::PayloadTooLarge
         } else {

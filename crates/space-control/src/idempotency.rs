@@ -25,7 +25,8 @@ use crate::error::AppError;
 pub const HEADER: &str = "idempotency-key";
 const MAX_KEY_LEN: usize = 255;
 const MAX_REQUEST_BODY: usize = 1 << 20;
-const MAX_RECORDED_RESPONSE: usize = 32 << 20;
+/// The largest JSON response a handler gives, an exec's, still fits.
+const MAX_RECORDED_RESPONSE: usize = crate::api::MAX_EXEC_RESPONSE;
 /// The owner the fingerprint key is sealed for.
 const KEY_OWNER: &str = "idempotency-fingerprint-key";
 

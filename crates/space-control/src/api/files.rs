@@ -3,7 +3,7 @@
 
 use axum::Extension;
 use axum::body::Body;
-use axum::extract::ws::{Message, WebSocketUpgrade};
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::Response;
@@ -14,6 +14,7 @@ use space_proto::{FileKind, FileStat, WatchKind};
 use utoipa::IntoParams;
 
 use super::running_sandbox;
+use super::ws::{Idle, close_gracefully};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiQuery, AppError, AppResult};
@@ -207,28 +208,53 @@ pub async fn watch_ws(
 ) -> AppResult<Response> {
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let agent = state.node.agent(&sandbox).await?;
-    let mut events = Box::pin(agent.watch(check_path(&params.path)?, params.recursive).await?);
+    let events = agent.watch(check_path(&params.path)?, params.recursive).await?;
     let busy = state.activity.busy(&session.id);
+    let idle = state.http.ws_idle_timeout;
     Ok(upgrade.on_upgrade(move |mut socket| async move {
         let _busy = busy;
-        loop {
-            tokio::select! {
-                event = events.next() => {
-                    let Some(Ok(event)) = event else { break };
-                    let view = WatchEvent { kind: watch_kind(event.kind).into(), path: event.path, is_dir: event.is_dir };
-                    let text = serde_json::to_string(&view).unwrap_or_default();
-                    if socket.send(Message::Text(text.into())).await.is_err() {
-                        break;
-                    }
+        // The watch ends at the agent's first error, as the stream of the agent does.
+        let events = events
+            .take_while(|event| std::future::ready(event.is_ok()))
+            .filter_map(|event| std::future::ready(event.ok()))
+            .map(|event| WatchEvent { kind: watch_kind(event.kind).into(), path: event.path, is_dir: event.is_dir });
+        forward_events(&mut socket, events, idle).await;
+    }))
+}
+
+/// Sends `events` as JSON text frames until they end, the client goes away or the socket
+/// carries nothing either way for `idle_timeout`.
+async fn forward_events(
+    socket: &mut WebSocket,
+    events: impl futures::Stream<Item = WatchEvent>,
+    idle_timeout: std::time::Duration,
+) {
+    let mut events = std::pin::pin!(events);
+    let mut idle = Idle::new(idle_timeout);
+    loop {
+        tokio::select! {
+            event = events.next() => {
+                let Some(event) = event else { break };
+                idle.reset();
+                let text = serde_json::to_string(&event).unwrap_or_default();
+                if socket.send(Message::Text(text.into())).await.is_err() {
+                    break;
                 }
-                message = socket.recv() => match message {
-                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
-                    _ => {}
-                },
+            }
+            message = socket.recv() => {
+                idle.reset();
+                if matches!(message, Some(Ok(Message::Close(_))) | Some(Err(_)) | None) {
+                    break;
+                }
+            }
+            () = idle.expired() => {
+                let error = super::ws::error_message(&idle.error(""));
+                let _ = super::ws::send_json(socket, &error).await;
+                break;
             }
         }
-        super::exec::close_gracefully(&mut socket).await;
-    }))
+    }
+    close_gracefully(socket).await;
 }
 
 fn watch_kind(kind: WatchKind) -> &'static str {
@@ -244,7 +270,50 @@ fn watch_kind(kind: WatchKind) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::routing::get;
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message as ClientMessage;
+
     use super::*;
+    use crate::server::testing::{patient, spawn};
+
+    #[tokio::test]
+    async fn an_idle_watch_socket_is_closed_unless_pinged() {
+        let app = Router::new().route(
+            "/watch",
+            get(|upgrade: WebSocketUpgrade| async move {
+                upgrade.on_upgrade(|mut socket| async move {
+                    forward_events(&mut socket, futures::stream::pending(), Duration::from_millis(400)).await;
+                })
+            }),
+        );
+        let addr = spawn(app, patient()).await;
+        let (mut socket, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/watch")).await.unwrap();
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_millis(1000) {
+            socket.send(ClientMessage::Ping(Vec::new().into())).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Pongs (and nothing else) so far; then, unpinged, the timeout and the close.
+        let mut texts = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(Ok(message)) = socket.next().await {
+                match message {
+                    ClientMessage::Text(text) => texts.push(text.to_string()),
+                    ClientMessage::Close(_) => return,
+                    _ => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the idle socket stayed open");
+        assert!(started.elapsed() > Duration::from_millis(1300), "closed while pinged");
+        assert_eq!(texts.len(), 1, "{texts:?}");
+        assert!(texts[0].contains("\"timeout\"") && texts[0].contains("pings"), "{texts:?}");
+    }
 
     #[test]
     fn modes_are_octal_and_bounded() {

@@ -2,6 +2,7 @@
 
 mod credentials;
 mod exec;
+pub(crate) use exec::MAX_EXEC_RESPONSE;
 mod files;
 mod lifecycle;
 mod network;
@@ -12,6 +13,7 @@ mod sessions;
 mod suspend;
 mod system;
 mod templates;
+mod ws;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
