@@ -1,5 +1,5 @@
-//! The HTTP server under the API: the accept loop with its cap on open connections, and the
-//! read timeouts of HTTP/1 connections.
+//! The HTTP server under the API: the accept loop with its cap on open connections, the
+//! read timeouts of HTTP/1 connections, and the limits on a request's line and headers.
 //!
 //! `axum::serve` has none of these: a client could hold any number of connections open by
 //! sending nothing, or a header or body byte now and then.
@@ -13,14 +13,31 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use space_api::ErrorCode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tower::ServiceExt;
 use tower_http::timeout::TimeoutBody;
+
+use crate::error::AppError;
+
+/// Longest request line target (path and query) answered with anything but 414. File paths
+/// go in the query and may be 4096 bytes, three times that percent-encoded.
+pub const MAX_URI: usize = 16 << 10;
+/// Most headers a request may have, and most bytes of them (names, values, separators).
+pub const MAX_HEADERS: usize = 100;
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+/// The HTTP parser's own ceiling on headers, above [`MAX_HEADERS`] so that requests between
+/// the two get the API's JSON 431 from [`limit_request_size`]. The parser answers past its
+/// ceilings (this many headers, about 400 KiB of them, a 64 KiB request target) before a
+/// request exists, with a bare status line.
+const PARSER_MAX_HEADERS: usize = 256;
 
 /// Limits of the HTTP server (`ServerConfig::http`).
 #[derive(Debug, Clone)]
@@ -48,6 +65,37 @@ impl Default for HttpLimits {
             ws_idle_timeout: Duration::from_secs(300),
         }
     }
+}
+
+pub(crate) fn uri_too_long() -> AppError {
+    AppError::new(
+        ErrorCode::UriTooLong,
+        format!("the request's path and query are longer than {} KiB; send large values in a JSON body", MAX_URI >> 10),
+    )
+}
+
+pub(crate) fn headers_too_large() -> AppError {
+    AppError::new(
+        ErrorCode::HeadersTooLarge,
+        format!(
+            "the request has more than {MAX_HEADERS} headers or {} KiB of them; send fewer or smaller headers",
+            MAX_HEADER_BYTES >> 10
+        ),
+    )
+}
+
+/// Middleware: answers requests over [`MAX_URI`] or the header limits with the API's JSON
+/// 414 or 431 (the parser's own answers, past its higher ceilings, carry no body).
+pub async fn limit_request_size(request: Request, next: Next) -> Response {
+    if request.uri().path_and_query().map_or(0, |p| p.as_str().len()) > MAX_URI {
+        return uri_too_long().into_response();
+    }
+    let headers = request.headers();
+    let bytes: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
+    if headers.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
+        return headers_too_large().into_response();
+    }
+    next.run(request).await
 }
 
 /// A connection that holds one of the server's connection permits until it is dropped,
@@ -108,7 +156,7 @@ pub async fn serve_router(
 ) -> io::Result<()> {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).max_headers(PARSER_MAX_HEADERS);
     let body_idle = limits.body_idle_timeout;
     // Every body is read through the idle timeout: a handler cannot forget it.
     let service = app.map_request(move |request: Request<Incoming>| request.map(|b| TimeoutBody::new(body_idle, b)));
@@ -239,9 +287,7 @@ mod tests {
 
     use super::testing::{envelope_of, patient, raw, read_until_closed, spawn};
     use super::*;
-    use axum::extract::ws::WebSocketUpgrade;
-
-    use crate::error::ApiJson;
+    use crate::error::{ApiJson, ApiWebSocket};
 
     fn app() -> Router {
         Router::new()
@@ -249,7 +295,7 @@ mod tests {
             .route("/json", post(|ApiJson(v): ApiJson<serde_json::Value>| async move { ApiJson(v) }))
             .route(
                 "/ws",
-                get(|upgrade: WebSocketUpgrade| async move {
+                get(|ApiWebSocket(upgrade): ApiWebSocket| async move {
                     upgrade.on_upgrade(|mut socket| async move { while let Some(Ok(_)) = socket.recv().await {} })
                 }),
             )
@@ -319,6 +365,26 @@ mod tests {
         drop(socket);
         let (served, _) = read_until_closed(&mut fifth, Duration::from_secs(5)).await;
         assert!(served.starts_with("HTTP/1.1 200"), "not served once the WebSocket closed: {served:?}");
+    }
+
+    #[tokio::test]
+    async fn oversized_request_lines_and_headers_get_the_json_envelope() {
+        let addr = spawn(crate::api::harden(app()), patient()).await;
+        let long = format!("GET /?q={} HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n", "a".repeat(MAX_URI));
+        let (status, code, message) = envelope_of(&raw(addr, long.as_bytes()).await);
+        assert_eq!((status, code.as_str()), (414, "uri_too_long"), "{message}");
+
+        let many: String = (0..MAX_HEADERS + 20).map(|i| format!("x-h{i}: v\r\n")).collect();
+        let request = format!("GET / HTTP/1.1\r\nHost: x\r\nconnection: close\r\n{many}\r\n");
+        let (status, code, message) = envelope_of(&raw(addr, request.as_bytes()).await);
+        assert_eq!((status, code.as_str()), (431, "headers_too_large"), "{message}");
+
+        let big = format!("GET / HTTP/1.1\r\nconnection: close\r\nx-big: {}\r\n\r\n", "b".repeat(MAX_HEADER_BYTES));
+        let (status, code, _) = envelope_of(&raw(addr, big.as_bytes()).await);
+        assert_eq!((status, code.as_str()), (431, "headers_too_large"));
+
+        let ok = raw(addr, b"GET / HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n").await;
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
     }
 
     #[tokio::test]

@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use axum::Extension;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::State;
+use axum::extract::ws::{Message, WebSocket};
 use axum::response::Response;
 use bytes::Bytes;
+use space_api::error::clip;
 use space_api::{
     ErrorBody, ErrorCode, ExecRequest, ExecResult, ExecStart, ProcessInfo, ProcessList, SignalRequest, WsClientMessage,
     WsServerMessage,
@@ -20,7 +21,7 @@ use super::running_sandbox;
 use super::ws::{Idle, close_gracefully, error_message, send_error, send_json};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::error::{ApiJson, AppError, AppResult};
+use crate::error::{ApiJson, ApiPath, ApiWebSocket, AppError, AppResult};
 
 /// Output kept per stream by the JSON form, measured as it is in the response: the bytes of
 /// the JSON string, escapes included (a NUL byte is the 6 bytes `\u0000`). The rest is
@@ -62,7 +63,7 @@ fn oom_kills(state: &AppState, sandbox: &space_api::SandboxId) -> u64 {
 pub async fn exec(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<ExecRequest>,
 ) -> AppResult<ApiJson<ExecResult>> {
     check_command(&request.cmd)?;
@@ -159,8 +160,8 @@ fn json_text(raw: &[u8], cap: usize) -> (String, bool) {
 pub async fn exec_ws(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-    upgrade: WebSocketUpgrade,
+    ApiPath(id): ApiPath<String>,
+    ApiWebSocket(upgrade): ApiWebSocket,
 ) -> AppResult<Response> {
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let agent = state.node.agent(&sandbox).await?;
@@ -192,8 +193,12 @@ async fn first_message(socket: &mut WebSocket, idle_timeout: Duration) -> AppRes
         idle.reset();
         return match message {
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-            Some(Ok(Message::Text(text))) => serde_json::from_str(&text)
-                .map_err(|e| AppError::bad_request(format!("the first message must be an ExecStart JSON object: {e}"))),
+            Some(Ok(Message::Text(text))) => serde_json::from_str(&text).map_err(|e| {
+                AppError::bad_request(format!(
+                    "the first message must be an ExecStart JSON object: {}",
+                    clip(&e.to_string())
+                ))
+            }),
             _ => Err(AppError::bad_request("the first message must be an ExecStart JSON text frame")),
         };
     }
@@ -234,6 +239,26 @@ enum ClientInput {
 /// Client input waiting for the process; when full, the socket is not read (backpressure).
 const INPUT_QUEUE: usize = 64;
 
+/// A control message of the client, refused if it could not be what the client meant.
+fn parse_control(text: &str) -> AppResult<WsClientMessage> {
+    let control = serde_json::from_str::<WsClientMessage>(text)
+        .map_err(|e| AppError::bad_request(format!("unknown client message: {}", clip(&e.to_string()))))?;
+    if let WsClientMessage::Signal { signal } = control {
+        check_signal(signal)?;
+    }
+    Ok(control)
+}
+
+/// A signal number a process can be sent (the standard Linux signals).
+fn check_signal(signal: i32) -> AppResult<()> {
+    if space_api::signal_name(signal).is_none() {
+        return Err(AppError::bad_request(format!(
+            "signal {signal} is not a Linux signal a process can be sent: use 1-31, e.g. 2 (INT), 9 (KILL), 15 (TERM)"
+        )));
+    }
+    Ok(())
+}
+
 /// Copies between the WebSocket and the process until it exits (returns its status) or the
 /// client goes away or the socket is idle for `idle_timeout` (returns `None`; dropping the
 /// stream makes spaced kill the process).
@@ -248,12 +273,9 @@ async fn bridge(socket: &mut WebSocket, mut process: ExecSession, idle_timeout: 
         tokio::select! {
             message = socket.recv(), if queue.capacity() > 0 => { idle.reset(); match message {
                 Some(Ok(Message::Binary(bytes))) => { let _ = queue.try_send(ClientInput::Stdin(bytes)); }
-                Some(Ok(Message::Text(text))) => match serde_json::from_str::<WsClientMessage>(&text) {
+                Some(Ok(Message::Text(text))) => match parse_control(&text) {
                     Ok(control) => { let _ = queue.try_send(ClientInput::Control(control)); }
-                    Err(e) => {
-                        let error = AppError::bad_request(format!("unknown client message: {e}"));
-                        let _ = send_json(socket, &error_message(&error)).await;
-                    }
+                    Err(error) => { let _ = send_json(socket, &error_message(&error)).await; }
                 },
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return None,
@@ -305,7 +327,7 @@ fn exit_message(status: ExitStatus, oom_killed: bool) -> WsServerMessage {
 pub async fn list_processes(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<ProcessList>> {
     let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let agent = state.node.agent(&sandbox).await?;
@@ -333,12 +355,10 @@ pub async fn list_processes(
 pub async fn signal_process(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((id, pid)): Path<(String, u32)>,
+    ApiPath((id, pid)): ApiPath<(String, u32)>,
     ApiJson(request): ApiJson<SignalRequest>,
 ) -> AppResult<axum::http::StatusCode> {
-    if !(1..=64).contains(&request.signal) {
-        return Err(AppError::bad_request("signal must be a number between 1 and 64"));
-    }
+    check_signal(request.signal)?;
     let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
     state.node.agent(&sandbox).await?.signal(pid, request.signal).await?;
     Ok(axum::http::StatusCode::NO_CONTENT)
@@ -351,8 +371,8 @@ pub async fn signal_process(
 pub async fn attach_ws(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((id, pid)): Path<(String, u32)>,
-    upgrade: WebSocketUpgrade,
+    ApiPath((id, pid)): ApiPath<(String, u32)>,
+    ApiWebSocket(upgrade): ApiWebSocket,
 ) -> AppResult<Response> {
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let agent = state.node.agent(&sandbox).await?;
@@ -412,7 +432,7 @@ mod tests {
         let (agent, seen) = fake_agent().await;
         let app = Router::new().route(
             "/ws",
-            get(move |upgrade: WebSocketUpgrade| async move {
+            get(move |crate::error::ApiWebSocket(upgrade): crate::error::ApiWebSocket| async move {
                 upgrade.on_upgrade(move |mut socket| async move {
                     let spec = ExecSpec { argv: vec!["cat".into()], stdin: true, ..Default::default() };
                     let process = agent.exec(spec).await.unwrap();
@@ -438,6 +458,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn signals_outside_the_known_set_are_refused_and_not_sent() {
+        let (mut socket, mut seen) = exec_socket(Duration::from_secs(60)).await;
+        for bad in [0, 32, 64, 99, -9, i32::MAX] {
+            let text = format!(r#"{{"type":"signal","signal":{bad}}}"#);
+            socket.send(ClientMessage::Text(text.into())).await.unwrap();
+            let error = next_text(&mut socket).await;
+            assert_eq!((error["type"].as_str(), error["code"].as_str()), (Some("error"), Some("bad_request")), "{bad}");
+            assert!(error["message"].as_str().unwrap().contains("1-31"), "{error}");
+        }
+        socket.send(ClientMessage::Text(r#"{"type":"signal","signal":15}"#.into())).await.unwrap();
+        let frame = tokio::time::timeout(Duration::from_secs(5), seen.recv()).await.unwrap().unwrap().unwrap();
+        let input: space_proto::ExecInput = frame.parse().unwrap();
+        assert!(matches!(input, space_proto::ExecInput::Signal { signal: 15 }), "{input:?}");
+        assert!(seen.try_recv().is_err(), "a refused signal reached the agent");
+    }
+
+    #[tokio::test]
     async fn an_idle_exec_socket_is_closed_and_its_command_killed_unless_pinged() {
         let (mut socket, mut seen) = exec_socket(Duration::from_millis(400)).await;
         // Pings keep it open well past the idle timeout.
@@ -451,6 +488,14 @@ mod tests {
         assert!(error["message"].as_str().unwrap().contains("pings"), "{error}");
         let dropped = tokio::time::timeout(Duration::from_secs(5), seen.recv()).await.unwrap();
         assert!(dropped.is_some_and(|f| f.is_none()), "the command's stream was not dropped");
+    }
+
+    #[test]
+    fn signal_numbers_are_the_standard_linux_ones() {
+        assert!(check_signal(15).is_ok() && check_signal(9).is_ok() && check_signal(31).is_ok());
+        for bad in [0, 32, 34, 64, -1] {
+            assert!(check_signal(bad).is_err(), "{bad}");
+        }
     }
 
     /// What the JSON form returns for `raw` output, serialized.
