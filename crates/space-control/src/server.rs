@@ -292,6 +292,13 @@ mod tests {
     fn app() -> Router {
         Router::new()
             .route("/", get(|| async { "ok" }))
+            .route(
+                "/slow",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_millis(900)).await;
+                    "slow"
+                }),
+            )
             .route("/json", post(|ApiJson(v): ApiJson<serde_json::Value>| async move { ApiJson(v) }))
             .route(
                 "/ws",
@@ -318,6 +325,10 @@ mod tests {
         idle.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
         let (response, closed) = read_until_closed(&mut idle, Duration::from_secs(5)).await;
         assert!(response.starts_with("HTTP/1.1 200") && closed, "an idle connection stayed open: {response}");
+
+        // The timeout is for reading headers only: a handler may take longer.
+        let response = raw(addr, b"GET /slow HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n").await;
+        assert!(response.starts_with("HTTP/1.1 200") && response.ends_with("slow"), "{response}");
     }
 
     #[tokio::test]
