@@ -157,7 +157,10 @@ pub fn validate_host_pattern(pattern: &str) -> Result<(), String> {
     };
     let valid = !name.is_empty() && pattern.len() <= MAX_PATTERN_LEN && name.split('.').all(label_ok);
     if !valid {
-        return Err(format!("{pattern:?} is not a host pattern: use a DNS name like api.github.com or *.pypi.org"));
+        return Err(format!(
+            "{} is not a host pattern: use a DNS name like api.github.com or *.pypi.org",
+            crate::error::echo(pattern)
+        ));
     }
     if name.parse::<IpAddr>().is_ok() || name.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
         return Err(format!("{pattern:?} is an address; allow addresses with a CIDR (--cidr {pattern}/32)"));
@@ -174,7 +177,9 @@ pub struct Cidr {
 
 impl Cidr {
     pub fn parse(text: &str) -> Result<Cidr, String> {
-        let bad = || format!("{text:?} is not an address range: use e.g. 203.0.113.0/24 or 2001:db8::/32");
+        let bad = || {
+            format!("{} is not an address range: use e.g. 203.0.113.0/24 or 2001:db8::/32", crate::error::echo(text))
+        };
         let (addr, len) = text.split_once('/').ok_or_else(bad)?;
         let addr: IpAddr = addr.parse().map_err(|_| bad())?;
         let len: u8 = len.parse().map_err(|_| bad())?;
@@ -299,7 +304,7 @@ impl std::str::FromStr for AuditDecision {
             "allowed" => Ok(AuditDecision::Allowed),
             "denied" => Ok(AuditDecision::Denied),
             "injected" => Ok(AuditDecision::Injected),
-            other => Err(format!("unknown audit decision {other:?}")),
+            other => Err(format!("unknown audit decision {}", crate::error::echo(other))),
         }
     }
 }

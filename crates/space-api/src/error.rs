@@ -31,6 +31,14 @@ pub enum ErrorCode {
     NoSuchProcess,
     Timeout,
     Internal,
+    /// The endpoint exists but not with this HTTP method (the `Allow` header lists those it has).
+    MethodNotAllowed,
+    /// The client stopped sending the request body for longer than the server waits.
+    RequestTimeout,
+    /// The request line (path and query) is longer than the server accepts.
+    UriTooLong,
+    /// The request has more headers, or more bytes of them, than the server accepts.
+    HeadersTooLarge,
 }
 
 impl ErrorCode {
@@ -43,6 +51,8 @@ impl ErrorCode {
             | ErrorCode::DirectoryNotEmpty => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::PermissionDenied => 403,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::RequestTimeout => 408,
             ErrorCode::NotFound
             | ErrorCode::FileNotFound
             | ErrorCode::NoSuchProcess
@@ -52,6 +62,8 @@ impl ErrorCode {
                 409
             }
             ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::UriTooLong => 414,
+            ErrorCode::HeadersTooLarge => 431,
             ErrorCode::FeatureUnavailable => 501,
             ErrorCode::SandboxUnavailable => 503,
             ErrorCode::Timeout => 504,
@@ -80,9 +92,52 @@ pub struct ApiError {
     pub message: String,
 }
 
+/// Longest message an error carries. Longer ones lose their middle: what went wrong comes
+/// first and what to do last, while the middle is where echoed input (a serde error quoting
+/// a megabyte-long field, say) sits.
+pub const MAX_MESSAGE: usize = 1024;
+
+/// Most bytes of client input an error message quotes.
+pub const MAX_ECHO: usize = 200;
+
+/// `input` quoted for an error message (as `{:?}` does), cut to [`MAX_ECHO`] bytes: a message
+/// must stay readable, and must not hand a client back the megabytes it sent.
+pub fn echo(input: &str) -> String {
+    if input.len() <= MAX_ECHO {
+        return format!("{input:?}");
+    }
+    format!("{:?}… ({} bytes)", &input[..floor_char_boundary(input, MAX_ECHO)], input.len())
+}
+
+/// Text from a library that may quote client input (a serde error, an HTTP rejection), cut
+/// to a few hundred bytes for an error message.
+pub fn clip(text: &str) -> String {
+    const MAX_CLIP: usize = 300;
+    if text.len() <= MAX_CLIP {
+        return text.to_owned();
+    }
+    format!("{}…", &text[..floor_char_boundary(text, MAX_CLIP)])
+}
+
+/// The largest index at most `at` that starts a character of `s`.
+fn floor_char_boundary(s: &str, at: usize) -> usize {
+    (0..=at.min(s.len())).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0)
+}
+
+/// The first `keep` bytes and the last `keep / 2` of a message longer than [`MAX_MESSAGE`].
+fn bounded(message: String) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message;
+    }
+    let head = floor_char_boundary(&message, MAX_MESSAGE * 2 / 3);
+    let tail_start = message.len() - MAX_MESSAGE / 4;
+    let tail = (tail_start..message.len()).find(|&i| message.is_char_boundary(i)).unwrap_or(message.len());
+    format!("{} … {}", &message[..head], &message[tail..])
+}
+
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError { code, message: message.into() }
+        ApiError { code, message: bounded(message.into()) }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -109,5 +164,41 @@ impl ApiError {
 impl From<ErrorBody> for ApiError {
     fn from(body: ErrorBody) -> Self {
         ApiError { code: body.error.code, message: body.error.message }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_a_status_of_its_own_class() {
+        for (code, status) in [
+            (ErrorCode::MethodNotAllowed, 405),
+            (ErrorCode::RequestTimeout, 408),
+            (ErrorCode::UriTooLong, 414),
+            (ErrorCode::HeadersTooLarge, 431),
+        ] {
+            assert_eq!(code.http_status(), status, "{code:?}");
+        }
+        let json = serde_json::to_string(&ErrorCode::HeadersTooLarge).unwrap();
+        assert_eq!(json, "\"headers_too_large\"");
+    }
+
+    #[test]
+    fn echoed_input_and_messages_are_bounded() {
+        assert_eq!(echo("gh"), "\"gh\"");
+        let huge = "é".repeat(1 << 20);
+        let quoted = echo(&huge);
+        assert!(quoted.len() < MAX_ECHO + 40 && quoted.ends_with("(2097152 bytes)"), "{quoted}");
+
+        let message = format!("unknown field `{}`, expected `cmd`; send a JSON ExecRequest", "x".repeat(4 << 20));
+        let error = ApiError::new(ErrorCode::BadRequest, message);
+        assert!(error.message.len() <= MAX_MESSAGE + 8, "{} bytes", error.message.len());
+        assert!(error.message.starts_with("unknown field `xxx"), "what went wrong stays: {}", error.message);
+        assert!(error.message.ends_with("send a JSON ExecRequest"), "what to do stays: {}", error.message);
+        assert!(clip(&huge).len() <= 303 && clip("ok") == "ok");
+        let short = ApiError::new(ErrorCode::BadRequest, "short");
+        assert_eq!(short.message, "short");
     }
 }

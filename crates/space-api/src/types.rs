@@ -253,7 +253,8 @@ pub struct ExecResult {
     pub timed_out: bool,
     /// The sandbox hit its memory limit and the kernel killed a process during this command.
     pub oom_killed: bool,
-    /// Output as UTF-8 (lossy); capped, see `truncated`.
+    /// Output as UTF-8 (lossy: invalid bytes become U+FFFD), cut to 16 MiB per stream as it
+    /// is sent, in JSON, escapes included (a NUL byte takes 6); see `truncated`.
     pub stdout: String,
     pub stderr: String,
     pub truncated: bool,
@@ -293,6 +294,8 @@ pub struct TermSize {
 pub enum WsClientMessage {
     /// No more stdin.
     Eof,
+    /// Signals the process; `signal` is a standard Linux signal number, 1-31 (others are
+    /// answered with an `error` message and not sent).
     Signal {
         signal: i32,
     },
@@ -330,7 +333,21 @@ pub struct ProcessList {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
+    /// A standard Linux signal number, 1-31 (see [`signal_name`]).
     pub signal: i32,
+}
+
+/// The signals a process in a session can be sent: the standard Linux ones, by number (the
+/// numbering of x86-64 and arm64). Real-time signals are not offered.
+const SIGNALS: [&str; 31] = [
+    "HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1", "SEGV", "USR2", "PIPE", "ALRM", "TERM",
+    "STKFLT", "CHLD", "CONT", "STOP", "TSTP", "TTIN", "TTOU", "URG", "XCPU", "XFSZ", "VTALRM", "PROF", "WINCH", "IO",
+    "PWR", "SYS",
+];
+
+/// The name of signal number `signal` (`TERM` for 15), or `None` if a process cannot be sent it.
+pub fn signal_name(signal: i32) -> Option<&'static str> {
+    usize::try_from(signal).ok()?.checked_sub(1).and_then(|i| SIGNALS.get(i)).copied()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -561,4 +578,20 @@ pub struct ForkRequest {
     pub from: Option<SnapshotId>,
     /// How many sessions to create (default 1).
     pub count: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_are_named_by_their_linux_numbers() {
+        assert_eq!(
+            (signal_name(1), signal_name(9), signal_name(15), signal_name(31)),
+            (Some("HUP"), Some("KILL"), Some("TERM"), Some("SYS"))
+        );
+        for n in [0, 32, 34, 64, -15, i32::MIN, i32::MAX] {
+            assert_eq!(signal_name(n), None, "{n}");
+        }
+    }
 }

@@ -12,6 +12,11 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 
 pub type WsStream = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
+/// How often WebSocket clients ping the server: it closes sockets that carry nothing for a
+/// while (`space serve --ws-idle-timeout`, 5 minutes by default), and a quiet interactive
+/// shell or watch must stay open.
+pub const WS_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(30);
+
 #[derive(Clone)]
 pub struct Client {
     base: String,

@@ -12,7 +12,7 @@ use space_api::{ExecRequest, ExecResult, ExecStart, TermSize, WsClientMessage, W
 use tokio::io::AsyncReadExt;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::client::{Client, WsStream};
+use crate::client::{Client, WS_KEEPALIVE, WsStream};
 
 #[derive(Args)]
 pub struct ExecArgs {
@@ -134,6 +134,7 @@ async fn relay(socket: WsStream, tty: bool, forward_stdin: bool) -> anyhow::Resu
     if tty {
         tokio::spawn(forward_resizes(input_tx.clone()));
     }
+    tokio::spawn(keep_alive(input_tx.clone()));
     drop(input_tx);
     tokio::spawn(async move {
         while let Some(message) = input_rx.recv().await {
@@ -178,6 +179,18 @@ async fn relay(socket: WsStream, tty: bool, forward_stdin: bool) -> anyhow::Resu
         }
     }
     bail!("the connection closed before the command finished")
+}
+
+/// Pings the server now and then, so that a command that is quiet for long keeps its socket.
+async fn keep_alive(tx: tokio::sync::mpsc::Sender<Message>) {
+    let mut ticks = tokio::time::interval(WS_KEEPALIVE);
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        if tx.send(Message::Ping(Vec::new().into())).await.is_err() {
+            return;
+        }
+    }
 }
 
 async fn pump_stdin(tx: tokio::sync::mpsc::Sender<Message>) {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Subcommand;
-use futures::StreamExt;
+use futures::{SinkExt, StreamExt};
 use reqwest::Method;
 use space_api::{FileList, WriteResult};
 use std::io::Write;
@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::io::ReaderStream;
 
-use crate::client::{Client, encode};
+use crate::client::{Client, WS_KEEPALIVE, encode};
 use crate::output::{bytes, print_json, print_table, time};
 
 #[derive(Subcommand)]
@@ -89,7 +89,18 @@ pub async fn run(client: &Client, command: FilesCommand, json: bool) -> anyhow::
         FilesCommand::Watch { id, path, recursive } => {
             let url = format!("/v1/sessions/{id}/watch?path={}&recursive={recursive}", encode(&path));
             let mut socket = client.websocket(&url).await?;
-            while let Some(message) = socket.next().await {
+            // Pings keep a watch on a quiet directory open (the server closes idle sockets).
+            let mut keep_alive = tokio::time::interval(WS_KEEPALIVE);
+            keep_alive.tick().await;
+            loop {
+                let message = tokio::select! {
+                    message = socket.next() => message,
+                    _ = keep_alive.tick() => {
+                        socket.send(Message::Ping(Vec::new().into())).await?;
+                        continue;
+                    }
+                };
+                let Some(message) = message else { break };
                 match message? {
                     Message::Text(text) => {
                         let mut stdout = std::io::stdout();

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::Args;
 use space_api::SnapshotPolicy;
-use space_control::ServerConfig;
+use space_control::{HttpLimits, ServerConfig};
 use space_node::{GatewayConfig, Limits, NodeConfig, SandboxLimits, WarmSettings};
 use space_storage::{DEFAULT_IMAGE_SIZE, DEFAULT_TEMPLATE_CACHE_DIR, IdMap};
 use tracing_subscriber::EnvFilter;
@@ -69,6 +69,14 @@ pub struct ServeArgs {
     /// Older ones are deleted hourly.
     #[arg(long, default_value = "30d", value_parser = parse_retention)]
     audit_retention: Retention,
+    /// Most connections open at once, WebSockets included; further clients wait until one
+    /// closes.
+    #[arg(long, default_value_t = HttpLimits::default().max_connections)]
+    max_connections: usize,
+    /// Close exec, attach and watch WebSockets that carry nothing either way for this long,
+    /// e.g. `5m` (pings count; `space exec` and `space files watch` send them).
+    #[arg(long, default_value = "5m", value_parser = parse_idle)]
+    ws_idle_timeout: std::time::Duration,
     /// Gateway: resolve NAME to ADDR (an address, or address:port to also replace the port)
     /// instead of asking DNS. Repeatable. Meant for tests and private upstreams.
     #[arg(long = "gateway-resolve", value_name = "NAME=ADDR")]
@@ -121,6 +129,13 @@ fn parse_retention(value: &str) -> Result<Retention, String> {
     match space_api::policy::parse_duration(value)? {
         0 => Err("a retention of 0 would delete every event; use `off` to keep them for ever".into()),
         secs => Ok(Retention(Some(std::time::Duration::from_secs(secs)))),
+    }
+}
+
+fn parse_idle(value: &str) -> Result<std::time::Duration, String> {
+    match space_api::policy::parse_duration(value)? {
+        0 => Err("an idle timeout of 0 would close every WebSocket at once".into()),
+        secs => Ok(std::time::Duration::from_secs(secs)),
     }
 }
 
@@ -237,6 +252,11 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         default_template: args.default_template,
         snapshot_policy: args.snapshot_policy,
         scheduler_tick: std::time::Duration::from_millis(args.snapshot_tick_ms.max(10)),
+        http: HttpLimits {
+            max_connections: args.max_connections.max(1),
+            ws_idle_timeout: args.ws_idle_timeout,
+            ..HttpLimits::default()
+        },
         node: NodeConfig {
             data_dir: data_dir.clone(),
             spaced_bin: find_spaced(args.spaced)?,

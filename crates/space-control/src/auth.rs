@@ -2,8 +2,9 @@
 
 use std::path::Path;
 
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::Response;
 use rand::RngCore;
@@ -23,6 +24,32 @@ pub struct Caller {
 }
 
 pub const ADMIN_TENANT: &str = "admin";
+
+/// The caller of an admin-only endpoint. Extracting it refuses other callers with 403, and
+/// only looks at what [`require_key`] found: nothing of the request is read or checked
+/// before it is known that the caller may make it.
+#[derive(Debug, Clone)]
+pub struct Admin(pub Caller);
+
+impl<S: Send + Sync> FromRequestParts<S> for Admin {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, AppError> {
+        let caller = parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .ok_or_else(|| AppError::internal("an admin-only route is outside the API key middleware"))?;
+        if !caller.admin {
+            return Err(AppError::new(
+                ErrorCode::Forbidden,
+                "only the admin key (DATA_DIR/admin.key) can do this: keys, templates and the warm pool are \
+                 the operator's; ask the server's operator",
+            ));
+        }
+        Ok(Admin(caller))
+    }
+}
 
 pub fn generate_key() -> String {
     let mut bytes = [0u8; 32];

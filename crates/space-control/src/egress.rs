@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use space_api::egress::{AuditEvent, NetworkPolicy};
+use space_api::error::echo;
 use space_api::{CredentialId, ErrorCode, SessionId, SessionState, TenantId};
 use space_gateway::{Gateway, Grant, SessionCa, SessionEgress, placeholder_for};
 use space_keys::Sealer;
@@ -70,12 +71,14 @@ pub fn ca_owner(session: &SessionId) -> String {
 }
 
 pub fn credential_not_found(name: &str) -> AppError {
+    let usable = if validate_credential_name(name).is_ok() { name } else { "NAME" };
     AppError::new(
         ErrorCode::CredentialNotFound,
         format!(
-            "credential {name:?} not found; `space credential list` shows yours, and \
-             `space credential create {name} --host HOST --header 'Authorization: Bearer {{secret}}'` \
-             (value on stdin) creates one"
+            "credential {} not found; `space credential list` shows yours, and \
+             `space credential create {usable} --host HOST --header 'Authorization: Bearer {{secret}}'` \
+             (value on stdin) creates one",
+            echo(name)
         ),
     )
 }
@@ -94,7 +97,8 @@ pub fn validate_credential_name(name: &str) -> AppResult<()> {
         return Ok(());
     }
     Err(AppError::bad_request(format!(
-        "invalid credential name {name:?}: use 1-{MAX_CREDENTIAL_NAME} letters, digits, '-', '_' or '.', starting with a letter or digit"
+        "invalid credential name {}: use 1-{MAX_CREDENTIAL_NAME} letters, digits, '-', '_' or '.', starting with a letter or digit",
+        echo(name)
     )))
 }
 
@@ -133,7 +137,8 @@ pub fn validate_hosts(hosts: &[String], allow_wildcards: bool) -> AppResult<Vec<
 pub fn parse_header(header: &str) -> AppResult<(String, String)> {
     let bad = |why: &str| {
         AppError::bad_request(format!(
-            "invalid header {header:?}: {why}; write it like 'Authorization: Bearer {{secret}}'"
+            "invalid header {}: {why}; write it like 'Authorization: Bearer {{secret}}'",
+            echo(header)
         ))
     };
     if header.len() > MAX_HEADER {
@@ -142,7 +147,7 @@ pub fn parse_header(header: &str) -> AppResult<(String, String)> {
     let (name, value) = header.split_once(':').ok_or_else(|| bad("expected `Name: value`"))?;
     let name = name.trim();
     if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() || name.is_empty() {
-        return Err(bad(&format!("{name:?} is not a valid header name")));
+        return Err(bad(&format!("{} is not a valid header name", echo(name))));
     }
     if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
         return Err(bad(&format!("the gateway does not set the {name} header")));
@@ -179,7 +184,43 @@ pub fn validate_value(value: &str) -> AppResult<()> {
     Ok(())
 }
 
-/// A valid environment variable name the gateway does not set itself.
+/// Variables a placeholder must not take over, beyond those the gateway sets: what `spaced`
+/// sets for every command, and what changes which programs run or what they load and run
+/// first (a shell's startup file, an interpreter's module path or options).
+const RESERVED_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "TERM",
+    "SHELL",
+    "IFS",
+    "ENV",
+    "BASH_ENV",
+    "CDPATH",
+    "GLIBC_TUNABLES",
+    "GCONV_PATH",
+    "LOCPATH",
+    "HOSTALIASES",
+    "RESOLV_HOST_CONF",
+    "ALL_PROXY",
+    "FTP_PROXY",
+    "NODE_OPTIONS",
+    "NODE_PATH",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PERL5LIB",
+    "PERL5OPT",
+    "RUBYLIB",
+    "RUBYOPT",
+    "JAVA_TOOL_OPTIONS",
+];
+/// Prefixes of reserved variables: the dynamic loader's (`LD_PRELOAD`, `LD_LIBRARY_PATH`, …)
+/// and bash's exported functions.
+const RESERVED_ENV_PREFIXES: &[&str] = &["LD_", "BASH_FUNC_"];
+
+/// A valid environment variable name that changes nothing about how programs in the sandbox
+/// run. Compared without regard to case: lowercase `http_proxy` is honoured too, and zsh
+/// ties `path` to `PATH`.
 pub fn validate_env_name(name: &str) -> AppResult<()> {
     let valid = !name.is_empty()
         && name.len() <= 128
@@ -187,11 +228,21 @@ pub fn validate_env_name(name: &str) -> AppResult<()> {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
     if !valid {
         return Err(AppError::bad_request(format!(
-            "invalid placeholder_env {name:?}: use letters, digits and '_', not starting with a digit (e.g. GITHUB_TOKEN)"
+            "invalid placeholder_env {}: use letters, digits and '_', not starting with a digit (e.g. GITHUB_TOKEN)",
+            echo(name)
         )));
     }
-    if space_gateway::sandbox_env().contains_key(name) {
-        return Err(AppError::bad_request(format!("placeholder_env {name:?} is set by the gateway; choose another")));
+    let upper = name.to_ascii_uppercase();
+    if space_gateway::sandbox_env().keys().any(|set| set.eq_ignore_ascii_case(name)) {
+        return Err(AppError::bad_request(format!(
+            "placeholder_env {name:?} is set by the gateway (proxy and CA settings); choose another, e.g. GITHUB_TOKEN"
+        )));
+    }
+    if RESERVED_ENV.contains(&upper.as_str()) || RESERVED_ENV_PREFIXES.iter().any(|p| upper.starts_with(p)) {
+        return Err(AppError::bad_request(format!(
+            "placeholder_env {name:?} would change how programs in the sandbox run (search path, loader, shell or \
+             interpreter settings); choose a name of your own, e.g. GITHUB_TOKEN"
+        )));
     }
     Ok(())
 }
@@ -547,6 +598,7 @@ mod tests {
         assert!(validate_env_name("GITHUB_TOKEN").is_ok());
         assert!(validate_env_name("1X").is_err());
         assert!(validate_env_name("HTTPS_PROXY").is_err());
+        assert!(validate_env_name("NPM_TOKEN").is_ok());
         assert_eq!(validate_hosts(&["API.example.com".into()], false).unwrap(), vec!["api.example.com".to_string()]);
         assert!(validate_hosts(&[], true).is_err());
         assert!(validate_hosts(&["1.2.3.4".into()], true).is_err());
@@ -554,6 +606,55 @@ mod tests {
         let refused = validate_hosts(&wildcard, false).unwrap_err();
         assert!(refused.0.message.contains("--allow-wildcard-credential-hosts"), "{}", refused.0.message);
         assert_eq!(validate_hosts(&wildcard, true).unwrap(), wildcard);
+    }
+
+    /// A placeholder replaces the variable's value in every command: it must not be one that
+    /// decides which programs run, what they load, or where their traffic goes.
+    #[test]
+    fn placeholders_cannot_take_over_variables_that_change_how_programs_run() {
+        for name in [
+            "PATH",
+            "path",
+            "LD_PRELOAD",
+            "LD_LIBRARY_PATH",
+            "ld_audit",
+            "HOME",
+            "BASH_ENV",
+            "PYTHONPATH",
+            "NODE_OPTIONS",
+            "ALL_PROXY",
+            "https_proxy",
+            "Http_Proxy",
+            "NO_PROXY",
+            "SSL_CERT_FILE",
+            "ssl_cert_file",
+            "REQUESTS_CA_BUNDLE",
+            "NODE_EXTRA_CA_CERTS",
+        ] {
+            let error = validate_env_name(name).expect_err(name);
+            assert_eq!(error.0.code, ErrorCode::BadRequest, "{name}");
+            assert!(error.0.message.contains("choose"), "{name}: says what to do: {}", error.0.message);
+        }
+        // Every variable the gateway puts in a sandbox is refused, whatever its case.
+        for name in space_gateway::sandbox_env().keys() {
+            assert!(validate_env_name(&name.to_ascii_lowercase()).is_err(), "{name}");
+        }
+        for name in ["GITHUB_TOKEN", "OPENAI_API_KEY", "PATHFINDER_KEY", "MY_LD_TOKEN"] {
+            assert!(validate_env_name(name).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
+    fn messages_quote_at_most_a_few_hundred_bytes_of_input() {
+        let huge = "x".repeat(1 << 20);
+        for error in [
+            validate_credential_name(&huge).unwrap_err(),
+            parse_header(&format!("{huge}: {{secret}}")).unwrap_err(),
+            credential_not_found(&huge),
+            validate_env_name(&format!("1{huge}")).unwrap_err(),
+        ] {
+            assert!(error.0.message.len() < 700, "{} bytes: {}", error.0.message.len(), &error.0.message[..100]);
+        }
     }
 
     struct Fixture {

@@ -20,14 +20,15 @@ use space_keys::{DigestKey, KeyError, Sealer};
 use space_store::{IdempotencyBegin, Store, StoreError};
 
 use crate::auth::Caller;
-use crate::error::AppError;
+use crate::error::{AppError, unreadable_body};
 
 pub const HEADER: &str = "idempotency-key";
 /// How long a key is remembered (records older are deleted at start-up), as Stripe does.
 pub const RETENTION_MS: i64 = 24 * 3600 * 1000;
 const MAX_KEY_LEN: usize = 255;
-const MAX_REQUEST_BODY: usize = 1 << 20;
-const MAX_RECORDED_RESPONSE: usize = 32 << 20;
+const MAX_REQUEST_BODY: usize = crate::api::JSON_BODY_LIMIT;
+/// The largest JSON response a handler gives, an exec's, still fits.
+const MAX_RECORDED_RESPONSE: usize = crate::api::MAX_EXEC_RESPONSE;
 /// The owner the fingerprint key is sealed for.
 const KEY_OWNER: &str = "idempotency-fingerprint-key";
 
@@ -105,9 +106,7 @@ pub async fn idempotency(State(state): State<Idempotency>, request: Request, nex
         .cloned()
         .ok_or_else(|| AppError::internal("idempotency middleware ran before authentication"))?;
     let (parts, body) = request.into_parts();
-    let body = to_bytes(body, MAX_REQUEST_BODY)
-        .await
-        .map_err(|_| AppError::new(ErrorCode::PayloadTooLarge, "request body too large (limit 1 MiB)"))?;
+    let body = to_bytes(body, MAX_REQUEST_BODY).await.map_err(|e| unreadable_body(&e))?;
     let fingerprint =
         state.fingerprint(&parts.method, parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(""), &body);
 
@@ -327,6 +326,29 @@ mod tests {
         // The record survives a restart's cleanup: the request is not run twice.
         s.store.idempotency_interrupt_unfinished().await.unwrap();
         assert_eq!(call(&app, "/v1/keys", "k2", r#"{"tenant":"a"}"#).await.0, StatusCode::CONFLICT);
+    }
+
+    /// The body is read here before any handler: a stalled one is a 408 and a malformed one
+    /// a 400, as in handlers, not a 413 "too large".
+    #[tokio::test]
+    async fn bodies_that_cannot_be_read_say_why() {
+        let s = server().await;
+        let app = router(Idempotency::load(s.store.clone(), &s.sealer).await.unwrap(), s.tenant.clone()).await;
+        let stalled = futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+        let body =
+            tower_http::timeout::TimeoutBody::new(std::time::Duration::from_millis(50), Body::from_stream(stalled));
+        let broken = futures::stream::iter([Err::<bytes::Bytes, _>(std::io::Error::other("invalid chunk size"))]);
+        for (body, status, code) in [
+            (Body::new(body), StatusCode::REQUEST_TIMEOUT, "request_timeout"),
+            (Body::from_stream(broken), StatusCode::BAD_REQUEST, "bad_request"),
+            (Body::from(vec![b'x'; MAX_REQUEST_BODY + 1]), StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+        ] {
+            let request = Request::post("/v1/credentials").header(HEADER, "k").body(body).unwrap();
+            let response = app.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), status);
+            let text = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+            assert!(String::from_utf8_lossy(&text).contains(code), "{text:?}");
+        }
     }
 
     #[tokio::test]

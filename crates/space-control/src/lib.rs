@@ -15,6 +15,7 @@ pub mod keys;
 pub mod reconciler;
 pub mod recovery;
 pub mod scheduler;
+pub mod server;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,6 +29,7 @@ use space_store::Store;
 
 pub use error::{AppError, AppResult};
 pub use reconciler::Reconciler;
+pub use server::HttpLimits;
 
 /// Settings of `space serve`.
 #[derive(Debug, Clone)]
@@ -49,6 +51,8 @@ pub struct ServerConfig {
     pub audit_retention: Option<std::time::Duration>,
     /// Whether credentials may name their hosts by wildcard (`*.example.com`).
     pub allow_wildcard_credential_hosts: bool,
+    /// Connection cap and timeouts of the HTTP server.
+    pub http: HttpLimits,
     pub node: NodeConfig,
 }
 
@@ -72,6 +76,9 @@ pub struct AppState {
     pub idempotency: idempotency::Idempotency,
     /// Whether credentials may name hosts by wildcard (see [`egress::validate_hosts`]).
     pub allow_wildcard_credential_hosts: bool,
+    /// Connection cap and timeouts of the HTTP server ([`serve`]); handlers of WebSockets
+    /// read their idle timeout here.
+    pub http: HttpLimits,
 }
 
 impl AppState {
@@ -134,6 +141,7 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         sealer: Arc::new(sealer),
         idempotency,
         allow_wildcard_credential_hosts: config.allow_wildcard_credential_hosts,
+        http: config.http.clone(),
     };
     egress::spawn_audit_writer(&state);
     if let Some(retention) = config.audit_retention {
@@ -152,12 +160,12 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
     Ok(state)
 }
 
-/// Serves the API until `shutdown` resolves.
+/// Serves the API until `shutdown` resolves, within the state's [`HttpLimits`].
 pub async fn serve(
     state: AppState,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = api::router(state);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    let limits = state.http.clone();
+    server::serve_router(api::router(state), listener, limits, shutdown).await
 }

@@ -395,7 +395,7 @@ pub fn watch_exit(state: AppState, session: SessionId, handle: SandboxHandle) {
     });
 }
 
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct TemplateInput {
     pub name: String,
     pub path: Option<String>,

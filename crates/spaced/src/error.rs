@@ -30,7 +30,9 @@ pub fn io_kind(err: &io::Error) -> ErrorKind {
             libc::ENOTDIR => ErrorKind::NotADirectory,
             libc::EISDIR => ErrorKind::IsADirectory,
             libc::ENOTEMPTY => ErrorKind::DirectoryNotEmpty,
-            libc::EINVAL | libc::ENAMETOOLONG | libc::ELOOP => ErrorKind::InvalidInput,
+            // EBUSY: the path is a mount point (such as the sandbox's /dev/null) or otherwise
+            // held by the system; the request cannot work, the sandbox is fine.
+            libc::EINVAL | libc::ENAMETOOLONG | libc::ELOOP | libc::EBUSY => ErrorKind::InvalidInput,
             libc::ESRCH => ErrorKind::NoSuchProcess,
             libc::ENOTSUP => ErrorKind::Unsupported,
             _ => ErrorKind::Other,
@@ -51,7 +53,11 @@ pub fn io_kind(err: &io::Error) -> ErrorKind {
 
 /// An error reply for a failed operation on `what` (usually a path).
 pub fn io_reply(what: &str, err: &io::Error) -> Reply {
-    Reply::error(io_kind(err), format!("{what}: {}", describe(err)))
+    let hint = match err.raw_os_error() {
+        Some(libc::EBUSY) => "; it is a mount point or in use by the system, and cannot be replaced or removed",
+        _ => "",
+    };
+    Reply::error(io_kind(err), format!("{what}: {}{hint}", describe(err)))
 }
 
 /// The OS description of an error without std's " (os error N)" suffix.
@@ -80,6 +86,7 @@ mod tests {
             (libc::ENOTDIR, ErrorKind::NotADirectory),
             (libc::EISDIR, ErrorKind::IsADirectory),
             (libc::ENOTEMPTY, ErrorKind::DirectoryNotEmpty),
+            (libc::EBUSY, ErrorKind::InvalidInput),
             (libc::EIO, ErrorKind::Other),
         ];
         for (code, kind) in cases {
@@ -87,6 +94,16 @@ mod tests {
         }
         let plain = io::Error::new(io::ErrorKind::InvalidInput, "nul byte");
         assert_eq!(io_kind(&plain), ErrorKind::InvalidInput);
+    }
+
+    /// Replacing or removing a mount point such as /dev/null is the request's fault: a client
+    /// error that says why, not an internal one.
+    #[test]
+    fn busy_paths_are_the_requests_fault() {
+        let reply = io_reply("/dev/null", &io::Error::from_raw_os_error(libc::EBUSY));
+        let Reply::Error { kind, message } = reply else { panic!("{reply:?}") };
+        assert_eq!(kind, ErrorKind::InvalidInput);
+        assert!(message.starts_with("/dev/null: Device or resource busy; it is a mount point"), "{message}");
     }
 
     #[test]

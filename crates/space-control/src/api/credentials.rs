@@ -2,7 +2,7 @@
 //! rest and never returned.
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use space_api::egress::{CreateCredentialRequest, Credential, CredentialList, UpdateCredentialRequest};
 use space_api::{CredentialId, ErrorBody, ErrorCode};
@@ -14,7 +14,7 @@ use crate::egress::{
     credential_not_found, credential_owner, parse_header, push_credential_sessions, validate_credential_name,
     validate_env_name, validate_hosts, validate_value,
 };
-use crate::error::{ApiJson, AppError, AppResult};
+use crate::error::{ApiJson, ApiPath, AppError, AppResult};
 
 fn now_secs() -> i64 {
     space_store::now_ms() / 1000
@@ -93,7 +93,7 @@ pub async fn list_credentials(
 pub async fn get_credential(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> AppResult<ApiJson<Credential>> {
     let record = state.store.credential(&caller.tenant_id, &name).await?.ok_or_else(|| credential_not_found(&name))?;
     Ok(ApiJson(record.credential))
@@ -107,7 +107,7 @@ pub async fn get_credential(
 pub async fn update_credential(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ApiJson(request): ApiJson<UpdateCredentialRequest>,
 ) -> AppResult<ApiJson<Credential>> {
     let current = state.store.credential(&caller.tenant_id, &name).await?.ok_or_else(|| credential_not_found(&name))?;
@@ -150,7 +150,7 @@ pub async fn update_credential(
 pub async fn delete_credential(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> AppResult<StatusCode> {
     let (_, sessions) =
         state.store.delete_credential(&caller.tenant_id, &name).await?.ok_or_else(|| credential_not_found(&name))?;

@@ -3,20 +3,23 @@
 
 use axum::Extension;
 use axum::body::Body;
-use axum::extract::ws::{Message, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::State;
+use axum::extract::ws::{Message, WebSocket};
 use axum::http::{StatusCode, header};
 use axum::response::Response;
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
+use space_api::error::{clip, echo};
 use space_api::{ErrorBody, FileInfo, FileList, FileType, MoveRequest, PathRequest, WatchEvent, WriteResult};
+use space_proto::client::AgentError;
 use space_proto::{FileKind, FileStat, WatchKind};
 use utoipa::IntoParams;
 
 use super::running_sandbox;
+use super::ws::{Idle, close_gracefully};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::error::{ApiJson, ApiQuery, AppError, AppResult};
+use crate::error::{ApiJson, ApiPath, ApiQuery, ApiWebSocket, AppError, AppResult, body_timeout, is_body_timeout};
 
 const MAX_PATH: usize = 4096;
 
@@ -60,7 +63,7 @@ fn parse_mode(mode: Option<&str>) -> AppResult<Option<u32>> {
         u32::from_str_radix(m, 8)
             .ok()
             .filter(|v| *v <= 0o7777)
-            .ok_or_else(|| AppError::bad_request(format!("mode {m:?} is not an octal permission like 644")))
+            .ok_or_else(|| AppError::bad_request(format!("mode {} is not an octal permission like 644", echo(m))))
     })
     .transpose()
 }
@@ -90,7 +93,7 @@ pub(crate) fn file_info(stat: FileStat) -> FileInfo {
 pub async fn download(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<PathParam>,
 ) -> AppResult<Response> {
     let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
@@ -107,11 +110,12 @@ pub async fn download(
 /// Uploads a file (streamed; parent directories are created). Replaces an existing file.
 #[utoipa::path(put, path = "/v1/sessions/{id}/files/content", params(("id" = String, Path), UploadParams),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 200, body = WriteResult), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = WriteResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 408, body = ErrorBody)))]
 pub async fn upload(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<UploadParams>,
     body: Body,
 ) -> AppResult<ApiJson<WriteResult>> {
@@ -119,9 +123,30 @@ pub async fn upload(
     let mode = parse_mode(params.mode.as_deref())?;
     let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let agent = state.node.agent(&sandbox).await?;
-    let data = body.into_data_stream().map_err(std::io::Error::other);
-    let bytes = agent.write_file(&path, mode, data).await?;
+    let data = body.into_data_stream().map_err(|e| std::io::Error::other(UploadBodyError(e)));
+    let bytes = agent.write_file(&path, mode, data).await.map_err(upload_error)?;
     Ok(ApiJson(WriteResult { path, bytes }))
+}
+
+/// The client's upload body could not be read (malformed chunks, cut off, stalled): a fault
+/// of the request, told apart from faults of the sandbox agent, which is fine.
+#[derive(Debug, thiserror::Error)]
+#[error("reading the upload body: {0}")]
+struct UploadBodyError(#[source] axum::Error);
+
+fn upload_error(e: AgentError) -> AppError {
+    if let AgentError::Io(io) = &e
+        && let Some(body) = io.get_ref().and_then(|inner| inner.downcast_ref::<UploadBodyError>())
+    {
+        if is_body_timeout(body) {
+            return body_timeout();
+        }
+        return AppError::bad_request(format!(
+            "the upload's body could not be read ({}); nothing was written, send the file again",
+            clip(&body.0.to_string())
+        ));
+    }
+    e.into()
 }
 
 /// Lists a directory.
@@ -130,7 +155,7 @@ pub async fn upload(
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<PathParam>,
 ) -> AppResult<ApiJson<FileList>> {
     let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
@@ -144,7 +169,7 @@ pub async fn list(
 pub async fn stat(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<PathParam>,
 ) -> AppResult<ApiJson<FileInfo>> {
     let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
@@ -158,7 +183,7 @@ pub async fn stat(
 pub async fn mkdir(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<PathRequest>,
 ) -> AppResult<StatusCode> {
     let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
@@ -172,7 +197,7 @@ pub async fn mkdir(
 pub async fn move_path(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<MoveRequest>,
 ) -> AppResult<StatusCode> {
     let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
@@ -183,11 +208,11 @@ pub async fn move_path(
 
 /// Removes a file, or a directory with `recursive=true`.
 #[utoipa::path(delete, path = "/v1/sessions/{id}/files", params(("id" = String, Path), RemoveParams),
-    responses((status = 204), (status = 404, body = ErrorBody)))]
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn remove(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<RemoveParams>,
 ) -> AppResult<StatusCode> {
     let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
@@ -201,34 +226,59 @@ pub async fn remove(
 pub async fn watch_ws(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<WatchParams>,
-    upgrade: WebSocketUpgrade,
+    ApiWebSocket(upgrade): ApiWebSocket,
 ) -> AppResult<Response> {
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let agent = state.node.agent(&sandbox).await?;
-    let mut events = Box::pin(agent.watch(check_path(&params.path)?, params.recursive).await?);
+    let events = agent.watch(check_path(&params.path)?, params.recursive).await?;
     let busy = state.activity.busy(&session.id);
+    let idle = state.http.ws_idle_timeout;
     Ok(upgrade.on_upgrade(move |mut socket| async move {
         let _busy = busy;
-        loop {
-            tokio::select! {
-                event = events.next() => {
-                    let Some(Ok(event)) = event else { break };
-                    let view = WatchEvent { kind: watch_kind(event.kind).into(), path: event.path, is_dir: event.is_dir };
-                    let text = serde_json::to_string(&view).unwrap_or_default();
-                    if socket.send(Message::Text(text.into())).await.is_err() {
-                        break;
-                    }
+        // The watch ends at the agent's first error, as the stream of the agent does.
+        let events = events
+            .take_while(|event| std::future::ready(event.is_ok()))
+            .filter_map(|event| std::future::ready(event.ok()))
+            .map(|event| WatchEvent { kind: watch_kind(event.kind).into(), path: event.path, is_dir: event.is_dir });
+        forward_events(&mut socket, events, idle).await;
+    }))
+}
+
+/// Sends `events` as JSON text frames until they end, the client goes away or the socket
+/// carries nothing either way for `idle_timeout`.
+async fn forward_events(
+    socket: &mut WebSocket,
+    events: impl futures::Stream<Item = WatchEvent>,
+    idle_timeout: std::time::Duration,
+) {
+    let mut events = std::pin::pin!(events);
+    let mut idle = Idle::new(idle_timeout);
+    loop {
+        tokio::select! {
+            event = events.next() => {
+                let Some(event) = event else { break };
+                idle.reset();
+                let text = serde_json::to_string(&event).unwrap_or_default();
+                if socket.send(Message::Text(text.into())).await.is_err() {
+                    break;
                 }
-                message = socket.recv() => match message {
-                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
-                    _ => {}
-                },
+            }
+            message = socket.recv() => {
+                idle.reset();
+                if matches!(message, Some(Ok(Message::Close(_))) | Some(Err(_)) | None) {
+                    break;
+                }
+            }
+            () = idle.expired() => {
+                let error = super::ws::error_message(&idle.error(""));
+                let _ = super::ws::send_json(socket, &error).await;
+                break;
             }
         }
-        super::exec::close_gracefully(&mut socket).await;
-    }))
+    }
+    close_gracefully(socket).await;
 }
 
 fn watch_kind(kind: WatchKind) -> &'static str {
@@ -244,7 +294,84 @@ fn watch_kind(kind: WatchKind) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::routing::{get, put};
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message as ClientMessage;
+
     use super::*;
+    use crate::server::HttpLimits;
+    use crate::server::testing::{envelope_of, patient, raw, spawn};
+
+    /// Stands in for `upload`: reads the body the same way and maps a failure the same way,
+    /// with no sandbox to write to.
+    async fn consume(body: Body) -> AppResult<String> {
+        let mut data = std::pin::pin!(body.into_data_stream().map_err(|e| std::io::Error::other(UploadBodyError(e))));
+        let mut bytes = 0;
+        while let Some(chunk) = data.next().await {
+            bytes += chunk.map_err(|e| upload_error(AgentError::Io(e)))?.len();
+        }
+        Ok(bytes.to_string())
+    }
+
+    /// A broken upload is the client's fault: 400 (or 408 for a stalled one), and the
+    /// message does not send the client off to destroy a session that is fine.
+    #[tokio::test]
+    async fn a_malformed_or_stalled_upload_body_is_a_client_error() {
+        let limits = HttpLimits { body_idle_timeout: Duration::from_millis(300), ..patient() };
+        let addr = spawn(Router::new().route("/up", put(consume)), limits).await;
+        let head = "PUT /up HTTP/1.1\r\nHost: x\r\ntransfer-encoding: chunked\r\n\r\n";
+        let response = raw(addr, format!("{head}5\r\nhello\r\nZZ\r\n").as_bytes()).await;
+        let (status, code, message) = envelope_of(&response);
+        assert_eq!((status, code.as_str()), (400, "bad_request"), "{message}");
+        assert!(message.contains("send the file again") && !message.contains("destroy"), "{message}");
+
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut stream, format!("{head}5\r\nhello\r\n").as_bytes()).await.unwrap();
+        let (response, _) = crate::server::testing::read_until_closed(&mut stream, Duration::from_secs(5)).await;
+        assert_eq!(envelope_of(&response).1, "request_timeout", "{response}");
+
+        // A failure of the agent itself still says the sandbox is in trouble.
+        let other = upload_error(AgentError::Closed);
+        assert_eq!(other.0.code, space_api::ErrorCode::SandboxUnavailable);
+    }
+
+    #[tokio::test]
+    async fn an_idle_watch_socket_is_closed_unless_pinged() {
+        let app = Router::new().route(
+            "/watch",
+            get(|ApiWebSocket(upgrade): ApiWebSocket| async move {
+                upgrade.on_upgrade(|mut socket| async move {
+                    forward_events(&mut socket, futures::stream::pending(), Duration::from_millis(400)).await;
+                })
+            }),
+        );
+        let addr = spawn(app, patient()).await;
+        let (mut socket, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/watch")).await.unwrap();
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_millis(1000) {
+            socket.send(ClientMessage::Ping(Vec::new().into())).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Pongs (and nothing else) so far; then, unpinged, the timeout and the close.
+        let mut texts = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(Ok(message)) = socket.next().await {
+                match message {
+                    ClientMessage::Text(text) => texts.push(text.to_string()),
+                    ClientMessage::Close(_) => return,
+                    _ => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the idle socket stayed open");
+        assert!(started.elapsed() > Duration::from_millis(1300), "closed while pinged");
+        assert_eq!(texts.len(), 1, "{texts:?}");
+        assert!(texts[0].contains("\"timeout\"") && texts[0].contains("pings"), "{texts:?}");
+    }
 
     #[test]
     fn modes_are_octal_and_bounded() {

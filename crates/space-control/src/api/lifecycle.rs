@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
+use space_api::error::clip;
 use space_api::{
     CreateSnapshotRequest, ErrorBody, ErrorCode, ForkRequest, RestoreRequest, Session, SessionId, SessionList,
     SessionState, Snapshot, SnapshotId, SnapshotKind, SnapshotList, TenantId,
@@ -14,7 +15,7 @@ use space_store::{NewSession, NewSnapshot};
 use super::find_session;
 use crate::AppState;
 use crate::auth::Caller;
-use crate::error::{ApiJson, AppError, AppResult};
+use crate::error::{ApiJson, ApiPath, AppError, AppResult};
 use crate::reconciler::RestoreInput;
 
 /// Most sessions one fork call may create.
@@ -48,7 +49,7 @@ pub(crate) fn sandbox_of(session: &Session) -> AppResult<space_api::SandboxId> {
 pub async fn pause(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<Session>> {
     Ok(ApiJson(set_frozen(&state, &caller, &id, true).await?))
 }
@@ -60,7 +61,7 @@ pub async fn pause(
 pub async fn resume(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<Session>> {
     let session = live_session(&state, &caller, &id).await?;
     if session.state == SessionState::Suspended {
@@ -109,7 +110,7 @@ async fn set_frozen(state: &AppState, caller: &Caller, id: &str, frozen: bool) -
 pub async fn create_snapshot(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<CreateSnapshotRequest>,
 ) -> AppResult<(StatusCode, ApiJson<Snapshot>)> {
     if request.name.as_ref().is_some_and(|n| n.is_empty() || n.len() > MAX_NAME || n.contains('\0')) {
@@ -203,7 +204,7 @@ pub(crate) fn require_checkpoints(state: &AppState) -> AppResult<()> {
 pub async fn list_snapshots(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<SnapshotList>> {
     let session = find_session(&state, &caller, &id).await?;
     Ok(ApiJson(SnapshotList { snapshots: state.store.list_snapshots(&session.id).await? }))
@@ -211,8 +212,12 @@ pub async fn list_snapshots(
 
 /// The caller's snapshot `snapshot` of session `session`, or 404.
 async fn find_snapshot(state: &AppState, caller: &Caller, session: &SessionId, snapshot: &str) -> AppResult<Snapshot> {
-    let not_found =
-        || AppError::new(ErrorCode::SnapshotNotFound, format!("snapshot {snapshot} not found in session {session}"));
+    let not_found = || {
+        AppError::new(
+            ErrorCode::SnapshotNotFound,
+            format!("snapshot {} not found in session {session}", clip(snapshot)),
+        )
+    };
     let parsed: SnapshotId = snapshot.parse().map_err(|_| not_found())?;
     let found = state.store.snapshot(&caller.tenant_id, &parsed).await?;
     found.filter(|s| &s.session_id == session).ok_or_else(not_found)
@@ -224,7 +229,7 @@ async fn find_snapshot(state: &AppState, caller: &Caller, session: &SessionId, s
 pub async fn delete_snapshot(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((id, snapshot)): Path<(String, String)>,
+    ApiPath((id, snapshot)): ApiPath<(String, String)>,
 ) -> AppResult<StatusCode> {
     let session = find_session(&state, &caller, &id).await?;
     let snapshot = find_snapshot(&state, &caller, &session.id, &snapshot).await?;
@@ -239,7 +244,7 @@ pub async fn delete_snapshot(
 pub async fn restore(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<RestoreRequest>,
 ) -> AppResult<ApiJson<Session>> {
     let session = live_session(&state, &caller, &id).await?;
@@ -282,7 +287,7 @@ pub(crate) async fn run_restore(
 pub async fn fork(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<ForkRequest>,
 ) -> AppResult<(StatusCode, ApiJson<SessionList>)> {
     let count = request.count.unwrap_or(1);

@@ -2,6 +2,7 @@
 
 mod credentials;
 mod exec;
+pub(crate) use exec::MAX_EXEC_RESPONSE;
 mod files;
 mod lifecycle;
 mod network;
@@ -12,21 +13,27 @@ mod sessions;
 mod suspend;
 mod system;
 mod templates;
+mod ws;
 
-use axum::Router;
-use axum::extract::DefaultBodyLimit;
-use axum::middleware;
+use std::collections::HashMap;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use space_api::{ErrorCode, SandboxId, Session, SessionId, SessionState};
+use space_store::Store;
 use utoipa::OpenApi;
 
 use crate::AppState;
-use crate::auth::{Caller, require_key};
-use crate::error::{AppError, AppResult};
+use crate::auth::{Admin, Caller, require_key};
+use crate::error::{ApiPath, AppError, AppResult, envelope};
 use crate::idempotency::idempotency;
+use crate::server::limit_request_size;
 
 /// JSON bodies larger than this are refused with 413 (file uploads stream and are exempt).
-const JSON_BODY_LIMIT: usize = 1 << 20;
+pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -72,6 +79,7 @@ pub fn openapi_json() -> String {
 }
 
 pub fn router(state: AppState) -> Router {
+    let idempotent = || middleware::from_fn_with_state(state.idempotency.clone(), idempotency);
     let files = Router::new()
         .route("/content", get(files::download).put(files::upload))
         .layer(DefaultBodyLimit::disable())
@@ -80,13 +88,17 @@ pub fn router(state: AppState) -> Router {
         .route("/mkdir", post(files::mkdir))
         .route("/move", post(files::move_path))
         .route("/", axum::routing::delete(files::remove));
-    let authed = Router::new()
-        .route("/status", get(system::status))
+    // Authorization before anything else is read or checked: a layer added later wraps the
+    // ones before it, so `require_admin` and `require_session`, added last, run before the
+    // idempotency middleware and before any extractor of the handler.
+    let admin = Router::new()
         .route("/keys", post(system::create_key))
-        .route("/pool", get(pool::get_pool))
         .route("/pool/{template}", axum::routing::put(pool::set_pool_size))
-        .route("/operations/{id}", get(system::get_operation))
-        .route("/sessions", post(sessions::create_session).get(sessions::list_sessions))
+        .route("/templates/import", post(templates::import_template))
+        .route("/templates/build", post(templates::build_template))
+        .route_layer(idempotent())
+        .route_layer(middleware::from_fn(require_admin));
+    let sessions = Router::new()
         .route(
             "/sessions/{id}",
             get(sessions::get_session).delete(sessions::destroy_session).patch(sessions::update_session),
@@ -109,6 +121,14 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/grants", post(network::grant))
         .route("/sessions/{id}/grants/{name}", axum::routing::delete(network::revoke))
         .route("/sessions/{id}/audit", get(network::audit))
+        .nest("/sessions/{id}/files", files)
+        .route_layer(idempotent())
+        .route_layer(middleware::from_fn_with_state(state.store.clone(), require_session));
+    let tenant = Router::new()
+        .route("/status", get(system::status))
+        .route("/pool", get(pool::get_pool))
+        .route("/operations/{id}", get(system::get_operation))
+        .route("/sessions", post(sessions::create_session).get(sessions::list_sessions))
         .route("/credentials", post(credentials::create_credential).get(credentials::list_credentials))
         .route(
             "/credentials/{name}",
@@ -116,25 +136,62 @@ pub fn router(state: AppState) -> Router {
                 .patch(credentials::update_credential)
                 .delete(credentials::delete_credential),
         )
-        .nest("/sessions/{id}/files", files)
         .route("/templates", get(templates::list_templates))
-        .route("/templates/import", post(templates::import_template))
-        .route("/templates/build", post(templates::build_template))
-        .layer(middleware::from_fn_with_state(state.idempotency.clone(), idempotency))
+        .route_layer(idempotent());
+    let authed = tenant
+        .merge(admin)
+        .merge(sessions)
         .layer(middleware::from_fn_with_state(state.clone(), require_key))
         .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT));
-    Router::new()
+    let app = Router::new()
         .route("/v1/health", get(system::health))
         .route("/v1/openapi.json", get(|| async { ([("content-type", "application/json")], openapi_json()) }))
         .nest("/v1", authed)
         .fallback(|| async { AppError::new(ErrorCode::NotFound, "no such endpoint; see /v1/openapi.json") })
-        .with_state(state)
+        .with_state(state);
+    harden(app)
+}
+
+/// The layers every response passes through: the limits on a request's size, answered in the
+/// API's envelope, and [`envelope`] for errors the framework answers itself. They wrap the
+/// whole router rather than each route, so they also see what routing adds (a 405's `Allow`).
+pub fn harden(app: Router) -> Router {
+    let service = tower::ServiceBuilder::new()
+        .layer(middleware::from_fn(limit_request_size))
+        .layer(middleware::from_fn(envelope))
+        .service(app);
+    Router::new().fallback_service(service)
+}
+
+/// Middleware of the `/v1/sessions/{id}…` routes: the session must be the caller's (404
+/// otherwise, as for one that does not exist) before anything else about the request is
+/// looked at, so a caller learns nothing from how requests about others' sessions fail.
+async fn require_session(
+    State(store): State<Store>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(params): ApiPath<HashMap<String, String>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, AppError> {
+    let id = params.get("id").map(String::as_str).unwrap_or_default();
+    find_session_in(&store, &caller, id).await?;
+    Ok(next.run(request).await)
+}
+
+/// Middleware of the admin-only routes: 403 before idempotency or any extractor runs (an
+/// import must not tell a tenant which paths exist on the server's host).
+async fn require_admin(_admin: Admin, request: Request, next: Next) -> Response {
+    next.run(request).await
 }
 
 /// The caller's session `id`, or 404 (also for malformed ids and other tenants' sessions).
 pub(crate) async fn find_session(state: &AppState, caller: &Caller, id: &str) -> AppResult<Session> {
+    find_session_in(&state.store, caller, id).await
+}
+
+async fn find_session_in(store: &Store, caller: &Caller, id: &str) -> AppResult<Session> {
     let parsed: SessionId = id.parse().map_err(|_| AppError::session_not_found(id))?;
-    state.store.session(&caller.tenant_id, &parsed).await?.ok_or_else(|| AppError::session_not_found(id))
+    store.session(&caller.tenant_id, &parsed).await?.ok_or_else(|| AppError::session_not_found(id))
 }
 
 /// The sandbox of a running session, or a 409 that says what state it is in.
@@ -158,6 +215,95 @@ pub(crate) async fn running_sandbox(state: &AppState, caller: &Caller, id: &str)
 
 #[cfg(test)]
 mod tests {
+    use axum::body::{Body, to_bytes};
+    use axum::http::StatusCode;
+    use space_api::{ExecRequest, ImportTemplateRequest, TenantId};
+    use space_store::NewSession;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::error::ApiJson;
+
+    /// Stands in for `require_key`: every request comes from `caller`.
+    fn as_caller(router: Router, caller: Caller) -> Router {
+        router.layer(middleware::from_fn(move |mut request: Request, next: Next| {
+            request.extensions_mut().insert(caller.clone());
+            next.run(request)
+        }))
+    }
+
+    fn caller(tenant: &TenantId, admin: bool) -> Caller {
+        Caller { tenant_id: tenant.clone(), tenant: "t".into(), admin }
+    }
+
+    async fn send(router: &Router, uri: &str, body: &str) -> (StatusCode, String) {
+        let request = axum::http::Request::post(uri)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_owned()))
+            .unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// A request about another tenant's session fails as one about no session does, whatever
+    /// is wrong with the rest of it: the session is checked before the body is read.
+    #[tokio::test]
+    async fn sessions_are_authorized_before_the_request_is_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("space.db")).await.unwrap();
+        let (owner, other) = (store.ensure_tenant("owner").await.unwrap(), store.ensure_tenant("other").await.unwrap());
+        let id = SessionId::generate();
+        let new = NewSession {
+            id: id.clone(),
+            tenant_id: owner.clone(),
+            template: "busybox".into(),
+            resources: Default::default(),
+            env: Default::default(),
+            source_snapshot: None,
+            template_version: None,
+            snapshot_policy: space_api::SnapshotPolicy::off(),
+            lifetime: Default::default(),
+        };
+        store.insert_session(&new).await.unwrap();
+        let routes = Router::new()
+            .route("/v1/sessions/{id}/exec", post(|ApiJson(_): ApiJson<ExecRequest>| async { "ran" }))
+            .route_layer(middleware::from_fn_with_state(store.clone(), require_session));
+        let uri = format!("/v1/sessions/{id}/exec");
+
+        let stranger = as_caller(routes.clone(), caller(&other, false));
+        for body in ["{not json", r#"{"cmd":["true"]}"#, r#"{"surprise":1}"#] {
+            let (status, text) = send(&stranger, &uri, body).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{body}: {text}");
+        }
+        let (status, _) = send(&stranger, "/v1/sessions/ses_nonexistent/exec", "{not json").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+
+        let owner = as_caller(routes, caller(&owner, false));
+        assert_eq!(send(&owner, &uri, "{not json").await.0, StatusCode::BAD_REQUEST);
+        assert_eq!(send(&owner, &uri, r#"{"cmd":["true"]}"#).await, (StatusCode::OK, "ran".into()));
+    }
+
+    /// An admin-only endpoint answers a tenant 403 before it reads the request: the same
+    /// answer whether the body is malformed or names a host path that exists.
+    #[tokio::test]
+    async fn admin_routes_are_authorized_before_the_request_is_validated() {
+        let tenant = TenantId::generate();
+        let routes = Router::new()
+            .route("/v1/templates/import", post(|ApiJson(_): ApiJson<ImportTemplateRequest>| async { "queued" }))
+            .route_layer(middleware::from_fn(require_admin));
+        let stranger = as_caller(routes.clone(), caller(&tenant, false));
+        for body in ["{not json", r#"{"name":"t","path":"/etc"}"#, r#"{"name":"t","path":"/nonexistent"}"#] {
+            let (status, text) = send(&stranger, "/v1/templates/import", body).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{body}: {text}");
+            assert!(text.contains("\"forbidden\""), "{text}");
+        }
+        let admin = as_caller(routes, caller(&tenant, true));
+        assert_eq!(send(&admin, "/v1/templates/import", "{not json").await.0, StatusCode::BAD_REQUEST);
+        assert_eq!(send(&admin, "/v1/templates/import", r#"{"name":"t","path":"/etc"}"#).await.0, StatusCode::OK);
+    }
+
     /// The committed OpenAPI document must match the code. Regenerate with
     /// `UPDATE_OPENAPI=1 cargo test -p space-control openapi`.
     #[test]

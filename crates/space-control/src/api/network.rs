@@ -1,7 +1,7 @@
 //! A session's egress: its network policy, its grants and the gateway's audit of it.
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::Deserialize;
 use space_api::egress::{AuditList, GrantRequest, NetworkPolicyUpdate, SessionNetwork};
 use space_api::{ErrorBody, ErrorCode, SessionId};
@@ -11,7 +11,7 @@ use super::lifecycle::live_session;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::egress::{credential_not_found, push_session};
-use crate::error::{ApiJson, ApiQuery, AppError, AppResult};
+use crate::error::{ApiJson, ApiPath, ApiQuery, AppError, AppResult};
 
 /// Audit events returned when no limit is given, and at most.
 const DEFAULT_AUDIT_LIMIT: u32 = 1000;
@@ -40,7 +40,7 @@ async fn network_of(state: &AppState, session: &SessionId) -> AppResult<SessionN
 pub async fn get_network(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<SessionNetwork>> {
     let session = live_session(&state, &caller, &id).await?;
     Ok(ApiJson(network_of(&state, &session.id).await?))
@@ -53,7 +53,7 @@ pub async fn get_network(
 pub async fn update_network(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(update): ApiJson<NetworkPolicyUpdate>,
 ) -> AppResult<ApiJson<SessionNetwork>> {
     let session = live_session(&state, &caller, &id).await?;
@@ -75,7 +75,7 @@ pub async fn update_network(
 pub async fn grant(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<GrantRequest>,
 ) -> AppResult<ApiJson<SessionNetwork>> {
     let session = live_session(&state, &caller, &id).await?;
@@ -91,7 +91,7 @@ pub async fn grant(
 pub async fn revoke(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((id, name)): Path<(String, String)>,
+    ApiPath((id, name)): ApiPath<(String, String)>,
 ) -> AppResult<ApiJson<SessionNetwork>> {
     let session = live_session(&state, &caller, &id).await?;
     let record = state.store.credential(&caller.tenant_id, &name).await?.ok_or_else(|| credential_not_found(&name))?;
@@ -111,7 +111,7 @@ pub async fn revoke(
 pub async fn audit(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<AuditParams>,
 ) -> AppResult<ApiJson<AuditList>> {
     let session = live_session(&state, &caller, &id).await?;

@@ -1,12 +1,11 @@
 //! The node's warm pool: how many ready sandboxes each template keeps, and how it is doing.
 
-use axum::Extension;
-use axum::extract::{Path, State};
-use space_api::{ErrorBody, ErrorCode, PoolStatus, SetPoolSizeRequest};
+use axum::extract::State;
+use space_api::{ErrorBody, PoolStatus, SetPoolSizeRequest};
 
 use crate::AppState;
-use crate::auth::Caller;
-use crate::error::{ApiJson, AppError, AppResult};
+use crate::auth::Admin;
+use crate::error::{ApiJson, ApiPath, AppError, AppResult};
 
 /// Warm pool state: per template its size, ready and filling pods, hits and misses.
 #[utoipa::path(get, path = "/v1/pool", responses((status = 200, body = PoolStatus)))]
@@ -20,13 +19,10 @@ pub async fn get_pool(State(state): State<AppState>) -> AppResult<ApiJson<PoolSt
     responses((status = 200, body = PoolStatus), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
 pub async fn set_pool_size(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(template): Path<String>,
+    _admin: Admin,
+    ApiPath(template): ApiPath<String>,
     ApiJson(request): ApiJson<SetPoolSizeRequest>,
 ) -> AppResult<ApiJson<PoolStatus>> {
-    if !caller.admin {
-        return Err(AppError::new(ErrorCode::Forbidden, "only the admin key can size the warm pool"));
-    }
     if request.size > space_node::MAX_POOL_SIZE {
         return Err(AppError::bad_request(format!("size must be at most {}", space_node::MAX_POOL_SIZE)));
     }

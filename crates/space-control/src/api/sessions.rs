@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
+use space_api::error::echo;
 use space_api::{
     CreateSessionRequest, ErrorBody, ErrorCode, EventList, OperationState, Resources, Session, SessionId,
     SessionLifetime, SessionList, UpdateSessionRequest,
@@ -16,7 +17,7 @@ use utoipa::IntoParams;
 use super::find_session;
 use crate::AppState;
 use crate::auth::Caller;
-use crate::error::{ApiJson, ApiQuery, AppError, AppResult};
+use crate::error::{ApiJson, ApiPath, ApiQuery, AppError, AppResult};
 
 /// Upper bounds on what one session may ask for.
 const MAX_CPUS: f64 = 64.0;
@@ -70,7 +71,7 @@ fn check_env(request: &CreateSessionRequest) -> AppResult<()> {
     for name in request.env.keys() {
         let valid = !name.is_empty() && !name.contains('=') && !name.contains('\0');
         if !valid {
-            return Err(AppError::bad_request(format!("invalid environment variable name {name:?}")));
+            return Err(AppError::bad_request(format!("invalid environment variable name {}", echo(name))));
         }
     }
     if request.env.values().any(|v| v.contains('\0')) {
@@ -85,7 +86,7 @@ pub(super) fn check_template(state: &AppState, name: &str) -> AppResult<()> {
     }
     Err(AppError::new(
         ErrorCode::UnknownTemplate,
-        format!("unknown template {name:?}; available: {}", state.node.available_templates().join(", ")),
+        format!("unknown template {}; available: {}", echo(name), state.node.available_templates().join(", ")),
     ))
 }
 
@@ -154,7 +155,7 @@ pub async fn list_sessions(
 pub async fn get_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<Session>> {
     Ok(ApiJson(find_session(&state, &caller, &id).await?))
 }
@@ -165,7 +166,7 @@ pub async fn get_session(
 pub async fn update_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<UpdateSessionRequest>,
 ) -> AppResult<ApiJson<Session>> {
     let session = find_session(&state, &caller, &id).await?;
@@ -187,7 +188,7 @@ pub async fn update_session(
 pub async fn destroy_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<WaitParam>,
 ) -> AppResult<(StatusCode, ApiJson<Session>)> {
     let session = find_session(&state, &caller, &id).await?;
@@ -208,7 +209,7 @@ pub async fn destroy_session(
 pub async fn session_events(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<EventList>> {
     let session = find_session(&state, &caller, &id).await?;
     Ok(ApiJson(EventList { events: state.store.events(&session.id).await? }))

@@ -2,14 +2,14 @@
 //! resource it held is freed; resume restores that snapshot in a new sandbox.
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use space_api::{ErrorBody, ErrorCode, SandboxId, Session, SessionId, SessionState, SnapshotKind, TenantId};
 
 use super::find_session;
 use super::lifecycle::{invalid_state, live_session, require_checkpoints, run_restore, sandbox_of, snapshot_locked};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::error::{ApiJson, AppError, AppResult};
+use crate::error::{ApiJson, ApiPath, AppError, AppResult};
 use crate::reconciler::{RestoreInput, remove_sandbox};
 
 /// Suspends a running or paused session: its processes, memory and files go into a full
@@ -20,7 +20,7 @@ use crate::reconciler::{RestoreInput, remove_sandbox};
 pub async fn suspend(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<Session>> {
     let session = live_session(&state, &caller, &id).await?;
     suspend_session(&state, &caller.tenant_id, &session.id).await?;

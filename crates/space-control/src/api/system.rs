@@ -3,16 +3,18 @@
 use std::collections::BTreeMap;
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use space_api::{
     CreateKeyRequest, CreatedKey, ErrorBody, ErrorCode, FullSnapshotSupport, Operation, OperationId, Status,
 };
 
+use space_api::error::clip;
+
 use super::templates::template_view;
 use crate::AppState;
-use crate::auth::{Caller, create_key as make_key};
-use crate::error::{ApiJson, AppError, AppResult};
+use crate::auth::{Admin, Caller, create_key as make_key};
+use crate::error::{ApiJson, ApiPath, AppError, AppResult};
 use crate::idempotency::CarriesSecret;
 
 /// Liveness probe; needs no key.
@@ -53,12 +55,9 @@ pub(crate) fn full_snapshot_support(state: &AppState) -> FullSnapshotSupport {
     responses((status = 201, body = CreatedKey), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn create_key(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    _admin: Admin,
     ApiJson(request): ApiJson<CreateKeyRequest>,
 ) -> AppResult<(StatusCode, Extension<CarriesSecret>, ApiJson<CreatedKey>)> {
-    if !caller.admin {
-        return Err(AppError::new(ErrorCode::Forbidden, "only the admin key can create keys"));
-    }
     let tenant = request.tenant.trim();
     let valid = !tenant.is_empty()
         && tenant.len() <= 64
@@ -80,9 +79,9 @@ pub async fn create_key(
 pub async fn get_operation(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<Operation>> {
-    let not_found = || AppError::new(ErrorCode::NotFound, format!("operation {id} not found"));
+    let not_found = || AppError::new(ErrorCode::NotFound, format!("operation {} not found", clip(&id)));
     let parsed: OperationId = id.parse().map_err(|_| not_found())?;
     let op = state.store.operation(&caller.tenant_id, &parsed).await?.ok_or_else(not_found)?;
     Ok(ApiJson(op))

@@ -2,15 +2,15 @@
 
 use std::time::Duration;
 
-use axum::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
+use space_api::error::echo;
 use space_api::{BuildTemplateRequest, ErrorBody, ErrorCode, ImportTemplateRequest, Operation, Template, TemplateList};
 use space_node::TemplateInfo;
 use space_store::{NewOperation, OperationKind};
 
 use crate::AppState;
-use crate::auth::Caller;
+use crate::auth::{Admin, Caller};
 use crate::error::{ApiJson, AppError, AppResult};
 use crate::reconciler::TemplateInput;
 
@@ -33,10 +33,8 @@ pub async fn list_templates(State(state): State<AppState>) -> ApiJson<TemplateLi
     })
 }
 
+/// Queues a template operation for the admin `caller`.
 async fn queue(state: &AppState, caller: &Caller, kind: OperationKind, input: TemplateInput) -> AppResult<Operation> {
-    if !caller.admin {
-        return Err(AppError::new(ErrorCode::Forbidden, "only the admin key can manage templates"));
-    }
     let new = NewOperation {
         tenant_id: caller.tenant_id.clone(),
         session_id: None,
@@ -61,41 +59,50 @@ fn check_name(name: &str) -> AppResult<()> {
     }
 }
 
-/// Imports a root filesystem (directory or tarball on the server's host) as a new template
-/// version. Returns the operation; follow it with `GET /v1/operations/{id}`.
-#[utoipa::path(post, path = "/v1/templates/import", request_body = ImportTemplateRequest,
-    responses((status = 202, body = Operation), (status = 400, body = ErrorBody)))]
-pub async fn import_template(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    ApiJson(request): ApiJson<ImportTemplateRequest>,
-) -> AppResult<(StatusCode, ApiJson<Operation>)> {
+/// What an import of `request` by `caller` queues. The caller is checked first: what exists on
+/// the server's host is the admin's to learn, never a tenant's.
+fn import_input(caller: &Caller, request: ImportTemplateRequest) -> AppResult<TemplateInput> {
+    if !caller.admin {
+        return Err(AppError::new(ErrorCode::Forbidden, "only the admin key can import templates"));
+    }
     check_name(&request.name)?;
     if !std::path::Path::new(&request.path).is_absolute() {
         return Err(AppError::bad_request("path must be an absolute path on the server's host"));
     }
     if !std::path::Path::new(&request.path).exists() {
-        return Err(AppError::bad_request(format!("{} does not exist on the server's host", request.path)));
+        return Err(AppError::bad_request(format!("{} does not exist on the server's host", echo(&request.path))));
     }
-    let input = TemplateInput { name: request.name, path: Some(request.path) };
+    Ok(TemplateInput { name: request.name, path: Some(request.path) })
+}
+
+/// Imports a root filesystem (directory or tarball on the server's host) as a new template
+/// version. Returns the operation; follow it with `GET /v1/operations/{id}`.
+#[utoipa::path(post, path = "/v1/templates/import", request_body = ImportTemplateRequest,
+    responses((status = 202, body = Operation), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
+pub async fn import_template(
+    State(state): State<AppState>,
+    Admin(caller): Admin,
+    ApiJson(request): ApiJson<ImportTemplateRequest>,
+) -> AppResult<(StatusCode, ApiJson<Operation>)> {
+    let input = import_input(&caller, request)?;
     let op = queue(&state, &caller, OperationKind::ImportTemplate, input).await?;
     Ok((StatusCode::ACCEPTED, ApiJson(op)))
 }
 
 /// Builds (or rebuilds from cache) a built-in template.
 #[utoipa::path(post, path = "/v1/templates/build", request_body = BuildTemplateRequest,
-    responses((status = 202, body = Operation), (status = 400, body = ErrorBody)))]
+    responses((status = 202, body = Operation), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
 pub async fn build_template(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Admin(caller): Admin,
     ApiJson(request): ApiJson<BuildTemplateRequest>,
 ) -> AppResult<(StatusCode, ApiJson<Operation>)> {
     if !state.node.is_builtin(&request.name) {
         return Err(AppError::new(
             ErrorCode::UnknownTemplate,
             format!(
-                "{:?} is not a built-in template; built-ins: {}",
-                request.name,
+                "{} is not a built-in template; built-ins: {}",
+                echo(&request.name),
                 state.node.builtin_names().join(", ")
             ),
         ));
@@ -103,4 +110,26 @@ pub async fn build_template(
     let input = TemplateInput { name: request.name, path: None };
     let op = queue(&state, &caller, OperationKind::BuildTemplate, input).await?;
     Ok((StatusCode::ACCEPTED, ApiJson(op)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller(admin: bool) -> Caller {
+        Caller { tenant_id: space_api::TenantId::generate(), tenant: "t".into(), admin }
+    }
+
+    /// A tenant learns nothing about the host's files: the same 403 whether the path exists.
+    #[test]
+    fn imports_check_the_caller_before_the_host_path() {
+        for path in ["/nonexistent-space-test", "/etc", "relative", ""] {
+            let request = ImportTemplateRequest { name: "BAD NAME".into(), path: path.into() };
+            let error = import_input(&caller(false), request).unwrap_err();
+            assert_eq!(error.0.code, ErrorCode::Forbidden, "{path}: {}", error.0.message);
+        }
+        let request = ImportTemplateRequest { name: "t".into(), path: "/nonexistent-space-test".into() };
+        let error = import_input(&caller(true), request).unwrap_err();
+        assert!(error.0.message.contains("does not exist"), "the admin is told: {}", error.0.message);
+    }
 }
