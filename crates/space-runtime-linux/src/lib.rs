@@ -260,11 +260,8 @@ impl LinuxRuntime {
     }
 
     async fn boot(&self, boot: &mut Boot, spec: &SandboxSpec) -> Result<(), RuntimeError> {
-        let config = InitConfig {
-            exe: Some(self.opts.spaced.clone()),
-            owner: Some((self.opts.id_map.host_base, self.opts.id_map.host_base)),
-            ..InitConfig::new(&spec.rootfs, &spec.hostname)
-        };
+        let config =
+            InitConfig { exe: Some(self.opts.spaced.clone()), ..InitConfig::new(&spec.rootfs, &spec.hostname) };
         boot.send(&ToInit::Config(config)).await?;
         let (name, pid) = (self.cgroup_name(&spec.id), boot.bootstrap_pid());
         // Joining happens while the bootstrap unshares its user namespace.

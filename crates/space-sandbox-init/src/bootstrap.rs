@@ -33,9 +33,6 @@ pub(crate) fn run(channel: &UnixStream) -> Result<InitOutcome, InitError> {
     validate(&config)?;
     // Forked while this process still has the host's credentials (see listener.rs).
     let helper = listener::Helper::spawn(sync::LISTENER_FD, &config.rootfs)?;
-    if let Some((uid, gid)) = config.owner {
-        become_owner(uid, gid)?;
-    }
     unshare(CloneFlags::CLONE_NEWUSER).map_err(ctx("unshare user namespace"))?;
     sync::send(channel, &FromInit::UserNs).map_err(io_ctx("send user_ns"))?;
     match sync::recv(&mut reader).map_err(io_ctx("wait for id maps"))? {
@@ -72,17 +69,6 @@ fn validate(config: &InitConfig) -> Result<(), InitError> {
 
 /// Switches to uid/gid 0 of the new user namespace (host uid = the map's base) and drops the
 /// host's supplementary groups, which would otherwise still grant access to host files.
-/// Takes the unprivileged host uid and gid that will own the sandbox's user namespace. The host's
-/// supplementary groups go first (root's would otherwise stay). The node, still root, writes
-/// the namespace's id maps afterwards.
-fn become_owner(uid: u32, gid: u32) -> Result<(), InitError> {
-    setgroups(&[]).map_err(ctx("setgroups (host)"))?;
-    let gid = Gid::from_raw(gid);
-    setresgid(gid, gid, gid).map_err(ctx("setresgid to the sandbox's owner"))?;
-    let uid = Uid::from_raw(uid);
-    setresuid(uid, uid, uid).map_err(ctx("setresuid to the sandbox's owner"))
-}
-
 fn become_root() -> Result<(), InitError> {
     setgroups(&[]).map_err(ctx("setgroups"))?;
     let root_gid = Gid::from_raw(0);

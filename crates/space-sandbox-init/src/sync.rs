@@ -64,12 +64,6 @@ pub struct InitConfig {
     /// because it starts `spaced init` from a sealed memfd, which has no path to bind.
     #[serde(default)]
     pub exe: Option<PathBuf>,
-    /// Host uid and gid the bootstrap takes before it creates the user namespace, which that
-    /// uid then owns (`None`: host root). The kernel charges what a namespace's processes
-    /// count against per-user limits (inotify instances, user namespaces, …) to its owner as
-    /// well, so a sandbox owned by host root could exhaust host root's.
-    #[serde(default)]
-    pub owner: Option<(u32, u32)>,
 }
 
 impl InitConfig {
@@ -81,7 +75,6 @@ impl InitConfig {
             masked_paths: DEFAULT_MASKED_PATHS.iter().map(|p| p.to_string()).collect(),
             readonly_paths: DEFAULT_READONLY_PATHS.iter().map(|p| p.to_string()).collect(),
             exe: None,
-            owner: None,
         }
     }
 }
