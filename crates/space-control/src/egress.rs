@@ -202,6 +202,7 @@ fn grant_of(sealer: &Sealer, record: &CredentialRecord) -> AppResult<Grant> {
         .map_err(|_| AppError::internal(format!("credential {:?}: the stored value is not text", c.name)))?;
     let (header_name, header_value) = render(c, &secret)?;
     Ok(Grant {
+        credential_id: c.id.clone(),
         credential: c.name.clone(),
         hosts: c.hosts.clone(),
         header_name,
