@@ -370,6 +370,13 @@ impl Gateway {
         Some(self.shared.sessions.read().ok()?.get(session)?.ca.cert_pem.clone())
     }
 
+    /// The names of the credentials `session` holds in the gateway now, if its egress is set:
+    /// what the control plane last pushed.
+    pub fn session_grants(&self, session: &SessionId) -> Option<Vec<String>> {
+        let sessions = self.shared.sessions.read().ok()?;
+        Some(sessions.get(session)?.grants.iter().map(|g| g.credential.clone()).collect())
+    }
+
     pub fn forget_session(&self, session: &SessionId) {
         if let Ok(mut sessions) = self.shared.sessions.write() {
             sessions.remove(session);
