@@ -50,6 +50,10 @@ pub struct NetworkPolicyUpdate {
     pub ports: Option<Vec<u16>>,
     /// Replaces the address ranges when given.
     pub cidrs: Option<Vec<String>>,
+    /// `true` detaches a fork from its parent: the grants it inherited become its own, and
+    /// revoking them on the parent no longer reaches it. There is no attaching again.
+    #[serde(default)]
+    pub detached: bool,
 }
 
 impl NetworkPolicy {
@@ -275,6 +279,10 @@ pub struct SessionNetwork {
     pub policy: NetworkPolicy,
     /// Names of granted credentials.
     pub grants: Vec<String>,
+    /// Those of `grants` inherited from the session this one was forked from: revoking one
+    /// there revokes it here too. Empty once detached; a grant made on this session is its own.
+    #[serde(default)]
+    pub inherited: Vec<String>,
 }
 
 /// What the gateway decided about one connection or request.

@@ -84,6 +84,9 @@ pub enum SessionCommand {
         id: String,
         #[command(flatten)]
         network: NetworkFlags,
+        /// Detach a fork from its parent: revoking a grant there no longer revokes it here.
+        #[arg(long)]
+        detach: bool,
     },
     /// Grant a credential to a session (injected from its next request on).
     Grant { id: String, credential: String },
@@ -228,9 +231,9 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
                 println!("{}", session.id);
             }
         }
-        SessionCommand::Policy { id, network } => {
+        SessionCommand::Policy { id, network, detach } => {
             let path = format!("/v1/sessions/{}/network", encode(&id));
-            let result: SessionNetwork = if network.is_empty() {
+            let result: SessionNetwork = if network.is_empty() && !detach {
                 client.get_json(&path).await?
             } else {
                 let update = NetworkPolicyUpdate {
@@ -238,6 +241,7 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
                     deny: network.deny,
                     ports: (!network.ports.is_empty()).then_some(network.ports),
                     cidrs: (!network.cidrs.is_empty()).then_some(network.cidrs),
+                    detached: detach,
                 };
                 client.patch_json(&path, &update).await?
             };
@@ -297,6 +301,9 @@ fn print_network(network: &SessionNetwork, json: bool) -> anyhow::Result<()> {
     println!("ports    {ports}");
     println!("cidrs    {}", list(&p.cidrs));
     println!("grants   {}", list(&network.grants));
+    if !network.inherited.is_empty() {
+        println!("inherited {} (revoked with the parent's; `--detach` keeps them)", network.inherited.join(" "));
+    }
     Ok(())
 }
 

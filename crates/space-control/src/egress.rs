@@ -263,6 +263,7 @@ fn grant_of(sealer: &Sealer, record: &CredentialRecord) -> AppResult<Grant> {
         .map_err(|_| AppError::internal(format!("credential {:?}: the stored value is not text", c.name)))?;
     let (header_name, header_value) = render(c, &secret)?;
     Ok(Grant {
+        credential_id: c.id.clone(),
         credential: c.name.clone(),
         hosts: c.hosts.clone(),
         header_name,
@@ -343,53 +344,18 @@ pub async fn insert_new_session(
             ca_key_sealed: Some(key_sealed),
         },
         grants: records.iter().map(|r| r.credential.id.clone()).collect(),
+        inherited_from: None,
     };
-    insert_with_egress(state, new, &stored, SessionEgress { policy, ca, grants: gateway_grants }).await
+    state.egress().insert(new, &stored, SessionEgress { policy, ca, grants: gateway_grants }).await
 }
 
-/// Records a session forked from `parent`: it keeps the parent's policy, grants and CA (its
-/// processes may already trust that CA).
+/// Records a session forked from `parent`: see [`Egress::insert_fork`].
 pub async fn insert_forked_session(
     state: &AppState,
     parent: &SessionId,
     new: &NewSession,
 ) -> AppResult<space_api::OperationId> {
-    let record =
-        state.store.session_egress(parent).await?.ok_or_else(|| AppError::session_not_found(parent.as_str()))?;
-    let ca = match (&record.ca_cert, &record.ca_key_sealed) {
-        (Some(cert), Some(key)) => open_ca(&state.sealer, parent, cert, key)?,
-        _ => new_ca(&state.sealer, parent)?.0,
-    };
-    let key_sealed = state.sealer.seal(ca.key_pem.as_bytes(), &ca_owner(&new.id)).map_err(key_error)?;
-    let grants = state.store.session_grants(parent).await?;
-    let gateway_grants = grants.iter().map(|r| grant_of(&state.sealer, r)).collect::<AppResult<Vec<_>>>()?;
-    let stored = NewSessionEgress {
-        egress: SessionEgressRecord {
-            policy: record.policy.clone(),
-            ca_cert: Some(ca.cert_pem.clone()),
-            ca_key_sealed: Some(key_sealed),
-        },
-        grants: grants.iter().map(|r| r.credential.id.clone()).collect(),
-    };
-    let egress = SessionEgress { policy: record.policy, ca, grants: gateway_grants };
-    insert_with_egress(state, new, &stored, egress).await
-}
-
-async fn insert_with_egress(
-    state: &AppState,
-    new: &NewSession,
-    stored: &NewSessionEgress,
-    egress: SessionEgress,
-) -> AppResult<space_api::OperationId> {
-    let gateway = state.node.gateway();
-    gateway.set_session(&new.id, egress);
-    match state.store.insert_session_with_egress(new, stored).await {
-        Ok(op) => Ok(op),
-        Err(e) => {
-            gateway.forget_session(&new.id);
-            Err(e.into())
-        }
-    }
+    state.egress().insert_fork(parent, new).await
 }
 
 /// Loads `session`'s policy, CA and grants from the store, unseals them and hands them to
@@ -404,6 +370,66 @@ pub async fn push_session(state: &AppState, session: &SessionId) -> AppResult<()
 }
 
 impl Egress<'_> {
+    /// Records a session forked from `parent`: it keeps the parent's policy, grants and CA
+    /// (its processes may already trust that CA). The grants are recorded as inherited from
+    /// `parent`, so revoking one there revokes it here too until the fork is detached or
+    /// granted that credential itself (see [`Store::revoke`]).
+    pub async fn insert_fork(self, parent: &SessionId, new: &NewSession) -> AppResult<space_api::OperationId> {
+        let record =
+            self.store.session_egress(parent).await?.ok_or_else(|| AppError::session_not_found(parent.as_str()))?;
+        let ca = match (&record.ca_cert, &record.ca_key_sealed) {
+            (Some(cert), Some(key)) => open_ca(self.sealer, parent, cert, key)?,
+            _ => new_ca(self.sealer, parent)?.0,
+        };
+        let key_sealed = self.sealer.seal(ca.key_pem.as_bytes(), &ca_owner(&new.id)).map_err(key_error)?;
+        let grants = self.store.session_grants(parent).await?;
+        let gateway_grants = grants.iter().map(|r| grant_of(self.sealer, r)).collect::<AppResult<Vec<_>>>()?;
+        let stored = NewSessionEgress {
+            egress: SessionEgressRecord {
+                policy: record.policy.clone(),
+                ca_cert: Some(ca.cert_pem.clone()),
+                ca_key_sealed: Some(key_sealed),
+            },
+            grants: grants.iter().map(|r| r.credential.id.clone()).collect(),
+            inherited_from: Some(parent.clone()),
+        };
+        let egress = SessionEgress { policy: record.policy, ca, grants: gateway_grants };
+        self.insert(new, &stored, egress).await
+    }
+
+    /// Records `new` with `stored`, after handing `egress` to the gateway (so it is there
+    /// before any sandbox starts); the gateway forgets it again if the store refuses.
+    async fn insert(
+        self,
+        new: &NewSession,
+        stored: &NewSessionEgress,
+        egress: SessionEgress,
+    ) -> AppResult<space_api::OperationId> {
+        self.gateway.set_session(&new.id, egress);
+        match self.store.insert_session_with_egress(new, stored).await {
+            Ok(op) => Ok(op),
+            Err(e) => {
+                self.gateway.forget_session(&new.id);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Revokes `credential` from `session` and from the forks that inherited the grant from
+    /// it (see [`Store::revoke`]), and pushes each of them. Returns those sessions, `session`
+    /// first; empty if `session` does not hold the grant. Every session is pushed even when
+    /// one push fails; the first failure is returned.
+    pub async fn revoke(self, session: &SessionId, credential: &CredentialRecord) -> AppResult<Vec<SessionId>> {
+        let revoked = self.store.revoke(session, &credential.credential).await?;
+        let mut failure = None;
+        for each in &revoked {
+            if let Err(e) = self.push(each).await {
+                failure.get_or_insert(e);
+            }
+        }
+        failure.map_or(Ok(revoked), Err)
+    }
+
     /// [`push_session`]; returns the grants left out (by credential name) with the reason.
     pub async fn push(self, session: &SessionId) -> AppResult<Vec<(String, AppError)>> {
         let Some(record) = self.store.session_any(session).await? else {
@@ -701,11 +727,9 @@ mod tests {
             self.store.credential(&self.tenant, name).await.unwrap().unwrap()
         }
 
-        async fn session(&self, ca_sealer: &Sealer) -> SessionId {
-            let id = SessionId::generate();
-            let (ca, ca_key_sealed) = new_ca(ca_sealer, &id).unwrap();
-            let new = NewSession {
-                id: id.clone(),
+        fn new_session(&self) -> NewSession {
+            NewSession {
+                id: SessionId::generate(),
                 tenant_id: self.tenant.clone(),
                 template: "busybox".into(),
                 resources: Default::default(),
@@ -714,14 +738,29 @@ mod tests {
                 template_version: None,
                 snapshot_policy: space_api::SnapshotPolicy::off(),
                 lifetime: Default::default(),
-            };
+            }
+        }
+
+        async fn session(&self, ca_sealer: &Sealer) -> SessionId {
+            let new = self.new_session();
+            let id = new.id.clone();
+            let (ca, ca_key_sealed) = new_ca(ca_sealer, &id).unwrap();
             let egress = SessionEgressRecord {
                 policy: NetworkPolicy::default(),
                 ca_cert: Some(ca.cert_pem),
                 ca_key_sealed: Some(ca_key_sealed),
             };
-            self.store.insert_session_with_egress(&new, &NewSessionEgress { egress, grants: vec![] }).await.unwrap();
+            self.store
+                .insert_session_with_egress(&new, &NewSessionEgress { egress, grants: vec![], inherited_from: None })
+                .await
+                .unwrap();
             id
+        }
+
+        async fn fork(&self, parent: &SessionId) -> SessionId {
+            let new = self.new_session();
+            self.egress().insert_fork(parent, &new).await.unwrap();
+            new.id
         }
 
         async fn granted(&self, session: &SessionId) -> (Vec<String>, Vec<String>) {
@@ -765,6 +804,47 @@ mod tests {
         let names = vec!["gh".to_string(), "old".to_string()];
         assert_eq!(f.granted(&session).await, (names, vec!["GH_TOKEN".to_string(), "OLD_TOKEN".to_string()]));
         assert!(f.gateway.session_ca_cert(&session).is_some(), "the egress was pushed");
+    }
+
+    /// A fork's grants follow its parent's: a revoke there reaches the forks (transitively) in
+    /// the store and in the gateway, but not a detached fork, nor one granted the credential
+    /// itself.
+    #[tokio::test]
+    async fn revoking_a_parents_grant_revokes_it_from_its_forks_unless_detached() {
+        let f = Fixture::new().await;
+        let parent = f.session(&f.sealer).await;
+        let gh = f.credential(&f.sealer, "gh").await;
+        f.egress().grant(&parent, &gh).await.unwrap();
+        let child = f.fork(&parent).await;
+        let grandchild = f.fork(&child).await;
+        let detached = f.fork(&parent).await;
+        f.store.detach_grants(&detached).await.unwrap();
+        let own = f.fork(&parent).await;
+        f.egress().grant(&own, &gh).await.unwrap();
+        for session in [&parent, &child, &grandchild, &detached, &own] {
+            assert_eq!(f.gateway.session_grants(session), Some(vec!["gh".to_string()]), "{session}");
+        }
+
+        let revoked = f.egress().revoke(&parent, &gh).await.unwrap();
+        assert_eq!(revoked.len(), 3, "{revoked:?}");
+        for session in [&parent, &child, &grandchild] {
+            assert!(revoked.contains(session));
+            assert_eq!(f.gateway.session_grants(session), Some(vec![]), "{session} keeps the grant in the gateway");
+            assert_eq!(f.granted(session).await, (vec![], vec![]), "{session}: no grant row, no placeholder");
+        }
+        for session in [&detached, &own] {
+            assert_eq!(f.gateway.session_grants(session), Some(vec!["gh".to_string()]), "{session}");
+            assert_eq!(f.granted(session).await.0, vec!["gh".to_string()]);
+        }
+        assert!(f.egress().revoke(&parent, &gh).await.unwrap().is_empty(), "no longer granted");
+    }
+
+    /// The gateway gets the credential's id: what its rate limit is counted by.
+    #[tokio::test]
+    async fn the_gateway_grant_carries_the_credential_id() {
+        let f = Fixture::new().await;
+        let record = f.credential(&f.sealer, "gh").await;
+        assert_eq!(grant_of(&f.sealer, &record).unwrap().credential_id, record.credential.id);
     }
 
     #[tokio::test]

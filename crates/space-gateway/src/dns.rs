@@ -115,6 +115,7 @@ mod tests {
             policy: NetworkPolicy { allow: vec!["*.pypi.org".into()], ..Default::default() },
             ca: crate::SessionCa { cert_pem: String::new(), key_pem: String::new() },
             grants: vec![crate::Grant {
+                credential_id: space_api::CredentialId::generate(),
                 credential: "gh".into(),
                 hosts: vec!["api.github.com".into()],
                 header_name: "Authorization".into(),

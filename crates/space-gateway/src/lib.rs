@@ -20,7 +20,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, RwLock};
 
 use space_api::egress::{AuditEvent, NetworkPolicy};
-use space_api::{SandboxId, SessionId};
+use space_api::{CredentialId, SandboxId, SessionId};
 
 /// The address sandboxes use for the gateway (and that allowed names resolve to).
 pub const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 254, 254, 1);
@@ -78,6 +78,9 @@ impl std::fmt::Debug for SessionCa {
 /// A credential granted to a session, with its value: lives only in the node's memory.
 #[derive(Clone)]
 pub struct Grant {
+    /// The credential's id, unique across tenants: what its rate limit is counted by, so
+    /// every session holding it (a fork, another session granted it) shares one bucket.
+    pub credential_id: CredentialId,
     pub credential: String,
     pub hosts: Vec<String>,
     /// Header name and value (with the secret already substituted).
@@ -365,6 +368,13 @@ impl Gateway {
     /// The certificate (PEM) of `session`'s CA, if its egress is set.
     pub fn session_ca_cert(&self, session: &SessionId) -> Option<String> {
         Some(self.shared.sessions.read().ok()?.get(session)?.ca.cert_pem.clone())
+    }
+
+    /// The names of the credentials `session` holds in the gateway now, if its egress is set:
+    /// what the control plane last pushed.
+    pub fn session_grants(&self, session: &SessionId) -> Option<Vec<String>> {
+        let sessions = self.shared.sessions.read().ok()?;
+        Some(sessions.get(session)?.grants.iter().map(|g| g.credential.clone()).collect())
     }
 
     pub fn forget_session(&self, session: &SessionId) {

@@ -238,11 +238,19 @@ impl Store {
     }
 
     /// Grants `credential` to `session` and, if it has a placeholder, sets that variable in
-    /// the session's environment. Returns false if it was already granted.
+    /// the session's environment. Returns false if it was already granted. A grant made on the
+    /// session is its own: one it held from its parent (a fork's) stops following the
+    /// parent's revocations.
     pub async fn grant(&self, session: &SessionId, credential: &Credential) -> Result<bool> {
         let mut tx = self.write_tx().await?;
-        let done = sqlx::query(
-            "INSERT INTO grants (session_id, credential_id, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+        let held: Option<i64> = sqlx::query_scalar("SELECT 1 FROM grants WHERE session_id = $1 AND credential_id = $2")
+            .bind(session.as_str())
+            .bind(credential.id.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO grants (session_id, credential_id, created_at) VALUES ($1, $2, $3)
+             ON CONFLICT (session_id, credential_id) DO UPDATE SET inherited_from = NULL",
         )
         .bind(session.as_str())
         .bind(credential.id.as_str())
@@ -256,23 +264,80 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
-        Ok(done.rows_affected() > 0)
+        Ok(held.is_none())
     }
 
-    /// Revokes `credential` from `session`, removing its placeholder variable if it still
-    /// holds the placeholder. Returns false if it was not granted.
-    pub async fn revoke(&self, session: &SessionId, credential: &Credential) -> Result<bool> {
+    /// Revokes `credential` from `session` and from every session that inherited that grant
+    /// from it (its forks, theirs, and so on, unless detached or granted it themselves),
+    /// removing the placeholder variable where it is still the placeholder. Returns those
+    /// sessions, `session` first; empty if `session` does not hold the grant.
+    pub async fn revoke(&self, session: &SessionId, credential: &Credential) -> Result<Vec<SessionId>> {
         let mut tx = self.write_tx().await?;
-        let done = sqlx::query("DELETE FROM grants WHERE session_id = $1 AND credential_id = $2")
+        let held: Option<i64> = sqlx::query_scalar("SELECT 1 FROM grants WHERE session_id = $1 AND credential_id = $2")
             .bind(session.as_str())
             .bind(credential.id.as_str())
-            .execute(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await?;
-        if let Some(env) = placeholder_of(credential) {
-            edit_env(&mut tx, session, |vars| remove_placeholder(vars, &env)).await?;
+        if held.is_none() {
+            return Ok(Vec::new());
+        }
+        // UNION (not UNION ALL) visits each session once, so even a corrupt cycle ends.
+        let heirs: Vec<String> = sqlx::query_scalar(
+            "WITH RECURSIVE heirs(id) AS (
+                 SELECT $1
+                 UNION
+                 SELECT g.session_id FROM grants g JOIN heirs h ON g.inherited_from = h.id
+                 WHERE g.credential_id = $2
+             )
+             SELECT id FROM heirs",
+        )
+        .bind(session.as_str())
+        .bind(credential.id.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut sessions = vec![session.clone()];
+        for heir in &heirs {
+            let heir: SessionId = parse("session id", heir)?;
+            if &heir != session {
+                sessions.push(heir);
+            }
+        }
+        let env = placeholder_of(credential);
+        for revoked in &sessions {
+            sqlx::query("DELETE FROM grants WHERE session_id = $1 AND credential_id = $2")
+                .bind(revoked.as_str())
+                .bind(credential.id.as_str())
+                .execute(&mut *tx)
+                .await?;
+            if let Some(env) = &env {
+                edit_env(&mut tx, revoked, |vars| remove_placeholder(vars, env)).await?;
+            }
         }
         tx.commit().await?;
-        Ok(done.rows_affected() > 0)
+        Ok(sessions)
+    }
+
+    /// Makes every grant `session` inherited from its parent its own: revoking them on the
+    /// parent no longer reaches it. Its own forks' grants still follow it. Returns how many
+    /// grants were inherited.
+    pub async fn detach_grants(&self, session: &SessionId) -> Result<u64> {
+        let done =
+            sqlx::query("UPDATE grants SET inherited_from = NULL WHERE session_id = $1 AND inherited_from IS NOT NULL")
+                .bind(session.as_str())
+                .execute(&self.writer)
+                .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Names of the credentials `session` holds from its parent (see [`Store::revoke`]).
+    pub async fn inherited_grants(&self, session: &SessionId) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT c.name FROM grants g JOIN credentials c ON c.id = g.credential_id
+             WHERE g.session_id = $1 AND g.inherited_from IS NOT NULL ORDER BY c.name",
+        )
+        .bind(session.as_str())
+        .fetch_all(&self.pool)
+        .await?)
     }
 }
 
@@ -337,6 +402,21 @@ mod tests {
     }
 
     async fn new_session(store: &Store, tenant: &TenantId, grants: Vec<CredentialId>) -> SessionId {
+        insert_session(store, tenant, grants, None).await
+    }
+
+    /// A fork of `parent`, holding `parent`'s grants.
+    async fn fork(store: &Store, tenant: &TenantId, parent: &SessionId) -> SessionId {
+        let grants = store.session_grants(parent).await.unwrap().into_iter().map(|r| r.credential.id).collect();
+        insert_session(store, tenant, grants, Some(parent.clone())).await
+    }
+
+    async fn insert_session(
+        store: &Store,
+        tenant: &TenantId,
+        grants: Vec<CredentialId>,
+        inherited_from: Option<SessionId>,
+    ) -> SessionId {
         let id = SessionId::generate();
         let new = NewSession {
             id: id.clone(),
@@ -351,7 +431,7 @@ mod tests {
         };
         let policy = NetworkPolicy { allow: vec!["a.com".into()], ..Default::default() };
         let egress = SessionEgressRecord { policy, ca_cert: Some("CERT".into()), ca_key_sealed: Some(vec![9]) };
-        store.insert_session_with_egress(&new, &NewSessionEgress { egress, grants }).await.unwrap();
+        store.insert_session_with_egress(&new, &NewSessionEgress { egress, grants, inherited_from }).await.unwrap();
         id
     }
 
@@ -390,8 +470,8 @@ mod tests {
         assert_eq!(env.get("TOKEN").map(String::as_str), Some("space-placeholder-gh"));
         assert_eq!(store.session_grants(&session).await.unwrap()[0].credential.name, "gh");
         assert_eq!(store.sessions_granted(&cred.id).await.unwrap(), vec![session.clone()]);
-        assert!(store.revoke(&session, &cred).await.unwrap());
-        assert!(!store.revoke(&session, &cred).await.unwrap());
+        assert_eq!(store.revoke(&session, &cred).await.unwrap(), vec![session.clone()]);
+        assert!(store.revoke(&session, &cred).await.unwrap().is_empty());
         let env = store.session(&a, &session).await.unwrap().unwrap().env;
         assert!(!env.contains_key("TOKEN") && env.contains_key("KEEP"));
 
@@ -402,6 +482,45 @@ mod tests {
         assert_eq!(sessions, vec![other.clone()]);
         assert!(store.session_grants(&other).await.unwrap().is_empty());
         assert!(store.delete_credential(&a, "gh").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_revoke_reaches_the_forks_that_inherited_the_grant() {
+        let (store, _dir) = test_store().await;
+        let a = store.ensure_tenant("a").await.unwrap();
+        let gh = store.insert_credential(&new_credential(&a, "gh")).await.unwrap().unwrap();
+        let parent = new_session(&store, &a, vec![gh.id.clone()]).await;
+        let child = fork(&store, &a, &parent).await;
+        let grandchild = fork(&store, &a, &child).await;
+        assert_eq!(store.inherited_grants(&grandchild).await.unwrap(), vec!["gh".to_string()]);
+        // Detached: its grants are its own; its forks still follow it.
+        let detached = fork(&store, &a, &parent).await;
+        let under_detached = fork(&store, &a, &detached).await;
+        assert_eq!(store.detach_grants(&detached).await.unwrap(), 1);
+        assert!(store.inherited_grants(&detached).await.unwrap().is_empty());
+        // Granted on the fork itself: its own too.
+        let regranted = fork(&store, &a, &parent).await;
+        assert!(!store.grant(&regranted, &gh).await.unwrap(), "already held");
+        assert!(store.inherited_grants(&regranted).await.unwrap().is_empty());
+        // Granted the same credential, not forked.
+        let unrelated = new_session(&store, &a, vec![gh.id.clone()]).await;
+
+        let mut revoked = store.revoke(&parent, &gh).await.unwrap();
+        assert_eq!(revoked[0], parent, "the session itself first");
+        revoked.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+        let mut expected = vec![parent.clone(), child.clone(), grandchild.clone()];
+        expected.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+        assert_eq!(revoked, expected);
+        for session in [&parent, &child, &grandchild] {
+            assert!(store.session_grants(session).await.unwrap().is_empty());
+            assert!(!store.session(&a, session).await.unwrap().unwrap().env.contains_key("TOKEN"));
+        }
+        for session in [&detached, &under_detached, &regranted, &unrelated] {
+            assert_eq!(store.session_grants(session).await.unwrap().len(), 1, "{session}");
+        }
+        assert!(store.revoke(&parent, &gh).await.unwrap().is_empty());
+        // Revoked on the detached fork, it reaches that fork's own fork.
+        assert_eq!(store.revoke(&detached, &gh).await.unwrap(), vec![detached.clone(), under_detached.clone()]);
     }
 
     #[tokio::test]

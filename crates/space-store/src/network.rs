@@ -28,6 +28,9 @@ impl std::fmt::Debug for SessionEgressRecord {
 pub struct NewSessionEgress {
     pub egress: SessionEgressRecord,
     pub grants: Vec<CredentialId>,
+    /// The session a fork's `grants` were copied from: they follow its revocations (see
+    /// [`Store::revoke`]). `None` for a new session: its grants are its own.
+    pub inherited_from: Option<SessionId>,
 }
 
 fn policy_from(json: &str) -> Result<NetworkPolicy> {
@@ -49,11 +52,12 @@ impl Store {
             .await?;
         for credential in &egress.grants {
             sqlx::query(
-                "INSERT INTO grants (session_id, credential_id, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                "INSERT INTO grants (session_id, credential_id, created_at, inherited_from) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
             )
             .bind(new.id.as_str())
             .bind(credential.as_str())
             .bind(now_ms())
+            .bind(egress.inherited_from.as_ref().map(SessionId::as_str))
             .execute(&mut *tx)
             .await?;
         }

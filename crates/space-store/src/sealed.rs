@@ -86,7 +86,10 @@ mod tests {
             ca_cert: ca_key.as_ref().map(|_| "CERT".into()),
             ca_key_sealed: ca_key,
         };
-        store.insert_session_with_egress(&new, &NewSessionEgress { egress, grants: vec![] }).await.unwrap();
+        store
+            .insert_session_with_egress(&new, &NewSessionEgress { egress, grants: vec![], inherited_from: None })
+            .await
+            .unwrap();
         id
     }
 

@@ -164,8 +164,10 @@ mod tests {
         store.set_snapshot_ready(&second.id, Some(7)).await.unwrap();
         let list = store.list_snapshots(&session).await.unwrap();
         assert_eq!(list.len(), 2);
-        assert_eq!(list[1].parent.as_ref(), Some(&first.id));
-        assert_eq!((list[0].name.as_deref(), list[0].size_bytes), (Some("before"), Some(42)));
+        // Looked up by id: two snapshots taken in the same millisecond list in id order.
+        let listed = |id: &SnapshotId| list.iter().find(|s| s.id == *id).expect("listed");
+        assert_eq!(listed(&second.id).parent.as_ref(), Some(&first.id));
+        assert_eq!((listed(&first.id).name.as_deref(), listed(&first.id).size_bytes), (Some("before"), Some(42)));
         let other = store.ensure_tenant("b").await.unwrap();
         assert!(store.snapshot(&other, &first.id).await.unwrap().is_none(), "another tenant sees it");
         store.delete_snapshot_row(&first.id).await.unwrap();

@@ -31,6 +31,7 @@ async fn network_of(state: &AppState, session: &SessionId) -> AppResult<SessionN
         session_id: session.clone(),
         policy: egress.policy,
         grants: grants.into_iter().map(|g| g.credential.name).collect(),
+        inherited: state.store.inherited_grants(session).await?,
     })
 }
 
@@ -46,7 +47,8 @@ pub async fn get_network(
     Ok(ApiJson(network_of(&state, &session.id).await?))
 }
 
-/// Changes the session's network policy; new connections follow it at once.
+/// Changes the session's network policy; new connections follow it at once. `detached`
+/// makes a fork's inherited grants its own.
 #[utoipa::path(patch, path = "/v1/sessions/{id}/network", params(("id" = String, Path)),
     request_body = NetworkPolicyUpdate,
     responses((status = 200, body = SessionNetwork), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -63,6 +65,9 @@ pub async fn update_network(
         .await?
         .ok_or_else(|| AppError::session_not_found(&id))?;
     updated.map_err(|e| AppError::bad_request(format!("network: {e}")))?;
+    if update.detached {
+        state.store.detach_grants(&session.id).await?;
+    }
     push_session(&state, &session.id).await?;
     Ok(ApiJson(network_of(&state, &session.id).await?))
 }
@@ -85,7 +90,8 @@ pub async fn grant(
     Ok(ApiJson(network_of(&state, &session.id).await?))
 }
 
-/// Revokes a credential from the session, effective from the next request.
+/// Revokes a credential from the session, and from its forks that inherited the grant and
+/// were not detached, effective from the next request.
 #[utoipa::path(delete, path = "/v1/sessions/{id}/grants/{name}", params(("id" = String, Path), ("name" = String, Path)),
     responses((status = 200, body = SessionNetwork), (status = 404, body = ErrorBody)))]
 pub async fn revoke(
@@ -95,13 +101,12 @@ pub async fn revoke(
 ) -> AppResult<ApiJson<SessionNetwork>> {
     let session = live_session(&state, &caller, &id).await?;
     let record = state.store.credential(&caller.tenant_id, &name).await?.ok_or_else(|| credential_not_found(&name))?;
-    if !state.store.revoke(&session.id, &record.credential).await? {
+    if state.egress().revoke(&session.id, &record).await?.is_empty() {
         return Err(AppError::new(
             ErrorCode::CredentialNotFound,
             format!("credential {name:?} is not granted to session {id}; `space session policy {id}` shows its grants"),
         ));
     }
-    push_session(&state, &session.id).await?;
     Ok(ApiJson(network_of(&state, &session.id).await?))
 }
 

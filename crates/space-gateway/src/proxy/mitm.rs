@@ -13,8 +13,8 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use space_api::SessionId;
 use space_api::egress::{AuditDecision, AuditEvent, normalize_host};
+use space_api::{CredentialId, SessionId};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::{Grant, SandboxContext};
@@ -128,7 +128,7 @@ impl Intercepted {
                 return self.deny(event, StatusCode::FORBIDDEN, &reason);
             }
             if let Some(limit) = grant.rate_limit_per_min.filter(|l| *l > 0)
-                && !self.context.state().limits.allow(&session, &grant.credential, limit)
+                && !self.context.state().limits.allow(&grant.credential_id, limit)
             {
                 let reason = format!("credential {} rate limit of {limit}/min exceeded", grant.credential);
                 return self.deny(event, StatusCode::TOO_MANY_REQUESTS, &reason);
@@ -210,10 +210,12 @@ fn replace_bytes(haystack: &[u8], needle: &[u8], replacement: &[u8]) -> Option<V
     found.then_some(out)
 }
 
-/// Token buckets per (session, credential): `limit` injections per minute, refilled evenly.
+/// Token buckets per credential (by id): `limit` injections per minute, refilled evenly. The
+/// limit is the credential's, not a session's: keyed by session, every fork (or any other
+/// session granted it) would get a fresh allowance and multiply the rate the upstream sees.
 #[derive(Default)]
 pub(crate) struct RateLimits {
-    buckets: Mutex<HashMap<(SessionId, String), Bucket>>,
+    buckets: Mutex<HashMap<CredentialId, Bucket>>,
 }
 
 struct Bucket {
@@ -225,18 +227,17 @@ struct Bucket {
 const MAX_BUCKETS: usize = 16 * 1024;
 
 impl RateLimits {
-    pub(crate) fn allow(&self, session: &SessionId, credential: &str, limit: u32) -> bool {
-        self.allow_at(session, credential, limit, Instant::now())
+    pub(crate) fn allow(&self, credential: &CredentialId, limit: u32) -> bool {
+        self.allow_at(credential, limit, Instant::now())
     }
 
-    fn allow_at(&self, session: &SessionId, credential: &str, limit: u32, now: Instant) -> bool {
+    fn allow_at(&self, credential: &CredentialId, limit: u32, now: Instant) -> bool {
         let Ok(mut buckets) = self.buckets.lock() else { return false };
         let capacity = f64::from(limit);
         if buckets.len() >= MAX_BUCKETS {
             buckets.retain(|_, b| now.saturating_duration_since(b.last).as_secs() < 60);
         }
-        let bucket =
-            buckets.entry((session.clone(), credential.to_string())).or_insert(Bucket { tokens: capacity, last: now });
+        let bucket = buckets.entry(credential.clone()).or_insert(Bucket { tokens: capacity, last: now });
         let elapsed = now.saturating_duration_since(bucket.last).as_secs_f64();
         bucket.tokens = (bucket.tokens + elapsed * capacity / 60.0).min(capacity);
         bucket.last = now;
@@ -256,6 +257,7 @@ mod tests {
 
     fn grant() -> Grant {
         Grant {
+            credential_id: CredentialId::generate(),
             credential: "gh".into(),
             hosts: vec!["api.test".into()],
             header_name: "Authorization".into(),
@@ -324,17 +326,16 @@ mod tests {
     #[test]
     fn rate_limits_refill_over_time() {
         let limits = RateLimits::default();
-        let session = SessionId::generate();
+        let gh = CredentialId::generate();
         let start = Instant::now();
-        assert!(limits.allow_at(&session, "gh", 2, start));
-        assert!(limits.allow_at(&session, "gh", 2, start));
-        assert!(!limits.allow_at(&session, "gh", 2, start));
-        // Another credential and another session have their own buckets.
-        assert!(limits.allow_at(&session, "other", 2, start));
-        assert!(limits.allow_at(&SessionId::generate(), "gh", 2, start));
+        assert!(limits.allow_at(&gh, 2, start));
+        assert!(limits.allow_at(&gh, 2, start));
+        assert!(!limits.allow_at(&gh, 2, start));
+        // Another credential has its own bucket, even under the same name in another tenant.
+        assert!(limits.allow_at(&CredentialId::generate(), 2, start));
         // 2/min: one token every 30 s.
-        assert!(!limits.allow_at(&session, "gh", 2, start + Duration::from_secs(10)));
-        assert!(limits.allow_at(&session, "gh", 2, start + Duration::from_secs(31)));
-        assert!(!limits.allow_at(&session, "gh", 2, start + Duration::from_secs(32)));
+        assert!(!limits.allow_at(&gh, 2, start + Duration::from_secs(10)));
+        assert!(limits.allow_at(&gh, 2, start + Duration::from_secs(31)));
+        assert!(!limits.allow_at(&gh, 2, start + Duration::from_secs(32)));
     }
 }

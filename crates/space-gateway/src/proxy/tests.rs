@@ -120,6 +120,7 @@ async fn start_upstream() -> Upstream {
 
 pub(super) fn grant(secret: &str) -> Grant {
     Grant {
+        credential_id: space_api::CredentialId::generate(),
         credential: "gh".into(),
         hosts: vec!["api.test".into()],
         header_name: "Authorization".into(),
@@ -452,6 +453,45 @@ async fn expired_and_rate_limited_credentials_are_refused() {
     let (status, body) = get(&mut sender, "api.test", "/", &[]).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert!(body.contains("credential gh expired"), "{body}");
+}
+
+/// A rate limit is the credential's: another session holding the same credential (a fork,
+/// with its own CA and sandbox) draws from the same bucket instead of a fresh one.
+#[tokio::test]
+async fn sessions_holding_the_same_credential_share_its_rate_limit() {
+    let mut setup = Setup::new().await;
+    let mut limited = grant(SECRET);
+    limited.rate_limit_per_min = Some(1);
+    setup.context.set_test_session(&setup.session, egress(&setup.ca, vec![limited.clone()]));
+    let (_, stream) = setup.connect("api.test:443").await;
+    let tls = Setup::tls(stream, "api.test", setup.session_root()).await.unwrap();
+    assert_eq!(get(&mut http_client(tls).await, "api.test", "/", &[]).await.0, StatusCode::OK);
+    setup.event().await;
+
+    let fork = SessionId::generate();
+    let fork_ca = SessionCa::generate(&fork).unwrap();
+    let sibling = setup.context.sibling_for_test(&fork, egress(&fork_ca, vec![limited.clone()]));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let fork_proxy = listener.local_addr().unwrap();
+    tokio::spawn(super::serve_explicit(listener, sibling));
+    let fork_root = certificates_from_pem(fork_ca.cert_pem.as_bytes()).unwrap().remove(0).into();
+    let mut stream = TcpStream::connect(fork_proxy).await.unwrap();
+    let (status, _) = exchange(&mut stream, "CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n").await;
+    assert_eq!(status, 200);
+    let tls = Setup::tls(stream, "api.test", fork_root).await.unwrap();
+    let mut sender = http_client(tls).await;
+    assert_eq!(get(&mut sender, "api.test", "/", &[]).await.0, StatusCode::TOO_MANY_REQUESTS);
+    let event = setup.event().await;
+    assert_eq!(event.session_id, fork);
+    assert!(event.reason.unwrap().contains("rate limit"));
+
+    // Another credential (even named the same) is counted apart.
+    let mut other = grant(SECRET);
+    other.rate_limit_per_min = Some(1);
+    setup.context.set_test_session(&setup.session, egress(&setup.ca, vec![other]));
+    let (_, stream) = setup.connect("api.test:443").await;
+    let tls = Setup::tls(stream, "api.test", setup.session_root()).await.unwrap();
+    assert_eq!(get(&mut http_client(tls).await, "api.test", "/", &[]).await.0, StatusCode::OK);
 }
 
 #[tokio::test]
