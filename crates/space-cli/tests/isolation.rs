@@ -156,3 +156,28 @@ fn sandbox_root_cannot_trace_pid1_before_or_after_a_full_snapshot() {
     assert_eq!(status, 200, "{s}");
     assert_pid1_out_of_reach(&server, &id, "after its restore");
 }
+
+/// A sandbox process that manages to trace pid 1 while a full snapshot lets CRIU in does not
+/// keep it: the tracer is killed when the node connects again.
+#[test]
+fn a_tracer_of_pid1_from_the_checkpoint_window_does_not_outlive_it() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    server.install_probe(&id);
+    let body = json!({ "cmd": ["sh", "-c", "/probe seize 1 > /root/seized"], "background": true });
+    let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    assert_eq!(status, 200, "{r}");
+    // The snapshot may fail (CRIU cannot seize a pid 1 someone else traces); either way:
+    let _ = server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(json!({ "kind": "full" })));
+    let seized = server.exec(&id, &["cat", "/root/seized"]);
+    assert_eq!(seized["stdout"], "attached\n", "the tracer never got in while pid 1 was dumpable: {seized}");
+    let traced = server.exec(&id, &["grep", "TracerPid", "/proc/1/status"]);
+    assert_eq!(traced["stdout"], "TracerPid:\t0\n", "pid 1 is still traced: {traced}");
+    let gone = (0..100).any(|_| {
+        let holders = server.exec(&id, &["sh", "-c", "ps -o pid,args | grep -c '[/]probe seize'"]);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        holders["stdout"] == "0\n"
+    });
+    assert!(gone, "the tracer still runs");
+}

@@ -178,7 +178,9 @@ fn pool_sizing_is_validated_and_admin_only() {
     let out = server.cli(&["pool", "set", "busybox", "2"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     server.wait_pool_ready("busybox", 2);
-    let out = server.cli(&["status"]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.lines().any(|l| l.starts_with("busybox") && l.contains(" 2 ")), "{text}");
+    // The fields themselves: " 2 " in the printed table would also match another column.
+    let out = server.cli(&["status", "--json"]);
+    let status: Value = serde_json::from_slice(&out.stdout).expect("status --json");
+    let busybox = status["pool"]["templates"].as_array().and_then(|t| t.iter().find(|t| t["template"] == "busybox"));
+    assert_eq!(busybox.map(|t| (t["size"].clone(), t["ready"].clone())), Some((json!(2), json!(2))), "{status}");
 }

@@ -44,7 +44,16 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
                     _ => state.node.resume_sandbox(&handle.id),
                 };
                 if let Err(e) = frozen {
+                    // A session that reads `running` must answer: one left frozen would not.
                     tracing::warn!(session = %id, error = %e, "cannot bring the sandbox to its recorded state");
+                    let message = format!(
+                        "the sandbox could not be brought back to {:?} after a restart: {e}; destroy \
+                         the session, or restore it from a snapshot",
+                        record.session.state
+                    );
+                    let from = [SessionState::Running, SessionState::Paused];
+                    state.store.transition(id, &from, SessionState::Failed, Some(&message)).await?;
+                    continue;
                 }
                 // The gateway's listeners died with the previous process.
                 if let Err(e) = state.node.reattach_gateway(&handle, id).await {

@@ -341,12 +341,23 @@ const AGENT_BIND: &str = "agent";
 /// `<prefix>*` in the temp dir): the agent dir's bind is detached first, and a directory
 /// whose bind cannot be detached is left alone rather than emptied through it. Never fails:
 /// what cannot be removed is logged. Returns how many were removed.
+///
+/// The temp dir is anyone's to write: only real directories owned by root are considered (a
+/// local user could otherwise plant `<prefix>x/agent` as a symlink to a host mount point), and
+/// the unmount does not follow a symlink.
 pub fn sweep_leftover_work(prefix: &str) -> usize {
     let temp = std::env::temp_dir();
     let Ok(entries) = std::fs::read_dir(&temp) else { return 0 };
     let mut removed = 0;
     for dir in entries.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with(prefix)) {
         let dir = dir.path();
+        match std::fs::symlink_metadata(&dir) {
+            Ok(meta) if meta.is_dir() && meta.uid() == 0 => {}
+            _ => {
+                tracing::warn!(dir = %dir.display(), "not a restore's work directory (not root's, or a symlink); left alone");
+                continue;
+            }
+        }
         match detach_all(&dir.join(AGENT_BIND)) {
             Ok(()) => match std::fs::remove_dir_all(&dir) {
                 Ok(()) => removed += 1,
@@ -361,7 +372,7 @@ pub fn sweep_leftover_work(prefix: &str) -> usize {
 /// Detaches every mount stacked at `at` until it is a plain directory (or missing).
 fn detach_all(at: &Path) -> std::result::Result<(), nix::Error> {
     for _ in 0..16 {
-        match nix::mount::umount2(at, nix::mount::MntFlags::MNT_DETACH) {
+        match nix::mount::umount2(at, nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW) {
             Ok(()) => continue,
             // EINVAL: not a mount point (any more); ENOENT: no such directory.
             Err(nix::Error::EINVAL | nix::Error::ENOENT) => return Ok(()),

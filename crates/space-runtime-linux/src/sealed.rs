@@ -39,7 +39,15 @@ impl SealedBinary {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(SealedBinary { fd })
+        // Above the descriptors a spawn sets up (stdio, 3 and 4), which would replace it
+        // before its path is executed.
+        // SAFETY: F_DUPFD_CLOEXEC on our own fd returns a new fd or -1.
+        let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+        if high < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this fd; nothing else owns it.
+        Ok(SealedBinary { fd: unsafe { OwnedFd::from_raw_fd(high) } })
     }
 
     /// The path that executes it from this process (the fd is close-on-exec, which the
@@ -62,6 +70,7 @@ mod tests {
     #[test]
     fn the_copy_is_sealed_executable_and_not_a_path_on_disk() {
         let sealed = SealedBinary::load(Path::new("/bin/true")).unwrap();
+        assert!(sealed.fd.as_raw_fd() >= 10, "a spawn's dup2 onto 3 or 4 would replace it");
         assert_eq!(sealed.seals() & SEALS, SEALS);
         let opened = std::fs::OpenOptions::new().write(true).open(sealed.exec_path());
         let err = opened.and_then(|mut file| file.write_all(b"#!")).unwrap_err();

@@ -335,6 +335,15 @@ async fn a_killed_restores_bind_mount_is_removed_when_the_runtime_starts() {
     nix::mount::mount(Some(agent_dir.path()), &bind, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).unwrap();
     // Another node's leftovers are not this runtime's to remove.
     let other = tempfile::Builder::new().prefix(space_criu::WORK_PREFIX).tempdir().unwrap();
+    // Nor is what another local user planted under the name, pointing at a mount of the host.
+    let victim = tempfile::tempdir().unwrap();
+    let victim_mount = victim.path().join("mounted");
+    std::fs::create_dir(&victim_mount).unwrap();
+    nix::mount::mount(Some(agent_dir.path()), &victim_mount, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>)
+        .unwrap();
+    let planted = tempfile::Builder::new().prefix(&prefix).tempdir().unwrap();
+    std::os::unix::fs::symlink(&victim_mount, planted.path().join("agent")).unwrap();
+    std::os::unix::fs::chown(planted.path(), Some(65534), Some(65534)).unwrap();
 
     let t = TestRuntime::with(|opts| opts.cgroup_parent = parent.clone());
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -342,6 +351,9 @@ async fn a_killed_restores_bind_mount_is_removed_when_the_runtime_starts() {
     assert!(!work.exists(), "the work dir is still there");
     assert!(agent_dir.path().join("agent.sock").exists(), "the sweep emptied the agent dir through its bind");
     assert!(other.path().exists());
+    assert!(mounts.contains(victim_mount.to_str().unwrap()), "a planted symlink made the sweep unmount a host mount");
+    assert!(planted.path().exists());
+    nix::mount::umount2(&victim_mount, nix::mount::MntFlags::MNT_DETACH).unwrap();
     drop(t);
 }
 

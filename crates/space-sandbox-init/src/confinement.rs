@@ -5,7 +5,9 @@
 //! resume a process with more than a sandbox has. So before the restored tree is resumed the
 //! node reads, for every task: its user namespace (the sandbox's, mapping exactly the
 //! sandbox's id range), its capability sets (within [`crate::KEPT_CAPABILITIES`]),
-//! `NoNewPrivs` (1) and its seccomp mode (2, filtering).
+//! `NoNewPrivs` (1), its seccomp mode (2, filtering) and at least as many filters as a
+//! sandbox installs. The filters' content is not read: a tampered image could carry filters
+//! of its own in their place.
 
 use std::path::Path;
 
@@ -90,6 +92,14 @@ fn check_status(status: &str) -> Result<(), String> {
             return Err(format!("{name} is {value}, must be {required}"));
         }
     }
+    // At least the sandbox's own filters (a tree without them, or with fewer, was not
+    // confined as a sandbox is). Their content is not compared: a count cannot tell a
+    // tampered filter from ours.
+    let filters: usize = field("Seccomp_filters")?.parse().map_err(|e| format!("Seccomp_filters: {e}"))?;
+    let ours = crate::security::seccomp_programs().map(|p| p.len()).unwrap_or(0);
+    if filters < ours {
+        return Err(format!("Seccomp_filters is {filters}, a sandbox has at least {ours}"));
+    }
     Ok(())
 }
 
@@ -130,7 +140,7 @@ mod tests {
     use super::*;
 
     const CONFINED: &str = "CapInh:\t0000000000000000\nCapPrm:\t00000000a80405fb\nCapEff:\t00000000a80405fb\n\
-        CapBnd:\t00000000a80405fb\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n";
+        CapBnd:\t00000000a80405fb\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t4\n";
 
     #[test]
     fn a_confined_status_passes_and_each_escape_is_named() {
@@ -143,6 +153,8 @@ mod tests {
             check_status(&CONFINED.replace("NoNewPrivs:\t1", "NoNewPrivs:\t0")).unwrap_err().contains("NoNewPrivs")
         );
         assert!(check_status(&CONFINED.replace("Seccomp:\t2", "Seccomp:\t0")).unwrap_err().contains("Seccomp"));
+        let one_filter = CONFINED.replace("Seccomp_filters:\t4", "Seccomp_filters:\t1");
+        assert!(check_status(&one_filter).unwrap_err().contains("Seccomp_filters"));
         assert!(check_status("CapInh:\t0\n").unwrap_err().contains("no CapPrm"));
     }
 

@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::os::fd::AsFd;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use nix::sched::{CloneFlags, setns};
@@ -23,6 +23,12 @@ use crate::sys::{ctx, io_ctx, link_up};
 pub fn bring_up_loopback(pid: u32) -> Result<(), InitError> {
     let path = format!("/proc/{pid}/ns/net");
     let netns = File::open(&path).map_err(io_ctx(format!("open {path}")))?;
+    // The caller then rewrites the namespace's routes: never the host's.
+    let ours = std::fs::metadata("/proc/self/ns/net").map_err(io_ctx("stat /proc/self/ns/net"))?;
+    let theirs = netns.metadata().map_err(io_ctx(format!("stat {path}")))?;
+    if (ours.dev(), ours.ino()) == (theirs.dev(), theirs.ino()) {
+        return Err(InitError(format!("process {pid} is in the node's own network namespace")));
+    }
     setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(ctx("enter the restored network namespace"))?;
     link_up("lo")
 }

@@ -152,8 +152,9 @@ pub fn seccomp_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
     rules
 }
 
-/// `socket(2)` calls outside [`ALLOWED_SOCKET_FAMILIES`] and [`ALLOWED_NETLINK_PROTOCOLS`]:
-/// one rule per refused shape (rules are or-ed, a rule's conditions and-ed).
+/// `socket(2)` calls outside [`ALLOWED_SOCKET_FAMILIES`] and [`ALLOWED_NETLINK_PROTOCOLS`],
+/// and `socketpair(2)` of any family but `AF_UNIX`: one rule per refused shape (rules are
+/// or-ed, a rule's conditions and-ed).
 pub fn socket_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
     let arg = |index: u8, op: SeccompCmpOp, value: i32| {
         SeccompCondition::new(index, SeccompCmpArgLen::Dword, op, value as u64).expect("valid condition")
@@ -163,7 +164,9 @@ pub fn socket_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
         .chain(ALLOWED_NETLINK_PROTOCOLS.iter().map(|p| arg(2, SeccompCmpOp::Ne, *p)))
         .collect();
     let rules = [other_family, other_netlink].into_iter().map(|c| SeccompRule::new(c).expect("non-empty rule"));
-    [(libc::SYS_socket, rules.collect())].into_iter().collect()
+    // socketpair(2) creates sockets of its family too (only AF_UNIX has a use for it).
+    let pair = SeccompRule::new(vec![arg(0, SeccompCmpOp::Ne, libc::AF_UNIX)]).expect("non-empty rule");
+    [(libc::SYS_socket, rules.collect()), (libc::SYS_socketpair, vec![pair])].into_iter().collect()
 }
 
 /// Compiles the sandbox filters, in installation order:
@@ -284,6 +287,12 @@ mod tests {
         unsafe { libc::syscall(libc::SYS_socket, family, kind, protocol) }
     }
 
+    fn socketpair(family: i32, kind: i32) -> libc::c_long {
+        let mut fds = [0i32; 2];
+        // SAFETY: socketpair(2) writes two fds into the array.
+        unsafe { libc::syscall(libc::SYS_socketpair, family, kind, 0, fds.as_mut_ptr()) }
+    }
+
     #[test]
     fn the_installed_filter_refuses_what_it_must_and_allows_the_rest() {
         let got = errnos_under_filter(&[
@@ -292,6 +301,7 @@ mod tests {
             || socket(libc::AF_BLUETOOTH, libc::SOCK_STREAM, 0),
             || socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_AUDIT),
             || socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_GENERIC),
+            || socketpair(libc::AF_TIPC, libc::SOCK_STREAM),
             // SAFETY: getpid through the x32 ABI touches no memory.
             || unsafe { libc::syscall(libc::SYS_getpid | X32_SYSCALL_BIT as i64) },
             // SAFETY: bpf(2) with a null attribute pointer; refused before it is read.
@@ -301,6 +311,7 @@ mod tests {
             // SAFETY: clone3 with a null argument; refused before it is read.
             || unsafe { libc::syscall(libc::SYS_clone3, 0, 0) },
             || socket(libc::AF_UNIX, libc::SOCK_STREAM, 0),
+            || socketpair(libc::AF_UNIX, libc::SOCK_STREAM),
             || socket(libc::AF_INET, libc::SOCK_STREAM, 0),
             || socket(libc::AF_INET6, libc::SOCK_DGRAM, 0),
             || socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
@@ -309,13 +320,14 @@ mod tests {
             || unsafe { libc::syscall(libc::SYS_getpid) },
         ]);
         let (eperm, eafno, enosys) = (libc::EPERM, libc::EAFNOSUPPORT, libc::ENOSYS);
-        assert_eq!(got, [eafno, eafno, eafno, eafno, eafno, eperm, eperm, eperm, enosys, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(got, [eafno, eafno, eafno, eafno, eafno, eafno, eperm, eperm, eperm, enosys, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]
     fn rules_cover_the_documented_list() {
         let rules = seccomp_rules();
         assert_eq!(rules.len(), DENIED.len() + DENIED_WITH_NEWUSER.len());
+        assert_eq!(socket_rules().len(), 2);
         assert!(rules[&libc::SYS_clone].len() == 1 && rules[&libc::SYS_bpf].is_empty());
         assert!(!rules.contains_key(&libc::SYS_clone3));
     }

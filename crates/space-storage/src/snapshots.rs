@@ -73,7 +73,8 @@ impl Pool {
     }
 
     /// A copy of `binary` in the pool, named by its content (`<pool>/binaries/<sha256>`), made
-    /// once; snapshots hard-link it.
+    /// once; snapshots hard-link it. A kept copy whose content no longer matches its name
+    /// (sandboxes execute it: it must be exactly what was kept) is written anew.
     pub fn keep_binary(&self, binary: &Path) -> Result<PathBuf> {
         use sha2::Digest;
         let content = std::fs::read(binary).ctx("read", binary)?;
@@ -81,8 +82,9 @@ impl Pool {
         let name = hex::encode(digest);
         let dir = self.root().join("binaries");
         std::fs::create_dir_all(&dir).ctx("create directory", &dir)?;
-        let kept = dir.join(name);
-        if !kept.is_file() {
+        let kept = dir.join(&name);
+        let intact = std::fs::read(&kept).is_ok_and(|kept| hex::encode(sha2::Sha256::digest(&kept)) == name);
+        if !intact {
             let partial = dir.join(format!(".partial-{}", std::process::id()));
             std::fs::write(&partial, &content).ctx("write", &partial)?;
             std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o555))

@@ -250,3 +250,19 @@ fn sandbox_root_timing() {
         eprintln!("[{mode}] delete_sandbox_root (busybox, 50 runs): p50 {d50} us, p90 {d90} us");
     }
 }
+
+#[test]
+fn a_kept_binary_that_was_changed_is_written_anew() {
+    let Some(t) = TestPool::new("kept") else {
+        return;
+    };
+    let pool = t.pool();
+    let source = t.data_dir().join("spaced-original");
+    std::fs::write(&source, b"\x7fELF the real binary").unwrap();
+    let kept = pool.keep_binary(&source).unwrap();
+    // What a slip of a sandbox's read-only bind could do to the pool's copy.
+    std::fs::set_permissions(&kept, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(&kept, b"#!/bin/sh\necho planted").unwrap();
+    assert_eq!(pool.keep_binary(&source).unwrap(), kept);
+    assert_eq!(std::fs::read(&kept).unwrap(), b"\x7fELF the real binary", "the planted content was kept");
+}

@@ -110,6 +110,7 @@ async fn connection(mut conn: UnixStream, agent: Arc<Agent>) {
             if let Err(e) = set_dumpable(false) {
                 tracing::warn!(error = %e, "cannot make pid 1 non-dumpable");
             }
+            end_tracing();
         }
         Ok(Err(e)) => return tracing::warn!(error = %e, "handshake failed"),
         Err(_) => return tracing::warn!("handshake timed out"),
@@ -126,6 +127,21 @@ async fn connection(mut conn: UnixStream, agent: Arc<Agent>) {
 /// gives every process pid 1 starts a flag of its own again.
 fn set_dumpable(dumpable: bool) -> nix::Result<()> {
     nix::sys::prctl::set_dumpable(dumpable)
+}
+
+/// Kills whatever traces pid 1: clearing the dumpable flag stops new attaches, not one made
+/// while it was set (during a checkpoint, by a sandbox process; CRIU has detached by the time
+/// the node connects again). Killing the tracer detaches it.
+fn end_tracing() {
+    let Ok(threads) = std::fs::read_dir("/proc/self/task") else { return };
+    for thread in threads.filter_map(|t| t.ok()) {
+        let status = std::fs::read_to_string(thread.path().join("status")).unwrap_or_default();
+        let tracer = status.lines().find_map(|l| l.strip_prefix("TracerPid:")).and_then(|p| p.trim().parse().ok());
+        if let Some(tracer) = tracer.filter(|p: &i32| *p > 0) {
+            tracing::warn!(tracer, "a process traced pid 1 during a checkpoint; killing it");
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(tracer), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
 }
 
 /// One stream: the first frame is the request.
