@@ -46,9 +46,7 @@ fn tenants_never_see_each_other() {
     require_root!();
     let server = Server::start();
     let id = server.create_session(json!({}));
-    let out = server.cli(&["key", "create", "--tenant", "other"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let other = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let other = server.tenant_key("other");
 
     let (status, list) = server.call_as(&other, "GET", "/v1/sessions", None);
     assert_eq!(status, 200);
@@ -253,9 +251,7 @@ fn authorization_comes_before_validation() {
     require_root!();
     let server = Server::start();
     let id = server.create_session(json!({}));
-    let out = server.cli(&["key", "create", "--tenant", "other"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let other = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let other = server.tenant_key("other");
 
     for path in ["/etc", "/nonexistent-space-test", "relative"] {
         let body = json!({ "name": "imported", "path": path });

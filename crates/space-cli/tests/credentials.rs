@@ -33,12 +33,6 @@ fn assert_not_in_db(server: &Server, value: &str) {
     }
 }
 
-fn other_tenant_key(server: &Server) -> String {
-    let out = server.cli(&["key", "create", "--tenant", "other"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
 fn error_of(body: &Value) -> (&str, &str) {
     (body["error"]["code"].as_str().unwrap_or(""), body["error"]["message"].as_str().unwrap_or(""))
 }
@@ -98,7 +92,7 @@ fn credentials_are_sealed_scoped_and_validated() {
     assert_not_in_db(&server, rotated);
 
     // Another tenant sees none of it.
-    let other = other_tenant_key(&server);
+    let other = server.tenant_key("other");
     let (status, list) = server.call_as(&other, "GET", "/v1/credentials", None);
     assert_eq!((status, list["credentials"].as_array().map(Vec::len)), (200, Some(0)));
     for (method, body) in [("GET", None), ("PATCH", Some(json!({ "value": "x" }))), ("DELETE", None)] {
@@ -224,7 +218,7 @@ fn grants_policies_and_audit_of_sessions() {
     cli_ok(&server, &["session", "grant", &id, "gh"], None);
 
     // Another tenant cannot see or change the session's network.
-    let other = other_tenant_key(&server);
+    let other = server.tenant_key("other");
     for (method, path, body) in [
         ("GET", format!("/v1/sessions/{id}/network"), None),
         ("PATCH", format!("/v1/sessions/{id}/network"), Some(json!({ "allow": ["x.com"] }))),

@@ -164,8 +164,7 @@ fn bad_lifecycle_requests_get_clear_errors() {
 
     // Another tenant can neither see nor use this session's snapshots.
     let (_, snap) = post(&server, &format!("/v1/sessions/{id}/snapshots"), json!({}));
-    let out = server.cli(&["key", "create", "--tenant", "other"]);
-    let other_key = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let other_key = server.tenant_key("other");
     let theirs = server.call_as(&other_key, "POST", "/v1/sessions", Some(json!({}))).1;
     let theirs = theirs["id"].as_str().unwrap();
     let body = json!({ "snapshot": snap["id"] });

@@ -168,8 +168,7 @@ fn pool_sizing_is_validated_and_admin_only() {
     let (status, body) = set(&server.key, "busybox", json!({ "size": "many" }));
     assert_eq!(status, 400, "{body}");
 
-    let out = server.cli(&["key", "create", "--tenant", "acme"]);
-    let tenant_key = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let tenant_key = server.tenant_key("acme");
     let (status, body) = set(&tenant_key, "busybox", json!({ "size": 1 }));
     assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")), "{body}");
     let (status, _) = server.call_as(&tenant_key, "GET", "/v1/pool", None);

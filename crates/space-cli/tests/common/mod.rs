@@ -230,6 +230,13 @@ impl Server {
         result
     }
 
+    /// A new API key of `tenant` (`space key create`).
+    pub fn tenant_key(&self, tenant: &str) -> String {
+        let out = self.cli(&["key", "create", "--tenant", tenant]);
+        assert!(out.status.success(), "key create: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
     /// This server's node id (`GET /v1/status`).
     pub fn node_id(&self) -> String {
         let (status, body) = self.call("GET", "/v1/status", None);
