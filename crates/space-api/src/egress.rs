@@ -223,7 +223,8 @@ pub struct CreateCredentialRequest {
     pub value: String,
     /// Unix time in seconds after which the gateway stops injecting it.
     pub expires_at: Option<i64>,
-    /// Injections per minute per session; beyond it the gateway answers 429.
+    /// Injections per minute of this credential, shared by every session it is granted to;
+    /// beyond it the gateway answers 429.
     pub rate_limit_per_min: Option<u32>,
     /// An environment variable the sandbox sees holding a placeholder; the gateway swaps the
     /// placeholder for the value in requests to the credential's hosts only.

@@ -39,6 +39,8 @@ pub enum ErrorCode {
     UriTooLong,
     /// The request has more headers, or more bytes of them, than the server accepts.
     HeadersTooLarge,
+    /// A limit on how many of something may be open at once was reached (the message names it).
+    LimitExceeded,
 }
 
 impl ErrorCode {
@@ -64,6 +66,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::UriTooLong => 414,
             ErrorCode::HeadersTooLarge => 431,
+            ErrorCode::LimitExceeded => 429,
             ErrorCode::FeatureUnavailable => 501,
             ErrorCode::SandboxUnavailable => 503,
             ErrorCode::Timeout => 504,

@@ -125,3 +125,43 @@ fn watch_reports_created_files() {
     let _ = watcher.wait();
     assert!(seen.iter().any(|l| l.contains("/watched/new-")), "no watch event: {seen:?}");
 }
+
+/// Opens a watch WebSocket by hand (the handshake only; the connection is then held open):
+/// the stream and the response's status line.
+fn open_watch(server: &Server, id: &str) -> (std::net::TcpStream, String) {
+    use std::io::{BufRead, Write};
+    let address = server.url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+    let request = format!(
+        "GET /v1/sessions/{id}/watch?path=/ HTTP/1.1\r\nHost: {address}\r\n{}\r\nConnection: Upgrade\r\n\
+         Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        server.auth()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut status = String::new();
+    std::io::BufReader::new(stream.try_clone().unwrap()).read_line(&mut status).unwrap();
+    (stream, status)
+}
+
+#[test]
+fn watches_per_session_are_limited_and_given_back_when_closed() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    let mut open = Vec::new();
+    for _ in 0..8 {
+        let (stream, status) = open_watch(&server, &id);
+        assert!(status.starts_with("HTTP/1.1 101"), "{status}");
+        open.push(stream);
+    }
+    let (_refused, status) = open_watch(&server, &id);
+    assert!(status.starts_with("HTTP/1.1 429"), "the ninth watch of a session: {status}");
+    drop(open);
+    let given_back = (0..100).any(|_| {
+        let (_stream, status) = open_watch(&server, &id);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        status.starts_with("HTTP/1.1 101")
+    });
+    assert!(given_back, "closed watches never gave their places back");
+}

@@ -16,6 +16,7 @@ pub mod reconciler;
 pub mod recovery;
 pub mod scheduler;
 pub mod server;
+pub mod watches;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -76,6 +77,8 @@ pub struct AppState {
     pub idempotency: idempotency::Idempotency,
     /// Whether credentials may name hosts by wildcard (see [`egress::validate_hosts`]).
     pub allow_wildcard_credential_hosts: bool,
+    /// How many file watches may be open per session, tenant and node.
+    pub watches: Arc<watches::WatchLimits>,
     /// Connection cap and timeouts of the HTTP server ([`serve`]); handlers of WebSockets
     /// read their idle timeout here.
     pub http: HttpLimits,
@@ -141,6 +144,7 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
         sealer: Arc::new(sealer),
         idempotency,
         allow_wildcard_credential_hosts: config.allow_wildcard_credential_hosts,
+        watches: Default::default(),
         http: config.http.clone(),
     };
     egress::spawn_audit_writer(&state);

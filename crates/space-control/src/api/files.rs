@@ -231,12 +231,13 @@ pub async fn watch_ws(
     ApiWebSocket(upgrade): ApiWebSocket,
 ) -> AppResult<Response> {
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let slot = state.watches.acquire(&caller.tenant_id, &session.id)?;
     let agent = state.node.agent(&sandbox).await?;
     let events = agent.watch(check_path(&params.path)?, params.recursive).await?;
     let busy = state.activity.busy(&session.id);
     let idle = state.http.ws_idle_timeout;
     Ok(upgrade.on_upgrade(move |mut socket| async move {
-        let _busy = busy;
+        let (_busy, _slot) = (busy, slot);
         // The watch ends at the agent's first error, as the stream of the agent does.
         let events = events
             .take_while(|event| std::future::ready(event.is_ok()))
