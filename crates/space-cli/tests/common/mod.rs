@@ -392,10 +392,24 @@ fn remove_cgroups(parent: &str, node: Option<&str>) {
     }
 }
 
+/// What a restore the final kill interrupted left in the temp dir: its work directory with a
+/// bind mount in it (a server that starts again removes its own; this one will not start again).
+fn remove_restore_leftovers(cgroup_parent: &str, node: Option<&str>) {
+    let Some(node) = node else { return };
+    let prefix = format!("space-criu-{}_{node}-", cgroup_parent.replace('/', "_"));
+    for name in list_names(&std::env::temp_dir()).into_iter().filter(|n| n.starts_with(&prefix)) {
+        let dir = std::env::temp_dir().join(name);
+        let _ = nix::mount::umount2(&dir.join("agent"), nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir(dir.join("agent"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
         remove_cgroups(&self.cgroup_parent, self.node.as_deref());
+        remove_restore_leftovers(&self.cgroup_parent, self.node.as_deref());
         let pool = self.data_dir.join("pool");
         let sandboxes = pool.join("sandboxes");
         for name in list_names(&sandboxes) {
