@@ -24,6 +24,7 @@ fn sandbox_sees_only_itself() {
     std::fs::write(&marker, "x").unwrap();
     let r = server.exec(&id, &["ls", marker.to_str().unwrap()]);
     assert_ne!(r["exit_code"], 0, "host file visible: {r}");
+    assert!(r["stderr"].as_str().unwrap().contains("No such file or directory"), "ENOENT expected: {r}");
 
     let r = server.exec(&id, &["hostname"]);
     let (_, session) = server.call("GET", &format!("/v1/sessions/{id}"), None);

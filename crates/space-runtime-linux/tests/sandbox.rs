@@ -69,6 +69,10 @@ async fn sandbox_is_confined() {
     for script in ["mount -t tmpfs none /mnt", "unshare -U true", "unshare -m true", "nsenter -t 1 -m true"] {
         let out = sh(&client, script).await;
         assert_ne!(out.status.code, Some(0), "{script:?} succeeded: {out:?}");
+        // EPERM or EACCES, as busybox words them ("permission denied (are you root?)" for mount).
+        let stderr = out.stderr.to_lowercase();
+        let refused = ["operation not permitted", "permission denied"].iter().any(|e| stderr.contains(e));
+        assert!(refused, "{script:?} failed for another reason than EPERM/EACCES: {out:?}");
     }
     // Masked files read empty (whichever of them this kernel has).
     let masked = "for f in /proc/kcore /proc/keys /proc/timer_list /proc/interrupts; do [ -e $f ] && wc -c < $f; done";

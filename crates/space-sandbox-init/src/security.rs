@@ -310,6 +310,20 @@ mod tests {
             || unsafe { libc::syscall(libc::SYS_unshare, libc::CLONE_NEWUSER) },
             // SAFETY: clone3 with a null argument; refused before it is read.
             || unsafe { libc::syscall(libc::SYS_clone3, 0, 0) },
+            // SAFETY: each with null pointers and invalid fds: refused before anything is read.
+            || unsafe { libc::syscall(libc::SYS_perf_event_open, 0, 0, -1, -1, 0) },
+            // SAFETY: as above.
+            || unsafe { libc::syscall(libc::SYS_io_uring_setup, 1, 0) },
+            // SAFETY: as above.
+            || unsafe { libc::syscall(libc::SYS_userfaultfd, 0) },
+            // SAFETY: as above.
+            || unsafe { libc::syscall(libc::SYS_keyctl, 0, 0, 0, 0, 0) },
+            // SAFETY: as above.
+            || unsafe { libc::syscall(libc::SYS_finit_module, -1, 0, 0) },
+            // SAFETY: as above.
+            || unsafe { libc::syscall(libc::SYS_setns, -1, 0) },
+            // SAFETY: as above.
+            || unsafe { libc::syscall(libc::SYS_mount, 0, 0, 0, 0, 0) },
             || socket(libc::AF_UNIX, libc::SOCK_STREAM, 0),
             || socketpair(libc::AF_UNIX, libc::SOCK_STREAM),
             || socket(libc::AF_INET, libc::SOCK_STREAM, 0),
@@ -320,7 +334,10 @@ mod tests {
             || unsafe { libc::syscall(libc::SYS_getpid) },
         ]);
         let (eperm, eafno, enosys) = (libc::EPERM, libc::EAFNOSUPPORT, libc::ENOSYS);
-        assert_eq!(got, [eafno, eafno, eafno, eafno, eafno, eafno, eperm, eperm, eperm, enosys, 0, 0, 0, 0, 0, 0, 0]);
+        let refused = [eafno, eafno, eafno, eafno, eafno, eafno, eperm, eperm, eperm, enosys];
+        let denied = [eperm; 7]; // perf, io_uring, userfaultfd, keyctl, finit_module, setns, mount
+        let allowed = [0; 7];
+        assert_eq!(got, [&refused[..], &denied, &allowed].concat());
     }
 
     #[test]
