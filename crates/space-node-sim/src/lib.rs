@@ -207,6 +207,31 @@ impl SimNode {
         true
     }
 
+    /// The node as a new server process finds it after the old one died (`space serve` runs
+    /// node and control plane in one process): what lives on the host is still there
+    /// (templates, snapshots, sandboxes, whose pid 1 outlives the server, frozen or not);
+    /// what lived in the process is gone (agent connections, the gateway's session egress,
+    /// the warm pool's list of pods, background work). This node is left empty.
+    pub fn restarted(&self) -> Arc<SimNode> {
+        let mut old = self.state();
+        let mut sandboxes = std::mem::take(&mut old.sandboxes);
+        for sandbox in sandboxes.values_mut() {
+            if let Some(agent) = sandbox.agent.take() {
+                agent.close();
+            }
+            sandbox.session = None;
+        }
+        let node = SimNode::new(old.config.clone());
+        {
+            let mut new = node.state();
+            new.templates = old.templates.clone();
+            new.snapshots = std::mem::take(&mut old.snapshots);
+            new.sandboxes = sandboxes;
+            new.next_pid = old.next_pid;
+        }
+        node
+    }
+
     /// Puts an egress audit event where the gateway's would go.
     pub fn emit_audit(&self, event: AuditEvent) {
         let _ = self.audit.send(event);

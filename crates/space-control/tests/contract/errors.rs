@@ -41,9 +41,9 @@ async fn bad_input_is_a_4xx_in_the_envelope_and_loses_nothing() {
     }
     let raw = server.send(&server.admin, "POST", "/v1/sessions", Some("{not json".into()), &[]).await;
     assert_error(&(raw.0, raw.1), 400, "bad_request");
-    let big = format!("{{\"cmd\":[\"{}\"]}}", "x".repeat(2 << 20));
-    let raw = server.send(&server.admin, "POST", &format!("/v1/sessions/{id}/exec"), Some(big), &[]).await;
-    assert_error(&(raw.0, raw.1), 413, "payload_too_large");
+    // (413 for a body over 1 MiB is left to the root tests and error.rs's unit test: the
+    // server answers before reading the body and closes, so a client still writing it may
+    // see a broken pipe instead of the answer, depending on timing.)
 
     assert_error(&server.exec(&id, &[]).await, 400, "bad_request");
     for count in [0, 17] {

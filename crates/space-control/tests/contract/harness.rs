@@ -16,9 +16,17 @@ pub struct Server {
     /// The node the control plane drives; the test steers and inspects it.
     pub sim: Arc<SimNode>,
     http: reqwest::Client,
-    serving: tokio::task::JoinHandle<()>,
+    /// Everything the server runs (API, reconciler, the node's agents) runs here: dropping
+    /// it stops all of it at once, as `kill -9` would.
+    runtime: Option<tokio::runtime::Runtime>,
     // Last: removed after the server stopped using it.
-    _dir: tempfile::TempDir,
+    dir: Arc<tempfile::TempDir>,
+}
+
+/// A server that was stopped: its data dir and its node, to start again.
+pub struct Stopped {
+    pub sim: Arc<SimNode>,
+    dir: Arc<tempfile::TempDir>,
 }
 
 /// (status, JSON body) of a response.
@@ -30,39 +38,33 @@ impl Server {
     }
 
     pub async fn start_with(sim: SimConfig) -> Server {
-        let dir = tempfile::tempdir().expect("temporary data dir");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
-        let config = ServerConfig {
-            data_dir: dir.path().to_owned(),
-            listen: listener.local_addr().expect("the port"),
-            default_template: "busybox".into(),
-            // No scheduled snapshots: each test takes those it counts.
-            snapshot_policy: space_api::SnapshotPolicy::off(),
-            scheduler_tick: Duration::from_secs(3600),
-            prepare_templates: vec!["busybox".into()],
-            key_file: dir.path().join("keys/master.key"),
-            audit_retention: None,
-            allow_wildcard_credential_hosts: false,
-            http: HttpLimits::default(),
-        };
-        let sim = SimNode::new(sim);
+        let dir = Arc::new(tempfile::tempdir().expect("temporary data dir"));
+        Server::start_on(dir, SimNode::new(sim)).await
+    }
+
+    /// Starts the control plane on `dir` over `sim`, in a runtime of its own.
+    async fn start_on(dir: Arc<tempfile::TempDir>, sim: Arc<SimNode>) -> Server {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("the server's runtime");
         let node = sim.api();
-        let state =
-            space_control::start(&config, async |_node_id: &str| Ok(node)).await.expect("the control plane starts");
-        let serving = tokio::spawn(async move {
-            space_control::serve(state, listener, std::future::pending()).await.expect("serving");
-        });
+        let data_dir = dir.path().to_owned();
+        let url = runtime.spawn(serve(data_dir, node)).await.expect("the control plane starts");
         let admin = std::fs::read_to_string(dir.path().join("admin.key")).expect("the admin key").trim().to_owned();
-        let server = Server {
-            url: format!("http://{}", config.listen),
-            admin,
-            sim,
-            http: reqwest::Client::new(),
-            serving,
-            _dir: dir,
-        };
+        let server = Server { url, admin, sim, http: reqwest::Client::new(), runtime: Some(runtime), dir };
         server.wait_for_template("busybox").await;
         server
+    }
+
+    /// Stops everything the server runs, at once (no graceful shutdown): the crash that
+    /// recovery is for. The node's sandboxes and snapshots stay.
+    pub fn stop(mut self) -> Stopped {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+        Stopped { sim: self.sim.clone(), dir: self.dir.clone() }
     }
 
     /// Waits until template `name` is built (the start-up build runs on the reconciler), so
@@ -199,8 +201,38 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.serving.abort();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
+}
+
+impl Stopped {
+    /// A new server process on the same data dir, over the node as it finds it then.
+    pub async fn start(self) -> Server {
+        Server::start_on(self.dir, self.sim.restarted()).await
+    }
+}
+
+/// Starts the control plane and serves it on a loopback port; returns its URL.
+async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeApi>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
+    let config = ServerConfig {
+        key_file: data_dir.join("keys/master.key"),
+        data_dir,
+        listen: listener.local_addr().expect("the port"),
+        default_template: "busybox".into(),
+        // No scheduled snapshots: each test takes those it counts.
+        snapshot_policy: space_api::SnapshotPolicy::off(),
+        scheduler_tick: Duration::from_secs(3600),
+        prepare_templates: vec!["busybox".into()],
+        audit_retention: None,
+        allow_wildcard_credential_hosts: false,
+        http: HttpLimits::default(),
+    };
+    let state = space_control::start(&config, async |_node_id: &str| Ok(node)).await.expect("the control plane starts");
+    tokio::spawn(space_control::serve(state, listener, std::future::pending()));
+    format!("http://{}", config.listen)
 }
 
 /// (code, message) of an error envelope; panics on anything else.

@@ -9,4 +9,5 @@ mod failures;
 mod harness;
 mod idempotency;
 mod lifecycle;
+mod recovery;
 mod tenancy;
