@@ -296,3 +296,44 @@ async fn write_file(stream: &mut FramedStream, inside: &Inside, path: &str) {
     inside.contents().files.insert(path.to_owned(), data.freeze());
     reply(stream, Reply::Done { bytes }).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parents_of_absolute_paths() {
+        assert_eq!([parent("/"), parent("/tmp"), parent("/tmp/a/b")], ["/", "/", "/tmp/a"]);
+    }
+
+    /// The tree behaves as the real agent's errors say: the control plane maps their kinds.
+    #[test]
+    fn the_tree_refuses_as_a_filesystem_would() {
+        let mut tree = Contents::new_root("t@1");
+        tree.make_dir("/tmp/d/e").unwrap();
+        tree.files.insert("/tmp/d/e/f".into(), Bytes::from_static(b"x"));
+        let kind = |reply: Reply| match reply {
+            Reply::Error { kind, .. } => kind,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(kind(tree.remove("/tmp/d", false).unwrap_err()), ErrorKind::DirectoryNotEmpty);
+        assert_eq!(kind(tree.make_dir("/tmp/d/e/f").unwrap_err()), ErrorKind::AlreadyExists);
+        assert_eq!(kind(tree.remove("/", true).unwrap_err()), ErrorKind::NotFound);
+        tree.remove("/tmp/d", true).unwrap();
+        assert_eq!(tree.children("/tmp"), Vec::<String>::new());
+        assert!(tree.stat("/tmp/d/e/f").is_none());
+    }
+
+    #[test]
+    fn a_disk_snapshot_keeps_files_but_no_processes() {
+        let mut tree = Contents::new_root("t@1");
+        let (pid, out, _, code) = tree.run(&ExecSpec { argv: vec!["echo".into(), "hi".into()], ..ExecSpec::default() });
+        assert_eq!((out.as_str(), code), ("hi\n", 0));
+        assert!(pid > 1);
+        let (pid, _, err, code) = tree.run(&ExecSpec { argv: vec!["nope".into()], ..ExecSpec::default() });
+        assert_eq!((pid, code), (0, 127), "{err}");
+        let disk = tree.files_only();
+        assert_eq!((disk.processes.len(), tree.processes.len()), (0, 1));
+        assert_eq!(disk.stat("/etc/template").map(|s| s.size), Some(4));
+    }
+}

@@ -1,5 +1,6 @@
 //! The node agent: owns the btrfs storage pool, the sandbox runtime and the connections to
-//! every sandbox's `spaced`, behind one facade the control plane drives.
+//! every sandbox's `spaced`. The control plane drives it only through
+//! [`space_node_api::NodeApi`], which [`Node`] implements in `api.rs`.
 //!
 //! Storage calls block on disk I/O, so they run on the blocking pool.
 

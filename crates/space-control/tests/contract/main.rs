@@ -9,5 +9,6 @@ mod failures;
 mod harness;
 mod idempotency;
 mod lifecycle;
+mod pool;
 mod recovery;
 mod tenancy;
