@@ -5,11 +5,13 @@ pub mod egress;
 pub mod error;
 pub mod idmap;
 pub mod ids;
+pub mod node;
 pub mod policy;
 pub mod types;
 
 pub use error::{ApiError, ErrorBody, ErrorCode};
 pub use idmap::IdMap;
 pub use ids::{CredentialId, IdError, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId};
+pub use node::TemplateInfo;
 pub use policy::{Retention, RetentionTier, SnapshotPolicy};
 pub use types::*;

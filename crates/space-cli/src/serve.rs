@@ -3,12 +3,13 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Args;
 use space_api::SnapshotPolicy;
 use space_control::{HttpLimits, ServerConfig};
-use space_node::{GatewayConfig, Limits, NodeConfig, SandboxLimits, WarmSettings};
+use space_node::{GatewayConfig, Limits, Node, NodeApi, NodeConfig, SandboxLimits, WarmSettings};
 use space_storage::{DEFAULT_IMAGE_SIZE, DEFAULT_TEMPLATE_CACHE_DIR, IdMap};
 use tracing_subscriber::EnvFilter;
 
@@ -257,22 +258,27 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
             ws_idle_timeout: args.ws_idle_timeout,
             ..HttpLimits::default()
         },
-        node: NodeConfig {
-            data_dir: data_dir.clone(),
-            spaced_bin: find_spaced(args.spaced)?,
-            criu: args.criu,
-            cgroup_parent: args.cgroup_parent,
-            template_cache_dir: args.template_cache,
-            image_size_bytes: args.pool_size_gib.map(|g| g << 30).unwrap_or(DEFAULT_IMAGE_SIZE),
-            id_map: IdMap { host_base: args.uid_base, count: 65_536 },
-            warm,
-            gateway,
-        },
+    };
+    let node = NodeConfig {
+        data_dir: data_dir.clone(),
+        spaced_bin: find_spaced(args.spaced)?,
+        criu: args.criu,
+        cgroup_parent: args.cgroup_parent,
+        template_cache_dir: args.template_cache,
+        image_size_bytes: args.pool_size_gib.map(|g| g << 30).unwrap_or(DEFAULT_IMAGE_SIZE),
+        id_map: IdMap { host_base: args.uid_base, count: 65_536 },
+        warm,
+        gateway,
     };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
-    let state = space_control::start(&config).await?;
+    // The in-process node: `space serve` is control plane and node in one process.
+    let open_node = async |node_id: &str| -> Result<Arc<dyn NodeApi>, space_node_api::NodeError> {
+        let node: Arc<dyn NodeApi> = Arc::new(Node::open(node.owned_by(node_id)).await?);
+        Ok(node)
+    };
+    let state = space_control::start(&config, open_node).await?;
     match state.node.checkpoint_support() {
         Ok(tool) => tracing::info!("full snapshots, suspend and resume use {tool}"),
         Err(why) => tracing::warn!(

@@ -62,11 +62,12 @@ impl From<space_store::StoreError> for AppError {
     }
 }
 
-impl From<space_node::NodeError> for AppError {
-    fn from(e: space_node::NodeError) -> Self {
-        use space_runtime::RuntimeError;
+impl From<space_node_api::NodeError> for AppError {
+    fn from(e: space_node_api::NodeError) -> Self {
+        use space_node_api::NodeError;
         match e {
-            space_node::NodeError::Runtime(RuntimeError::CheckpointUnavailable(why)) => AppError::new(
+            NodeError::UnknownTemplate { .. } => AppError::new(ErrorCode::UnknownTemplate, e.to_string()),
+            NodeError::CheckpointUnavailable(why) => AppError::new(
                 ErrorCode::FeatureUnavailable,
                 format!(
                     "full snapshots (suspend, resume, fork with processes) need CRIU 4.2 or newer on the node \

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::collections::HashMap;
 
 use space_api::{NodeId, SessionId, SnapshotPolicy};
-use space_node::{Node, NodeConfig};
+use space_node_api::{NodeApi, NodeError};
 use space_store::Store;
 
 pub use error::{AppError, AppResult};
@@ -54,14 +54,14 @@ pub struct ServerConfig {
     pub allow_wildcard_credential_hosts: bool,
     /// Connection cap and timeouts of the HTTP server.
     pub http: HttpLimits,
-    pub node: NodeConfig,
 }
 
 /// Shared by every handler; cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
     pub store: Store,
-    pub node: Arc<Node>,
+    /// The node this control plane drives; which implementation it is, nothing here knows.
+    pub node: Arc<dyn NodeApi>,
     pub node_id: String,
     pub default_template: String,
     pub snapshot_policy: SnapshotPolicy,
@@ -105,17 +105,12 @@ fn context<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> StartE
     move |e| StartError(format!("{what}: {e}"))
 }
 
-/// The node's settings, with its sandboxes' cgroups in a directory of their own named by the
-/// node id: servers sharing a cgroup parent (the default `space`) then never see, and never
-/// sweep away, each other's sandboxes.
-fn node_config(config: &ServerConfig, node_id: &str) -> NodeConfig {
-    let mut node = config.node.clone();
-    node.cgroup_parent = format!("{}/{node_id}", node.cgroup_parent.trim_end_matches('/'));
-    node
-}
-
-/// Opens the store and node, recovers from any earlier crash, and starts the reconciler.
-pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
+/// Opens the store, then the node with `open_node` (given the node id the store keeps),
+/// recovers from any earlier crash, and starts the reconciler.
+pub async fn start(
+    config: &ServerConfig,
+    open_node: impl AsyncFnOnce(&str) -> Result<Arc<dyn NodeApi>, NodeError>,
+) -> Result<AppState, StartError> {
     datadir::secure(&config.data_dir).map_err(context("securing the data directory"))?;
     let store = Store::open_sqlite(&config.data_dir.join("space.db")).await.map_err(context("opening the database"))?;
     let node_id = store
@@ -127,7 +122,7 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
     let idempotency = idempotency::Idempotency::load(store.clone(), &sealer)
         .await
         .map_err(context("loading the key of idempotency fingerprints"))?;
-    let node = Arc::new(Node::open(node_config(config, &node_id)).await.map_err(context("starting the node"))?);
+    let node = open_node(&node_id).await.map_err(context("starting the node"))?;
     auth::bootstrap_admin_key(&store, &config.data_dir.join("admin.key"))
         .await
         .map_err(context("creating the admin key"))?;
@@ -155,7 +150,7 @@ pub async fn start(config: &ServerConfig) -> Result<AppState, StartError> {
     // Before the reconciler: every sandbox it starts or restores joins its session's egress.
     egress::push_all(&state).await;
     // Only after recovery: its sweep destroys every sandbox no session owns, pods included.
-    state.node.start_background();
+    state.node.clone().start_background();
     reconciler.spawn(state.clone());
     scheduler::spawn(state.clone(), config.scheduler_tick);
     reconciler::prepare_templates(&state, &config.prepare_templates)

@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, SessionId, SessionState, SnapshotId};
-use space_node::TemplateInfo;
-use space_runtime::{Limits, SandboxHandle};
+use space_node_api::{Limits, SandboxHandle, TemplateInfo};
 use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord, SandboxRecord};
 use tokio::sync::{Notify, watch};
 
@@ -165,7 +164,7 @@ async fn start_sandbox(
         template_version: template.version,
         running_pid: None,
     };
-    if let Some(pod) = state.node.bind_pod(&template, limits) {
+    if let Some(pod) = state.node.clone().bind_pod(&template, limits) {
         sandbox.id = &pod.id;
         sandbox.running_pid = Some(pod.pid);
         // A crash before this commit leaves an unowned pod, which the start-up sweep removes.
@@ -177,8 +176,7 @@ async fn start_sandbox(
         return Ok(pod);
     }
     state.store.insert_sandbox(&sandbox).await?;
-    let hostname = space_node::hostname_for(sandbox.id);
-    let handle = state.node.start_sandbox(sandbox.id, &template, limits, &hostname).await?;
+    let handle = state.node.start_sandbox(sandbox.id, &template, limits).await?;
     state.store.set_sandbox_running(sandbox.id, handle.pid).await?;
     state.node.join_session_network(&handle.id, &session.id).await?;
     Ok(handle)
@@ -207,12 +205,7 @@ async fn start_from_snapshot(
     };
     state.store.insert_sandbox(&new).await?;
     let limits = Limits::from(&session.resources);
-    let hostname = space_node::hostname_for(&sandbox);
-    let handle = if state.node.snapshot_is_full(&origin, snapshot) {
-        state.node.restore_sandbox(&sandbox, &origin, snapshot, limits).await?
-    } else {
-        state.node.start_sandbox_from_snapshot(&sandbox, &origin, snapshot, limits, &hostname).await?
-    };
+    let handle = state.node.start_sandbox_from_snapshot(&sandbox, &origin, snapshot, limits).await?;
     state.store.set_sandbox_running(&sandbox, handle.pid).await?;
     state.node.join_session_network(&handle.id, &session.id).await?;
     Ok(handle)
@@ -290,7 +283,7 @@ async fn roll_back_restore(
     let message = format!("restore failed: {message}");
     match alive {
         Some(handle) => {
-            let _ = state.node.resume_sandbox(&handle.id);
+            let _ = state.node.resume_sandbox(&handle.id).await;
             state.store.set_session_sandbox(id, &handle.id).await?;
             state.store.transition(id, &[SessionState::Restoring], SessionState::Running, Some(&message)).await?;
             watch_exit(state.clone(), id.clone(), handle);
@@ -312,10 +305,7 @@ async fn ensure_template(state: &AppState, op: &OperationId, name: &str) -> AppR
             let _ = store.set_operation_progress(&op, &p).await;
         });
     };
-    state.node.ensure_template(name, progress).await.map_err(|e| match e {
-        space_node::NodeError::UnknownTemplate { .. } => AppError::new(ErrorCode::UnknownTemplate, e.to_string()),
-        other => AppError::from(other),
-    })
+    Ok(state.node.ensure_template(name, Box::new(progress)).await?)
 }
 
 async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()> {
@@ -415,7 +405,7 @@ async fn build_template(state: &AppState, op: &OperationRecord) -> AppResult<()>
                     let _ = store.set_operation_progress(&id, &p).await;
                 });
             };
-            state.node.import_template(&input.name, std::path::Path::new(path), progress).await?;
+            state.node.import_template(&input.name, std::path::Path::new(path), Box::new(progress)).await?;
         }
         None => {
             ensure_template(state, &op.operation.id, &input.name).await?;

@@ -41,7 +41,7 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
                 // the recorded state wins.
                 let frozen = match record.session.state {
                     SessionState::Paused => state.node.pause_sandbox(&handle.id).await,
-                    _ => state.node.resume_sandbox(&handle.id),
+                    _ => state.node.resume_sandbox(&handle.id).await,
                 };
                 if let Err(e) = frozen {
                     // A session that reads `running` must answer: one left frozen would not.

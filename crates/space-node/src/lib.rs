@@ -1,8 +1,10 @@
 //! The node agent: owns the btrfs storage pool, the sandbox runtime and the connections to
-//! every sandbox's `spaced`, behind one facade the control plane drives.
+//! every sandbox's `spaced`. The control plane drives it only through
+//! [`space_node_api::NodeApi`], which [`Node`] implements in `api.rs`.
 //!
 //! Storage calls block on disk I/O, so they run on the blocking pool.
 
+mod api;
 mod checkpoint;
 mod egress;
 mod lifecycle;
@@ -21,6 +23,7 @@ use space_runtime_linux::{LinuxOptions, LinuxRuntime};
 use space_storage::{IdMap, Pool, PoolOptions};
 
 pub use space_gateway::{Gateway, GatewayConfig, SandboxLimits, certificates_from_pem, parse_dns_server};
+pub use space_node_api::NodeApi;
 pub use space_storage::{BUILTINS, TemplateInfo};
 pub use warm::{MAX_POOL_SIZE, WarmSettings};
 
@@ -40,6 +43,16 @@ pub struct NodeConfig {
     pub id_map: IdMap,
     pub warm: WarmSettings,
     pub gateway: GatewayConfig,
+}
+
+impl NodeConfig {
+    /// These settings with the sandboxes' cgroups in a directory of their own named by the
+    /// node id: nodes sharing a cgroup parent (the default `space`) then never see, and
+    /// never sweep away, each other's sandboxes.
+    pub fn owned_by(mut self, node_id: &str) -> NodeConfig {
+        self.cgroup_parent = format!("{}/{node_id}", self.cgroup_parent.trim_end_matches('/'));
+        self
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

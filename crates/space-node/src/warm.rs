@@ -21,8 +21,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::{Node, hostname_for};
 
-/// Largest pool one template may have.
-pub const MAX_POOL_SIZE: u32 = 1024;
+pub use space_node_api::MAX_POOL_SIZE;
 /// A failed preparation waits this long before the pool tries again, so a broken template
 /// does not spin the node.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(2);

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
 use rand::Rng;
-use serde::{Deserialize, Serialize};
 
 use crate::btrfs;
 use crate::error::{IoContext, Result, StorageError};
@@ -23,19 +22,7 @@ use space_api::IdMap;
 const STAGING_PREFIX: &str = ".staging-";
 const MAX_NAME_LEN: usize = 63;
 
-/// A template: a named, versioned, read-only root filesystem.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TemplateInfo {
-    pub name: String,
-    /// Increases by one with every build of the same name, starting at 1.
-    pub version: u64,
-    /// Unix time in milliseconds when the build finished.
-    pub created_at_ms: u64,
-    /// Where the content came from, for humans.
-    pub source: String,
-    /// Apparent size of the template's regular files (hard links counted once).
-    pub size_bytes: u64,
-}
+pub use space_api::TemplateInfo;
 
 /// Checks a template name: `[a-z0-9][a-z0-9-_.]{0,62}`.
 pub fn validate_template_name(name: &str) -> Result<()> {

@@ -90,13 +90,11 @@ async fn set_frozen(state: &AppState, caller: &Caller, id: &str, frozen: bool) -
     if frozen {
         state.node.pause_sandbox(&sandbox).await?;
     } else {
-        state.node.resume_sandbox(&sandbox)?;
-        // A full snapshot of the paused session left pid 1 dumpable; connecting ends that.
-        state.node.reconnect(&sandbox).await;
+        state.node.resume_sandbox(&sandbox).await?;
     }
     if !state.store.transition(&session.id, &[from], to, None).await? {
         if frozen {
-            state.node.resume_sandbox(&sandbox)?;
+            state.node.resume_sandbox(&sandbox).await?;
         }
         return Err(AppError::new(ErrorCode::Conflict, format!("session {id} changed state meanwhile; try again")));
     }
@@ -194,8 +192,8 @@ fn measure_in_background(state: AppState, session: SessionId, snapshot: Snapshot
 
 /// Fails with `feature_unavailable` unless the node can take full snapshots.
 pub(crate) fn require_checkpoints(state: &AppState) -> AppResult<()> {
-    let support = state.node.checkpoint_support().map_err(space_runtime::RuntimeError::CheckpointUnavailable);
-    support.map(drop).map_err(|e| space_node::NodeError::from(e).into())
+    let support = state.node.checkpoint_support().map_err(space_node_api::NodeError::CheckpointUnavailable);
+    Ok(support.map(drop)?)
 }
 
 /// The session's snapshots, oldest first.

@@ -2,6 +2,7 @@
 
 use axum::extract::State;
 use space_api::{ErrorBody, PoolStatus, SetPoolSizeRequest};
+use space_node_api::MAX_POOL_SIZE;
 
 use crate::AppState;
 use crate::auth::Admin;
@@ -23,10 +24,10 @@ pub async fn set_pool_size(
     ApiPath(template): ApiPath<String>,
     ApiJson(request): ApiJson<SetPoolSizeRequest>,
 ) -> AppResult<ApiJson<PoolStatus>> {
-    if request.size > space_node::MAX_POOL_SIZE {
-        return Err(AppError::bad_request(format!("size must be at most {}", space_node::MAX_POOL_SIZE)));
+    if request.size > MAX_POOL_SIZE {
+        return Err(AppError::bad_request(format!("size must be at most {MAX_POOL_SIZE}")));
     }
     super::sessions::check_template(&state, &template)?;
-    state.node.set_pool_size(&template, request.size);
+    state.node.clone().set_pool_size(&template, request.size);
     Ok(ApiJson(state.node.pool_status()))
 }

@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use space_api::error::echo;
 use space_api::{BuildTemplateRequest, ErrorBody, ErrorCode, ImportTemplateRequest, Operation, Template, TemplateList};
-use space_node::TemplateInfo;
+use space_node_api::TemplateInfo;
 use space_store::{NewOperation, OperationKind};
 
 use crate::AppState;
@@ -28,7 +28,7 @@ pub(crate) fn template_view(info: &TemplateInfo) -> Template {
 pub async fn list_templates(State(state): State<AppState>) -> ApiJson<TemplateList> {
     ApiJson(TemplateList {
         templates: state.node.templates().iter().map(template_view).collect(),
-        builtin: state.node.builtin_names().iter().map(|s| s.to_string()).collect(),
+        builtin: state.node.builtin_templates(),
         default_template: state.default_template.clone(),
     })
 }
@@ -103,7 +103,7 @@ pub async fn build_template(
             format!(
                 "{} is not a built-in template; built-ins: {}",
                 echo(&request.name),
-                state.node.builtin_names().join(", ")
+                state.node.builtin_templates().join(", ")
             ),
         ));
     }

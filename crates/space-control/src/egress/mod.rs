@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 use space_api::egress::{AuditEvent, NetworkPolicy};
 use space_api::error::echo;
 use space_api::{CredentialId, ErrorCode, SessionId, SessionState, TenantId};
-use space_gateway::{Gateway, Grant, SessionCa, SessionEgress, placeholder_for};
+use space_gateway::{Grant, SessionCa, SessionEgress, placeholder_for};
 use space_keys::Sealer;
+use space_node_api::EgressControl;
 use space_store::{CredentialRecord, NewSession, NewSessionEgress, SessionEgressRecord, Store};
 
 use crate::AppState;
@@ -51,12 +52,12 @@ const RESERVED_HEADERS: [&str; 9] = [
 pub struct Egress<'a> {
     pub store: &'a Store,
     pub sealer: &'a Sealer,
-    pub gateway: &'a Gateway,
+    pub gateway: &'a dyn EgressControl,
 }
 
 impl AppState {
     pub fn egress(&self) -> Egress<'_> {
-        Egress { store: &self.store, sealer: &self.sealer, gateway: self.node.gateway() }
+        Egress { store: &self.store, sealer: &self.sealer, gateway: &*self.node }
     }
 }
 
@@ -405,11 +406,11 @@ impl Egress<'_> {
         stored: &NewSessionEgress,
         egress: SessionEgress,
     ) -> AppResult<space_api::OperationId> {
-        self.gateway.set_session(&new.id, egress);
+        self.gateway.set_session_egress(&new.id, egress);
         match self.store.insert_session_with_egress(new, stored).await {
             Ok(op) => Ok(op),
             Err(e) => {
-                self.gateway.forget_session(&new.id);
+                self.gateway.forget_session_egress(&new.id);
                 Err(e.into())
             }
         }
@@ -433,11 +434,11 @@ impl Egress<'_> {
     /// [`push_session`]; returns the grants left out (by credential name) with the reason.
     pub async fn push(self, session: &SessionId) -> AppResult<Vec<(String, AppError)>> {
         let Some(record) = self.store.session_any(session).await? else {
-            self.gateway.forget_session(session);
+            self.gateway.forget_session_egress(session);
             return Ok(Vec::new());
         };
         if record.session.state == SessionState::Destroyed {
-            self.gateway.forget_session(session);
+            self.gateway.forget_session_egress(session);
             return Ok(Vec::new());
         }
         let egress =
@@ -454,7 +455,7 @@ impl Egress<'_> {
                 }
             }
         }
-        self.gateway.set_session(session, SessionEgress { policy: egress.policy, ca, grants });
+        self.gateway.set_session_egress(session, SessionEgress { policy: egress.policy, ca, grants });
         Ok(left_out)
     }
 
@@ -499,7 +500,7 @@ pub async fn push_credential_sessions(state: &AppState, sessions: &[SessionId]) 
 
 /// The gateway stops knowing `session` (destroyed).
 pub fn forget_session(state: &AppState, session: &SessionId) {
-    state.node.gateway().forget_session(session);
+    state.node.forget_session_egress(session);
 }
 
 /// At server start: pushes every session that is not destroyed. Failures are logged; such

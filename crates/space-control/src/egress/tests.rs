@@ -1,5 +1,7 @@
 //! The egress control plane without a node: stores, sealers and a gateway in-process.
 
+use space_gateway::Gateway;
+
 use super::*;
 
 #[test]
@@ -110,7 +112,7 @@ impl Fixture {
     }
 
     fn egress(&self) -> Egress<'_> {
-        Egress { store: &self.store, sealer: &self.sealer, gateway: &self.gateway }
+        Egress { store: &self.store, sealer: &self.sealer, gateway: &*self.gateway }
     }
 
     async fn credential(&self, sealer: &Sealer, name: &str) -> CredentialRecord {

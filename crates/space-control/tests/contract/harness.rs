@@ -1,0 +1,248 @@
+//! The real control plane (HTTP API on a loopback port, SQLite store in a temporary data
+//! dir, authentication, idempotency, reconciler, recovery) over a simulated node: no root,
+//! no btrfs, no CRIU.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use space_control::{HttpLimits, ServerConfig};
+use space_node_sim::{SimConfig, SimNode};
+
+pub struct Server {
+    pub url: String,
+    /// The admin key.
+    pub admin: String,
+    /// The node the control plane drives; the test steers and inspects it.
+    pub sim: Arc<SimNode>,
+    http: reqwest::Client,
+    /// Everything the server runs (API, reconciler, the node's agents) runs here: dropping
+    /// it stops all of it at once, as `kill -9` would.
+    runtime: Option<tokio::runtime::Runtime>,
+    // Last: removed after the server stopped using it.
+    dir: Arc<tempfile::TempDir>,
+}
+
+/// A server that was stopped: its data dir and its node, to start again.
+pub struct Stopped {
+    pub sim: Arc<SimNode>,
+    dir: Arc<tempfile::TempDir>,
+}
+
+/// (status, JSON body) of a response.
+pub type Reply = (u16, Value);
+
+impl Server {
+    pub async fn start() -> Server {
+        Server::start_with(SimConfig::default()).await
+    }
+
+    pub async fn start_with(sim: SimConfig) -> Server {
+        let dir = Arc::new(tempfile::tempdir().expect("temporary data dir"));
+        Server::start_on(dir, SimNode::new(sim)).await
+    }
+
+    /// Starts the control plane on `dir` over `sim`, in a runtime of its own.
+    async fn start_on(dir: Arc<tempfile::TempDir>, sim: Arc<SimNode>) -> Server {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("the server's runtime");
+        let node = sim.api();
+        let data_dir = dir.path().to_owned();
+        let url = runtime.spawn(serve(data_dir, node)).await.expect("the control plane starts");
+        let admin = std::fs::read_to_string(dir.path().join("admin.key")).expect("the admin key").trim().to_owned();
+        let server = Server { url, admin, sim, http: reqwest::Client::new(), runtime: Some(runtime), dir };
+        server.wait_for_template("busybox").await;
+        server
+    }
+
+    /// Stops everything the server runs, at once (no graceful shutdown): the crash that
+    /// recovery is for. The node's sandboxes and snapshots stay.
+    pub fn stop(mut self) -> Stopped {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+        Stopped { sim: self.sim.clone(), dir: self.dir.clone() }
+    }
+
+    /// Waits until template `name` is built (the start-up build runs on the reconciler), so
+    /// a test's injected failures meet only its own calls.
+    pub async fn wait_for_template(&self, name: &str) {
+        for _ in 0..500 {
+            let (_, list) = self.call("GET", "/v1/templates", None).await;
+            if list["templates"].as_array().is_some_and(|t| t.iter().any(|t| t["name"] == name)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("template {name} was never built");
+    }
+
+    /// A call with `key` and `headers`; `body` is sent as it is, typed as JSON. Returns the
+    /// status, the body (JSON, or the text as a string) and the headers.
+    pub async fn send(
+        &self,
+        key: &str,
+        method: &str,
+        path: &str,
+        body: Option<String>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value, reqwest::header::HeaderMap) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+        let mut request = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(key);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if let Some(body) = body {
+            request = request.header("content-type", "application/json").body(body);
+        }
+        let response = request.send().await.expect("the server answers");
+        let (status, headers) = (response.status().as_u16(), response.headers().clone());
+        let text = response.text().await.expect("a body");
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)), headers)
+    }
+
+    pub async fn call_as(&self, key: &str, method: &str, path: &str, body: Option<Value>) -> Reply {
+        let (status, body, _) = self.send(key, method, path, body.map(|b| b.to_string()), &[]).await;
+        (status, body)
+    }
+
+    /// A call with the admin key.
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> Reply {
+        self.call_as(&self.admin.clone(), method, path, body).await
+    }
+
+    /// A new key of tenant `name`.
+    pub async fn tenant_key(&self, name: &str) -> String {
+        let (status, body) = self.call("POST", "/v1/keys", Some(json!({ "tenant": name }))).await;
+        assert_eq!(status, 201, "{body}");
+        body["key"].as_str().expect("a key").to_owned()
+    }
+
+    /// A running session of `key`'s tenant; returns its id.
+    pub async fn session_as(&self, key: &str) -> String {
+        let (status, body) = self.call_as(key, "POST", "/v1/sessions", Some(json!({}))).await;
+        assert_eq!((status, body["state"].as_str()), (201, Some("running")), "{body}");
+        body["id"].as_str().expect("an id").to_owned()
+    }
+
+    pub async fn session(&self) -> String {
+        self.session_as(&self.admin.clone()).await
+    }
+
+    /// The session as its owner (the admin) sees it.
+    pub async fn get(&self, id: &str) -> Value {
+        let (status, body) = self.call("GET", &format!("/v1/sessions/{id}"), None).await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// `POST /v1/sessions/{id}/{action}` as the admin.
+    pub async fn act(&self, id: &str, action: &str, body: Value) -> Reply {
+        self.call("POST", &format!("/v1/sessions/{id}/{action}"), Some(body)).await
+    }
+
+    /// A snapshot of `kind` of session `id`; returns its id.
+    pub async fn snapshot(&self, id: &str, kind: &str) -> String {
+        let (status, body) = self.act(id, "snapshots", json!({ "kind": kind })).await;
+        assert_eq!(status, 201, "{body}");
+        body["id"].as_str().expect("a snapshot id").to_owned()
+    }
+
+    /// Runs a command in the session (JSON exec) as the admin.
+    pub async fn exec(&self, id: &str, cmd: &[&str]) -> Reply {
+        self.act(id, "exec", json!({ "cmd": cmd })).await
+    }
+
+    /// Waits for session `id` to reach `state`: for what the reconciler does off the request
+    /// (a sandbox whose init died). Bounded so a broken promise fails instead of hanging.
+    pub async fn wait_for_state(&self, id: &str, state: &str) -> Value {
+        for _ in 0..500 {
+            let session = self.get(id).await;
+            if session["state"] == state {
+                return session;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("session {id} never became {state}: {}", self.get(id).await);
+    }
+}
+
+impl Server {
+    /// Writes `text` to `path` in session `id` (through the files API and the node's agent).
+    pub async fn write_file(&self, id: &str, path: &str, text: &str) {
+        let uri = format!("/v1/sessions/{id}/files/content?path={path}");
+        let (status, body, _) = self.send(&self.admin, "PUT", &uri, Some(text.to_owned()), &[]).await;
+        assert!((200..300).contains(&status), "writing {path}: {status} {body}");
+    }
+
+    /// The text of `path` in session `id`.
+    pub async fn read_file(&self, id: &str, path: &str) -> String {
+        let (status, body) = self.call("GET", &format!("/v1/sessions/{id}/files/content?path={path}"), None).await;
+        assert_eq!(status, 200, "reading {path}: {body}");
+        body.as_str().unwrap_or_else(|| panic!("{path} is not text: {body}")).to_owned()
+    }
+
+    /// Waits for operation `id` (the admin's) to finish; returns it.
+    pub async fn wait_operation(&self, id: &str) -> Value {
+        for _ in 0..500 {
+            let (status, op) = self.call("GET", &format!("/v1/operations/{id}"), None).await;
+            assert_eq!(status, 200, "{op}");
+            if op["state"] == "succeeded" || op["state"] == "failed" {
+                return op;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("operation {id} never finished");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Stopped {
+    /// A new server process on the same data dir, over the node as it finds it then.
+    pub async fn start(self) -> Server {
+        Server::start_on(self.dir, self.sim.restarted()).await
+    }
+}
+
+/// Starts the control plane and serves it on a loopback port; returns its URL.
+async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeApi>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
+    let config = ServerConfig {
+        key_file: data_dir.join("keys/master.key"),
+        data_dir,
+        listen: listener.local_addr().expect("the port"),
+        default_template: "busybox".into(),
+        // No scheduled snapshots: each test takes those it counts.
+        snapshot_policy: space_api::SnapshotPolicy::off(),
+        scheduler_tick: Duration::from_secs(3600),
+        prepare_templates: vec!["busybox".into()],
+        audit_retention: None,
+        allow_wildcard_credential_hosts: false,
+        http: HttpLimits::default(),
+    };
+    let state = space_control::start(&config, async |_node_id: &str| Ok(node)).await.expect("the control plane starts");
+    tokio::spawn(space_control::serve(state, listener, std::future::pending()));
+    format!("http://{}", config.listen)
+}
+
+/// (code, message) of an error envelope; panics on anything else.
+pub fn error_of(body: &Value) -> (&str, &str) {
+    let code = body["error"]["code"].as_str().unwrap_or_else(|| panic!("not an error envelope: {body}"));
+    (code, body["error"]["message"].as_str().unwrap_or_default())
+}
+
+/// Asserts that `reply` is the error `code` with `status`.
+#[track_caller]
+pub fn assert_error(reply: &Reply, status: u16, code: &str) {
+    assert_eq!((reply.0, error_of(&reply.1).0), (status, code), "{}", reply.1);
+}

@@ -1,0 +1,14 @@
+//! Contract tests of the control plane over a simulated node (hardening item 31): what the
+//! API promises about errors, tenancy, idempotency and the session state machine, checked
+//! against the real control plane without root. The same promises are checked end to end,
+//! with real sandboxes and as root, by `crates/space-cli/tests`.
+
+mod errors;
+mod exec_files;
+mod failures;
+mod harness;
+mod idempotency;
+mod lifecycle;
+mod pool;
+mod recovery;
+mod tenancy;

@@ -1,0 +1,181 @@
+//! The node API: the one interface through which the control plane drives a node (model:
+//! omicron's sled-agent API). Implemented in-process by `space_node::Node` for `space serve`,
+//! and in memory by `space-node-sim` for the control plane's contract tests; nothing above
+//! the node knows which one it holds.
+//!
+//! Operations are named after what the control plane wants done and take typed ids, so the
+//! node's own names (subvolumes, cgroups, sockets) stay the node's. Every operation is
+//! idempotent where the control plane replays it after a crash (destroy, delete, sweep).
+//!
+//! Not yet the whole of it: exec, files and watch streams still go through the
+//! [`AgentClient`] that [`NodeApi::agent`] hands out; making them node operations (and
+//! giving the API a wire form) is the work of the multi-node issue.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use space_api::egress::AuditEvent;
+use space_api::{PoolStatus, Progress, SandboxId, SessionId, SnapshotId};
+use space_gateway::{Gateway, SessionEgress};
+use space_proto::client::AgentClient;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+pub use space_api::TemplateInfo;
+pub use space_runtime::{Limits, SandboxHandle};
+
+/// Largest warm pool one template may have.
+pub const MAX_POOL_SIZE: u32 = 1024;
+
+/// What a node could not do, in the classes the control plane answers differently.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("unknown template {name:?}; available: {available}")]
+    UnknownTemplate { name: String, available: String },
+    /// Full snapshots (checkpoint and restore of processes) are not possible on this node.
+    #[error("checkpoints are unavailable on this node: {0}")]
+    CheckpointUnavailable(String),
+    /// Anything else: the node's own error, kept whole as the source.
+    #[error(transparent)]
+    Failed(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+pub type Result<T, E = NodeError> = std::result::Result<T, E>;
+
+/// Called with the progress of long node work (template builds and imports).
+pub type ProgressFn = Box<dyn Fn(Progress) + Send + Sync + 'static>;
+
+/// What the control plane tells the node's egress gateway about sessions. Apart from
+/// [`NodeApi`] so the control plane's egress logic can be tested against a bare [`Gateway`].
+pub trait EgressControl: Send + Sync {
+    /// From now on the gateway decides `session`'s traffic by `egress` (replacing what it had).
+    fn set_session_egress(&self, session: &SessionId, egress: SessionEgress);
+    /// The gateway stops knowing `session` (destroyed, or its record could not be stored).
+    fn forget_session_egress(&self, session: &SessionId);
+}
+
+impl EgressControl for Gateway {
+    fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
+        self.set_session(session, egress);
+    }
+
+    fn forget_session_egress(&self, session: &SessionId) {
+        self.forget_session(session);
+    }
+}
+
+/// A node: its templates, warm pool, sandboxes, snapshots and egress gateway.
+#[async_trait]
+pub trait NodeApi: EgressControl + 'static {
+    /// Starts the node's background work (warm pool, reclaiming destroyed roots). Called
+    /// once, after the start-up sweep, which would otherwise destroy the pool's pods.
+    fn start_background(self: Arc<Self>);
+
+    // Templates.
+
+    /// Every built template, every version.
+    fn templates(&self) -> Vec<TemplateInfo>;
+    /// The newest built version of `name`.
+    fn resolve_template(&self, name: &str) -> Option<TemplateInfo>;
+    /// Templates the node can build by name on first use.
+    fn builtin_templates(&self) -> Vec<String>;
+    /// The newest version of `name`, building it first if it is a built-in not built yet;
+    /// `UnknownTemplate` otherwise.
+    async fn ensure_template(&self, name: &str, report: ProgressFn) -> Result<TemplateInfo>;
+    /// Imports a directory or tarball on the node's host as a new version of `name`.
+    async fn import_template(&self, name: &str, path: &Path, report: ProgressFn) -> Result<TemplateInfo>;
+
+    fn is_builtin(&self, name: &str) -> bool {
+        self.builtin_templates().iter().any(|b| b == name)
+    }
+
+    /// Names a session can ask for: built templates and built-ins, sorted, without repeats.
+    fn available_templates(&self) -> Vec<String> {
+        let mut available: Vec<String> = self.templates().into_iter().map(|t| t.name).collect();
+        available.extend(self.builtin_templates());
+        available.sort();
+        available.dedup();
+        available
+    }
+
+    // Warm pool.
+
+    /// A ready pod of exactly this template version, given `limits`, if the pool has one;
+    /// `None`: start cold. (The pool refills in the background, hence the `Arc`.)
+    fn bind_pod(self: Arc<Self>, template: &TemplateInfo, limits: Limits) -> Option<SandboxHandle>;
+    /// How many ready pods the node keeps for `template` (at most [`MAX_POOL_SIZE`]).
+    fn set_pool_size(self: Arc<Self>, template: &str, size: u32);
+    fn pool_status(&self) -> PoolStatus;
+
+    // Sandboxes.
+
+    /// Creates sandbox `id`'s root from `template` and starts it.
+    async fn start_sandbox(&self, id: &SandboxId, template: &TemplateInfo, limits: Limits) -> Result<SandboxHandle>;
+    /// Starts sandbox `id` from a snapshot of `session`: a full snapshot's processes continue
+    /// where they were; a disk snapshot's root boots afresh with a new identity.
+    async fn start_sandbox_from_snapshot(
+        &self,
+        id: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        limits: Limits,
+    ) -> Result<SandboxHandle>;
+    /// Kills the sandbox and removes everything it had on the node. Idempotent.
+    async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()>;
+    /// Freezes every process of the sandbox; memory stays where it is.
+    async fn pause_sandbox(&self, id: &SandboxId) -> Result<()>;
+    /// Thaws the sandbox and makes sure the node's connection to its agent is up (which
+    /// also ends the window a full snapshot of a paused sandbox opened for the checkpoint).
+    async fn resume_sandbox(&self, id: &SandboxId) -> Result<()>;
+    /// The handle of a sandbox an earlier process started, if its pid 1 still runs; from
+    /// then on it is this node's like any other.
+    fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle>;
+    /// Resolves when the sandbox's pid 1 has exited.
+    async fn wait_exit(&self, handle: &SandboxHandle);
+    /// Processes the kernel killed because the sandbox hit its memory limit.
+    fn oom_kills(&self, id: &SandboxId) -> Result<u64>;
+    /// Destroys every sandbox on the node not in `keep`; returns those removed.
+    async fn sweep(&self, keep: &HashSet<SandboxId>) -> Result<Vec<SandboxId>>;
+    /// The connection to the sandbox's agent (exec, files, watch), reconnecting if needed.
+    async fn agent(&self, id: &SandboxId) -> Result<AgentClient>;
+
+    // Snapshots.
+
+    /// The checkpoint tool in use, or why full snapshots are unavailable.
+    fn checkpoint_support(&self) -> Result<String, String>;
+    /// A consistent copy of the sandbox's root (frozen while taken, thawed after unless
+    /// `already_paused`). Its size comes apart: [`NodeApi::snapshot_disk_size`].
+    async fn snapshot_disk(
+        &self,
+        sandbox: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        already_paused: bool,
+    ) -> Result<()>;
+    /// Root and every process; the sandbox is left as found. Returns the snapshot's size.
+    /// On failure a partial snapshot may remain: the caller deletes it.
+    async fn snapshot_full(
+        &self,
+        sandbox: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        already_paused: bool,
+    ) -> Result<u64>;
+    /// The apparent size of a disk snapshot's files.
+    async fn snapshot_disk_size(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<u64>;
+    /// Deletes a snapshot. Missing is fine.
+    async fn delete_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<()>;
+    /// Deletes every snapshot on the node not in `keep`; returns how many.
+    async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize>;
+
+    // Egress.
+
+    /// From now on `sandbox`'s traffic is decided by `session`'s egress, which must have been
+    /// set ([`EgressControl::set_session_egress`]); the sandbox gets the session's CA.
+    async fn join_session_network(&self, sandbox: &SandboxId, session: &SessionId) -> Result<()>;
+    /// After a restart: gives a sandbox that kept running its egress again, serving `session`.
+    async fn reattach_gateway(&self, handle: &SandboxHandle, session: &SessionId) -> Result<()>;
+    /// The gateway's audit events; the first caller gets them, later ones `None`.
+    fn take_audit_events(&self) -> Option<UnboundedReceiver<AuditEvent>>;
+}

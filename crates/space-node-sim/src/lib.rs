@@ -1,0 +1,351 @@
+//! A simulated node: [`NodeApi`] in memory, so the control plane's contract (errors, tenancy,
+//! idempotency, the session state machine) can be tested without root, btrfs or CRIU (model:
+//! omicron's simulated sled agent).
+//!
+//! It keeps templates, sandboxes, snapshots, the warm pool and the gateway's session egress
+//! in memory and follows the node's rules: a sandbox must exist (and run) to be paused,
+//! snapshotted or joined to a session; a session's egress must be set before a sandbox joins
+//! it; a snapshot restores what it held (files; processes too for a full one); full snapshots
+//! need checkpoint support; destroy and delete are idempotent; sweeps remove what is not
+//! kept. Where the control plane tells it something that is not so (a snapshot of a "paused"
+//! sandbox that runs), it refuses, so such bugs fail tests instead of passing silently.
+//!
+//! Tests steer it: [`SimNode::fail_next`] makes an operation fail, [`SimNode::kill`] ends a
+//! sandbox's pid 1, [`SimNode::set_checkpoint_support`] turns full snapshots off. A tiny
+//! simulated agent ([`agent`]) answers exec and file calls over the real protocol.
+//!
+//! It is a dev-dependency only: no production binary can hold it.
+
+mod agent;
+mod node;
+mod pool;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use space_api::egress::AuditEvent;
+use space_api::{SandboxId, SessionId, SnapshotId, TemplateInfo};
+use space_gateway::SessionEgress;
+use space_node_api::{NodeApi, NodeError, SandboxHandle};
+use space_proto::client::{AgentClient, AgentError};
+use tokio::sync::{mpsc, watch};
+
+use agent::{Contents, Inside};
+
+/// The operations a test can make fail ([`SimNode::fail_next`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    StartSandbox,
+    StartFromSnapshot,
+    DestroySandbox,
+    PauseSandbox,
+    ResumeSandbox,
+    SnapshotDisk,
+    SnapshotFull,
+    DeleteSnapshot,
+    JoinSessionNetwork,
+    EnsureTemplate,
+    ImportTemplate,
+    Agent,
+}
+
+/// Why a simulated operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("simulated failure of {0:?}")]
+    Injected(Op),
+    #[error("sandbox {0} does not exist on this node")]
+    NoSandbox(SandboxId),
+    #[error("sandbox {0} exists already")]
+    SandboxExists(SandboxId),
+    #[error("the init process of sandbox {0} has exited")]
+    Exited(SandboxId),
+    #[error("snapshot {0} does not exist on this node")]
+    NoSnapshot(SnapshotId),
+    #[error("snapshot {0} exists already")]
+    SnapshotExists(SnapshotId),
+    #[error("sandbox {sandbox} is {actual}, but the caller said it was {said}")]
+    WrongState { sandbox: SandboxId, said: &'static str, actual: &'static str },
+    #[error("the egress of session {0} is not loaded")]
+    NoEgress(SessionId),
+    #[error("import {path}: {source}")]
+    Import {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("connecting to the simulated agent of {sandbox}: {source}")]
+    Agent {
+        sandbox: SandboxId,
+        #[source]
+        source: AgentError,
+    },
+}
+
+impl From<SimError> for NodeError {
+    fn from(e: SimError) -> Self {
+        NodeError::Failed(Box::new(e))
+    }
+}
+
+/// How a simulated node starts.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Templates it builds by name on first use.
+    pub builtins: Vec<String>,
+    /// Ready pods to keep per template once background work starts.
+    pub pool: BTreeMap<String, u32>,
+    /// What `checkpoint_support` answers.
+    pub checkpoints: Result<String, String>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            builtins: vec!["busybox".into()],
+            pool: BTreeMap::new(),
+            checkpoints: Ok("simulated checkpoints".into()),
+        }
+    }
+}
+
+struct Sandbox {
+    pid: u32,
+    inside: Arc<Inside>,
+    /// `true` once pid 1 has exited; dropped (also ending waits) when destroyed.
+    exited: watch::Sender<bool>,
+    agent: Option<AgentClient>,
+    /// The session whose egress it follows, once joined.
+    session: Option<SessionId>,
+}
+
+impl Sandbox {
+    fn alive(&self) -> bool {
+        !*self.exited.borrow()
+    }
+}
+
+struct Snapshot {
+    session: SessionId,
+    full: bool,
+    contents: Contents,
+}
+
+struct State {
+    config: SimConfig,
+    templates: Vec<TemplateInfo>,
+    sandboxes: HashMap<SandboxId, Sandbox>,
+    snapshots: HashMap<SnapshotId, Snapshot>,
+    pool: pool::Pool,
+    egress: HashMap<SessionId, SessionEgress>,
+    failures: HashMap<Op, u32>,
+    background: bool,
+    next_pid: u32,
+}
+
+/// What a test sees of one simulated sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimSandbox {
+    pub id: SandboxId,
+    pub alive: bool,
+    pub paused: bool,
+    /// A warm-pool pod no session has taken.
+    pub pod: bool,
+    pub session: Option<SessionId>,
+}
+
+/// The simulated node. Hand it to the control plane as `Arc<dyn NodeApi>`; keep a clone of
+/// the `Arc<SimNode>` to steer and inspect it.
+pub struct SimNode {
+    state: Mutex<State>,
+    audit: mpsc::UnboundedSender<AuditEvent>,
+    audit_events: Mutex<Option<mpsc::UnboundedReceiver<AuditEvent>>>,
+}
+
+impl SimNode {
+    pub fn new(config: SimConfig) -> Arc<SimNode> {
+        let (audit, audit_events) = mpsc::unbounded_channel();
+        let state = State {
+            pool: pool::Pool::new(&config.pool),
+            config,
+            templates: Vec::new(),
+            sandboxes: HashMap::new(),
+            snapshots: HashMap::new(),
+            egress: HashMap::new(),
+            failures: HashMap::new(),
+            background: false,
+            next_pid: 1000,
+        };
+        Arc::new(SimNode { state: Mutex::new(state), audit, audit_events: Mutex::new(Some(audit_events)) })
+    }
+
+    /// The same node as the control plane holds it.
+    pub fn api(self: &Arc<Self>) -> Arc<dyn NodeApi> {
+        self.clone()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Plain data, never left half-changed by a panic: keep going.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next `times` calls of `op` fail (after which it works again).
+    pub fn fail_next(&self, op: Op, times: u32) {
+        *self.state().failures.entry(op).or_default() += times;
+    }
+
+    /// What full snapshots answer from now on: the tool, or why they are unavailable.
+    pub fn set_checkpoint_support(&self, support: Result<String, String>) {
+        self.state().config.checkpoints = support;
+    }
+
+    /// The sandbox's pid 1 exits on its own (a crash inside); its resources stay until destroyed.
+    pub fn kill(&self, id: &SandboxId) -> bool {
+        let state = self.state();
+        let Some(sandbox) = state.sandboxes.get(id) else { return false };
+        sandbox.exited.send_replace(true);
+        true
+    }
+
+    /// The node as a new server process finds it after the old one died (`space serve` runs
+    /// node and control plane in one process): what lives on the host is still there
+    /// (templates, snapshots, sandboxes, whose pid 1 outlives the server, frozen or not);
+    /// what lived in the process is gone (agent connections, the gateway's session egress,
+    /// the warm pool's list of pods, background work). This node is left empty.
+    pub fn restarted(&self) -> Arc<SimNode> {
+        let mut old = self.state();
+        let mut sandboxes = std::mem::take(&mut old.sandboxes);
+        for sandbox in sandboxes.values_mut() {
+            if let Some(agent) = sandbox.agent.take() {
+                agent.close();
+            }
+            sandbox.session = None;
+        }
+        let node = SimNode::new(old.config.clone());
+        {
+            let mut new = node.state();
+            new.templates = old.templates.clone();
+            new.snapshots = std::mem::take(&mut old.snapshots);
+            new.sandboxes = sandboxes;
+            new.next_pid = old.next_pid;
+        }
+        node
+    }
+
+    /// Puts an egress audit event where the gateway's would go.
+    pub fn emit_audit(&self, event: AuditEvent) {
+        let _ = self.audit.send(event);
+    }
+
+    /// Every sandbox on the node, sorted by id.
+    pub fn sandboxes(&self) -> Vec<SimSandbox> {
+        let state = self.state();
+        let mut all: Vec<SimSandbox> = state
+            .sandboxes
+            .iter()
+            .map(|(id, s)| SimSandbox {
+                id: id.clone(),
+                alive: s.alive(),
+                paused: s.inside.is_frozen(),
+                pod: state.pool.holds(id),
+                session: s.session.clone(),
+            })
+            .collect();
+        all.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+        all
+    }
+
+    /// Every snapshot on the node.
+    pub fn snapshots(&self) -> Vec<SnapshotId> {
+        let mut all: Vec<SnapshotId> = self.state().snapshots.keys().cloned().collect();
+        all.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        all
+    }
+
+    /// Whether the gateway knows `session`'s egress.
+    pub fn has_egress(&self, session: &SessionId) -> bool {
+        self.state().egress.contains_key(session)
+    }
+}
+
+impl State {
+    /// Fails with [`SimError::Injected`] if a test asked `op` to fail.
+    fn injected(&mut self, op: Op) -> Result<(), SimError> {
+        match self.failures.get_mut(&op) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                Err(SimError::Injected(op))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn running(&self, id: &SandboxId) -> Result<&Sandbox, SimError> {
+        let sandbox = self.sandboxes.get(id).ok_or_else(|| SimError::NoSandbox(id.clone()))?;
+        if !sandbox.alive() {
+            return Err(SimError::Exited(id.clone()));
+        }
+        Ok(sandbox)
+    }
+
+    /// Starts sandbox `id` with `contents`; a sandbox of that id must not exist.
+    fn boot(&mut self, id: &SandboxId, contents: Contents) -> Result<SandboxHandle, SimError> {
+        if self.sandboxes.contains_key(id) {
+            return Err(SimError::SandboxExists(id.clone()));
+        }
+        self.next_pid += 1;
+        let pid = self.next_pid;
+        let sandbox =
+            Sandbox { pid, inside: Inside::new(contents), exited: watch::channel(false).0, agent: None, session: None };
+        self.sandboxes.insert(id.clone(), sandbox);
+        Ok(SandboxHandle { id: id.clone(), pid, socket: Default::default() })
+    }
+
+    /// Removes a sandbox, ending every wait on its exit. Missing is fine.
+    fn destroy(&mut self, id: &SandboxId) {
+        self.pool.forget(id);
+        if let Some(sandbox) = self.sandboxes.remove(id) {
+            sandbox.exited.send_replace(true);
+            if let Some(agent) = sandbox.agent {
+                agent.close();
+            }
+        }
+    }
+
+    fn newest_template(&self, name: &str) -> Option<TemplateInfo> {
+        self.templates.iter().filter(|t| t.name == name).max_by_key(|t| t.version).cloned()
+    }
+
+    fn add_template(&mut self, name: &str, source: String) -> TemplateInfo {
+        let version = self.newest_template(name).map_or(1, |t| t.version + 1);
+        let info = TemplateInfo { name: name.to_owned(), version, created_at_ms: 0, source, size_bytes: 0 };
+        self.templates.push(info.clone());
+        self.refill();
+        info
+    }
+
+    /// A snapshot of the running `sandbox`, which is paused exactly when `already_paused`.
+    fn take_snapshot(
+        &mut self,
+        sandbox: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        already_paused: bool,
+        full: bool,
+    ) -> Result<u64, SimError> {
+        let inside = self.running(sandbox)?.inside.clone();
+        let said = if already_paused { "paused" } else { "running" };
+        let actual = if inside.is_frozen() { "paused" } else { "running" };
+        if said != actual {
+            return Err(SimError::WrongState { sandbox: sandbox.clone(), said, actual });
+        }
+        if self.snapshots.contains_key(snapshot) {
+            return Err(SimError::SnapshotExists(snapshot.clone()));
+        }
+        let contents = inside.contents();
+        let contents = if full { contents.clone() } else { contents.files_only() };
+        let size = contents.size();
+        self.snapshots.insert(snapshot.clone(), Snapshot { session: session.clone(), full, contents });
+        Ok(size)
+    }
+}

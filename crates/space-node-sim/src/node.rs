@@ -1,0 +1,252 @@
+//! [`NodeApi`] of the simulated node.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use space_api::egress::AuditEvent;
+use space_api::{PoolStatus, Progress, SandboxId, SessionId, SnapshotId, TemplateInfo};
+use space_gateway::SessionEgress;
+use space_node_api::{EgressControl, Limits, NodeApi, NodeError, ProgressFn, Result, SandboxHandle};
+use space_proto::client::AgentClient;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::agent::{self, Contents};
+use crate::{Op, SimError, SimNode};
+
+impl EgressControl for SimNode {
+    fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
+        self.state().egress.insert(session.clone(), egress);
+    }
+
+    fn forget_session_egress(&self, session: &SessionId) {
+        self.state().egress.remove(session);
+    }
+}
+
+#[async_trait]
+impl NodeApi for SimNode {
+    fn start_background(self: Arc<Self>) {
+        let mut state = self.state();
+        state.background = true;
+        state.refill();
+    }
+
+    fn templates(&self) -> Vec<TemplateInfo> {
+        self.state().templates.clone()
+    }
+
+    fn resolve_template(&self, name: &str) -> Option<TemplateInfo> {
+        self.state().newest_template(name)
+    }
+
+    fn builtin_templates(&self) -> Vec<String> {
+        self.state().config.builtins.clone()
+    }
+
+    async fn ensure_template(&self, name: &str, report: ProgressFn) -> Result<TemplateInfo> {
+        {
+            let mut state = self.state();
+            state.injected(Op::EnsureTemplate)?;
+            if let Some(info) = state.newest_template(name) {
+                return Ok(info);
+            }
+            if state.config.builtins.iter().any(|b| b == name) {
+                report(Progress { phase: "building (simulated)".into(), done: 1, total: Some(1) });
+                return Ok(state.add_template(name, format!("built-in {name} (simulated)")));
+            }
+        }
+        Err(NodeError::UnknownTemplate { name: name.to_owned(), available: self.available_templates().join(", ") })
+    }
+
+    async fn import_template(&self, name: &str, path: &Path, _report: ProgressFn) -> Result<TemplateInfo> {
+        self.state().injected(Op::ImportTemplate)?;
+        // The node's host is this host: what the import would read must exist.
+        std::fs::symlink_metadata(path)
+            .map_err(|source| SimError::Import { path: path.display().to_string(), source })?;
+        Ok(self.state().add_template(name, format!("imported from {} (simulated)", path.display())))
+    }
+
+    fn bind_pod(self: Arc<Self>, template: &TemplateInfo, _limits: Limits) -> Option<SandboxHandle> {
+        self.state().take_pod(template)
+    }
+
+    fn set_pool_size(self: Arc<Self>, template: &str, size: u32) {
+        self.state().resize_pool(template, size);
+    }
+
+    fn pool_status(&self) -> PoolStatus {
+        self.state().pool.status()
+    }
+
+    async fn start_sandbox(&self, id: &SandboxId, template: &TemplateInfo, _limits: Limits) -> Result<SandboxHandle> {
+        let mut state = self.state();
+        state.injected(Op::StartSandbox)?;
+        Ok(state.boot(id, Contents::new_root(&format!("{}@{}", template.name, template.version)))?)
+    }
+
+    async fn start_sandbox_from_snapshot(
+        &self,
+        id: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        _limits: Limits,
+    ) -> Result<SandboxHandle> {
+        let mut state = self.state();
+        state.injected(Op::StartFromSnapshot)?;
+        let found = state.snapshots.get(snapshot).filter(|s| &s.session == session);
+        let snap = found.ok_or_else(|| SimError::NoSnapshot(snapshot.clone()))?;
+        if snap.full {
+            state.config.checkpoints.clone().map_err(NodeError::CheckpointUnavailable)?;
+        }
+        let contents = snap.contents.clone();
+        Ok(state.boot(id, contents)?)
+    }
+
+    async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()> {
+        let mut state = self.state();
+        state.injected(Op::DestroySandbox)?;
+        state.destroy(id);
+        Ok(())
+    }
+
+    async fn pause_sandbox(&self, id: &SandboxId) -> Result<()> {
+        let mut state = self.state();
+        state.injected(Op::PauseSandbox)?;
+        state.running(id)?.inside.set_frozen(true);
+        Ok(())
+    }
+
+    async fn resume_sandbox(&self, id: &SandboxId) -> Result<()> {
+        let mut state = self.state();
+        state.injected(Op::ResumeSandbox)?;
+        state.running(id)?.inside.set_frozen(false);
+        Ok(())
+    }
+
+    fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle> {
+        let state = self.state();
+        let sandbox = state.sandboxes.get(id).filter(|s| s.pid == pid && s.alive())?;
+        Some(SandboxHandle { id: id.clone(), pid: sandbox.pid, socket: Default::default() })
+    }
+
+    async fn wait_exit(&self, handle: &SandboxHandle) {
+        let exited =
+            self.state().sandboxes.get(&handle.id).filter(|s| s.pid == handle.pid).map(|s| s.exited.subscribe());
+        if let Some(mut exited) = exited {
+            // Ends when pid 1 exits, or when the sandbox is destroyed (the sender dropped).
+            let _ = exited.wait_for(|exited| *exited).await;
+        }
+    }
+
+    fn oom_kills(&self, id: &SandboxId) -> Result<u64> {
+        self.state().running(id)?;
+        Ok(0)
+    }
+
+    async fn sweep(&self, keep: &HashSet<SandboxId>) -> Result<Vec<SandboxId>> {
+        let mut state = self.state();
+        let gone: Vec<SandboxId> = state.sandboxes.keys().filter(|id| !keep.contains(*id)).cloned().collect();
+        for id in &gone {
+            state.destroy(id);
+        }
+        Ok(gone)
+    }
+
+    async fn agent(&self, id: &SandboxId) -> Result<AgentClient> {
+        let inside = {
+            let mut state = self.state();
+            state.injected(Op::Agent)?;
+            let sandbox = state.running(id)?;
+            if let Some(agent) = sandbox.agent.as_ref().filter(|a| !a.is_closed()) {
+                return Ok(agent.clone());
+            }
+            sandbox.inside.clone()
+        };
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        tokio::spawn(agent::serve(theirs, inside));
+        let client =
+            AgentClient::connect(ours).await.map_err(|source| SimError::Agent { sandbox: id.clone(), source })?;
+        if let Some(sandbox) = self.state().sandboxes.get_mut(id) {
+            sandbox.agent = Some(client.clone());
+        }
+        Ok(client)
+    }
+
+    fn checkpoint_support(&self) -> std::result::Result<String, String> {
+        self.state().config.checkpoints.clone()
+    }
+
+    async fn snapshot_disk(
+        &self,
+        sandbox: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        already_paused: bool,
+    ) -> Result<()> {
+        let mut state = self.state();
+        state.injected(Op::SnapshotDisk)?;
+        state.take_snapshot(sandbox, session, snapshot, already_paused, false)?;
+        Ok(())
+    }
+
+    async fn snapshot_full(
+        &self,
+        sandbox: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        already_paused: bool,
+    ) -> Result<u64> {
+        let mut state = self.state();
+        state.config.checkpoints.clone().map_err(NodeError::CheckpointUnavailable)?;
+        state.injected(Op::SnapshotFull)?;
+        Ok(state.take_snapshot(sandbox, session, snapshot, already_paused, true)?)
+    }
+
+    async fn snapshot_disk_size(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<u64> {
+        let state = self.state();
+        let found = state.snapshots.get(snapshot).filter(|s| &s.session == session);
+        Ok(found.ok_or_else(|| SimError::NoSnapshot(snapshot.clone()))?.contents.size())
+    }
+
+    async fn delete_snapshot(&self, _session: &SessionId, snapshot: &SnapshotId) -> Result<()> {
+        let mut state = self.state();
+        state.injected(Op::DeleteSnapshot)?;
+        state.snapshots.remove(snapshot);
+        Ok(())
+    }
+
+    async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize> {
+        let mut state = self.state();
+        let before = state.snapshots.len();
+        state.snapshots.retain(|id, _| keep.contains(id));
+        Ok(before - state.snapshots.len())
+    }
+
+    async fn join_session_network(&self, sandbox: &SandboxId, session: &SessionId) -> Result<()> {
+        let mut state = self.state();
+        state.injected(Op::JoinSessionNetwork)?;
+        if !state.egress.contains_key(session) {
+            return Err(SimError::NoEgress(session.clone()).into());
+        }
+        state.running(sandbox)?;
+        if let Some(s) = state.sandboxes.get_mut(sandbox) {
+            s.session = Some(session.clone());
+        }
+        Ok(())
+    }
+
+    async fn reattach_gateway(&self, handle: &SandboxHandle, session: &SessionId) -> Result<()> {
+        let mut state = self.state();
+        state.running(&handle.id)?;
+        if let Some(s) = state.sandboxes.get_mut(&handle.id) {
+            s.session = Some(session.clone());
+        }
+        Ok(())
+    }
+
+    fn take_audit_events(&self) -> Option<UnboundedReceiver<AuditEvent>> {
+        self.audit_events.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}

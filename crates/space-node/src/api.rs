@@ -1,0 +1,180 @@
+//! The node API ([`NodeApi`]) of the in-process node, as `space serve` uses it: each
+//! operation is the node's own method, with the node's errors sorted into the classes the
+//! control plane tells apart.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use space_api::egress::AuditEvent;
+use space_api::{PoolStatus, SandboxId, SessionId, SnapshotId};
+use space_gateway::SessionEgress;
+use space_node_api::{self as api, EgressControl, NodeApi, ProgressFn};
+use space_proto::client::AgentClient;
+use space_runtime::{Limits, RuntimeError, SandboxHandle};
+use space_storage::TemplateInfo;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::{Node, NodeError, hostname_for};
+
+impl From<NodeError> for api::NodeError {
+    fn from(e: NodeError) -> Self {
+        match e {
+            NodeError::UnknownTemplate { name, available } => api::NodeError::UnknownTemplate { name, available },
+            NodeError::Runtime(RuntimeError::CheckpointUnavailable(why)) => api::NodeError::CheckpointUnavailable(why),
+            other => api::NodeError::Failed(Box::new(other)),
+        }
+    }
+}
+
+type Result<T> = api::Result<T>;
+
+impl EgressControl for Node {
+    fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
+        self.gateway.set_session(session, egress);
+    }
+
+    fn forget_session_egress(&self, session: &SessionId) {
+        self.gateway.forget_session(session);
+    }
+}
+
+#[async_trait]
+impl NodeApi for Node {
+    fn start_background(self: Arc<Self>) {
+        Node::start_background(&self);
+    }
+
+    fn templates(&self) -> Vec<TemplateInfo> {
+        Node::templates(self)
+    }
+
+    fn resolve_template(&self, name: &str) -> Option<TemplateInfo> {
+        Node::resolve_template(self, name)
+    }
+
+    fn builtin_templates(&self) -> Vec<String> {
+        self.builtin_names().iter().map(|s| s.to_string()).collect()
+    }
+
+    async fn ensure_template(&self, name: &str, report: ProgressFn) -> Result<TemplateInfo> {
+        Ok(Node::ensure_template(self, name, report).await?)
+    }
+
+    async fn import_template(&self, name: &str, path: &Path, report: ProgressFn) -> Result<TemplateInfo> {
+        Ok(Node::import_template(self, name, path, report).await?)
+    }
+
+    fn bind_pod(self: Arc<Self>, template: &TemplateInfo, limits: Limits) -> Option<SandboxHandle> {
+        Node::bind_pod(&self, template, limits)
+    }
+
+    fn set_pool_size(self: Arc<Self>, template: &str, size: u32) {
+        Node::set_pool_size(&self, template, size)
+    }
+
+    fn pool_status(&self) -> PoolStatus {
+        Node::pool_status(self)
+    }
+
+    async fn start_sandbox(&self, id: &SandboxId, template: &TemplateInfo, limits: Limits) -> Result<SandboxHandle> {
+        Ok(Node::start_sandbox(self, id, template, limits, &hostname_for(id)).await?)
+    }
+
+    async fn start_sandbox_from_snapshot(
+        &self,
+        id: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        limits: Limits,
+    ) -> Result<SandboxHandle> {
+        let started = match self.snapshot_is_full(session, snapshot) {
+            true => self.restore_sandbox(id, session, snapshot, limits).await,
+            false => Node::start_sandbox_from_snapshot(self, id, session, snapshot, limits, &hostname_for(id)).await,
+        };
+        Ok(started?)
+    }
+
+    async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()> {
+        Ok(Node::destroy_sandbox(self, id).await?)
+    }
+
+    async fn pause_sandbox(&self, id: &SandboxId) -> Result<()> {
+        Ok(Node::pause_sandbox(self, id).await?)
+    }
+
+    async fn resume_sandbox(&self, id: &SandboxId) -> Result<()> {
+        Node::resume_sandbox(self, id)?;
+        self.reconnect(id).await;
+        Ok(())
+    }
+
+    fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle> {
+        Node::adopt(self, id, pid)
+    }
+
+    async fn wait_exit(&self, handle: &SandboxHandle) {
+        Node::wait_exit(self, handle).await
+    }
+
+    fn oom_kills(&self, id: &SandboxId) -> Result<u64> {
+        Ok(Node::oom_kills(self, id)?)
+    }
+
+    async fn sweep(&self, keep: &HashSet<SandboxId>) -> Result<Vec<SandboxId>> {
+        Ok(Node::sweep(self, keep).await?)
+    }
+
+    async fn agent(&self, id: &SandboxId) -> Result<AgentClient> {
+        Ok(Node::agent(self, id).await?)
+    }
+
+    fn checkpoint_support(&self) -> std::result::Result<String, String> {
+        Node::checkpoint_support(self)
+    }
+
+    async fn snapshot_disk(
+        &self,
+        sandbox: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        already_paused: bool,
+    ) -> Result<()> {
+        Ok(Node::snapshot_disk(self, sandbox, session, snapshot, already_paused).await?)
+    }
+
+    async fn snapshot_full(
+        &self,
+        sandbox: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        already_paused: bool,
+    ) -> Result<u64> {
+        Ok(Node::snapshot_full(self, sandbox, session, snapshot, already_paused).await?)
+    }
+
+    async fn snapshot_disk_size(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<u64> {
+        Ok(Node::snapshot_disk_size(self, session, snapshot).await?)
+    }
+
+    async fn delete_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<()> {
+        Ok(Node::delete_snapshot(self, session, snapshot).await?)
+    }
+
+    async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize> {
+        Ok(Node::sweep_snapshots(self, keep).await?)
+    }
+
+    async fn join_session_network(&self, sandbox: &SandboxId, session: &SessionId) -> Result<()> {
+        Ok(Node::join_session_network(self, sandbox, session).await?)
+    }
+
+    async fn reattach_gateway(&self, handle: &SandboxHandle, session: &SessionId) -> Result<()> {
+        Ok(Node::reattach_gateway(self, handle, session).await?)
+    }
+
+    fn take_audit_events(&self) -> Option<UnboundedReceiver<AuditEvent>> {
+        Node::take_audit_events(self)
+    }
+}
