@@ -41,6 +41,11 @@ pub enum ErrorCode {
     HeadersTooLarge,
     /// A limit on how many of something may be open at once was reached (the message names it).
     LimitExceeded,
+    /// The node's storage pool is full (HTTP 507).
+    StorageFull,
+    /// The session's disk limit is reached (HTTP 507): its files and the data its snapshots
+    /// still hold count against it.
+    DiskQuotaExceeded,
 }
 
 impl ErrorCode {
@@ -69,6 +74,7 @@ impl ErrorCode {
             ErrorCode::LimitExceeded => 429,
             ErrorCode::FeatureUnavailable => 501,
             ErrorCode::SandboxUnavailable => 503,
+            ErrorCode::StorageFull | ErrorCode::DiskQuotaExceeded => 507,
             ErrorCode::Timeout => 504,
             ErrorCode::Internal => 500,
         }

@@ -74,11 +74,22 @@ pub struct Resources {
     pub memory_mib: u64,
     /// Maximum number of processes and threads.
     pub pids: u32,
+    /// Disk the session may use, in MiB: what its sandboxes wrote that still exists, in the
+    /// root or in snapshots (the template's files are free). 0: no limit.
+    #[serde(default)]
+    pub disk_mib: u64,
 }
 
 impl Default for Resources {
     fn default() -> Self {
-        Resources { cpus: 1.0, memory_mib: 512, pids: 512 }
+        Resources { cpus: 1.0, memory_mib: 512, pids: 512, disk_mib: 0 }
+    }
+}
+
+impl Resources {
+    /// The disk limit in bytes, if there is one.
+    pub fn disk_limit_bytes(&self) -> Option<u64> {
+        (self.disk_mib > 0).then(|| self.disk_mib.saturating_mul(1 << 20))
     }
 }
 
@@ -90,6 +101,8 @@ pub struct CreateSessionRequest {
     pub cpus: Option<f64>,
     pub memory_mib: Option<u64>,
     pub pids: Option<u32>,
+    /// Disk limit in MiB (see [`Resources::disk_mib`]); default: the server's.
+    pub disk_mib: Option<u64>,
     /// Environment variables set for every command in the session.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -210,6 +223,9 @@ pub struct Operation {
     pub state: OperationState,
     pub session_id: Option<SessionId>,
     pub error: Option<String>,
+    /// The API error code of `error`, for operations that failed.
+    #[serde(default)]
+    pub error_code: Option<crate::ErrorCode>,
     /// Human-readable progress of long operations (template builds).
     pub progress: Option<Progress>,
     pub created_at: i64,
@@ -548,8 +564,43 @@ pub struct Snapshot {
     /// for a moment after a disk snapshot is taken: its files are measured in the
     /// background, so taking it costs no walk of the tree (the snapshot is usable at once).
     pub size_bytes: Option<u64>,
+    /// Bytes on disk that only this snapshot holds: what deleting it frees (files the session
+    /// deleted since stay here). Measured when one snapshot is read
+    /// (`GET /v1/sessions/{id}/snapshots/{snapshot}`); `null` in lists.
+    #[serde(default)]
+    pub exclusive_bytes: Option<u64>,
     /// Unix time in milliseconds.
     pub created_at: i64,
+}
+
+/// What a session uses now (`GET /v1/sessions/{id}/stats`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionStats {
+    /// Of its running sandbox; `null` while it has none (suspended, stopped).
+    pub sandbox: Option<SandboxUsage>,
+    pub disk: DiskStats,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxUsage {
+    pub memory_bytes: u64,
+    pub memory_limit_bytes: u64,
+    /// Processes the kernel killed because the sandbox hit its memory limit.
+    pub oom_kills: u64,
+    pub pids: u64,
+    pub cpu_usage_ns: u64,
+}
+
+/// A session's disk usage: what its sandboxes wrote that still exists anywhere on the node
+/// (its root, its snapshots, and forks made from them), as of the filesystem's last commit
+/// (a few seconds behind writes).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DiskStats {
+    pub used_bytes: u64,
+    /// `null`: no limit.
+    pub limit_bytes: Option<u64>,
+    /// Whether the node enforces the limit (btrfs simple quotas on its pool).
+    pub enforced: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

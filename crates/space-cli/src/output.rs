@@ -1,7 +1,7 @@
 //! Human tables and JSON output.
 
 use serde::Serialize;
-use space_api::{PoolStatus, ProcessList, Session, Status};
+use space_api::{PoolStatus, ProcessList, Session, SessionStats, Status};
 
 pub fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
@@ -86,6 +86,7 @@ pub fn print_session(s: &Session, json: bool) -> anyhow::Result<()> {
         ("cpus", s.resources.cpus.to_string()),
         ("memory", format!("{} MiB", s.resources.memory_mib)),
         ("pids", s.resources.pids.to_string()),
+        ("disk", s.resources.disk_limit_bytes().map(bytes).unwrap_or_else(|| "no limit".into())),
         ("env", s.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")),
         ("snapshots", s.snapshot_policy.to_string()),
         ("created", time(s.created_at)),
@@ -96,6 +97,24 @@ pub fn print_session(s: &Session, json: bool) -> anyhow::Result<()> {
             println!("{name:<9} {value}");
         }
     }
+    Ok(())
+}
+
+pub fn print_stats(stats: &SessionStats, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(stats);
+    }
+    if let Some(s) = &stats.sandbox {
+        println!("memory    {} of {} ({} OOM kills)", bytes(s.memory_bytes), bytes(s.memory_limit_bytes), s.oom_kills);
+        println!("cpu       {:.3} s\npids      {}", s.cpu_usage_ns as f64 / 1e9, s.pids);
+    }
+    let d = &stats.disk;
+    let limit = match (d.limit_bytes, d.enforced) {
+        (Some(limit), true) => format!(" of {}", bytes(limit)),
+        (Some(limit), false) => format!(" (limit {} not enforced on this node)", bytes(limit)),
+        (None, _) => " (no limit)".into(),
+    };
+    println!("disk      {}{limit}", bytes(d.used_bytes));
     Ok(())
 }
 

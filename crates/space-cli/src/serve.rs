@@ -10,7 +10,7 @@ use clap::Args;
 use space_api::SnapshotPolicy;
 use space_control::{HttpLimits, ServerConfig};
 use space_node::{GatewayConfig, Limits, Node, NodeApi, NodeConfig, SandboxLimits, WarmSettings};
-use space_storage::{DEFAULT_IMAGE_SIZE, DEFAULT_TEMPLATE_CACHE_DIR, IdMap};
+use space_storage::{DEFAULT_TEMPLATE_CACHE_DIR, IdMap};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Args)]
@@ -40,7 +40,8 @@ pub struct ServeArgs {
     /// Where finished built-in templates are cached across data dirs.
     #[arg(long, default_value = DEFAULT_TEMPLATE_CACHE_DIR)]
     template_cache: PathBuf,
-    /// Size of the sparse pool image when the data dir is not on btrfs, in GiB.
+    /// Size of the sparse pool image when the data dir is not on btrfs, in GiB (default: half
+    /// the space free on the data dir's disk when the image is made).
     #[arg(long)]
     pool_size_gib: Option<u64>,
     /// First host uid/gid of the range sandbox ids 0..65536 map to.
@@ -50,6 +51,10 @@ pub struct ServeArgs {
     /// default: 4 of the default template). Changeable at run time with `space pool set`.
     #[arg(long)]
     pool: Option<String>,
+    /// Disk limit of sessions created without one, in GiB (0: no limit). A session's disk is
+    /// what its sandboxes wrote that still exists, in its root or its snapshots.
+    #[arg(long, default_value_t = 10)]
+    default_disk_gib: u64,
     /// Snapshot policy of sessions created without one, e.g.
     /// `disk=1m,full=15m,keep=1h,hourly=1d,daily=7d` (the default) or `off`.
     #[arg(long, default_value_t = SnapshotPolicy::default())]
@@ -252,6 +257,7 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         prepare_templates: args.prepare_templates.unwrap_or_else(|| vec![args.default_template.clone()]),
         default_template: args.default_template,
         snapshot_policy: args.snapshot_policy,
+        default_disk_mib: args.default_disk_gib.saturating_mul(1024),
         scheduler_tick: std::time::Duration::from_millis(args.snapshot_tick_ms.max(10)),
         http: HttpLimits {
             max_connections: args.max_connections.max(1),
@@ -265,7 +271,7 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         criu: args.criu,
         cgroup_parent: args.cgroup_parent,
         template_cache_dir: args.template_cache,
-        image_size_bytes: args.pool_size_gib.map(|g| g << 30).unwrap_or(DEFAULT_IMAGE_SIZE),
+        image_size_bytes: args.pool_size_gib.map(|g| g << 30),
         id_map: IdMap { host_base: args.uid_base, count: 65_536 },
         warm,
         gateway,

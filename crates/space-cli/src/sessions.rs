@@ -6,12 +6,12 @@ use anyhow::bail;
 use clap::Subcommand;
 use space_api::egress::{AuditList, GrantRequest, NetworkPolicy, NetworkPolicyUpdate, SessionNetwork};
 use space_api::{
-    CreateSessionRequest, EventList, ForkRequest, RestoreRequest, Session, SessionList, SnapshotPolicy,
+    CreateSessionRequest, EventList, ForkRequest, RestoreRequest, Session, SessionList, SessionStats, SnapshotPolicy,
     UpdateSessionRequest,
 };
 
 use crate::client::{Client, encode};
-use crate::output::{self, SESSION_HEADER, print_json, print_session, print_table, session_row};
+use crate::output::{self, SESSION_HEADER, print_json, print_session, print_stats, print_table, session_row};
 
 /// Network policy flags of `create` and `policy`.
 #[derive(clap::Args)]
@@ -68,6 +68,10 @@ pub enum SessionCommand {
         /// Process limit.
         #[arg(long)]
         pids: Option<u32>,
+        /// Disk limit, e.g. `10G` or `512M` (what the session writes, snapshots included;
+        /// default: the server's).
+        #[arg(long, value_parser = parse_disk_mib)]
+        disk: Option<u64>,
         /// Environment variable for every command, `K=V` (repeatable).
         #[arg(long = "env", value_name = "K=V")]
         env: Vec<String>,
@@ -113,6 +117,8 @@ pub enum SessionCommand {
     },
     /// Show one session.
     Show { id: String },
+    /// What a session uses now: memory, CPU, processes and disk.
+    Stats { id: String },
     /// Destroy a session and its sandbox.
     Destroy { id: String },
     /// A session's state transitions and events.
@@ -146,6 +152,18 @@ fn print_state(session: &Session, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `10G`, `512M`, `1T` or a number of MiB, in MiB.
+fn parse_disk_mib(text: &str) -> Result<u64, String> {
+    let (digits, shift) = match text.trim().to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+        t if t.ends_with('T') => (t[..t.len() - 1].to_owned(), 20),
+        t if t.ends_with('G') => (t[..t.len() - 1].to_owned(), 10),
+        t if t.ends_with('M') => (t[..t.len() - 1].to_owned(), 0),
+        t => (t.to_owned(), 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size such as 10G or 512M"))?;
+    n.checked_shl(shift).filter(|m| m >> shift == n).ok_or_else(|| format!("{text:?} is too large"))
+}
+
 fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     pairs
         .iter()
@@ -158,13 +176,14 @@ fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
 
 pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        SessionCommand::Create { template, cpus, memory, pids, env, settings, network, grants } => {
+        SessionCommand::Create { template, cpus, memory, pids, disk, env, settings, network, grants } => {
             let env = parse_env(&env)?;
             let request = CreateSessionRequest {
                 template,
                 cpus,
                 memory_mib: memory,
                 pids,
+                disk_mib: disk,
                 env,
                 snapshot_policy: settings.snapshot_policy,
                 idle_timeout_secs: settings.idle_timeout,
@@ -195,6 +214,10 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
         SessionCommand::Show { id } => {
             let session: Session = client.get_json(&format!("/v1/sessions/{id}")).await?;
             print_session(&session, json)?;
+        }
+        SessionCommand::Stats { id } => {
+            let stats: SessionStats = client.get_json(&format!("/v1/sessions/{id}/stats")).await?;
+            print_stats(&stats, json)?;
         }
         SessionCommand::Destroy { id } => {
             print_state(&client.delete_json(&format!("/v1/sessions/{id}")).await?, json)?;

@@ -19,6 +19,8 @@ pub enum SnapshotCommand {
     },
     /// A session's snapshots, oldest first.
     List { id: String },
+    /// One snapshot, with the bytes only it holds on disk (what deleting it frees).
+    Show { id: String, snapshot: String },
     /// Delete a snapshot.
     Delete { id: String, snapshot: String },
 }
@@ -65,6 +67,15 @@ pub async fn run(client: &Client, command: SnapshotCommand, json: bool) -> anyho
                 })
                 .collect();
             print_table(&["ID", "KIND", "CREATED", "SIZE", "PARENT", "NAME"], &rows);
+        }
+        SnapshotCommand::Show { id, snapshot } => {
+            let s: Snapshot = client.get_json(&format!("/v1/sessions/{id}/snapshots/{snapshot}")).await?;
+            if json {
+                return print_json(&s);
+            }
+            let size = |n: Option<u64>| n.map(output::bytes).unwrap_or_else(|| "-".into());
+            println!("id        {}\nkind      {}\ncreated   {}", s.id, s.kind.as_str(), output::time(s.created_at));
+            println!("size      {}\nexclusive {}", size(s.size_bytes), size(s.exclusive_bytes));
         }
         SnapshotCommand::Delete { id, snapshot } => {
             client

@@ -64,7 +64,7 @@ impl From<space_store::StoreError> for AppError {
 
 impl From<space_node_api::NodeError> for AppError {
     fn from(e: space_node_api::NodeError) -> Self {
-        use space_node_api::NodeError;
+        use space_node_api::{NodeError, OutOfSpace};
         match e {
             NodeError::UnknownTemplate { .. } => AppError::new(ErrorCode::UnknownTemplate, e.to_string()),
             NodeError::CheckpointUnavailable(why) => AppError::new(
@@ -74,10 +74,21 @@ impl From<space_node_api::NodeError> for AppError {
                      ({why}); run scripts/install-criu.sh and restart the server, or use disk snapshots"
                 ),
             ),
+            NodeError::OutOfSpace { which: OutOfSpace::Pool, source } => {
+                AppError::new(ErrorCode::StorageFull, format!("{STORAGE_FULL} ({source})"))
+            }
+            NodeError::OutOfSpace { which: OutOfSpace::Quota, source } => {
+                AppError::new(ErrorCode::DiskQuotaExceeded, format!("{QUOTA_EXCEEDED} ({source})"))
+            }
             e => AppError::new(ErrorCode::SandboxUnavailable, format!("node: {e}")),
         }
     }
 }
+
+const STORAGE_FULL: &str = "the node's storage pool is full: delete snapshots and sessions you no longer need, \
+     or ask the operator to give the pool more space";
+const QUOTA_EXCEEDED: &str = "the session's disk limit is reached: delete files or snapshots of the session, or use \
+     a session with a larger disk_mib";
 
 /// Whether `error` or one of its sources is an `E`.
 pub(crate) fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
@@ -163,6 +174,12 @@ impl From<PathRejection> for AppError {
 impl From<AgentError> for AppError {
     fn from(e: AgentError) -> Self {
         match e {
+            AgentError::Remote { kind: kind @ ErrorKind::StorageFull, message } => {
+                AppError::new(code_for(kind), format!("{message}: {STORAGE_FULL}"))
+            }
+            AgentError::Remote { kind: kind @ ErrorKind::QuotaExceeded, message } => {
+                AppError::new(code_for(kind), format!("{message}: {QUOTA_EXCEEDED}"))
+            }
             AgentError::Remote { kind, message } => AppError::new(code_for(kind), message),
             other => AppError::new(
                 ErrorCode::SandboxUnavailable,
@@ -184,6 +201,8 @@ fn code_for(kind: ErrorKind) -> ErrorCode {
         ErrorKind::DirectoryNotEmpty => ErrorCode::DirectoryNotEmpty,
         ErrorKind::InvalidInput | ErrorKind::Unsupported => ErrorCode::BadRequest,
         ErrorKind::NoSuchProcess => ErrorCode::NoSuchProcess,
+        ErrorKind::StorageFull => ErrorCode::StorageFull,
+        ErrorKind::QuotaExceeded => ErrorCode::DiskQuotaExceeded,
         ErrorKind::Other => ErrorCode::Internal,
     }
 }

@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub default_template: String,
     /// Policy of sessions created without one.
     pub snapshot_policy: SnapshotPolicy,
+    /// Disk limit of sessions created without one, in MiB (0: none).
+    pub default_disk_mib: u64,
     /// How often the snapshot scheduler looks for due snapshots.
     pub scheduler_tick: std::time::Duration,
     /// Built-in templates to build at start if missing.
@@ -65,6 +67,8 @@ pub struct AppState {
     pub node_id: String,
     pub default_template: String,
     pub snapshot_policy: SnapshotPolicy,
+    /// Disk limit of sessions created without one, in MiB (0: none).
+    pub default_disk_mib: u64,
     pub reconciler: Reconciler,
     /// Serialises lifecycle calls (pause, resume, snapshot, restore) per session, so e.g. a
     /// snapshot's thaw never undoes a pause that came in meanwhile.
@@ -133,6 +137,7 @@ pub async fn start(
         node_id,
         default_template: config.default_template.clone(),
         snapshot_policy: config.snapshot_policy.clone(),
+        default_disk_mib: config.default_disk_mib,
         reconciler: reconciler.clone(),
         session_locks: Default::default(),
         activity: Default::default(),

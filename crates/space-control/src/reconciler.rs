@@ -52,8 +52,9 @@ impl Reconciler {
                         tokio::spawn(async move {
                             let id = op.operation.id.clone();
                             let result = perform(&state, op).await;
-                            let error = result.err().map(|e| e.0.message);
-                            if let Err(e) = state.store.finish_operation(&id, error.as_deref()).await {
+                            let error = result.err().map(|e| e.0);
+                            let error = error.as_ref().map(|e| (e.code, e.message.as_str()));
+                            if let Err(e) = state.store.finish_operation(&id, error).await {
                                 tracing::error!(%id, "recording operation result: {e}");
                             }
                             this.finished.send_modify(|n| *n += 1);
@@ -172,14 +173,22 @@ async fn start_sandbox(
             state.node.destroy_sandbox(&pod.id).await?;
             return Err(e.into());
         }
-        state.node.join_session_network(&pod.id, &session.id).await?;
+        hand_over(state, &pod, session).await?;
         return Ok(pod);
     }
     state.store.insert_sandbox(&sandbox).await?;
     let handle = state.node.start_sandbox(sandbox.id, &template, limits).await?;
     state.store.set_sandbox_running(sandbox.id, handle.pid).await?;
-    state.node.join_session_network(&handle.id, &session.id).await?;
+    hand_over(state, &handle, session).await?;
     Ok(handle)
+}
+
+/// Makes a started sandbox the session's: its writes count against the session's disk limit
+/// and it joins the session's network.
+async fn hand_over(state: &AppState, handle: &SandboxHandle, session: &space_api::Session) -> AppResult<()> {
+    state.node.limit_disk(&handle.id, &session.id, session.resources.disk_limit_bytes()).await?;
+    state.node.join_session_network(&handle.id, &session.id).await?;
+    Ok(())
 }
 
 /// Starts sandbox `sandbox` for `session` from a snapshot (of any of the tenant's sessions):
@@ -207,7 +216,7 @@ async fn start_from_snapshot(
     let limits = Limits::from(&session.resources);
     let handle = state.node.start_sandbox_from_snapshot(&sandbox, &origin, snapshot, limits).await?;
     state.store.set_sandbox_running(&sandbox, handle.pid).await?;
-    state.node.join_session_network(&handle.id, &session.id).await?;
+    hand_over(state, &handle, session).await?;
     Ok(handle)
 }
 

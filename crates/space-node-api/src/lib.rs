@@ -23,7 +23,7 @@ use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 pub use space_api::TemplateInfo;
-pub use space_runtime::{Limits, SandboxHandle};
+pub use space_runtime::{Limits, SandboxHandle, SandboxStats};
 
 /// Largest warm pool one template may have.
 pub const MAX_POOL_SIZE: u32 = 1024;
@@ -36,12 +36,34 @@ pub enum NodeError {
     /// Full snapshots (checkpoint and restore of processes) are not possible on this node.
     #[error("checkpoints are unavailable on this node: {0}")]
     CheckpointUnavailable(String),
+    /// Disk space ran out: the pool's, or the session's limit.
+    #[error("{source}")]
+    OutOfSpace { which: OutOfSpace, source: Box<dyn std::error::Error + Send + Sync + 'static> },
     /// Anything else: the node's own error, kept whole as the source.
     #[error(transparent)]
     Failed(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 pub type Result<T, E = NodeError> = std::result::Result<T, E>;
+
+/// Which disk space ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutOfSpace {
+    /// The node's storage pool is full.
+    Pool,
+    /// The session's disk limit is reached.
+    Quota,
+}
+
+/// What a session is charged for on a node's disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskUsage {
+    /// What its sandboxes wrote that still exists anywhere on the node (roots, snapshots,
+    /// forks made from them).
+    pub used_bytes: u64,
+    /// Whether the node enforces disk limits (it counts usage only where it does).
+    pub enforced: bool,
+}
 
 /// Called with the progress of long node work (template builds and imports).
 pub type ProgressFn = Box<dyn Fn(Progress) + Send + Sync + 'static>;
@@ -135,6 +157,8 @@ pub trait NodeApi: EgressControl + 'static {
     async fn wait_exit(&self, handle: &SandboxHandle);
     /// Processes the kernel killed because the sandbox hit its memory limit.
     fn oom_kills(&self, id: &SandboxId) -> Result<u64>;
+    /// Memory, CPU and processes of a running sandbox.
+    fn sandbox_stats(&self, id: &SandboxId) -> Result<SandboxStats>;
     /// Destroys every sandbox on the node not in `keep`; returns those removed.
     async fn sweep(&self, keep: &HashSet<SandboxId>) -> Result<Vec<SandboxId>>;
     /// The connection to the sandbox's agent (exec, files, watch), reconnecting if needed.
@@ -168,6 +192,16 @@ pub trait NodeApi: EgressControl + 'static {
     async fn delete_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<()>;
     /// Deletes every snapshot on the node not in `keep`; returns how many.
     async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize>;
+
+    // Disk.
+
+    /// Charges what `sandbox` writes to `session` and caps the session's total at
+    /// `limit_bytes` (`None`: no cap). Called before the sandbox is handed out.
+    async fn limit_disk(&self, sandbox: &SandboxId, session: &SessionId, limit_bytes: Option<u64>) -> Result<()>;
+    /// What `session` is charged for on this node's disk.
+    fn disk_usage(&self, session: &SessionId) -> Result<DiskUsage>;
+    /// Bytes only this snapshot holds on disk (what deleting it frees), measured now.
+    async fn snapshot_exclusive_size(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<u64>;
 
     // Egress.
 

@@ -139,6 +139,8 @@ struct State {
     pool: pool::Pool,
     egress: HashMap<SessionId, SessionEgress>,
     failures: HashMap<Op, u32>,
+    /// Each session's disk limit, as the control plane last set it.
+    disk_limits: HashMap<SessionId, Option<u64>>,
     background: bool,
     next_pid: u32,
 }
@@ -173,6 +175,7 @@ impl SimNode {
             snapshots: HashMap::new(),
             egress: HashMap::new(),
             failures: HashMap::new(),
+            disk_limits: HashMap::new(),
             background: false,
             next_pid: 1000,
         };
@@ -263,6 +266,11 @@ impl SimNode {
     }
 
     /// Whether the gateway knows `session`'s egress.
+    /// The disk limit the control plane gave `session` (`Some(None)`: set, without a cap).
+    pub fn disk_limit(&self, session: &SessionId) -> Option<Option<u64>> {
+        self.state().disk_limits.get(session).copied()
+    }
+
     pub fn has_egress(&self, session: &SessionId) -> bool {
         self.state().egress.contains_key(session)
     }

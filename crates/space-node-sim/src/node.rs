@@ -8,7 +8,9 @@ use async_trait::async_trait;
 use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, Progress, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::SessionEgress;
-use space_node_api::{EgressControl, Limits, NodeApi, NodeError, ProgressFn, Result, SandboxHandle};
+use space_node_api::{
+    DiskUsage, EgressControl, Limits, NodeApi, NodeError, ProgressFn, Result, SandboxHandle, SandboxStats,
+};
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -143,6 +145,27 @@ impl NodeApi for SimNode {
     fn oom_kills(&self, id: &SandboxId) -> Result<u64> {
         self.state().running(id)?;
         Ok(0)
+    }
+
+    fn sandbox_stats(&self, id: &SandboxId) -> Result<SandboxStats> {
+        self.state().running(id)?;
+        Ok(SandboxStats { memory_bytes: 0, memory_limit_bytes: 0, oom_kills: 0, pids: 1, cpu_usage_ns: 0 })
+    }
+
+    async fn limit_disk(&self, sandbox: &SandboxId, session: &SessionId, limit_bytes: Option<u64>) -> Result<()> {
+        let mut state = self.state();
+        state.running(sandbox)?;
+        state.disk_limits.insert(session.clone(), limit_bytes);
+        Ok(())
+    }
+
+    /// The simulated node counts no disk: it enforces no limit.
+    fn disk_usage(&self, _session: &SessionId) -> Result<DiskUsage> {
+        Ok(DiskUsage { used_bytes: 0, enforced: false })
+    }
+
+    async fn snapshot_exclusive_size(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<u64> {
+        self.snapshot_disk_size(session, snapshot).await
     }
 
     async fn sweep(&self, keep: &HashSet<SandboxId>) -> Result<Vec<SandboxId>> {

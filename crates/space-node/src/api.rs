@@ -23,7 +23,10 @@ impl From<NodeError> for api::NodeError {
         match e {
             NodeError::UnknownTemplate { name, available } => api::NodeError::UnknownTemplate { name, available },
             NodeError::Runtime(RuntimeError::CheckpointUnavailable(why)) => api::NodeError::CheckpointUnavailable(why),
-            other => api::NodeError::Failed(Box::new(other)),
+            other => match other.out_of_space() {
+                Some(which) => api::NodeError::OutOfSpace { which, source: Box::new(other) },
+                None => api::NodeError::Failed(Box::new(other)),
+            },
         }
     }
 }
@@ -120,6 +123,22 @@ impl NodeApi for Node {
 
     fn oom_kills(&self, id: &SandboxId) -> Result<u64> {
         Ok(Node::oom_kills(self, id)?)
+    }
+
+    fn sandbox_stats(&self, id: &SandboxId) -> Result<api::SandboxStats> {
+        Ok(Node::stats(self, id)?)
+    }
+
+    async fn limit_disk(&self, sandbox: &SandboxId, session: &SessionId, limit_bytes: Option<u64>) -> Result<()> {
+        Ok(Node::limit_disk(self, sandbox, session, limit_bytes).await?)
+    }
+
+    fn disk_usage(&self, session: &SessionId) -> Result<api::DiskUsage> {
+        Ok(Node::disk_usage(self, session)?)
+    }
+
+    async fn snapshot_exclusive_size(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<u64> {
+        Ok(Node::snapshot_exclusive_size(self, session, snapshot).await?)
     }
 
     async fn sweep(&self, keep: &HashSet<SandboxId>) -> Result<Vec<SandboxId>> {

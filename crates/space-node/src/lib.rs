@@ -6,6 +6,7 @@
 
 mod api;
 mod checkpoint;
+mod disk;
 mod egress;
 mod lifecycle;
 mod templates;
@@ -39,7 +40,8 @@ pub struct NodeConfig {
     pub cgroup_parent: String,
     /// Finished built-in templates are cached here across data dirs.
     pub template_cache_dir: PathBuf,
-    pub image_size_bytes: u64,
+    /// Size of a new pool image; `None`: half the free disk (see [`PoolOptions`]).
+    pub image_size_bytes: Option<u64>,
     pub id_map: IdMap,
     pub warm: WarmSettings,
     pub gateway: GatewayConfig,
@@ -69,6 +71,19 @@ pub enum NodeError {
     Gateway(String),
     #[error("internal: {0}")]
     Internal(String),
+}
+
+impl NodeError {
+    /// Whether this failed for want of disk space, and whose.
+    pub fn out_of_space(&self) -> Option<space_node_api::OutOfSpace> {
+        use space_node_api::OutOfSpace;
+        let NodeError::Storage(e) = self else { return None };
+        match e.errno()? {
+            nix::errno::Errno::ENOSPC => Some(OutOfSpace::Pool),
+            nix::errno::Errno::EDQUOT => Some(OutOfSpace::Quota),
+            _ => None,
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, NodeError>;

@@ -204,6 +204,10 @@ pub enum ErrorKind {
     InvalidInput,
     NoSuchProcess,
     Unsupported,
+    /// `ENOSPC`: the filesystem is full.
+    StorageFull,
+    /// `EDQUOT`: the session's disk limit is reached.
+    QuotaExceeded,
     Other,
 }
 

@@ -40,6 +40,13 @@ pub enum StorageError {
     #[error("{path} is mounted as {fstype}, not btrfs: unmount it (`umount {path}`) so the pool can be mounted there")]
     NotBtrfsMount { path: PathBuf, fstype: String },
 
+    #[error(
+        "the disk holding {path} has only {} MiB free, too little for a storage pool (half the free space, at \
+         least 2 GiB): free some space or give the pool's size (`space serve --pool-size-gib N`)",
+        free_bytes >> 20
+    )]
+    DiskTooSmall { path: PathBuf, free_bytes: u64 },
+
     #[error("invalid id map (host_base {host_base}, count {count}): {reason}")]
     InvalidIdMap { host_base: u32, count: u32, reason: &'static str },
 

@@ -15,12 +15,11 @@ use crate::btrfs;
 use crate::error::{IoContext, Result, StorageError};
 use crate::identity::{SandboxIdentity, validate_hostname, write_identity};
 use crate::mount;
+use crate::quota::Quotas;
 use crate::template::{TemplateInfo, TemplateStore};
 use crate::util::{ensure_dir, remove_any};
 use space_api::IdMap;
 
-/// Default size of a new pool image (sparse: it only uses what is written).
-pub const DEFAULT_IMAGE_SIZE: u64 = 64 << 30;
 /// The pool's directories and their modes. Sandbox roots live below `sandboxes` and `pods`,
 /// which the sandboxes' mapped root uids must traverse (`0711`: nothing listable), and so must
 /// `snapshots`: CRIU binds a full snapshot's `spaced` from inside the restored sandbox's user
@@ -30,10 +29,12 @@ const LAYOUT: [(&str, u32); 5] =
 const DIR_MODE: u32 = 0o711;
 
 /// How to open a pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolOptions {
-    /// Size of `pool.img` when one has to be created (ignored for an existing image).
-    pub image_size_bytes: u64,
+    /// Size of `pool.img` when one has to be created (ignored for an existing image); `None`:
+    /// half the space free on the data dir's disk. The image is sparse: it only uses what is
+    /// written, so its size is what the pool may grow to.
+    pub image_size_bytes: Option<u64>,
     /// The host id range sandboxes (and so templates) are owned by.
     pub id_map: IdMap,
     /// Mount a pool image with `nobarrier`: snapshots (sandbox roots) get ~8x faster on a
@@ -44,11 +45,6 @@ pub struct PoolOptions {
     pub nobarrier: bool,
 }
 
-impl Default for PoolOptions {
-    fn default() -> Self {
-        PoolOptions { image_size_bytes: DEFAULT_IMAGE_SIZE, id_map: IdMap::default(), nobarrier: false }
-    }
-}
 
 /// What the pool's btrfs filesystem lives on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +66,8 @@ pub struct Pool {
     backing: Backing,
     id_map: IdMap,
     templates: TemplateStore,
+    /// `None` where session disk limits cannot be enforced.
+    quotas: Option<Quotas>,
     /// Two reclaimers racing on one trash entry would fail each other's deletions.
     reclaim: Mutex<()>,
     _lock: Flock<File>,
@@ -102,8 +100,10 @@ impl Pool {
         ensure_dir(&data_dir.join("images"), 0o700)?;
         let templates = TemplateStore::new(root.join("templates"), options.id_map);
         templates.cleanup()?;
-        tracing::info!(root = %root.display(), ?backing, "storage pool open");
-        Ok(Pool { data_dir, root, backing, id_map: options.id_map, templates, reclaim: Mutex::new(()), _lock: lock })
+        let quotas = crate::disk::open_quotas(&root, &backing)?;
+        tracing::info!(root = %root.display(), ?backing, disk_limits = quotas.is_some(), "storage pool open");
+        let id_map = options.id_map;
+        Ok(Pool { data_dir, root, backing, id_map, templates, quotas, reclaim: Mutex::new(()), _lock: lock })
     }
 
     /// Lazily unmounts the pool of `data_dir` if something is mounted there (for tests and
@@ -146,6 +146,10 @@ impl Pool {
 
     pub fn templates(&self) -> &TemplateStore {
         &self.templates
+    }
+
+    pub(crate) fn quotas(&self) -> Option<&Quotas> {
+        self.quotas.as_ref()
     }
 
     /// `<pool>/snapshots`, for session snapshots.
@@ -379,7 +383,13 @@ fn prepare_root(data_dir: &Path, root: &Path, options: &PoolOptions) -> Result<B
     if btrfs::is_btrfs(data_dir)? {
         return Ok(Backing::DataDir);
     }
-    mount::ensure_image(&image, options.image_size_bytes)?;
+    if !image.exists() {
+        let size = match options.image_size_bytes {
+            Some(size) => size,
+            None => crate::disk::default_image_size(data_dir)?,
+        };
+        mount::ensure_image(&image, size)?;
+    }
     mount::mount_image(&image, root, options.nobarrier)?;
     Ok(Backing::Image { image })
 }

@@ -7,8 +7,6 @@
 //! <snapshot>`: they are plain files written once and read back whole, and writing 100 MiB to
 //! the loop-mounted btrfs costs about 100 ms more than to the data dir's filesystem.
 
-use std::collections::HashSet;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use space_api::{SandboxId, SessionId, SnapshotId};
@@ -148,23 +146,4 @@ fn read_ids<T: std::str::FromStr>(dir: &Path) -> Result<Vec<T>> {
         }
     }
     Ok(ids)
-}
-
-/// Apparent size of the regular files below `path` (hard links counted once; symlinks not
-/// followed; other filesystems not entered).
-pub fn apparent_size(path: &Path) -> Result<u64> {
-    let dev = std::fs::symlink_metadata(path).ctx("stat", path)?.dev();
-    let (mut total, mut seen, mut stack) = (0, HashSet::new(), vec![path.to_path_buf()]);
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).ctx("read directory", &dir)? {
-            let entry = entry.ctx("read directory", &dir)?;
-            let meta = entry.metadata().ctx("stat", entry.path())?;
-            if meta.is_dir() && meta.dev() == dev {
-                stack.push(entry.path());
-            } else if meta.is_file() && (meta.nlink() == 1 || seen.insert((meta.dev(), meta.ino()))) {
-                total += meta.len();
-            }
-        }
-    }
-    Ok(total)
 }

@@ -1,6 +1,6 @@
 //! Operations: the durable queue of work the reconciler performs.
 
-use space_api::{Operation, OperationId, OperationState, Progress, SessionId, TenantId};
+use space_api::{ErrorCode, Operation, OperationId, OperationState, Progress, SessionId, TenantId};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
@@ -66,7 +66,8 @@ fn parse_state(s: &str) -> Result<OperationState> {
     })
 }
 
-const OP_COLUMNS: &str = "id, kind, state, session_id, error, progress, created_at, updated_at, input, tenant_id";
+const OP_COLUMNS: &str =
+    "id, kind, state, session_id, error, progress, created_at, updated_at, input, tenant_id, error_code";
 
 /// An operation plus what the reconciler needs to run it.
 #[derive(Debug, Clone)]
@@ -86,6 +87,8 @@ fn op_from_row(row: &SqliteRow) -> Result<OperationRecord> {
         state: parse_state(row.get(2))?,
         session_id: row.get::<Option<&str>, _>(3).map(|s| parse("session id", s)).transpose()?,
         error: row.get(4),
+        // A code this build does not know reads as none: the message still says what failed.
+        error_code: row.get::<Option<&str>, _>(10).and_then(|c| serde_json::from_value(c.into()).ok()),
         progress: progress.and_then(|p| serde_json::from_str::<Progress>(p).ok()),
         created_at: row.get(6),
         updated_at: row.get(7),
@@ -139,13 +142,16 @@ impl Store {
         row.map(|r| op_from_row(&r)).transpose()
     }
 
-    pub async fn finish_operation(&self, id: &OperationId, error: Option<&str>) -> Result<()> {
+    /// Records the operation's end: `error` is the failure's (code, message).
+    pub async fn finish_operation(&self, id: &OperationId, error: Option<(ErrorCode, &str)>) -> Result<()> {
         let state = if error.is_some() { OperationState::Failed } else { OperationState::Succeeded };
-        sqlx::query("UPDATE operations SET state = $1, error = $2, updated_at = $3 WHERE id = $4")
+        let code = error.and_then(|(code, _)| serde_json::to_value(code).ok()?.as_str().map(str::to_owned));
+        sqlx::query("UPDATE operations SET state = $1, error = $2, error_code = $5, updated_at = $3 WHERE id = $4")
             .bind(state_str(state))
-            .bind(error)
+            .bind(error.map(|(_, message)| message))
             .bind(now_ms())
             .bind(id.as_str())
+            .bind(code)
             .execute(&self.writer)
             .await?;
         Ok(())
@@ -187,7 +193,7 @@ mod tests {
         assert!(store.claim_operation().await.unwrap().is_none());
         assert_eq!(store.requeue_running_operations().await.unwrap(), 1);
         let again = store.claim_operation().await.unwrap().unwrap();
-        store.finish_operation(&again.operation.id, Some("boom")).await.unwrap();
+        store.finish_operation(&again.operation.id, Some((ErrorCode::StorageFull, "boom"))).await.unwrap();
         let op = store.operation(&t, &id).await.unwrap().unwrap();
         assert_eq!(op.state, OperationState::Failed);
         assert_eq!(op.error.as_deref(), Some("boom"));

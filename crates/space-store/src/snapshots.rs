@@ -31,6 +31,7 @@ fn snapshot_from_row(row: &SqliteRow) -> Result<Snapshot> {
         name: row.get(3),
         parent: parent.map(|p| parse("snapshot id", p)).transpose()?,
         size_bytes: u64::try_from(row.get::<i64, _>(5)).ok(),
+        exclusive_bytes: None,
         created_at: row.get(6),
     })
 }

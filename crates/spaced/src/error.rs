@@ -35,6 +35,8 @@ pub fn io_kind(err: &io::Error) -> ErrorKind {
             libc::EINVAL | libc::ENAMETOOLONG | libc::ELOOP | libc::EBUSY => ErrorKind::InvalidInput,
             libc::ESRCH => ErrorKind::NoSuchProcess,
             libc::ENOTSUP => ErrorKind::Unsupported,
+            libc::ENOSPC => ErrorKind::StorageFull,
+            libc::EDQUOT => ErrorKind::QuotaExceeded,
             _ => ErrorKind::Other,
         };
     }
@@ -87,6 +89,8 @@ mod tests {
             (libc::EISDIR, ErrorKind::IsADirectory),
             (libc::ENOTEMPTY, ErrorKind::DirectoryNotEmpty),
             (libc::EBUSY, ErrorKind::InvalidInput),
+            (libc::ENOSPC, ErrorKind::StorageFull),
+            (libc::EDQUOT, ErrorKind::QuotaExceeded),
             (libc::EIO, ErrorKind::Other),
         ];
         for (code, kind) in cases {

@@ -209,7 +209,12 @@ pub async fn list_snapshots(
 }
 
 /// The caller's snapshot `snapshot` of session `session`, or 404.
-async fn find_snapshot(state: &AppState, caller: &Caller, session: &SessionId, snapshot: &str) -> AppResult<Snapshot> {
+pub(crate) async fn find_snapshot(
+    state: &AppState,
+    caller: &Caller,
+    session: &SessionId,
+    snapshot: &str,
+) -> AppResult<Snapshot> {
     let not_found = || {
         AppError::new(
             ErrorCode::SnapshotNotFound,
@@ -272,7 +277,8 @@ pub(crate) async fn run_restore(
     state.reconciler.wake();
     let finished = state.reconciler.wait(state, &caller.tenant_id, &op, WAIT).await?;
     if let Some(error) = finished.error {
-        return Err(AppError::new(ErrorCode::SandboxUnavailable, format!("session {id} could not {action}: {error}")));
+        let code = finished.error_code.unwrap_or(ErrorCode::SandboxUnavailable);
+        return Err(AppError::new(code, format!("session {id} could not {action}: {error}")));
     }
     find_session(state, caller, id.as_str()).await
 }

@@ -13,6 +13,7 @@ mod sessions;
 mod suspend;
 mod system;
 mod templates;
+mod usage;
 mod ws;
 
 use std::collections::HashMap;
@@ -48,7 +49,7 @@ pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
         templates::list_templates, templates::import_template, templates::build_template,
         pool::get_pool, pool::set_pool_size,
         lifecycle::pause, lifecycle::resume, lifecycle::create_snapshot, lifecycle::list_snapshots,
-        lifecycle::delete_snapshot, lifecycle::restore, lifecycle::fork, suspend::suspend,
+        lifecycle::delete_snapshot, usage::get_snapshot, usage::session_stats, lifecycle::restore, lifecycle::fork, suspend::suspend,
         credentials::create_credential, credentials::list_credentials, credentials::get_credential,
         credentials::update_credential, credentials::delete_credential,
         network::get_network, network::update_network, network::grant, network::revoke, network::audit,
@@ -108,7 +109,8 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/resume", post(lifecycle::resume))
         .route("/sessions/{id}/suspend", post(suspend::suspend))
         .route("/sessions/{id}/snapshots", post(lifecycle::create_snapshot).get(lifecycle::list_snapshots))
-        .route("/sessions/{id}/snapshots/{snapshot}", axum::routing::delete(lifecycle::delete_snapshot))
+        .route("/sessions/{id}/snapshots/{snapshot}", get(usage::get_snapshot).delete(lifecycle::delete_snapshot))
+        .route("/sessions/{id}/stats", get(usage::session_stats))
         .route("/sessions/{id}/restore", post(lifecycle::restore))
         .route("/sessions/{id}/fork", post(lifecycle::fork))
         .route("/sessions/{id}/exec", post(exec::exec))

@@ -23,6 +23,9 @@ use crate::error::{ApiJson, ApiPath, ApiQuery, AppError, AppResult};
 const MAX_CPUS: f64 = 64.0;
 const MAX_MEMORY_MIB: u64 = 256 * 1024;
 const MAX_PIDS: u32 = 65_536;
+/// Disk limits: enough for a few files, at most 64 TiB.
+const MIN_DISK_MIB: u64 = 16;
+const MAX_DISK_MIB: u64 = 64 << 20;
 const MAX_ENV: usize = 256;
 /// How long a synchronous call waits for its operation.
 const WAIT: Duration = Duration::from_secs(600);
@@ -45,13 +48,17 @@ pub struct ListParams {
     pub all: bool,
 }
 
-fn resources(request: &CreateSessionRequest) -> AppResult<Resources> {
+fn resources(request: &CreateSessionRequest, default_disk_mib: u64) -> AppResult<Resources> {
     let defaults = Resources::default();
     let r = Resources {
         cpus: request.cpus.unwrap_or(defaults.cpus),
         memory_mib: request.memory_mib.unwrap_or(defaults.memory_mib),
         pids: request.pids.unwrap_or(defaults.pids),
+        disk_mib: request.disk_mib.unwrap_or(default_disk_mib),
     };
+    if request.disk_mib.is_some() && !(MIN_DISK_MIB..=MAX_DISK_MIB).contains(&r.disk_mib) {
+        return Err(AppError::bad_request(format!("disk_mib must be between {MIN_DISK_MIB} and {MAX_DISK_MIB}")));
+    }
     if !(r.cpus.is_finite() && r.cpus >= 0.01 && r.cpus <= MAX_CPUS) {
         return Err(AppError::bad_request(format!("cpus must be between 0.01 and {MAX_CPUS}")));
     }
@@ -101,7 +108,7 @@ pub async fn create_session(
 ) -> AppResult<(StatusCode, ApiJson<Session>)> {
     let template = request.template.clone().unwrap_or_else(|| state.default_template.clone());
     check_template(&state, &template)?;
-    let resources = resources(&request)?;
+    let resources = resources(&request, state.default_disk_mib)?;
     check_env(&request)?;
     let snapshot_policy = request.snapshot_policy.clone().unwrap_or_else(|| state.snapshot_policy.clone());
     snapshot_policy.validate().map_err(|e| AppError::bad_request(format!("snapshot_policy: {e}")))?;
@@ -129,11 +136,7 @@ pub async fn create_session(
     let session = find_session(&state, &caller, new.id.as_str()).await?;
     if finished.state == OperationState::Failed {
         let message = finished.error.unwrap_or_else(|| "session creation failed".into());
-        let code = if message.contains("unknown template") {
-            ErrorCode::UnknownTemplate
-        } else {
-            ErrorCode::SandboxUnavailable
-        };
+        let code = finished.error_code.unwrap_or(ErrorCode::SandboxUnavailable);
         return Err(AppError::new(code, format!("creating session {} failed: {message}", session.id)));
     }
     Ok((StatusCode::CREATED, ApiJson(session)))

@@ -214,6 +214,9 @@ impl Stopped {
     }
 }
 
+/// The disk limit of sessions created without one.
+pub const DEFAULT_DISK_MIB: u64 = 1024;
+
 /// Starts the control plane and serves it on a loopback port; returns its URL.
 async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeApi>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
@@ -229,6 +232,7 @@ async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeA
         audit_retention: None,
         allow_wildcard_credential_hosts: false,
         http: HttpLimits::default(),
+        default_disk_mib: DEFAULT_DISK_MIB,
     };
     let state = space_control::start(&config, async |_node_id: &str| Ok(node)).await.expect("the control plane starts");
     tokio::spawn(space_control::serve(state, listener, std::future::pending()));

@@ -3,6 +3,7 @@
 //! against the real control plane without root. The same promises are checked end to end,
 //! with real sandboxes and as root, by `crates/space-cli/tests`.
 
+mod disk;
 mod errors;
 mod exec_files;
 mod failures;

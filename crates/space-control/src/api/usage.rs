@@ -1,0 +1,56 @@
+//! What a session uses: its sandbox's memory, CPU and processes, its disk, and what each
+//! snapshot alone keeps on disk.
+
+use axum::Extension;
+use axum::extract::State;
+use space_api::{DiskStats, ErrorBody, SandboxUsage, SessionState, SessionStats, Snapshot};
+
+use super::find_session;
+use super::lifecycle::find_snapshot;
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiJson, ApiPath, AppResult};
+
+/// The session's current usage. Disk counts what its sandboxes wrote that still exists
+/// anywhere, snapshots and forks included, against the limit it was created with.
+#[utoipa::path(get, path = "/v1/sessions/{id}/stats", params(("id" = String, Path)),
+    responses((status = 200, body = SessionStats), (status = 404, body = ErrorBody)))]
+pub async fn session_stats(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> AppResult<ApiJson<SessionStats>> {
+    let session = find_session(&state, &caller, &id).await?;
+    let running = matches!(session.state, SessionState::Running | SessionState::Paused);
+    // A sandbox that went away meanwhile just has no usage to report.
+    let sandbox = session.sandbox_id.as_ref().filter(|_| running).and_then(|s| state.node.sandbox_stats(s).ok());
+    let sandbox = sandbox.map(|s| SandboxUsage {
+        memory_bytes: s.memory_bytes,
+        memory_limit_bytes: s.memory_limit_bytes,
+        oom_kills: s.oom_kills,
+        pids: s.pids,
+        cpu_usage_ns: s.cpu_usage_ns,
+    });
+    let used = state.node.disk_usage(&session.id)?;
+    let disk = DiskStats {
+        used_bytes: used.used_bytes,
+        limit_bytes: session.resources.disk_limit_bytes(),
+        enforced: used.enforced,
+    };
+    Ok(ApiJson(SessionStats { sandbox, disk }))
+}
+
+/// One snapshot, with `exclusive_bytes` measured now (every file of the snapshot is read:
+/// this takes a moment for large trees).
+#[utoipa::path(get, path = "/v1/sessions/{id}/snapshots/{snapshot}", params(("id" = String, Path), ("snapshot" = String, Path)),
+    responses((status = 200, body = Snapshot), (status = 404, body = ErrorBody)))]
+pub async fn get_snapshot(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath((id, snapshot)): ApiPath<(String, String)>,
+) -> AppResult<ApiJson<Snapshot>> {
+    let session = find_session(&state, &caller, &id).await?;
+    let mut snapshot = find_snapshot(&state, &caller, &session.id, &snapshot).await?;
+    snapshot.exclusive_bytes = Some(state.node.snapshot_exclusive_size(&session.id, &snapshot.id).await?);
+    Ok(ApiJson(snapshot))
+}
