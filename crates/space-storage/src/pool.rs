@@ -45,7 +45,6 @@ pub struct PoolOptions {
     pub nobarrier: bool,
 }
 
-
 /// What the pool's btrfs filesystem lives on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backing {
