@@ -28,6 +28,13 @@ async fn sandbox_is_isolated_and_destroyed_cleanly() {
 
     assert_eq!(sh_ok(&client, "hostname").await, "sbx-test");
     assert_eq!(sh_ok(&client, "id -u; id -g").await, "0\n0");
+    // In a host id range of its own, after the storage's (which owns the files on disk).
+    let range = t.rt.id_range(&spec.id).expect("the sandbox holds a range");
+    assert!(range.host_base >= 165_536, "{range:?}");
+    let map = sh_ok(&client, "cat /proc/self/uid_map /proc/self/gid_map").await;
+    let fields: Vec<&str> = map.split_whitespace().collect();
+    let base = range.host_base.to_string();
+    assert_eq!(fields, ["0", &base, "65536", "0", &base, "65536"], "{map}");
 
     // Files made by sandbox root belong to the mapped host uid.
     sh_ok(&client, "echo hi > /root/made-in-sandbox").await;
@@ -45,6 +52,7 @@ async fn sandbox_is_isolated_and_destroyed_cleanly() {
     drop(client);
     t.rt.destroy(&spec.id).await.expect("destroy");
     assert_gone(&t.rt, &handle);
+    assert_eq!(t.rt.id_range(&spec.id), None, "destroy frees the range");
     t.rt.destroy(&spec.id).await.expect("second destroy");
     t.rt.wait_exit(&handle).await; // resolves at once for a dead sandbox
     assert!(matches!(t.rt.stats(&spec.id), Err(RuntimeError::NotFound(_))));
