@@ -1,6 +1,6 @@
-//! The uid/gid range sandboxes run in: sandbox id `n` is host id `host_base + n`. Shared by
-//! the storage pool (which shifts template ownership into it) and the runtime (which writes
-//! it as the user namespace's map).
+//! A uid/gid range: sandbox id `n` is host id `host_base + n`. The storage pool's range owns
+//! the files on disk (templates are shifted into it); the linux runtime runs each sandbox in a
+//! range of its own after it and maps the storage range onto that one with an idmapped mount.
 
 use serde::{Deserialize, Serialize};
 

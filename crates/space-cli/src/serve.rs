@@ -44,7 +44,9 @@ pub struct ServeArgs {
     /// the space free on the data dir's disk when the image is made).
     #[arg(long)]
     pool_size_gib: Option<u64>,
-    /// First host uid/gid of the range sandbox ids 0..65536 map to.
+    /// First host uid/gid of the storage range: files on disk are stored with ids 0..65536 of a
+    /// sandbox shifted to it. Each sandbox runs in a range of its own after it (4096 ranges of
+    /// 65536 ids): nodes sharing a host need bases that far apart.
     #[arg(long, default_value_t = 100_000)]
     uid_base: u32,
     /// Warm pool: ready sandboxes kept per template, e.g. `debian=16,busybox=4` ("" for none;

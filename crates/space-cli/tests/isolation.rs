@@ -1,5 +1,5 @@
-//! What a sandbox cannot see or do: host processes, host files, host network, host uids,
-//! unbounded memory or processes.
+//! What a sandbox cannot see or do: host processes, host files, host network, host uids (or
+//! another sandbox's), unbounded memory or processes.
 
 mod common;
 
@@ -181,4 +181,85 @@ fn a_tracer_of_pid1_from_the_checkpoint_window_does_not_outlive_it() {
         holders["stdout"] == "0\n"
     });
     assert!(gone, "the tracer still runs");
+}
+
+/// The host uid of every process in the session's sandbox (read from the host's
+/// `/proc/<pid>/status`), which must be one and the same, real, effective, saved and fs.
+fn host_uid(server: &Server, session: &str) -> u32 {
+    let (_, s) = server.call("GET", &format!("/v1/sessions/{session}"), None);
+    let sandbox = s["sandbox_id"].as_str().unwrap_or_else(|| panic!("{session} has no sandbox: {s}"));
+    let procs = std::fs::read_to_string(server.sandbox_cgroup("pids", sandbox).join("cgroup.procs")).unwrap();
+    let mut uids: Vec<String> = procs
+        .lines()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        .filter_map(|status| status.lines().find(|l| l.starts_with("Uid:")).map(str::to_owned))
+        .collect();
+    uids.dedup();
+    let [line] = &uids[..] else { panic!("{session}: processes with other uids, or none: {uids:?}") };
+    let ids: Vec<u32> = line.split_whitespace().skip(1).map(|u| u.parse().unwrap()).collect();
+    assert!(ids.iter().all(|u| *u == ids[0]), "{session}: real, effective, saved and fs uid differ: {line}");
+    ids[0]
+}
+
+/// Inside: root, and a file root made is root's. On disk: the storage range's root (100000),
+/// whichever range the sandbox runs in.
+fn assert_root_inside_and_storage_owned_on_disk(server: &Server, session: &str, file: &str) {
+    let r = server.exec(session, &["sh", "-c", &format!("touch {file}; id -u; stat -c %u:%g {file} /etc/passwd")]);
+    assert_eq!(r["stdout"], "0\n0:0\n0:0\n", "{session}: {r}");
+    let (_, s) = server.call("GET", &format!("/v1/sessions/{session}"), None);
+    let sandbox = s["sandbox_id"].as_str().unwrap();
+    let on_disk = server.data_dir.join(format!("pool/sandboxes/{sandbox}/rootfs{file}"));
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(&on_disk).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (100_000, 100_000), "{}", on_disk.display());
+}
+
+/// Hardening item 5: no two sandboxes share host uids, a fork or a resume (restores of a full
+/// snapshot) gets a range of its own too, none runs as the storage range (100000..165535)
+/// that owns the files on disk, and a server restart hands out no range that is still in use.
+#[test]
+fn every_sandbox_and_every_fork_runs_as_host_uids_of_its_own() {
+    require_root!();
+    let mut server = Server::start();
+    let (a, b) = (server.create_session(json!({})), server.create_session(json!({})));
+    let (ua, ub) = (host_uid(&server, &a), host_uid(&server, &b));
+    assert_ne!(ua, ub, "two sandboxes run as the same host uid");
+    for uid in [ua, ub] {
+        assert!(uid >= 165_536 && (uid - 100_000) % 65_536 == 0, "uid {uid} is not a range of its own");
+    }
+    assert_root_inside_and_storage_owned_on_disk(&server, &a, "/root/made-in-a");
+
+    let (status, forks) = server.call("POST", &format!("/v1/sessions/{a}/fork"), Some(json!({ "count": 2 })));
+    assert_eq!(status, 201, "{forks}\n{}", server.log_text());
+    let forks: Vec<String> =
+        forks["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_owned()).collect();
+    let mut seen = vec![ua, ub];
+    for fork in &forks {
+        let uid = host_uid(&server, fork);
+        assert!(!seen.contains(&uid), "fork {fork} runs as {uid}, already in use by {seen:?}");
+        seen.push(uid);
+        let r = server.exec(fork, &["stat", "-c", "%u:%g", "/root/made-in-a"]);
+        assert_eq!(r["stdout"], "0:0\n", "the parent's file in the fork: {r}");
+        assert_root_inside_and_storage_owned_on_disk(&server, fork, "/root/made-in-fork");
+    }
+    assert_eq!(host_uid(&server, &a), ua, "the parent keeps its range");
+
+    // Suspend frees a's range; resumed (a restore), a runs in one no other live sandbox holds.
+    for verb in ["suspend", "resume"] {
+        let (status, r) = server.call("POST", &format!("/v1/sessions/{a}/{verb}"), None);
+        assert_eq!(status, 200, "{verb}: {r}\n{}", server.log_text());
+    }
+    seen.retain(|uid| *uid != ua);
+    let resumed = host_uid(&server, &a);
+    assert!(!seen.contains(&resumed), "resumed a runs as {resumed}, in use by {seen:?}");
+    seen.push(resumed);
+    assert_root_inside_and_storage_owned_on_disk(&server, &a, "/root/made-after-resume");
+
+    // The ranges are recorded: after a restart new sandboxes get others.
+    server.kill9();
+    server.spawn();
+    let c = server.create_session(json!({}));
+    let uc = host_uid(&server, &c);
+    assert!(!seen.contains(&uc), "a new sandbox after a restart runs as {uc}, in use by {seen:?}");
+    assert_eq!(host_uid(&server, &b), ub, "b survived the restart in its range");
 }

@@ -27,6 +27,7 @@ mod restore;
 mod rpc;
 mod run;
 mod survivors;
+mod userns_image;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,8 @@
 //! Restoring a dumped sandbox as a new one.
 //!
 //! Everything that makes a restored copy a sandbox of its own is new: CRIU creates its user,
-//! pid, mount, net, ipc, uts and cgroup namespaces; its root is the given copy of the rootfs
+//! pid, mount, net, ipc, uts and cgroup namespaces, the user namespace in the host id range
+//! given as [`RestoreOptions::sandbox_root`] (see userns_image.rs); its root is the given copy of the rootfs
 //! snapshot; its cgroups are created under the given roots; its agent socket is bound again by
 //! CRIU inside its own network namespace, in the host directory given as
 //! [`RestoreOptions::agent_dir`] (under the name the dumped sandbox's socket had in the run
@@ -21,13 +22,14 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use space_sandbox_init::Confinement;
 
 use crate::dump::{AGENT_KEY, SPACED_KEY};
 use crate::error::{CriuError, Result, io_err, log_excerpt};
-use crate::{Criu, rpc};
+use crate::{Criu, rpc, userns_image};
 
 /// Where a restored tree's cgroups go (CRIU's `cg_root`: `[controller:]path`). Without a
 /// controller, the root of every controller not named otherwise (cgroup v2: the only one).
@@ -57,8 +59,13 @@ pub struct RestoreOptions {
     /// name ([`RestoredTree::socket`]). On the run dir's filesystem (see the module docs).
     pub agent_dir: PathBuf,
     /// Host uid and gid of the sandbox's root (the id map's base): owner of `agent_dir` while
-    /// CRIU binds the socket.
+    /// CRIU binds the socket, and where the restored user namespace maps id 0 (the image's
+    /// map is rewritten, see userns_image.rs: a restore may get another range than the dump).
     pub sandbox_root: (u32, u32),
+    /// A detached mount of `root` (idmapped so that the storage's ids show as the new
+    /// sandbox's) that CRIU restores onto instead of `root` itself: attached in the restore's
+    /// private directory while CRIU runs, detached from the host after.
+    pub root_mount: Option<Arc<OwnedFd>>,
     /// How many ids the sandbox's map holds from `sandbox_root`: every restored task is
     /// checked against that map (and the rest of a sandbox's confinement) before it runs.
     pub id_count: u32,
@@ -89,6 +96,7 @@ impl RestoreOptions {
             root: root.into(),
             agent_dir: agent_dir.into(),
             sandbox_root: (100_000, 100_000),
+            root_mount: None,
             id_count: 65_536,
             spaced,
             cgroup_roots: Vec::new(),
@@ -126,17 +134,21 @@ impl Criu {
             .permissions(std::fs::Permissions::from_mode(0o711))
             .tempdir()
             .map_err(io_err("create a temp dir", &std::env::temp_dir()))?;
+        let images = work.path().join(IMAGES_VIEW);
+        std::fs::create_dir(&images).map_err(io_err("create", &images))?;
+        let rewritten = work.path().join("userns.img");
+        let _view = userns_image::remapped(&opts.images_dir, &images, &rewritten, opts.sandbox_root)?;
         prepare_agent_dir(&opts.agent_dir, opts.sandbox_root)?;
         // Whatever happens from here, the directory must not stay the sandbox's.
         let seal = Seal(&opts.agent_dir);
-        let reachable = work.path().join(AGENT_BIND);
-        let ran = match AgentBind::new(&opts.agent_dir, &reachable) {
-            Ok(bind) => {
-                let ran = self.run_restore(opts, &reachable, &log, work.path()).await;
-                drop(bind);
+        let paths = Paths { agent_dir: work.path().join(AGENT_BIND), root: work.path().join(ROOT_ATTACH), images };
+        let ran = match (AgentBind::new(&opts.agent_dir, &paths.agent_dir), RootAttach::new(opts, &paths.root)) {
+            (Ok(bind), Ok(root)) => {
+                let ran = self.run_restore(opts, &paths, &log, work.path()).await;
+                drop((bind, root));
                 ran
             }
-            Err(e) => Err(e),
+            (Err(e), _) | (_, Err(e)) => Err(e),
         };
         let sealed = seal.now();
         let (pid, wall) = ran?;
@@ -157,14 +169,15 @@ impl Criu {
     async fn run_restore(
         &self,
         opts: &RestoreOptions,
-        agent_dir: &Path,
+        paths: &Paths,
         log: &Path,
         work: &Path,
     ) -> Result<(u32, Duration)> {
-        let images = rpc::open_dir(&opts.images_dir).map_err(io_err("open images dir", &opts.images_dir))?;
+        let images = rpc::open_dir(&paths.images).map_err(io_err("open images dir", &paths.images))?;
         let config = work.join("criu.conf");
         std::fs::write(&config, config_text(log)?).map_err(io_err("write", &config))?;
-        let request = restore_opts(opts, agent_dir, &config, images.as_raw_fd())?;
+        let root = if opts.root_mount.is_some() { &paths.root } else { &opts.root };
+        let request = restore_opts(opts, &paths.agent_dir, root, &config, images.as_raw_fd())?;
         let (criu, stderr) = (self.clone(), work.join("criu.stderr"));
         let (uid_base, gid_base) = opts.sandbox_root;
         let mut steps = RestoreSteps {
@@ -285,9 +298,15 @@ fn config_value(path: &Path) -> Result<&str> {
 }
 
 /// The options of a `criu swrk` restore, each with the reason it is there; `agent_dir` is
-/// where CRIU finds the agent directory, `config` the file [`config_text`] wrote, `images`
-/// the open images directory.
-pub(crate) fn restore_opts(opts: &RestoreOptions, agent_dir: &Path, config: &Path, images: RawFd) -> Result<rpc::Opts> {
+/// where CRIU finds the agent directory, `root` the new sandbox's root, `config` the file
+/// [`config_text`] wrote, `images` the open images directory.
+pub(crate) fn restore_opts(
+    opts: &RestoreOptions,
+    agent_dir: &Path,
+    root: &Path,
+    config: &Path,
+    images: RawFd,
+) -> Result<rpc::Opts> {
     let text = |path: &Path| {
         path.to_str()
             .map(str::to_owned)
@@ -298,7 +317,7 @@ pub(crate) fn restore_opts(opts: &RestoreOptions, agent_dir: &Path, config: &Pat
         config_file: Some(text(config)?),
         log_level: Some(4),
         // The mount namespace is rebuilt on the new rootfs.
-        root: Some(text(&opts.root)?),
+        root: Some(text(root)?),
         // CRIU's steps come to us as messages, not as forks of an action script.
         notify_scripts: Some(true),
         // The tree's root becomes our child, as a started sandbox's pid 1 is.
@@ -337,6 +356,19 @@ pub const WORK_PREFIX: &str = "space-criu-";
 /// Where a restore binds the agent dir inside its work directory.
 const AGENT_BIND: &str = "agent";
 
+/// Where a restore attaches [`RestoreOptions::root_mount`] inside its work directory.
+const ROOT_ATTACH: &str = "root";
+
+/// The images as this restore reads them (see userns_image.rs), in its work directory.
+const IMAGES_VIEW: &str = "images";
+
+/// The paths a restore hands CRIU, in its work directory.
+struct Paths {
+    agent_dir: PathBuf,
+    root: PathBuf,
+    images: PathBuf,
+}
+
 /// Removes the work directories of restores that were killed with their process (named
 /// `<prefix>*` in the temp dir): the agent dir's bind is detached first, and a directory
 /// whose bind cannot be detached is left alone rather than emptied through it. Never fails:
@@ -358,7 +390,8 @@ pub fn sweep_leftover_work(prefix: &str) -> usize {
                 continue;
             }
         }
-        match detach_all(&dir.join(AGENT_BIND)) {
+        let detached = [AGENT_BIND, ROOT_ATTACH, IMAGES_VIEW].iter().try_for_each(|name| detach_all(&dir.join(name)));
+        match detached {
             Ok(()) => match std::fs::remove_dir_all(&dir) {
                 Ok(()) => removed += 1,
                 Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a restore's leftovers"),
@@ -398,6 +431,31 @@ impl Drop for AgentBind<'_> {
         // Detached: the restored sandbox's copy of the mount stays.
         if let Err(e) = nix::mount::umount2(self.0, nix::mount::MntFlags::MNT_DETACH) {
             tracing::warn!(path = %self.0.display(), error = %e, "cannot unmount the agent dir's bind");
+        }
+    }
+}
+
+/// [`RestoreOptions::root_mount`] attached at a path for the time of a restore (CRIU's root
+/// must be a path); nothing when the options have none.
+struct RootAttach<'a>(Option<&'a Path>);
+
+impl<'a> RootAttach<'a> {
+    fn new(opts: &RestoreOptions, at: &'a Path) -> Result<RootAttach<'a>> {
+        let Some(mount) = &opts.root_mount else { return Ok(RootAttach(None)) };
+        std::fs::DirBuilder::new().mode(0o755).create(at).map_err(io_err("create", at))?;
+        space_sandbox_init::attach_mount(mount.as_raw_fd(), at)
+            .map_err(|e| io_err("attach the root mount at", at)(e.into()))?;
+        Ok(RootAttach(Some(at)))
+    }
+}
+
+impl Drop for RootAttach<'_> {
+    fn drop(&mut self) {
+        // Detached: the restored sandbox's copy of the mount stays.
+        if let Some(at) = self.0
+            && let Err(e) = nix::mount::umount2(at, nix::mount::MntFlags::MNT_DETACH)
+        {
+            tracing::warn!(path = %at.display(), error = %e, "cannot detach the restore's root mount");
         }
     }
 }
@@ -492,7 +550,7 @@ mod tests {
             RestoreOptions::new("/snap/criu", "/pool/sbx_b/rootfs", "/run/space/sbx_b.sock.d", "/bin/spaced");
         opts.cgroup_roots =
             vec![CgroupRoot::new(Some("memory"), "/space/sbx_b"), CgroupRoot::new(None, "/space/sbx_b")];
-        let request = restore_opts(&opts, Path::new("/t/agent"), Path::new("/t/criu.conf"), 7).unwrap();
+        let request = restore_opts(&opts, Path::new("/t/agent"), &opts.root, Path::new("/t/criu.conf"), 7).unwrap();
         assert_eq!((request.images_dir_fd, request.config_file.as_deref()), (7, Some("/t/criu.conf")));
         assert_eq!(request.root.as_deref(), Some("/pool/sbx_b/rootfs"));
         assert_eq!(
@@ -511,7 +569,7 @@ mod tests {
         use std::os::unix::ffi::OsStrExt;
         let root = std::ffi::OsStr::from_bytes(b"/pool/\xff/rootfs");
         let opts = RestoreOptions::new("/snap/criu", root, "/run/a.d", "/bin/spaced");
-        assert!(restore_opts(&opts, Path::new("/t/agent"), Path::new("/t/criu.conf"), 7).is_err());
+        assert!(restore_opts(&opts, Path::new("/t/agent"), &opts.root, Path::new("/t/criu.conf"), 7).is_err());
     }
 
     #[test]

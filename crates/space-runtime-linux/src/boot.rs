@@ -2,7 +2,7 @@
 //! ([`space_sandbox_init::sync`]).
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream as StdUnixStream};
 use std::path::Path;
@@ -42,11 +42,11 @@ pub(crate) struct Boot {
 
 impl Boot {
     /// Binds the sandbox's socket at `socket` and starts `spaced init` with the sync channel
-    /// at fd 3 and the listener at fd 4.
-    pub fn spawn(spaced: &Path, socket: &Path) -> Result<Boot, RuntimeError> {
+    /// at fd 3, the listener at fd 4 and `root` (a detached mount of the sandbox's root) at fd 5.
+    pub fn spawn(spaced: &Path, socket: &Path, root: BorrowedFd<'_>) -> Result<Boot, RuntimeError> {
         let listener = bind_listener(socket)?;
         let (ours, theirs) = StdUnixStream::pair().map_err(|e| start_err(format!("socketpair: {e}")))?;
-        let child = spawn::spawn_init(spaced, theirs.as_fd(), listener.as_fd(), &init_env())
+        let child = spawn::spawn_init(spaced, theirs.as_fd(), listener.as_fd(), root, &init_env())
             .map_err(|e| start_err(format!("spawn {} init: {e}", spaced.display())))?;
         // Our copies must go: EOF on the channel then means every init process is gone, and a
         // connection to the socket only ever reaches spaced.

@@ -125,9 +125,19 @@ pub(crate) async fn restore(
         return Ok(handle); // a replayed restore
     }
     rt.destroy(&spec.id).await?; // leftovers of an earlier attempt
+    // A range of its own, not the dumped sandbox's: every fork and restore of one image runs
+    // under different host ids (the image's map is rewritten to it).
+    let (map, root) = match rt.range_and_root(&spec.id, &spec.rootfs) {
+        Ok(taken) => taken,
+        Err(e) => {
+            cleanup(rt, &spec.id).await;
+            return Err(e);
+        }
+    };
     let mut opts = RestoreOptions::new(images_dir, &spec.rootfs, rt.agent_dir(&spec.id), spaced);
-    opts.sandbox_root = (rt.opts.id_map.host_base, rt.opts.id_map.host_base);
-    opts.id_count = rt.opts.id_map.count;
+    opts.sandbox_root = (map.host_base, map.host_base);
+    opts.root_mount = Some(std::sync::Arc::new(root));
+    opts.id_count = map.count;
     opts.work_prefix = rt.restore_work_prefix();
     let name = rt.cgroup_name(&spec.id);
     opts.cgroup_roots = rt

@@ -3,11 +3,12 @@
 //! cgroups, with `spaced` as pid 1. The in-sandbox half is `space-sandbox-init`; see
 //! docs/sandbox-isolation.md for the isolation decisions.
 //!
-//! Per sandbox the runtime owns exactly two host resources, both named after the sandbox id:
-//! the cgroup `<cgroup parent>/<id>` (in every hierarchy used) and the directory
-//! `<run dir>/<id>.d` holding the agent's socket `agent.sock` (the sandbox binds it through a
-//! mount of that directory, see `space-sandbox-init`'s listener). `list` finds sandboxes by
-//! them and `destroy` removes them, so both work after a node restart.
+//! Per sandbox the runtime owns three host resources, named after the sandbox id: the cgroup
+//! `<cgroup parent>/<id>` (in every hierarchy used), the directory `<run dir>/<id>.d` holding
+//! the agent's socket `agent.sock` (the sandbox binds it through a mount of that directory,
+//! see `space-sandbox-init`'s listener), and its host id range, recorded in
+//! `<run dir>/uid-ranges` (`ranges.rs`). `list` finds sandboxes by the first two and `destroy`
+//! removes all three, so both work after a node restart.
 //!
 //! Checkpoints (full snapshots) use CRIU (`checkpoint.rs`); without a usable CRIU everything
 //! else works and [`Runtime::checkpoint_support`] says why checkpoints do not.
@@ -15,13 +16,15 @@
 mod boot;
 mod cgroup;
 mod checkpoint;
+mod idmapped;
 mod process;
+mod ranges;
 mod sealed;
 mod spawn;
 mod teardown;
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -37,6 +40,7 @@ use tokio::io::unix::AsyncFd;
 use crate::boot::{Boot, Pid1};
 use crate::cgroup::Backend;
 
+pub use ranges::DEFAULT_RANGES;
 pub use space_runtime::IdMap;
 
 /// `<run dir>/<id>.d`: the sandbox's agent directory.
@@ -53,7 +57,12 @@ pub struct LinuxOptions {
     pub run_dir: PathBuf,
     /// Relative cgroup path all sandbox cgroups go under, e.g. `space/<node>`.
     pub cgroup_parent: String,
+    /// The storage's id range: who owns the files of sandbox roots on disk. No sandbox runs
+    /// in it; each gets a range of its own ([`LinuxOptions::ranges`] of them follow it) and
+    /// sees its root through an idmapped mount.
     pub id_map: IdMap,
+    /// How many sandboxes can hold a host id range at once (see `ranges.rs`).
+    pub ranges: u32,
     /// Bound on `start` until `spaced` is ready.
     pub start_timeout: Duration,
     /// Bound on `destroy` waiting for the sandbox's processes to die.
@@ -75,6 +84,7 @@ impl LinuxOptions {
             run_dir: run_dir.into(),
             cgroup_parent: cgroup_parent.into(),
             id_map: IdMap::default(),
+            ranges: DEFAULT_RANGES,
             start_timeout: Duration::from_secs(10),
             stop_timeout: Duration::from_secs(10),
             pid1_oom_score_adj: -1000,
@@ -105,10 +115,15 @@ pub struct LinuxRuntime {
     cgroup_step_locks: Vec<Arc<tokio::sync::Mutex<()>>>,
     /// What `start` executes: a sealed copy of `opts.spaced` that no sandbox can reach.
     spaced: sealed::SealedBinary,
+    /// Each sandbox's host id range.
+    ranges: ranges::Ranges,
 }
 
 /// Where running CRIU dumps are recorded, in the run dir.
 const CRIU_RECORDS: &str = "criu";
+
+/// Where the sandboxes' id ranges are recorded, in the run dir.
+const RANGE_RECORDS: &str = "uid-ranges";
 
 /// How long a start waits for the previous server's CRIU dumps at most: longer than any dump
 /// of a sandbox within its memory limit takes.
@@ -135,6 +150,7 @@ impl LinuxRuntime {
             .mode(0o700)
             .create(&opts.run_dir)
             .map_err(|source| RuntimeError::Io { path: opts.run_dir.clone(), source })?;
+        let ranges = ranges::Ranges::new(opts.run_dir.join(RANGE_RECORDS), opts.id_map, opts.ranges)?;
         let cgroups: Arc<dyn Backend> = cgroup::detect().map_err(unsupported)?.into();
         process::become_subreaper().map_err(|e| unsupported(format!("PR_SET_CHILD_SUBREAPER: {e}")))?;
         tracing::debug!(version = cgroups.version(), parent = %opts.cgroup_parent, "linux runtime ready");
@@ -155,7 +171,15 @@ impl LinuxRuntime {
             oom_warned: Default::default(),
             criu,
             cgroup_step_locks: (0..CGROUP_STEP_STRIPES).map(|_| Default::default()).collect(),
+            ranges,
         };
+        // A start killed between taking a range and making the cgroup leaves only the record.
+        // Never fatal: a record left behind only keeps one range out of use.
+        match runtime.list().and_then(|ids| runtime.ranges.sweep(&ids)) {
+            Ok(0) => {}
+            Ok(swept) => tracing::info!(swept, "freed the id ranges of sandboxes that are gone"),
+            Err(e) => tracing::warn!(error = %e, "cannot sweep the id range records"),
+        }
         // A restore killed with the node leaves its work directory and a bind mount of an agent
         // directory in the host's mount namespace.
         let swept = space_criu::sweep_leftover_work(&runtime.restore_work_prefix());
@@ -259,16 +283,32 @@ impl LinuxRuntime {
         self.cgroup_step_locks[hasher.finish() as usize % self.cgroup_step_locks.len()].clone()
     }
 
-    async fn boot(&self, boot: &mut Boot, spec: &SandboxSpec) -> Result<(), RuntimeError> {
-        let config =
-            InitConfig { exe: Some(self.opts.spaced.clone()), ..InitConfig::new(&spec.rootfs, &spec.hostname) };
+    /// The host id range of sandbox `id` (taken now if it has none), and a detached mount of
+    /// `rootfs` that shows the storage's ids as that range's.
+    pub(crate) fn range_and_root(&self, id: &SandboxId, rootfs: &Path) -> Result<(IdMap, OwnedFd), RuntimeError> {
+        let slot = self.ranges.allocate(id)?;
+        let root = idmapped::idmapped_clone(rootfs, &*self.ranges.mapping(slot)?)
+            .map_err(|e| RuntimeError::Start(format!("idmapped mount of {}: {e}", rootfs.display())))?;
+        Ok((self.ranges.map(slot), root))
+    }
+
+    /// The host id range sandbox `id` runs in, if it holds one.
+    pub fn id_range(&self, id: &SandboxId) -> Option<IdMap> {
+        self.ranges.slot_of(id).map(|slot| self.ranges.map(slot))
+    }
+
+    async fn boot(&self, boot: &mut Boot, spec: &SandboxSpec, map: IdMap) -> Result<(), RuntimeError> {
+        let config = InitConfig {
+            exe: Some(self.opts.spaced.clone()),
+            root_mount: true,
+            ..InitConfig::new(&spec.rootfs, &spec.hostname)
+        };
         boot.send(&ToInit::Config(config)).await?;
         let (name, pid) = (self.cgroup_name(&spec.id), boot.bootstrap_pid());
         // Joining happens while the bootstrap unshares its user namespace.
         self.cgroup_step(&spec.id, move |cg| cg.attach(&name, pid).map_err(|e| RuntimeError::Cgroup(e.to_string())))
             .await?;
         boot.expect_user_ns().await?;
-        let map = self.opts.id_map;
         process::write_id_maps(pid, map.host_base, map.count)
             .map_err(|e| RuntimeError::Start(format!("write id maps of {pid}: {e}")))?;
         boot.send(&ToInit::Mapped).await?;
@@ -282,8 +322,16 @@ impl LinuxRuntime {
         })
         .await?;
         self.agent_dir_fresh(&spec.id)?;
-        let mut boot = Boot::spawn(&self.spaced.exec_path(), &self.socket_path(&spec.id))?;
-        let result = match tokio::time::timeout(self.opts.start_timeout, self.boot(&mut boot, spec)).await {
+        let (map, root) = match self.range_and_root(&spec.id, &spec.rootfs) {
+            Ok(taken) => taken,
+            Err(e) => {
+                self.cleanup_failed_start(&spec.id).await;
+                return Err(e);
+            }
+        };
+        let mut boot = Boot::spawn(&self.spaced.exec_path(), &self.socket_path(&spec.id), root.as_fd())?;
+        drop(root); // the child holds it
+        let result = match tokio::time::timeout(self.opts.start_timeout, self.boot(&mut boot, spec, map)).await {
             Ok(result) => result,
             Err(_) => Err(RuntimeError::Start(format!("spaced not ready after {:?}", self.opts.start_timeout))),
         };
@@ -293,9 +341,7 @@ impl LinuxRuntime {
             if let Some(pid1) = pid1 {
                 self.track(&spec.id, pid1); // so destroy reaps it
             }
-            if let Err(cleanup) = self.destroy(&spec.id).await {
-                tracing::warn!(sandbox = %spec.id, error = %cleanup, "cleanup after failed start");
-            }
+            self.cleanup_failed_start(&spec.id).await;
             return Err(e);
         }
         let pid1 = pid1.ok_or_else(|| RuntimeError::Start("spaced init never reported pid 1".into()))?;
@@ -305,6 +351,12 @@ impl LinuxRuntime {
         let handle = self.handle(&spec.id, pid1.pid);
         self.track(&spec.id, pid1);
         Ok(handle)
+    }
+
+    async fn cleanup_failed_start(&self, id: &SandboxId) {
+        if let Err(cleanup) = self.destroy(id).await {
+            tracing::warn!(sandbox = %id, error = %cleanup, "cleanup after failed start");
+        }
     }
 
     fn protect_from_oom(&self, pid: u32) {
@@ -422,9 +474,13 @@ impl Runtime for LinuxRuntime {
         self.cgroup_step(id, move |cg| teardown::remove(cg, &name)).await?;
         let dir = self.agent_dir(id);
         match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RuntimeError::Io { path: dir, source: e }),
-            _ => Ok(()),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(RuntimeError::Io { path: dir, source: e });
+            }
+            _ => {}
         }
+        // Last: the range is free only once no process of the sandbox runs in it.
+        self.ranges.release(id)
     }
 
     fn set_limits(&self, id: &SandboxId, limits: &Limits) -> Result<(), RuntimeError> {

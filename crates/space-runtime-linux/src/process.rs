@@ -56,7 +56,12 @@ pub(crate) fn has_exited(pidfd: &impl AsFd) -> bool {
 
 /// Writes `0 <base> <count>` to the process's uid_map and gid_map.
 pub(crate) fn write_id_maps(pid: u32, base: u32, count: u32) -> io::Result<()> {
-    let line = format!("0 {base} {count}\n");
+    write_maps(pid, 0, base, count)
+}
+
+/// Writes `<inner> <outer> <count>` to the process's uid_map and gid_map.
+pub(crate) fn write_maps(pid: u32, inner: u32, outer: u32, count: u32) -> io::Result<()> {
+    let line = format!("{inner} {outer} {count}\n");
     for file in ["uid_map", "gid_map"] {
         let path = format!("/proc/{pid}/{file}");
         let mut f = fs::OpenOptions::new().write(true).open(&path)?;

@@ -15,7 +15,7 @@ use nix::sys::signal::SigSet;
 use nix::sys::stat::Mode;
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::Pid;
-use space_sandbox_init::sync::{LISTENER_FD, SYNC_FD};
+use space_sandbox_init::sync::{LISTENER_FD, ROOT_MOUNT_FD, SYNC_FD};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
@@ -75,24 +75,27 @@ impl Drop for Child {
 }
 
 /// Spawns `<spaced> init` with stdio on /dev/null, `sync_end` at fd 3, `listener` at fd 4,
-/// every signal at its default disposition and unblocked, in a process group of its own, and
+/// `root` (the sandbox's root, a detached mount) at fd 5, every signal at its default disposition and unblocked, in a process group of its own, and
 /// only `env` in its environment.
 pub(crate) fn spawn_init(
     spaced: &Path,
     sync_end: BorrowedFd<'_>,
     listener: BorrowedFd<'_>,
+    root: BorrowedFd<'_>,
     env: &[(String, String)],
 ) -> io::Result<Child> {
     // Copies at fd >= 10 (close-on-exec) so the dup2 actions cannot clobber one another; dup2
     // clears close-on-exec on the targets 3 and 4.
     let sync_high = high_fd(sync_end)?;
     let listener_high = high_fd(listener)?;
+    let root_high = high_fd(root)?;
     let mut actions = PosixSpawnFileActions::init()?;
     for (fd, flags) in [(0, OFlag::O_RDONLY), (1, OFlag::O_WRONLY), (2, OFlag::O_WRONLY)] {
         actions.add_open(fd, "/dev/null", flags, Mode::empty())?;
     }
     actions.add_dup2(sync_high.as_raw_fd(), SYNC_FD)?;
     actions.add_dup2(listener_high.as_raw_fd(), LISTENER_FD)?;
+    actions.add_dup2(root_high.as_raw_fd(), ROOT_MOUNT_FD)?;
     let mut attr = PosixSpawnAttr::init()?;
     attr.set_flags(
         PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF
@@ -125,15 +128,16 @@ mod tests {
 
     use super::*;
 
-    /// `sh` stands in for spaced: it checks that fds 3 and 4 arrived and that stdio is /dev/null.
+    /// `sh` stands in for spaced: it checks that fds 3, 4 and 5 arrived and that stdio is /dev/null.
     #[tokio::test]
-    async fn fds_arrive_at_3_and_4() {
+    async fn fds_arrive_at_3_4_and_5() {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("fake-spaced");
         std::fs::write(
             &script,
             "#!/bin/sh\n[ \"$1\" = init ] && [ -S /proc/self/fd/3 ] || exit 3\n\
              [ \"$(readlink /proc/self/fd/0)\" = /dev/null ] || exit 4\n\
+             [ -e /proc/self/fd/5 ] || exit 6\n\
              [ \"$FOO\" = bar ] || exit 5\necho ok >&3\n",
         )
         .unwrap();
@@ -141,7 +145,8 @@ mod tests {
         let (ours, theirs) = UnixStream::pair().unwrap();
         let (_l1, l2) = UnixStream::pair().unwrap();
         let env = [("FOO".to_string(), "bar".to_string()), ("PATH".to_string(), "/usr/bin:/bin".to_string())];
-        let mut child = spawn_init(&script, theirs.as_fd(), l2.as_fd(), &env).unwrap();
+        let root = std::fs::File::open("/").unwrap();
+        let mut child = spawn_init(&script, theirs.as_fd(), l2.as_fd(), root.as_fd(), &env).unwrap();
         drop(theirs);
         let status = child.wait().await.unwrap();
         assert!(matches!(status, WaitStatus::Exited(_, 0)), "{status:?}");

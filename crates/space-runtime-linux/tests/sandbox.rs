@@ -28,6 +28,13 @@ async fn sandbox_is_isolated_and_destroyed_cleanly() {
 
     assert_eq!(sh_ok(&client, "hostname").await, "sbx-test");
     assert_eq!(sh_ok(&client, "id -u; id -g").await, "0\n0");
+    // In a host id range of its own, after the storage's (which owns the files on disk).
+    let range = t.rt.id_range(&spec.id).expect("the sandbox holds a range");
+    assert!(range.host_base >= 165_536, "{range:?}");
+    let map = sh_ok(&client, "cat /proc/self/uid_map /proc/self/gid_map").await;
+    let fields: Vec<&str> = map.split_whitespace().collect();
+    let base = range.host_base.to_string();
+    assert_eq!(fields, ["0", &base, "65536", "0", &base, "65536"], "{map}");
 
     // Files made by sandbox root belong to the mapped host uid.
     sh_ok(&client, "echo hi > /root/made-in-sandbox").await;
@@ -45,6 +52,7 @@ async fn sandbox_is_isolated_and_destroyed_cleanly() {
     drop(client);
     t.rt.destroy(&spec.id).await.expect("destroy");
     assert_gone(&t.rt, &handle);
+    assert_eq!(t.rt.id_range(&spec.id), None, "destroy frees the range");
     t.rt.destroy(&spec.id).await.expect("second destroy");
     t.rt.wait_exit(&handle).await; // resolves at once for a dead sandbox
     assert!(matches!(t.rt.stats(&spec.id), Err(RuntimeError::NotFound(_))));
@@ -337,6 +345,22 @@ async fn a_killed_restores_bind_mount_is_removed_when_the_runtime_starts() {
     let bind = work.join("agent");
     std::fs::create_dir(&bind).unwrap();
     nix::mount::mount(Some(agent_dir.path()), &bind, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).unwrap();
+    // ... its new sandbox's root attached in it, and its view of the images with the rewritten
+    // user namespace image bound over one of them.
+    let (root, images) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    std::fs::write(root.path().join("kept"), "").unwrap();
+    std::fs::write(images.path().join("userns-1.img"), "dumped").unwrap();
+    std::fs::write(work.join("userns.img"), "rewritten").unwrap();
+    for (from, to) in [
+        (root.path().to_path_buf(), work.join("root")),
+        (images.path().to_path_buf(), work.join("images")),
+        (work.join("userns.img"), work.join("images/userns-1.img")),
+    ] {
+        if !to.exists() {
+            std::fs::create_dir(&to).unwrap();
+        }
+        nix::mount::mount(Some(&from), &to, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).unwrap();
+    }
     // Another node's leftovers are not this runtime's to remove.
     let other = tempfile::Builder::new().prefix(space_criu::WORK_PREFIX).tempdir().unwrap();
     // Nor is what another local user planted under the name, pointing at a mount of the host.
@@ -354,6 +378,8 @@ async fn a_killed_restores_bind_mount_is_removed_when_the_runtime_starts() {
     assert!(!mounts.contains(work.to_str().unwrap()), "the bind is still mounted");
     assert!(!work.exists(), "the work dir is still there");
     assert!(agent_dir.path().join("agent.sock").exists(), "the sweep emptied the agent dir through its bind");
+    assert!(root.path().join("kept").exists(), "the sweep emptied the root through its mount");
+    assert_eq!(std::fs::read_to_string(images.path().join("userns-1.img")).unwrap(), "dumped");
     assert!(other.path().exists());
     assert!(mounts.contains(victim_mount.to_str().unwrap()), "a planted symlink made the sweep unmount a host mount");
     assert!(planted.path().exists());

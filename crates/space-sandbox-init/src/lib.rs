@@ -1,7 +1,9 @@
 //! In-sandbox half of the linux runtime, run by `spaced init`.
 //!
-//! The node starts `spaced init` with fd 3 = the sync channel (see [`sync`]) and fd 4 = a
-//! bound, listening unix socket whose path only the node can see. [`run_init`] then:
+//! The node starts `spaced init` with fd 3 = the sync channel (see [`sync`]), fd 4 = a
+//! bound, listening unix socket whose path only the node can see, and (when the config says
+//! so) fd 5 = the sandbox's root as a detached idmapped mount, which pid 1 attaches at the
+//! rootfs path. [`run_init`] then:
 //! 1. (bootstrap process) reads the [`sync::InitConfig`], enters a new user namespace and waits
 //!    for the node to write its uid/gid maps and put it into the sandbox's cgroups;
 //! 2. becomes root of that namespace, unshares pid, mount, net, ipc, uts and cgroup namespaces
@@ -42,6 +44,7 @@ pub use listener::AGENT_DIR;
 pub use reexec::SELF_EXE;
 pub use restore_steps::{bring_up_loopback, seal_agent_dir};
 pub use security::{KEPT_CAPABILITIES, seccomp_programs, seccomp_rules};
+pub use sys::attach_mount;
 
 /// What pid 1 of a fresh sandbox gets back from [`run_init`].
 pub struct InitOutcome {

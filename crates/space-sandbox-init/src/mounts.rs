@@ -48,14 +48,13 @@ fn mnt(
 pub(crate) fn prepare(config: &InitConfig, bind_self: bool, warnings: &mut Vec<String>) -> Result<(), InitError> {
     let root = &config.rootfs;
     mnt(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None).map_err(ctx("make / rprivate"))?;
-    mount(Some(root.as_path()), root.as_path(), None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
-        .map_err(|e| match e {
-            Errno::EACCES => InitError(format!(
-                "bind rootfs {}: EACCES (every parent directory must be searchable by the mapped root uid)",
-                root.display()
-            )),
-            e => ctx(format!("bind rootfs {}", root.display()))(e),
-        })?;
+    mount_root(config).map_err(|e| match e {
+        Errno::EACCES => InitError(format!(
+            "mount rootfs {}: EACCES (every parent directory must be searchable by the mapped root uid)",
+            root.display()
+        )),
+        e => ctx(format!("mount rootfs {}", root.display()))(e),
+    })?;
     mount_proc(root)?;
     mount_sys(root, warnings)?;
     mount_dev(root, warnings)?;
@@ -64,6 +63,19 @@ pub(crate) fn prepare(config: &InitConfig, bind_self: bool, warnings: &mut Vec<S
     }
     let agent = root.join(AGENT_DIR.trim_start_matches('/'));
     fs::DirBuilder::new().mode(0o700).create(agent).map_err(io_ctx(format!("mkdir {AGENT_DIR}")))
+}
+
+/// Puts the sandbox's root at `config.rootfs`, a mount point as pivot_root needs: the node's
+/// detached (idmapped) mount if it passed one, else a bind of the path onto itself.
+fn mount_root(config: &InitConfig) -> Result<(), Errno> {
+    let root = config.rootfs.as_path();
+    if config.root_mount {
+        crate::sys::attach_mount(crate::sync::ROOT_MOUNT_FD, root)?;
+        // The mount is attached now; the descriptor has no further use.
+        nix::unistd::close(crate::sync::ROOT_MOUNT_FD)
+    } else {
+        mount(Some(root), root, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+    }
 }
 
 /// Pivots into the rootfs [`prepare`] built and hides or protects the configured paths.

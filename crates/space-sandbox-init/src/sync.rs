@@ -27,6 +27,9 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 pub const SYNC_FD: RawFd = 3;
 /// The fd of the bound, listening unix socket `spaced` serves the node on.
 pub const LISTENER_FD: RawFd = 4;
+/// The sandbox's root as a detached mount (an idmapped mount the node made), when the config
+/// says so ([`InitConfig::root_mount`]).
+pub const ROOT_MOUNT_FD: RawFd = 5;
 /// Longest line either side accepts.
 pub const MAX_LINE: usize = 64 * 1024;
 
@@ -64,6 +67,11 @@ pub struct InitConfig {
     /// because it starts `spaced init` from a sealed memfd, which has no path to bind.
     #[serde(default)]
     pub exe: Option<PathBuf>,
+    /// The node passes the root as a detached mount at [`ROOT_MOUNT_FD`] (idmapped from the
+    /// storage's id range to the sandbox's own: only host root can make one), which pid 1
+    /// attaches at `rootfs`; `false`: pid 1 binds `rootfs` itself.
+    #[serde(default)]
+    pub root_mount: bool,
 }
 
 impl InitConfig {
@@ -75,6 +83,7 @@ impl InitConfig {
             masked_paths: DEFAULT_MASKED_PATHS.iter().map(|p| p.to_string()).collect(),
             readonly_paths: DEFAULT_READONLY_PATHS.iter().map(|p| p.to_string()).collect(),
             exe: None,
+            root_mount: false,
         }
     }
 }

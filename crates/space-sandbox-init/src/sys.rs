@@ -87,6 +87,25 @@ pub(crate) fn write_file_raw(path: &std::ffi::CStr, data: &[u8]) -> std::io::Res
     result
 }
 
+/// `move_mount(fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attaches the detached mount
+/// `fd` at `target`.
+pub fn attach_mount(fd: RawFd, target: &std::path::Path) -> Result<(), Errno> {
+    use std::os::unix::ffi::OsStrExt;
+    let target = CString::new(target.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: both strings are NUL-terminated and outlive the call; move_mount reads them only.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    Errno::result(rc).map(drop)
+}
+
 /// Sets IFF_UP on a network interface of the current network namespace.
 pub(crate) fn link_up(name: &str) -> Result<(), InitError> {
     let what = format!("bring up {name}");

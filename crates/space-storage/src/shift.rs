@@ -1,5 +1,6 @@
-//! Shifts a template tree's ownership into the sandbox id range, once, at build time, so
-//! sandboxes never need an idmapped mount or a per-start chown.
+//! Shifts a template tree's ownership into the storage id range, once, at build time, so
+//! sandboxes never need a per-start chown (each sees the storage range as its own range
+//! through an idmapped mount, see the linux runtime).
 //!
 //! For every entry (never following symlinks): uid/gid `n` → `host_base + n`; setuid/setgid
 //! bits are re-applied after `lchown` (which clears them); file capabilities are rewritten as

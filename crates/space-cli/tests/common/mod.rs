@@ -392,16 +392,25 @@ fn remove_cgroups(parent: &str, node: Option<&str>) {
     }
 }
 
-/// What a restore the final kill interrupted left in the temp dir: its work directory with a
-/// bind mount in it (a server that starts again removes its own; this one will not start again).
+/// What a restore the final kill interrupted left in the temp dir: its work directory with
+/// mounts in it (a server that starts again removes its own; this one will not start again).
 fn remove_restore_leftovers(cgroup_parent: &str, node: Option<&str>) {
     let Some(node) = node else { return };
     let prefix = format!("space-criu-{}_{node}-", cgroup_parent.replace('/', "_"));
     for name in list_names(&std::env::temp_dir()).into_iter().filter(|n| n.starts_with(&prefix)) {
         let dir = std::env::temp_dir().join(name);
-        let _ = nix::mount::umount2(&dir.join("agent"), nix::mount::MntFlags::MNT_DETACH);
-        let _ = std::fs::remove_dir(dir.join("agent"));
-        let _ = std::fs::remove_dir_all(&dir);
+        // The agent dir's bind, the new root's mount and the view of the images (see
+        // space-criu's restore.rs): detached before anything is removed, never emptied.
+        let detached = ["agent", "root", "images"].iter().all(|mounted| {
+            let at = dir.join(mounted);
+            let _ = nix::mount::umount2(&at, nix::mount::MntFlags::MNT_DETACH);
+            std::fs::remove_dir(&at).is_ok() || !at.exists()
+        });
+        if detached {
+            let _ = std::fs::remove_dir_all(&dir);
+        } else {
+            eprintln!("{} is still mounted or not empty: left alone", dir.display());
+        }
     }
 }
 
