@@ -101,7 +101,7 @@ pub struct CreateSessionRequest {
     pub cpus: Option<f64>,
     pub memory_mib: Option<u64>,
     pub pids: Option<u32>,
-    /// Disk limit in MiB (see [`Resources::disk_mib`]); default: the server's.
+    /// Disk limit in MiB (see [`Resources::disk_mib`]), 0 for none; default: the server's.
     pub disk_mib: Option<u64>,
     /// Environment variables set for every command in the session.
     #[serde(default)]

@@ -53,6 +53,12 @@ fn a_session_cannot_write_past_its_disk_limit_and_others_are_unaffected() {
     assert_eq!((disk["enforced"].as_bool(), disk["limit_bytes"].as_u64()), (Some(true), Some(64 * MIB)), "{disk}");
     let charged = disk["used_bytes"].as_u64().unwrap();
     assert!((50 * MIB..=64 * MIB).contains(&charged), "charged {charged} bytes for what was written");
+    // Process images live outside the pool, but count: a full snapshot past the limit is refused.
+    let (status, body) =
+        server.call("POST", &format!("/v1/sessions/{small}/snapshots"), Some(json!({ "kind": "full" })));
+    assert_eq!((status, body["error"]["code"].as_str()), (507, Some("disk_quota_exceeded")), "{body}");
+    let (_, list) = server.call("GET", &format!("/v1/sessions/{small}/snapshots"), None);
+    assert_eq!(list["snapshots"].as_array().map(Vec::len), Some(0), "the refused snapshot is gone: {list}");
 
     assert_eq!(write(&server, &other, "/root/file", 100).0, 0, "another session still writes");
     // Freeing what it wrote lets the session write again.
@@ -76,7 +82,7 @@ fn deleted_data_a_snapshot_holds_still_counts_and_the_snapshot_shows_it() {
     assert!(exclusive >= 40 * MIB, "the snapshot alone holds the deleted file: {one}");
     assert!(used(&server, &id) >= 40 * MIB, "still charged to the session");
     let (code, out) = write(&server, &id, "/root/more", 40);
-    assert!(code != 0 && out.contains("Disk quota exceeded"), "40 + 40 MiB fit in 64 MiB: {out}");
+    assert!(code != 0 && out.contains("Disk quota exceeded"), "40 + 40 MiB do not fit in 64 MiB: {out}");
 
     // Deleting the snapshot frees it, once the kernel's cleaner has dropped it (it wakes at
     // transaction commits, which `sync` makes).

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, SessionId, SessionState, SnapshotId};
-use space_node_api::{Limits, SandboxHandle, TemplateInfo};
+use space_node_api::{DiskQuota, Limits, SandboxHandle, TemplateInfo};
 use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord, SandboxRecord};
 use tokio::sync::{Notify, watch};
 
@@ -173,22 +173,21 @@ async fn start_sandbox(
             state.node.destroy_sandbox(&pod.id).await?;
             return Err(e.into());
         }
-        hand_over(state, &pod, session).await?;
+        // The pod was started for no one: its root joins the session's disk now.
+        state.node.limit_disk(&pod.id, &disk_quota(session)).await?;
+        state.node.join_session_network(&pod.id, &session.id).await?;
         return Ok(pod);
     }
     state.store.insert_sandbox(&sandbox).await?;
-    let handle = state.node.start_sandbox(sandbox.id, &template, limits).await?;
+    let handle = state.node.start_sandbox(sandbox.id, &template, limits, &disk_quota(session)).await?;
     state.store.set_sandbox_running(sandbox.id, handle.pid).await?;
-    hand_over(state, &handle, session).await?;
+    state.node.join_session_network(&handle.id, &session.id).await?;
     Ok(handle)
 }
 
-/// Makes a started sandbox the session's: its writes count against the session's disk limit
-/// and it joins the session's network.
-async fn hand_over(state: &AppState, handle: &SandboxHandle, session: &space_api::Session) -> AppResult<()> {
-    state.node.limit_disk(&handle.id, &session.id, session.resources.disk_limit_bytes()).await?;
-    state.node.join_session_network(&handle.id, &session.id).await?;
-    Ok(())
+/// What the session's sandboxes write is charged to it, up to its disk limit.
+pub(crate) fn disk_quota(session: &space_api::Session) -> DiskQuota {
+    DiskQuota { session: session.id.clone(), limit_bytes: session.resources.disk_limit_bytes() }
 }
 
 /// Starts sandbox `sandbox` for `session` from a snapshot (of any of the tenant's sessions):
@@ -214,9 +213,10 @@ async fn start_from_snapshot(
     };
     state.store.insert_sandbox(&new).await?;
     let limits = Limits::from(&session.resources);
-    let handle = state.node.start_sandbox_from_snapshot(&sandbox, &origin, snapshot, limits).await?;
+    let handle =
+        state.node.start_sandbox_from_snapshot(&sandbox, &origin, snapshot, limits, &disk_quota(session)).await?;
     state.store.set_sandbox_running(&sandbox, handle.pid).await?;
-    hand_over(state, &handle, session).await?;
+    state.node.join_session_network(&handle.id, &session.id).await?;
     Ok(handle)
 }
 

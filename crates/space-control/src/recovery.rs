@@ -55,6 +55,11 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
                     state.store.transition(id, &from, SessionState::Failed, Some(&message)).await?;
                     continue;
                 }
+                // A root started where limits were not yet enforced gets them now.
+                if let Err(e) = state.node.limit_disk(&handle.id, &crate::reconciler::disk_quota(&record.session)).await
+                {
+                    tracing::warn!(session = %id, error = %e, "cannot apply the session's disk limit");
+                }
                 // The gateway's listeners died with the previous process.
                 if let Err(e) = state.node.reattach_gateway(&handle, id).await {
                     tracing::warn!(session = %id, error = %e, "the sandbox has no egress until it is restored");

@@ -37,7 +37,7 @@ pub enum NodeError {
     #[error("checkpoints are unavailable on this node: {0}")]
     CheckpointUnavailable(String),
     /// Disk space ran out: the pool's, or the session's limit.
-    #[error("{source}")]
+    #[error("out of disk space ({which:?})")]
     OutOfSpace { which: OutOfSpace, source: Box<dyn std::error::Error + Send + Sync + 'static> },
     /// Anything else: the node's own error, kept whole as the source.
     #[error(transparent)]
@@ -53,6 +53,13 @@ pub enum OutOfSpace {
     Pool,
     /// The session's disk limit is reached.
     Quota,
+}
+
+/// Whose disk a new sandbox root is charged to, and that session's cap (`None`: no cap).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskQuota {
+    pub session: SessionId,
+    pub limit_bytes: Option<u64>,
 }
 
 /// What a session is charged for on a node's disk.
@@ -132,16 +139,24 @@ pub trait NodeApi: EgressControl + 'static {
 
     // Sandboxes.
 
-    /// Creates sandbox `id`'s root from `template` and starts it.
-    async fn start_sandbox(&self, id: &SandboxId, template: &TemplateInfo, limits: Limits) -> Result<SandboxHandle>;
+    /// Creates sandbox `id`'s root from `template`, charged to `disk`, and starts it.
+    async fn start_sandbox(
+        &self,
+        id: &SandboxId,
+        template: &TemplateInfo,
+        limits: Limits,
+        disk: &DiskQuota,
+    ) -> Result<SandboxHandle>;
     /// Starts sandbox `id` from a snapshot of `session`: a full snapshot's processes continue
-    /// where they were; a disk snapshot's root boots afresh with a new identity.
+    /// where they were; a disk snapshot's root boots afresh with a new identity. The new root
+    /// is charged to `disk` before anything in it runs.
     async fn start_sandbox_from_snapshot(
         &self,
         id: &SandboxId,
         session: &SessionId,
         snapshot: &SnapshotId,
         limits: Limits,
+        disk: &DiskQuota,
     ) -> Result<SandboxHandle>;
     /// Kills the sandbox and removes everything it had on the node. Idempotent.
     async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()>;
@@ -195,9 +210,9 @@ pub trait NodeApi: EgressControl + 'static {
 
     // Disk.
 
-    /// Charges what `sandbox` writes to `session` and caps the session's total at
-    /// `limit_bytes` (`None`: no cap). Called before the sandbox is handed out.
-    async fn limit_disk(&self, sandbox: &SandboxId, session: &SessionId, limit_bytes: Option<u64>) -> Result<()>;
+    /// Charges what a running `sandbox` (a warm pod being bound, or one adopted after a
+    /// restart) writes to `disk`'s session, with its cap. Idempotent.
+    async fn limit_disk(&self, sandbox: &SandboxId, disk: &DiskQuota) -> Result<()>;
     /// What `session` is charged for on this node's disk.
     fn disk_usage(&self, session: &SessionId) -> Result<DiskUsage>;
     /// Bytes only this snapshot holds on disk (what deleting it frees), measured now.

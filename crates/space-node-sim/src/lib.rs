@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use space_api::egress::AuditEvent;
 use space_api::{SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::SessionEgress;
-use space_node_api::{NodeApi, NodeError, SandboxHandle};
+use space_node_api::{DiskQuota, NodeApi, NodeError, OutOfSpace, SandboxHandle};
 use space_proto::client::{AgentClient, AgentError};
 use tokio::sync::{mpsc, watch};
 
@@ -54,6 +54,8 @@ pub enum Op {
 pub enum SimError {
     #[error("simulated failure of {0:?}")]
     Injected(Op),
+    #[error("simulated {1:?} out of disk space in {0:?}")]
+    OutOfSpace(Op, OutOfSpace),
     #[error("sandbox {0} does not exist on this node")]
     NoSandbox(SandboxId),
     #[error("sandbox {0} exists already")]
@@ -84,7 +86,10 @@ pub enum SimError {
 
 impl From<SimError> for NodeError {
     fn from(e: SimError) -> Self {
-        NodeError::Failed(Box::new(e))
+        match e {
+            SimError::OutOfSpace(_, which) => NodeError::OutOfSpace { which, source: Box::new(e) },
+            e => NodeError::Failed(Box::new(e)),
+        }
     }
 }
 
@@ -139,8 +144,10 @@ struct State {
     pool: pool::Pool,
     egress: HashMap<SessionId, SessionEgress>,
     failures: HashMap<Op, u32>,
-    /// Each session's disk limit, as the control plane last set it.
-    disk_limits: HashMap<SessionId, Option<u64>>,
+    /// The next call of each op fails for want of this disk space.
+    out_of_space: HashMap<Op, OutOfSpace>,
+    /// Whose disk each sandbox's root is charged to.
+    disk: HashMap<SandboxId, DiskQuota>,
     background: bool,
     next_pid: u32,
 }
@@ -175,7 +182,8 @@ impl SimNode {
             snapshots: HashMap::new(),
             egress: HashMap::new(),
             failures: HashMap::new(),
-            disk_limits: HashMap::new(),
+            out_of_space: HashMap::new(),
+            disk: HashMap::new(),
             background: false,
             next_pid: 1000,
         };
@@ -265,12 +273,17 @@ impl SimNode {
         all
     }
 
-    /// Whether the gateway knows `session`'s egress.
-    /// The disk limit the control plane gave `session` (`Some(None)`: set, without a cap).
-    pub fn disk_limit(&self, session: &SessionId) -> Option<Option<u64>> {
-        self.state().disk_limits.get(session).copied()
+    /// Makes the next call of `op` fail for want of `which` disk space.
+    pub fn fail_next_out_of_space(&self, op: Op, which: OutOfSpace) {
+        self.state().out_of_space.insert(op, which);
     }
 
+    /// Whose disk `sandbox`'s root is charged to, and with which cap.
+    pub fn disk_quota(&self, sandbox: &SandboxId) -> Option<DiskQuota> {
+        self.state().disk.get(sandbox).cloned()
+    }
+
+    /// Whether the gateway knows `session`'s egress.
     pub fn has_egress(&self, session: &SessionId) -> bool {
         self.state().egress.contains_key(session)
     }
@@ -284,7 +297,10 @@ impl State {
                 *n -= 1;
                 Err(SimError::Injected(op))
             }
-            _ => Ok(()),
+            _ => match self.out_of_space.remove(&op) {
+                Some(which) => Err(SimError::OutOfSpace(op, which)),
+                None => Ok(()),
+            },
         }
     }
 

@@ -9,7 +9,7 @@ use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, Progress, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::SessionEgress;
 use space_node_api::{
-    DiskUsage, EgressControl, Limits, NodeApi, NodeError, ProgressFn, Result, SandboxHandle, SandboxStats,
+    DiskQuota, DiskUsage, EgressControl, Limits, NodeApi, NodeError, ProgressFn, Result, SandboxHandle, SandboxStats,
 };
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -82,10 +82,18 @@ impl NodeApi for SimNode {
         self.state().pool.status()
     }
 
-    async fn start_sandbox(&self, id: &SandboxId, template: &TemplateInfo, _limits: Limits) -> Result<SandboxHandle> {
+    async fn start_sandbox(
+        &self,
+        id: &SandboxId,
+        template: &TemplateInfo,
+        _limits: Limits,
+        disk: &DiskQuota,
+    ) -> Result<SandboxHandle> {
         let mut state = self.state();
         state.injected(Op::StartSandbox)?;
-        Ok(state.boot(id, Contents::new_root(&format!("{}@{}", template.name, template.version)))?)
+        let handle = state.boot(id, Contents::new_root(&format!("{}@{}", template.name, template.version)))?;
+        state.disk.insert(id.clone(), disk.clone());
+        Ok(handle)
     }
 
     async fn start_sandbox_from_snapshot(
@@ -94,6 +102,7 @@ impl NodeApi for SimNode {
         session: &SessionId,
         snapshot: &SnapshotId,
         _limits: Limits,
+        disk: &DiskQuota,
     ) -> Result<SandboxHandle> {
         let mut state = self.state();
         state.injected(Op::StartFromSnapshot)?;
@@ -103,7 +112,9 @@ impl NodeApi for SimNode {
             state.config.checkpoints.clone().map_err(NodeError::CheckpointUnavailable)?;
         }
         let contents = snap.contents.clone();
-        Ok(state.boot(id, contents)?)
+        let handle = state.boot(id, contents)?;
+        state.disk.insert(id.clone(), disk.clone());
+        Ok(handle)
     }
 
     async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()> {
@@ -152,10 +163,10 @@ impl NodeApi for SimNode {
         Ok(SandboxStats { memory_bytes: 0, memory_limit_bytes: 0, oom_kills: 0, pids: 1, cpu_usage_ns: 0 })
     }
 
-    async fn limit_disk(&self, sandbox: &SandboxId, session: &SessionId, limit_bytes: Option<u64>) -> Result<()> {
+    async fn limit_disk(&self, sandbox: &SandboxId, disk: &DiskQuota) -> Result<()> {
         let mut state = self.state();
         state.running(sandbox)?;
-        state.disk_limits.insert(session.clone(), limit_bytes);
+        state.disk.insert(sandbox.clone(), disk.clone());
         Ok(())
     }
 

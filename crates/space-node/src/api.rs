@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, SandboxId, SessionId, SnapshotId};
 use space_gateway::SessionEgress;
-use space_node_api::{self as api, EgressControl, NodeApi, ProgressFn};
+use space_node_api::{self as api, DiskQuota, EgressControl, NodeApi, ProgressFn};
 use space_proto::client::AgentClient;
 use space_runtime::{Limits, RuntimeError, SandboxHandle};
 use space_storage::TemplateInfo;
@@ -81,8 +81,14 @@ impl NodeApi for Node {
         Node::pool_status(self)
     }
 
-    async fn start_sandbox(&self, id: &SandboxId, template: &TemplateInfo, limits: Limits) -> Result<SandboxHandle> {
-        Ok(Node::start_sandbox(self, id, template, limits, &hostname_for(id)).await?)
+    async fn start_sandbox(
+        &self,
+        id: &SandboxId,
+        template: &TemplateInfo,
+        limits: Limits,
+        disk: &DiskQuota,
+    ) -> Result<SandboxHandle> {
+        Ok(Node::start_sandbox(self, id, template, limits, &hostname_for(id), Some(disk)).await?)
     }
 
     async fn start_sandbox_from_snapshot(
@@ -91,10 +97,12 @@ impl NodeApi for Node {
         session: &SessionId,
         snapshot: &SnapshotId,
         limits: Limits,
+        disk: &DiskQuota,
     ) -> Result<SandboxHandle> {
+        let hostname = hostname_for(id);
         let started = match self.snapshot_is_full(session, snapshot) {
-            true => self.restore_sandbox(id, session, snapshot, limits).await,
-            false => Node::start_sandbox_from_snapshot(self, id, session, snapshot, limits, &hostname_for(id)).await,
+            true => self.restore_sandbox(id, session, snapshot, limits, disk).await,
+            false => Node::start_sandbox_from_snapshot(self, id, session, snapshot, limits, &hostname, disk).await,
         };
         Ok(started?)
     }
@@ -129,8 +137,8 @@ impl NodeApi for Node {
         Ok(Node::stats(self, id)?)
     }
 
-    async fn limit_disk(&self, sandbox: &SandboxId, session: &SessionId, limit_bytes: Option<u64>) -> Result<()> {
-        Ok(Node::limit_disk(self, sandbox, session, limit_bytes).await?)
+    async fn limit_disk(&self, sandbox: &SandboxId, disk: &DiskQuota) -> Result<()> {
+        Ok(Node::limit_disk(self, sandbox, disk).await?)
     }
 
     fn disk_usage(&self, session: &SessionId) -> Result<api::DiskUsage> {

@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use space_api::{SandboxId, SessionId, SnapshotId};
+use space_node_api::DiskQuota;
 use space_runtime::{Limits, Runtime, SandboxHandle, SandboxSpec};
 
 use crate::{Node, NodeError, Result, blocking, poisoned};
@@ -92,10 +93,17 @@ impl Node {
         session: &SessionId,
         snapshot: &SnapshotId,
         limits: Limits,
+        disk: &DiskQuota,
     ) -> Result<SandboxHandle> {
         let pool = self.pool.clone();
-        let (sid, ses, snap) = (id.clone(), session.clone(), snapshot.clone());
-        let rootfs = blocking(move || Ok(pool.create_sandbox_root_from_snapshot(&sid, &ses, &snap, None)?)).await?;
+        let (sid, ses, snap, disk) = (id.clone(), session.clone(), snapshot.clone(), disk.clone());
+        // Charged before CRIU restores a single process: they continue at once.
+        let rootfs = blocking(move || {
+            let rootfs = pool.create_sandbox_root_from_snapshot(&sid, &ses, &snap, None)?;
+            crate::charge(&pool, &sid, Some(&disk))?;
+            Ok(rootfs)
+        })
+        .await?;
         let spec = SandboxSpec { id: id.clone(), rootfs, hostname: String::new(), limits };
         let images = self.pool.snapshot_images_dir(session, snapshot);
         let spaced = self.pool.snapshot_binary(session, snapshot);

@@ -7,6 +7,7 @@
 mod api;
 mod checkpoint;
 mod disk;
+pub(crate) use disk::charge;
 mod egress;
 mod lifecycle;
 mod templates;
@@ -17,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use space_api::{Progress, SandboxId};
+use space_node_api::DiskQuota;
 use space_proto::client::AgentClient;
 pub use space_runtime::Limits;
 use space_runtime::{Runtime, SandboxHandle, SandboxSpec, SandboxStats};
@@ -161,17 +163,24 @@ impl Node {
         })
     }
 
-    /// Creates the sandbox's root from `template` and starts it.
+    /// Creates the sandbox's root from `template` (charged to `disk`, if given) and starts it.
     pub async fn start_sandbox(
         &self,
         id: &SandboxId,
         template: &TemplateInfo,
         limits: Limits,
         hostname: &str,
+        disk: Option<&DiskQuota>,
     ) -> Result<SandboxHandle> {
         let pool = self.pool.clone();
         let (sid, tpl, identity) = (id.clone(), template.clone(), crate::egress::sandbox_identity(hostname));
-        let rootfs = blocking(move || Ok(pool.create_sandbox_root(&sid, &tpl, identity)?)).await?;
+        let disk = disk.cloned();
+        let rootfs = blocking(move || {
+            let rootfs = pool.create_sandbox_root(&sid, &tpl, identity)?;
+            charge(&pool, &sid, disk.as_ref())?;
+            Ok(rootfs)
+        })
+        .await?;
         self.boot(id, rootfs, limits, hostname).await
     }
 

@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 
 use space_api::{SandboxId, SessionId, SnapshotId};
+use space_node_api::DiskQuota;
 use space_runtime::{Limits, Runtime, SandboxHandle};
 
 use crate::{Node, Result, blocking};
@@ -54,12 +55,17 @@ impl Node {
         snapshot: &SnapshotId,
         limits: Limits,
         hostname: &str,
+        disk: &DiskQuota,
     ) -> Result<SandboxHandle> {
         let pool = self.pool.clone();
         let identity = crate::egress::sandbox_identity(hostname);
-        let (sid, ses, snap) = (id.clone(), session.clone(), snapshot.clone());
-        let rootfs =
-            blocking(move || Ok(pool.create_sandbox_root_from_snapshot(&sid, &ses, &snap, Some(identity))?)).await?;
+        let (sid, ses, snap, disk) = (id.clone(), session.clone(), snapshot.clone(), disk.clone());
+        let rootfs = blocking(move || {
+            let rootfs = pool.create_sandbox_root_from_snapshot(&sid, &ses, &snap, Some(identity))?;
+            crate::charge(&pool, &sid, Some(&disk))?;
+            Ok(rootfs)
+        })
+        .await?;
         self.boot(id, rootfs, limits, hostname).await
     }
 

@@ -231,7 +231,7 @@ impl Node {
 
     async fn prepare_pod(&self, template: &TemplateInfo) -> Result<Pod, String> {
         let id = SandboxId::generate();
-        match self.start_sandbox(&id, template, self.warm.pod_limits, &hostname_for(&id)).await {
+        match self.start_sandbox(&id, template, self.warm.pod_limits, &hostname_for(&id), None).await {
             Ok(handle) => {
                 self.warm_up(&id).await;
                 Ok(Pod { handle, version: template.version })

@@ -107,14 +107,20 @@ impl QgroupId {
         QgroupId(1 << LEVEL_SHIFT | (n & ((1 << LEVEL_SHIFT) - 1)))
     }
 
+    fn level_and_id(self) -> (u64, u64) {
+        (self.0 >> LEVEL_SHIFT, self.0 & ((1 << LEVEL_SHIFT) - 1))
+    }
+
     fn sysfs_name(self) -> String {
-        format!("{}_{}", self.0 >> LEVEL_SHIFT, self.0 & ((1 << LEVEL_SHIFT) - 1))
+        let (level, id) = self.level_and_id();
+        format!("{level}_{id}")
     }
 }
 
 impl std::fmt::Display for QgroupId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.0 >> LEVEL_SHIFT, self.0 & ((1 << LEVEL_SHIFT) - 1))
+        let (level, id) = self.level_and_id();
+        write!(f, "{level}/{id}")
     }
 }
 

@@ -45,6 +45,11 @@ impl Pool {
         self.images_root().join(session.as_str()).join(snapshot.as_str())
     }
 
+    /// `<data dir>/images/<session>`: the process images of all the session's full snapshots.
+    pub fn session_images_dir(&self, session: &SessionId) -> PathBuf {
+        self.images_root().join(session.as_str())
+    }
+
     fn images_root(&self) -> PathBuf {
         self.data_dir().join("images")
     }

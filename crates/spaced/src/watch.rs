@@ -128,11 +128,23 @@ fn kind_of(mask: EventMask, is_root: bool) -> Option<WatchKind> {
     }
 }
 
+/// `inotify_add_watch` says `ENOSPC` when the user's watches are used up, which is no full
+/// disk: say what it is.
+fn watch_error(path: &std::path::Path, err: &std::io::Error) -> Reply {
+    match err.raw_os_error() {
+        Some(libc::ENOSPC) => crate::error::invalid(format!(
+            "{}: too many watched files or directories (the kernel's inotify limit); watch less, or not recursively",
+            path.display()
+        )),
+        _ => io_reply(&path.display().to_string(), err),
+    }
+}
+
 /// Sets up the watches; blocking (walks the tree).
 fn setup(root: PathBuf, recursive: bool, watches: Watches) -> Result<Tree, Reply> {
     let mut tree = Tree { root: root.clone(), recursive, watches, paths: HashMap::new(), root_wd: None };
     // The root may be a file; only subdirectories are restricted to directories.
-    let wd = tree.watches.add(&root, mask()).map_err(|e| io_reply(&root.display().to_string(), &e))?;
+    let wd = tree.watches.add(&root, mask()).map_err(|e| watch_error(&root, &e))?;
     tree.paths.insert(wd.clone(), root.clone());
     tree.root_wd = Some(wd);
     if recursive && root.is_dir() {

@@ -139,7 +139,17 @@ pub(crate) async fn take_snapshot(
         SessionState::Paused => true,
         _ => return Err(invalid_state(&session, "be snapshotted")),
     };
-    snapshot_locked(state, tenant, &session, paused, kind, name).await
+    if kind != SnapshotKind::Full {
+        return snapshot_locked(state, tenant, &session, paused, kind, name).await;
+    }
+    check_room_for_images(state, &session)?;
+    let snapshot = snapshot_locked(state, tenant, &session, paused, kind, name).await?;
+    if let Err(e) = check_room_for_images(state, &session) {
+        state.store.delete_snapshot_row(&snapshot.id).await?;
+        state.node.delete_snapshot(&session.id, &snapshot.id).await?;
+        return Err(e);
+    }
+    Ok(snapshot)
 }
 
 /// Takes a snapshot of a session whose sandbox runs (or, `paused`, is paused) and whose
@@ -173,6 +183,28 @@ pub(crate) async fn snapshot_locked(
         }
     }
     state.store.snapshot(tenant, &new.id).await?.ok_or_else(|| AppError::internal("snapshot vanished"))
+}
+
+/// A full snapshot's process images are written outside the pool, where no quota counts
+/// them: the session's usage includes them, and a full snapshot that takes the session past
+/// its limit is deleted again (suspending still works: the memory has to go somewhere).
+fn check_room_for_images(state: &AppState, session: &Session) -> AppResult<()> {
+    let (Some(limit), usage) = (session.resources.disk_limit_bytes(), state.node.disk_usage(&session.id)?) else {
+        return Ok(());
+    };
+    if usage.enforced && usage.used_bytes > limit {
+        return Err(AppError::new(
+            ErrorCode::DiskQuotaExceeded,
+            format!(
+                "session {} uses {} of its {} MiB disk limit, and a full snapshot's memory images count \
+                 against it: delete snapshots or files of the session first",
+                session.id,
+                usage.used_bytes >> 20,
+                limit >> 20
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Fills in a disk snapshot's size once its files are walked (off the request: the walk

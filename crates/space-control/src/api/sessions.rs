@@ -56,8 +56,10 @@ fn resources(request: &CreateSessionRequest, default_disk_mib: u64) -> AppResult
         pids: request.pids.unwrap_or(defaults.pids),
         disk_mib: request.disk_mib.unwrap_or(default_disk_mib),
     };
-    if request.disk_mib.is_some() && !(MIN_DISK_MIB..=MAX_DISK_MIB).contains(&r.disk_mib) {
-        return Err(AppError::bad_request(format!("disk_mib must be between {MIN_DISK_MIB} and {MAX_DISK_MIB}")));
+    if r.disk_mib != 0 && !(MIN_DISK_MIB..=MAX_DISK_MIB).contains(&r.disk_mib) {
+        return Err(AppError::bad_request(format!(
+            "disk_mib must be between {MIN_DISK_MIB} and {MAX_DISK_MIB}, or 0 for no limit"
+        )));
     }
     if !(r.cpus.is_finite() && r.cpus >= 0.01 && r.cpus <= MAX_CPUS) {
         return Err(AppError::bad_request(format!("cpus must be between 0.01 and {MAX_CPUS}")));
