@@ -40,6 +40,17 @@ fn used(server: &Server, id: &str) -> u64 {
     stats(server, id)["disk"]["used_bytes"].as_u64().unwrap()
 }
 
+/// Waits until the session is charged for less than `bytes`: deleted snapshots are freed by
+/// the kernel's cleaner, which wakes at transaction commits (`sync` makes one).
+fn wait_used_below(server: &Server, id: &str, bytes: u64) {
+    let freed = (0..120).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        sh(server, id, "sync");
+        used(server, id) < bytes
+    });
+    assert!(freed, "still charged for {bytes} bytes or more: {}", stats(server, id));
+}
+
 #[test]
 fn a_session_cannot_write_past_its_disk_limit_and_others_are_unaffected() {
     let server = Server::start();
@@ -61,8 +72,10 @@ fn a_session_cannot_write_past_its_disk_limit_and_others_are_unaffected() {
     assert_eq!(list["snapshots"].as_array().map(Vec::len), Some(0), "the refused snapshot is gone: {list}");
 
     assert_eq!(write(&server, &other, "/root/file", 100).0, 0, "another session still writes");
-    // Freeing what it wrote lets the session write again.
+    // Freeing what it wrote lets the session write again (once the refused snapshot's copy of
+    // the root is gone too).
     assert_eq!(sh(&server, &small, "rm /root/big && sync").0, 0);
+    wait_used_below(&server, &small, 16 * MIB);
     assert_eq!(write(&server, &small, "/root/again", 32).0, 0);
 }
 
@@ -87,12 +100,7 @@ fn deleted_data_a_snapshot_holds_still_counts_and_the_snapshot_shows_it() {
     // Deleting the snapshot frees it, once the kernel's cleaner has dropped it (it wakes at
     // transaction commits, which `sync` makes).
     assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}/snapshots/{snap}"), None).0, 204);
-    let freed = (0..120).any(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        sh(&server, &id, "sync");
-        used(&server, &id) < 40 * MIB
-    });
-    assert!(freed, "deleting the snapshot did not free its data: {}", stats(&server, &id));
+    wait_used_below(&server, &id, 40 * MIB);
 }
 
 #[test]

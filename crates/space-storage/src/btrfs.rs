@@ -104,7 +104,7 @@ fn split<'a>(op: &'static str, path: &'a Path) -> Result<(PathBuf, &'a OsStr)> {
 }
 
 /// Opens a directory without following a symlink in the last component.
-fn open_dir(path: &Path) -> Result<File> {
+pub(crate) fn open_dir(path: &Path) -> Result<File> {
     OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)

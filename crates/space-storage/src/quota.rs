@@ -9,14 +9,14 @@
 //! Structures and request numbers are from `include/uapi/linux/btrfs.h`; usage is read from
 //! `/sys/fs/btrfs/<fsid>/qgroups/<level>_<id>/`.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 
-use crate::error::{IoContext, Result, StorageError};
+use crate::btrfs::open_dir;
+use crate::error::{Result, StorageError};
 
 /// `BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA`.
 const QUOTA_CTL_ENABLE_SIMPLE: u64 = 4;
@@ -145,14 +145,6 @@ pub enum QuotaMode {
 pub struct Quotas {
     root: PathBuf,
     sysfs: PathBuf,
-}
-
-fn open_dir(path: &Path) -> Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .ctx("open directory", path)
 }
 
 /// The fsid of the btrfs filesystem `dir` is on, as sysfs names it.
