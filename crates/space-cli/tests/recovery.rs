@@ -49,6 +49,62 @@ fn kill9_during_create_leaves_nothing_orphaned() {
     assert!(server.sockets().is_empty(), "sockets left: {:?}", server.sockets());
 }
 
+/// `curl` arguments of a create under `Idempotency-Key: key`, printing the status last.
+fn keyed_create<'a>(auth: &'a str, header: &'a str, url: &'a str) -> Vec<&'a str> {
+    vec![
+        "-s",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        "POST",
+        "-H",
+        auth,
+        "-H",
+        header,
+        "-H",
+        "content-type: application/json",
+        "-d",
+        "{}",
+        url,
+    ]
+}
+
+#[test]
+fn a_create_retried_under_its_key_after_kill9_makes_one_session() {
+    require_root!();
+    let mut server = Server::start_with(&["--pool", ""]);
+    let (auth, url) = (server.auth(), format!("{}/v1/sessions", server.url));
+    let rounds = 6u64;
+    for round in 0..rounds {
+        let header = format!("Idempotency-Key: crash-{round}");
+        // The first attempt, cut off by the kill at some point of its create.
+        let mut first = std::process::Command::new("curl")
+            .args(keyed_create(&auth, &header, &url))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(20 + (round * 13) % 60));
+        server.kill9();
+        let _ = first.kill();
+        let _ = first.wait();
+        server.spawn();
+        let out = common::curl(&keyed_create(&auth, &header, &url));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, status) = text.rsplit_once('\n').unwrap();
+        assert_eq!(status, "201", "round {round}: {body}");
+        let session: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(session["state"], "running", "round {round}: {body}");
+    }
+    let (_, list) = server.call("GET", "/v1/sessions?all=true", None);
+    let sessions = list["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len() as u64, rounds, "one session per key: {list}");
+    for s in sessions {
+        let id = s["id"].as_str().unwrap();
+        assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
+        assert_eq!(settled(&server, id), "destroyed");
+    }
+}
+
 #[test]
 fn kill9_during_destroy_finishes_the_destroy() {
     require_root!();

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use axum::body::{Body, to_bytes};
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -31,6 +31,20 @@ const MAX_REQUEST_BODY: usize = crate::api::JSON_BODY_LIMIT;
 const MAX_RECORDED_RESPONSE: usize = crate::api::MAX_EXEC_RESPONSE;
 /// The owner the fingerprint key is sealed for.
 const KEY_OWNER: &str = "idempotency-fingerprint-key";
+
+/// Request extension: the Idempotency-Key the request runs under. A handler that records it
+/// with what it creates, in the same transaction, can be run again safely after a crash
+/// interrupted it (see [`RESUMABLE`]).
+#[derive(Debug, Clone)]
+pub struct RunsUnderKey(pub String);
+
+/// Routes whose handler records their key with what they create (`POST /v1/sessions`: the
+/// session row), so a retry after a crash finds it instead of creating it twice.
+const RESUMABLE: &[(Method, &str)] = &[(Method::POST, "/v1/sessions")];
+
+fn resumable(method: &Method, route: Option<&MatchedPath>) -> bool {
+    route.is_some_and(|r| RESUMABLE.iter().any(|(m, p)| m == method && *p == r.as_str()))
+}
 
 /// Response extension of a response that carries a secret: it is not recorded for replay.
 #[derive(Debug, Clone, Copy)]
@@ -123,6 +137,9 @@ pub async fn idempotency(State(state): State<Idempotency>, request: Request, nex
                 ),
             ));
         }
+        IdempotencyBegin::Interrupted
+            if resumable(&parts.method, parts.extensions.get::<MatchedPath>())
+                && state.store.idempotency_resume(&caller.tenant_id, &key).await? => {}
         IdempotencyBegin::Interrupted => {
             return Err(AppError::new(
                 ErrorCode::IdempotencyConflict,
@@ -147,7 +164,8 @@ pub async fn idempotency(State(state): State<Idempotency>, request: Request, nex
 
     // On a task of its own: a client that goes away must not cancel the request half-way and
     // leave its key in progress; the task runs it to the end and records the response.
-    let request = Request::from_parts(parts, Body::from(body));
+    let mut request = Request::from_parts(parts, Body::from(body));
+    request.extensions_mut().insert(RunsUnderKey(key.clone()));
     tokio::spawn(async move { run_and_record(&state, &caller.tenant_id, &key, next, request).await })
         .await
         .map_err(|e| AppError::internal(format!("request task: {e}")))?

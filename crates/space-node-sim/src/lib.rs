@@ -20,7 +20,7 @@ mod agent;
 mod node;
 mod pool;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use space_api::egress::AuditEvent;
@@ -144,6 +144,8 @@ struct State {
     pool: pool::Pool,
     egress: HashMap<SessionId, SessionEgress>,
     failures: HashMap<Op, u32>,
+    /// The next call of each of these ops never returns (until the server is stopped).
+    hang: HashSet<Op>,
     /// The next call of each op fails for want of this disk space.
     out_of_space: HashMap<Op, OutOfSpace>,
     /// Whose disk each sandbox's root is charged to.
@@ -182,6 +184,7 @@ impl SimNode {
             snapshots: HashMap::new(),
             egress: HashMap::new(),
             failures: HashMap::new(),
+            hang: HashSet::new(),
             out_of_space: HashMap::new(),
             disk: HashMap::new(),
             background: false,
@@ -271,6 +274,20 @@ impl SimNode {
         let mut all: Vec<SnapshotId> = self.state().snapshots.keys().cloned().collect();
         all.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         all
+    }
+
+    /// Makes the next call of `op` hang for ever, so that a test can stop the server in the
+    /// middle of it.
+    pub fn hang_next(&self, op: Op) {
+        self.state().hang.insert(op);
+    }
+
+    /// Waits for ever if a test asked `op` to hang.
+    async fn maybe_hang(&self, op: Op) {
+        let hang = self.state().hang.remove(&op);
+        if hang {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Makes the next call of `op` fail for want of `which` disk space.

@@ -89,6 +89,7 @@ impl NodeApi for SimNode {
         _limits: Limits,
         disk: &DiskQuota,
     ) -> Result<SandboxHandle> {
+        self.maybe_hang(Op::StartSandbox).await;
         let mut state = self.state();
         state.injected(Op::StartSandbox)?;
         let handle = state.boot(id, Contents::new_root(&format!("{}@{}", template.name, template.version)))?;

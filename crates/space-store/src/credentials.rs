@@ -431,7 +431,13 @@ mod tests {
         };
         let policy = NetworkPolicy { allow: vec!["a.com".into()], ..Default::default() };
         let egress = SessionEgressRecord { policy, ca_cert: Some("CERT".into()), ca_key_sealed: Some(vec![9]) };
-        store.insert_session_with_egress(&new, &NewSessionEgress { egress, grants, inherited_from }).await.unwrap();
+        store
+            .insert_session_with_egress(
+                &new,
+                &NewSessionEgress { egress, grants, inherited_from, idempotency_key: None },
+            )
+            .await
+            .unwrap();
         id
     }
 

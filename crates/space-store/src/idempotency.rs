@@ -70,6 +70,20 @@ impl Store {
         }
     }
 
+    /// Takes over a key whose request a restart interrupted, to run that request again; `false`
+    /// if another retry took it first.
+    pub async fn idempotency_resume(&self, tenant: &TenantId, key: &str) -> Result<bool> {
+        let taken = sqlx::query(
+            "UPDATE idempotency SET interrupted = 0 WHERE tenant_id = $1 AND key = $2 AND interrupted != 0 AND status IS NULL",
+        )
+        .bind(tenant.as_str())
+        .bind(key)
+        .execute(&self.writer)
+        .await?
+        .rows_affected();
+        Ok(taken == 1)
+    }
+
     pub async fn idempotency_finish(&self, tenant: &TenantId, key: &str, status: u16, body: &str) -> Result<()> {
         sqlx::query("UPDATE idempotency SET status = $1, body = $2 WHERE tenant_id = $3 AND key = $4")
             .bind(status as i64)
@@ -95,11 +109,19 @@ impl Store {
 
     /// Forgets a key whose request failed before producing a response worth replaying.
     pub async fn idempotency_abandon(&self, tenant: &TenantId, key: &str) -> Result<()> {
+        let mut tx = self.write_tx().await?;
         sqlx::query("DELETE FROM idempotency WHERE tenant_id = $1 AND key = $2 AND status IS NULL")
             .bind(tenant.as_str())
             .bind(key)
-            .execute(&self.writer)
+            .execute(&mut *tx)
             .await?;
+        // What the failed request created under the key is not its retry's.
+        sqlx::query("UPDATE sessions SET idempotency_key = NULL WHERE tenant_id = $1 AND idempotency_key = $2")
+            .bind(tenant.as_str())
+            .bind(key)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(())
     }
 

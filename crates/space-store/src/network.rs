@@ -31,6 +31,9 @@ pub struct NewSessionEgress {
     /// The session a fork's `grants` were copied from: they follow its revocations (see
     /// [`Store::revoke`]). `None` for a new session: its grants are its own.
     pub inherited_from: Option<SessionId>,
+    /// The Idempotency-Key of the request that creates it, if it had one (see
+    /// [`Store::session_created_under_key`]).
+    pub idempotency_key: Option<String>,
 }
 
 fn policy_from(json: &str) -> Result<NetworkPolicy> {
@@ -43,11 +46,14 @@ impl Store {
         let mut tx = self.write_tx().await?;
         let op = insert_session_tx(&mut tx, new).await?;
         let e = &egress.egress;
-        sqlx::query("UPDATE sessions SET network_policy = $1, ca_cert = $2, ca_key_sealed = $3 WHERE id = $4")
-            .bind(serde_json::to_string(&e.policy).unwrap_or_default())
-            .bind(&e.ca_cert)
-            .bind(&e.ca_key_sealed)
-            .bind(new.id.as_str())
+        sqlx::query(
+            "UPDATE sessions SET network_policy = $1, ca_cert = $2, ca_key_sealed = $3, idempotency_key = $5 WHERE id = $4",
+        )
+        .bind(serde_json::to_string(&e.policy).unwrap_or_default())
+        .bind(&e.ca_cert)
+        .bind(&e.ca_key_sealed)
+        .bind(new.id.as_str())
+        .bind(egress.idempotency_key.as_deref())
             .execute(&mut *tx)
             .await?;
         for credential in &egress.grants {

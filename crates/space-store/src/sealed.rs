@@ -87,7 +87,10 @@ mod tests {
             ca_key_sealed: ca_key,
         };
         store
-            .insert_session_with_egress(&new, &NewSessionEgress { egress, grants: vec![], inherited_from: None })
+            .insert_session_with_egress(
+                &new,
+                &NewSessionEgress { egress, grants: vec![], inherited_from: None, idempotency_key: None },
+            )
             .await
             .unwrap();
         id

@@ -103,6 +103,28 @@ impl Store {
         Ok(op_id)
     }
 
+    /// The session created under Idempotency-Key `key`, and its create operation.
+    pub async fn session_created_under_key(
+        &self,
+        tenant: &TenantId,
+        key: &str,
+    ) -> Result<Option<(SessionId, Option<OperationId>)>> {
+        let row = sqlx::query(
+            "SELECT s.id, o.id FROM sessions s LEFT JOIN operations o ON o.session_id = s.id AND o.kind = $3
+             WHERE s.tenant_id = $1 AND s.idempotency_key = $2",
+        )
+        .bind(tenant.as_str())
+        .bind(key)
+        .bind(OperationKind::CreateSession.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            let op = r.get::<Option<&str>, _>(1).map(|o| parse("operation id", o)).transpose()?;
+            Ok((parse("session id", r.get::<&str, _>(0))?, op))
+        })
+        .transpose()
+    }
+
     /// Moves a session in one of the states `from` into `restoring` and queues the operation
     /// that restores it (`input` says from what). Returns `None` if it is in another state.
     pub async fn begin_restore(

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use space_api::error::echo;
 use space_api::{
-    CreateSessionRequest, ErrorBody, ErrorCode, EventList, OperationState, Resources, Session, SessionId,
+    CreateSessionRequest, ErrorBody, ErrorCode, EventList, OperationId, OperationState, Resources, Session, SessionId,
     SessionLifetime, SessionList, UpdateSessionRequest,
 };
 use space_store::NewSession;
@@ -18,6 +18,7 @@ use super::find_session;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiPath, ApiQuery, AppError, AppResult};
+use crate::idempotency::RunsUnderKey;
 
 /// Upper bounds on what one session may ask for.
 const MAX_CPUS: f64 = 64.0;
@@ -106,8 +107,16 @@ pub async fn create_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     ApiQuery(params): ApiQuery<WaitParam>,
+    key: Option<Extension<RunsUnderKey>>,
     ApiJson(request): ApiJson<CreateSessionRequest>,
 ) -> AppResult<(StatusCode, ApiJson<Session>)> {
+    let key = key.map(|Extension(RunsUnderKey(key))| key);
+    if let Some(key) = &key
+        && let Some((id, op)) = state.store.session_created_under_key(&caller.tenant_id, key).await?
+    {
+        // A retry of a create a crash interrupted after the session was recorded.
+        return created(&state, &caller, &id, op, params.wait).await;
+    }
     let template = request.template.clone().unwrap_or_else(|| state.default_template.clone());
     check_template(&state, &template)?;
     let resources = resources(&request, state.default_disk_mib)?;
@@ -128,14 +137,26 @@ pub async fn create_session(
         lifetime,
     };
     // The session's egress reaches the gateway before any sandbox of it starts.
-    let op = crate::egress::insert_new_session(&state, &mut new, request.network, &request.grants).await?;
+    let op = crate::egress::insert_new_session(&state, &mut new, request.network, &request.grants, key).await?;
     state.reconciler.wake();
-    if !params.wait {
-        let session = find_session(&state, &caller, new.id.as_str()).await?;
+    created(&state, &caller, &new.id, Some(op), params.wait).await
+}
+
+/// The answer to a create of session `id` by operation `op`: at once (`wait` false), or once
+/// the operation has finished.
+async fn created(
+    state: &AppState,
+    caller: &Caller,
+    id: &SessionId,
+    op: Option<OperationId>,
+    wait: bool,
+) -> AppResult<(StatusCode, ApiJson<Session>)> {
+    let (Some(op), true) = (op, wait) else {
+        let session = find_session(state, caller, id.as_str()).await?;
         return Ok((StatusCode::ACCEPTED, ApiJson(session)));
-    }
-    let finished = state.reconciler.wait(&state, &caller.tenant_id, &op, WAIT).await?;
-    let session = find_session(&state, &caller, new.id.as_str()).await?;
+    };
+    let finished = state.reconciler.wait(state, &caller.tenant_id, &op, WAIT).await?;
+    let session = find_session(state, caller, id.as_str()).await?;
     if finished.state == OperationState::Failed {
         let message = finished.error.unwrap_or_else(|| "session creation failed".into());
         let code = finished.error_code.unwrap_or(ErrorCode::SandboxUnavailable);

@@ -326,6 +326,7 @@ pub async fn insert_new_session(
     new: &mut NewSession,
     policy: Option<NetworkPolicy>,
     grants: &[String],
+    idempotency_key: Option<String>,
 ) -> AppResult<space_api::OperationId> {
     let mut policy = policy.unwrap_or_default();
     policy.validate().map_err(|e| AppError::bad_request(format!("network: {e}")))?;
@@ -346,6 +347,7 @@ pub async fn insert_new_session(
         },
         grants: records.iter().map(|r| r.credential.id.clone()).collect(),
         inherited_from: None,
+        idempotency_key,
     };
     state.egress().insert(new, &stored, SessionEgress { policy, ca, grants: gateway_grants }).await
 }
@@ -393,6 +395,7 @@ impl Egress<'_> {
             },
             grants: grants.iter().map(|r| r.credential.id.clone()).collect(),
             inherited_from: Some(parent.clone()),
+            idempotency_key: None,
         };
         let egress = SessionEgress { policy: record.policy, ca, grants: gateway_grants };
         self.insert(new, &stored, egress).await

@@ -157,7 +157,10 @@ impl Fixture {
             ca_key_sealed: Some(ca_key_sealed),
         };
         self.store
-            .insert_session_with_egress(&new, &NewSessionEgress { egress, grants: vec![], inherited_from: None })
+            .insert_session_with_egress(
+                &new,
+                &NewSessionEgress { egress, grants: vec![], inherited_from: None, idempotency_key: None },
+            )
             .await
             .unwrap();
         id

@@ -115,3 +115,35 @@ async fn lifecycle_calls_replay_too() {
     assert_eq!((status, again), (200, 200), "{first} {body}");
     assert!(replayed.get("idempotent-replayed").is_some(), "{body}");
 }
+
+#[tokio::test]
+async fn a_create_a_crash_interrupted_is_finished_by_its_retry_not_done_twice() {
+    let server = Server::start().await;
+    let admin = server.admin.clone();
+    server.sim.hang_next(Op::StartSandbox);
+    let (url, key) = (format!("{}/v1/sessions", server.url), admin.clone());
+    let in_flight = tokio::spawn(async move {
+        let request = reqwest::Client::new().post(url).bearer_auth(key).header("idempotency-key", "k-crash");
+        let _ = request.header("content-type", "application/json").body("{}").send().await;
+    });
+    for _ in 0..500 {
+        if session_count(&server, &admin).await == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (_, list) = server.call("GET", "/v1/sessions", None).await;
+    let id = list["sessions"][0]["id"].clone();
+    assert_eq!(list["sessions"][0]["state"], "creating", "{list}");
+
+    let server = server.stop().start().await;
+    in_flight.abort();
+    let (status, body, _) = post(&server, &admin, "/v1/sessions", "{}", "k-crash").await;
+    assert_eq!((status, &body["id"], body["state"].as_str()), (201, &id, Some("running")), "{body}");
+    assert_eq!(session_count(&server, &admin).await, 1, "the retry did not create a second session");
+    let (status, again, replayed) = post(&server, &admin, "/v1/sessions", "{}", "k-crash").await;
+    assert_eq!((status, &again["id"], replayed), (201, &id, true), "later retries replay it");
+    // Another request under the interrupted key is still refused.
+    let (status, other, _) = post(&server, &admin, "/v1/sessions", r#"{"cpus":2}"#, "k-crash").await;
+    assert_error(&(status, other), 409, "idempotency_conflict");
+}
