@@ -110,17 +110,20 @@ impl Store {
     /// Forgets a key whose request failed before producing a response worth replaying.
     pub async fn idempotency_abandon(&self, tenant: &TenantId, key: &str) -> Result<()> {
         let mut tx = self.write_tx().await?;
-        sqlx::query("DELETE FROM idempotency WHERE tenant_id = $1 AND key = $2 AND status IS NULL")
+        let given_back = sqlx::query("DELETE FROM idempotency WHERE tenant_id = $1 AND key = $2 AND status IS NULL")
             .bind(tenant.as_str())
             .bind(key)
             .execute(&mut *tx)
-            .await?;
-        // What the failed request created under the key is not its retry's.
-        sqlx::query("UPDATE sessions SET idempotency_key = NULL WHERE tenant_id = $1 AND idempotency_key = $2")
-            .bind(tenant.as_str())
-            .bind(key)
-            .execute(&mut *tx)
-            .await?;
+            .await?
+            .rows_affected();
+        if given_back > 0 {
+            // What the failed request created under the key is not its retry's.
+            sqlx::query("UPDATE sessions SET idempotency_key = NULL WHERE tenant_id = $1 AND idempotency_key = $2")
+                .bind(tenant.as_str())
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -136,12 +139,18 @@ impl Store {
 
     /// Forgets records created before `before_ms` (Unix ms): a key can be used again after.
     pub async fn idempotency_expire(&self, before_ms: i64) -> Result<u64> {
-        let deleted = sqlx::query("DELETE FROM idempotency WHERE created_at < $1")
-            .bind(before_ms)
-            .execute(&self.writer)
-            .await?
-            .rows_affected();
-        Ok(deleted)
+        let mut tx = self.write_tx().await?;
+        let deleted =
+            sqlx::query("DELETE FROM idempotency WHERE created_at < $1").bind(before_ms).execute(&mut *tx).await?;
+        // A session created under a forgotten key is no longer what that key names.
+        sqlx::query(
+            "UPDATE sessions SET idempotency_key = NULL WHERE idempotency_key IS NOT NULL AND NOT EXISTS
+             (SELECT 1 FROM idempotency i WHERE i.tenant_id = sessions.tenant_id AND i.key = sessions.idempotency_key)",
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(deleted.rows_affected())
     }
 
     /// The sealed key of idempotency fingerprints: the stored one, or `candidate` if none is
@@ -203,6 +212,54 @@ mod tests {
         assert_eq!(store.idempotency_begin(&t, "k", "other").await.unwrap(), IdempotencyBegin::Mismatch);
         assert_eq!(store.idempotency_expire(now_ms() + 1).await.unwrap(), 1);
         assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::New);
+    }
+
+    /// A session created under `key` (as `POST /v1/sessions` does).
+    async fn session_under(store: &crate::Store, tenant: &space_api::TenantId, key: &str) -> space_api::SessionId {
+        let id = space_api::SessionId::generate();
+        let new = crate::NewSession {
+            id: id.clone(),
+            tenant_id: tenant.clone(),
+            template: "busybox".into(),
+            resources: space_api::Resources::default(),
+            env: Default::default(),
+            source_snapshot: None,
+            template_version: None,
+            snapshot_policy: space_api::SnapshotPolicy::off(),
+            lifetime: Default::default(),
+        };
+        let egress = crate::SessionEgressRecord { policy: Default::default(), ca_cert: None, ca_key_sealed: None };
+        let stored =
+            crate::NewSessionEgress { egress, grants: vec![], inherited_from: None, idempotency_key: Some(key.into()) };
+        store.insert_session_with_egress(&new, &stored).await.unwrap();
+        id
+    }
+
+    #[tokio::test]
+    async fn a_session_created_under_a_key_is_found_until_the_key_is_given_back_or_forgotten() {
+        let (store, _dir) = test_store().await;
+        let (t, other) = (store.ensure_tenant("t").await.unwrap(), store.ensure_tenant("o").await.unwrap());
+        assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::New);
+        let id = session_under(&store, &t, "k").await;
+        let found = store.session_created_under_key(&t, "k").await.unwrap().unwrap();
+        assert_eq!((&found.0, found.1.is_some()), (&id, true), "the session and its create operation");
+        assert!(store.session_created_under_key(&other, "k").await.unwrap().is_none(), "keys are per tenant");
+
+        // Interrupted: the first retry takes the key over, a second does not.
+        store.idempotency_interrupt_unfinished().await.unwrap();
+        assert!(store.idempotency_resume(&t, "k").await.unwrap());
+        assert!(!store.idempotency_resume(&t, "k").await.unwrap());
+        // A 5xx gives the key back and the session with it.
+        store.idempotency_abandon(&t, "k").await.unwrap();
+        assert!(store.session_created_under_key(&t, "k").await.unwrap().is_none());
+
+        assert_eq!(store.idempotency_begin(&t, "k2", "f").await.unwrap(), IdempotencyBegin::New);
+        session_under(&store, &t, "k2").await;
+        store.idempotency_finish(&t, "k2", 201, "{}").await.unwrap();
+        store.idempotency_abandon(&t, "k2").await.unwrap();
+        assert!(store.session_created_under_key(&t, "k2").await.unwrap().is_some(), "a finished key stays");
+        store.idempotency_expire(now_ms() + 1).await.unwrap();
+        assert!(store.session_created_under_key(&t, "k2").await.unwrap().is_none(), "a forgotten key names nothing");
     }
 
     #[tokio::test]
