@@ -33,6 +33,9 @@ impl From<NodeError> for api::NodeError {
 
 type Result<T> = api::Result<T>;
 
+/// Thaws (each followed by a bounded connection attempt) before a resume gives up.
+const RESUME_ATTEMPTS: u32 = 3;
+
 impl EgressControl for Node {
     fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
         self.gateway.set_session(session, egress);
@@ -116,8 +119,20 @@ impl NodeApi for Node {
     }
 
     async fn resume_sandbox(&self, id: &SandboxId) -> Result<()> {
-        Node::resume_sandbox(self, id)?;
-        self.reconnect(id).await;
+        // A dump that a killed server left running puts the freezer back as it found it,
+        // frozen, when it ends; one killed in the instant after it started is not recorded
+        // for the next start to wait for. So: thaw, and thaw again while the agent does not
+        // answer.
+        for attempt in 1..=RESUME_ATTEMPTS {
+            Node::resume_sandbox(self, id)?;
+            match self.agent(id).await {
+                Ok(_) => return Ok(()),
+                Err(e) if attempt == RESUME_ATTEMPTS => return Err(e.into()),
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = %e, "the agent did not answer after a thaw; thawing again")
+                }
+            }
+        }
         Ok(())
     }
 

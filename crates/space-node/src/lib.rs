@@ -113,6 +113,8 @@ pub struct Node {
 /// Subvolume deletions the kernel's cleaner may have queued before we wait for it: each
 /// pending one slows every new snapshot (that is, every create) down.
 const MAX_PENDING_DELETIONS: u64 = 2;
+/// How long the agent has to answer a new connection.
+const AGENT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Retries deletions that failed, and catches roots retired by an earlier run.
 const RECLAIM_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -260,9 +262,15 @@ impl Node {
 
     async fn connect(&self, id: &SandboxId) -> Result<AgentClient> {
         let socket = self.runtime.socket_path(id);
-        AgentClient::connect_unix(&socket)
-            .await
-            .map_err(|e| NodeError::Agent { sandbox: id.clone(), reason: e.to_string() })
+        // A frozen agent accepts but never answers: bounded, so no caller (recovery at start
+        // least of all) waits for ever.
+        match tokio::time::timeout(AGENT_CONNECT_TIMEOUT, AgentClient::connect_unix(&socket)).await {
+            Ok(connected) => connected.map_err(|e| NodeError::Agent { sandbox: id.clone(), reason: e.to_string() }),
+            Err(_) => Err(NodeError::Agent {
+                sandbox: id.clone(),
+                reason: format!("no answer within {AGENT_CONNECT_TIMEOUT:?} (is the sandbox frozen?)"),
+            }),
+        }
     }
 
     /// A handle for a sandbox recorded before a restart.
