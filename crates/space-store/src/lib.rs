@@ -194,7 +194,9 @@ mod tests {
         let err = Store::open_sqlite(&path).await.unwrap_err().to_string();
         assert!(err.contains("mode 0644") && err.contains(&format!("chmod 600 {}", db.display())), "{err}");
         std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600)).unwrap();
-        std::fs::write(&wal, b"").unwrap();
+        // Created if gone, never truncated: an emptied WAL beside a `-shm` that still counts its
+        // frames is a short read (SQLITE_IOERR_SHORT_READ), not what this checks.
+        std::fs::OpenOptions::new().create(true).append(true).open(&wal).unwrap();
         std::fs::set_permissions(&wal, std::fs::Permissions::from_mode(0o640)).unwrap();
         let err = Store::open_sqlite(&path).await.unwrap_err().to_string();
         assert!(err.contains(&format!("{}-wal (mode 0640)", db.display())), "{err}");
