@@ -86,12 +86,30 @@ impl Server {
             child: None,
             node: None,
         };
-        server.spawn();
-        server
+        // Another test's server may bind the free port first: then take another (only at the
+        // first start, before any test has the URL).
+        for _ in 0..5 {
+            match server.try_spawn() {
+                Ok(()) => return server,
+                Err(e) if e.contains("Address already in use") => {
+                    server.port = free_port();
+                    server.url = format!("http://127.0.0.1:{}", server.port);
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("no free port for space serve in 5 tries; log:\n{}", server.log_text())
     }
 
     /// (Re)starts the server process on the same data dir and port.
     pub fn spawn(&mut self) {
+        if let Err(e) = self.try_spawn() {
+            panic!("{e}");
+        }
+    }
+
+    /// Starts the server process; `Err` (with its log) if it exited before it was ready.
+    fn try_spawn(&mut self) -> Result<(), String> {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         let child = Command::new(SPACE)
             .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
@@ -117,14 +135,15 @@ impl Server {
             .spawn()
             .expect("starting space serve");
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("space serve exited with {status}; log:\n{}", self.log_text());
+                self.child = None;
+                return Err(format!("space serve exited with {status}; log:\n{}", self.log_text()));
             }
             if let Ok(key) = std::fs::read_to_string(self.data_dir.join("admin.key")) {
                 self.key = key.trim().to_owned();
@@ -135,7 +154,7 @@ impl Server {
                     .is_some_and(|list| list.iter().any(|t| t["name"] == "busybox"));
                 if ready {
                     self.node = Some(self.node_id());
-                    return;
+                    return Ok(());
                 }
             }
             assert!(Instant::now() < deadline, "server not ready in time; log:\n{}", self.log_text());
