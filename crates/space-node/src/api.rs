@@ -123,7 +123,8 @@ impl NodeApi for Node {
         // frozen, when it ends; one killed in the instant after it started is not recorded
         // for the next start to wait for. So: thaw, and thaw again while the agent does not
         // answer.
-        for attempt in 1..=RESUME_ATTEMPTS {
+        let mut attempt = 1;
+        loop {
             Node::resume_sandbox(self, id)?;
             match self.agent(id).await {
                 Ok(_) => return Ok(()),
@@ -132,8 +133,8 @@ impl NodeApi for Node {
                     tracing::warn!(sandbox = %id, error = %e, "the agent did not answer after a thaw; thawing again")
                 }
             }
+            attempt += 1;
         }
-        Ok(())
     }
 
     fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle> {

@@ -19,7 +19,7 @@ impl Node {
     /// `space_storage::Pool::session_disk_usage`).
     /// Full snapshots' process images, outside the pool, are counted too.
     pub fn disk_usage(&self, session: &SessionId) -> Result<DiskUsage> {
-        let used = self.pool.session_disk_usage(session)?.map_or(0, |u| u.used_bytes);
+        let used = self.pool.session_disk_usage(session)?.unwrap_or(0);
         let images = self.pool.session_images_dir(session);
         let images = if images.exists() { space_storage::apparent_size(&images)? } else { 0 };
         Ok(DiskUsage { used_bytes: used + images, enforced: self.pool.disk_limits_enforced() })

@@ -9,7 +9,7 @@ use space_api::{SandboxId, SessionId};
 
 use crate::error::{IoContext, Result, StorageError};
 use crate::pool::{Backing, Pool};
-use crate::quota::{QgroupId, QgroupUsage, QuotaMode, Quotas, subvolume_id};
+use crate::quota::{QgroupId, QuotaMode, Quotas, subvolume_id};
 
 /// The session's level-1 qgroup: 48 bits of a hash of its id, so the group needs no record
 /// of its own and every root the session gets (restores, resumes) finds the same one.
@@ -66,10 +66,10 @@ impl Pool {
         quotas.assign(QgroupId::of_subvolume(root), group)
     }
 
-    /// What the session is charged for on disk, as of the last transaction commit: data its
+    /// Bytes the session is charged for on disk, as of the last transaction commit: data its
     /// sandboxes wrote that still exists anywhere (in its root, its snapshots or forks made
     /// from them). `None` where limits are not enforced or the session never had a root here.
-    pub fn session_disk_usage(&self, session: &SessionId) -> Result<Option<QgroupUsage>> {
+    pub fn session_disk_usage(&self, session: &SessionId) -> Result<Option<u64>> {
         match self.quotas() {
             Some(quotas) => quotas.usage(session_group(session)),
             None => Ok(None),

@@ -39,7 +39,6 @@ pub use identity::{SandboxIdentity, validate_hostname, write_etc_dir_files};
 pub use import::Compression;
 pub use pool::{Backing, Pool, PoolOptions};
 pub use progress::{Progress, ProgressFn, no_progress};
-pub use quota::QgroupUsage;
 pub use space_api::IdMap;
 pub use template::{TemplateInfo, TemplateStore, validate_template_name};
 pub use usage::{apparent_size, exclusive_size};

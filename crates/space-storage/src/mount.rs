@@ -96,10 +96,11 @@ pub fn detach(path: &Path) -> Result<()> {
 
 /// Creates and formats the sparse image at `image` unless it exists. The image only appears
 /// under its final name once formatted, so an interrupted run starts over.
-pub fn ensure_image(image: &Path, size_bytes: u64) -> Result<()> {
+pub fn ensure_image(image: &Path, size_bytes: impl FnOnce() -> Result<u64>) -> Result<()> {
     if image.exists() {
         return Ok(());
     }
+    let size_bytes = size_bytes()?;
     let tmp = image.with_extension("img.partial");
     let _ = std::fs::remove_file(&tmp);
     let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).ctx("create pool image", &tmp)?;

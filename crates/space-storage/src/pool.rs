@@ -382,13 +382,10 @@ fn prepare_root(data_dir: &Path, root: &Path, options: &PoolOptions) -> Result<B
     if btrfs::is_btrfs(data_dir)? {
         return Ok(Backing::DataDir);
     }
-    if !image.exists() {
-        let size = match options.image_size_bytes {
-            Some(size) => size,
-            None => crate::disk::default_image_size(data_dir)?,
-        };
-        mount::ensure_image(&image, size)?;
-    }
+    mount::ensure_image(&image, || match options.image_size_bytes {
+        Some(size) => Ok(size),
+        None => crate::disk::default_image_size(data_dir),
+    })?;
     mount::mount_image(&image, root, options.nobarrier)?;
     Ok(Backing::Image { image })
 }

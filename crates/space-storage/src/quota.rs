@@ -124,13 +124,6 @@ impl std::fmt::Display for QgroupId {
     }
 }
 
-/// Bytes a qgroup is charged for, and its limit (`None`: unlimited).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QgroupUsage {
-    pub used_bytes: u64,
-    pub limit_bytes: Option<u64>,
-}
-
 /// How quotas are set on a btrfs filesystem.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuotaMode {
@@ -144,6 +137,8 @@ pub enum QuotaMode {
 #[derive(Debug)]
 pub struct Quotas {
     root: PathBuf,
+    /// The filesystem's root directory, open for the ioctls.
+    dir: File,
     sysfs: PathBuf,
 }
 
@@ -179,7 +174,7 @@ impl Quotas {
     pub fn of(root: &Path) -> Result<Quotas> {
         let dir = open_dir(root)?;
         let sysfs = Path::new("/sys/fs/btrfs").join(fsid(&dir, root)?);
-        Ok(Quotas { root: root.to_path_buf(), sysfs })
+        Ok(Quotas { root: root.to_path_buf(), dir, sysfs })
     }
 
     pub fn mode(&self) -> Result<QuotaMode> {
@@ -194,7 +189,7 @@ impl Quotas {
 
     /// Turns on simple quotas. Extents written before are charged to no one.
     pub fn enable_simple(&self) -> Result<()> {
-        let dir = open_dir(&self.root)?;
+        let dir = &self.dir;
         let mut args = QuotaCtlArgs { cmd: QUOTA_CTL_ENABLE_SIMPLE, status: 0 };
         // SAFETY: `dir` is an open fd for the call and `args` is a `btrfs_ioctl_quota_ctl_args`.
         unsafe { ioctl::quota_ctl(dir.as_raw_fd(), &mut args) }
@@ -204,7 +199,7 @@ impl Quotas {
 
     /// Creates `group` unless it exists.
     pub fn create_group(&self, group: QgroupId) -> Result<()> {
-        let dir = open_dir(&self.root)?;
+        let dir = &self.dir;
         let args = QgroupCreateArgs { create: 1, qgroupid: group.0 };
         // SAFETY: `dir` is an open fd for the call; the kernel only reads `args`.
         match unsafe { ioctl::qgroup_create(dir.as_raw_fd(), &args) } {
@@ -215,7 +210,7 @@ impl Quotas {
 
     /// Makes `child` a member of `parent` (already a member is fine).
     pub fn assign(&self, child: QgroupId, parent: QgroupId) -> Result<()> {
-        let dir = open_dir(&self.root)?;
+        let dir = &self.dir;
         let args = QgroupAssignArgs { assign: 1, src: child.0, dst: parent.0 };
         // SAFETY: `dir` is an open fd for the call; the kernel only reads `args`. A positive
         // return only asks for a rescan, which simple quotas never need.
@@ -227,7 +222,7 @@ impl Quotas {
 
     /// Limits what `group` may be charged for; `None` removes the limit.
     pub fn limit(&self, group: QgroupId, max_bytes: Option<u64>) -> Result<()> {
-        let dir = open_dir(&self.root)?;
+        let dir = &self.dir;
         let lim = QgroupLimit {
             flags: LIMIT_MAX_EXCL,
             max_rfer: 0,
@@ -243,16 +238,10 @@ impl Quotas {
         Ok(())
     }
 
-    /// What `group` is charged for, as of the last transaction commit; `None` if it does not
+    /// Bytes `group` is charged for, as of the last transaction commit; `None` if it does not
     /// exist.
-    pub fn usage(&self, group: QgroupId) -> Result<Option<QgroupUsage>> {
-        let dir = self.sysfs.join("qgroups").join(group.sysfs_name());
-        let used = match read_number(&dir.join("exclusive"))? {
-            Some(used) => used,
-            None => return Ok(None),
-        };
-        let limit = read_number(&dir.join("max_exclusive"))?.filter(|&l| l != 0 && l != u64::MAX);
-        Ok(Some(QgroupUsage { used_bytes: used, limit_bytes: limit }))
+    pub fn usage(&self, group: QgroupId) -> Result<Option<u64>> {
+        read_number(&self.sysfs.join("qgroups").join(group.sysfs_name()).join("exclusive"))
     }
 }
 
