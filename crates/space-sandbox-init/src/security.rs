@@ -324,6 +324,10 @@ mod tests {
             || unsafe { libc::syscall(libc::SYS_setns, -1, 0) },
             // SAFETY: as above.
             || unsafe { libc::syscall(libc::SYS_mount, 0, 0, 0, 0, 0) },
+            // SAFETY: as above (what an idmapped mount of its own would need).
+            || unsafe { libc::syscall(libc::SYS_open_tree, -1, 0, 0) },
+            // SAFETY: as above.
+            || unsafe { libc::syscall(libc::SYS_mount_setattr, -1, 0, 0, 0, 0) },
             || socket(libc::AF_UNIX, libc::SOCK_STREAM, 0),
             || socketpair(libc::AF_UNIX, libc::SOCK_STREAM),
             || socket(libc::AF_INET, libc::SOCK_STREAM, 0),
@@ -335,7 +339,8 @@ mod tests {
         ]);
         let (eperm, eafno, enosys) = (libc::EPERM, libc::EAFNOSUPPORT, libc::ENOSYS);
         let refused = [eafno, eafno, eafno, eafno, eafno, eafno, eperm, eperm, eperm, enosys];
-        let denied = [eperm; 7]; // perf, io_uring, userfaultfd, keyctl, finit_module, setns, mount
+        // perf, io_uring, userfaultfd, keyctl, finit_module, setns, mount, open_tree, mount_setattr
+        let denied = [eperm; 9];
         let allowed = [0; 7];
         assert_eq!(got, [&refused[..], &denied, &allowed].concat());
     }
