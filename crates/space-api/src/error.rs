@@ -17,6 +17,8 @@ pub enum ErrorCode {
     IdempotencyConflict,
     PayloadTooLarge,
     UnknownTemplate,
+    /// The session asked for a runtime this server cannot run (the message says why).
+    RuntimeUnavailable,
     SnapshotNotFound,
     CredentialNotFound,
     /// The server lacks what the feature needs (e.g. CRIU for full snapshots).
@@ -53,6 +55,7 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest
             | ErrorCode::UnknownTemplate
+            | ErrorCode::RuntimeUnavailable
             | ErrorCode::NotADirectory
             | ErrorCode::IsADirectory
             | ErrorCode::DirectoryNotEmpty => 400,

@@ -98,6 +98,8 @@ impl Resources {
 pub struct CreateSessionRequest {
     /// Template name; defaults to the server's default template (`debian`).
     pub template: Option<String>,
+    /// `linux` or `vm`; default: the server's (`space serve --default-runtime`).
+    pub runtime: Option<crate::RuntimeKind>,
     pub cpus: Option<f64>,
     pub memory_mib: Option<u64>,
     pub pids: Option<u32>,
@@ -171,6 +173,9 @@ pub struct Session {
     pub id: SessionId,
     pub template: String,
     pub template_version: Option<u32>,
+    /// How its sandboxes are isolated.
+    #[serde(default)]
+    pub runtime: crate::RuntimeKind,
     pub state: SessionState,
     pub resources: Resources,
     pub env: BTreeMap<String, String>,
@@ -479,6 +484,9 @@ pub struct Status {
     /// Full snapshots (suspend, resume, fork with processes): the checkpoint tool in use, or
     /// why they are unavailable on this node.
     pub full_snapshots: FullSnapshotSupport,
+    /// Which runtimes this node can run, and why not.
+    #[serde(default)]
+    pub runtimes: Vec<crate::RuntimeSupport>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
@@ -505,6 +513,9 @@ pub struct PoolStatus {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct TemplatePool {
     pub template: String,
+    /// The runtime its pods run in.
+    #[serde(default)]
+    pub runtime: crate::RuntimeKind,
     /// How many ready pods the node keeps.
     pub size: u32,
     pub ready: u32,
@@ -523,6 +534,9 @@ pub struct TemplatePool {
 pub struct SetPoolSizeRequest {
     /// Ready pods to keep for the template (0 turns its pool off).
     pub size: u32,
+    /// The runtime of the pool's pods; default `linux`.
+    #[serde(default)]
+    pub runtime: crate::RuntimeKind,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]

@@ -82,7 +82,13 @@ enum PoolCommand {
     /// Per template: size, ready and filling pods, hits and misses.
     Show,
     /// Keep SIZE ready pods of TEMPLATE (needs the admin key; 0 turns the pool off).
-    Set { template: String, size: u32 },
+    Set {
+        template: String,
+        size: u32,
+        /// The pool's runtime: `linux` or `vm`.
+        #[arg(long, default_value_t = space_api::RuntimeKind::Linux)]
+        runtime: space_api::RuntimeKind,
+    },
 }
 
 #[derive(Subcommand)]
@@ -155,9 +161,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pool(PoolCommand::Show) => {
             output::print_pool(&client.get_json("/v1/pool").await?, json)?;
         }
-        Command::Pool(PoolCommand::Set { template, size }) => {
+        Command::Pool(PoolCommand::Set { template, size, runtime }) => {
             let path = format!("/v1/pool/{}", client::encode(&template));
-            let pool = client.put_json(&path, &space_api::SetPoolSizeRequest { size }).await?;
+            let pool = client.put_json(&path, &space_api::SetPoolSizeRequest { size, runtime }).await?;
             output::print_pool(&pool, json)?;
         }
         Command::Status => {

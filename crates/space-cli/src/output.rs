@@ -128,6 +128,10 @@ pub fn print_status(status: &Status, json: bool) -> anyhow::Result<()> {
     println!("sessions  {}", if sessions.is_empty() { "none".into() } else { sessions.join(" ") });
     let templates: Vec<String> = status.templates.iter().map(|t| format!("{}@{}", t.name, t.version)).collect();
     println!("templates {}", if templates.is_empty() { "none".into() } else { templates.join(" ") });
+    for r in &status.runtimes {
+        let state = if r.available { r.detail.clone() } else { format!("OFF: {}", r.detail) };
+        println!("runtime {:<5} {state}", r.runtime.as_str());
+    }
     let full = &status.full_snapshots;
     println!("full snapshots {}", if full.available { full.detail.clone() } else { format!("OFF: {}", full.detail) });
     println!(
@@ -153,6 +157,7 @@ fn print_pool_table(pool: &PoolStatus) {
         .map(|t| {
             vec![
                 t.template.clone(),
+                t.runtime.to_string(),
                 t.size.to_string(),
                 t.ready.to_string(),
                 t.filling.to_string(),
@@ -163,7 +168,10 @@ fn print_pool_table(pool: &PoolStatus) {
             ]
         })
         .collect();
-    print_table(&["TEMPLATE", "SIZE", "READY", "FILLING", "HITS", "MISSES", "FAILURES", "LAST ERROR"], &rows);
+    print_table(
+        &["TEMPLATE", "RUNTIME", "SIZE", "READY", "FILLING", "HITS", "MISSES", "FAILURES", "LAST ERROR"],
+        &rows,
+    );
 }
 
 pub fn print_processes(list: &ProcessList, json: bool) -> anyhow::Result<()> {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use space_api::SnapshotPolicy;
+use space_api::{RuntimeKind, SnapshotPolicy};
 use space_control::{HttpLimits, ServerConfig};
-use space_node::{GatewayConfig, Limits, Node, NodeApi, NodeConfig, SandboxLimits, WarmSettings};
+use space_node::{GatewayConfig, Limits, Node, NodeApi, NodeConfig, PoolKey, SandboxLimits, WarmSettings};
 use space_storage::{DEFAULT_TEMPLATE_CACHE_DIR, IdMap};
 use tracing_subscriber::EnvFilter;
 
@@ -21,6 +21,10 @@ pub struct ServeArgs {
     /// Template used when a session names none.
     #[arg(long, default_value = "debian")]
     default_template: String,
+    /// Runtime of sessions that name none: `linux` (namespaces on the host kernel) or `vm`
+    /// (a QEMU microvm with its own kernel).
+    #[arg(long, default_value_t = RuntimeKind::Linux)]
+    default_runtime: RuntimeKind,
     /// Built-in templates to build at start if missing (comma-separated; default: the default template).
     #[arg(long, value_delimiter = ',')]
     prepare_templates: Option<Vec<String>>,
@@ -49,8 +53,9 @@ pub struct ServeArgs {
     /// 65536 ids): nodes sharing a host need bases that far apart.
     #[arg(long, default_value_t = 100_000)]
     uid_base: u32,
-    /// Warm pool: ready sandboxes kept per template, e.g. `debian=16,busybox=4` ("" for none;
-    /// default: 4 of the default template). Changeable at run time with `space pool set`.
+    /// Warm pool: ready sandboxes kept per template and runtime, e.g. `debian=16,debian:vm=4`
+    /// (`NAME` alone is the linux runtime's pool; "" for none; default: 4 of the default
+    /// template in the default runtime). Changeable at run time with `space pool set`.
     #[arg(long)]
     pool: Option<String>,
     /// Disk limit of sessions created without one, in GiB (0: no limit). A session's disk is
@@ -179,18 +184,22 @@ fn gateway_config(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
     Ok(config)
 }
 
-/// Parses `name=size,name=size`.
-fn parse_pool(spec: &str) -> anyhow::Result<BTreeMap<String, u32>> {
+/// Parses `name[:runtime]=size,…`.
+fn parse_pool(spec: &str) -> anyhow::Result<BTreeMap<PoolKey, u32>> {
     let mut sizes = BTreeMap::new();
     for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let (name, size) = entry
-            .split_once('=')
-            .with_context(|| format!("--pool entry {entry:?} must look like TEMPLATE=SIZE, e.g. debian=16"))?;
+        let (pool, size) = entry.split_once('=').with_context(|| {
+            format!("--pool entry {entry:?} must look like TEMPLATE[:RUNTIME]=SIZE, e.g. debian=16 or debian:vm=4")
+        })?;
         let size: u32 = size.trim().parse().with_context(|| format!("--pool size {size:?} is not a number"))?;
         if size > space_node::MAX_POOL_SIZE {
-            bail!("--pool {name}={size}: at most {} pods per template", space_node::MAX_POOL_SIZE);
+            bail!("--pool {pool}={size}: at most {} pods per template", space_node::MAX_POOL_SIZE);
         }
-        sizes.insert(name.trim().to_owned(), size);
+        let (name, runtime) = match pool.trim().split_once(':') {
+            Some((name, runtime)) => (name, runtime.parse::<RuntimeKind>().map_err(anyhow::Error::msg)?),
+            None => (pool.trim(), RuntimeKind::Linux),
+        };
+        sizes.insert((name.to_owned(), runtime), size);
     }
     Ok(sizes)
 }
@@ -198,7 +207,7 @@ fn parse_pool(spec: &str) -> anyhow::Result<BTreeMap<String, u32>> {
 fn warm_settings(args: &ServeArgs) -> anyhow::Result<WarmSettings> {
     let sizes = match &args.pool {
         Some(spec) => parse_pool(spec)?,
-        None => BTreeMap::from([(args.default_template.clone(), 4)]),
+        None => BTreeMap::from([((args.default_template.clone(), args.default_runtime), 4)]),
     };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     Ok(WarmSettings {
@@ -258,6 +267,7 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         allow_wildcard_credential_hosts: args.allow_wildcard_credential_hosts,
         prepare_templates: args.prepare_templates.unwrap_or_else(|| vec![args.default_template.clone()]),
         default_template: args.default_template,
+        default_runtime: args.default_runtime,
         snapshot_policy: args.snapshot_policy,
         default_disk_mib: args.default_disk_gib.saturating_mul(1024),
         scheduler_tick: std::time::Duration::from_millis(args.snapshot_tick_ms.max(10)),
@@ -317,10 +327,13 @@ mod tests {
 
     #[test]
     fn pool_specs() {
-        let sizes = parse_pool("debian=16, busybox=4").unwrap();
-        assert_eq!(sizes, BTreeMap::from([("busybox".into(), 4), ("debian".into(), 16)]));
+        let sizes = parse_pool("debian=16, busybox=4, debian:vm=2").unwrap();
+        let linux = |name: &str| (name.to_owned(), RuntimeKind::Linux);
+        let expected =
+            BTreeMap::from([(linux("busybox"), 4), (linux("debian"), 16), (("debian".into(), RuntimeKind::Vm), 2)]);
+        assert_eq!(sizes, expected);
         assert!(parse_pool("").unwrap().is_empty());
-        for bad in ["debian", "debian=x", "debian=-1", "debian=100000"] {
+        for bad in ["debian", "debian=x", "debian=-1", "debian=100000", "debian:docker=1"] {
             assert!(parse_pool(bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -60,6 +60,9 @@ pub enum SessionCommand {
     Create {
         #[arg(long)]
         template: Option<String>,
+        /// `linux` (namespaces on the host kernel) or `vm` (its own kernel); default: the server's.
+        #[arg(long)]
+        runtime: Option<space_api::RuntimeKind>,
         #[arg(long)]
         cpus: Option<f64>,
         /// Memory limit in MiB.
@@ -176,10 +179,11 @@ fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
 
 pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        SessionCommand::Create { template, cpus, memory, pids, disk, env, settings, network, grants } => {
+        SessionCommand::Create { template, runtime, cpus, memory, pids, disk, env, settings, network, grants } => {
             let env = parse_env(&env)?;
             let request = CreateSessionRequest {
                 template,
+                runtime,
                 cpus,
                 memory_mib: memory,
                 pids,

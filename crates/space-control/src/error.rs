@@ -67,6 +67,7 @@ impl From<space_node_api::NodeError> for AppError {
         use space_node_api::{NodeError, OutOfSpace};
         match e {
             NodeError::UnknownTemplate { .. } => AppError::new(ErrorCode::UnknownTemplate, e.to_string()),
+            NodeError::RuntimeUnavailable { .. } => AppError::new(ErrorCode::RuntimeUnavailable, e.to_string()),
             NodeError::CheckpointUnavailable(why) => AppError::new(
                 ErrorCode::FeatureUnavailable,
                 format!(

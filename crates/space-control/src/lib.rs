@@ -38,6 +38,8 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub default_template: String,
+    /// Runtime of sessions created without one.
+    pub default_runtime: space_api::RuntimeKind,
     /// Policy of sessions created without one.
     pub snapshot_policy: SnapshotPolicy,
     /// Disk limit of sessions created without one, in MiB (0: none).
@@ -66,6 +68,7 @@ pub struct AppState {
     pub node: Arc<dyn NodeApi>,
     pub node_id: String,
     pub default_template: String,
+    pub default_runtime: space_api::RuntimeKind,
     pub snapshot_policy: SnapshotPolicy,
     /// Disk limit of sessions created without one, in MiB (0: none).
     pub default_disk_mib: u64,
@@ -136,6 +139,7 @@ pub async fn start(
         node,
         node_id,
         default_template: config.default_template.clone(),
+        default_runtime: config.default_runtime,
         snapshot_policy: config.snapshot_policy.clone(),
         default_disk_mib: config.default_disk_mib,
         reconciler: reconciler.clone(),

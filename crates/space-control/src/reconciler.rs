@@ -165,7 +165,7 @@ async fn start_sandbox(
         template_version: template.version,
         running_pid: None,
     };
-    if let Some(pod) = state.node.clone().bind_pod(&template, limits) {
+    if let Some(pod) = state.node.clone().bind_pod(&template, session.runtime, limits) {
         sandbox.id = &pod.id;
         sandbox.running_pid = Some(pod.pid);
         // A crash before this commit leaves an unowned pod, which the start-up sweep removes.
@@ -179,7 +179,7 @@ async fn start_sandbox(
         return Ok(pod);
     }
     state.store.insert_sandbox(&sandbox).await?;
-    let handle = state.node.start_sandbox(sandbox.id, &template, limits, &disk_quota(session)).await?;
+    let handle = state.node.start_sandbox(sandbox.id, &template, session.runtime, limits, &disk_quota(session)).await?;
     state.store.set_sandbox_running(sandbox.id, handle.pid).await?;
     state.node.join_session_network(&handle.id, &session.id).await?;
     Ok(handle)
@@ -213,8 +213,9 @@ async fn start_from_snapshot(
     };
     state.store.insert_sandbox(&new).await?;
     let limits = Limits::from(&session.resources);
+    let disk = disk_quota(session);
     let handle =
-        state.node.start_sandbox_from_snapshot(&sandbox, &origin, snapshot, limits, &disk_quota(session)).await?;
+        state.node.start_sandbox_from_snapshot(&sandbox, &origin, snapshot, session.runtime, limits, &disk).await?;
     state.store.set_sandbox_running(&sandbox, handle.pid).await?;
     state.node.join_session_network(&handle.id, &session.id).await?;
     Ok(handle)

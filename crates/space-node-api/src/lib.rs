@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use space_api::egress::AuditEvent;
-use space_api::{PoolStatus, Progress, SandboxId, SessionId, SnapshotId};
+use space_api::{PoolStatus, Progress, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId};
 use space_gateway::{Gateway, SessionEgress};
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -36,6 +36,9 @@ pub enum NodeError {
     /// Full snapshots (checkpoint and restore of processes) are not possible on this node.
     #[error("checkpoints are unavailable on this node: {0}")]
     CheckpointUnavailable(String),
+    /// This node cannot run sandboxes of `runtime`.
+    #[error("the {runtime} runtime is unavailable on this node: {reason}")]
+    RuntimeUnavailable { runtime: RuntimeKind, reason: String },
     /// Disk space ran out: the pool's, or the session's limit.
     #[error("out of disk space ({which:?})")]
     OutOfSpace { which: OutOfSpace, source: Box<dyn std::error::Error + Send + Sync + 'static> },
@@ -128,33 +131,55 @@ pub trait NodeApi: EgressControl + 'static {
         available
     }
 
+    // Runtimes.
+
+    /// Every runtime and whether this node can run it (and why not).
+    fn runtimes(&self) -> Vec<RuntimeSupport>;
+
+    /// Whether this node runs `runtime`; the reason it does not otherwise.
+    fn runtime_available(&self, runtime: RuntimeKind) -> Result<(), String> {
+        match self.runtimes().into_iter().find(|r| r.runtime == runtime) {
+            Some(r) if r.available => Ok(()),
+            Some(r) => Err(r.detail),
+            None => Err("this node does not know it".into()),
+        }
+    }
+
     // Warm pool.
 
-    /// A ready pod of exactly this template version, given `limits`, if the pool has one;
-    /// `None`: start cold. (The pool refills in the background, hence the `Arc`.)
-    fn bind_pod(self: Arc<Self>, template: &TemplateInfo, limits: Limits) -> Option<SandboxHandle>;
-    /// How many ready pods the node keeps for `template` (at most [`MAX_POOL_SIZE`]).
-    fn set_pool_size(self: Arc<Self>, template: &str, size: u32);
+    /// A ready pod of exactly this template version and runtime, given `limits`, if the pool
+    /// has one; `None`: start cold. (The pool refills in the background, hence the `Arc`.)
+    fn bind_pod(
+        self: Arc<Self>,
+        template: &TemplateInfo,
+        runtime: RuntimeKind,
+        limits: Limits,
+    ) -> Option<SandboxHandle>;
+    /// How many ready pods of `runtime` the node keeps for `template` (at most [`MAX_POOL_SIZE`]).
+    fn set_pool_size(self: Arc<Self>, template: &str, runtime: RuntimeKind, size: u32);
     fn pool_status(&self) -> PoolStatus;
 
     // Sandboxes.
 
-    /// Creates sandbox `id`'s root from `template`, charged to `disk`, and starts it.
+    /// Creates sandbox `id`'s root from `template`, charged to `disk`, and starts it in `runtime`.
     async fn start_sandbox(
         &self,
         id: &SandboxId,
         template: &TemplateInfo,
+        runtime: RuntimeKind,
         limits: Limits,
         disk: &DiskQuota,
     ) -> Result<SandboxHandle>;
     /// Starts sandbox `id` from a snapshot of `session`: a full snapshot's processes continue
     /// where they were; a disk snapshot's root boots afresh with a new identity. The new root
-    /// is charged to `disk` before anything in it runs.
+    /// is charged to `disk` before anything in it runs. `runtime` is the session's: the one its
+    /// snapshots were taken in.
     async fn start_sandbox_from_snapshot(
         &self,
         id: &SandboxId,
         session: &SessionId,
         snapshot: &SnapshotId,
+        runtime: RuntimeKind,
         limits: Limits,
         disk: &DiskQuota,
     ) -> Result<SandboxHandle>;

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use space_api::egress::AuditEvent;
-use space_api::{SandboxId, SessionId, SnapshotId, TemplateInfo};
+use space_api::{RuntimeKind, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::SessionEgress;
 use space_node_api::{DiskQuota, NodeApi, NodeError, OutOfSpace, SandboxHandle};
 use space_proto::client::{AgentClient, AgentError};
@@ -76,6 +76,8 @@ pub enum SimError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the {runtime} runtime is unavailable: {reason}")]
+    NoRuntime { runtime: RuntimeKind, reason: String },
     #[error("connecting to the simulated agent of {sandbox}: {source}")]
     Agent {
         sandbox: SandboxId,
@@ -88,6 +90,7 @@ impl From<SimError> for NodeError {
     fn from(e: SimError) -> Self {
         match e {
             SimError::OutOfSpace(_, which) => NodeError::OutOfSpace { which, source: Box::new(e) },
+            SimError::NoRuntime { runtime, reason } => NodeError::RuntimeUnavailable { runtime, reason },
             e => NodeError::Failed(Box::new(e)),
         }
     }
@@ -98,10 +101,12 @@ impl From<SimError> for NodeError {
 pub struct SimConfig {
     /// Templates it builds by name on first use.
     pub builtins: Vec<String>,
-    /// Ready pods to keep per template once background work starts.
-    pub pool: BTreeMap<String, u32>,
+    /// Ready pods to keep per template and runtime once background work starts.
+    pub pool: BTreeMap<(String, RuntimeKind), u32>,
     /// What `checkpoint_support` answers.
     pub checkpoints: Result<String, String>,
+    /// Whether the node runs `vm` sandboxes, or why not (`linux` always runs).
+    pub vm: Result<String, String>,
 }
 
 impl Default for SimConfig {
@@ -110,12 +115,14 @@ impl Default for SimConfig {
             builtins: vec!["busybox".into()],
             pool: BTreeMap::new(),
             checkpoints: Ok("simulated checkpoints".into()),
+            vm: Ok("simulated virtual machines".into()),
         }
     }
 }
 
 struct Sandbox {
     pid: u32,
+    runtime: RuntimeKind,
     inside: Arc<Inside>,
     /// `true` once pid 1 has exited; dropped (also ending waits) when destroyed.
     exited: watch::Sender<bool>,
@@ -158,6 +165,7 @@ struct State {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimSandbox {
     pub id: SandboxId,
+    pub runtime: RuntimeKind,
     pub alive: bool,
     pub paused: bool,
     /// A warm-pool pod no session has taken.
@@ -259,6 +267,7 @@ impl SimNode {
             .iter()
             .map(|(id, s)| SimSandbox {
                 id: id.clone(),
+                runtime: s.runtime,
                 alive: s.alive(),
                 paused: s.inside.is_frozen(),
                 pod: state.pool.holds(id),
@@ -330,16 +339,21 @@ impl State {
     }
 
     /// Starts sandbox `id` with `contents`; a sandbox of that id must not exist.
-    fn boot(&mut self, id: &SandboxId, contents: Contents) -> Result<SandboxHandle, SimError> {
+    fn boot(&mut self, id: &SandboxId, runtime: RuntimeKind, contents: Contents) -> Result<SandboxHandle, SimError> {
         if self.sandboxes.contains_key(id) {
             return Err(SimError::SandboxExists(id.clone()));
         }
+        if runtime == RuntimeKind::Vm
+            && let Err(reason) = &self.config.vm
+        {
+            return Err(SimError::NoRuntime { runtime, reason: reason.clone() });
+        }
         self.next_pid += 1;
         let pid = self.next_pid;
-        let sandbox =
-            Sandbox { pid, inside: Inside::new(contents), exited: watch::channel(false).0, agent: None, session: None };
+        let (inside, exited) = (Inside::new(contents), watch::channel(false).0);
+        let sandbox = Sandbox { pid, runtime, inside, exited, agent: None, session: None };
         self.sandboxes.insert(id.clone(), sandbox);
-        Ok(SandboxHandle { id: id.clone(), pid, socket: Default::default() })
+        Ok(SandboxHandle { id: id.clone(), runtime, pid })
     }
 
     /// Removes a sandbox, ending every wait on its exit. Missing is fine.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use space_api::egress::AuditEvent;
-use space_api::{PoolStatus, Progress, SandboxId, SessionId, SnapshotId, TemplateInfo};
+use space_api::{PoolStatus, Progress, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::SessionEgress;
 use space_node_api::{
     DiskQuota, DiskUsage, EgressControl, Limits, NodeApi, NodeError, ProgressFn, Result, SandboxHandle, SandboxStats,
@@ -70,12 +70,27 @@ impl NodeApi for SimNode {
         Ok(self.state().add_template(name, format!("imported from {} (simulated)", path.display())))
     }
 
-    fn bind_pod(self: Arc<Self>, template: &TemplateInfo, _limits: Limits) -> Option<SandboxHandle> {
-        self.state().take_pod(template)
+    fn runtimes(&self) -> Vec<RuntimeSupport> {
+        let vm = self.state().config.vm.clone();
+        let linux = RuntimeSupport { runtime: RuntimeKind::Linux, available: true, detail: "simulated".into() };
+        let (available, detail) = match vm {
+            Ok(detail) => (true, detail),
+            Err(why) => (false, why),
+        };
+        vec![linux, RuntimeSupport { runtime: RuntimeKind::Vm, available, detail }]
     }
 
-    fn set_pool_size(self: Arc<Self>, template: &str, size: u32) {
-        self.state().resize_pool(template, size);
+    fn bind_pod(
+        self: Arc<Self>,
+        template: &TemplateInfo,
+        runtime: RuntimeKind,
+        _limits: Limits,
+    ) -> Option<SandboxHandle> {
+        self.state().take_pod(template, runtime)
+    }
+
+    fn set_pool_size(self: Arc<Self>, template: &str, runtime: RuntimeKind, size: u32) {
+        self.state().resize_pool(template, runtime, size);
     }
 
     fn pool_status(&self) -> PoolStatus {
@@ -86,13 +101,14 @@ impl NodeApi for SimNode {
         &self,
         id: &SandboxId,
         template: &TemplateInfo,
+        runtime: RuntimeKind,
         _limits: Limits,
         disk: &DiskQuota,
     ) -> Result<SandboxHandle> {
         self.maybe_hang(Op::StartSandbox).await;
         let mut state = self.state();
         state.injected(Op::StartSandbox)?;
-        let handle = state.boot(id, Contents::new_root(&format!("{}@{}", template.name, template.version)))?;
+        let handle = state.boot(id, runtime, Contents::new_root(&format!("{}@{}", template.name, template.version)))?;
         state.disk.insert(id.clone(), disk.clone());
         Ok(handle)
     }
@@ -102,6 +118,7 @@ impl NodeApi for SimNode {
         id: &SandboxId,
         session: &SessionId,
         snapshot: &SnapshotId,
+        runtime: RuntimeKind,
         _limits: Limits,
         disk: &DiskQuota,
     ) -> Result<SandboxHandle> {
@@ -113,7 +130,7 @@ impl NodeApi for SimNode {
             state.config.checkpoints.clone().map_err(NodeError::CheckpointUnavailable)?;
         }
         let contents = snap.contents.clone();
-        let handle = state.boot(id, contents)?;
+        let handle = state.boot(id, runtime, contents)?;
         state.disk.insert(id.clone(), disk.clone());
         Ok(handle)
     }
@@ -142,7 +159,7 @@ impl NodeApi for SimNode {
     fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle> {
         let state = self.state();
         let sandbox = state.sandboxes.get(id).filter(|s| s.pid == pid && s.alive())?;
-        Some(SandboxHandle { id: id.clone(), pid: sandbox.pid, socket: Default::default() })
+        Some(SandboxHandle { id: id.clone(), runtime: sandbox.runtime, pid: sandbox.pid })
     }
 
     async fn wait_exit(&self, handle: &SandboxHandle) {

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use space_api::{PoolStatus, SandboxId, TemplateInfo, TemplatePool};
+use space_api::{PoolStatus, RuntimeKind, SandboxId, TemplateInfo, TemplatePool};
 use space_node_api::{MAX_POOL_SIZE, SandboxHandle};
 
 use crate::State;
@@ -21,12 +21,12 @@ struct Slot {
 
 #[derive(Debug, Default)]
 pub(crate) struct Pool {
-    slots: BTreeMap<String, Slot>,
+    slots: BTreeMap<(String, RuntimeKind), Slot>,
 }
 
 impl Pool {
-    pub(crate) fn new(sizes: &BTreeMap<String, u32>) -> Pool {
-        let slots = sizes.iter().map(|(name, size)| (name.clone(), Slot { size: *size, ..Slot::default() }));
+    pub(crate) fn new(sizes: &BTreeMap<(String, RuntimeKind), u32>) -> Pool {
+        let slots = sizes.iter().map(|(key, size)| (key.clone(), Slot { size: *size, ..Slot::default() }));
         Pool { slots: slots.collect() }
     }
 
@@ -41,8 +41,9 @@ impl Pool {
     }
 
     pub(crate) fn status(&self) -> PoolStatus {
-        let templates = self.slots.iter().map(|(name, slot)| TemplatePool {
+        let templates = self.slots.iter().map(|((name, runtime), slot)| TemplatePool {
             template: name.clone(),
+            runtime: *runtime,
             size: slot.size,
             ready: slot.ready.len() as u32,
             filling: 0,
@@ -61,15 +62,17 @@ impl State {
         if !self.background {
             return;
         }
-        let wanted: Vec<(String, u32)> = self.pool.slots.iter().map(|(name, slot)| (name.clone(), slot.size)).collect();
-        for (name, size) in wanted {
-            let Some(template) = self.newest_template(&name) else { continue };
-            while self.pool.slots.get(&name).is_some_and(|s| (s.ready.len() as u32) < size) {
+        let wanted: Vec<((String, RuntimeKind), u32)> =
+            self.pool.slots.iter().map(|(key, slot)| (key.clone(), slot.size)).collect();
+        for (key, size) in wanted {
+            let Some(template) = self.newest_template(&key.0) else { continue };
+            while self.pool.slots.get(&key).is_some_and(|s| (s.ready.len() as u32) < size) {
                 let id = SandboxId::generate();
-                let Ok(pod) = self.boot(&id, Contents::new_root(&format!("{name}@{}", template.version))) else {
+                let contents = Contents::new_root(&format!("{}@{}", key.0, template.version));
+                let Ok(pod) = self.boot(&id, key.1, contents) else {
                     break;
                 };
-                if let Some(slot) = self.pool.slots.get_mut(&name) {
+                if let Some(slot) = self.pool.slots.get_mut(&key) {
                     slot.ready.push_back((pod, template.version));
                 }
             }
@@ -77,9 +80,9 @@ impl State {
     }
 
     /// A ready pod of exactly `template`'s version; older ones found on the way are destroyed.
-    pub(crate) fn take_pod(&mut self, template: &TemplateInfo) -> Option<SandboxHandle> {
+    pub(crate) fn take_pod(&mut self, template: &TemplateInfo, runtime: RuntimeKind) -> Option<SandboxHandle> {
         let sandboxes = &self.sandboxes;
-        let slot = self.pool.slots.get_mut(&template.name)?;
+        let slot = self.pool.slots.get_mut(&(template.name.clone(), runtime))?;
         let mut found = None;
         let mut stale = Vec::new();
         while let Some((pod, version)) = slot.ready.pop_front() {
@@ -100,8 +103,8 @@ impl State {
         found
     }
 
-    pub(crate) fn resize_pool(&mut self, template: &str, size: u32) {
-        let slot = self.pool.slots.entry(template.to_owned()).or_default();
+    pub(crate) fn resize_pool(&mut self, template: &str, runtime: RuntimeKind, size: u32) {
+        let slot = self.pool.slots.entry((template.to_owned(), runtime)).or_default();
         slot.size = size.min(MAX_POOL_SIZE);
         let surplus = slot.ready.len().saturating_sub(slot.size as usize);
         let removed: Vec<SandboxId> = slot.ready.drain(..surplus).map(|(pod, _)| pod.id).collect();

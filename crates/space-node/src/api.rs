@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use space_api::egress::AuditEvent;
-use space_api::{PoolStatus, SandboxId, SessionId, SnapshotId};
+use space_api::{PoolStatus, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId};
 use space_gateway::SessionEgress;
 use space_node_api::{self as api, DiskQuota, EgressControl, NodeApi, ProgressFn};
 use space_proto::client::AgentClient;
@@ -23,6 +23,7 @@ impl From<NodeError> for api::NodeError {
         match e {
             NodeError::UnknownTemplate { name, available } => api::NodeError::UnknownTemplate { name, available },
             NodeError::Runtime(RuntimeError::CheckpointUnavailable(why)) => api::NodeError::CheckpointUnavailable(why),
+            NodeError::RuntimeUnavailable { runtime, reason } => api::NodeError::RuntimeUnavailable { runtime, reason },
             other => match other.out_of_space() {
                 Some(which) => api::NodeError::OutOfSpace { which, source: Box::new(other) },
                 None => api::NodeError::Failed(Box::new(other)),
@@ -72,12 +73,21 @@ impl NodeApi for Node {
         Ok(Node::import_template(self, name, path, report).await?)
     }
 
-    fn bind_pod(self: Arc<Self>, template: &TemplateInfo, limits: Limits) -> Option<SandboxHandle> {
-        Node::bind_pod(&self, template, limits)
+    fn runtimes(&self) -> Vec<RuntimeSupport> {
+        Node::runtimes(self)
     }
 
-    fn set_pool_size(self: Arc<Self>, template: &str, size: u32) {
-        Node::set_pool_size(&self, template, size)
+    fn bind_pod(
+        self: Arc<Self>,
+        template: &TemplateInfo,
+        runtime: RuntimeKind,
+        limits: Limits,
+    ) -> Option<SandboxHandle> {
+        Node::bind_pod(&self, template, runtime, limits)
+    }
+
+    fn set_pool_size(self: Arc<Self>, template: &str, runtime: RuntimeKind, size: u32) {
+        Node::set_pool_size(&self, template, runtime, size)
     }
 
     fn pool_status(&self) -> PoolStatus {
@@ -88,10 +98,11 @@ impl NodeApi for Node {
         &self,
         id: &SandboxId,
         template: &TemplateInfo,
+        runtime: RuntimeKind,
         limits: Limits,
         disk: &DiskQuota,
     ) -> Result<SandboxHandle> {
-        Ok(Node::start_sandbox(self, id, template, limits, &hostname_for(id), Some(disk)).await?)
+        Ok(Node::start_sandbox(self, id, template, runtime, limits, &hostname_for(id), Some(disk)).await?)
     }
 
     async fn start_sandbox_from_snapshot(
@@ -99,13 +110,13 @@ impl NodeApi for Node {
         id: &SandboxId,
         session: &SessionId,
         snapshot: &SnapshotId,
+        runtime: RuntimeKind,
         limits: Limits,
         disk: &DiskQuota,
     ) -> Result<SandboxHandle> {
-        let hostname = hostname_for(id);
         let started = match self.snapshot_is_full(session, snapshot) {
-            true => self.restore_sandbox(id, session, snapshot, limits, disk).await,
-            false => Node::start_sandbox_from_snapshot(self, id, session, snapshot, limits, &hostname, disk).await,
+            true => self.restore_sandbox(id, session, snapshot, runtime, limits, disk).await,
+            false => Node::start_sandbox_from_snapshot(self, id, session, snapshot, runtime, limits, disk).await,
         };
         Ok(started?)
     }
@@ -125,7 +136,7 @@ impl NodeApi for Node {
         // answer.
         let mut attempt = 1;
         loop {
-            Node::resume_sandbox(self, id)?;
+            Node::resume_sandbox(self, id).await?;
             match self.agent(id).await {
                 Ok(_) => return Ok(()),
                 Err(e) if attempt == RESUME_ATTEMPTS => return Err(e.into()),

@@ -10,9 +10,10 @@
 
 use std::time::Duration;
 
+use space_api::RuntimeKind;
 use space_api::{SandboxId, SessionId, SnapshotId};
 use space_node_api::DiskQuota;
-use space_runtime::{Limits, Runtime, SandboxHandle, SandboxSpec};
+use space_runtime::{CheckpointArtifacts, Limits, SandboxHandle, SandboxSpec};
 
 use crate::{Node, NodeError, Result, blocking, poisoned};
 
@@ -27,7 +28,7 @@ pub(crate) struct ConnectGate {
 impl Node {
     /// The checkpoint tool in use, or why full snapshots are unavailable.
     pub fn checkpoint_support(&self) -> std::result::Result<String, String> {
-        self.runtime.checkpoint_support()
+        self.runtimes.get(RuntimeKind::Linux).map_err(|e| e.to_string())?.checkpoint_support()
     }
 
     /// Takes a full snapshot of a running (or, `already_paused`, paused) sandbox; it is left
@@ -40,19 +41,20 @@ impl Node {
         snapshot: &SnapshotId,
         already_paused: bool,
     ) -> Result<u64> {
-        self.runtime.checkpoint_support().map_err(space_runtime::RuntimeError::CheckpointUnavailable)?;
+        let runtime = self.runtimes.of(sandbox)?;
+        runtime.checkpoint_support().map_err(space_runtime::RuntimeError::CheckpointUnavailable)?;
         let kept = self.kept_spaced.clone();
         if already_paused {
             // Its agent must run to let CRIU in and to let go of the connection.
-            self.runtime.resume(sandbox)?;
+            runtime.resume(sandbox).await?;
         }
         self.allow_checkpoint(sandbox).await;
         let gate = self.close_agent(sandbox)?;
         let taken = self.checkpoint_frozen(sandbox, session, snapshot).await;
         // As found: a paused sandbox frozen again also when the checkpoint failed early.
         let restored_state = match already_paused {
-            true => self.runtime.pause(sandbox).await,
-            false => self.runtime.resume(sandbox),
+            true => runtime.pause(sandbox).await,
+            false => runtime.resume(sandbox).await,
         };
         drop(gate);
         if !already_paused {
@@ -71,13 +73,15 @@ impl Node {
     /// Waits for the agent to let go, freezes, checkpoints and snapshots the root; returns the
     /// images' size. Leaves the sandbox frozen.
     async fn checkpoint_frozen(&self, sandbox: &SandboxId, session: &SessionId, snapshot: &SnapshotId) -> Result<u64> {
-        self.runtime.wait_agent_released(sandbox, RELEASE_TIMEOUT).await?;
-        self.runtime.pause(sandbox).await?;
+        let runtime = self.runtimes.of(sandbox)?;
+        runtime.wait_agent_released(sandbox, RELEASE_TIMEOUT).await?;
+        runtime.pause(sandbox).await?;
         let images = self.pool.snapshot_images_dir(session, snapshot);
         if let Some(dir) = images.parent() {
             std::fs::create_dir_all(dir).map_err(|e| NodeError::Internal(format!("create {}: {e}", dir.display())))?;
         }
-        let stats = self.runtime.checkpoint(sandbox, &images).await?;
+        let artifacts = self.checkpoint_artifacts(runtime.kind(), session, snapshot);
+        let stats = runtime.checkpoint(sandbox, &artifacts).await?;
         tracing::debug!(%sandbox, dump = ?stats.wall, image_bytes = stats.image_bytes, "checkpointed");
         let pool = self.pool.clone();
         let (sbx, ses, snap) = (sandbox.clone(), session.clone(), snapshot.clone());
@@ -92,26 +96,37 @@ impl Node {
         id: &SandboxId,
         session: &SessionId,
         snapshot: &SnapshotId,
+        runtime: RuntimeKind,
         limits: Limits,
         disk: &DiskQuota,
     ) -> Result<SandboxHandle> {
-        let pool = self.pool.clone();
-        let (sid, ses, snap, disk) = (id.clone(), session.clone(), snapshot.clone(), disk.clone());
-        // Charged before CRIU restores a single process: they continue at once.
-        let rootfs = blocking(move || {
-            let rootfs = pool.create_sandbox_root_from_snapshot(&sid, &ses, &snap, None)?;
-            crate::charge(&pool, &sid, Some(&disk))?;
-            Ok(rootfs)
-        })
-        .await?;
-        let spec = SandboxSpec { id: id.clone(), rootfs, hostname: String::new(), limits };
-        let images = self.pool.snapshot_images_dir(session, snapshot);
-        let spaced = self.pool.snapshot_binary(session, snapshot);
-        let handle = self.runtime.restore(&spec, &images, &spaced).await?;
+        let rt = self.runtimes.get(runtime)?;
+        // Charged before a single process is restored: they continue at once.
+        let root = self.root_from_snapshot(id, session, snapshot, rt.root_disk(), None, disk).await?;
+        let spec = SandboxSpec { id: id.clone(), root, hostname: String::new(), limits };
+        let artifacts = self.checkpoint_artifacts(runtime, session, snapshot);
+        self.runtimes.record(id, runtime);
+        let handle = rt.restore(&spec, &artifacts).await?;
         let agent = self.connect(id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
         self.connect_to_gateway_or_destroy(&handle).await?;
         Ok(handle)
+    }
+
+    /// Where `runtime`'s checkpoint of `snapshot` lives.
+    fn checkpoint_artifacts(
+        &self,
+        runtime: RuntimeKind,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+    ) -> CheckpointArtifacts {
+        let images = self.pool.snapshot_images_dir(session, snapshot);
+        match runtime {
+            RuntimeKind::Linux => {
+                CheckpointArtifacts::Criu { images, spaced: self.pool.snapshot_binary(session, snapshot) }
+            }
+            RuntimeKind::Vm => CheckpointArtifacts::VmState { state: images },
+        }
     }
 
     /// Asks pid 1 to let CRIU in (see `Request::AllowCheckpoint`). A `spaced` too old to know

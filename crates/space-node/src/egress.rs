@@ -5,7 +5,7 @@ use bytes::Bytes;
 use space_api::{SandboxId, SessionId};
 use space_gateway::GATEWAY_ADDR;
 use space_proto::client::AgentClient;
-use space_runtime::{Runtime, SandboxHandle};
+use space_runtime::SandboxHandle;
 use space_storage::SandboxIdentity;
 
 use crate::{Node, NodeError, Result, blocking, poisoned};
@@ -56,7 +56,7 @@ impl Node {
     }
 
     async fn attach_gateway(&self, handle: &SandboxHandle) -> Result<()> {
-        let netns = self.runtime.network_namespace(handle)?;
+        let netns = self.runtimes.of_handle(handle)?.network_namespace(handle)?;
         self.gateway.attach(&handle.id, netns).await.map_err(|e| NodeError::Gateway(e.to_string()))
     }
 

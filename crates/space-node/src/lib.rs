@@ -9,7 +9,9 @@ mod checkpoint;
 mod disk;
 pub(crate) use disk::charge;
 mod egress;
+mod images;
 mod lifecycle;
+mod runtimes;
 mod templates;
 mod warm;
 
@@ -17,18 +19,20 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use space_api::{Progress, SandboxId};
+use space_api::{Progress, RuntimeKind, RuntimeSupport, SandboxId};
 use space_node_api::DiskQuota;
 use space_proto::client::AgentClient;
 pub use space_runtime::Limits;
-use space_runtime::{Runtime, SandboxHandle, SandboxSpec, SandboxStats};
+use space_runtime::{AgentTransport, RootDisk, RootDiskKind, Runtime, SandboxHandle, SandboxSpec, SandboxStats};
 use space_runtime_linux::{LinuxOptions, LinuxRuntime};
+
+use crate::runtimes::Runtimes;
 use space_storage::{IdMap, Pool, PoolOptions};
 
 pub use space_gateway::{Gateway, GatewayConfig, SandboxLimits, certificates_from_pem, parse_dns_server};
 pub use space_node_api::NodeApi;
 pub use space_storage::{BUILTINS, TemplateInfo};
-pub use warm::{MAX_POOL_SIZE, WarmSettings};
+pub use warm::{MAX_POOL_SIZE, PoolKey, WarmSettings};
 
 /// How a node is set up.
 #[derive(Debug, Clone)]
@@ -67,6 +71,8 @@ pub enum NodeError {
     Storage(#[from] space_storage::StorageError),
     #[error(transparent)]
     Runtime(#[from] space_runtime::RuntimeError),
+    #[error("the {runtime} runtime is unavailable on this node: {reason}")]
+    RuntimeUnavailable { runtime: RuntimeKind, reason: String },
     #[error("cannot reach the sandbox agent of {sandbox}: {reason}")]
     Agent { sandbox: SandboxId, reason: String },
     #[error("the egress gateway: {0}")]
@@ -92,7 +98,7 @@ pub type Result<T> = std::result::Result<T, NodeError>;
 
 pub struct Node {
     pool: Arc<Pool>,
-    runtime: LinuxRuntime,
+    runtimes: Runtimes,
     agents: Mutex<HashMap<SandboxId, AgentClient>>,
     /// Sandboxes being checkpointed: no connection to their agent may be made meanwhile.
     connect_gates: Mutex<HashMap<SandboxId, tokio::sync::watch::Receiver<()>>>,
@@ -146,12 +152,13 @@ impl Node {
         let mut options = LinuxOptions::new(&kept_spaced, config.data_dir.join("run"), &config.cgroup_parent);
         options.id_map = config.id_map;
         options.criu = config.criu.clone();
-        let runtime = LinuxRuntime::new(options)?;
+        let linux: Arc<dyn Runtime> = Arc::new(LinuxRuntime::new(options)?);
+        let runtimes = Runtimes::new(vec![linux], vec![(RuntimeKind::Vm, "not built into this node yet".into())])?;
         let (audit, audit_events) = tokio::sync::mpsc::unbounded_channel();
         let gateway = Gateway::new(config.gateway.clone(), audit).map_err(|e| NodeError::Internal(e.to_string()))?;
         Ok(Node {
             pool: Arc::new(pool),
-            runtime,
+            runtimes,
             agents: Mutex::new(HashMap::new()),
             connect_gates: Mutex::new(HashMap::new()),
             kept_spaced,
@@ -165,37 +172,49 @@ impl Node {
         })
     }
 
-    /// Creates the sandbox's root from `template` (charged to `disk`, if given) and starts it.
+    /// Creates the sandbox's root from `template` (charged to `disk`, if given) and starts it
+    /// in `runtime`.
     pub async fn start_sandbox(
         &self,
         id: &SandboxId,
         template: &TemplateInfo,
+        runtime: RuntimeKind,
         limits: Limits,
         hostname: &str,
         disk: Option<&DiskQuota>,
     ) -> Result<SandboxHandle> {
+        let image = match self.runtimes.get(runtime)?.root_disk() {
+            RootDiskKind::Directory => None,
+            RootDiskKind::Image => Some(self.template_image(template).await?),
+        };
         let pool = self.pool.clone();
         let (sid, tpl, identity) = (id.clone(), template.clone(), crate::egress::sandbox_identity(hostname));
         let disk = disk.cloned();
-        let rootfs = blocking(move || {
-            let rootfs = pool.create_sandbox_root(&sid, &tpl, identity)?;
+        let root = blocking(move || {
+            let root = match image {
+                None => RootDisk::Directory(pool.create_sandbox_root(&sid, &tpl, identity)?),
+                Some(image) => RootDisk::Image(pool.create_sandbox_image_root(&sid, &image)?),
+            };
             charge(&pool, &sid, disk.as_ref())?;
-            Ok(rootfs)
+            Ok(root)
         })
         .await?;
-        self.boot(id, rootfs, limits, hostname).await
+        self.boot(id, runtime, root, limits, hostname).await
     }
 
     /// Starts a sandbox on a prepared root and connects to its `spaced`.
     pub(crate) async fn boot(
         &self,
         id: &SandboxId,
-        rootfs: PathBuf,
+        runtime: RuntimeKind,
+        root: RootDisk,
         limits: Limits,
         hostname: &str,
     ) -> Result<SandboxHandle> {
-        let spec = SandboxSpec { id: id.clone(), rootfs, hostname: hostname.to_owned(), limits };
-        let handle = self.runtime.start(&spec).await?;
+        let spec = SandboxSpec { id: id.clone(), root, hostname: hostname.to_owned(), limits };
+        let rt = self.runtimes.get(runtime)?;
+        self.runtimes.record(id, runtime);
+        let handle = rt.start(&spec).await?;
         let agent = self.connect(&handle.id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
         self.connect_to_gateway_or_destroy(&handle).await?;
@@ -207,7 +226,16 @@ impl Node {
     pub async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()> {
         self.agents.lock().map_err(poisoned)?.remove(id);
         self.disconnect_from_gateway(id);
-        self.runtime.destroy(id).await?;
+        match self.runtimes.of(id) {
+            Ok(runtime) => runtime.destroy(id).await?,
+            // Not known to be any runtime's: make sure none has anything of it.
+            Err(_) => {
+                for runtime in self.runtimes.all() {
+                    runtime.destroy(id).await?;
+                }
+            }
+        }
+        self.runtimes.forget(id);
         let pool = self.pool.clone();
         let sid = id.clone();
         blocking(move || Ok(pool.retire_sandbox_root(&sid)?)).await?;
@@ -261,7 +289,13 @@ impl Node {
     }
 
     async fn connect(&self, id: &SandboxId) -> Result<AgentClient> {
-        let socket = self.runtime.socket_path(id);
+        let socket = match self.runtimes.of(id)?.agent_transport(id) {
+            AgentTransport::Unix(path) => path,
+            AgentTransport::Vsock { cid, port } => {
+                let reason = format!("vsock {cid}:{port}: this node dials unix sockets only");
+                return Err(NodeError::Agent { sandbox: id.clone(), reason });
+            }
+        };
         // A frozen agent accepts but never answers: bounded, so no caller (recovery at start
         // least of all) waits for ever.
         match tokio::time::timeout(AGENT_CONNECT_TIMEOUT, AgentClient::connect_unix(&socket)).await {
@@ -273,38 +307,54 @@ impl Node {
         }
     }
 
-    /// A handle for a sandbox recorded before a restart.
-    pub fn handle(&self, id: &SandboxId, pid: u32) -> SandboxHandle {
-        SandboxHandle { id: id.clone(), pid, socket: self.runtime.socket_path(id) }
+    /// A handle for a sandbox recorded before a restart, if a runtime of this node has it.
+    pub fn handle(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle> {
+        let runtime = self.runtimes.kind_of(id)?;
+        Some(SandboxHandle { id: id.clone(), runtime, pid })
     }
 
     pub fn is_alive(&self, handle: &SandboxHandle) -> bool {
-        self.runtime.is_alive(handle)
+        self.runtimes.of_handle(handle).is_ok_and(|r| r.is_alive(handle))
     }
 
     /// The handle of a sandbox an earlier server process started, if it is still alive;
     /// from then on it is this node's like any other (snapshots, suspend, teardown).
     pub fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle> {
-        let handle = self.handle(id, pid);
-        self.runtime.adopt(&handle).then_some(handle)
+        let handle = self.handle(id, pid)?;
+        self.runtimes.of_handle(&handle).ok()?.adopt(&handle).then_some(handle)
     }
 
     pub async fn wait_exit(&self, handle: &SandboxHandle) {
-        self.runtime.wait_exit(handle).await
+        if let Ok(runtime) = self.runtimes.of_handle(handle) {
+            runtime.wait_exit(handle).await
+        }
+    }
+
+    /// Why a sandbox's process exited, if its runtime knows (a VMM's last error).
+    pub fn exit_reason(&self, id: &SandboxId) -> Option<String> {
+        self.runtimes.of(id).ok()?.exit_reason(id)
     }
 
     pub fn stats(&self, id: &SandboxId) -> Result<SandboxStats> {
-        Ok(self.runtime.stats(id)?)
+        Ok(self.runtimes.of(id)?.stats(id)?)
     }
 
     pub fn oom_kills(&self, id: &SandboxId) -> Result<u64> {
-        Ok(self.runtime.oom_kills(id)?)
+        Ok(self.runtimes.of(id)?.oom_kills(id)?)
+    }
+
+    /// Every runtime and whether this node can run it.
+    pub fn runtimes(&self) -> Vec<RuntimeSupport> {
+        self.runtimes.support()
     }
 
     /// Destroys every sandbox on this node that is not in `keep`; returns the ids of those
     /// removed. One that cannot be removed is logged and left for the next sweep.
     pub async fn sweep(&self, keep: &HashSet<SandboxId>) -> Result<Vec<SandboxId>> {
-        let mut found: HashSet<SandboxId> = self.runtime.list()?.into_iter().collect();
+        let mut found = HashSet::new();
+        for runtime in self.runtimes.all() {
+            found.extend(runtime.list()?);
+        }
         let pool = self.pool.clone();
         found.extend(blocking(move || Ok(pool.list_sandbox_roots()?)).await?);
         let mut removed = Vec::new();

@@ -2,20 +2,22 @@
 
 use std::collections::HashSet;
 
+use space_api::RuntimeKind;
 use space_api::{SandboxId, SessionId, SnapshotId};
 use space_node_api::DiskQuota;
-use space_runtime::{Limits, Runtime, SandboxHandle};
+use space_runtime::{Limits, RootDisk, RootDiskKind, SandboxHandle};
+use space_storage::SandboxIdentity;
 
 use crate::{Node, Result, blocking};
 
 impl Node {
     /// Freezes every process of the sandbox; memory stays where it is.
     pub async fn pause_sandbox(&self, id: &SandboxId) -> Result<()> {
-        Ok(self.runtime.pause(id).await?)
+        Ok(self.runtimes.of(id)?.pause(id).await?)
     }
 
-    pub fn resume_sandbox(&self, id: &SandboxId) -> Result<()> {
-        Ok(self.runtime.resume(id)?)
+    pub async fn resume_sandbox(&self, id: &SandboxId) -> Result<()> {
+        Ok(self.runtimes.of(id)?.resume(id).await?)
     }
 
     /// A read-only copy of the sandbox's root, consistent because the sandbox is frozen while
@@ -28,14 +30,15 @@ impl Node {
         snapshot: &SnapshotId,
         already_paused: bool,
     ) -> Result<()> {
+        let runtime = self.runtimes.of(sandbox)?;
         if !already_paused {
-            self.runtime.pause(sandbox).await?;
+            runtime.pause(sandbox).await?;
         }
         let pool = self.pool.clone();
         let (sbx, ses, snap) = (sandbox.clone(), session.clone(), snapshot.clone());
         let taken = blocking(move || Ok(pool.snapshot_sandbox_root(&sbx, &ses, &snap)?)).await;
         if !already_paused {
-            self.runtime.resume(sandbox)?;
+            runtime.resume(sandbox).await?;
         }
         taken.map(drop)
     }
@@ -47,26 +50,45 @@ impl Node {
     }
 
     /// Starts a sandbox whose root is a writable copy of `snapshot` (of `session`), with a
-    /// fresh identity like any new sandbox.
+    /// fresh identity (named after `id`) like any new sandbox.
     pub async fn start_sandbox_from_snapshot(
         &self,
         id: &SandboxId,
         session: &SessionId,
         snapshot: &SnapshotId,
+        runtime: RuntimeKind,
         limits: Limits,
-        hostname: &str,
         disk: &DiskQuota,
     ) -> Result<SandboxHandle> {
+        let kind = self.runtimes.get(runtime)?.root_disk();
+        let hostname = crate::hostname_for(id);
+        let identity = crate::egress::sandbox_identity(&hostname);
+        let root = self.root_from_snapshot(id, session, snapshot, kind, Some(identity), disk).await?;
+        self.boot(id, runtime, root, limits, &hostname).await
+    }
+
+    /// A new root for sandbox `id` from `snapshot`'s, of the `kind` its runtime boots from,
+    /// charged to `disk`. A snapshot of an image root holds the image.
+    pub(crate) async fn root_from_snapshot(
+        &self,
+        id: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        kind: RootDiskKind,
+        identity: Option<SandboxIdentity>,
+        disk: &DiskQuota,
+    ) -> Result<RootDisk> {
         let pool = self.pool.clone();
-        let identity = crate::egress::sandbox_identity(hostname);
         let (sid, ses, snap, disk) = (id.clone(), session.clone(), snapshot.clone(), disk.clone());
-        let rootfs = blocking(move || {
-            let rootfs = pool.create_sandbox_root_from_snapshot(&sid, &ses, &snap, Some(identity))?;
+        blocking(move || {
+            let rootfs = pool.create_sandbox_root_from_snapshot(&sid, &ses, &snap, identity)?;
             crate::charge(&pool, &sid, Some(&disk))?;
-            Ok(rootfs)
+            Ok(match kind {
+                RootDiskKind::Directory => RootDisk::Directory(rootfs),
+                RootDiskKind::Image => RootDisk::Image(rootfs.join(space_storage::ROOT_IMAGE)),
+            })
         })
-        .await?;
-        self.boot(id, rootfs, limits, hostname).await
+        .await
     }
 
     /// Deletes a snapshot (in the background). Missing is fine.

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use space_api::{PoolStatus, SandboxId, TemplatePool};
+use space_api::{PoolStatus, RuntimeKind, SandboxId, TemplatePool};
 use space_proto::ExecSpec;
-use space_runtime::{Limits, Runtime, SandboxHandle};
+use space_runtime::{Limits, SandboxHandle};
 use space_storage::TemplateInfo;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -35,14 +35,17 @@ const IDLE_RECHECK: Duration = Duration::from_secs(1);
 /// How the warm pool is sized.
 #[derive(Debug, Clone)]
 pub struct WarmSettings {
-    /// Ready pods to keep, per template name.
-    pub sizes: BTreeMap<String, u32>,
+    /// Ready pods to keep, per template name and runtime.
+    pub sizes: BTreeMap<PoolKey, u32>,
     /// Ceiling on pods prepared at the same time, so refilling never takes every core from
     /// running sandboxes.
     pub max_filling: u32,
     /// Limits pods are started with; a session asking for others gets them at bind time.
     pub pod_limits: Limits,
 }
+
+/// One pool: a template's pods of one runtime.
+pub type PoolKey = (String, RuntimeKind);
 
 #[derive(Debug)]
 struct Pod {
@@ -68,7 +71,7 @@ impl Slot {
 }
 
 pub(crate) struct WarmPool {
-    slots: std::sync::Mutex<BTreeMap<String, Slot>>,
+    slots: std::sync::Mutex<BTreeMap<PoolKey, Slot>>,
     permits: Arc<Semaphore>,
     max_filling: u32,
     filling: AtomicU32,
@@ -80,7 +83,7 @@ pub(crate) struct WarmPool {
 impl WarmPool {
     pub(crate) fn new(settings: &WarmSettings) -> WarmPool {
         let max_filling = settings.max_filling.max(1);
-        let slots = settings.sizes.iter().map(|(name, size)| (name.clone(), Slot { size: *size, ..Slot::default() }));
+        let slots = settings.sizes.iter().map(|(key, size)| (key.clone(), Slot { size: *size, ..Slot::default() }));
         WarmPool {
             slots: std::sync::Mutex::new(slots.collect()),
             permits: Arc::new(Semaphore::new(max_filling as usize)),
@@ -92,16 +95,21 @@ impl WarmPool {
         }
     }
 
-    fn slots(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
+    fn slots(&self) -> std::sync::MutexGuard<'_, BTreeMap<PoolKey, Slot>> {
         // A panic while holding the lock leaves counters, never a half-moved pod: keep going.
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes a ready pod of exactly this template version, if there is one. Pods of older
-    /// versions found on the way are returned for destruction.
-    fn take(&self, template: &TemplateInfo, alive: impl Fn(&SandboxHandle) -> bool) -> (Option<Pod>, Vec<Pod>) {
+    /// Takes a ready pod of exactly this template version and runtime, if there is one. Pods
+    /// of older versions found on the way are returned for destruction.
+    fn take(
+        &self,
+        template: &TemplateInfo,
+        runtime: RuntimeKind,
+        alive: impl Fn(&SandboxHandle) -> bool,
+    ) -> (Option<Pod>, Vec<Pod>) {
         let mut slots = self.slots();
-        let Some(slot) = slots.get_mut(&template.name) else {
+        let Some(slot) = slots.get_mut(&(template.name.clone(), runtime)) else {
             return (None, Vec::new());
         };
         let mut discard = Vec::new();
@@ -117,24 +125,24 @@ impl WarmPool {
     }
 
     /// Reserves a preparation for the built template that needs one most, with a permit.
-    fn next_job(&self, built: &HashSet<String>) -> Option<(String, OwnedSemaphorePermit)> {
+    fn next_job(&self, built: &HashSet<String>) -> Option<(PoolKey, OwnedSemaphorePermit)> {
         let mut slots = self.slots();
-        let (name, slot) = slots
+        let (key, slot) = slots
             .iter_mut()
-            .filter(|(name, s)| s.wanted() > 0 && built.contains(*name))
+            .filter(|((name, _), s)| s.wanted() > 0 && built.contains(name))
             .max_by_key(|(_, s)| s.wanted())?;
         let permit = self.permits.clone().try_acquire_owned().ok()?;
         slot.filling += 1;
         let now = self.filling.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak_filling.fetch_max(now, Ordering::SeqCst);
-        Some((name.clone(), permit))
+        Some((key.clone(), permit))
     }
 
     /// Ends a preparation; returns the pod back if the pool no longer wants it.
-    fn finish_job(&self, name: &str, outcome: Result<Pod, String>) -> Option<Pod> {
+    fn finish_job(&self, key: &PoolKey, outcome: Result<Pod, String>) -> Option<Pod> {
         self.filling.fetch_sub(1, Ordering::SeqCst);
         let mut slots = self.slots();
-        let slot = slots.entry(name.to_owned()).or_default();
+        let slot = slots.entry(key.clone()).or_default();
         slot.filling -= 1;
         match outcome {
             Ok(pod) if (slot.ready.len() as u32) < slot.size => {
@@ -152,9 +160,9 @@ impl WarmPool {
     }
 
     /// Sets a template's pool size; returns the ready pods beyond it, for destruction.
-    fn resize(&self, template: &str, size: u32) -> Vec<Pod> {
+    fn resize(&self, template: &str, runtime: RuntimeKind, size: u32) -> Vec<Pod> {
         let mut slots = self.slots();
-        let slot = slots.entry(template.to_owned()).or_default();
+        let slot = slots.entry((template.to_owned(), runtime)).or_default();
         slot.size = size;
         let keep = (size as usize).min(slot.ready.len());
         slot.ready.drain(keep..).collect()
@@ -162,7 +170,7 @@ impl WarmPool {
 
     /// Notes pools that cannot fill because their template does not exist (yet).
     fn mark_unbuilt(&self, built: &HashSet<String>) {
-        for (name, slot) in self.slots().iter_mut().filter(|(n, s)| s.size > 0 && !built.contains(*n)) {
+        for ((name, _), slot) in self.slots().iter_mut().filter(|((n, _), s)| s.size > 0 && !built.contains(n)) {
             slot.last_error = Some(format!("template {name:?} is not built; build or import it to fill this pool"));
         }
     }
@@ -171,8 +179,9 @@ impl WarmPool {
         let templates = self
             .slots()
             .iter()
-            .map(|(name, s)| TemplatePool {
+            .map(|((name, runtime), s)| TemplatePool {
                 template: name.clone(),
+                runtime: *runtime,
                 size: s.size,
                 ready: s.ready.len() as u32,
                 filling: s.filling,
@@ -209,15 +218,16 @@ impl Node {
     fn fill_pool(self: &Arc<Self>) {
         let built: HashSet<String> = self.templates().into_iter().map(|t| t.name).collect();
         self.warm.mark_unbuilt(&built);
-        while let Some((name, permit)) = self.warm.next_job(&built) {
+        while let Some((key, permit)) = self.warm.next_job(&built) {
             let node = self.clone();
             tokio::spawn(async move {
-                let outcome = match node.resolve_template(&name) {
-                    Some(template) => node.prepare_pod(&template).await,
+                let (name, runtime) = &key;
+                let outcome = match node.resolve_template(name) {
+                    Some(template) => node.prepare_pod(&template, *runtime).await,
                     None => Err(format!("template {name:?} disappeared")),
                 };
                 let failed = outcome.is_err();
-                if let Some(pod) = node.warm.finish_job(&name, outcome) {
+                if let Some(pod) = node.warm.finish_job(&key, outcome) {
                     node.discard_pod(pod);
                 }
                 if failed {
@@ -229,9 +239,9 @@ impl Node {
         }
     }
 
-    async fn prepare_pod(&self, template: &TemplateInfo) -> Result<Pod, String> {
+    async fn prepare_pod(&self, template: &TemplateInfo, runtime: RuntimeKind) -> Result<Pod, String> {
         let id = SandboxId::generate();
-        match self.start_sandbox(&id, template, self.warm.pod_limits, &hostname_for(&id), None).await {
+        match self.start_sandbox(&id, template, runtime, self.warm.pod_limits, &hostname_for(&id), None).await {
             Ok(handle) => {
                 self.warm_up(&id).await;
                 Ok(Pod { handle, version: template.version })
@@ -241,7 +251,7 @@ impl Node {
                 if let Err(e) = self.destroy_sandbox(&id).await {
                     tracing::warn!(sandbox = %id, error = %e, "cleaning up a failed pod");
                 }
-                Err(format!("preparing a pod of {}: {e}", template.name))
+                Err(format!("preparing a {runtime} pod of {}: {e}", template.name))
             }
         }
     }
@@ -282,15 +292,21 @@ impl Node {
 
     /// Binds a ready pod of `template` to a caller, applying `limits`. `None` means the pool
     /// had none (or could not fit the limits): take the cold path.
-    pub fn bind_pod(self: &Arc<Self>, template: &TemplateInfo, limits: Limits) -> Option<SandboxHandle> {
-        let (pod, stale) = self.warm.take(template, |h| self.runtime.is_alive(h));
+    pub fn bind_pod(
+        self: &Arc<Self>,
+        template: &TemplateInfo,
+        runtime: RuntimeKind,
+        limits: Limits,
+    ) -> Option<SandboxHandle> {
+        let (pod, stale) = self.warm.take(template, runtime, |h| self.is_alive(h));
         for pod in stale {
             self.discard_pod(pod);
         }
         self.refill_soon();
         let pod = pod?;
         if limits != self.warm.pod_limits
-            && let Err(e) = self.runtime.set_limits(&pod.handle.id, &limits)
+            && let Err(e) =
+                self.runtimes.of_handle(&pod.handle).and_then(|r| Ok(r.set_limits(&pod.handle.id, &limits)?))
         {
             tracing::warn!(sandbox = %pod.handle.id, error = %e, "cannot apply limits to a pod; starting cold");
             self.discard_pod(pod);
@@ -310,9 +326,9 @@ impl Node {
         });
     }
 
-    /// Changes how many ready pods the node keeps for `template`.
-    pub fn set_pool_size(self: &Arc<Self>, template: &str, size: u32) {
-        for pod in self.warm.resize(template, size.min(MAX_POOL_SIZE)) {
+    /// Changes how many ready pods of `runtime` the node keeps for `template`.
+    pub fn set_pool_size(self: &Arc<Self>, template: &str, runtime: RuntimeKind, size: u32) {
+        for pod in self.warm.resize(template, runtime, size.min(MAX_POOL_SIZE)) {
             self.discard_pod(pod);
         }
         self.warm.wake.notify_one();
@@ -326,11 +342,10 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
     fn settings(sizes: &[(&str, u32)], max_filling: u32) -> WarmSettings {
         WarmSettings {
-            sizes: sizes.iter().map(|(n, s)| (n.to_string(), *s)).collect(),
+            sizes: sizes.iter().map(|(n, s)| ((n.to_string(), RuntimeKind::Linux), *s)).collect(),
             max_filling,
             pod_limits: Limits { memory_mib: 512, millicpus: 1000, pids: 512 },
         }
@@ -338,7 +353,7 @@ mod tests {
 
     fn pod(version: u64) -> Pod {
         let id = SandboxId::generate();
-        Pod { handle: SandboxHandle { id, pid: 1, socket: PathBuf::new() }, version }
+        Pod { handle: SandboxHandle { id, runtime: RuntimeKind::Linux, pid: 1 }, version }
     }
 
     fn template(name: &str, version: u64) -> TemplateInfo {
@@ -356,7 +371,7 @@ mod tests {
         let first = pool.next_job(&built).unwrap();
         let second = pool.next_job(&built).unwrap();
         assert!(pool.next_job(&built).is_none(), "a third job ran past the ceiling of 2");
-        assert_eq!(first.0, "a", "the template missing most pods goes first");
+        assert_eq!(first.0.0, "a", "the template missing most pods goes first");
         drop(first.1);
         assert!(pool.finish_job(&first.0, Ok(pod(1))).is_none());
         drop(second.1);
@@ -371,16 +386,16 @@ mod tests {
     #[test]
     fn a_pod_is_taken_once() {
         let pool = WarmPool::new(&settings(&[("a", 2)], 1));
-        pool.resize("a", 2);
+        pool.resize("a", RuntimeKind::Linux, 2);
         for _ in 0..2 {
             let (name, permit) = pool.next_job(&built(&["a"])).unwrap();
             drop(permit);
             pool.finish_job(&name, Ok(pod(1)));
         }
         let t = template("a", 1);
-        let (one, _) = pool.take(&t, |_| true);
-        let (two, _) = pool.take(&t, |_| true);
-        let (three, _) = pool.take(&t, |_| true);
+        let (one, _) = pool.take(&t, RuntimeKind::Linux, |_| true);
+        let (two, _) = pool.take(&t, RuntimeKind::Linux, |_| true);
+        let (three, _) = pool.take(&t, RuntimeKind::Linux, |_| true);
         assert_ne!(one.unwrap().handle.id, two.unwrap().handle.id);
         assert!(three.is_none());
         let status = &pool.status().templates[0];
@@ -395,10 +410,10 @@ mod tests {
             drop(permit);
             pool.finish_job(&name, Ok(pod(version)));
         }
-        let (taken, stale) = pool.take(&template("a", 2), |_| true);
+        let (taken, stale) = pool.take(&template("a", 2), RuntimeKind::Linux, |_| true);
         assert_eq!(taken.unwrap().version, 2);
         assert_eq!(stale.len(), 1);
-        let (taken, dead) = pool.take(&template("a", 2), |_| false);
+        let (taken, dead) = pool.take(&template("a", 2), RuntimeKind::Linux, |_| false);
         assert!(taken.is_none());
         assert_eq!(dead.len(), 1);
     }
@@ -407,15 +422,15 @@ mod tests {
     fn shrinking_returns_the_extra_pods_and_full_pools_refuse_more() {
         let pool = WarmPool::new(&settings(&[("a", 2)], 2));
         let jobs: Vec<_> = (0..2).map(|_| pool.next_job(&built(&["a"])).unwrap()).collect();
-        pool.resize("a", 1);
+        pool.resize("a", RuntimeKind::Linux, 1);
         let mut returned = 0;
         for (name, permit) in jobs {
             drop(permit);
             returned += usize::from(pool.finish_job(&name, Ok(pod(1))).is_some());
         }
         assert_eq!(returned, 1, "the second pod exceeds the new size");
-        pool.resize("a", 3);
-        assert_eq!(pool.resize("a", 0).len(), 1);
+        pool.resize("a", RuntimeKind::Linux, 3);
+        assert_eq!(pool.resize("a", RuntimeKind::Linux, 0).len(), 1);
         assert!(pool.next_job(&built(&["a"])).is_none());
     }
 

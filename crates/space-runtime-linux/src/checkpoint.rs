@@ -9,7 +9,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use space_criu::{CgroupRoot, Criu, DumpOptions, RestoreOptions};
-use space_runtime::{CheckpointStats, Runtime, RuntimeError, SandboxHandle, SandboxId, SandboxSpec};
+use space_runtime::{
+    CheckpointArtifacts, CheckpointStats, Runtime, RuntimeError, RuntimeKind, SandboxHandle, SandboxId, SandboxSpec,
+};
 
 use crate::LinuxRuntime;
 use crate::boot::Pid1;
@@ -94,11 +96,20 @@ fn socket_inodes(text: &str, table: &str) -> Vec<u64> {
         .collect()
 }
 
+/// The CRIU images directory and the `spaced` the tree ran, or `WrongKind`.
+fn criu_artifacts(artifacts: &CheckpointArtifacts) -> Result<(&Path, &Path), RuntimeError> {
+    match artifacts {
+        CheckpointArtifacts::Criu { images, spaced } => Ok((images, spaced)),
+        _ => Err(RuntimeError::WrongKind { runtime: RuntimeKind::Linux, what: "a VM state checkpoint" }),
+    }
+}
+
 pub(crate) async fn checkpoint(
     rt: &LinuxRuntime,
     id: &SandboxId,
-    images_dir: &Path,
+    artifacts: &CheckpointArtifacts,
 ) -> Result<CheckpointStats, RuntimeError> {
+    let (images_dir, _) = criu_artifacts(artifacts)?;
     let criu = criu(rt)?;
     let pid = running_pid(rt, id)?;
     let name = rt.cgroup_name(id);
@@ -117,9 +128,10 @@ pub(crate) async fn checkpoint(
 pub(crate) async fn restore(
     rt: &LinuxRuntime,
     spec: &SandboxSpec,
-    images_dir: &Path,
-    spaced: &Path,
+    artifacts: &CheckpointArtifacts,
 ) -> Result<SandboxHandle, RuntimeError> {
+    let (images_dir, spaced) = criu_artifacts(artifacts)?;
+    let rootfs = crate::rootfs_of(spec)?;
     let criu = criu(rt)?.clone();
     if let Some(handle) = rt.running(&spec.id) {
         return Ok(handle); // a replayed restore
@@ -127,14 +139,14 @@ pub(crate) async fn restore(
     rt.destroy(&spec.id).await?; // leftovers of an earlier attempt
     // A range of its own, not the dumped sandbox's: every fork and restore of one image runs
     // under different host ids (the image's map is rewritten to it).
-    let (map, root) = match rt.range_and_root(&spec.id, &spec.rootfs) {
+    let (map, root) = match rt.range_and_root(&spec.id, rootfs) {
         Ok(taken) => taken,
         Err(e) => {
             cleanup(rt, &spec.id).await;
             return Err(e);
         }
     };
-    let mut opts = RestoreOptions::new(images_dir, &spec.rootfs, rt.agent_dir(&spec.id), spaced);
+    let mut opts = RestoreOptions::new(images_dir, rootfs, rt.agent_dir(&spec.id), spaced);
     opts.sandbox_root = (map.host_base, map.host_base);
     opts.root_mount = Some(std::sync::Arc::new(root));
     opts.id_count = map.count;
@@ -157,7 +169,7 @@ pub(crate) async fn restore(
     rt.track(&spec.id, Pid1 { pid, pidfd: restored.pidfd });
     let adopted = if socket == rt.socket_path(&spec.id) {
         // CRIU restores the freezer state the tree was dumped in (frozen, see the module docs).
-        rt.set_limits(&spec.id, &spec.limits).and_then(|()| rt.resume(&spec.id))
+        rt.set_limits(&spec.id, &spec.limits).and_then(|()| rt.thaw(&spec.id))
     } else {
         Err(RuntimeError::Restore(format!("the restored agent listens at {}, not at its place", socket.display())))
     };

@@ -30,8 +30,10 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use space_runtime::{
-    CheckpointStats, Limits, Runtime, RuntimeError, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
+    AgentTransport, CheckpointArtifacts, CheckpointStats, Limits, RootDisk, RootDiskKind, Runtime, RuntimeError,
+    RuntimeKind, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
 };
 use space_sandbox_init::sync::{InitConfig, ToInit};
 use tokio::io::Interest;
@@ -248,7 +250,16 @@ impl LinuxRuntime {
     }
 
     fn handle(&self, id: &SandboxId, pid: u32) -> SandboxHandle {
-        SandboxHandle { id: id.clone(), pid, socket: self.socket_path(id) }
+        SandboxHandle { id: id.clone(), runtime: RuntimeKind::Linux, pid }
+    }
+
+    /// Thaws a paused sandbox (the freezer is synchronous to leave).
+    pub(crate) fn thaw(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        let name = self.cgroup_name(id);
+        if !self.cgroups.exists(&name) {
+            return Err(RuntimeError::NotFound(id.clone()));
+        }
+        self.cgroups.set_frozen(&name, false).map_err(|e| RuntimeError::Cgroup(e.to_string()))
     }
 
     /// The handle of a sandbox this instance started and whose pid 1 still runs.
@@ -301,7 +312,7 @@ impl LinuxRuntime {
         let config = InitConfig {
             exe: Some(self.opts.spaced.clone()),
             root_mount: true,
-            ..InitConfig::new(&spec.rootfs, &spec.hostname)
+            ..InitConfig::new(rootfs_of(spec)?, &spec.hostname)
         };
         boot.send(&ToInit::Config(config)).await?;
         let (name, pid) = (self.cgroup_name(&spec.id), boot.bootstrap_pid());
@@ -322,7 +333,7 @@ impl LinuxRuntime {
         })
         .await?;
         self.agent_dir_fresh(&spec.id)?;
-        let (map, root) = match self.range_and_root(&spec.id, &spec.rootfs) {
+        let (map, root) = match self.range_and_root(&spec.id, rootfs_of(spec)?) {
             Ok(taken) => taken,
             Err(e) => {
                 self.cleanup_failed_start(&spec.id).await;
@@ -446,16 +457,39 @@ fn validate_spec(spec: &SandboxSpec) -> Result<(), RuntimeError> {
     if h.is_empty() || h.len() > 63 || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
         return Err(RuntimeError::Start(format!("hostname {h:?} is not a valid host name")));
     }
-    if !spec.rootfs.is_absolute() || !spec.rootfs.is_dir() {
-        return Err(RuntimeError::Start(format!(
-            "rootfs {} is not an absolute path to a directory",
-            spec.rootfs.display()
-        )));
+    let rootfs = rootfs_of(spec)?;
+    if !rootfs.is_absolute() || !rootfs.is_dir() {
+        return Err(RuntimeError::Start(format!("rootfs {} is not an absolute path to a directory", rootfs.display())));
     }
     Ok(())
 }
 
+/// The root directory of a spec, or `WrongKind` for an image.
+pub(crate) fn rootfs_of(spec: &SandboxSpec) -> Result<&Path, RuntimeError> {
+    match &spec.root {
+        RootDisk::Directory(dir) => Ok(dir),
+        RootDisk::Image(_) => Err(RuntimeError::WrongKind { runtime: RuntimeKind::Linux, what: "a disk image" }),
+    }
+}
+
+#[async_trait]
 impl Runtime for LinuxRuntime {
+    fn kind(&self) -> RuntimeKind {
+        RuntimeKind::Linux
+    }
+
+    fn describe(&self) -> String {
+        format!("namespaces, seccomp and cgroup v{} on the host kernel", self.cgroup_version())
+    }
+
+    fn root_disk(&self) -> RootDiskKind {
+        RootDiskKind::Directory
+    }
+
+    fn agent_transport(&self, id: &SandboxId) -> AgentTransport {
+        AgentTransport::Unix(self.socket_path(id))
+    }
+
     async fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
         validate_spec(spec)?;
         if let Some(handle) = self.running(&spec.id) {
@@ -499,12 +533,8 @@ impl Runtime for LinuxRuntime {
         teardown::freeze(&*self.cgroups, &name, self.opts.stop_timeout).await
     }
 
-    fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError> {
-        let name = self.cgroup_name(id);
-        if !self.cgroups.exists(&name) {
-            return Err(RuntimeError::NotFound(id.clone()));
-        }
-        self.cgroups.set_frozen(&name, false).map_err(|e| RuntimeError::Cgroup(e.to_string()))
+    async fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        self.thaw(id)
     }
 
     fn is_alive(&self, handle: &SandboxHandle) -> bool {
@@ -599,17 +629,20 @@ impl Runtime for LinuxRuntime {
         checkpoint::wait_agent_released(self, id, timeout).await
     }
 
-    async fn checkpoint(&self, id: &SandboxId, images_dir: &Path) -> Result<CheckpointStats, RuntimeError> {
-        checkpoint::checkpoint(self, id, images_dir).await
+    async fn checkpoint(
+        &self,
+        id: &SandboxId,
+        artifacts: &CheckpointArtifacts,
+    ) -> Result<CheckpointStats, RuntimeError> {
+        checkpoint::checkpoint(self, id, artifacts).await
     }
 
     async fn restore(
         &self,
         spec: &SandboxSpec,
-        images_dir: &Path,
-        spaced: &Path,
+        artifacts: &CheckpointArtifacts,
     ) -> Result<SandboxHandle, RuntimeError> {
-        checkpoint::restore(self, spec, images_dir, spaced).await
+        checkpoint::restore(self, spec, artifacts).await
     }
 }
 

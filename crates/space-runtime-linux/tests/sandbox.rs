@@ -3,7 +3,9 @@
 mod common;
 
 use common::*;
-use space_runtime::{Limits, Runtime, RuntimeError};
+use std::path::PathBuf;
+
+use space_runtime::{CheckpointArtifacts, Limits, Runtime, RuntimeError};
 
 #[tokio::test]
 async fn sandbox_is_isolated_and_destroyed_cleanly() {
@@ -16,7 +18,7 @@ async fn sandbox_is_isolated_and_destroyed_cleanly() {
     let handle = t.rt.start(&spec).await.expect("start");
     assert!(t.rt.is_alive(&handle));
     assert!(t.rt.list().unwrap().contains(&spec.id));
-    let client = connect(&handle).await;
+    let client = connect(&t.rt, &handle).await;
 
     // Its own pid namespace: the agent is pid 1 and no host process is visible.
     let cmdline = sh_ok(&client, "tr '\\0' ' ' < /proc/1/cmdline").await;
@@ -66,7 +68,7 @@ async fn sandbox_is_confined() {
     let t = TestRuntime::new();
     let rootfs = Rootfs::new();
     let handle = t.rt.start(&spec(rootfs.path(), default_limits())).await.expect("start");
-    let client = connect(&handle).await;
+    let client = connect(&t.rt, &handle).await;
 
     let status = sh_ok(&client, "grep -E '^(CapBnd|CapEff|NoNewPrivs|Seccomp):' /proc/self/status").await;
     assert!(status.contains("CapBnd:\t00000000a80405fb"), "{status}");
@@ -114,7 +116,7 @@ async fn memory_limit_kills_a_hog() {
     let rootfs = Rootfs::new();
     let limits = Limits { memory_mib: 48, millicpus: 1000, pids: 64 };
     let handle = t.rt.start(&spec(rootfs.path(), limits)).await.expect("start");
-    let client = connect(&handle).await;
+    let client = connect(&t.rt, &handle).await;
 
     // Doubles a shell string until the cgroup's OOM killer ends it.
     let out = sh(&client, "a=x; while true; do a=\"$a$a\"; done").await;
@@ -139,7 +141,7 @@ async fn pids_limit_stops_a_fork_bomb() {
     let rootfs = Rootfs::new();
     let limits = Limits { memory_mib: 256, millicpus: 500, pids: 32 };
     let handle = t.rt.start(&spec(rootfs.path(), limits)).await.expect("start");
-    let client = connect(&handle).await;
+    let client = connect(&t.rt, &handle).await;
 
     // A bounded burst: forks start failing at the limit.
     let out = sh(&client, "i=0; while [ $i -lt 100 ]; do sleep 1000 >/dev/null 2>&1 & i=$((i+1)); done").await;
@@ -314,7 +316,7 @@ async fn start_latency() {
         let t0 = std::time::Instant::now();
         let handle = t.rt.start(&spec).await.unwrap();
         starts.push(t0.elapsed());
-        let client = connect(&handle).await;
+        let client = connect(&t.rt, &handle).await;
         sh_ok(&client, "true").await;
         first_exec.push(t0.elapsed());
         drop(client);
@@ -396,7 +398,7 @@ async fn a_checkpoint_whose_deleted_files_exceed_the_total_ghost_limit_fails() {
     let rootfs = Rootfs::new();
     let spec = spec(rootfs.path(), default_limits());
     let handle = t.rt.start(&spec).await.expect("start");
-    let client = connect(&handle).await;
+    let client = connect(&t.rt, &handle).await;
     // Two deleted files of 1 MiB each, held open: each under CRIU's per-file limit, together over ours.
     let holder = "for f in a b; do exec 3<>/tmp/$f; head -c 1048576 /dev/zero >&3; rm /tmp/$f; \
                   sleep 100000 <&3 >/dev/null 2>&1 & exec 3>&-; done";
@@ -405,7 +407,11 @@ async fn a_checkpoint_whose_deleted_files_exceed_the_total_ghost_limit_fails() {
     t.rt.wait_agent_released(&spec.id, std::time::Duration::from_secs(5)).await.expect("agent released");
     t.rt.pause(&spec.id).await.expect("pause");
     let images = tempfile::tempdir().unwrap();
-    let err = t.rt.checkpoint(&spec.id, &images.path().join("dump")).await.expect_err("over the ghost limit");
+    let err = t
+        .rt
+        .checkpoint(&spec.id, &CheckpointArtifacts::Criu { images: images.path().join("dump"), spaced: PathBuf::new() })
+        .await
+        .expect_err("over the ghost limit");
     assert!(err.to_string().contains("deleted but still open files"), "{err}");
     t.rt.destroy(&spec.id).await.expect("destroy");
 }

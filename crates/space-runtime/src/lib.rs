@@ -1,16 +1,19 @@
 //! The contract between the node and a sandbox runtime.
 //!
-//! A runtime turns a prepared root filesystem into a running sandbox whose pid 1 is `spaced`,
-//! reachable through a unix socket on the host that only the node can open. Every operation is
-//! idempotent and named after the [`SandboxId`], so the node can replay it after a crash.
+//! A runtime turns a prepared root disk into a running sandbox whose pid 1 is `spaced`,
+//! reachable through an [`AgentTransport`] only the node can open: a process tree on the
+//! node's kernel (`linux`) or a virtual machine with a kernel of its own (`vm`). Every
+//! operation is idempotent and named after the [`SandboxId`], so the node can replay it after
+//! a crash. Handles, root disks and checkpoint artifacts are typed per runtime; a runtime
+//! given another's answers [`RuntimeError::WrongKind`].
 
-use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-pub use space_api::{IdMap, SandboxId};
+pub use space_api::{IdMap, RuntimeKind, SandboxId};
 
 /// Resource limits applied to the whole sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -27,24 +30,69 @@ impl From<&space_api::Resources> for Limits {
     }
 }
 
+/// A sandbox's root disk, of the type its runtime boots from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootDisk {
+    /// A writable btrfs subvolume: the root filesystem itself (`linux`).
+    Directory(PathBuf),
+    /// A raw filesystem image, the sandbox's own reflinked copy (`vm`).
+    Image(PathBuf),
+}
+
+impl RootDisk {
+    pub fn path(&self) -> &Path {
+        match self {
+            RootDisk::Directory(p) | RootDisk::Image(p) => p,
+        }
+    }
+}
+
+/// Which root disk a runtime boots from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootDiskKind {
+    Directory,
+    Image,
+}
+
 /// Everything a runtime needs to start one sandbox.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
     pub id: SandboxId,
-    /// The sandbox's writable root: a btrfs subvolume prepared by the storage pool.
-    pub rootfs: PathBuf,
+    /// The sandbox's writable root, prepared by the storage pool.
+    pub root: RootDisk,
     pub hostname: String,
     pub limits: Limits,
 }
 
-/// A started sandbox.
+/// A started sandbox. Opaque above the node: the node gives it back to the runtime that
+/// made it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxHandle {
     pub id: SandboxId,
-    /// Host pid of the sandbox's pid 1 (`spaced`).
+    pub runtime: RuntimeKind,
+    /// The host process that holds the sandbox (pid 1 for `linux`, the VMM's for `vm`): what
+    /// tells this sandbox from a later one of the same id after a restart.
     pub pid: u32,
-    /// Host path of the unix socket `spaced` accepts node connections on.
-    pub socket: PathBuf,
+}
+
+/// How the node reaches a sandbox's `spaced`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentTransport {
+    /// A unix socket on the host: the agent's own (`linux`), or the VMM's end of a
+    /// virtio-serial port (`vm`).
+    Unix(PathBuf),
+    /// An `AF_VSOCK` address (a `vm` where `/dev/vhost-vsock` exists).
+    Vsock { cid: u32, port: u32 },
+}
+
+/// What a checkpoint is made of, per runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointArtifacts {
+    /// A CRIU image directory, and the `spaced` binary the checkpointed tree ran (a restore
+    /// must run that very binary again).
+    Criu { images: PathBuf, spaced: PathBuf },
+    /// The VMM's saved device and memory state.
+    VmState { state: PathBuf },
 }
 
 /// Point-in-time resource usage.
@@ -86,27 +134,41 @@ pub enum RuntimeError {
     Checkpoint(String),
     #[error("restoring a checkpoint failed: {0}")]
     Restore(String),
+    /// The spec or the artifacts are of another runtime's type.
+    #[error("the {runtime} runtime cannot use {what}")]
+    WrongKind { runtime: RuntimeKind, what: &'static str },
 }
 
+/// A sandbox runtime (model: cloud-hypervisor's `Hypervisor`/`Vm`). The node holds one per
+/// kind available on its host, as `dyn Runtime`; nothing above the node sees which.
+#[async_trait]
 pub trait Runtime: Send + Sync + 'static {
-    /// Starts a sandbox and returns once `spaced` accepts connections.
-    fn start(&self, spec: &SandboxSpec) -> impl Future<Output = Result<SandboxHandle, RuntimeError>> + Send;
+    fn kind(&self) -> RuntimeKind;
 
-    /// Kills every process of the sandbox and removes its runtime resources (cgroups, socket).
-    /// Succeeds when there is nothing left to remove.
-    fn destroy(&self, id: &SandboxId) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+    /// What runs sandboxes (e.g. `QEMU 7.2.19, TCG`); the runtime exists only when it can.
+    fn describe(&self) -> String;
+
+    /// The root disk this runtime boots from; the node prepares one of that type.
+    fn root_disk(&self) -> RootDiskKind;
+
+    /// Starts a sandbox and returns once `spaced` accepts connections.
+    async fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError>;
+
+    /// Kills the sandbox and removes its runtime resources (cgroups, sockets, VMM). Succeeds
+    /// when there is nothing left to remove.
+    async fn destroy(&self, id: &SandboxId) -> Result<(), RuntimeError>;
 
     /// Changes the resource limits of a running sandbox (applied when a warm pod is bound to
     /// a session that asked for other limits than the pod was prepared with).
     fn set_limits(&self, id: &SandboxId, limits: &Limits) -> Result<(), RuntimeError>;
 
-    /// Freezes every process of the sandbox in place; returns once they are all frozen.
-    fn pause(&self, id: &SandboxId) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+    /// Stops every process (or vCPU) of the sandbox in place; returns once it is stopped.
+    async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError>;
 
-    /// Thaws a paused sandbox.
-    fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError>;
+    /// Lets a paused sandbox run again.
+    async fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError>;
 
-    /// Whether the sandbox's pid 1 is still the process recorded in `handle`.
+    /// Whether the sandbox's process is still the one recorded in `handle`.
     fn is_alive(&self, handle: &SandboxHandle) -> bool;
 
     /// Takes over a sandbox an earlier instance started (found alive after a restart), so
@@ -114,13 +176,22 @@ pub trait Runtime: Send + Sync + 'static {
     /// whether the sandbox is alive (and now adopted).
     fn adopt(&self, handle: &SandboxHandle) -> bool;
 
-    /// The sandbox's network namespace, where the node's gateway opens its listeners. Opened
-    /// through what pins the sandbox (never a bare pid that may since have been reused);
-    /// `NotFound` when the sandbox no longer runs.
+    /// How the node dials the sandbox's agent.
+    fn agent_transport(&self, id: &SandboxId) -> AgentTransport;
+
+    /// The sandbox's network namespace, where the node's gateway opens its listeners (the
+    /// sandbox's own for `linux`; the one its VMM and TAP live in for `vm`). Opened through
+    /// what pins the sandbox (never a bare pid that may since have been reused); `NotFound`
+    /// when the sandbox no longer runs.
     fn network_namespace(&self, handle: &SandboxHandle) -> Result<OwnedFd, RuntimeError>;
 
-    /// Resolves when the sandbox's pid 1 has exited.
-    fn wait_exit(&self, handle: &SandboxHandle) -> impl Future<Output = ()> + Send;
+    /// Resolves when the sandbox's process has exited.
+    async fn wait_exit(&self, handle: &SandboxHandle);
+
+    /// Why the sandbox's process exited, if the runtime knows (a VMM's last error line).
+    fn exit_reason(&self, _id: &SandboxId) -> Option<String> {
+        None
+    }
 
     fn stats(&self, id: &SandboxId) -> Result<SandboxStats, RuntimeError>;
 
@@ -134,31 +205,22 @@ pub trait Runtime: Send + Sync + 'static {
     /// The checkpoint tool in use (e.g. `CRIU 4.2.1`), or why sandboxes cannot be checkpointed.
     fn checkpoint_support(&self) -> Result<String, String>;
 
-    /// Waits (at most `timeout`) until the sandbox's agent holds no connection: a checkpoint
-    /// cannot take a connection to the host along. The caller closes its own first; the
-    /// sandbox must be running (the agent closes its ends).
-    fn wait_agent_released(
+    /// Waits (at most `timeout`) until the sandbox can be checkpointed with the node's agent
+    /// connection closed (a process checkpoint cannot take a connection to the host along).
+    /// The caller closes its own first; the sandbox must be running.
+    async fn wait_agent_released(&self, id: &SandboxId, timeout: Duration) -> Result<(), RuntimeError>;
+
+    /// Checkpoints a paused sandbox into `artifacts` (created; must not hold another
+    /// checkpoint). The sandbox keeps running, still paused.
+    async fn checkpoint(
         &self,
         id: &SandboxId,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+        artifacts: &CheckpointArtifacts,
+    ) -> Result<CheckpointStats, RuntimeError>;
 
-    /// Checkpoints the process tree of a paused sandbox into `images_dir` (created; must not
-    /// hold another checkpoint). The sandbox keeps running, still paused.
-    fn checkpoint(
-        &self,
-        id: &SandboxId,
-        images_dir: &Path,
-    ) -> impl Future<Output = Result<CheckpointStats, RuntimeError>> + Send;
-
-    /// Starts sandbox `spec.id` by restoring the checkpoint in `images_dir` onto `spec.rootfs`
-    /// (a writable copy of the root snapshot taken with it), with `spec.limits`; `spaced` is
-    /// the very binary the checkpointed sandbox ran. Returns once `spaced` accepts
-    /// connections. Restoring one checkpoint several times forks it.
-    fn restore(
-        &self,
-        spec: &SandboxSpec,
-        images_dir: &Path,
-        spaced: &Path,
-    ) -> impl Future<Output = Result<SandboxHandle, RuntimeError>> + Send;
+    /// Starts sandbox `spec.id` by restoring the checkpoint in `artifacts` onto `spec.root` (a
+    /// writable copy of the root snapshot taken with it), with `spec.limits`. Returns once
+    /// `spaced` accepts connections. Restoring one checkpoint several times forks it.
+    async fn restore(&self, spec: &SandboxSpec, artifacts: &CheckpointArtifacts)
+    -> Result<SandboxHandle, RuntimeError>;
 }

@@ -27,6 +27,8 @@ use space_api::IdMap;
 const LAYOUT: [(&str, u32); 5] =
     [("templates", DIR_MODE), ("sandboxes", DIR_MODE), ("snapshots", DIR_MODE), ("pods", DIR_MODE), ("trash", 0o700)];
 const DIR_MODE: u32 = 0o711;
+/// The disk image in the root subvolume of a sandbox that boots from one (`vm`).
+pub const ROOT_IMAGE: &str = "disk.img";
 
 /// How to open a pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -196,6 +198,30 @@ impl Pool {
         })?;
         tracing::debug!(sandbox = %id, template = %format!("{}@{}", template.name, template.version), "sandbox root created");
         Ok(rootfs)
+    }
+
+    /// Creates the root of a sandbox that boots from a disk image: a fresh subvolume (so
+    /// disk limits, snapshots and deletion treat it like any root) holding
+    /// [`ROOT_IMAGE`], a reflink of `image`. A root left by an interrupted attempt is
+    /// replaced. Returns the image's path.
+    pub fn create_sandbox_image_root(&self, id: &SandboxId, image: &Path) -> Result<PathBuf> {
+        let dir = self.sandbox_dir(id);
+        match DirBuilder::new().mode(DIR_MODE).create(&dir) {
+            Err(e) if e.kind() != ErrorKind::AlreadyExists => return Err(e).ctx("create directory", &dir),
+            _ => {}
+        }
+        let rootfs = dir.join("rootfs");
+        if std::fs::symlink_metadata(&rootfs).is_ok() {
+            tracing::warn!(sandbox = %id, "replacing the root left by an interrupted attempt");
+            remove_any(&rootfs)?;
+        }
+        btrfs::create_subvolume(&rootfs)?;
+        let disk = rootfs.join(ROOT_IMAGE);
+        if let Err(e) = crate::reflink(image, &disk) {
+            let _ = remove_any(&rootfs);
+            return Err(e);
+        }
+        Ok(disk)
     }
 
     /// A sandbox root as a writable snapshot of the subvolume `source`, with a new identity

@@ -422,6 +422,7 @@ mod tests {
             id: id.clone(),
             tenant_id: tenant.clone(),
             template: "busybox".into(),
+            runtime: Default::default(),
             resources: Resources::default(),
             env: [("KEEP".to_string(), "1".to_string())].into(),
             source_snapshot: None,

@@ -221,6 +221,7 @@ mod tests {
             id: id.clone(),
             tenant_id: tenant.clone(),
             template: "busybox".into(),
+            runtime: Default::default(),
             resources: space_api::Resources::default(),
             env: Default::default(),
             source_snapshot: None,

@@ -74,6 +74,7 @@ mod tests {
             id: id.clone(),
             tenant_id: tenant.clone(),
             template: "busybox".into(),
+            runtime: Default::default(),
             resources: Resources::default(),
             env: Default::default(),
             source_snapshot: None,

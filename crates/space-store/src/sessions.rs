@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use space_api::{
-    OperationId, Resources, SandboxId, Session, SessionEvent, SessionId, SessionLifetime, SessionState, SnapshotId,
-    SnapshotPolicy, TenantId,
+    OperationId, Resources, RuntimeKind, SandboxId, Session, SessionEvent, SessionId, SessionLifetime, SessionState,
+    SnapshotId, SnapshotPolicy, TenantId,
 };
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
@@ -27,6 +27,7 @@ pub struct NewSession {
     pub id: SessionId,
     pub tenant_id: TenantId,
     pub template: String,
+    pub runtime: RuntimeKind,
     pub resources: Resources,
     pub env: BTreeMap<String, String>,
     /// Start from this snapshot (a fork) rather than the template.
@@ -58,14 +59,16 @@ pub struct SandboxRecord {
     pub pid: Option<u32>,
 }
 
-const SESSION_COLUMNS: &str = "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at, source_snapshot, snapshot_policy, lifetime";
+const SESSION_COLUMNS: &str = "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at, source_snapshot, snapshot_policy, lifetime, runtime";
 
 fn session_from_row(row: &SqliteRow) -> Result<SessionRecord> {
     let state: &str = row.get(4);
     let resources: &str = row.get(5);
     let env: &str = row.get(6);
     let sandbox: Option<&str> = row.get(8);
+    let runtime: &str = row.get(14);
     let session = Session {
+        runtime: RuntimeKind::parse(runtime).ok_or_else(|| StoreError::Corrupt(format!("runtime {runtime}")))?,
         id: parse("session id", row.get::<&str, _>(0))?,
         template: row.get(2),
         template_version: row.get::<Option<i64>, _>(3).map(|v| v as u32),
@@ -405,8 +408,8 @@ pub(crate) async fn insert_session_tx(
 ) -> Result<OperationId> {
     let now = now_ms();
     sqlx::query(
-        "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy, lifetime)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11)",
+        "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy, lifetime, runtime)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12)",
     )
     .bind(new.id.as_str())
     .bind(new.tenant_id.as_str())
@@ -419,6 +422,7 @@ pub(crate) async fn insert_session_tx(
     .bind(new.template_version.map(i64::from))
     .bind(serde_json::to_string(&new.snapshot_policy).unwrap_or_default())
     .bind(serde_json::to_string(&new.lifetime).unwrap_or_default())
+    .bind(new.runtime.as_str())
     .execute(&mut **tx)
     .await?;
     insert_event(tx, &new.id, "created", None, Some(SessionState::Creating), None).await?;
@@ -466,6 +470,7 @@ mod tests {
             id: id.clone(),
             tenant_id: tenant_id.clone(),
             template: "busybox".into(),
+            runtime: Default::default(),
             resources: Resources::default(),
             env: BTreeMap::new(),
             source_snapshot: None,

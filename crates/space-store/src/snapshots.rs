@@ -139,6 +139,7 @@ mod tests {
             id: session.clone(),
             tenant_id: tenant.clone(),
             template: "busybox".into(),
+            runtime: Default::default(),
             resources: Default::default(),
             env: Default::default(),
             source_snapshot: None,

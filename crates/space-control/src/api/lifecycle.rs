@@ -346,6 +346,7 @@ pub async fn fork(
             id: SessionId::generate(),
             tenant_id: caller.tenant_id.clone(),
             template: parent.template.clone(),
+            runtime: parent.runtime,
             resources: parent.resources,
             env: parent.env.clone(),
             source_snapshot: Some(snapshot.id.clone()),

@@ -261,6 +261,7 @@ mod tests {
             id: id.clone(),
             tenant_id: owner.clone(),
             template: "busybox".into(),
+            runtime: Default::default(),
             resources: Default::default(),
             env: Default::default(),
             source_snapshot: None,

@@ -28,6 +28,9 @@ pub async fn set_pool_size(
         return Err(AppError::bad_request(format!("size must be at most {MAX_POOL_SIZE}")));
     }
     super::sessions::check_template(&state, &template)?;
-    state.node.clone().set_pool_size(&template, request.size);
+    if request.size > 0 {
+        super::sessions::check_runtime(&state, request.runtime)?;
+    }
+    state.node.clone().set_pool_size(&template, request.runtime, request.size);
     Ok(ApiJson(state.node.pool_status()))
 }

@@ -90,6 +90,16 @@ fn check_env(request: &CreateSessionRequest) -> AppResult<()> {
     Ok(())
 }
 
+/// The node runs `runtime`, or a 400 saying why not.
+pub(super) fn check_runtime(state: &AppState, runtime: space_api::RuntimeKind) -> AppResult<()> {
+    state.node.runtime_available(runtime).map_err(|why| {
+        AppError::new(
+            ErrorCode::RuntimeUnavailable,
+            format!("the {runtime} runtime is unavailable on this server: {why}; `space doctor` says what it needs"),
+        )
+    })
+}
+
 pub(super) fn check_template(state: &AppState, name: &str) -> AppResult<()> {
     if state.node.resolve_template(name).is_some() || state.node.is_builtin(name) {
         return Ok(());
@@ -119,6 +129,8 @@ pub async fn create_session(
     }
     let template = request.template.clone().unwrap_or_else(|| state.default_template.clone());
     check_template(&state, &template)?;
+    let runtime = request.runtime.unwrap_or(state.default_runtime);
+    check_runtime(&state, runtime)?;
     let resources = resources(&request, state.default_disk_mib)?;
     check_env(&request)?;
     let snapshot_policy = request.snapshot_policy.clone().unwrap_or_else(|| state.snapshot_policy.clone());
@@ -129,6 +141,7 @@ pub async fn create_session(
         id: SessionId::generate(),
         tenant_id: caller.tenant_id.clone(),
         template,
+        runtime,
         resources,
         env: request.env,
         source_snapshot: None,

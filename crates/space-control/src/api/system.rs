@@ -36,6 +36,7 @@ pub async fn status(State(state): State<AppState>, Extension(caller): Extension<
         templates,
         pool: state.node.pool_status(),
         full_snapshots: full_snapshot_support(&state),
+        runtimes: state.node.runtimes(),
     }))
 }
 

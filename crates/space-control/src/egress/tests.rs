@@ -138,6 +138,7 @@ impl Fixture {
             id: SessionId::generate(),
             tenant_id: self.tenant.clone(),
             template: "busybox".into(),
+            runtime: Default::default(),
             resources: Default::default(),
             env: Default::default(),
             source_snapshot: None,

@@ -225,6 +225,7 @@ async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeA
         data_dir,
         listen: listener.local_addr().expect("the port"),
         default_template: "busybox".into(),
+        default_runtime: space_api::RuntimeKind::Linux,
         // No scheduled snapshots: each test takes those it counts.
         snapshot_policy: space_api::SnapshotPolicy::off(),
         scheduler_tick: Duration::from_secs(3600),

@@ -12,4 +12,5 @@ mod idempotency;
 mod lifecycle;
 mod pool;
 mod recovery;
+mod runtimes;
 mod tenancy;

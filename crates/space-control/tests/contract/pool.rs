@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::json;
+use space_api::RuntimeKind;
 use space_node_sim::SimConfig;
 
 use crate::harness::Server;
@@ -16,7 +17,7 @@ async fn busybox_pool(server: &Server) -> serde_json::Value {
 
 #[tokio::test]
 async fn creates_take_ready_pods_and_the_admin_resizes_the_pool() {
-    let pool = BTreeMap::from([("busybox".to_owned(), 2)]);
+    let pool = BTreeMap::from([(("busybox".to_owned(), RuntimeKind::Linux), 2)]);
     let server = Server::start_with(SimConfig { pool, ..SimConfig::default() }).await;
     crate::lifecycle::wait_until(|| server.sim.sandboxes().iter().filter(|s| s.pod).count() == 2).await;
     let id = server.session().await;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use space_proto::{AgentClient, ExecSpec, ExitStatus};
-use space_runtime::{Limits, Runtime, SandboxHandle, SandboxId, SandboxSpec};
+use space_runtime::{Limits, RootDisk, Runtime, SandboxHandle, SandboxId, SandboxSpec};
 use space_runtime_linux::{IdMap, LinuxOptions, LinuxRuntime};
 
 /// Fails the test when not root (a skipped test would pass without testing anything); returns
@@ -116,7 +116,12 @@ fn chown_tree(path: &Path, id: u32) {
 }
 
 pub fn spec(rootfs: &Path, limits: Limits) -> SandboxSpec {
-    SandboxSpec { id: SandboxId::generate(), rootfs: rootfs.to_path_buf(), hostname: "sbx-test".into(), limits }
+    SandboxSpec {
+        id: SandboxId::generate(),
+        root: RootDisk::Directory(rootfs.to_path_buf()),
+        hostname: "sbx-test".into(),
+        limits,
+    }
 }
 
 pub fn default_limits() -> Limits {
@@ -132,8 +137,8 @@ pub struct Output {
 }
 
 /// Connects to the sandbox's agent.
-pub async fn connect(handle: &SandboxHandle) -> AgentClient {
-    AgentClient::connect_unix(&handle.socket).await.expect("connect to the agent socket")
+pub async fn connect(rt: &LinuxRuntime, handle: &SandboxHandle) -> AgentClient {
+    AgentClient::connect_unix(&rt.socket_path(&handle.id)).await.expect("connect to the agent socket")
 }
 
 /// Runs `sh -c script` in the sandbox and collects its output.
@@ -171,7 +176,7 @@ pub fn assert_gone(rt: &LinuxRuntime, handle: &SandboxHandle) {
     for dir in rt.cgroup_dirs(&handle.id) {
         assert!(!dir.exists(), "cgroup {} left behind", dir.display());
     }
-    assert!(!handle.socket.exists(), "socket left behind");
+    assert!(!rt.socket_path(&handle.id).exists(), "socket left behind");
     assert!(!rt.list().unwrap().contains(&handle.id), "still listed");
     let status = std::fs::read_to_string(format!("/proc/{}/status", handle.pid)).unwrap_or_default();
     let nspid_is_1 = status.lines().any(|l| l.starts_with("NSpid:") && l.trim_end().ends_with("\t1"));
