@@ -30,6 +30,8 @@ pub enum VmError {
     VmmExited { last_line: Option<String> },
     #[error("the agent did not answer within {bound:?} (last line of QEMU's log: {last_line:?})")]
     AgentTimeout { bound: Duration, last_line: Option<String> },
+    #[error("agent: {0}")]
+    Agent(String),
     #[error("QMP: {0}")]
     Qmp(#[from] QmpError),
     #[error("guest memory is fixed at boot ({boot_mib} MiB); cannot change it to {asked_mib} MiB")]

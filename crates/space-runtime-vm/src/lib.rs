@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use space_proto::client::AgentClient;
 use space_runtime::{Limits, SandboxId, SandboxStats};
 use space_runtime_linux::cgroup::{self, Backend};
 use space_runtime_linux::ranges::Ranges;
@@ -162,6 +163,8 @@ pub(crate) struct BootRecord {
 struct Tracked {
     pid: u32,
     pidfd: Arc<OwnedFd>,
+    /// The agent connection made by `start` or [`VmRuntime::agent`].
+    agent: Option<AgentClient>,
 }
 
 /// The vm runtime.
@@ -285,6 +288,50 @@ impl VmRuntime {
         self.sock_dir(id).join("agent.sock")
     }
 
+    /// A connection to the VM's agent: the one `start` made while it is open, else a new one.
+    ///
+    /// Dialing [`VmRuntime::agent_socket`] directly works too, with one caveat of
+    /// virtio-serial: the guest learns of a host disconnect only from a flag, so a connection
+    /// made right after another one closed can land in the old byte stream, its hello lost
+    /// with it. A dial is therefore bounded per attempt ([`AGENT_ATTEMPT`]) and retried after
+    /// a pause, until [`VmOptions::start_timeout`].
+    pub async fn agent(&self, id: &SandboxId) -> Result<AgentClient, VmError> {
+        let kept = self.tracked.lock().expect("tracked lock").get(id).and_then(|t| t.agent.clone());
+        if let Some(client) = kept.filter(|c| !c.is_closed()) {
+            return Ok(client);
+        }
+        let socket = self.agent_socket(id);
+        let deadline = tokio::time::Instant::now() + self.opts.start_timeout;
+        let client = loop {
+            if !socket.exists() {
+                return Err(VmError::NotFound(id.clone()));
+            }
+            let attempt = async { AgentClient::connect_unix(&socket).await.map_err(|e| e.to_string()) };
+            let failure = match tokio::time::timeout(AGENT_ATTEMPT, attempt).await {
+                Ok(Ok(client)) => break client,
+                Ok(Err(e)) => e,
+                Err(_) => format!("no hello within {AGENT_ATTEMPT:?}"),
+            };
+            if tokio::time::Instant::now() + AGENT_RETRY_PAUSE >= deadline {
+                return Err(VmError::Agent(failure));
+            }
+            tracing::debug!(sandbox = %id, error = %failure, "agent handshake failed; dialing again");
+            tokio::time::sleep(AGENT_RETRY_PAUSE).await;
+        };
+        if let Some(t) = self.tracked.lock().expect("tracked lock").get_mut(id) {
+            t.agent = Some(client.clone());
+        }
+        Ok(client)
+    }
+
+    /// Closes the kept agent connection (the next [`VmRuntime::agent`] dials anew).
+    pub fn forget_agent(&self, id: &SandboxId) {
+        let kept = self.tracked.lock().expect("tracked lock").get_mut(id).and_then(|t| t.agent.take());
+        if let Some(client) = kept {
+            client.close();
+        }
+    }
+
     /// Host path of the VM's QMP socket.
     pub fn qmp_socket(&self, id: &SandboxId) -> PathBuf {
         self.sock_dir(id).join("qmp.sock")
@@ -367,7 +414,7 @@ impl VmRuntime {
         match sys::pidfd_open(handle.pid) {
             // Checked after opening: the pidfd then refers to that very process.
             Ok(pidfd) if self.is_member(handle.id.clone(), handle.pid) => {
-                let entry = Tracked { pid: handle.pid, pidfd: Arc::new(pidfd) };
+                let entry = Tracked { pid: handle.pid, pidfd: Arc::new(pidfd), agent: None };
                 self.tracked.lock().expect("tracked lock").insert(handle.id.clone(), entry);
                 true
             }
@@ -386,11 +433,13 @@ impl VmRuntime {
             None => return Err(VmError::NotFound(handle.id.clone())),
         };
         let path = format!("/proc/{}/ns/net", handle.pid);
-        let netns = std::fs::File::open(&path).map_err(VmError::io("open", path))?;
+        let netns = std::fs::File::open(&path);
+        // Checked after opening: while the pidfd's process lives its pid cannot be reused, so
+        // the namespace opened is that process's.
         if sys::has_exited(&*pidfd) {
             return Err(VmError::NotFound(handle.id.clone()));
         }
-        Ok(netns.into())
+        Ok(netns.map_err(VmError::io("open", path))?.into())
     }
 
     /// Resolves when the VMM has exited ([`VmRuntime::last_error`] then says why).
@@ -476,6 +525,12 @@ impl VmRuntime {
         !sys::is_zombie(pid) && sys::cgroup_of(pid, &controller).as_deref() == Some(path.as_str())
     }
 }
+
+/// Bound on one handshake attempt of [`VmRuntime::agent`]: a booted guest answers within
+/// milliseconds, even under TCG.
+pub const AGENT_ATTEMPT: Duration = Duration::from_secs(2);
+/// Pause after a failed attempt: long enough for the guest to see the hang-up.
+const AGENT_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// Bound on one QMP exchange: QEMU answers from its main loop, within milliseconds.
 const QMP_TIMEOUT: Duration = Duration::from_secs(10);

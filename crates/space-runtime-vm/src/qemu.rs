@@ -4,7 +4,7 @@
 
 use std::net::Ipv4Addr;
 
-use crate::jail::{DISK_FD, TAP_FD};
+use crate::jail::{DISK_FD, DISK_RO_FD, TAP_FD};
 
 /// Paths inside the jail.
 pub(crate) const JAIL_KERNEL: &str = "/vm/vmlinux";
@@ -99,6 +99,8 @@ pub(crate) fn argv(args: &QemuArgs<'_>) -> Vec<String> {
         // The disk image is a descriptor the jailer opened: its path is not in the jail.
         "-add-fd",
         &format!("fd={DISK_FD},set=1"),
+        "-add-fd",
+        &format!("fd={DISK_RO_FD},set=1"),
         "-drive",
         "id=root,if=none,format=raw,file=/dev/fdset/1,discard=unmap",
         "-device",
@@ -107,6 +109,11 @@ pub(crate) fn argv(args: &QemuArgs<'_>) -> Vec<String> {
         &format!("tap,id=net0,fd={TAP_FD}"),
         "-device",
         "virtio-net-device,netdev=net0",
+        // Entropy from the host (QEMU's built-in backend, getrandom): without it the guest's
+        // getrandom blocks until the kernel has gathered entropy itself, which under TCG
+        // takes longer than any start bound (and the agent needs random bytes early).
+        "-device",
+        "virtio-rng-device",
         "-device",
         "virtio-serial-device,id=vs0",
         "-chardev",

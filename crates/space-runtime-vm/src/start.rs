@@ -21,8 +21,8 @@ use crate::{
 const SOCKET_POLL: Duration = Duration::from_millis(5);
 
 impl VmRuntime {
-    /// Boots the VM and returns once its agent has answered a handshake (the connection is
-    /// then closed: the node dials [`VmRuntime::agent_socket`] itself). Fails within
+    /// Boots the VM and returns once its agent has answered a handshake (that connection is
+    /// kept for [`VmRuntime::agent`]). Fails within
     /// [`crate::VmOptions::start_timeout`] otherwise, leaving no VMM, cgroup, directory or
     /// id range behind. A start of a VM that runs already returns its handle.
     pub async fn start(&self, spec: &VmSpec) -> Result<VmHandle, VmError> {
@@ -83,7 +83,10 @@ impl VmRuntime {
             .map_err(VmError::io("write", record_path))?;
         let pidfd = self.tracked.lock().expect("tracked lock").get(&spec.id).map(|t| t.pidfd.clone());
         let pidfd = pidfd.ok_or_else(|| VmError::NotFound(spec.id.clone()))?;
-        self.wait_for_agent(&spec.id, &pidfd, deadline).await?;
+        let client = self.wait_for_agent(&spec.id, &pidfd, deadline).await?;
+        if let Some(t) = self.tracked.lock().expect("tracked lock").get_mut(&spec.id) {
+            t.agent = Some(client);
+        }
         Ok(self.handle(&spec.id, pid))
     }
 
@@ -157,7 +160,7 @@ impl VmRuntime {
             if let Some(n) = line.strip_prefix("pid ").and_then(|n| n.parse::<u32>().ok()) {
                 // Our unreaped child: the pid cannot name another process yet.
                 let pidfd = sys::pidfd_open(n).map_err(|e| jailer_err("pidfd_open of QEMU", e))?;
-                let entry = Tracked { pid: n, pidfd: Arc::new(pidfd) };
+                let entry = Tracked { pid: n, pidfd: Arc::new(pidfd), agent: None };
                 self.tracked.lock().expect("tracked lock").insert(id.clone(), entry);
                 pid = Some(n);
             } else if line == "ok" {
@@ -175,13 +178,13 @@ impl VmRuntime {
     }
 
     /// Dials the agent socket until the guest's spaced answers the handshake, QEMU exits or
-    /// the deadline passes.
+    /// the deadline passes. The connection is kept: see [`VmRuntime::agent`].
     async fn wait_for_agent(
         &self,
         id: &space_runtime::SandboxId,
         pidfd: &Arc<OwnedFd>,
         deadline: Instant,
-    ) -> Result<(), VmError> {
+    ) -> Result<AgentClient, VmError> {
         let socket = self.agent_socket(id);
         let handshake = async {
             loop {
@@ -191,11 +194,10 @@ impl VmRuntime {
                 };
                 // QEMU holds what the node writes until the guest opens its port; the guest's
                 // hello is the answer.
+                // No attempt bound: nothing was connected before, so no earlier connection's
+                // hang-up can swallow this one's hello (see `VmRuntime::agent`).
                 match AgentClient::connect(stream).await {
-                    Ok(client) => {
-                        client.close();
-                        return;
-                    }
+                    Ok(client) => return client,
                     Err(e) => {
                         tracing::debug!(sandbox = %id, error = %e, "agent handshake failed; dialing again");
                         tokio::time::sleep(SOCKET_POLL).await;
@@ -204,7 +206,7 @@ impl VmRuntime {
             }
         };
         tokio::select! {
-            () = handshake => Ok(()),
+            client = handshake => Ok(client),
             () = sys::wait_pidfd(pidfd) => Err(VmError::VmmExited { last_line: self.last_error(id) }),
             () = tokio::time::sleep_until(deadline) => {
                 Err(VmError::AgentTimeout { bound: self.opts.start_timeout, last_line: self.last_error(id) })

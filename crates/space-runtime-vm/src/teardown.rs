@@ -20,6 +20,9 @@ impl VmRuntime {
         let name = self.cgroup_name(id);
         let tracked = self.tracked.lock().expect("tracked lock").remove(id);
         if let Some(t) = &tracked {
+            if let Some(agent) = &t.agent {
+                agent.close();
+            }
             // Also covers a VMM whose cgroup is gone; the pidfd cannot hit another process.
             let _ = sys::pidfd_signal(&*t.pidfd, libc::SIGKILL);
         }

@@ -21,7 +21,8 @@
 //!    initrd), a read-write bind of the VM's socket directory at `/run`, device nodes made
 //!    for QEMU alone (null, zero, random, urandom, kvm when used), a fresh /proc;
 //!    `pivot_root` into it, the old root detached, the tmpfs remounted read-only;
-//! 7. descriptors: log on 1 and 2, /dev/null on 0, tap on [`TAP_FD`], disk on [`DISK_FD`],
+//! 7. descriptors: log on 1 and 2, /dev/null on 0, tap on [`TAP_FD`], disk on [`DISK_FD`]
+//!    and [`DISK_RO_FD`],
 //!    every other one close-on-exec;
 //! 8. credentials (`creds.rs`): capability bounding set emptied, supplementary groups
 //!    replaced, gid and uid set to the sandbox's own unprivileged host id, no_new_privs;
@@ -43,8 +44,11 @@ use serde::{Deserialize, Serialize};
 
 /// Where QEMU finds the tap device's descriptor (`-netdev tap,fd=3`).
 pub const TAP_FD: i32 = 3;
-/// Where QEMU finds the root disk's descriptor (`-add-fd fd=4,set=1`).
+/// Where QEMU finds the root disk's descriptors (`-add-fd fd=4,set=1 -add-fd fd=5,set=1`):
+/// read-write, and read-only. QEMU picks from a set by access mode, and it opens the image
+/// read-only first and read-write once the device attaches.
 pub const DISK_FD: i32 = 4;
+pub const DISK_RO_FD: i32 = 5;
 
 /// Everything the jailer is told, by the node, on stdin.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -63,7 +67,8 @@ pub struct JailConfig {
     pub run_dir: PathBuf,
     /// Host file QEMU's stdout and stderr are appended to.
     pub log: PathBuf,
-    /// The root disk image, opened read-write and handed over at [`DISK_FD`].
+    /// The root disk image, opened read-write and read-only, handed over at [`DISK_FD`] and
+    /// [`DISK_RO_FD`].
     pub disk: PathBuf,
     /// Whether QEMU gets a `/dev/kvm` of its own.
     pub kvm: bool,
@@ -120,6 +125,11 @@ fn launch(config: &JailConfig) -> Result<(), String> {
         .custom_flags(libc::O_CLOEXEC)
         .open(&config.disk)
         .map_err(|e| format!("open disk {}: {e}", config.disk.display()))?;
+    let disk_ro = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&config.disk)
+        .map_err(|e| format!("open disk {}: {e}", config.disk.display()))?;
     let (err_read, err_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
     // Everything the child needs is prepared here: it must not depend on the parent's state.
     let prepared = Prepared::new(config).map_err(|e| format!("prepare: {e}"))?;
@@ -138,7 +148,7 @@ fn launch(config: &JailConfig) -> Result<(), String> {
     }
     if child == 0 {
         drop(err_read);
-        let failure = vmm(config, &prepared, log, disk);
+        let failure = vmm(config, &prepared, log, [disk, disk_ro]);
         let mut pipe = std::fs::File::from(err_write);
         let _ = pipe.write_all(failure.as_bytes());
         // SAFETY: _exit ends this child without running the parent's atexit handlers or
@@ -146,7 +156,7 @@ fn launch(config: &JailConfig) -> Result<(), String> {
         unsafe { libc::_exit(1) }
     }
     drop(err_write);
-    drop((log, disk));
+    drop((log, disk, disk_ro));
     println!("pid {child}");
     let _ = std::io::stdout().flush();
     let mut failure = String::new();
@@ -175,7 +185,7 @@ impl Prepared {
 }
 
 /// Steps 5-9, in the VMM process. Returns only on failure, with what failed.
-fn vmm(config: &JailConfig, prepared: &Prepared, log: std::fs::File, disk: std::fs::File) -> String {
+fn vmm(config: &JailConfig, prepared: &Prepared, log: std::fs::File, disk: [std::fs::File; 2]) -> String {
     let tap = match net::setup(config.guest_addr) {
         Ok(tap) => tap,
         Err(e) => return format!("network: {e}"),
@@ -183,7 +193,8 @@ fn vmm(config: &JailConfig, prepared: &Prepared, log: std::fs::File, disk: std::
     if let Err(e) = mounts::enter_jail(config) {
         return format!("jail root: {e}");
     }
-    if let Err(e) = arrange_fds(log.into(), tap, disk.into()) {
+    let [disk, disk_ro] = disk;
+    if let Err(e) = arrange_fds(log.into(), tap, disk.into(), disk_ro.into()) {
         return format!("descriptors: {e}");
     }
     if let Err(e) = creds::drop_privileges(config.uid, config.gid) {
@@ -200,7 +211,7 @@ fn vmm(config: &JailConfig, prepared: &Prepared, log: std::fs::File, disk: std::
 
 /// Step 7. Every source is first moved to a high number (and its low original closed):
 /// no `dup2` may overwrite a source still needed, and no original may close a target later.
-fn arrange_fds(log: OwnedFd, tap: OwnedFd, disk: OwnedFd) -> std::io::Result<()> {
+fn arrange_fds(log: OwnedFd, tap: OwnedFd, disk: OwnedFd, disk_ro: OwnedFd) -> std::io::Result<()> {
     let high = |fd: OwnedFd| -> std::io::Result<OwnedFd> {
         let raw = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(100))?;
         drop(fd);
@@ -208,8 +219,8 @@ fn arrange_fds(log: OwnedFd, tap: OwnedFd, disk: OwnedFd) -> std::io::Result<()>
         Ok(unsafe { OwnedFd::from_raw_fd(raw) })
     };
     let null = high(std::fs::OpenOptions::new().read(true).open("/dev/null")?.into())?;
-    let (log, tap, disk) = (high(log)?, high(tap)?, high(disk)?);
-    let moves = [(&null, 0), (&log, 1), (&log, 2), (&tap, TAP_FD), (&disk, DISK_FD)];
+    let (log, tap, disk, disk_ro) = (high(log)?, high(tap)?, high(disk)?, high(disk_ro)?);
+    let moves = [(&null, 0), (&log, 1), (&log, 2), (&tap, TAP_FD), (&disk, DISK_FD), (&disk_ro, DISK_RO_FD)];
     for (from, to) in moves {
         // SAFETY: both are descriptors of this process; the targets are the fixed numbers
         // QEMU is told about, and every source is >= 100, so none is overwritten.
@@ -219,7 +230,8 @@ fn arrange_fds(log: OwnedFd, tap: OwnedFd, disk: OwnedFd) -> std::io::Result<()>
     }
     // SAFETY: close_range only marks descriptors close-on-exec; the error pipe stays usable
     // until the exec, which then closes it (that is how the jailer learns of the exec).
-    let rc = unsafe { libc::syscall(libc::SYS_close_range, DISK_FD as u32 + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    let rc =
+        unsafe { libc::syscall(libc::SYS_close_range, DISK_RO_FD as u32 + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
     if rc < 0 {
         return Err(std::io::Error::last_os_error());
     }
