@@ -57,7 +57,7 @@ fn from_kernel_log(log: &str) -> Option<u64> {
     let find = |marker: &str| {
         log.lines().rev().find_map(|line| {
             let rest = &line[line.find(marker)? + marker.len()..];
-            mhz_to_khz(rest.trim().split_whitespace().next()?)
+            mhz_to_khz(rest.split_whitespace().next()?)
         })
     };
     find("Refined TSC clocksource calibration:").or_else(|| find("tsc: Detected"))

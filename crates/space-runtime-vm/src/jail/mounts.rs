@@ -19,7 +19,7 @@ const KVM: (u64, u64) = (10, 232);
 
 fn err(what: &str, path: &Path) -> impl FnOnce(nix::Error) -> io::Error {
     let message = format!("{what} {}", path.display());
-    move |e| io::Error::new(io::ErrorKind::Other, format!("{message}: {e}"))
+    move |e| io::Error::other(format!("{message}: {e}"))
 }
 
 /// Builds the jail under `config.root_mount_point` and pivots into it.
