@@ -13,7 +13,7 @@ use crate::process;
 /// A user namespace whose map is `inner outer count` (uid and gid), held by a descriptor only:
 /// the process created in it exits before this returns. Used as a mount's idmapping, never to
 /// run anything.
-pub(crate) fn mapping_userns(inner: u32, outer: u32, count: u32) -> io::Result<OwnedFd> {
+pub fn mapping_userns(inner: u32, outer: u32, count: u32) -> io::Result<OwnedFd> {
     // Close-on-exec: no program another thread spawns meanwhile keeps the write end open.
     let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let child = clone_into_userns(read_end.as_raw_fd(), write_end.as_raw_fd())?;
@@ -57,7 +57,7 @@ fn clone_into_userns(wait_fd: i32, write_fd: i32) -> io::Result<u32> {
 /// A detached copy of the mount at `path` (not recursive: a sandbox root is one subvolume),
 /// idmapped through `userns`: the sandbox's pid 1 attaches it (or CRIU's restore, through a
 /// path space-criu attaches it at).
-pub(crate) fn idmapped_clone(path: &Path, userns: &impl AsFd) -> io::Result<OwnedFd> {
+pub fn idmapped_clone(path: &Path, userns: &impl AsFd) -> io::Result<OwnedFd> {
     let cpath = std::ffi::CString::new(path.as_os_str().as_bytes())?;
     let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC;
     // SAFETY: cpath is NUL-terminated and outlives the call, which returns a new fd or -1.

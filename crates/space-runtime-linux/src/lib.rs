@@ -14,11 +14,11 @@
 //! else works and [`Runtime::checkpoint_support`] says why checkpoints do not.
 
 mod boot;
-mod cgroup;
+pub mod cgroup;
 mod checkpoint;
-mod idmapped;
+pub mod idmapped;
 mod process;
-mod ranges;
+pub mod ranges;
 mod sealed;
 mod spawn;
 mod teardown;

@@ -25,7 +25,7 @@ pub const DEFAULT_RANGES: u32 = 4096;
 
 /// The node's sandbox ranges and their records.
 #[derive(Debug)]
-pub(crate) struct Ranges {
+pub struct Ranges {
     dir: PathBuf,
     storage: IdMap,
     slots: u32,

@@ -39,7 +39,7 @@ impl CgroupError {
 
 /// The operations the runtime needs from a cgroup hierarchy (or set of v1 hierarchies).
 /// `name` is the sandbox cgroup's path below the hierarchy root: `<parent>/<id>`.
-pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
+pub trait Backend: Send + Sync + std::fmt::Debug {
     fn version(&self) -> u8;
     /// Creates the cgroup (and its parents) and applies the limits.
     fn create(&self, name: &Path, limits: &Limits) -> Result<(), CgroupError>;
@@ -75,7 +75,7 @@ pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
 /// Picks the backend for this host from `/proc/self/mountinfo`: v2 when /sys/fs/cgroup is
 /// cgroup2, else v1 when every needed controller has a hierarchy, else v2 on any cgroup2 mount
 /// with the needed controllers.
-pub(crate) fn detect() -> Result<Box<dyn Backend>, CgroupError> {
+pub fn detect() -> Result<Box<dyn Backend>, CgroupError> {
     let text = fs::read_to_string("/proc/self/mountinfo")
         .map_err(CgroupError::io("read", Path::new("/proc/self/mountinfo")))?;
     let mounts = mountinfo::parse(&text);
@@ -136,7 +136,7 @@ pub(crate) fn keyed(text: &str, key: &str) -> Option<u64> {
 }
 
 /// Every pid in `dir`'s cgroup.procs and in those of its descendants.
-pub(crate) fn procs_recursive(dir: &Path, out: &mut Vec<u32>) {
+pub fn procs_recursive(dir: &Path, out: &mut Vec<u32>) {
     if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
         out.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
     }
@@ -153,7 +153,7 @@ fn subdirs(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Names of the sub-cgroups of `dir` (empty if it does not exist).
-pub(crate) fn child_names(dir: &Path) -> Vec<String> {
+pub fn child_names(dir: &Path) -> Vec<String> {
     subdirs(dir).iter().filter_map(|p| p.file_name()?.to_str().map(str::to_owned)).collect()
 }
 

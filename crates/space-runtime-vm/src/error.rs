@@ -1,0 +1,63 @@
+//! Errors of the vm runtime. Each keeps its source; [`RuntimeError`] (the node's current
+//! error type) gets a flattened message through `From`.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use space_runtime::{RuntimeError, SandboxId};
+use space_runtime_linux::cgroup::CgroupError;
+
+use crate::qmp::QmpError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("vm runtime cannot run on this host: {0}")]
+    Unsupported(String),
+    #[error("{what} {}: {source}", path.display())]
+    Io { what: &'static str, path: PathBuf, source: io::Error },
+    #[error("sandbox {0} does not exist on this node")]
+    NotFound(SandboxId),
+    #[error("bad vm spec: {0}")]
+    Spec(String),
+    #[error("cgroup: {0}")]
+    Cgroup(#[from] CgroupError),
+    #[error("host id range: {0}")]
+    Range(#[source] RuntimeError),
+    #[error("jailer: {0}")]
+    Jailer(String),
+    #[error("QEMU exited before the agent answered (last line of its log: {last_line:?})")]
+    VmmExited { last_line: Option<String> },
+    #[error("the agent did not answer within {bound:?} (last line of QEMU's log: {last_line:?})")]
+    AgentTimeout { bound: Duration, last_line: Option<String> },
+    #[error("agent: {0}")]
+    Agent(String),
+    #[error("QMP: {0}")]
+    Qmp(#[from] QmpError),
+    #[error("guest memory is fixed at boot ({boot_mib} MiB); cannot change it to {asked_mib} MiB")]
+    MemoryFixedAtBoot { boot_mib: u64, asked_mib: u64 },
+    #[error("{processes} VMM processes of {id} still alive after {waited:?}")]
+    StillAlive { id: SandboxId, processes: usize, waited: Duration },
+    #[error("root image: {0}")]
+    Image(String),
+}
+
+impl VmError {
+    pub(crate) fn io(what: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> VmError {
+        let path = path.into();
+        move |source| VmError::Io { what, path, source }
+    }
+}
+
+impl From<VmError> for RuntimeError {
+    fn from(e: VmError) -> RuntimeError {
+        match e {
+            VmError::NotFound(id) => RuntimeError::NotFound(id),
+            VmError::Unsupported(m) => RuntimeError::Unsupported(m),
+            VmError::Io { path, source, .. } => RuntimeError::Io { path, source },
+            VmError::Cgroup(e) => RuntimeError::Cgroup(e.to_string()),
+            VmError::Range(e) => e,
+            other => RuntimeError::Start(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! QEMU's command line: a microvm with only the devices a sandbox needs (root disk, network
+//! on the jail's tap, the agent's virtio-serial port, QMP), as fast a guest boot under TCG
+//! as HOST-FACTS measured, and QEMU's own seccomp filter.
+
+use std::net::Ipv4Addr;
+
+use crate::jail::{DISK_FD, DISK_RO_FD, TAP_FD};
+
+/// Paths inside the jail.
+pub(crate) const JAIL_KERNEL: &str = "/vm/vmlinux";
+pub(crate) const JAIL_INITRD: &str = "/vm/initrd";
+pub(crate) const JAIL_AGENT_SOCKET: &str = "/run/agent.sock";
+pub(crate) const JAIL_QMP_SOCKET: &str = "/run/qmp.sock";
+
+/// The guest's address behind the tap, and the gateway's (the node's listeners in the VMM's
+/// network namespace answer at every address; this one is what the guest routes through).
+pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(10, 254, 254, 2);
+pub const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 254, 254, 1);
+
+/// The kernel command line HOST-FACTS measured fastest under TCG: no self-tests, no
+/// calibration the microvm cannot do (`tsc_early_khz`: a PVH boot can hang without it), no
+/// legacy devices probed, and initcalls skipped that cost time and serve no sandbox.
+const BASE_CMDLINE: &str = "quiet panic=-1 cryptomgr.notests tsc=reliable no_timer_check mitigations=off audit=0 \
+8250.nr_uarts=1 i8042.noaux i8042.nomux i8042.nopnp i8042.nokbd pci=lastbus=0 \
+initcall_blacklist=init_kprobe_trace,load_system_certificate_list,crypto_kdf108_init,\
+init_trace_printk_function_export,slab_sysfs_init";
+
+/// Which accelerator QEMU uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccelKind {
+    Kvm,
+    Tcg,
+}
+
+/// One VM's QEMU parameters.
+#[derive(Debug, Clone)]
+pub(crate) struct QemuArgs<'a> {
+    pub accel: AccelKind,
+    /// TCG's translation cache in MiB (part of the VMM's memory overhead).
+    pub tb_size_mib: u64,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub tsc_khz: u64,
+    pub hostname: &'a str,
+    /// Extra kernel parameters (tests, debugging).
+    pub extra_cmdline: &'a [String],
+    /// Whether the guest console goes to `/run/console.log` (off by default: a guest could
+    /// fill the node's disk through it).
+    pub console_log: bool,
+}
+
+/// The kernel command line of a sandbox guest.
+pub(crate) fn kernel_cmdline(args: &QemuArgs<'_>) -> String {
+    let mut line = format!(
+        "{BASE_CMDLINE} tsc_early_khz={} space.addr={GUEST_ADDR} space.gw={GATEWAY_ADDR} space.hostname={}",
+        args.tsc_khz, args.hostname
+    );
+    if args.console_log {
+        line.push_str(" console=hvc0");
+    }
+    for extra in args.extra_cmdline {
+        line.push(' ');
+        line.push_str(extra);
+    }
+    line
+}
+
+/// The full argv (argv[0] included).
+pub(crate) fn argv(args: &QemuArgs<'_>) -> Vec<String> {
+    let accel = match args.accel {
+        AccelKind::Kvm => "kvm".to_string(),
+        AccelKind::Tcg => format!("tcg,tb-size={}", args.tb_size_mib),
+    };
+    let mut argv: Vec<String> = [
+        "qemu-system-x86_64",
+        "-M",
+        "microvm,isa-serial=off,pit=off,pic=off",
+        "-accel",
+        &accel,
+        "-cpu",
+        "qemu64",
+        "-smp",
+        &args.vcpus.to_string(),
+        "-m",
+        &format!("{}M", args.memory_mib),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-sandbox",
+        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+        "-kernel",
+        JAIL_KERNEL,
+        "-initrd",
+        JAIL_INITRD,
+        "-append",
+        &kernel_cmdline(args),
+        // The disk image is a descriptor the jailer opened: its path is not in the jail.
+        "-add-fd",
+        &format!("fd={DISK_FD},set=1"),
+        "-add-fd",
+        &format!("fd={DISK_RO_FD},set=1"),
+        "-drive",
+        "id=root,if=none,format=raw,file=/dev/fdset/1,discard=unmap",
+        "-device",
+        "virtio-blk-device,drive=root",
+        "-netdev",
+        &format!("tap,id=net0,fd={TAP_FD}"),
+        "-device",
+        "virtio-net-device,netdev=net0",
+        // Entropy from the host (QEMU's built-in backend, getrandom): without it the guest's
+        // getrandom blocks until the kernel has gathered entropy itself, which under TCG
+        // takes longer than any start bound (and the agent needs random bytes early).
+        "-device",
+        "virtio-rng-device",
+        "-device",
+        "virtio-serial-device,id=vs0",
+        "-chardev",
+        &format!("socket,id=ag,path={JAIL_AGENT_SOCKET},server=on,wait=off"),
+        "-device",
+        "virtserialport,bus=vs0.0,chardev=ag,name=agent",
+        "-chardev",
+        &format!("socket,id=qmp,path={JAIL_QMP_SOCKET},server=on,wait=off"),
+        "-mon",
+        "chardev=qmp,mode=control",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    if args.console_log {
+        argv.extend(
+            ["-chardev", "file,id=con,path=/run/console.log", "-device", "virtconsole,bus=vs0.0,chardev=con"]
+                .map(str::to_owned),
+        );
+    }
+    argv
+}
+
+/// vCPUs for a CPU limit in thousandths of a core: rounded up, at least one.
+pub(crate) fn vcpus(millicpus: u32) -> u32 {
+    millicpus.div_ceil(1000).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> QemuArgs<'static> {
+        QemuArgs {
+            accel: AccelKind::Tcg,
+            tb_size_mib: 64,
+            vcpus: 2,
+            memory_mib: 256,
+            tsc_khz: 2_596_120,
+            hostname: "box",
+            extra_cmdline: &[],
+            console_log: false,
+        }
+    }
+
+    #[test]
+    fn command_line_has_the_devices_and_the_sandbox() {
+        let argv = argv(&args());
+        let joined = argv.join(" ");
+        assert!(joined.contains("-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"));
+        assert!(joined.contains("-accel tcg,tb-size=64 "));
+        assert!(joined.contains("-smp 2 -m 256M"));
+        assert!(joined.contains("-netdev tap,id=net0,fd=3"));
+        assert!(joined.contains("-add-fd fd=4,set=1"));
+        assert!(!joined.contains("virtconsole"));
+        let cmdline = &argv[argv.iter().position(|a| a == "-append").unwrap() + 1];
+        assert!(cmdline.starts_with("quiet panic=-1 "), "{cmdline}");
+        assert!(cmdline.contains(" tsc_early_khz=2596120 "), "{cmdline}");
+        assert!(cmdline.ends_with("space.addr=10.254.254.2 space.gw=10.254.254.1 space.hostname=box"), "{cmdline}");
+    }
+
+    #[test]
+    fn vcpus_round_up() {
+        assert_eq!(vcpus(0), 1);
+        assert_eq!(vcpus(500), 1);
+        assert_eq!(vcpus(1000), 1);
+        assert_eq!(vcpus(1001), 2);
+        assert_eq!(vcpus(2500), 3);
+    }
+}
