@@ -9,7 +9,9 @@ use anyhow::{Context, bail};
 use clap::Args;
 use space_api::{RuntimeKind, SnapshotPolicy};
 use space_control::{HttpLimits, ServerConfig};
-use space_node::{GatewayConfig, Limits, Node, NodeApi, NodeConfig, PoolKey, SandboxLimits, WarmSettings};
+use space_node::{
+    GatewayConfig, Limits, Node, NodeApi, NodeConfig, PoolKey, SandboxLimits, VmConfig, WarmSettings,
+};
 use space_storage::{DEFAULT_TEMPLATE_CACHE_DIR, IdMap};
 use tracing_subscriber::EnvFilter;
 
@@ -36,6 +38,15 @@ pub struct ServeArgs {
     /// PATH).
     #[arg(long, env = "SPACE_CRIU")]
     criu: Option<PathBuf>,
+    /// QEMU for the vm runtime.
+    #[arg(long, default_value = "/usr/bin/qemu-system-x86_64")]
+    qemu: PathBuf,
+    /// The jailer every VMM starts under (default: `space-vm-jailer` next to this executable).
+    #[arg(long, env = "SPACE_VM_JAILER")]
+    vm_jailer: Option<PathBuf>,
+    /// Guest kernel and initramfs of the vm runtime, as scripts/install-vm.sh makes them.
+    #[arg(long, default_value = "/var/cache/space/vm")]
+    vm_guest_dir: PathBuf,
     /// Cgroup directory for this server's sandboxes, under each controller. They go in a
     /// subdirectory named by the node id (`space/<node id>/<sandbox id>`), so servers that
     /// share this parent never touch each other's sandboxes.
@@ -229,6 +240,12 @@ fn raise_fd_limit() {
     }
 }
 
+/// `name` in this executable's directory.
+fn beside_this_executable(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    exe.parent().unwrap_or(Path::new("/")).join(name)
+}
+
 /// Finds `spaced`: the flag, then beside this executable, then cargo's static-build output.
 fn find_spaced(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     if let Some(path) = flag {
@@ -287,6 +304,11 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         id_map: IdMap { host_base: args.uid_base, count: 65_536 },
         warm,
         gateway,
+        vm: VmConfig {
+            qemu: args.qemu,
+            jailer: args.vm_jailer.unwrap_or_else(|| beside_this_executable("space-vm-jailer")),
+            guest_dir: args.vm_guest_dir,
+        },
     };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -297,6 +319,9 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         Ok(node)
     };
     let state = space_control::start(&config, open_node).await?;
+    if let Err(why) = state.node.runtime_available(config.default_runtime) {
+        bail!("--default-runtime {}: that runtime is unavailable here: {why}", config.default_runtime);
+    }
     match state.node.checkpoint_support() {
         Ok(tool) => tracing::info!("full snapshots, suspend and resume use {tool}"),
         Err(why) => tracing::warn!(

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use space_api::{SandboxId, SessionId};
 use space_gateway::GATEWAY_ADDR;
 use space_proto::client::AgentClient;
-use space_runtime::SandboxHandle;
+use space_runtime::{RootDiskKind, SandboxHandle};
 use space_storage::SandboxIdentity;
 
 use crate::{Node, NodeError, Result, blocking, poisoned};
@@ -86,15 +86,40 @@ impl Node {
                 Bytes::from(read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default())
             }
         };
+        let mut bundle = system.to_vec();
+        if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+            bundle.push(b'\n');
+        }
+        bundle.extend_from_slice(ca_cert_pem.as_bytes());
+        let files = [(CA_CERT_FILE, Bytes::from(ca_cert_pem.into_bytes())), (CA_BUNDLE_FILE, Bytes::from(bundle))];
+        self.write_etc_files(sandbox, CA_DIR, files).await
+    }
+
+    /// Writes `files` into the sandbox's `/etc/<dir>`: from the host into a root directory,
+    /// through the agent into a disk image (a guest's filesystem is the guest kernel's).
+    async fn write_etc_files(
+        &self,
+        sandbox: &SandboxId,
+        dir: &'static str,
+        files: [(&'static str, Bytes); 2],
+    ) -> Result<()> {
+        if self.runtimes.of(sandbox)?.root_disk() == RootDiskKind::Image {
+            let agent = self.agent(sandbox).await?;
+            let agent_error = |e: space_proto::client::AgentError| NodeError::Agent {
+                sandbox: sandbox.clone(),
+                reason: format!("writing /etc/{dir}: {e}"),
+            };
+            agent.make_dir(&format!("/etc/{dir}")).await.map_err(agent_error)?;
+            for (name, data) in files {
+                let chunks = futures::stream::iter([Ok::<_, std::io::Error>(data)]);
+                agent.write_file(&format!("/etc/{dir}/{name}"), Some(0o644), chunks).await.map_err(agent_error)?;
+            }
+            return Ok(());
+        }
         let (pool, sbx) = (self.pool.clone(), sandbox.clone());
         blocking(move || {
-            let mut bundle = system.to_vec();
-            if !bundle.is_empty() && !bundle.ends_with(b"\n") {
-                bundle.push(b'\n');
-            }
-            bundle.extend_from_slice(ca_cert_pem.as_bytes());
-            let files: [(&str, &[u8]); 2] = [(CA_CERT_FILE, ca_cert_pem.as_bytes()), (CA_BUNDLE_FILE, &bundle)];
-            Ok(pool.write_sandbox_etc_files(&sbx, CA_DIR, &files)?)
+            let files: Vec<(&str, &[u8])> = files.iter().map(|(name, data)| (*name, data.as_ref())).collect();
+            Ok(pool.write_sandbox_etc_files(&sbx, dir, &files)?)
         })
         .await
     }

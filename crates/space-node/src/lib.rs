@@ -23,7 +23,7 @@ use space_api::{Progress, RuntimeKind, RuntimeSupport, SandboxId};
 use space_node_api::DiskQuota;
 use space_proto::client::AgentClient;
 pub use space_runtime::Limits;
-use space_runtime::{AgentTransport, RootDisk, RootDiskKind, Runtime, SandboxHandle, SandboxSpec, SandboxStats};
+use space_runtime::{RootDisk, RootDiskKind, Runtime, SandboxHandle, SandboxSpec, SandboxStats};
 use space_runtime_linux::{LinuxOptions, LinuxRuntime};
 
 use crate::runtimes::Runtimes;
@@ -51,6 +51,18 @@ pub struct NodeConfig {
     pub id_map: IdMap,
     pub warm: WarmSettings,
     pub gateway: GatewayConfig,
+    pub vm: VmConfig,
+}
+
+/// How the node runs `vm` sandboxes.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// `qemu-system-x86_64`.
+    pub qemu: PathBuf,
+    /// The `space-vm-jailer` binary.
+    pub jailer: PathBuf,
+    /// The guest kernel and initramfs (`scripts/install-vm.sh` makes them).
+    pub guest_dir: PathBuf,
 }
 
 impl NodeConfig {
@@ -73,6 +85,8 @@ pub enum NodeError {
     Runtime(#[from] space_runtime::RuntimeError),
     #[error("the {runtime} runtime is unavailable on this node: {reason}")]
     RuntimeUnavailable { runtime: RuntimeKind, reason: String },
+    #[error(transparent)]
+    Vm(#[from] space_runtime_vm::VmError),
     #[error("cannot reach the sandbox agent of {sandbox}: {reason}")]
     Agent { sandbox: SandboxId, reason: String },
     #[error("the egress gateway: {0}")]
@@ -153,7 +167,16 @@ impl Node {
         options.id_map = config.id_map;
         options.criu = config.criu.clone();
         let linux: Arc<dyn Runtime> = Arc::new(LinuxRuntime::new(options)?);
-        let runtimes = Runtimes::new(vec![linux], vec![(RuntimeKind::Vm, "not built into this node yet".into())])?;
+        let runtimes = match open_vm(&config, &kept_spaced).await {
+            Ok(vm) => Runtimes::new(vec![linux, vm], Vec::new())?,
+            Err(why) => {
+                tracing::warn!(reason = %why, "the vm runtime is unavailable");
+                Runtimes::new(vec![linux], vec![(RuntimeKind::Vm, why)])?
+            }
+        };
+        for runtime in runtimes.support() {
+            tracing::info!(runtime = %runtime.runtime, available = runtime.available, detail = %runtime.detail, "runtime");
+        }
         let (audit, audit_events) = tokio::sync::mpsc::unbounded_channel();
         let gateway = Gateway::new(config.gateway.clone(), audit).map_err(|e| NodeError::Internal(e.to_string()))?;
         Ok(Node {
@@ -289,16 +312,10 @@ impl Node {
     }
 
     async fn connect(&self, id: &SandboxId) -> Result<AgentClient> {
-        let socket = match self.runtimes.of(id)?.agent_transport(id) {
-            AgentTransport::Unix(path) => path,
-            AgentTransport::Vsock { cid, port } => {
-                let reason = format!("vsock {cid}:{port}: this node dials unix sockets only");
-                return Err(NodeError::Agent { sandbox: id.clone(), reason });
-            }
-        };
+        let runtime = self.runtimes.of(id)?;
         // A frozen agent accepts but never answers: bounded, so no caller (recovery at start
         // least of all) waits for ever.
-        match tokio::time::timeout(AGENT_CONNECT_TIMEOUT, AgentClient::connect_unix(&socket)).await {
+        match tokio::time::timeout(AGENT_CONNECT_TIMEOUT, runtime.agent(id)).await {
             Ok(connected) => connected.map_err(|e| NodeError::Agent { sandbox: id.clone(), reason: e.to_string() }),
             Err(_) => Err(NodeError::Agent {
                 sandbox: id.clone(),
@@ -366,6 +383,27 @@ impl Node {
             }
         }
         Ok(removed)
+    }
+}
+
+/// The vm runtime, or why this host cannot run it. Its sandboxes' cgroups sit in a directory
+/// of the node's own, which the linux runtime (whose sandboxes are the other children) skips.
+async fn open_vm(config: &NodeConfig, spaced: &std::path::Path) -> std::result::Result<Arc<dyn Runtime>, String> {
+    let mut options = space_runtime_vm::VmOptions::new(
+        &config.vm.jailer,
+        spaced,
+        config.data_dir.join("run"),
+        format!("{}/vm", config.cgroup_parent.trim_end_matches('/')),
+    );
+    options.qemu = config.vm.qemu.clone();
+    options.guest_dir = config.vm.guest_dir.clone();
+    options.id_map = config.id_map;
+    // Probes KVM (bounded) and builds the initrd: blocking.
+    let opened = tokio::task::spawn_blocking(move || space_runtime_vm::VmRuntime::new(options)).await;
+    match opened {
+        Ok(Ok(vm)) => Ok(Arc::new(vm)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(format!("opening the vm runtime: {e}")),
     }
 }
 

@@ -57,6 +57,7 @@ impl From<VmError> for RuntimeError {
             VmError::Io { path, source, .. } => RuntimeError::Io { path, source },
             VmError::Cgroup(e) => RuntimeError::Cgroup(e.to_string()),
             VmError::Range(e) => e,
+            VmError::Agent(m) => RuntimeError::Agent(m),
             other => RuntimeError::Start(other.to_string()),
         }
     }

@@ -24,6 +24,7 @@ mod image;
 mod initrd;
 pub mod jail;
 mod qemu;
+mod runtime;
 pub mod qmp;
 mod start;
 mod sys;

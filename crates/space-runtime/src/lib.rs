@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use space_proto::client::AgentClient;
 pub use space_api::{IdMap, RuntimeKind, SandboxId};
 
 /// Resource limits applied to the whole sandbox.
@@ -134,6 +135,8 @@ pub enum RuntimeError {
     Checkpoint(String),
     #[error("restoring a checkpoint failed: {0}")]
     Restore(String),
+    #[error("connecting to the agent: {0}")]
+    Agent(String),
     /// The spec or the artifacts are of another runtime's type.
     #[error("the {runtime} runtime cannot use {what}")]
     WrongKind { runtime: RuntimeKind, what: &'static str },
@@ -178,6 +181,20 @@ pub trait Runtime: Send + Sync + 'static {
 
     /// How the node dials the sandbox's agent.
     fn agent_transport(&self, id: &SandboxId) -> AgentTransport;
+
+    /// A connection to the sandbox's agent over [`Runtime::agent_transport`]. A runtime
+    /// whose transport carries one connection at a time (virtio-serial) hands out the one
+    /// it holds, and dials again as that channel needs.
+    async fn agent(&self, id: &SandboxId) -> Result<AgentClient, RuntimeError> {
+        match self.agent_transport(id) {
+            AgentTransport::Unix(path) => AgentClient::connect_unix(&path)
+                .await
+                .map_err(|e| RuntimeError::Agent(format!("{}: {e}", path.display()))),
+            AgentTransport::Vsock { cid, port } => {
+                Err(RuntimeError::Agent(format!("vsock {cid}:{port}: this node dials unix sockets only")))
+            }
+        }
+    }
 
     /// The sandbox's network namespace, where the node's gateway opens its listeners (the
     /// sandbox's own for `linux`; the one its VMM and TAP live in for `vm`). Opened through

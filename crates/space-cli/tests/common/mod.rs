@@ -33,6 +33,15 @@ pub fn spaced_bin() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/x86_64-unknown-linux-gnu/release/spaced")
 }
 
+/// The runtime sessions of the test servers run in by default: `SPACE_TEST_RUNTIME`
+/// (`linux` when unset). The suites that hold for both runtimes run once per runtime
+/// (scripts/test.sh); anything else fails loudly rather than testing the wrong thing.
+pub fn runtime() -> String {
+    let runtime = std::env::var("SPACE_TEST_RUNTIME").unwrap_or_else(|_| "linux".into());
+    assert!(matches!(runtime.as_str(), "linux" | "vm"), "SPACE_TEST_RUNTIME={runtime:?}: expected linux or vm");
+    runtime
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
@@ -114,6 +123,7 @@ impl Server {
         let child = Command::new(SPACE)
             .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
             .args(["--default-template", "busybox", "--prepare-templates", "busybox"])
+            .args(["--default-runtime", &runtime()])
             .args(["--cgroup-parent", &self.cgroup_parent])
             .args(
                 if self.extra_args.iter().any(|a| a == "--pool-size-gib") {

@@ -1,0 +1,122 @@
+//! [`VmRuntime`] as the node sees every runtime: a [`Runtime`].
+
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use space_proto::client::AgentClient;
+use space_runtime::{
+    AgentTransport, CheckpointArtifacts, CheckpointStats, Limits, RootDisk, RootDiskKind, Runtime, RuntimeError,
+    RuntimeKind, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
+};
+
+use crate::{VmHandle, VmRuntime, VmSpec};
+
+/// Why a `vm` sandbox cannot be checkpointed (yet): said by `checkpoint_support`, so full
+/// snapshots, suspend and forks with processes fail before they start.
+const NO_CHECKPOINTS: &str = "full snapshots of vm sandboxes (QEMU migration to a file) are not implemented yet; \
+     disk snapshots work";
+
+impl VmRuntime {
+    fn vm_handle(&self, handle: &SandboxHandle) -> VmHandle {
+        VmHandle { id: handle.id.clone(), pid: handle.pid, agent_socket: self.agent_socket(&handle.id) }
+    }
+}
+
+fn wrong_root() -> RuntimeError {
+    RuntimeError::WrongKind { runtime: RuntimeKind::Vm, what: "a root directory" }
+}
+
+#[async_trait]
+impl Runtime for VmRuntime {
+    fn kind(&self) -> RuntimeKind {
+        RuntimeKind::Vm
+    }
+
+    fn describe(&self) -> String {
+        self.support().unwrap_or_else(|why| format!("broken: {why}"))
+    }
+
+    fn root_disk(&self) -> RootDiskKind {
+        RootDiskKind::Image
+    }
+
+    async fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
+        let RootDisk::Image(disk) = &spec.root else { return Err(wrong_root()) };
+        let vm = VmSpec { id: spec.id.clone(), disk: disk.clone(), hostname: spec.hostname.clone(), limits: spec.limits };
+        let started = VmRuntime::start(self, &vm).await?;
+        Ok(SandboxHandle { id: started.id, runtime: RuntimeKind::Vm, pid: started.pid })
+    }
+
+    async fn destroy(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        Ok(VmRuntime::destroy(self, id).await?)
+    }
+
+    fn set_limits(&self, id: &SandboxId, limits: &Limits) -> Result<(), RuntimeError> {
+        Ok(VmRuntime::set_limits(self, id, limits)?)
+    }
+
+    async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        Ok(VmRuntime::pause(self, id).await?)
+    }
+
+    async fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        Ok(VmRuntime::resume(self, id).await?)
+    }
+
+    fn is_alive(&self, handle: &SandboxHandle) -> bool {
+        VmRuntime::is_alive(self, &self.vm_handle(handle))
+    }
+
+    fn adopt(&self, handle: &SandboxHandle) -> bool {
+        VmRuntime::adopt(self, &self.vm_handle(handle))
+    }
+
+    fn agent_transport(&self, id: &SandboxId) -> AgentTransport {
+        AgentTransport::Unix(self.agent_socket(id))
+    }
+
+    async fn agent(&self, id: &SandboxId) -> Result<AgentClient, RuntimeError> {
+        Ok(VmRuntime::agent(self, id).await?)
+    }
+
+    fn network_namespace(&self, handle: &SandboxHandle) -> Result<OwnedFd, RuntimeError> {
+        Ok(VmRuntime::network_namespace(self, &self.vm_handle(handle))?)
+    }
+
+    async fn wait_exit(&self, handle: &SandboxHandle) {
+        VmRuntime::wait_exit(self, &self.vm_handle(handle)).await
+    }
+
+    fn exit_reason(&self, id: &SandboxId) -> Option<String> {
+        self.last_error(id)
+    }
+
+    fn stats(&self, id: &SandboxId) -> Result<SandboxStats, RuntimeError> {
+        Ok(VmRuntime::stats(self, id)?)
+    }
+
+    fn oom_kills(&self, id: &SandboxId) -> Result<u64, RuntimeError> {
+        Ok(VmRuntime::stats(self, id)?.oom_kills)
+    }
+
+    fn list(&self) -> Result<Vec<SandboxId>, RuntimeError> {
+        Ok(VmRuntime::list(self)?)
+    }
+
+    fn checkpoint_support(&self) -> Result<String, String> {
+        Err(NO_CHECKPOINTS.into())
+    }
+
+    async fn wait_agent_released(&self, _id: &SandboxId, _timeout: Duration) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    async fn checkpoint(&self, _: &SandboxId, _: &CheckpointArtifacts) -> Result<CheckpointStats, RuntimeError> {
+        Err(RuntimeError::CheckpointUnavailable(NO_CHECKPOINTS.into()))
+    }
+
+    async fn restore(&self, _: &SandboxSpec, _: &CheckpointArtifacts) -> Result<SandboxHandle, RuntimeError> {
+        Err(RuntimeError::CheckpointUnavailable(NO_CHECKPOINTS.into()))
+    }
+}
