@@ -198,3 +198,60 @@ fn the_accelerator_choice_is_bounded_and_explained() {
     assert!(support.starts_with("QEMU ") && support.contains(&accel.reason), "{support}");
     eprintln!("{support}");
 }
+
+/// A listener the node opens in the VMM's namespace (as the gateway does) answers the guest
+/// at the gateway's address and at any other address; a port nobody listens on refuses.
+#[tokio::test]
+async fn the_guest_reaches_listeners_in_the_vmm_namespace_and_nothing_else() {
+    use std::io::{BufRead, Write};
+    let t = TestRuntime::new("the_guest_reaches_listeners_in_the_vmm_namespace_and_nothing_else");
+    let image = busybox_image(t.dir.path());
+    let spec = t.spec(&image, 256);
+    let handle = t.rt.start(&spec).await.expect("start");
+    let netns = t.rt.network_namespace(&handle).expect("netns");
+    let listener = std::thread::spawn(move || {
+        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        std::net::TcpListener::bind("0.0.0.0:7000").unwrap()
+    })
+    .join()
+    .unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(2) {
+            let mut stream = stream.unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(&stream).read_line(&mut line).unwrap();
+            let local = stream.local_addr().unwrap();
+            writeln!(stream, "pong {} {local}", line.trim()).unwrap();
+        }
+    });
+    let client = t.rt.agent(&spec.id).await.expect("agent");
+    for addr in ["10.254.254.1", "203.0.113.7"] {
+        let script = format!("echo ping | nc {addr} 7000");
+        let (out, code) = run(&client, &["sh", "-c", &script]).await;
+        assert_eq!((out.trim(), code), (format!("pong ping {addr}:7000").as_str(), 0), "via {addr}");
+    }
+    let (_, code) = run(&client, &["sh", "-c", "echo ping | nc 10.254.254.1 7001"]).await;
+    assert_ne!(code, 0, "a port nobody listens on answered");
+}
+
+/// A new runtime instance (a restarted node) adopts a running VM, reaches its agent and
+/// destroys it.
+#[tokio::test]
+async fn a_restarted_runtime_adopts_and_destroys_a_running_vm() {
+    let t = TestRuntime::new("a_restarted_runtime_adopts_and_destroys_a_running_vm");
+    let image = busybox_image(t.dir.path());
+    let spec = t.spec(&image, 256);
+    let handle = t.rt.start(&spec).await.expect("start");
+    // The old instance's connection ends with it; QEMU serves one at a time.
+    t.rt.forget_agent(&spec.id);
+    let restarted = VmRuntime::new(t.rt.options().clone()).expect("second instance");
+    assert_eq!(restarted.list().unwrap(), vec![spec.id.clone()]);
+    assert_eq!(restarted.vmm_uid(&spec.id), t.rt.vmm_uid(&spec.id), "the id range survived the sweep");
+    assert!(restarted.adopt(&handle));
+    let client = restarted.agent(&spec.id).await.expect("agent after adoption");
+    assert_eq!(run(&client, &["true"]).await.1, 0);
+    restarted.destroy(&spec.id).await.expect("destroy");
+    assert_gone(&restarted, &spec.id, Some(handle.pid));
+    let stale = space_runtime_vm::VmHandle { pid: std::process::id(), ..handle };
+    assert!(!restarted.adopt(&stale), "adopted a process outside the VM's cgroup");
+}

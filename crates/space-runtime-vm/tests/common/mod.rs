@@ -98,7 +98,7 @@ pub fn busybox_tree(dir: &Path) {
         std::fs::create_dir_all(dir.join(sub)).unwrap();
     }
     std::fs::copy("/usr/bin/busybox", dir.join("bin/busybox")).unwrap();
-    for applet in ["sh", "uname", "cat", "true", "stat", "id", "ls", "sleep", "readlink", "echo"] {
+    for applet in ["sh", "uname", "cat", "true", "stat", "id", "ls", "sleep", "readlink", "echo", "nc"] {
         symlink("busybox", dir.join("bin").join(applet)).unwrap();
     }
     std::fs::write(dir.join("etc/owned-by-1000"), "x").unwrap();
