@@ -3,8 +3,10 @@
 mod bench;
 mod client;
 mod credentials;
+mod doctor;
 mod exec;
 mod files;
+mod host;
 mod output;
 mod serve;
 mod sessions;
@@ -44,6 +46,8 @@ struct Cli {
 enum Command {
     /// Run the server: control plane, node and API in one process.
     Serve(serve::ServeArgs),
+    /// Check which runtimes this host can run (as root, no server needed) and what the others lack.
+    Doctor(doctor::DoctorArgs),
     /// Create, list, show and destroy sessions.
     #[command(subcommand)]
     Session(sessions::SessionCommand),
@@ -126,6 +130,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         serve::run(args, cli.data_dir).await?;
         return Ok(ExitCode::SUCCESS);
     }
+    if let Command::Doctor(args) = cli.command {
+        return doctor::run(args, cli.json).await;
+    }
     if let Command::Bench(args) = &cli.command
         && args.gateway_only
     {
@@ -136,7 +143,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let client = Client::new(&cli.url, cli.api_key.clone(), &cli.data_dir)?;
     let json = cli.json;
     match cli.command {
-        Command::Serve(_) => unreachable!("handled above"),
+        Command::Serve(_) | Command::Doctor(_) => unreachable!("handled above"),
         Command::Session(cmd) => sessions::run(&client, cmd, json).await?,
         Command::Credential(cmd) => credentials::run(&client, cmd, json).await?,
         Command::Exec(args) => return exec::run(&client, args).await,

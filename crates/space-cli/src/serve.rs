@@ -2,17 +2,17 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Args;
 use space_api::{RuntimeKind, SnapshotPolicy};
 use space_control::{HttpLimits, ServerConfig};
-use space_node::{
-    GatewayConfig, Limits, Node, NodeApi, NodeConfig, PoolKey, SandboxLimits, VmConfig, WarmSettings,
-};
-use space_storage::{DEFAULT_TEMPLATE_CACHE_DIR, IdMap};
+use space_node::{GatewayConfig, Limits, Node, NodeApi, NodeConfig, PoolKey, SandboxLimits, WarmSettings};
+use space_storage::DEFAULT_TEMPLATE_CACHE_DIR;
+
+use crate::host::HostArgs;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Args)]
@@ -30,23 +30,8 @@ pub struct ServeArgs {
     /// Built-in templates to build at start if missing (comma-separated; default: the default template).
     #[arg(long, value_delimiter = ',')]
     prepare_templates: Option<Vec<String>>,
-    /// The static `spaced` binary (default: next to this executable).
-    #[arg(long, env = "SPACED_BIN")]
-    spaced: Option<PathBuf>,
-    /// CRIU (>= 4.2) for full snapshots, suspend and resume (default:
-    /// /var/cache/space/criu/bin/criu, as scripts/install-criu.sh installs it, else `criu` on
-    /// PATH).
-    #[arg(long, env = "SPACE_CRIU")]
-    criu: Option<PathBuf>,
-    /// QEMU for the vm runtime.
-    #[arg(long, default_value = "/usr/bin/qemu-system-x86_64")]
-    qemu: PathBuf,
-    /// The jailer every VMM starts under (default: `space-vm-jailer` next to this executable).
-    #[arg(long, env = "SPACE_VM_JAILER")]
-    vm_jailer: Option<PathBuf>,
-    /// Guest kernel and initramfs of the vm runtime, as scripts/install-vm.sh makes them.
-    #[arg(long, default_value = "/var/cache/space/vm")]
-    vm_guest_dir: PathBuf,
+    #[command(flatten)]
+    host: HostArgs,
     /// Cgroup directory for this server's sandboxes, under each controller. They go in a
     /// subdirectory named by the node id (`space/<node id>/<sandbox id>`), so servers that
     /// share this parent never touch each other's sandboxes.
@@ -59,11 +44,6 @@ pub struct ServeArgs {
     /// the space free on the data dir's disk when the image is made).
     #[arg(long)]
     pool_size_gib: Option<u64>,
-    /// First host uid/gid of the storage range: files on disk are stored with ids 0..65536 of a
-    /// sandbox shifted to it. Each sandbox runs in a range of its own after it (4096 ranges of
-    /// 65536 ids): nodes sharing a host need bases that far apart.
-    #[arg(long, default_value_t = 100_000)]
-    uid_base: u32,
     /// Warm pool: ready sandboxes kept per template and runtime, e.g. `debian=16,debian:vm=4`
     /// (`NAME` alone is the linux runtime's pool; "" for none; default: 4 of the default
     /// template in the default runtime). Changeable at run time with `space pool set`.
@@ -240,31 +220,6 @@ fn raise_fd_limit() {
     }
 }
 
-/// `name` in this executable's directory.
-fn beside_this_executable(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_default();
-    exe.parent().unwrap_or(Path::new("/")).join(name)
-}
-
-/// Finds `spaced`: the flag, then beside this executable, then cargo's static-build output.
-fn find_spaced(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    if let Some(path) = flag {
-        return Ok(path);
-    }
-    let exe = std::env::current_exe().context("locating the space executable")?;
-    let dir = exe.parent().unwrap_or(Path::new("/"));
-    let candidates = [dir.join("spaced"), dir.join("../x86_64-unknown-linux-gnu/release/spaced")];
-    for candidate in &candidates {
-        if candidate.is_file() {
-            return Ok(candidate.clone());
-        }
-    }
-    bail!(
-        "cannot find the spaced binary next to {}; build it with `cargo build-spaced` or pass --spaced",
-        exe.display()
-    )
-}
-
 pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
@@ -296,19 +251,15 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
     };
     let node = NodeConfig {
         data_dir: data_dir.clone(),
-        spaced_bin: find_spaced(args.spaced)?,
-        criu: args.criu,
+        spaced_bin: args.host.spaced()?,
+        criu: args.host.criu.clone(),
         cgroup_parent: args.cgroup_parent,
         template_cache_dir: args.template_cache,
         image_size_bytes: args.pool_size_gib.map(|g| g << 30),
-        id_map: IdMap { host_base: args.uid_base, count: 65_536 },
+        id_map: args.host.id_map(),
         warm,
         gateway,
-        vm: VmConfig {
-            qemu: args.qemu,
-            jailer: args.vm_jailer.unwrap_or_else(|| beside_this_executable("space-vm-jailer")),
-            guest_dir: args.vm_guest_dir,
-        },
+        vm: args.host.vm(),
     };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -7,6 +7,7 @@
 mod api;
 mod checkpoint;
 mod disk;
+pub mod doctor;
 pub(crate) use disk::charge;
 mod egress;
 mod images;
@@ -167,7 +168,14 @@ impl Node {
         options.id_map = config.id_map;
         options.criu = config.criu.clone();
         let linux: Arc<dyn Runtime> = Arc::new(LinuxRuntime::new(options)?);
-        let runtimes = match open_vm(&config, &kept_spaced).await {
+        let run_dir = config.data_dir.join("run");
+        let host = HostParts {
+            spaced: &kept_spaced,
+            run_dir: &run_dir,
+            cgroup_parent: &config.cgroup_parent,
+            id_map: config.id_map,
+        };
+        let runtimes = match open_vm(&host, &config.vm).await {
             Ok(vm) => Runtimes::new(vec![linux, vm], Vec::new())?,
             Err(why) => {
                 tracing::warn!(reason = %why, "the vm runtime is unavailable");
@@ -386,18 +394,26 @@ impl Node {
     }
 }
 
+/// What every runtime of a node shares.
+pub(crate) struct HostParts<'a> {
+    pub spaced: &'a std::path::Path,
+    pub run_dir: &'a std::path::Path,
+    pub cgroup_parent: &'a str,
+    pub id_map: IdMap,
+}
+
 /// The vm runtime, or why this host cannot run it. Its sandboxes' cgroups sit in a directory
 /// of the node's own, which the linux runtime (whose sandboxes are the other children) skips.
-async fn open_vm(config: &NodeConfig, spaced: &std::path::Path) -> std::result::Result<Arc<dyn Runtime>, String> {
+async fn open_vm(host: &HostParts<'_>, vm: &VmConfig) -> std::result::Result<Arc<dyn Runtime>, String> {
     let mut options = space_runtime_vm::VmOptions::new(
-        &config.vm.jailer,
-        spaced,
-        config.data_dir.join("run"),
-        format!("{}/vm", config.cgroup_parent.trim_end_matches('/')),
+        &vm.jailer,
+        host.spaced,
+        host.run_dir.to_owned(),
+        format!("{}/vm", host.cgroup_parent.trim_end_matches('/')),
     );
-    options.qemu = config.vm.qemu.clone();
-    options.guest_dir = config.vm.guest_dir.clone();
-    options.id_map = config.id_map;
+    options.qemu = vm.qemu.clone();
+    options.guest_dir = vm.guest_dir.clone();
+    options.id_map = host.id_map;
     // Probes KVM (bounded) and builds the initrd: blocking.
     let opened = tokio::task::spawn_blocking(move || space_runtime_vm::VmRuntime::new(options)).await;
     match opened {

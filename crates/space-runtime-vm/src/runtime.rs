@@ -43,7 +43,8 @@ impl Runtime for VmRuntime {
 
     async fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
         let RootDisk::Image(disk) = &spec.root else { return Err(wrong_root()) };
-        let vm = VmSpec { id: spec.id.clone(), disk: disk.clone(), hostname: spec.hostname.clone(), limits: spec.limits };
+        let vm =
+            VmSpec { id: spec.id.clone(), disk: disk.clone(), hostname: spec.hostname.clone(), limits: spec.limits };
         let started = VmRuntime::start(self, &vm).await?;
         Ok(SandboxHandle { id: started.id, runtime: RuntimeKind::Vm, pid: started.pid })
     }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use space_proto::client::AgentClient;
 pub use space_api::{IdMap, RuntimeKind, SandboxId};
+use space_proto::client::AgentClient;
 
 /// Resource limits applied to the whole sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
