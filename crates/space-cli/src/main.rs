@@ -45,7 +45,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the server: control plane, node and API in one process.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Check which runtimes this host can run (as root, no server needed) and what the others lack.
     Doctor(doctor::DoctorArgs),
     /// Create, list, show and destroy sessions.
@@ -127,7 +127,7 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Serve(args) = cli.command {
-        serve::run(args, cli.data_dir).await?;
+        serve::run(*args, cli.data_dir).await?;
         return Ok(ExitCode::SUCCESS);
     }
     if let Command::Doctor(args) = cli.command {
