@@ -159,4 +159,9 @@ mod tests {
         assert_eq!(space_gateway::CA_CERT_PATH, format!("/etc/{CA_DIR}/{CA_CERT_FILE}"));
         assert_eq!(space_gateway::CA_BUNDLE_PATH, format!("/etc/{CA_DIR}/{CA_BUNDLE_FILE}"));
     }
+
+    #[test]
+    fn guests_are_told_the_gateways_address() {
+        assert_eq!(space_runtime_vm::GATEWAY_ADDR, GATEWAY_ADDR);
+    }
 }

@@ -383,9 +383,17 @@ fn node_dirs(parent: &str) -> Vec<PathBuf> {
     subdirs(Path::new("/sys/fs/cgroup")).iter().flat_map(|controller| subdirs(&controller.join(parent))).collect()
 }
 
-/// Every sandbox cgroup below `parent` (in its node directories) in any controller.
+/// Every sandbox cgroup below `parent` (in its node directories, and their `vm` directory
+/// for VMMs) in any controller, deepest first.
 fn cgroup_dirs(parent: &str) -> Vec<PathBuf> {
-    node_dirs(parent).iter().flat_map(|node| subdirs(node)).collect()
+    node_dirs(parent)
+        .iter()
+        .flat_map(|node| {
+            let mut dirs = subdirs(&node.join("vm"));
+            dirs.extend(subdirs(node));
+            dirs
+        })
+        .collect()
 }
 
 /// Kills every process in the test's cgroups and removes them: nothing may outlive a test.
@@ -393,7 +401,7 @@ fn cgroup_dirs(parent: &str) -> Vec<PathBuf> {
 fn remove_cgroups(parent: &str, node: Option<&str>) {
     let scope = |dirs: Vec<PathBuf>| -> Vec<PathBuf> {
         dirs.into_iter()
-            .filter(|d| node.is_none_or(|n| d.ends_with(n) || d.parent().is_some_and(|p| p.ends_with(n))))
+            .filter(|d| node.is_none_or(|n| d.ancestors().any(|a| a.ends_with(n))))
             .collect()
     };
     for _ in 0..50 {

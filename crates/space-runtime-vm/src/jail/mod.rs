@@ -186,7 +186,7 @@ impl Prepared {
 
 /// Steps 5-9, in the VMM process. Returns only on failure, with what failed.
 fn vmm(config: &JailConfig, prepared: &Prepared, log: std::fs::File, disk: [std::fs::File; 2]) -> String {
-    let tap = match net::setup(config.guest_addr) {
+    let tap = match net::setup(config.guest_addr, crate::GATEWAY_ADDR) {
         Ok(tap) => tap,
         Err(e) => return format!("network: {e}"),
     };

@@ -2,7 +2,9 @@
 //! behind the same gateway design"). Every IPv4 address is local (the AnyIP route the
 //! gateway's listeners rely on), and the guest's own address is routed to the tap in table
 //! `local`, which AnyIP would otherwise deliver locally: replies to the guest would never
-//! reach it.
+//! reach it. The tap holds the gateway's address: a reply from a socket bound to the
+//! wildcard (the gateway's DNS) takes the outgoing interface's address as its source, and a
+//! guest drops an answer from any address but the one it asked.
 
 use std::io;
 use std::net::Ipv4Addr;
@@ -20,7 +22,7 @@ const LOOPBACK_INDEX: u32 = 1;
 const LOCAL_TABLE: u32 = 255;
 
 /// Configures the calling process's (fresh) network namespace; returns the tap's descriptor.
-pub(crate) fn setup(guest: Ipv4Addr) -> Result<OwnedFd, String> {
+pub(crate) fn setup(guest: Ipv4Addr, gateway: Ipv4Addr) -> Result<OwnedFd, String> {
     space_netns::route_every_address_to_loopback().map_err(|e| e.to_string())?;
     let tap = open_tap(TAP_NAME).map_err(|e| format!("create {TAP_NAME}: {e}"))?;
     let index = if_index(TAP_NAME).map_err(|e| format!("index of {TAP_NAME}: {e}"))?;
@@ -45,7 +47,14 @@ pub(crate) fn setup(guest: Ipv4Addr) -> Result<OwnedFd, String> {
                 .scope(RouteScope::Link)
                 .protocol(RouteProtocol::Static)
                 .build();
-            handle.route().add(route).replace().execute().await.map_err(|e| format!("route {guest}/32 to tap: {e}"))
+            handle.route().add(route).replace().execute().await.map_err(|e| format!("route {guest}/32 to tap: {e}"))?;
+            handle
+                .address()
+                .add(index, gateway.into(), 32)
+                .replace()
+                .execute()
+                .await
+                .map_err(|e| format!("address {gateway}/32 on {TAP_NAME}: {e}"))
         }
         .await;
         driver.abort();
