@@ -17,6 +17,10 @@ pub enum SpacedError {
     Signals(#[source] io::Error),
     #[error(transparent)]
     Init(#[from] space_sandbox_init::InitError),
+    #[error(transparent)]
+    FindPort(#[from] crate::port::PortError),
+    #[error("the agent port failed: {0}")]
+    Port(#[source] io::Error),
 }
 
 /// The protocol error kind for an I/O error. Raw errno values are checked first because

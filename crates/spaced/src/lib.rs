@@ -3,6 +3,7 @@
 //!
 //! Layout:
 //! - [`server`]: accept loop, handshake, per-stream dispatch, shutdown;
+//! - [`port`]: the virtio-serial port that is the node's channel in a `vm` sandbox;
 //! - [`reaper`]: init duties (reaps every child, hands exit statuses to their owners);
 //! - [`spawn`] and [`pty`]: starting a process (credentials, process group, terminal);
 //! - [`process`]: the process table, output fan-out and ring buffers, supervision;
@@ -17,6 +18,7 @@ pub mod error;
 pub mod exec;
 pub mod fdio;
 pub mod files;
+pub mod port;
 pub mod process;
 pub mod pty;
 pub mod reaper;
@@ -69,14 +71,41 @@ pub enum Mode {
 /// dumps and re-creates: with two workers and a lingering blocking thread, restoring an idle
 /// sandbox took ~19 ms longer (126 vs 107 ms p50), and exec round trips were no faster.
 pub fn run(listener: UnixListener, mode: Mode) -> Result<(), SpacedError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    runtime()?.block_on(server::run(listener, mode))
+}
+
+/// `spaced guest --port NAME`: pid 1 of a `vm` sandbox, which the initramfs has set up (root
+/// disk, mounts, network). Serves the node over the virtio-serial port named `port_name`,
+/// waiting up to [`port::FIND_TIMEOUT`] for it to appear.
+pub fn run_guest(port_name: &str) -> Result<(), SpacedError> {
+    if !kernel_rng_ready() {
+        // Not fatal: the kernel may still get there. But the multiplexer takes its connection
+        // id from getrandom(2), so the first connection waits for it.
+        eprintln!(
+            "spaced: warning: the kernel's random number generator is not initialized; connections wait \
+             until it is. Give the VM an entropy source: -device virtio-rng-device, or a CPU with RDRAND"
+        );
+    }
+    let port = port::Port::open(Path::new(port::SYSFS_PORTS), Path::new(port::DEV), port_name, port::FIND_TIMEOUT)?;
+    runtime()?.block_on(server::run_port(port, Mode::Init))
+}
+
+/// Whether getrandom(2) would return without blocking.
+fn kernel_rng_ready() -> bool {
+    let mut byte = [0u8; 1];
+    // SAFETY: the buffer is valid for writes of its length for the duration of the call.
+    let n = unsafe { libc::getrandom(byte.as_mut_ptr().cast(), byte.len(), libc::GRND_NONBLOCK) };
+    n == 1
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, SpacedError> {
+    tokio::runtime::Builder::new_current_thread()
         .max_blocking_threads(32)
         .thread_keep_alive(std::time::Duration::from_secs(1))
         .thread_name("spaced")
         .enable_all()
         .build()
-        .map_err(SpacedError::Runtime)?;
-    runtime.block_on(server::run(listener, mode))
+        .map_err(SpacedError::Runtime)
 }
 
 /// Locks a std mutex, ignoring poisoning: every critical section in spaced leaves the data

@@ -1,15 +1,19 @@
 //! `spaced init` — pid 1 of a sandbox: set the sandbox up, then serve the node.
 //! `spaced serve --socket PATH` — the same server on a fresh unix socket, without any
 //! sandboxing (tests on the host).
+//! `spaced guest --port NAME` — pid 1 of a `vm` sandbox: the same server on the virtio-serial
+//! port NAME, after the initramfs's /init has set the VM up.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: spaced init\n       spaced serve --socket PATH\n       spaced --version";
+const USAGE: &str =
+    "usage: spaced init\n       spaced serve --socket PATH\n       spaced guest --port NAME\n       spaced --version";
 
 enum Command {
     Init,
     Serve { socket: PathBuf },
+    Guest { port: String },
     Version,
 }
 
@@ -17,6 +21,7 @@ fn parse(args: &[String]) -> Result<Command, String> {
     match args {
         [cmd] if cmd == "init" => Ok(Command::Init),
         [cmd, flag, path] if cmd == "serve" && flag == "--socket" => Ok(Command::Serve { socket: path.into() }),
+        [cmd, flag, name] if cmd == "guest" && flag == "--port" => Ok(Command::Guest { port: name.clone() }),
         [flag] if flag == "--version" || flag == "-V" => Ok(Command::Version),
         _ => Err(USAGE.to_owned()),
     }
@@ -36,6 +41,16 @@ fn run(command: Command) -> Result<(), spaced::SpacedError> {
                 eprintln!("spaced: warning: cannot become a child subreaper: {e}");
             }
             spaced::run(spaced::bind(&socket)?, spaced::Mode::Serve)
+        }
+        Command::Guest { port } => {
+            // As the VM's pid 1 spaced inherits every orphan; started as any other process (a
+            // test), it asks for those of its commands.
+            if nix::unistd::getpid().as_raw() != 1
+                && let Err(e) = nix::sys::prctl::set_child_subreaper(true)
+            {
+                eprintln!("spaced: warning: cannot become a child subreaper: {e}");
+            }
+            spaced::run_guest(&port)
         }
         Command::Version => {
             println!("{}", spaced::agent_name());
@@ -59,5 +74,21 @@ fn main() -> ExitCode {
             eprintln!("spaced: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn guest_takes_a_port_name() {
+        assert!(matches!(parse(&args(&["guest", "--port", "agent"])), Ok(Command::Guest { port }) if port == "agent"));
+        assert!(parse(&args(&["guest"])).is_err());
+        assert!(parse(&args(&["guest", "--socket", "agent"])).is_err());
     }
 }

@@ -1,16 +1,21 @@
 //! Accepts node connections and dispatches each stream's request.
 //!
-//! Several connections may be open at once (the node reconnects after it restarts);
-//! processes belong to the agent, not to a connection, so they outlive connections.
+//! On a unix socket several connections may be open at once (the node reconnects after it
+//! restarts); on a VM's virtio-serial port ([`crate::port`]) there is one at a time, one per
+//! host connection. Processes belong to the agent, not to a connection, so they outlive
+//! connections.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use space_proto::{FramedStream, Reply, Request};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::error::{SpacedError, invalid};
+use crate::port::Port;
 use crate::process::ProcessTable;
 use crate::reaper::Reaper;
 use crate::{Mode, exec, files, watch, wire};
@@ -53,23 +58,45 @@ impl Default for Agent {
     }
 }
 
-/// Serves forever ([`Mode::Init`]) or until SIGTERM/SIGINT ([`Mode::Serve`]), then kills
-/// every process group spaced started and returns.
+/// Serves connections accepted on `listener` forever ([`Mode::Init`]) or until SIGTERM/SIGINT
+/// ([`Mode::Serve`]), then kills every process group spaced started and returns.
 pub async fn run(listener: std::os::unix::net::UnixListener, mode: Mode) -> Result<(), SpacedError> {
     listener.set_nonblocking(true).map_err(SpacedError::Listener)?;
     let listener = UnixListener::from_std(listener).map_err(SpacedError::Listener)?;
+    supervise(mode, |agent| async move {
+        accept_loop(listener, agent).await;
+        Ok(())
+    })
+    .await
+}
+
+/// Serves the host connections of a virtio-serial port, one after the other, like [`run`].
+/// Returns an error only if the port itself fails.
+pub async fn run_port(port: Port, mode: Mode) -> Result<(), SpacedError> {
+    supervise(mode, |agent| port_loop(port, agent)).await
+}
+
+/// Runs `serve` beside the reaper until either ends or a shutdown signal comes.
+async fn supervise<F, Fut>(mode: Mode, serve: F) -> Result<(), SpacedError>
+where
+    F: FnOnce(Arc<Agent>) -> Fut,
+    Fut: Future<Output = Result<(), SpacedError>>,
+{
     let agent = Arc::new(Agent::new());
     let reaper = tokio::spawn(agent.reaper.clone().run());
-    tokio::select! {
-        () = accept_loop(listener, agent.clone()) => {}
-        result = shutdown_signal(mode) => result?,
+    let outcome = tokio::select! {
+        result = serve(agent.clone()) => result,
+        result = shutdown_signal(mode) => result,
         result = reaper => match result {
-            Ok(Err(e)) => return Err(SpacedError::Signals(e)),
-            _ => tracing::error!("reaper stopped"),
+            Ok(Err(e)) => Err(SpacedError::Signals(e)),
+            _ => {
+                tracing::error!("reaper stopped");
+                Ok(())
+            }
         },
-    }
+    };
     agent.kill_all();
-    Ok(())
+    outcome
 }
 
 /// Resolves on SIGTERM or SIGINT in [`Mode::Serve`]; never in [`Mode::Init`].
@@ -101,7 +128,59 @@ async fn accept_loop(listener: UnixListener, agent: Arc<Agent>) {
     }
 }
 
-async fn connection(mut conn: UnixStream, agent: Arc<Agent>) {
+/// How a connection ended, as far as the byte stream is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The multiplexer closed in order: the node said goodbye, or its end of the stream ended.
+    Clean,
+    /// The handshake failed or timed out, or the node broke the protocol: the stream is in an
+    /// unknown state.
+    Broken,
+}
+
+/// One host connection after another.
+///
+/// A connection starts with the host's first bytes (the node always sends its hello first):
+/// spaced's hello then goes to the host that is there, even if the hang-up of the previous
+/// one went unseen (see [`crate::port`]).
+///
+/// A connection that breaks while the host stays connected is drained until the host hangs
+/// up: the port has no way to close the host's end, and a new handshake in the middle of the
+/// old byte stream would only fail again. One that ends cleanly is not drained: the node,
+/// having said goodbye, sends nothing more, and what comes next belongs to its next
+/// connection, which may come before the hang-up of this one is seen.
+async fn port_loop(port: Port, agent: Arc<Agent>) -> Result<(), SpacedError> {
+    loop {
+        port.wait_connected().await.map_err(SpacedError::Port)?;
+        let link = match port.link() {
+            Ok(link) => link,
+            // Out of descriptors, typically (a dup and a registration): what the sandbox does
+            // to pid 1's limits must not end the agent, which would end the VM.
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot set up a connection on the port");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if !link.wait_for_data().await.map_err(SpacedError::Port)? {
+            continue;
+        }
+        let ended = connection(link.clone(), agent.clone()).await;
+        if ended == Ended::Broken && !link.hung_up() {
+            tracing::info!("connection ended while the host stays connected: discarding its input until it hangs up");
+            if let Err(e) = link.discard_until_hangup().await {
+                tracing::warn!(error = %e, "reading the port failed");
+                // Not a busy loop should the error persist.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn connection<T>(mut conn: T, agent: Arc<Agent>) -> Ended
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let name = crate::agent_name();
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, space_proto::handshake(&mut conn, &name)).await {
         Ok(Ok(hello)) => {
@@ -112,12 +191,21 @@ async fn connection(mut conn: UnixStream, agent: Arc<Agent>) {
             }
             end_tracing();
         }
-        Ok(Err(e)) => return tracing::warn!(error = %e, "handshake failed"),
-        Err(_) => return tracing::warn!("handshake timed out"),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "handshake failed");
+            return Ended::Broken;
+        }
+        Err(_) => {
+            tracing::warn!("handshake timed out");
+            return Ended::Broken;
+        }
     }
-    let served = space_proto::serve(conn, move |stream| handle(stream, agent.clone())).await;
-    if let Err(e) = served {
-        tracing::info!(error = %e, "connection ended");
+    match space_proto::serve(conn, move |stream| handle(stream, agent.clone())).await {
+        Ok(()) => Ended::Clean,
+        Err(e) => {
+            tracing::info!(error = %e, "connection ended");
+            Ended::Broken
+        }
     }
 }
 
