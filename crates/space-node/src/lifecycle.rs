@@ -8,7 +8,7 @@ use space_node_api::DiskQuota;
 use space_runtime::{Limits, RootDisk, RootDiskKind, SandboxHandle};
 use space_storage::SandboxIdentity;
 
-use crate::{Node, Result, blocking};
+use crate::{Node, NodeError, Result, blocking};
 
 impl Node {
     /// Freezes every process of the sandbox; memory stays where it is.
@@ -21,8 +21,10 @@ impl Node {
     }
 
     /// A read-only copy of the sandbox's root, consistent because the sandbox is frozen while
-    /// it is taken (unless `already_paused`, it is thawed right after). Its size is measured
-    /// apart ([`Node::snapshot_disk_size`]): walking the tree takes longer than the snapshot.
+    /// it is taken (unless `already_paused`, it is thawed right after). A guest's filesystem
+    /// (an image root) is also flushed and frozen from inside first: its page cache and
+    /// journal are guest memory. Its size is measured apart ([`Node::snapshot_disk_size`]):
+    /// walking the tree takes longer than the snapshot.
     pub async fn snapshot_disk(
         &self,
         sandbox: &SandboxId,
@@ -31,16 +33,45 @@ impl Node {
         already_paused: bool,
     ) -> Result<()> {
         let runtime = self.runtimes.of(sandbox)?;
-        if !already_paused {
+        let guest_fs = runtime.root_disk() == RootDiskKind::Image;
+        if guest_fs {
+            if already_paused {
+                runtime.resume(sandbox).await?; // only a running guest can freeze
+            }
+            let frozen = self.freeze_root(sandbox, true).await;
+            if let Err(e) = frozen {
+                if already_paused {
+                    runtime.pause(sandbox).await?;
+                }
+                return Err(e);
+            }
+        }
+        if !already_paused || guest_fs {
             runtime.pause(sandbox).await?;
         }
         let pool = self.pool.clone();
         let (sbx, ses, snap) = (sandbox.clone(), session.clone(), snapshot.clone());
         let taken = blocking(move || Ok(pool.snapshot_sandbox_root(&sbx, &ses, &snap)?)).await;
-        if !already_paused {
+        if !already_paused || guest_fs {
             runtime.resume(sandbox).await?;
         }
+        if guest_fs {
+            self.freeze_root(sandbox, false).await?;
+            if already_paused {
+                runtime.pause(sandbox).await?;
+            }
+        }
         taken.map(drop)
+    }
+
+    /// Freezes or thaws the root filesystem of a sandbox from inside (see
+    /// `Request::FreezeRoot`).
+    async fn freeze_root(&self, sandbox: &SandboxId, frozen: bool) -> Result<()> {
+        let agent = self.agent(sandbox).await?;
+        agent.freeze_root(frozen).await.map_err(|e| NodeError::Agent {
+            sandbox: sandbox.clone(),
+            reason: format!("{} the root filesystem: {e}", if frozen { "freezing" } else { "thawing" }),
+        })
     }
 
     /// The apparent size of a disk snapshot's files.

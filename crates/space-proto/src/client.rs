@@ -259,6 +259,11 @@ impl AgentClient {
         self.call_ok(&Request::AllowCheckpoint).await
     }
 
+    /// Freezes (flushed first) or thaws the sandbox's root filesystem.
+    pub async fn freeze_root(&self, frozen: bool) -> Result<(), AgentError> {
+        self.call_ok(&Request::FreezeRoot { frozen }).await
+    }
+
     /// Forgets every exited process; running ones stay.
     pub async fn forget_exited(&self) -> Result<(), AgentError> {
         self.call_ok(&Request::ForgetExited).await

@@ -87,6 +87,12 @@ pub enum Request {
         path: String,
         recursive: bool,
     },
+    /// Flushes and freezes (`FIFREEZE`) the root filesystem, or thaws it (`FITHAW`): a `vm`
+    /// sandbox's disk is only consistent for a snapshot while its guest holds nothing back.
+    /// Thawing a filesystem that is not frozen is fine.
+    FreezeRoot {
+        frozen: bool,
+    },
 }
 
 /// What to run.

@@ -18,6 +18,7 @@ pub mod error;
 pub mod exec;
 pub mod fdio;
 pub mod files;
+pub mod freeze;
 pub mod port;
 pub mod process;
 pub mod pty;

@@ -268,6 +268,7 @@ async fn dispatch(stream: FramedStream, agent: Arc<Agent>, request: Request) {
         Request::MakeDir { path } => files::make_dir(path).await,
         Request::Move { from, to } => files::move_path(from, to).await,
         Request::Remove { path, recursive } => files::remove(path, recursive).await,
+        Request::FreezeRoot { frozen } => crate::freeze::freeze_root(frozen).await,
     };
     finish(stream, reply).await;
 }

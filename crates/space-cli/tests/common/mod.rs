@@ -177,6 +177,11 @@ impl Server {
     }
 
     /// SIGKILL: the crash the recovery tests simulate.
+    /// The server process's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the server runs").id()
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
