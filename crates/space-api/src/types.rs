@@ -534,9 +534,9 @@ pub struct TemplatePool {
 pub struct SetPoolSizeRequest {
     /// Ready pods to keep for the template (0 turns its pool off).
     pub size: u32,
-    /// The runtime of the pool's pods; default `linux`.
+    /// The runtime of the pool's pods; default: the server's default runtime.
     #[serde(default)]
-    pub runtime: crate::RuntimeKind,
+    pub runtime: Option<crate::RuntimeKind>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]

@@ -89,9 +89,9 @@ enum PoolCommand {
     Set {
         template: String,
         size: u32,
-        /// The pool's runtime: `linux` or `vm`.
-        #[arg(long, default_value_t = space_api::RuntimeKind::Linux)]
-        runtime: space_api::RuntimeKind,
+        /// The pool's runtime: `linux` or `vm` (default: the server's default runtime).
+        #[arg(long)]
+        runtime: Option<space_api::RuntimeKind>,
     },
 }
 

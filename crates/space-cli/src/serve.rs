@@ -45,7 +45,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pool_size_gib: Option<u64>,
     /// Warm pool: ready sandboxes kept per template and runtime, e.g. `debian=16,debian:vm=4`
-    /// (`NAME` alone is the linux runtime's pool; "" for none; default: 4 of the default
+    /// (`NAME` alone is the default runtime's pool; "" for none; default: 4 of the default
     /// template in the default runtime). Changeable at run time with `space pool set`.
     #[arg(long)]
     pool: Option<String>,
@@ -175,8 +175,8 @@ fn gateway_config(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
     Ok(config)
 }
 
-/// Parses `name[:runtime]=size,…`.
-fn parse_pool(spec: &str) -> anyhow::Result<BTreeMap<PoolKey, u32>> {
+/// Parses `name[:runtime]=size,…` (`name` alone: the default runtime's pool).
+fn parse_pool(spec: &str, default_runtime: RuntimeKind) -> anyhow::Result<BTreeMap<PoolKey, u32>> {
     let mut sizes = BTreeMap::new();
     for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let (pool, size) = entry.split_once('=').with_context(|| {
@@ -188,7 +188,7 @@ fn parse_pool(spec: &str) -> anyhow::Result<BTreeMap<PoolKey, u32>> {
         }
         let (name, runtime) = match pool.trim().split_once(':') {
             Some((name, runtime)) => (name, runtime.parse::<RuntimeKind>().map_err(anyhow::Error::msg)?),
-            None => (pool.trim(), RuntimeKind::Linux),
+            None => (pool.trim(), default_runtime),
         };
         sizes.insert((name.to_owned(), runtime), size);
     }
@@ -197,7 +197,7 @@ fn parse_pool(spec: &str) -> anyhow::Result<BTreeMap<PoolKey, u32>> {
 
 fn warm_settings(args: &ServeArgs) -> anyhow::Result<WarmSettings> {
     let sizes = match &args.pool {
-        Some(spec) => parse_pool(spec)?,
+        Some(spec) => parse_pool(spec, args.default_runtime)?,
         None => BTreeMap::from([((args.default_template.clone(), args.default_runtime), 4)]),
     };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
@@ -303,14 +303,16 @@ mod tests {
 
     #[test]
     fn pool_specs() {
-        let sizes = parse_pool("debian=16, busybox=4, debian:vm=2").unwrap();
+        let sizes = parse_pool("debian=16, busybox=4, debian:vm=2", RuntimeKind::Linux).unwrap();
         let linux = |name: &str| (name.to_owned(), RuntimeKind::Linux);
         let expected =
             BTreeMap::from([(linux("busybox"), 4), (linux("debian"), 16), (("debian".into(), RuntimeKind::Vm), 2)]);
         assert_eq!(sizes, expected);
-        assert!(parse_pool("").unwrap().is_empty());
+        assert!(parse_pool("", RuntimeKind::Linux).unwrap().is_empty());
+        let vm = parse_pool("debian=1", RuntimeKind::Vm).unwrap();
+        assert_eq!(vm, BTreeMap::from([(("debian".into(), RuntimeKind::Vm), 1)]), "the default runtime's pool");
         for bad in ["debian", "debian=x", "debian=-1", "debian=100000", "debian:docker=1"] {
-            assert!(parse_pool(bad).is_err(), "{bad:?} accepted");
+            assert!(parse_pool(bad, RuntimeKind::Linux).is_err(), "{bad:?} accepted");
         }
     }
 }

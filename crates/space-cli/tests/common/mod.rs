@@ -394,12 +394,15 @@ fn cgroup_dirs(parent: &str) -> Vec<PathBuf> {
     node_dirs(parent)
         .iter()
         .flat_map(|node| {
-            let mut dirs = subdirs(&node.join("vm"));
-            dirs.extend(subdirs(node));
+            let mut dirs = subdirs(&node.join(VM_CGROUPS));
+            dirs.extend(subdirs(node).into_iter().filter(|d| !d.ends_with(VM_CGROUPS)));
             dirs
         })
         .collect()
 }
+
+/// The directory of a node's cgroups that holds its VMMs'.
+const VM_CGROUPS: &str = "vm";
 
 /// Kills every process in the test's cgroups and removes them: nothing may outlive a test.
 /// With `node`, only that node's (another server may share the parent).
@@ -427,6 +430,7 @@ fn remove_cgroups(parent: &str, node: Option<&str>) {
         std::thread::sleep(Duration::from_millis(20));
     }
     for dir in scope(node_dirs(parent)) {
+        let _ = std::fs::remove_dir(dir.join(VM_CGROUPS));
         let _ = std::fs::remove_dir(dir);
     }
     for controller in subdirs(Path::new("/sys/fs/cgroup")) {

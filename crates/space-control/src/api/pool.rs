@@ -28,9 +28,10 @@ pub async fn set_pool_size(
         return Err(AppError::bad_request(format!("size must be at most {MAX_POOL_SIZE}")));
     }
     super::sessions::check_template(&state, &template)?;
+    let runtime = request.runtime.unwrap_or(state.default_runtime);
     if request.size > 0 {
-        super::sessions::check_runtime(&state, request.runtime)?;
+        super::sessions::check_runtime(&state, runtime)?;
     }
-    state.node.clone().set_pool_size(&template, request.runtime, request.size);
+    state.node.clone().set_pool_size(&template, runtime, request.size);
     Ok(ApiJson(state.node.pool_status()))
 }
