@@ -273,7 +273,7 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
     if let Err(why) = state.node.runtime_available(config.default_runtime) {
         bail!("--default-runtime {}: that runtime is unavailable here: {why}", config.default_runtime);
     }
-    match state.node.checkpoint_support() {
+    match state.node.checkpoint_support(config.default_runtime) {
         Ok(tool) => tracing::info!("full snapshots, suspend and resume use {tool}"),
         Err(why) => tracing::warn!(
             "full snapshots, suspend and process-preserving fork are OFF: {why}; run scripts/install-criu.sh \

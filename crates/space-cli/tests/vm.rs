@@ -134,3 +134,23 @@ fn pausing_a_vm_stops_its_guest_until_it_is_resumed() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(stdout(&sh(&server, &id, "cat /root/t0 >/dev/null && echo alive")).trim(), "alive");
 }
+
+#[test]
+fn a_vm_session_forks_into_vms_that_start_from_its_files() {
+    require_root!();
+    let server = Server::start_with(&["--pool", ""]);
+    let (id, _) = vm_session(&server);
+    sh(&server, &id, "echo parent > /root/f");
+    let (status, forks) = server.call("POST", &format!("/v1/sessions/{id}/fork"), Some(json!({ "count": 2 })));
+    assert_eq!(status, 201, "{forks}");
+    let forks: Vec<String> = forks["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().into()).collect();
+    for fork in &forks {
+        let (_, session) = server.call("GET", &format!("/v1/sessions/{fork}"), None);
+        assert_eq!(session["runtime"], "vm", "{session}");
+        assert_eq!(stdout(&sh(&server, fork, "cat /root/f")).trim(), "parent");
+        sh(&server, fork, &format!("echo {fork} > /root/f"));
+    }
+    assert_eq!(stdout(&sh(&server, &id, "cat /root/f")).trim(), "parent", "a fork wrote into its parent");
+    let hostnames: std::collections::HashSet<String> = forks.iter().map(|f| stdout(&sh(&server, f, "hostname"))).collect();
+    assert_eq!(hostnames.len(), 2, "two forks share a hostname");
+}

@@ -45,7 +45,7 @@ async fn run_once(state: &AppState, full_unavailable_logged: &mut bool) -> AppRe
         if session.state == SessionState::Running {
             for kind in due_kinds(&session.snapshot_policy, session, &snapshots, now) {
                 if kind == SnapshotKind::Full {
-                    if let Err(why) = state.node.checkpoint_support() {
+                    if let Err(why) = state.node.checkpoint_support(session.runtime) {
                         if !std::mem::replace(full_unavailable_logged, true) {
                             tracing::warn!("scheduled full snapshots are skipped: {why}");
                         }
@@ -96,7 +96,7 @@ async fn suspend_if_idle(
     if idle.is_none_or(|idle| idle < (timeout as i64).saturating_mul(1000)) {
         return false;
     }
-    if let Err(why) = state.node.checkpoint_support() {
+    if let Err(why) = state.node.checkpoint_support(session.runtime) {
         if !std::mem::replace(full_unavailable_logged, true) {
             tracing::warn!("idle sessions are not suspended: {why}");
         }

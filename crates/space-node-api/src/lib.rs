@@ -206,8 +206,8 @@ pub trait NodeApi: EgressControl + 'static {
 
     // Snapshots.
 
-    /// The checkpoint tool in use, or why full snapshots are unavailable.
-    fn checkpoint_support(&self) -> Result<String, String>;
+    /// The checkpoint tool `runtime`'s sandboxes use, or why they cannot take full snapshots.
+    fn checkpoint_support(&self, runtime: RuntimeKind) -> Result<String, String>;
     /// A consistent copy of the sandbox's root (frozen while taken, thawed after unless
     /// `already_paused`). Its size comes apart: [`NodeApi::snapshot_disk_size`].
     async fn snapshot_disk(

@@ -226,7 +226,7 @@ impl NodeApi for SimNode {
         Ok(client)
     }
 
-    fn checkpoint_support(&self) -> std::result::Result<String, String> {
+    fn checkpoint_support(&self, _runtime: RuntimeKind) -> std::result::Result<String, String> {
         self.state().config.checkpoints.clone()
     }
 

@@ -184,8 +184,8 @@ impl NodeApi for Node {
         Ok(Node::agent(self, id).await?)
     }
 
-    fn checkpoint_support(&self) -> std::result::Result<String, String> {
-        Node::checkpoint_support(self)
+    fn checkpoint_support(&self, runtime: RuntimeKind) -> std::result::Result<String, String> {
+        Node::checkpoint_support(self, runtime)
     }
 
     async fn snapshot_disk(

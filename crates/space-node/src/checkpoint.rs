@@ -26,9 +26,9 @@ pub(crate) struct ConnectGate {
 }
 
 impl Node {
-    /// The checkpoint tool in use, or why full snapshots are unavailable.
-    pub fn checkpoint_support(&self) -> std::result::Result<String, String> {
-        self.runtimes.get(RuntimeKind::Linux).map_err(|e| e.to_string())?.checkpoint_support()
+    /// The checkpoint tool `runtime` uses, or why its sandboxes cannot take full snapshots.
+    pub fn checkpoint_support(&self, runtime: RuntimeKind) -> std::result::Result<String, String> {
+        self.runtimes.get(runtime).map_err(|e| e.to_string())?.checkpoint_support()
     }
 
     /// Takes a full snapshot of a running (or, `already_paused`, paused) sandbox; it is left

@@ -129,11 +129,11 @@ pub(crate) async fn take_snapshot(
     kind: SnapshotKind,
     name: Option<String>,
 ) -> AppResult<Snapshot> {
-    if kind == SnapshotKind::Full {
-        require_checkpoints(state)?;
-    }
     let _guard = state.session_lock(id).await;
     let session = state.store.session(tenant, id).await?.ok_or_else(|| AppError::session_not_found(id.as_str()))?;
+    if kind == SnapshotKind::Full {
+        require_checkpoints(state, session.runtime)?;
+    }
     let paused = match session.state {
         SessionState::Running => false,
         SessionState::Paused => true,
@@ -222,9 +222,10 @@ fn measure_in_background(state: AppState, session: SessionId, snapshot: Snapshot
     });
 }
 
-/// Fails with `feature_unavailable` unless the node can take full snapshots.
-pub(crate) fn require_checkpoints(state: &AppState) -> AppResult<()> {
-    let support = state.node.checkpoint_support().map_err(space_node_api::NodeError::CheckpointUnavailable);
+/// Fails with `feature_unavailable` unless the node can take full snapshots of `runtime`'s
+/// sandboxes.
+pub(crate) fn require_checkpoints(state: &AppState, runtime: space_api::RuntimeKind) -> AppResult<()> {
+    let support = state.node.checkpoint_support(runtime).map_err(space_node_api::NodeError::CheckpointUnavailable);
     Ok(support.map(drop)?)
 }
 
@@ -335,7 +336,8 @@ pub async fn fork(
         Some(from) => find_snapshot(&state, &caller, &parent.id, from.as_str()).await?,
         // Processes too when the node can checkpoint them; otherwise the files.
         None => {
-            let kind = if require_checkpoints(&state).is_ok() { SnapshotKind::Full } else { SnapshotKind::Disk };
+            let full = require_checkpoints(&state, parent.runtime).is_ok();
+            let kind = if full { SnapshotKind::Full } else { SnapshotKind::Disk };
             take_snapshot(&state, &caller.tenant_id, &parent.id, kind, None).await?
         }
     };

@@ -30,9 +30,9 @@ pub async fn suspend(
 /// Suspends the session (see [`suspend`]); also used by the idle timeout. On failure the
 /// session returns to the state it was in, with the error recorded, and keeps its sandbox.
 pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &SessionId) -> AppResult<()> {
-    require_checkpoints(state)?;
     let _guard = state.session_lock(id).await;
     let session = state.store.session(tenant, id).await?.ok_or_else(|| AppError::session_not_found(id.as_str()))?;
+    require_checkpoints(state, session.runtime)?;
     let was = session.state;
     let paused = match was {
         SessionState::Suspended => return Ok(()),

@@ -41,7 +41,7 @@ pub async fn status(State(state): State<AppState>, Extension(caller): Extension<
 }
 
 pub(crate) fn full_snapshot_support(state: &AppState) -> FullSnapshotSupport {
-    match state.node.checkpoint_support() {
+    match state.node.checkpoint_support(state.default_runtime) {
         Ok(tool) => FullSnapshotSupport { available: true, detail: tool },
         Err(why) => FullSnapshotSupport {
             available: false,
