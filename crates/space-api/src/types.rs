@@ -24,7 +24,8 @@ pub enum SessionState {
     Suspended,
     Destroying,
     Destroyed,
-    /// Creation failed; `error` says why. Only `destroy` is allowed.
+    /// Creation failed, or the sandbox exited on its own; `error` says why. `destroy` is
+    /// allowed, and `restore` from one of its snapshots.
     Failed,
 }
 

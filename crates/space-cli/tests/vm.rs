@@ -30,7 +30,8 @@ fn stdout(result: &Value) -> String {
 
 /// The host pid of the sandbox's VMM: the one process of its cgroup.
 fn vmm_pid(server: &Server, sandbox: &str) -> u32 {
-    let dir = Path::new("/sys/fs/cgroup/pids").join(&server.cgroup_parent).join(server.node_id()).join("vm").join(sandbox);
+    let dir =
+        Path::new("/sys/fs/cgroup/pids").join(&server.cgroup_parent).join(server.node_id()).join("vm").join(sandbox);
     let procs = std::fs::read_to_string(dir.join("cgroup.procs")).expect("the VMM's cgroup");
     let pids: Vec<u32> = procs.lines().filter_map(|l| l.parse().ok()).collect();
     assert_eq!(pids.len(), 1, "one process (QEMU) in {}: {pids:?}", dir.display());
@@ -143,7 +144,8 @@ fn a_vm_session_forks_into_vms_that_start_from_its_files() {
     sh(&server, &id, "echo parent > /root/f");
     let (status, forks) = server.call("POST", &format!("/v1/sessions/{id}/fork"), Some(json!({ "count": 2 })));
     assert_eq!(status, 201, "{forks}");
-    let forks: Vec<String> = forks["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().into()).collect();
+    let forks: Vec<String> =
+        forks["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().into()).collect();
     for fork in &forks {
         let (_, session) = server.call("GET", &format!("/v1/sessions/{fork}"), None);
         assert_eq!(session["runtime"], "vm", "{session}");
@@ -151,6 +153,34 @@ fn a_vm_session_forks_into_vms_that_start_from_its_files() {
         sh(&server, fork, &format!("echo {fork} > /root/f"));
     }
     assert_eq!(stdout(&sh(&server, &id, "cat /root/f")).trim(), "parent", "a fork wrote into its parent");
-    let hostnames: std::collections::HashSet<String> = forks.iter().map(|f| stdout(&sh(&server, f, "hostname"))).collect();
+    let hostnames: std::collections::HashSet<String> =
+        forks.iter().map(|f| stdout(&sh(&server, f, "hostname"))).collect();
     assert_eq!(hostnames.len(), 2, "two forks share a hostname");
+}
+
+#[test]
+fn a_vm_whose_vmm_dies_fails_with_the_reason_and_comes_back_from_a_snapshot() {
+    require_root!();
+    let server = Server::start_with(&["--pool", ""]);
+    let (id, sandbox) = vm_session(&server);
+    sh(&server, &id, "echo kept > /root/f");
+    let (status, snap) = server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(json!({ "kind": "disk" })));
+    assert_eq!(status, 201, "{snap}");
+    // SAFETY: kill(2) of the VMM this test's server started, found in its cgroup.
+    assert_eq!(unsafe { libc::kill(vmm_pid(&server, &sandbox) as i32, libc::SIGKILL) }, 0);
+    let mut session = Value::Null;
+    for _ in 0..500 {
+        session = server.call("GET", &format!("/v1/sessions/{id}"), None).1;
+        if session["state"] == "failed" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(session["state"], "failed", "{session}");
+    let error = session["error"].as_str().unwrap_or_default();
+    assert!(error.starts_with("sandbox_exited:") && error.contains("restore"), "{error}");
+    let (status, restored) =
+        server.call("POST", &format!("/v1/sessions/{id}/restore"), Some(json!({ "snapshot": snap["id"] })));
+    assert_eq!((status, restored["state"].as_str()), (200, Some("running")), "{restored}");
+    assert_eq!(stdout(&sh(&server, &id, "cat /root/f")).trim(), "kept");
 }

@@ -376,7 +376,8 @@ fn remove_in_background(state: AppState, sandboxes: Vec<SandboxId>) {
     });
 }
 
-/// When a sandbox's pid 1 dies on its own, the session fails with a recorded reason.
+/// When a sandbox's pid 1 (or VMM) dies on its own, the session fails with a recorded reason;
+/// it can be restored from a snapshot, or destroyed.
 pub fn watch_exit(state: AppState, session: SessionId, handle: SandboxHandle) {
     tokio::spawn(async move {
         state.node.wait_exit(&handle).await;
@@ -388,9 +389,17 @@ pub fn watch_exit(state: AppState, session: SessionId, handle: SandboxHandle) {
         if !still_ours {
             return;
         }
-        let message = "the sandbox's init process exited unexpectedly; destroy the session and create a new one";
+        let why = state
+            .node
+            .exit_reason(&handle.id)
+            .map(|r| format!(" ({})", space_api::error::clip(&r)))
+            .unwrap_or_default();
+        let message = format!(
+            "sandbox_exited: the sandbox exited unexpectedly{why}; restore one of the session's snapshots \
+             (POST /v1/sessions/{session}/restore) or destroy it"
+        );
         let from = [SessionState::Running, SessionState::Paused];
-        let _ = state.store.transition(&session, &from, SessionState::Failed, Some(message)).await;
+        let _ = state.store.transition(&session, &from, SessionState::Failed, Some(&message)).await;
         let _ = remove_sandbox(&state, &handle.id).await;
     });
 }

@@ -195,6 +195,10 @@ pub trait NodeApi: EgressControl + 'static {
     fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle>;
     /// Resolves when the sandbox's pid 1 has exited.
     async fn wait_exit(&self, handle: &SandboxHandle);
+    /// What the sandbox's runtime knows of why it exited (a VMM's last error), if anything.
+    fn exit_reason(&self, _id: &SandboxId) -> Option<String> {
+        None
+    }
     /// Processes the kernel killed because the sandbox hit its memory limit.
     fn oom_kills(&self, id: &SandboxId) -> Result<u64>;
     /// Memory, CPU and processes of a running sandbox.

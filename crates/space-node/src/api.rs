@@ -156,6 +156,10 @@ impl NodeApi for Node {
         Node::wait_exit(self, handle).await
     }
 
+    fn exit_reason(&self, id: &SandboxId) -> Option<String> {
+        Node::exit_reason(self, id)
+    }
+
     fn oom_kills(&self, id: &SandboxId) -> Result<u64> {
         Ok(Node::oom_kills(self, id)?)
     }

@@ -34,10 +34,8 @@ pub async fn pool(client: &Client) -> anyhow::Result<PoolStatus> {
 
 pub async fn set_pool(client: &Client, template: &str, size: u32) -> anyhow::Result<()> {
     let path = format!("/v1/pool/{}", encode(template));
-    let _: PoolStatus = client
-        .put_json(&path, &SetPoolSizeRequest { size, runtime: None })
-        .await
-        .context("sizing the warm pool")?;
+    let _: PoolStatus =
+        client.put_json(&path, &SetPoolSizeRequest { size, runtime: None }).await.context("sizing the warm pool")?;
     Ok(())
 }
 

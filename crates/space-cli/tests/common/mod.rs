@@ -408,9 +408,7 @@ const VM_CGROUPS: &str = "vm";
 /// With `node`, only that node's (another server may share the parent).
 fn remove_cgroups(parent: &str, node: Option<&str>) {
     let scope = |dirs: Vec<PathBuf>| -> Vec<PathBuf> {
-        dirs.into_iter()
-            .filter(|d| node.is_none_or(|n| d.ancestors().any(|a| a.ends_with(n))))
-            .collect()
+        dirs.into_iter().filter(|d| node.is_none_or(|n| d.ancestors().any(|a| a.ends_with(n)))).collect()
     };
     for _ in 0..50 {
         let dirs = scope(cgroup_dirs(parent));

@@ -288,7 +288,8 @@ pub async fn restore(
     let _guard = state.session_lock(&session.id).await;
     let from_suspended = session.state == SessionState::Suspended;
     let input = RestoreInput { snapshot: snapshot.id, sandbox: space_api::SandboxId::generate(), from_suspended };
-    let from = [SessionState::Running, SessionState::Paused, SessionState::Suspended];
+    // A failed session too: one whose sandbox died comes back from its snapshots.
+    let from = [SessionState::Running, SessionState::Paused, SessionState::Suspended, SessionState::Failed];
     Ok(ApiJson(run_restore(&state, &caller, &session.id, input, &from, "be restored").await?))
 }
 
