@@ -14,11 +14,7 @@
 //! else works and [`Runtime::checkpoint_support`] says why checkpoints do not.
 
 mod boot;
-pub mod cgroup;
 mod checkpoint;
-pub mod idmapped;
-mod process;
-pub mod ranges;
 mod sealed;
 mod spawn;
 mod teardown;
@@ -26,7 +22,7 @@ mod teardown;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,13 +32,13 @@ use space_runtime::{
     RuntimeKind, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
 };
 use space_sandbox_init::sync::{InitConfig, ToInit};
-use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
+
+use space_host::{cgroup, idmapped, process, ranges};
 
 use crate::boot::{Boot, Pid1};
 use crate::cgroup::Backend;
 
-pub use ranges::DEFAULT_RANGES;
+pub use space_host::ranges::DEFAULT_RANGES;
 pub use space_runtime::IdMap;
 
 /// `<run dir>/<id>.d`: the sandbox's agent directory.
@@ -398,44 +394,14 @@ impl LinuxRuntime {
             // Normally dead already (killed through the cgroup); this covers a pid 1 whose
             // cgroups vanished. The pidfd cannot hit anything else.
             let _ = process::pidfd_signal(&*t.pidfd, libc::SIGKILL);
-            let _ = tokio::time::timeout(self.opts.stop_timeout, wait_pidfd(&t.pidfd)).await;
+            let _ = tokio::time::timeout(self.opts.stop_timeout, process::wait_pidfd(&t.pidfd)).await;
             process::reap(&*t.pidfd);
         }
     }
 }
 
-/// Waits until the process behind `pidfd` has exited, then reaps it if it is our child.
-async fn wait_pidfd(pidfd: &OwnedFd) {
-    // Each waiter registers its own duplicate: epoll refuses the same fd twice.
-    let registered = pidfd.try_clone().map_err(|e| e.to_string()).and_then(|fd| {
-        // SAFETY: the AsyncFd owns this fresh duplicate, which stays open and refers to the
-        // same pidfd until the AsyncFd is dropped.
-        unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| e.to_string())
-    });
-    match registered {
-        Ok(fd) => {
-            let _ = fd.readable().await;
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot register pidfd; polling");
-            while !process::has_exited(pidfd) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-    process::reap(pidfd);
-}
-
 fn validate_cgroup_parent(parent: &str) -> Result<(), RuntimeError> {
-    let path = Path::new(parent);
-    let valid = !parent.is_empty()
-        && path.components().all(|c| matches!(c, Component::Normal(_)))
-        && parent.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
-    if valid {
-        Ok(())
-    } else {
-        Err(unsupported(format!("cgroup parent {parent:?} must be a relative path of [A-Za-z0-9._-] components")))
-    }
+    cgroup::validate_parent(parent).map_err(unsupported)
 }
 
 /// Sandbox root must never be host root, and the range must fit in a uid.
@@ -588,7 +554,7 @@ impl Runtime for LinuxRuntime {
                 _ => return,
             },
         };
-        wait_pidfd(&pidfd).await;
+        process::wait_pidfd(&pidfd).await;
     }
 
     fn stats(&self, id: &SandboxId) -> Result<SandboxStats, RuntimeError> {

@@ -5,8 +5,8 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use space_host::cgroup::CgroupError;
 use space_runtime::{RuntimeError, SandboxId};
-use space_runtime_linux::cgroup::CgroupError;
 
 use crate::qmp::QmpError;
 

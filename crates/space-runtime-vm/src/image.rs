@@ -12,8 +12,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::Command;
 
+use space_host::idmapped;
 use space_runtime::IdMap;
-use space_runtime_linux::idmapped;
 
 use crate::error::VmError;
 

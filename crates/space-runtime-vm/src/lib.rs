@@ -4,7 +4,7 @@
 //! a VM as to a linux sandbox (`space_proto::client::AgentClient::connect_unix`).
 //!
 //! The VMM is jailed like firecracker's jailer does it (see `jail/mod.rs`): an unprivileged
-//! host uid of its own (the sandbox's id range's root, `ranges.rs` of the linux runtime),
+//! host uid of its own (the root of a host id range, `space_host::ranges`),
 //! no_new_privs, new pid/mount/network/ipc/uts namespaces, a tmpfs root with read-only binds
 //! of QEMU and the guest kernel, QEMU's own seccomp filter, and the sandbox's cgroup. Its
 //! network namespace holds only `lo` and the guest's tap: the node's gateway opens its
@@ -34,15 +34,15 @@ mod tsc;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use space_host::cgroup::{self, Backend};
+use space_host::ranges::Ranges;
 use space_proto::client::AgentClient;
 use space_runtime::{Limits, SandboxId, SandboxStats};
-use space_runtime_linux::cgroup::{self, Backend};
-use space_runtime_linux::ranges::Ranges;
 
 pub use accel::{AccelPolicy, Accelerator, PROBE_TIMEOUT};
 pub use error::VmError;
@@ -114,7 +114,7 @@ impl VmOptions {
             run_dir: run_dir.into(),
             cgroup_parent: cgroup_parent.into(),
             id_map: IdMap::default(),
-            first_slot: space_runtime_linux::DEFAULT_RANGES + 1,
+            first_slot: space_host::ranges::DEFAULT_RANGES + 1,
             slots: 1024,
             accel: AccelPolicy::Auto,
             start_timeout: Duration::from_secs(30),
@@ -543,15 +543,7 @@ async fn bounded<T>(f: impl Future<Output = Result<T, qmp::QmpError>>) -> Result
 }
 
 fn validate_cgroup_parent(parent: &str) -> Result<(), VmError> {
-    let path = Path::new(parent);
-    let valid = !parent.is_empty()
-        && path.components().all(|c| matches!(c, Component::Normal(_)))
-        && parent.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
-    if valid {
-        Ok(())
-    } else {
-        Err(unsupported(format!("cgroup parent {parent:?} must be a relative path of [A-Za-z0-9._-] components")))
-    }
+    cgroup::validate_parent(parent).map_err(unsupported)
 }
 
 fn check_executable(what: &str, path: &Path) -> Result<(), VmError> {

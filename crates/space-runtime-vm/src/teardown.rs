@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
+use space_host::cgroup::{Backend, procs_recursive};
 use space_runtime::SandboxId;
-use space_runtime_linux::cgroup::{Backend, procs_recursive};
 use tokio::time::Instant;
 
 use crate::{VmError, VmRuntime, sys};

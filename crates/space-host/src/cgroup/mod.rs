@@ -72,6 +72,19 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn freezer_dir(&self, name: &Path) -> PathBuf;
 }
 
+/// Checks a cgroup parent is a relative path of `[A-Za-z0-9._-]` components (it becomes a
+/// directory under every controller); the reason otherwise.
+pub fn validate_parent(parent: &str) -> Result<(), String> {
+    use std::path::Component;
+    let valid = !parent.is_empty()
+        && Path::new(parent).components().all(|c| matches!(c, Component::Normal(_)))
+        && parent.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+    match valid {
+        true => Ok(()),
+        false => Err(format!("cgroup parent {parent:?} must be a relative path of [A-Za-z0-9._-] components")),
+    }
+}
+
 /// Picks the backend for this host from `/proc/self/mountinfo`: v2 when /sys/fs/cgroup is
 /// cgroup2, else v1 when every needed controller has a hierarchy, else v2 on any cgroup2 mount
 /// with the needed controllers.
@@ -158,7 +171,7 @@ pub fn child_names(dir: &Path) -> Vec<String> {
 }
 
 /// Removes `dir` and its descendants, deepest first. Missing directories are fine.
-pub(crate) fn rmdir_recursive(dir: &Path) -> Result<(), CgroupError> {
+pub fn rmdir_recursive(dir: &Path) -> Result<(), CgroupError> {
     for child in subdirs(dir) {
         rmdir_recursive(&child)?;
     }

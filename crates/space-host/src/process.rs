@@ -10,12 +10,12 @@ use nix::sys::wait::{Id, WaitPidFlag, waitid};
 
 /// Makes this process the reaper of orphaned descendants (the sandboxes' pid 1s, whose
 /// bootstrap parent exits).
-pub(crate) fn become_subreaper() -> io::Result<()> {
+pub fn become_subreaper() -> io::Result<()> {
     nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)
 }
 
 /// `pidfd_open(pid, 0)`.
-pub(crate) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes two integers and returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if fd < 0 {
@@ -26,7 +26,7 @@ pub(crate) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
 }
 
 /// Sends `signal` through a pidfd: never hits a process that merely reused the pid.
-pub(crate) fn pidfd_signal(pidfd: &impl AsFd, signal: i32) -> io::Result<()> {
+pub fn pidfd_signal(pidfd: &impl AsFd, signal: i32) -> io::Result<()> {
     // SAFETY: the fd is a valid pidfd for the duration of the call; no info struct is passed.
     let rc = unsafe {
         libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_fd().as_raw_fd(), signal, std::ptr::null::<u8>(), 0)
@@ -36,7 +36,7 @@ pub(crate) fn pidfd_signal(pidfd: &impl AsFd, signal: i32) -> io::Result<()> {
 
 /// Reaps the process if it is an exited child of ours. ECHILD (not our child, e.g. after a
 /// node restart, or already reaped) counts as done.
-pub(crate) fn reap(pidfd: &impl AsFd) -> bool {
+pub fn reap(pidfd: &impl AsFd) -> bool {
     match waitid(Id::PIDFd(pidfd.as_fd()), WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG) {
         Ok(nix::sys::wait::WaitStatus::StillAlive) => false,
         Ok(_) | Err(Errno::ECHILD) => true,
@@ -48,19 +48,19 @@ pub(crate) fn reap(pidfd: &impl AsFd) -> bool {
 }
 
 /// Whether the process behind the pidfd has exited (the pidfd polls readable).
-pub(crate) fn has_exited(pidfd: &impl AsFd) -> bool {
+pub fn has_exited(pidfd: &impl AsFd) -> bool {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
     poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0)
 }
 
 /// Writes `0 <base> <count>` to the process's uid_map and gid_map.
-pub(crate) fn write_id_maps(pid: u32, base: u32, count: u32) -> io::Result<()> {
+pub fn write_id_maps(pid: u32, base: u32, count: u32) -> io::Result<()> {
     write_maps(pid, 0, base, count)
 }
 
 /// Writes `<inner> <outer> <count>` to the process's uid_map and gid_map.
-pub(crate) fn write_maps(pid: u32, inner: u32, outer: u32, count: u32) -> io::Result<()> {
+pub fn write_maps(pid: u32, inner: u32, outer: u32, count: u32) -> io::Result<()> {
     let line = format!("{inner} {outer} {count}\n");
     for file in ["uid_map", "gid_map"] {
         let path = format!("/proc/{pid}/{file}");
@@ -70,19 +70,19 @@ pub(crate) fn write_maps(pid: u32, inner: u32, outer: u32, count: u32) -> io::Re
     Ok(())
 }
 
-pub(crate) fn set_oom_score_adj(pid: u32, value: i32) -> io::Result<()> {
+pub fn set_oom_score_adj(pid: u32, value: i32) -> io::Result<()> {
     fs::write(format!("/proc/{pid}/oom_score_adj"), value.to_string())
 }
 
 /// What the runtime checks about a pid that should be a sandbox's pid 1.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct ProcInfo {
+pub struct ProcInfo {
     pub zombie: bool,
     /// The pid in the process's innermost pid namespace (last field of NSpid).
     pub innermost_pid: Option<u32>,
 }
 
-pub(crate) fn proc_info(pid: u32) -> Option<ProcInfo> {
+pub fn proc_info(pid: u32) -> Option<ProcInfo> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     Some(parse_status(&status))
 }
@@ -95,9 +95,46 @@ fn parse_status(status: &str) -> ProcInfo {
     }
 }
 
+/// Waits until the process behind `pidfd` has exited, then reaps it if it is our child.
+pub async fn wait_pidfd(pidfd: &OwnedFd) {
+    use tokio::io::Interest;
+    use tokio::io::unix::AsyncFd;
+    // Each waiter registers its own duplicate: epoll refuses the same fd twice.
+    let registered = pidfd.try_clone().map_err(|e| e.to_string()).and_then(|fd| {
+        // SAFETY: the AsyncFd owns this fresh duplicate, which stays open and refers to the
+        // same pidfd until the AsyncFd is dropped.
+        unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| e.to_string())
+    });
+    match registered {
+        Ok(fd) => {
+            let _ = fd.readable().await;
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot register pidfd; polling");
+            while !has_exited(pidfd) {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+    reap(pidfd);
+}
+
+/// Whether `/proc/<pid>/status` shows a zombie (or a dead task, or none).
+pub fn is_zombie(pid: u32) -> bool {
+    proc_info(pid).is_none_or(|info| info.zombie)
+}
+
+/// Resident memory of a process in bytes (`VmRSS` of /proc/<pid>/status).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib =
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
+    Some(kib * 1024)
+}
+
 /// The cgroup path of `pid` in the hierarchy selected by `selector` (a v1 controller name,
 /// or "" for the v2 unified hierarchy), from `/proc/<pid>/cgroup`.
-pub(crate) fn cgroup_of(pid: u32, selector: &str) -> Option<String> {
+pub fn cgroup_of(pid: u32, selector: &str) -> Option<String> {
     let text = fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("cgroup")).ok()?;
     parse_cgroup(&text, selector)
 }
