@@ -6,6 +6,7 @@
 //! its whole early boot under KVM. With `panic=-1` and `-no-reboot` QEMU then exits.
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,24 +33,59 @@ pub struct Accelerator {
 /// Bound on the probe: a working KVM boots to the panic in well under a second.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(4);
 
-pub(crate) fn choose(policy: AccelPolicy, qemu: &Path, kernel: &Path, tsc_khz: u64) -> Accelerator {
+/// Picks the accelerator. The probe's answer is kept in `cache` for the rest of the host's
+/// boot (keyed by its boot id, QEMU and the kernel): every node start on one host would get
+/// the same answer, and a probe of a hanging KVM costs its whole bound.
+pub(crate) fn choose(policy: AccelPolicy, qemu: &Path, kernel: &Path, tsc_khz: u64, cache: &Path) -> Accelerator {
     if policy == AccelPolicy::Tcg {
         return Accelerator { kind: AccelKind::Tcg, reason: "TCG chosen by configuration".into() };
     }
     if !Path::new("/dev/kvm").exists() {
         return Accelerator { kind: AccelKind::Tcg, reason: "no /dev/kvm".into() };
     }
-    match probe(qemu, kernel, tsc_khz, PROBE_TIMEOUT) {
+    let key = cache_key(qemu, kernel);
+    if let Some(known) = key.as_deref().and_then(|key| cached(cache, key)) {
+        return known;
+    }
+    let chosen = match probe(qemu, kernel, tsc_khz, PROBE_TIMEOUT) {
         Ok(elapsed) => Accelerator { kind: AccelKind::Kvm, reason: format!("KVM probe booted a guest in {elapsed:?}") },
         Err(why) => Accelerator { kind: AccelKind::Tcg, reason: format!("KVM probe: {why}") },
+    };
+    if let Some(key) = key {
+        let kind = if chosen.kind == AccelKind::Kvm { "kvm" } else { "tcg" };
+        // Best effort: without the file the next start probes again.
+        let _ = std::fs::write(cache, format!("{key}\n{kind}\n{}\n", chosen.reason));
     }
+    chosen
+}
+
+/// What the probe's answer depends on: this boot of the host, QEMU and the guest kernel.
+fn cache_key(qemu: &Path, kernel: &Path) -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let stamp = |p: &Path| std::fs::metadata(p).ok().and_then(|m| m.modified().ok());
+    Some(format!("{} {} {:?} {} {:?}", boot.trim(), qemu.display(), stamp(qemu)?, kernel.display(), stamp(kernel)?))
+}
+
+fn cached(cache: &Path, key: &str) -> Option<Accelerator> {
+    let text = std::fs::read_to_string(cache).ok()?;
+    let mut lines = text.lines();
+    if lines.next()? != key {
+        return None;
+    }
+    let kind = match lines.next()? {
+        "kvm" => AccelKind::Kvm,
+        "tcg" => AccelKind::Tcg,
+        _ => return None,
+    };
+    Some(Accelerator { kind, reason: format!("{} (probed earlier in this boot)", lines.next()?) })
 }
 
 /// Boots `kernel` under KVM; Ok once its console shows the kernel's panic.
 fn probe(qemu: &Path, kernel: &Path, tsc_khz: u64, timeout: Duration) -> Result<Duration, String> {
     let cmdline = format!("console=ttyS0 panic=-1 tsc_early_khz={tsc_khz} root=/dev/nonexistent");
     let started = Instant::now();
-    let mut child = Command::new(qemu)
+    let mut child = Command::new(qemu);
+    child
         .args(["-M", "microvm,pit=off,pic=off", "-accel", "kvm", "-cpu", "qemu64", "-m", "128M", "-smp", "1"])
         .args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-serial", "stdio"])
         .args(["-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"])
@@ -58,9 +94,16 @@ fn probe(qemu: &Path, kernel: &Path, tsc_khz: u64, timeout: Duration) -> Result<
         .args(["-append", &cmdline])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
+        .stderr(Stdio::piped());
+    // SAFETY: prctl is async-signal-safe and allocates nothing. The probe's QEMU must not
+    // outlive a node killed while it waits: a guest hanging under KVM never exits.
+    unsafe {
+        child.pre_exec(|| match libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        });
+    }
+    let mut child = child.spawn().map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
     let mut stdout = child.stdout.take().expect("piped");
     // The console is read on a thread of its own: the wait below must be bounded even if
     // QEMU never writes or never exits.

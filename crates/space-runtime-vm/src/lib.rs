@@ -232,7 +232,9 @@ impl VmRuntime {
             Ranges::new(base.join("uid-ranges"), IdMap { host_base: shifted, count: opts.id_map.count }, opts.slots)
                 .map_err(VmError::Range)?;
         let cgroups: Arc<dyn Backend> = cgroup::detect().map_err(|e| unsupported(e.to_string()))?.into();
-        let accel = accel::choose(opts.accel, &opts.qemu, &opts.guest_dir.join(GUEST_KERNEL), tsc.khz);
+        // Host-wide (every node on this host shares the guest directory), for this boot only.
+        let probe_cache = opts.guest_dir.join("kvm-probe");
+        let accel = accel::choose(opts.accel, &opts.qemu, &opts.guest_dir.join(GUEST_KERNEL), tsc.khz, &probe_cache);
         tracing::info!(accel = ?accel.kind, reason = %accel.reason, qemu = %qemu_version, "vm runtime ready");
         let runtime = VmRuntime {
             opts,

@@ -110,11 +110,18 @@ impl Server {
         panic!("no free port for space serve in 5 tries; log:\n{}", server.log_text())
     }
 
-    /// (Re)starts the server process on the same data dir and port.
+    /// (Re)starts the server process on the same data dir and port. While the server was
+    /// down, a short-lived connection of another test may have taken the port as its local
+    /// one: then the bind fails for a moment, and the start is tried again.
     pub fn spawn(&mut self) {
-        if let Err(e) = self.try_spawn() {
-            panic!("{e}");
+        for _ in 0..10 {
+            match self.try_spawn() {
+                Ok(()) => return,
+                Err(e) if e.contains("Address already in use") => std::thread::sleep(Duration::from_millis(300)),
+                Err(e) => panic!("{e}"),
+            }
         }
+        panic!("port {} stayed in use; log:\n{}", self.port, self.log_text());
     }
 
     /// Starts the server process; `Err` (with its log) if it exited before it was ready.
