@@ -53,6 +53,9 @@ pub(crate) struct StateRecord {
     pub machine: Machine,
     /// Length of `vm.state`: a shorter file was cut (a crash while it was written, a bad copy).
     pub state_bytes: u64,
+    /// The state holds no RAM: it is a template's, whose RAM is its memory file.
+    #[serde(default)]
+    pub ram_in_template: bool,
 }
 
 impl StateRecord {
@@ -78,6 +81,17 @@ impl VmRuntime {
     /// runs on after a [`VmRuntime::resume`]. Bounded by
     /// [`crate::VmOptions::checkpoint_timeout`]; on failure nothing of the checkpoint is left.
     pub async fn checkpoint(&self, id: &SandboxId, state: &Path) -> Result<CheckpointStats, VmError> {
+        self.save_state(id, state, false).await
+    }
+
+    /// [`VmRuntime::checkpoint`]; with `ram_in_template`, the RAM of a VM whose memory
+    /// backend is shared (a template's) stays out of the state (`x-ignore-shared`).
+    pub(crate) async fn save_state(
+        &self,
+        id: &SandboxId,
+        state: &Path,
+        ram_in_template: bool,
+    ) -> Result<CheckpointStats, VmError> {
         let started = std::time::Instant::now();
         let boot = self.boot_record(id).ok_or_else(|| VmError::NotFound(id.clone()))?;
         if !boot.machine.is_complete() {
@@ -98,7 +112,7 @@ impl VmRuntime {
             .open(&state_path)
             .map_err(VmError::io("create", &state_path))?;
         let saved = async {
-            self.migrate_out(&mut qmp, &file).await?;
+            self.migrate_out(&mut qmp, &file, ram_in_template).await?;
             let state_bytes = file.metadata().map_err(VmError::io("stat", &state_path))?.len();
             let record = StateRecord {
                 format: STATE_FORMAT,
@@ -106,6 +120,7 @@ impl VmRuntime {
                 kernel_version: self.kernel_version.clone(),
                 machine: boot.machine.clone(),
                 state_bytes,
+                ram_in_template,
             };
             let text = serde_json::to_vec_pretty(&record).expect("plain struct");
             write_new(&record_path, &text)?;
@@ -124,8 +139,10 @@ impl VmRuntime {
     }
 
     /// Streams the VM's state into `file` and waits for QEMU to report it complete.
-    async fn migrate_out(&self, qmp: &mut Qmp, file: &std::fs::File) -> Result<(), VmError> {
+    async fn migrate_out(&self, qmp: &mut Qmp, file: &std::fs::File, ignore_shared: bool) -> Result<(), VmError> {
         bounded(qmp.execute("migrate-set-parameters", Some(json!({ "max-bandwidth": MIGRATE_BANDWIDTH })))).await?;
+        // Set either way: a pod made from a template has it on from its restore.
+        set_ignore_shared(qmp, ignore_shared).await?;
         bounded(qmp.getfd(STATE_FD, file.as_fd())).await?;
         bounded(qmp.migrate(&format!("fd:{STATE_FD}"))).await?;
         let bound = self.opts.checkpoint_timeout;
@@ -147,6 +164,14 @@ impl VmRuntime {
             tokio::time::sleep(MIGRATE_POLL).await;
         }
     }
+}
+
+/// Whether migrations leave shared RAM out (both ends must agree: the stream says where each
+/// left-out RAM block is).
+pub(crate) async fn set_ignore_shared(qmp: &mut Qmp, on: bool) -> Result<(), VmError> {
+    let capabilities = json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": on }] });
+    bounded(qmp.execute("migrate-set-capabilities", Some(capabilities))).await?;
+    Ok(())
 }
 
 /// QEMU's reason for a failed migration (`error-desc`), or its status alone.
@@ -183,8 +208,10 @@ mod tests {
                 hostname: "box".into(),
                 extra_cmdline: vec![],
                 console_log: false,
+                memory_backend: false,
             },
             state_bytes: 65 << 20,
+            ram_in_template: false,
         }
     }
 

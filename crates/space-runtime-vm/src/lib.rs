@@ -33,6 +33,7 @@ mod stale;
 mod start;
 mod sys;
 mod teardown;
+mod template;
 mod tsc;
 
 use std::collections::HashMap;
@@ -54,6 +55,7 @@ pub use error::VmError;
 pub use image::{clone_disk, make_root_image};
 pub use qemu::{AccelKind, GATEWAY_ADDR, GUEST_ADDR};
 pub use space_runtime::IdMap;
+pub use template::TemplateState;
 pub use tsc::TscFrequency;
 
 /// Guest RAM when the limits give none.

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::jail::{DISK_FD, DISK_RO_FD, TAP_FD};
+use crate::jail::{DISK_FD, DISK_RO_FD, MEMORY_FD, TAP_FD};
 
 /// Paths inside the jail.
 pub(crate) const JAIL_KERNEL: &str = "/vm/vmlinux";
@@ -63,6 +63,10 @@ pub(crate) struct Machine {
     /// fill the node's disk through it).
     #[serde(default)]
     pub console_log: bool,
+    /// Guest RAM is a memory backend object (`mem0`) instead of QEMU's own: that of a
+    /// template and of the pods made from it (see [`Ram`]).
+    #[serde(default)]
+    pub memory_backend: bool,
 }
 
 fn default_accel() -> AccelKind {
@@ -74,6 +78,18 @@ impl Machine {
     pub(crate) fn is_complete(&self) -> bool {
         self.tsc_khz != 0 && !self.hostname.is_empty()
     }
+}
+
+/// Where a machine with [`Machine::memory_backend`] has its RAM (the backend's RAM block is
+/// `mem0` in all three, so a state saved from one loads into another).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ram {
+    /// QEMU's own anonymous memory (a machine without a backend, or a pod restored from a
+    /// checkpoint of its own, whose state holds all its RAM).
+    Own,
+    /// The file at [`MEMORY_FD`], mapped shared (a template writes its RAM there) or private
+    /// (a pod reads the template's pages and copies those it writes).
+    File { shared: bool },
 }
 
 /// How QEMU starts the guest.
@@ -103,7 +119,7 @@ pub(crate) fn kernel_cmdline(machine: &Machine) -> String {
 }
 
 /// The full argv (argv[0] included).
-pub(crate) fn argv(args: &Machine, boot: Boot) -> Vec<String> {
+pub(crate) fn argv(args: &Machine, boot: Boot, ram: Ram) -> Vec<String> {
     let accel = match args.accel {
         AccelKind::Kvm => "kvm".to_string(),
         AccelKind::Tcg => format!("tcg,tb-size={}", args.tb_size_mib),
@@ -111,7 +127,11 @@ pub(crate) fn argv(args: &Machine, boot: Boot) -> Vec<String> {
     let mut argv: Vec<String> = [
         "qemu-system-x86_64",
         "-M",
-        "microvm,isa-serial=off,pit=off,pic=off",
+        if args.memory_backend {
+            "microvm,isa-serial=off,pit=off,pic=off,memory-backend=mem0"
+        } else {
+            "microvm,isa-serial=off,pit=off,pic=off"
+        },
         "-accel",
         &accel,
         "-cpu",
@@ -171,6 +191,17 @@ pub(crate) fn argv(args: &Machine, boot: Boot) -> Vec<String> {
                 .map(str::to_owned),
         );
     }
+    if args.memory_backend {
+        let object = match ram {
+            Ram::Own => format!("memory-backend-ram,id=mem0,size={}M", args.memory_mib),
+            Ram::File { shared } => format!(
+                "memory-backend-file,id=mem0,size={}M,mem-path=/proc/self/fd/{MEMORY_FD},share={}",
+                args.memory_mib,
+                if shared { "on" } else { "off" }
+            ),
+        };
+        argv.extend(["-object".to_owned(), object]);
+    }
     if boot == Boot::Incoming {
         // `-S` as well: the guest runs only once the node says so (`cont`), after it has
         // seen the state loaded.
@@ -198,12 +229,13 @@ mod tests {
             hostname: "box".into(),
             extra_cmdline: Vec::new(),
             console_log: false,
+            memory_backend: false,
         }
     }
 
     #[test]
     fn command_line_has_the_devices_and_the_sandbox() {
-        let argv = argv(&args(), Boot::Fresh);
+        let argv = argv(&args(), Boot::Fresh, Ram::Own);
         let joined = argv.join(" ");
         assert!(joined.contains("-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"));
         assert!(joined.contains("-accel tcg,tb-size=64 "));
@@ -220,10 +252,23 @@ mod tests {
 
     #[test]
     fn an_incoming_machine_is_the_same_machine_waiting_for_its_state() {
-        let fresh = argv(&args(), Boot::Fresh);
-        let incoming = argv(&args(), Boot::Incoming);
+        let fresh = argv(&args(), Boot::Fresh, Ram::Own);
+        let incoming = argv(&args(), Boot::Incoming, Ram::Own);
         assert_eq!(&incoming[..fresh.len()], &fresh[..]);
         assert_eq!(&incoming[fresh.len()..], ["-incoming", "defer", "-S"]);
+    }
+
+    #[test]
+    fn template_memory_is_a_backend_shared_or_private() {
+        let machine = Machine { memory_backend: true, ..args() };
+        let template = argv(&machine, Boot::Fresh, Ram::File { shared: true }).join(" ");
+        assert!(template.contains("-M microvm,isa-serial=off,pit=off,pic=off,memory-backend=mem0 "), "{template}");
+        assert!(template.contains("-object memory-backend-file,id=mem0,size=256M,mem-path=/proc/self/fd/6,share=on"));
+        let pod = argv(&machine, Boot::Incoming, Ram::File { shared: false }).join(" ");
+        assert!(pod.contains(",share=off") && pod.contains("-incoming defer"), "{pod}");
+        let own = argv(&machine, Boot::Incoming, Ram::Own).join(" ");
+        assert!(own.contains("-object memory-backend-ram,id=mem0,size=256M"), "{own}");
+        assert!(!argv(&args(), Boot::Fresh, Ram::Own).join(" ").contains("-object"));
     }
 
     /// A record of an older runtime (RAM and vCPUs only) still reads, and says it is not

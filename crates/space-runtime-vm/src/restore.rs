@@ -17,7 +17,7 @@ use space_proto::{RESEED_MAX_ENTROPY, RESEED_MIN_ENTROPY};
 use space_runtime::SandboxId;
 use tokio::time::Instant;
 
-use crate::checkpoint::{STATE_FD, STATE_FILE, StateRecord, failure};
+use crate::checkpoint::{STATE_FD, STATE_FILE, StateRecord, failure, set_ignore_shared};
 use crate::qemu::Boot;
 use crate::qmp::Qmp;
 use crate::start::{Hostname, validate_spec};
@@ -49,11 +49,30 @@ impl VmRuntime {
         if spec.limits.memory_mib != 0 && spec.limits.memory_mib != memory_mib {
             return Err(VmError::MemoryFixedAtBoot { boot_mib: memory_mib, asked_mib: spec.limits.memory_mib });
         }
+        if record.ram_in_template {
+            return Err(VmError::StateMismatch {
+                what: "memory",
+                saved: "RAM in a template's memory file".into(),
+                here: "none given (see start_from_template_state)".into(),
+            });
+        }
+        self.restore_with(spec, state, &record, None).await
+    }
+
+    /// A restore of a checked state; `memory`: the template's memory file for a state that
+    /// holds no RAM.
+    pub(crate) async fn restore_with(
+        &self,
+        spec: &VmSpec,
+        state: &Path,
+        record: &StateRecord,
+        memory: Option<&OwnedFd>,
+    ) -> Result<VmHandle, VmError> {
         if let Some(handle) = self.running(&spec.id) {
             return Ok(handle);
         }
         self.destroy(&spec.id).await?; // leftovers of an earlier attempt
-        match self.restore_new(spec, state, &record).await {
+        match self.restore_new(spec, state, record, memory).await {
             Ok(handle) => Ok(handle),
             Err(e) => {
                 if let Err(cleanup) = self.destroy(&spec.id).await {
@@ -65,7 +84,7 @@ impl VmRuntime {
     }
 
     /// The state must come from this QEMU, this guest kernel and this accelerator.
-    fn check_record(&self, record: &StateRecord) -> Result<(), VmError> {
+    pub(crate) fn check_record(&self, record: &StateRecord) -> Result<(), VmError> {
         let mismatch = |what, saved: &str, here: &str| VmError::StateMismatch {
             what,
             saved: saved.to_owned(),
@@ -87,7 +106,13 @@ impl VmRuntime {
         Ok(())
     }
 
-    async fn restore_new(&self, spec: &VmSpec, state: &Path, record: &StateRecord) -> Result<VmHandle, VmError> {
+    async fn restore_new(
+        &self,
+        spec: &VmSpec,
+        state: &Path,
+        record: &StateRecord,
+        memory: Option<&OwnedFd>,
+    ) -> Result<VmHandle, VmError> {
         let deadline = Instant::now() + self.opts.start_timeout;
         let state_path = state.join(STATE_FILE);
         let file = std::fs::File::open(&state_path).map_err(VmError::io("open", &state_path))?;
@@ -95,9 +120,12 @@ impl VmRuntime {
         if found != record.state_bytes {
             return Err(VmError::StateTruncated { path: state_path, recorded: record.state_bytes, found });
         }
-        let (pid, pidfd) = self.launch(spec, &record.machine, Boot::Incoming).await?;
+        let (pid, pidfd) = self.launch(spec, &record.machine, Boot::Incoming, memory).await?;
         let mut qmp = self.wait_for_qmp(&spec.id, &pidfd, deadline).await?;
         let loaded = async {
+            if memory.is_some() {
+                set_ignore_shared(&mut qmp, true).await?;
+            }
             bounded(qmp.getfd(STATE_FD, file.as_fd())).await?;
             bounded(qmp.migrate_incoming(&format!("fd:{STATE_FD}"))).await?;
             self.wait_incoming(&mut qmp, deadline).await?;

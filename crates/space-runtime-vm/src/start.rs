@@ -1,6 +1,6 @@
 //! Starting a VM: id range, cgroup, directory, the jailer, then waiting for the agent.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::Instant;
 
 use crate::jail::JailConfig;
-use crate::qemu::{self, Boot, Machine};
+use crate::qemu::{self, Boot, Machine, Ram};
 use crate::{
     BOOT_RECORD, BootRecord, DEFAULT_MEMORY_MIB, GUEST_KERNEL, JAIL_DIR, LOG_FILE, MIN_MEMORY_MIB, SOCK_DIR, Tracked,
     VmError, VmHandle, VmRuntime, VmSpec, sys,
@@ -54,6 +54,12 @@ impl VmRuntime {
     }
 
     async fn start_new(&self, spec: &VmSpec) -> Result<VmHandle, VmError> {
+        self.boot(spec, None).await
+    }
+
+    /// Boots a fresh VM, its RAM QEMU's own or (`memory`) a file it shares, and waits for
+    /// its agent.
+    pub(crate) async fn boot(&self, spec: &VmSpec, memory: Option<&OwnedFd>) -> Result<VmHandle, VmError> {
         let deadline = Instant::now() + self.opts.start_timeout;
         let memory_mib = if spec.limits.memory_mib == 0 { DEFAULT_MEMORY_MIB } else { spec.limits.memory_mib };
         let machine = Machine {
@@ -65,8 +71,9 @@ impl VmRuntime {
             hostname: spec.hostname.clone(),
             extra_cmdline: self.opts.extra_cmdline.clone(),
             console_log: self.opts.console_log,
+            memory_backend: memory.is_some(),
         };
-        let (pid, pidfd) = self.launch(spec, &machine, Boot::Fresh).await?;
+        let (pid, pidfd) = self.launch(spec, &machine, Boot::Fresh, memory).await?;
         let client = self.wait_for_agent(&spec.id, &pidfd, deadline).await?;
         if let Some(t) = self.tracked.lock().expect("tracked lock").get_mut(&spec.id) {
             t.agent = Some(client);
@@ -75,13 +82,16 @@ impl VmRuntime {
     }
 
     /// Takes an id range, makes the cgroup and the VM's directory, runs QEMU in its jail and
-    /// records the machine (`vm.json`). Returns QEMU's pid and pidfd (tracked). The caller
-    /// destroys the VM on failure.
+    /// records the machine (`vm.json`). `memory` is a template's guest memory, mapped shared
+    /// by a fresh boot (the template itself) and private by an incoming one (a pod); without
+    /// it a machine with a memory backend gets QEMU's own memory. Returns QEMU's pid and pidfd
+    /// (tracked). The caller destroys the VM on failure.
     pub(crate) async fn launch(
         &self,
         spec: &VmSpec,
         machine: &Machine,
         boot: Boot,
+        memory: Option<&OwnedFd>,
     ) -> Result<(u32, Arc<OwnedFd>), VmError> {
         let slot = self.ranges.allocate(&spec.id).map_err(VmError::Range)?;
         let uid = self.ranges.map(slot).host_base;
@@ -91,7 +101,13 @@ impl VmRuntime {
             .await
             .map_err(|e| VmError::Jailer(format!("cgroup task: {e}")))??;
         let dir = self.make_vm_dir(&spec.id, uid)?;
-        let config = self.jail_config(spec, &dir, uid, qemu::argv(machine, boot));
+        let ram = match memory {
+            Some(_) => Ram::File { shared: boot == Boot::Fresh },
+            None => Ram::Own,
+        };
+        let mut config = self.jail_config(spec, &dir, uid, qemu::argv(machine, boot, ram));
+        // The jailer opens the node's memfd through procfs: a fresh open file of the same memory.
+        config.memory = memory.map(|fd| PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd())));
         let pid = self.spawn_jailed(&spec.id, &config).await?;
         let record = BootRecord { pid, machine: machine.clone() };
         let record_path = dir.join(BOOT_RECORD);
@@ -138,6 +154,7 @@ impl VmRuntime {
             run_dir: dir.join(SOCK_DIR),
             log: dir.join(LOG_FILE),
             disk: spec.disk.clone(),
+            memory: None,
             kvm: self.accel.kind == qemu::AccelKind::Kvm,
             guest_addr: qemu::GUEST_ADDR,
             uid,
