@@ -26,6 +26,8 @@ const SERIAL_DEVICE: &str = "/machine/peripheral/vs0";
 /// How long a dial waits for the guest to take in the news of its connection.
 const OPEN_BOUND: Duration = Duration::from_secs(1);
 const OPEN_POLL: Duration = Duration::from_millis(1);
+/// How long a dial waits for the monitor before it falls back to [`OPEN_FALLBACK`].
+const QMP_FOR_OPEN: Duration = Duration::from_millis(200);
 /// The wait when QEMU cannot tell (the query below is one of QEMU's unstable `x-` commands):
 /// what the guest took to handle the open under TCG on a loaded host, with a margin.
 const OPEN_FALLBACK: Duration = Duration::from_millis(20);
@@ -119,9 +121,11 @@ impl VmRuntime {
             let mut qmp = self.qmp(id).await?;
             let connected = bounded(qmp.chardev_connected(crate::qemu::AGENT_CHARDEV)).await?;
             // QEMU sent the hang-up when it saw the close: once the guest has handled every
-            // control message, its driver knows. (Where QEMU cannot tell, the settle below
-            // is all there is.)
-            let handled = !connected && control_queue(&mut qmp).await.map_or(true, |q| q.all_handled());
+            // control message, its driver knows. A paused guest handles nothing (it will
+            // when it runs: a checkpoint taken now has it in the old connection). Where QEMU
+            // cannot tell, the settle below is all there is.
+            let running = bounded(qmp.query_status()).await?.running;
+            let handled = !connected && (!running || control_queue(&mut qmp).await.map_or(true, |q| q.all_handled()));
             drop(qmp);
             if handled {
                 break;
@@ -157,7 +161,9 @@ impl VmRuntime {
                 return Err(VmError::NotFound(id.clone()));
             }
             let attempt = async {
-                let mut qmp = self.qmp(id).await.ok();
+                // QEMU serves one monitor client at a time: one busy elsewhere (a checkpoint
+                // holds it while it streams) leaves the fallback wait.
+                let mut qmp = tokio::time::timeout(QMP_FOR_OPEN, self.qmp(id)).await.ok().and_then(Result::ok);
                 let before = match &mut qmp {
                     Some(qmp) => control_queue(qmp).await.ok(),
                     None => None,

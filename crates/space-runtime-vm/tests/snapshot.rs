@@ -166,6 +166,8 @@ async fn the_source_vm_resumes_after_its_checkpoint_and_its_disk_writes() {
     drop(client);
 
     checkpoint_as_the_node(&t.rt, &spec.id, &t.dir.path().join("first")).await;
+    let status = t.rt.qmp(&spec.id).await.expect("qmp").query_status().await.expect("status");
+    assert_eq!((status.running, status.status.as_str()), (false, "postmigrate"), "not paused after its checkpoint");
     let again = t.rt.checkpoint(&spec.id, &t.dir.path().join("again")).await.unwrap_err();
     assert!(matches!(again, VmError::NotCheckpointable { .. }), "{again}");
     assert!(!t.dir.path().join("again").join(STATE_FILE).exists());
