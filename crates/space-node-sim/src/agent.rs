@@ -222,7 +222,7 @@ fn immediate(inside: &Inside, request: Request) -> Reply {
             contents.processes.retain(|p| p.exit.is_none());
             Reply::Ok
         }
-        Request::AllowCheckpoint | Request::FreezeRoot { .. } => Reply::Ok,
+        Request::AllowCheckpoint | Request::FreezeRoot { .. } | Request::Reseed { .. } => Reply::Ok,
         Request::Stat { path } => contents.stat(&path).map_or_else(|| not_found(&path), |stat| Reply::Stat { stat }),
         Request::ListDir { path } => match contents.stat(&path) {
             None => not_found(&path),

@@ -264,6 +264,17 @@ impl AgentClient {
         self.call_ok(&Request::FreezeRoot { frozen }).await
     }
 
+    /// Gives a restored VM's kernel fresh entropy, the current time and optionally a host name
+    /// (see [`Request::Reseed`]).
+    pub async fn reseed(
+        &self,
+        entropy: Vec<u8>,
+        unix_time_ns: u64,
+        hostname: Option<String>,
+    ) -> Result<(), AgentError> {
+        self.call_ok(&Request::Reseed { entropy, unix_time_ns, hostname }).await
+    }
+
     /// Forgets every exited process; running ones stay.
     pub async fn forget_exited(&self) -> Result<(), AgentError> {
         self.call_ok(&Request::ForgetExited).await

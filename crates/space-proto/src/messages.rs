@@ -59,6 +59,18 @@ pub enum Request {
     /// again. Outside that window sandbox processes cannot ptrace pid 1 or take its
     /// descriptors.
     AllowCheckpoint,
+    /// Sent by the node right after a `vm` sandbox was restored from a memory snapshot, before
+    /// anything else: every VM restored from one state would otherwise draw the same random
+    /// numbers (the kernel's RNG state is part of guest memory) and run on the snapshot's
+    /// clock. The agent credits `entropy` (host `getrandom` bytes, [`RESEED_MIN_ENTROPY`] to
+    /// [`RESEED_MAX_ENTROPY`]) to the kernel's pool, forces a reseed of its CRNG, sets
+    /// `CLOCK_REALTIME` to `unix_time_ns` and, when given, the host name. Answered `Ok`.
+    Reseed {
+        entropy: Vec<u8>,
+        unix_time_ns: u64,
+        #[serde(default)]
+        hostname: Option<String>,
+    },
     Stat {
         path: String,
     },
@@ -94,6 +106,10 @@ pub enum Request {
         frozen: bool,
     },
 }
+
+/// Fewest and most entropy bytes a [`Request::Reseed`] carries (the CRNG's key is 32 bytes).
+pub const RESEED_MIN_ENTROPY: usize = 32;
+pub const RESEED_MAX_ENTROPY: usize = 512;
 
 /// What to run.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -269,5 +285,31 @@ impl ExitStatus {
 impl Reply {
     pub fn error(kind: ErrorKind, message: impl Into<String>) -> Self {
         Reply::Error { kind, message: message.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Frame;
+
+    /// The wire form of `Reseed` is part of the protocol: an agent of another build must read
+    /// what this node sends.
+    #[test]
+    fn reseed_encoding() {
+        let request =
+            Request::Reseed { entropy: vec![0, 1, 255], unix_time_ns: 1_764_600_000_123_456_789, hostname: None };
+        let json = serde_json::to_string(&request).unwrap();
+        assert_eq!(json, r#"{"op":"reseed","entropy":[0,1,255],"unix_time_ns":1764600000123456789,"hostname":null}"#);
+        let frame = Frame::message(&request).unwrap();
+        assert_eq!(frame.parse::<Request>().unwrap(), request);
+        // An older node's request without a host name still parses.
+        let old: Request = serde_json::from_str(r#"{"op":"reseed","entropy":[7],"unix_time_ns":5}"#).unwrap();
+        assert_eq!(old, Request::Reseed { entropy: vec![7], unix_time_ns: 5, hostname: None });
+        let named = Request::Reseed { entropy: vec![1; 64], unix_time_ns: u64::MAX, hostname: Some("b".into()) };
+        assert_eq!(Frame::message(&named).unwrap().parse::<Request>().unwrap(), named);
+        // Entropy is bytes: anything else is a bad request, not a truncated value.
+        assert!(serde_json::from_str::<Request>(r#"{"op":"reseed","entropy":[256],"unix_time_ns":5}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"reseed","entropy":[1],"unix_time_ns":-1}"#).is_err());
     }
 }

@@ -40,6 +40,26 @@ pub enum VmError {
     StillAlive { id: SandboxId, processes: usize, waited: Duration },
     #[error("root image: {0}")]
     Image(String),
+    #[error("the guest did not take in the hang-up of the agent port within {waited:?}")]
+    AgentHeld { waited: Duration },
+    #[error("{0} was started by a runtime that did not record its machine: it cannot be checkpointed")]
+    MachineUnrecorded(SandboxId),
+    #[error("a checkpoint needs a VM paused by the node (once per pause: resume it before another); it is {status}")]
+    NotCheckpointable { status: String },
+    #[error("QEMU's migration {0}")]
+    Migration(String),
+    #[error("QEMU's migration did not complete within {bound:?}")]
+    MigrationTimeout { bound: Duration },
+    #[error("checkpoint record {}: {source}", path.display())]
+    StateRecord { path: PathBuf, source: serde_json::Error },
+    #[error("the checkpoint needs another {what}: it was saved with {saved}, this node has {here}")]
+    StateMismatch { what: &'static str, saved: String, here: String },
+    #[error("{} holds {found} bytes, the checkpoint recorded {recorded}", path.display())]
+    StateTruncated { path: PathBuf, recorded: u64, found: u64 },
+    #[error("QEMU could not load the checkpoint (last line of its log: {last_line:?})")]
+    IncomingFailed { last_line: Option<String> },
+    #[error("giving the restored guest fresh entropy and time: {0}")]
+    Reseed(#[source] space_proto::AgentError),
 }
 
 impl VmError {

@@ -19,16 +19,21 @@
 //! CPU quota only and refuses another memory size.
 
 mod accel;
+mod agent;
+mod checkpoint;
 mod error;
 mod image;
 mod initrd;
 pub mod jail;
 mod qemu;
 pub mod qmp;
+mod restore;
 mod runtime;
+mod stale;
 mod start;
 mod sys;
 mod teardown;
+mod template;
 mod tsc;
 
 use std::collections::HashMap;
@@ -45,10 +50,12 @@ use space_proto::client::AgentClient;
 use space_runtime::{Limits, SandboxId, SandboxStats};
 
 pub use accel::{AccelPolicy, Accelerator, PROBE_TIMEOUT};
+pub use checkpoint::{STATE_FILE, STATE_RECORD};
 pub use error::VmError;
 pub use image::{clone_disk, make_root_image};
 pub use qemu::{AccelKind, GATEWAY_ADDR, GUEST_ADDR};
 pub use space_runtime::IdMap;
+pub use template::TemplateState;
 pub use tsc::TscFrequency;
 
 /// Guest RAM when the limits give none.
@@ -84,6 +91,9 @@ pub struct VmOptions {
     pub start_timeout: Duration,
     /// Bound on `destroy` waiting for the VMM to die.
     pub stop_timeout: Duration,
+    /// Bound on `checkpoint` writing the VM's state (a restore is bounded by
+    /// `start_timeout`).
+    pub checkpoint_timeout: Duration,
     /// What the VMM needs beyond guest RAM (QEMU, its libraries, the TCG translation cache,
     /// device buffers); the cgroup's memory limit is guest RAM plus this.
     pub memory_overhead_mib: u64,
@@ -119,6 +129,7 @@ impl VmOptions {
             accel: AccelPolicy::Auto,
             start_timeout: Duration::from_secs(30),
             stop_timeout: Duration::from_secs(10),
+            checkpoint_timeout: Duration::from_secs(120),
             memory_overhead_mib: 160,
             tb_size_mib: 64,
             vmm_pids: 128,
@@ -151,12 +162,13 @@ pub struct VmHandle {
     pub agent_socket: PathBuf,
 }
 
-/// What a VM was booted with; recorded in its directory (`vm.json`) for adoption.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What a VM was booted with; recorded in its directory (`vm.json`) for adoption and for
+/// checkpoints (which record the machine with the state).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct BootRecord {
     pub pid: u32,
-    pub memory_mib: u64,
-    pub vcpus: u32,
+    #[serde(flatten)]
+    pub machine: qemu::Machine,
 }
 
 /// A VMM this instance holds a pidfd of.
@@ -291,50 +303,6 @@ impl VmRuntime {
         self.sock_dir(id).join("agent.sock")
     }
 
-    /// A connection to the VM's agent: the one `start` made while it is open, else a new one.
-    ///
-    /// Dialing [`VmRuntime::agent_socket`] directly works too, with one caveat of
-    /// virtio-serial: the guest learns of a host disconnect only from a flag, so a connection
-    /// made right after another one closed can land in the old byte stream, its hello lost
-    /// with it. A dial is therefore bounded per attempt ([`AGENT_ATTEMPT`]) and retried after
-    /// a pause, until [`VmOptions::start_timeout`].
-    pub async fn agent(&self, id: &SandboxId) -> Result<AgentClient, VmError> {
-        let kept = self.tracked.lock().expect("tracked lock").get(id).and_then(|t| t.agent.clone());
-        if let Some(client) = kept.filter(|c| !c.is_closed()) {
-            return Ok(client);
-        }
-        let socket = self.agent_socket(id);
-        let deadline = tokio::time::Instant::now() + self.opts.start_timeout;
-        let client = loop {
-            if !socket.exists() {
-                return Err(VmError::NotFound(id.clone()));
-            }
-            let attempt = async { AgentClient::connect_unix(&socket).await.map_err(|e| e.to_string()) };
-            let failure = match tokio::time::timeout(AGENT_ATTEMPT, attempt).await {
-                Ok(Ok(client)) => break client,
-                Ok(Err(e)) => e,
-                Err(_) => format!("no hello within {AGENT_ATTEMPT:?}"),
-            };
-            if tokio::time::Instant::now() + AGENT_RETRY_PAUSE >= deadline {
-                return Err(VmError::Agent(failure));
-            }
-            tracing::debug!(sandbox = %id, error = %failure, "agent handshake failed; dialing again");
-            tokio::time::sleep(AGENT_RETRY_PAUSE).await;
-        };
-        if let Some(t) = self.tracked.lock().expect("tracked lock").get_mut(id) {
-            t.agent = Some(client.clone());
-        }
-        Ok(client)
-    }
-
-    /// Closes the kept agent connection (the next [`VmRuntime::agent`] dials anew).
-    pub fn forget_agent(&self, id: &SandboxId) {
-        let kept = self.tracked.lock().expect("tracked lock").get_mut(id).and_then(|t| t.agent.take());
-        if let Some(client) = kept {
-            client.close();
-        }
-    }
-
     /// Host path of the VM's QMP socket.
     pub fn qmp_socket(&self, id: &SandboxId) -> PathBuf {
         self.sock_dir(id).join("qmp.sock")
@@ -394,10 +362,11 @@ impl VmRuntime {
             return Err(VmError::NotFound(id.clone()));
         }
         let boot = self.boot_record(id).ok_or_else(|| VmError::NotFound(id.clone()))?;
-        if limits.memory_mib != 0 && limits.memory_mib != boot.memory_mib {
-            return Err(VmError::MemoryFixedAtBoot { boot_mib: boot.memory_mib, asked_mib: limits.memory_mib });
+        let memory_mib = boot.machine.memory_mib;
+        if limits.memory_mib != 0 && limits.memory_mib != memory_mib {
+            return Err(VmError::MemoryFixedAtBoot { boot_mib: memory_mib, asked_mib: limits.memory_mib });
         }
-        Ok(self.cgroups.set_limits(&name, &self.vmm_limits(boot.memory_mib, limits.millicpus))?)
+        Ok(self.cgroups.set_limits(&name, &self.vmm_limits(memory_mib, limits.millicpus))?)
     }
 
     /// Whether the VMM recorded in `handle` still runs (same pid, in the VM's cgroup).
@@ -533,12 +502,12 @@ impl VmRuntime {
 /// milliseconds, even under TCG.
 pub const AGENT_ATTEMPT: Duration = Duration::from_secs(2);
 /// Pause after a failed attempt: long enough for the guest to see the hang-up.
-const AGENT_RETRY_PAUSE: Duration = Duration::from_millis(100);
+pub(crate) const AGENT_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// Bound on one QMP exchange: QEMU answers from its main loop, within milliseconds.
-const QMP_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const QMP_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn bounded<T>(f: impl Future<Output = Result<T, qmp::QmpError>>) -> Result<T, qmp::QmpError> {
+pub(crate) async fn bounded<T>(f: impl Future<Output = Result<T, qmp::QmpError>>) -> Result<T, qmp::QmpError> {
     tokio::time::timeout(QMP_TIMEOUT, f)
         .await
         .unwrap_or_else(|_| Err(qmp::QmpError::Protocol(format!("no answer within {QMP_TIMEOUT:?}"))))

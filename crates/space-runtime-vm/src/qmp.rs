@@ -141,6 +141,25 @@ impl Qmp {
         self.execute("query-migrate", None).await
     }
 
+    /// Stops an outgoing migration that has not completed.
+    pub async fn migrate_cancel(&mut self) -> Result<(), QmpError> {
+        self.execute("migrate_cancel", None).await.map(drop)
+    }
+
+    /// Whether a client is connected to the socket chardev `label` (QEMU names a server
+    /// socket without one `disconnected:...` in `query-chardev`).
+    pub async fn chardev_connected(&mut self, label: &str) -> Result<bool, QmpError> {
+        let value = self.execute("query-chardev", None).await?;
+        let devices =
+            value.as_array().ok_or_else(|| QmpError::Protocol(format!("query-chardev: {}", short(&value))))?;
+        let device = devices
+            .iter()
+            .find(|d| d.get("label").and_then(Value::as_str) == Some(label))
+            .ok_or_else(|| QmpError::Protocol(format!("no chardev {label:?}")))?;
+        let filename = device.get("filename").and_then(Value::as_str).unwrap_or_default();
+        Ok(!filename.starts_with("disconnected:"))
+    }
+
     /// Asks QEMU to exit. It may close the connection before answering.
     pub async fn quit(&mut self) -> Result<(), QmpError> {
         match self.execute("quit", None).await {

@@ -10,12 +10,7 @@ use space_runtime::{
     RuntimeKind, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
 };
 
-use crate::{VmHandle, VmRuntime, VmSpec};
-
-/// Why a `vm` sandbox cannot be checkpointed (yet): said by `checkpoint_support`, so full
-/// snapshots, suspend and forks with processes fail before they start.
-const NO_CHECKPOINTS: &str = "full snapshots of vm sandboxes (QEMU migration to a file) are not implemented yet; \
-     disk snapshots work";
+use crate::{VmError, VmHandle, VmRuntime, VmSpec};
 
 impl VmRuntime {
     fn vm_handle(&self, handle: &SandboxHandle) -> VmHandle {
@@ -25,6 +20,10 @@ impl VmRuntime {
 
 fn wrong_root() -> RuntimeError {
     RuntimeError::WrongKind { runtime: RuntimeKind::Vm, what: "a root directory" }
+}
+
+fn wrong_artifacts() -> RuntimeError {
+    RuntimeError::WrongKind { runtime: RuntimeKind::Vm, what: "CRIU images" }
 }
 
 #[async_trait]
@@ -106,18 +105,36 @@ impl Runtime for VmRuntime {
     }
 
     fn checkpoint_support(&self) -> Result<String, String> {
-        Err(NO_CHECKPOINTS.into())
+        self.support()?;
+        Ok(format!("QEMU {} migration to a file", self.qemu_version))
     }
 
-    async fn wait_agent_released(&self, _id: &SandboxId, _timeout: Duration) -> Result<(), RuntimeError> {
-        Ok(())
+    async fn wait_agent_released(&self, id: &SandboxId, timeout: Duration) -> Result<(), RuntimeError> {
+        Ok(self.release_agent(id, timeout).await?)
     }
 
-    async fn checkpoint(&self, _: &SandboxId, _: &CheckpointArtifacts) -> Result<CheckpointStats, RuntimeError> {
-        Err(RuntimeError::CheckpointUnavailable(NO_CHECKPOINTS.into()))
+    async fn checkpoint(
+        &self,
+        id: &SandboxId,
+        artifacts: &CheckpointArtifacts,
+    ) -> Result<CheckpointStats, RuntimeError> {
+        let CheckpointArtifacts::VmState { state } = artifacts else { return Err(wrong_artifacts()) };
+        VmRuntime::checkpoint(self, id, state).await.map_err(|e| match e {
+            VmError::NotFound(id) => RuntimeError::NotFound(id),
+            other => RuntimeError::Checkpoint(other.to_string()),
+        })
     }
 
-    async fn restore(&self, _: &SandboxSpec, _: &CheckpointArtifacts) -> Result<SandboxHandle, RuntimeError> {
-        Err(RuntimeError::CheckpointUnavailable(NO_CHECKPOINTS.into()))
+    async fn restore(
+        &self,
+        spec: &SandboxSpec,
+        artifacts: &CheckpointArtifacts,
+    ) -> Result<SandboxHandle, RuntimeError> {
+        let RootDisk::Image(disk) = &spec.root else { return Err(wrong_root()) };
+        let CheckpointArtifacts::VmState { state } = artifacts else { return Err(wrong_artifacts()) };
+        let vm =
+            VmSpec { id: spec.id.clone(), disk: disk.clone(), hostname: spec.hostname.clone(), limits: spec.limits };
+        let restored = VmRuntime::restore(self, &vm, state).await.map_err(|e| RuntimeError::Restore(e.to_string()))?;
+        Ok(SandboxHandle { id: restored.id, runtime: RuntimeKind::Vm, pid: restored.pid })
     }
 }

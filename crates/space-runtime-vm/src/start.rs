@@ -1,6 +1,6 @@
 //! Starting a VM: id range, cgroup, directory, the jailer, then waiting for the agent.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::Instant;
 
 use crate::jail::JailConfig;
-use crate::qemu::{self, QemuArgs};
+use crate::qemu::{self, Boot, Machine, Ram};
 use crate::{
     BOOT_RECORD, BootRecord, DEFAULT_MEMORY_MIB, GUEST_KERNEL, JAIL_DIR, LOG_FILE, MIN_MEMORY_MIB, SOCK_DIR, Tracked,
     VmError, VmHandle, VmRuntime, VmSpec, sys,
@@ -26,7 +26,7 @@ impl VmRuntime {
     /// [`crate::VmOptions::start_timeout`] otherwise, leaving no VMM, cgroup, directory or
     /// id range behind. A start of a VM that runs already returns its handle.
     pub async fn start(&self, spec: &VmSpec) -> Result<VmHandle, VmError> {
-        validate_spec(spec)?;
+        validate_spec(spec, Hostname::Required)?;
         if let Some(handle) = self.running(&spec.id) {
             return Ok(handle);
         }
@@ -43,51 +43,78 @@ impl VmRuntime {
     }
 
     /// The handle of a VM this instance started and whose VMM still runs.
-    fn running(&self, id: &space_runtime::SandboxId) -> Option<VmHandle> {
+    pub(crate) fn running(&self, id: &space_runtime::SandboxId) -> Option<VmHandle> {
         let pid = self.tracked.lock().expect("tracked lock").get(id).map(|t| t.pid)?;
         let handle = self.handle(id, pid);
         self.is_alive(&handle).then_some(handle)
     }
 
-    fn handle(&self, id: &space_runtime::SandboxId, pid: u32) -> VmHandle {
+    pub(crate) fn handle(&self, id: &space_runtime::SandboxId, pid: u32) -> VmHandle {
         VmHandle { id: id.clone(), pid, agent_socket: self.agent_socket(id) }
     }
 
     async fn start_new(&self, spec: &VmSpec) -> Result<VmHandle, VmError> {
+        self.boot(spec, None).await
+    }
+
+    /// Boots a fresh VM, its RAM QEMU's own or (`memory`) a file it shares, and waits for
+    /// its agent.
+    pub(crate) async fn boot(&self, spec: &VmSpec, memory: Option<&OwnedFd>) -> Result<VmHandle, VmError> {
         let deadline = Instant::now() + self.opts.start_timeout;
         let memory_mib = if spec.limits.memory_mib == 0 { DEFAULT_MEMORY_MIB } else { spec.limits.memory_mib };
-        let vcpus = qemu::vcpus(spec.limits.millicpus);
-        let slot = self.ranges.allocate(&spec.id).map_err(VmError::Range)?;
-        let uid = self.ranges.map(slot).host_base;
-        let (cgroups, name) = (self.cgroups.clone(), self.cgroup_name(&spec.id));
-        let limits = self.vmm_limits(memory_mib, spec.limits.millicpus);
-        tokio::task::spawn_blocking(move || cgroups.create(&name, &limits))
-            .await
-            .map_err(|e| VmError::Jailer(format!("cgroup task: {e}")))??;
-        let dir = self.make_vm_dir(&spec.id, uid)?;
-        let args = QemuArgs {
+        let machine = Machine {
             accel: self.accel.kind,
             tb_size_mib: self.opts.tb_size_mib,
-            vcpus,
+            vcpus: qemu::vcpus(spec.limits.millicpus),
             memory_mib,
             tsc_khz: self.tsc.khz,
-            hostname: &spec.hostname,
-            extra_cmdline: &self.opts.extra_cmdline,
+            hostname: spec.hostname.clone(),
+            extra_cmdline: self.opts.extra_cmdline.clone(),
             console_log: self.opts.console_log,
+            memory_backend: memory.is_some(),
         };
-        let config = self.jail_config(spec, &dir, uid, qemu::argv(&args));
-        let pid = self.spawn_jailed(&spec.id, &config).await?;
-        let record = BootRecord { pid, memory_mib, vcpus };
-        let record_path = dir.join(BOOT_RECORD);
-        std::fs::write(&record_path, serde_json::to_vec(&record).expect("plain struct"))
-            .map_err(VmError::io("write", record_path))?;
-        let pidfd = self.tracked.lock().expect("tracked lock").get(&spec.id).map(|t| t.pidfd.clone());
-        let pidfd = pidfd.ok_or_else(|| VmError::NotFound(spec.id.clone()))?;
+        let (pid, pidfd) = self.launch(spec, &machine, Boot::Fresh, memory).await?;
         let client = self.wait_for_agent(&spec.id, &pidfd, deadline).await?;
         if let Some(t) = self.tracked.lock().expect("tracked lock").get_mut(&spec.id) {
             t.agent = Some(client);
         }
         Ok(self.handle(&spec.id, pid))
+    }
+
+    /// Takes an id range, makes the cgroup and the VM's directory, runs QEMU in its jail and
+    /// records the machine (`vm.json`). `memory` is a template's guest memory, mapped shared
+    /// by a fresh boot (the template itself) and private by an incoming one (a pod); without
+    /// it a machine with a memory backend gets QEMU's own memory. Returns QEMU's pid and pidfd
+    /// (tracked). The caller destroys the VM on failure.
+    pub(crate) async fn launch(
+        &self,
+        spec: &VmSpec,
+        machine: &Machine,
+        boot: Boot,
+        memory: Option<&OwnedFd>,
+    ) -> Result<(u32, Arc<OwnedFd>), VmError> {
+        let slot = self.ranges.allocate(&spec.id).map_err(VmError::Range)?;
+        let uid = self.ranges.map(slot).host_base;
+        let (cgroups, name) = (self.cgroups.clone(), self.cgroup_name(&spec.id));
+        let limits = self.vmm_limits(machine.memory_mib, spec.limits.millicpus);
+        tokio::task::spawn_blocking(move || cgroups.create(&name, &limits))
+            .await
+            .map_err(|e| VmError::Jailer(format!("cgroup task: {e}")))??;
+        let dir = self.make_vm_dir(&spec.id, uid)?;
+        let ram = match memory {
+            Some(_) => Ram::File { shared: boot == Boot::Fresh },
+            None => Ram::Own,
+        };
+        let mut config = self.jail_config(spec, &dir, uid, qemu::argv(machine, boot, ram));
+        // The jailer opens the node's memfd through procfs: a fresh open file of the same memory.
+        config.memory = memory.map(|fd| PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd())));
+        let pid = self.spawn_jailed(&spec.id, &config).await?;
+        let record = BootRecord { pid, machine: machine.clone() };
+        let record_path = dir.join(BOOT_RECORD);
+        std::fs::write(&record_path, serde_json::to_vec(&record).expect("plain struct"))
+            .map_err(VmError::io("write", record_path))?;
+        let pidfd = self.tracked.lock().expect("tracked lock").get(&spec.id).map(|t| t.pidfd.clone());
+        Ok((pid, pidfd.ok_or_else(|| VmError::NotFound(spec.id.clone()))?))
     }
 
     /// `<base>/<id>/`, root's 0700, with an empty `jail/` (the jail root's mount point, in
@@ -127,6 +154,7 @@ impl VmRuntime {
             run_dir: dir.join(SOCK_DIR),
             log: dir.join(LOG_FILE),
             disk: spec.disk.clone(),
+            memory: None,
             kvm: self.accel.kind == qemu::AccelKind::Kvm,
             guest_addr: qemu::GUEST_ADDR,
             uid,
@@ -215,13 +243,24 @@ impl VmRuntime {
     }
 }
 
-fn validate_spec(spec: &VmSpec) -> Result<(), VmError> {
+/// Whether a spec must name the guest's host name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hostname {
+    Required,
+    /// A restore: empty keeps the restored guest's.
+    Optional,
+}
+
+pub(crate) fn validate_spec(spec: &VmSpec, hostname: Hostname) -> Result<(), VmError> {
     let h = &spec.hostname;
-    if h.is_empty() || h.len() > 63 || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
-        return Err(VmError::Spec(format!("hostname {h:?} is not a valid host name")));
-    }
-    if h.starts_with(['-', '.']) {
-        return Err(VmError::Spec(format!("hostname {h:?} starts with {:?}", &h[..1])));
+    let keep = h.is_empty() && hostname == Hostname::Optional;
+    if !keep {
+        if h.is_empty() || h.len() > 63 || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
+            return Err(VmError::Spec(format!("hostname {h:?} is not a valid host name")));
+        }
+        if h.starts_with(['-', '.']) {
+            return Err(VmError::Spec(format!("hostname {h:?} starts with {:?}", &h[..1])));
+        }
     }
     if !spec.disk.is_absolute() || !spec.disk.is_file() {
         return Err(VmError::Spec(format!("disk {} is not an absolute path to a file", spec.disk.display())));

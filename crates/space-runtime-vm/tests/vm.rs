@@ -8,24 +8,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use space_runtime::{Limits, SandboxId};
+use space_runtime::Limits;
 use space_runtime_vm::{AccelPolicy, VmError, VmRuntime};
-
-/// Nothing of the VM is left: no VMM, cgroup, directory or id range.
-fn assert_gone(rt: &VmRuntime, id: &SandboxId, pid: Option<u32>) {
-    if let Some(pid) = pid {
-        let alive = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .is_ok_and(|s| !s.lines().any(|l| l.starts_with("State:") && (l.contains('Z') || l.contains('X'))));
-        assert!(!alive, "the VMM {pid} still runs");
-    }
-    for dir in rt.cgroup_dirs(id) {
-        assert!(!dir.exists(), "cgroup {} left behind", dir.display());
-    }
-    let vm_dir = rt.agent_socket(id).parent().unwrap().parent().unwrap().to_path_buf();
-    assert!(!vm_dir.exists(), "{} left behind", vm_dir.display());
-    assert_eq!(rt.vmm_uid(id), None, "id range still held");
-    assert!(!rt.list().unwrap().contains(id), "still listed");
-}
 
 fn status_field(pid: u32, field: &str) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -9,6 +9,7 @@
 //! - [`process`]: the process table, output fan-out and ring buffers, supervision;
 //! - [`exec`]: the exec / attach / signal / list conversations;
 //! - [`files`] and [`watch`]: file operations and inotify;
+//! - [`guest`]: what pid 1 of a `vm` sandbox does after a restore (fresh entropy, clock);
 //! - [`fdio`]: non-blocking reads and writes on raw pipe and terminal descriptors.
 //!
 //! Everything the peer sends is untrusted: a malformed stream is answered with
@@ -19,6 +20,7 @@ pub mod exec;
 pub mod fdio;
 pub mod files;
 pub mod freeze;
+pub mod guest;
 pub mod port;
 pub mod process;
 pub mod pty;

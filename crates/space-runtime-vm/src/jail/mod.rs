@@ -22,8 +22,8 @@
 //!    for QEMU alone (null, zero, random, urandom, kvm when used), a fresh /proc;
 //!    `pivot_root` into it, the old root detached, the tmpfs remounted read-only;
 //! 7. descriptors: log on 1 and 2, /dev/null on 0, tap on [`TAP_FD`], disk on [`DISK_FD`]
-//!    and [`DISK_RO_FD`],
-//!    every other one close-on-exec;
+//!    and [`DISK_RO_FD`], a template's guest memory (if any) on [`MEMORY_FD`], every other one
+//!    close-on-exec;
 //! 8. credentials (`creds.rs`): capability bounding set emptied, supplementary groups
 //!    replaced, gid and uid set to the sandbox's own unprivileged host id, no_new_privs;
 //! 9. `execve` of QEMU (which then installs its own seccomp filter: `-sandbox on,...`).
@@ -49,6 +49,9 @@ pub const TAP_FD: i32 = 3;
 /// read-only first and read-write once the device attaches.
 pub const DISK_FD: i32 = 4;
 pub const DISK_RO_FD: i32 = 5;
+/// Where QEMU finds guest memory kept outside it (a template's memfd), as
+/// `mem-path=/proc/self/fd/6`: QEMU opens memory backends by path only.
+pub const MEMORY_FD: i32 = 6;
 
 /// Everything the jailer is told, by the node, on stdin.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,6 +73,10 @@ pub struct JailConfig {
     /// The root disk image, opened read-write and read-only, handed over at [`DISK_FD`] and
     /// [`DISK_RO_FD`].
     pub disk: PathBuf,
+    /// Guest memory to open read-write and hand over at [`MEMORY_FD`] (the node's memfd, as
+    /// `/proc/<node>/fd/<n>`).
+    #[serde(default)]
+    pub memory: Option<PathBuf>,
     /// Whether QEMU gets a `/dev/kvm` of its own.
     pub kvm: bool,
     /// The guest's address: routed to `tap0` in the VMM's namespace.
@@ -130,6 +137,17 @@ fn launch(config: &JailConfig) -> Result<(), String> {
         .custom_flags(libc::O_CLOEXEC)
         .open(&config.disk)
         .map_err(|e| format!("open disk {}: {e}", config.disk.display()))?;
+    let memory = match &config.memory {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(path)
+                .map_err(|e| format!("open guest memory {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
     let (err_read, err_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
     // Everything the child needs is prepared here: it must not depend on the parent's state.
     let prepared = Prepared::new(config).map_err(|e| format!("prepare: {e}"))?;
@@ -148,7 +166,7 @@ fn launch(config: &JailConfig) -> Result<(), String> {
     }
     if child == 0 {
         drop(err_read);
-        let failure = vmm(config, &prepared, log, [disk, disk_ro]);
+        let failure = vmm(config, &prepared, log, [disk, disk_ro], memory);
         let mut pipe = std::fs::File::from(err_write);
         let _ = pipe.write_all(failure.as_bytes());
         // SAFETY: _exit ends this child without running the parent's atexit handlers or
@@ -156,7 +174,7 @@ fn launch(config: &JailConfig) -> Result<(), String> {
         unsafe { libc::_exit(1) }
     }
     drop(err_write);
-    drop((log, disk, disk_ro));
+    drop((log, disk, disk_ro, memory));
     println!("pid {child}");
     let _ = std::io::stdout().flush();
     let mut failure = String::new();
@@ -185,7 +203,13 @@ impl Prepared {
 }
 
 /// Steps 5-9, in the VMM process. Returns only on failure, with what failed.
-fn vmm(config: &JailConfig, prepared: &Prepared, log: std::fs::File, disk: [std::fs::File; 2]) -> String {
+fn vmm(
+    config: &JailConfig,
+    prepared: &Prepared,
+    log: std::fs::File,
+    disk: [std::fs::File; 2],
+    memory: Option<std::fs::File>,
+) -> String {
     let tap = match net::setup(config.guest_addr, crate::GATEWAY_ADDR) {
         Ok(tap) => tap,
         Err(e) => return format!("network: {e}"),
@@ -194,7 +218,7 @@ fn vmm(config: &JailConfig, prepared: &Prepared, log: std::fs::File, disk: [std:
         return format!("jail root: {e}");
     }
     let [disk, disk_ro] = disk;
-    if let Err(e) = arrange_fds(log.into(), tap, disk.into(), disk_ro.into()) {
+    if let Err(e) = arrange_fds(log.into(), tap, disk.into(), disk_ro.into(), memory.map(OwnedFd::from)) {
         return format!("descriptors: {e}");
     }
     if let Err(e) = creds::drop_privileges(config.uid, config.gid) {
@@ -211,7 +235,13 @@ fn vmm(config: &JailConfig, prepared: &Prepared, log: std::fs::File, disk: [std:
 
 /// Step 7. Every source is first moved to a high number (and its low original closed):
 /// no `dup2` may overwrite a source still needed, and no original may close a target later.
-fn arrange_fds(log: OwnedFd, tap: OwnedFd, disk: OwnedFd, disk_ro: OwnedFd) -> std::io::Result<()> {
+fn arrange_fds(
+    log: OwnedFd,
+    tap: OwnedFd,
+    disk: OwnedFd,
+    disk_ro: OwnedFd,
+    memory: Option<OwnedFd>,
+) -> std::io::Result<()> {
     let high = |fd: OwnedFd| -> std::io::Result<OwnedFd> {
         let raw = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(100))?;
         drop(fd);
@@ -220,7 +250,12 @@ fn arrange_fds(log: OwnedFd, tap: OwnedFd, disk: OwnedFd, disk_ro: OwnedFd) -> s
     };
     let null = high(std::fs::OpenOptions::new().read(true).open("/dev/null")?.into())?;
     let (log, tap, disk, disk_ro) = (high(log)?, high(tap)?, high(disk)?, high(disk_ro)?);
-    let moves = [(&null, 0), (&log, 1), (&log, 2), (&tap, TAP_FD), (&disk, DISK_FD), (&disk_ro, DISK_RO_FD)];
+    let memory = memory.map(high).transpose()?;
+    let mut moves = vec![(&null, 0), (&log, 1), (&log, 2), (&tap, TAP_FD), (&disk, DISK_FD), (&disk_ro, DISK_RO_FD)];
+    if let Some(memory) = &memory {
+        moves.push((memory, MEMORY_FD));
+    }
+    let last = moves.last().map_or(DISK_RO_FD, |(_, to)| *to);
     for (from, to) in moves {
         // SAFETY: both are descriptors of this process; the targets are the fixed numbers
         // QEMU is told about, and every source is >= 100, so none is overwritten.
@@ -230,8 +265,7 @@ fn arrange_fds(log: OwnedFd, tap: OwnedFd, disk: OwnedFd, disk_ro: OwnedFd) -> s
     }
     // SAFETY: close_range only marks descriptors close-on-exec; the error pipe stays usable
     // until the exec, which then closes it (that is how the jailer learns of the exec).
-    let rc =
-        unsafe { libc::syscall(libc::SYS_close_range, DISK_RO_FD as u32 + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, last as u32 + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
     if rc < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -252,6 +286,7 @@ mod tests {
             run_dir: "/run/space/x/sock".into(),
             log: "/run/space/x/qemu.log".into(),
             disk: "/pool/x.img".into(),
+            memory: Some("/proc/1/fd/9".into()),
             kvm: false,
             guest_addr: Ipv4Addr::new(10, 254, 254, 2),
             uid: 165_536,

@@ -98,7 +98,11 @@ pub fn busybox_tree(dir: &Path) {
         std::fs::create_dir_all(dir.join(sub)).unwrap();
     }
     std::fs::copy("/usr/bin/busybox", dir.join("bin/busybox")).unwrap();
-    for applet in ["sh", "uname", "cat", "true", "stat", "id", "ls", "sleep", "readlink", "echo", "nc"] {
+    let applets = [
+        "sh", "uname", "cat", "true", "stat", "id", "ls", "sleep", "readlink", "echo", "nc", "mount", "dd", "md5sum",
+        "od", "date", "sync", "mkdir",
+    ];
+    for applet in applets {
         symlink("busybox", dir.join("bin").join(applet)).unwrap();
     }
     std::fs::write(dir.join("etc/owned-by-1000"), "x").unwrap();
@@ -150,4 +154,60 @@ pub async fn run(client: &AgentClient, argv: &[&str]) -> (String, i32) {
         other => panic!("{argv:?} ended with {other:?}: {}", String::from_utf8_lossy(&out.stderr)),
     };
     (String::from_utf8_lossy(&out.stdout).into_owned(), code)
+}
+
+/// Nothing of the VM is left: no VMM, cgroup, directory or id range.
+pub fn assert_gone(rt: &VmRuntime, id: &SandboxId, pid: Option<u32>) {
+    if let Some(pid) = pid {
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .is_ok_and(|s| !s.lines().any(|l| l.starts_with("State:") && (l.contains('Z') || l.contains('X'))));
+        assert!(!alive, "the VMM {pid} still runs");
+    }
+    for dir in rt.cgroup_dirs(id) {
+        assert!(!dir.exists(), "cgroup {} left behind", dir.display());
+    }
+    let vm_dir = rt.agent_socket(id).parent().unwrap().parent().unwrap().to_path_buf();
+    assert!(!vm_dir.exists(), "{} left behind", vm_dir.display());
+    assert_eq!(rt.vmm_uid(id), None, "id range still held");
+    assert!(!rt.list().unwrap().contains(id), "still listed");
+}
+
+/// Runs a shell script in the guest and returns its stdout; a failure fails the test.
+pub async fn sh(client: &AgentClient, script: &str) -> String {
+    let spec = ExecSpec { argv: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() };
+    let out = client.exec(spec).await.expect("exec").wait_with_output(1 << 20).await.expect("exec output");
+    assert!(out.status.success(), "{script:?} ended with {:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Starts `argv` detached in the guest; returns its pid.
+pub async fn spawn_detached(client: &AgentClient, argv: &[&str]) -> u32 {
+    let spec = ExecSpec { argv: argv.iter().map(|a| a.to_string()).collect(), detached: true, ..Default::default() };
+    let session = client.exec(spec).await.expect("detached exec");
+    assert_ne!(session.pid(), 0, "{argv:?} did not start");
+    session.pid()
+}
+
+/// A full snapshot as the node takes it: the agent connection let go while the VM runs,
+/// then pause and checkpoint (the VM stays paused).
+pub async fn checkpoint_as_the_node(rt: &VmRuntime, id: &SandboxId, state: &Path) -> space_runtime::CheckpointStats {
+    rt.release_agent(id, Duration::from_secs(5)).await.expect("release the agent");
+    rt.pause(id).await.expect("pause");
+    rt.checkpoint(id, state).await.expect("checkpoint")
+}
+
+/// Polls `probe` (at most 30 s) until it returns `Some`.
+pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: not within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
