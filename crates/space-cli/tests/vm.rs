@@ -137,7 +137,7 @@ fn pausing_a_vm_stops_its_guest_until_it_is_resumed() {
 }
 
 #[test]
-fn a_vm_session_forks_into_vms_that_start_from_its_files() {
+fn a_vm_session_forks_into_vms_of_their_own() {
     require_root!();
     let server = Server::start_with(&["--pool", ""]);
     let (id, _) = vm_session(&server);
@@ -183,4 +183,81 @@ fn a_vm_whose_vmm_dies_fails_with_the_reason_and_comes_back_from_a_snapshot() {
         server.call("POST", &format!("/v1/sessions/{id}/restore"), Some(json!({ "snapshot": snap["id"] })));
     assert_eq!((status, restored["state"].as_str()), (200, Some("running")), "{restored}");
     assert_eq!(stdout(&sh(&server, &id, "cat /root/f")).trim(), "kept");
+}
+
+/// The value a counter loop in the guest last wrote.
+fn counter(server: &Server, id: &str) -> u64 {
+    stdout(&sh(server, id, "cat /root/c")).trim().parse().expect("a number")
+}
+
+#[test]
+fn a_suspended_vm_resumes_its_processes_also_after_a_server_restart() {
+    require_root!();
+    let mut server = Server::start_with(&["--pool", ""]);
+    let (id, _) = vm_session(&server);
+    let body = json!({ "cmd": ["sh", "-c", "n=0; while :; do n=$((n+1)); echo $n > /root/c; sleep 0.05; done"], "background": true });
+    let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    assert_eq!(status, 200, "{r}");
+    // 100 MiB held in guest memory by a process (a tmpfs file it keeps open).
+    sh(
+        &server,
+        &id,
+        "mkdir -p /mnt/m && mount -t tmpfs tmpfs /mnt/m && head -c 104857600 /dev/urandom > /mnt/m/blob && md5sum /mnt/m/blob > /root/sum",
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = counter(&server, &id);
+    assert!(before > 0);
+    let (status, s) = server.call("POST", &format!("/v1/sessions/{id}/suspend"), Some(json!({})));
+    assert_eq!((status, s["state"].as_str()), (200, Some("suspended")), "{s}");
+    assert!(vmm_pids(&server).is_empty(), "a suspended session keeps no VMM: {:?}", vmm_pids(&server));
+    server.kill9();
+    server.spawn();
+    let (status, s) = server.call("POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
+    assert_eq!((status, s["state"].as_str()), (200, Some("running")), "{s}");
+    let resumed = counter(&server, &id);
+    assert!(resumed >= before, "the counter went back: {before} -> {resumed}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(counter(&server, &id) > resumed, "the counter stopped after the resume");
+    assert_eq!(stdout(&sh(&server, &id, "md5sum /mnt/m/blob")), stdout(&sh(&server, &id, "cat /root/sum")));
+}
+
+#[test]
+fn vms_restored_from_one_snapshot_draw_different_random_bytes() {
+    require_root!();
+    let server = Server::start_with(&["--pool", ""]);
+    let (id, _) = vm_session(&server);
+    let (status, snap) = server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(json!({ "kind": "full" })));
+    assert_eq!(status, 201, "{snap}");
+    let body = json!({ "count": 2, "from": snap["id"] });
+    let (status, forks) = server.call("POST", &format!("/v1/sessions/{id}/fork"), Some(body));
+    assert_eq!(status, 201, "{forks}");
+    let bytes: Vec<String> = forks["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| stdout(&sh(&server, f["id"].as_str().unwrap(), "head -c 32 /dev/urandom | od -An -tx1")))
+        .collect();
+    assert_ne!(bytes[0], bytes[1], "two restores of one memory image read the same random bytes");
+    // And the clock is the host's, not the snapshot's.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    for fork in forks["sessions"].as_array().unwrap() {
+        let guest: u64 = stdout(&sh(&server, fork["id"].as_str().unwrap(), "date +%s")).trim().parse().unwrap();
+        assert!(guest.abs_diff(now) < 60, "guest clock {guest}, host {now}");
+    }
+}
+
+fn vmm_pids(server: &Server) -> Vec<u32> {
+    let dir = Path::new("/sys/fs/cgroup/pids").join(&server.cgroup_parent).join(server.node_id()).join("vm");
+    let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .flat_map(|e| {
+            std::fs::read_to_string(e.path().join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
 }
