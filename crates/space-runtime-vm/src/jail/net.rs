@@ -16,6 +16,10 @@ use rtnetlink::{LinkUnspec, RouteMessageBuilder};
 
 /// The tap's name in the namespace.
 pub(crate) const TAP_NAME: &str = "tap0";
+/// The tap's MAC, the same in every VMM's namespace: a guest restored from a memory image
+/// keeps the gateway's MAC in its ARP cache, and a tap of another MAC would drop its frames
+/// (they are for another host) until that entry expires.
+const TAP_MAC: [u8; 6] = [0x02, 0x00, 0x0a, 0xfe, 0xfe, 0x01];
 /// The loopback's index in every namespace.
 const LOOPBACK_INDEX: u32 = 1;
 /// The kernel's `local` routing table.
@@ -31,14 +35,18 @@ pub(crate) fn setup(guest: Ipv4Addr, gateway: Ipv4Addr) -> Result<OwnedFd, Strin
         let (connection, handle, _) = rtnetlink::new_connection().map_err(|e| format!("netlink: {e}"))?;
         let driver = tokio::spawn(connection);
         let result = async {
-            for index in [LOOPBACK_INDEX, index] {
-                handle
-                    .link()
-                    .set(LinkUnspec::new_with_index(index).up().build())
-                    .execute()
-                    .await
-                    .map_err(|e| format!("link {index} up: {e}"))?;
-            }
+            handle
+                .link()
+                .set(LinkUnspec::new_with_index(LOOPBACK_INDEX).up().build())
+                .execute()
+                .await
+                .map_err(|e| format!("lo up: {e}"))?;
+            handle
+                .link()
+                .set(LinkUnspec::new_with_index(index).address(TAP_MAC.to_vec()).up().build())
+                .execute()
+                .await
+                .map_err(|e| format!("{TAP_NAME} up: {e}"))?;
             let route = RouteMessageBuilder::<Ipv4Addr>::new()
                 .destination_prefix(guest, 32)
                 .output_interface(index)
