@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use space_runtime::RuntimeError;
 
-use crate::cgroup::{Backend, procs_recursive};
+use crate::cgroup::{Backend, members};
 use crate::process;
 
 const POLL: Duration = Duration::from_millis(2);
@@ -17,17 +17,6 @@ const FREEZE_WAIT: Duration = Duration::from_secs(1);
 
 fn cgroup_err(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Cgroup(e.to_string())
-}
-
-/// Every pid in the sandbox's cgroups, across hierarchies, deduplicated.
-pub(crate) fn members(cg: &dyn Backend, name: &Path) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for dir in cg.dirs(name) {
-        procs_recursive(&dir, &mut pids);
-    }
-    pids.sort_unstable();
-    pids.dedup();
-    pids
 }
 
 /// Freezes the cgroup, SIGKILLs every member, thaws, and waits until the cgroup is empty.

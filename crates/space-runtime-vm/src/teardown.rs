@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use space_host::cgroup::{Backend, procs_recursive};
+use space_host::cgroup::{Backend, members};
 use space_runtime::SandboxId;
 use tokio::time::Instant;
 
@@ -44,17 +44,6 @@ impl VmRuntime {
         }
         self.ranges.release(id).map_err(VmError::Range)
     }
-}
-
-/// Every pid in the VM's cgroups.
-fn members(cg: &dyn Backend, name: &Path) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for dir in cg.dirs(name) {
-        procs_recursive(&dir, &mut pids);
-    }
-    pids.sort_unstable();
-    pids.dedup();
-    pids
 }
 
 /// SIGKILLs the cgroup's members until it is empty. A VMM cannot fork (QEMU's seccomp

@@ -72,6 +72,17 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn freezer_dir(&self, name: &Path) -> PathBuf;
 }
 
+/// Every pid in cgroup `name` (and its children) across `cg`'s hierarchies, deduplicated.
+pub fn members(cg: &dyn Backend, name: &Path) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for dir in cg.dirs(name) {
+        procs_recursive(&dir, &mut pids);
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
 /// Checks a cgroup parent is a relative path of `[A-Za-z0-9._-]` components (it becomes a
 /// directory under every controller); the reason otherwise.
 pub fn validate_parent(parent: &str) -> Result<(), String> {
