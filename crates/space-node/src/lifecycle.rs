@@ -75,9 +75,18 @@ impl Node {
     }
 
     /// The apparent size of a disk snapshot's files.
+    /// For a root that is a disk image (`vm`), the blocks the image holds: its apparent size
+    /// is the guest filesystem's, mostly holes.
     pub async fn snapshot_disk_size(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<u64> {
-        let dir = self.pool.snapshot_dir(session, snapshot);
-        blocking(move || Ok(space_storage::apparent_size(&dir.join("rootfs"))?)).await
+        let rootfs = self.pool.snapshot_dir(session, snapshot).join("rootfs");
+        blocking(move || {
+            use std::os::unix::fs::MetadataExt;
+            match std::fs::symlink_metadata(rootfs.join(space_storage::ROOT_IMAGE)) {
+                Ok(image) if image.is_file() => Ok(image.blocks() * 512),
+                _ => Ok(space_storage::apparent_size(&rootfs)?),
+            }
+        })
+        .await
     }
 
     /// Starts a sandbox whose root is a writable copy of `snapshot` (of `session`), with a
