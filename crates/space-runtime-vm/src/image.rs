@@ -1,5 +1,5 @@
-//! Root disks: raw ext4 images made from a template's root directory, and O(1) copies of
-//! them on btrfs (reflinks).
+//! Root disks: raw ext4 images made from a template's root directory (the node copies them
+//! per sandbox with `space_storage::reflink`).
 //!
 //! Templates are stored shifted into the storage id range (uid 100000 is the sandbox's root,
 //! see `space_api::IdMap`); a guest must see its files owned by 0... The image is filled by
@@ -7,7 +7,6 @@
 //! to 0.., so ownership is translated by the kernel as mkfs reads it, and modes, symlinks,
 //! hard links, device nodes and xattrs are copied as they are.
 
-use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::Command;
@@ -16,9 +15,6 @@ use space_host::idmapped;
 use space_runtime::IdMap;
 
 use crate::error::VmError;
-
-/// `_IOW(0x94, 9, int)` of linux/fs.h.
-const FICLONE: libc::c_ulong = 0x4004_9409;
 
 /// Makes `image` (which must not exist), a raw ext4 filesystem of `size_bytes` holding the
 /// tree at `template_root`, whose ids `storage.host_base..+count` become `0..count`. Root
@@ -62,21 +58,4 @@ fn mapped_tree(root: &Path, storage: IdMap) -> Result<OwnedFd, VmError> {
         .map_err(|e| VmError::Image(format!("id mapping {storage:?} -> 0: {e}")))?;
     idmapped::idmapped_clone(root, &userns)
         .map_err(|e| VmError::Image(format!("idmapped mount of {}: {e}", root.display())))
-}
-
-/// Copies `src` to `dst` (which must not exist) by sharing its extents (FICLONE): O(1) in
-/// the image's size on btrfs (and XFS); fails where the filesystem cannot share extents.
-pub fn clone_disk(src: &Path, dst: &Path) -> io::Result<()> {
-    let source = std::fs::File::open(src)?;
-    let target = std::fs::OpenOptions::new().write(true).create_new(true).open(dst)?;
-    // SAFETY: FICLONE takes the source descriptor as its integer argument; both descriptors
-    // are open for the duration of the call.
-    let rc = unsafe { libc::ioctl(target.as_raw_fd(), FICLONE, source.as_raw_fd()) };
-    if rc < 0 {
-        let err = io::Error::last_os_error();
-        drop(target);
-        let _ = std::fs::remove_file(dst);
-        return Err(err);
-    }
-    Ok(())
 }

@@ -52,7 +52,7 @@ use space_runtime::{Limits, SandboxId, SandboxStats};
 pub use accel::{AccelPolicy, Accelerator, PROBE_TIMEOUT};
 pub use checkpoint::{STATE_FILE, STATE_RECORD};
 pub use error::VmError;
-pub use image::{clone_disk, make_root_image};
+pub use image::make_root_image;
 pub use qemu::{AccelKind, GATEWAY_ADDR, GUEST_ADDR};
 pub use space_runtime::IdMap;
 pub use template::TemplateState;
@@ -143,7 +143,7 @@ impl VmOptions {
 #[derive(Debug, Clone)]
 pub struct VmSpec {
     pub id: SandboxId,
-    /// Raw ext4 image: this sandbox's own copy (e.g. [`clone_disk`] of a template image).
+    /// Raw ext4 image: this sandbox's own copy (a reflink of a template image, `space_storage::reflink`).
     pub disk: PathBuf,
     pub hostname: String,
     /// `memory_mib` is guest RAM (0: [`DEFAULT_MEMORY_MIB`]), `millicpus` sets the vCPUs

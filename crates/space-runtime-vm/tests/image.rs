@@ -6,7 +6,8 @@ use std::os::unix::fs::{PermissionsExt, lchown, symlink};
 use std::path::Path;
 use std::process::Command;
 
-use space_runtime_vm::{IdMap, clone_disk, make_root_image};
+use space_runtime_vm::{IdMap, make_root_image};
+use space_storage::reflink as clone_disk;
 
 fn debugfs(image: &Path, request: &str) -> String {
     let out = Command::new("debugfs").args(["-R", request]).arg(image).output().expect("debugfs");
