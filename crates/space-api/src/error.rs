@@ -48,6 +48,12 @@ pub enum ErrorCode {
     /// The session's disk limit is reached (HTTP 507): its files and the data its snapshots
     /// still hold count against it.
     DiskQuotaExceeded,
+    /// Nothing listens on the sandbox's port the request was for, or it did not answer
+    /// (HTTP 502).
+    PortNotListening,
+    /// The port is not the sandbox's to serve on (a linux sandbox's 80, 443 and 3128 are the
+    /// egress gateway's).
+    PortReserved,
 }
 
 impl ErrorCode {
@@ -58,7 +64,8 @@ impl ErrorCode {
             | ErrorCode::RuntimeUnavailable
             | ErrorCode::NotADirectory
             | ErrorCode::IsADirectory
-            | ErrorCode::DirectoryNotEmpty => 400,
+            | ErrorCode::DirectoryNotEmpty
+            | ErrorCode::PortReserved => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::PermissionDenied => 403,
             ErrorCode::MethodNotAllowed => 405,
@@ -76,6 +83,7 @@ impl ErrorCode {
             ErrorCode::HeadersTooLarge => 431,
             ErrorCode::LimitExceeded => 429,
             ErrorCode::FeatureUnavailable => 501,
+            ErrorCode::PortNotListening => 502,
             ErrorCode::SandboxUnavailable => 503,
             ErrorCode::StorageFull | ErrorCode::DiskQuotaExceeded => 507,
             ErrorCode::Timeout => 504,

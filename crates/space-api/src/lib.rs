@@ -7,6 +7,7 @@ pub mod idmap;
 pub mod ids;
 pub mod node;
 pub mod policy;
+pub mod ports;
 pub mod runtime;
 pub mod types;
 
@@ -15,5 +16,6 @@ pub use idmap::IdMap;
 pub use ids::{CredentialId, IdError, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId};
 pub use node::TemplateInfo;
 pub use policy::{Retention, RetentionTier, SnapshotPolicy};
+pub use ports::{OpenPortRequest, PortAccess, PortList};
 pub use runtime::{RuntimeKind, RuntimeSupport};
 pub use types::*;

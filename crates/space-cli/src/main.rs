@@ -8,6 +8,7 @@ mod exec;
 mod files;
 mod host;
 mod output;
+mod ports;
 mod serve;
 mod sessions;
 mod snapshots;
@@ -69,6 +70,9 @@ enum Command {
     /// Manage templates.
     #[command(subcommand)]
     Template(templates::TemplateCommand),
+    /// Reach servers inside a session: forward a local port, open a port by token or to anyone.
+    #[command(subcommand)]
+    Port(ports::PortCommand),
     /// Manage API keys.
     #[command(subcommand)]
     Key(KeyCommand),
@@ -155,6 +159,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Files(cmd) => files::run(&client, cmd, json).await?,
         Command::Template(cmd) => templates::run(&client, cmd, json).await?,
         Command::Snapshot(cmd) => snapshots::run(&client, cmd, json).await?,
+        Command::Port(cmd) => ports::run(&client, cmd, json).await?,
         Command::Key(KeyCommand::Create { tenant }) => {
             let key: space_api::CreatedKey =
                 client.post_json("/v1/keys", &space_api::CreateKeyRequest { tenant }).await?;

@@ -195,6 +195,38 @@ pub fn print_processes(list: &ProcessList, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+pub fn print_port_access(access: &space_api::PortAccess, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(access);
+    }
+    let who = if access.public { "anyone" } else { "the API key or the token" };
+    println!("port {} is reachable by {who}", access.port);
+    println!("url:     {}", access.url);
+    if let Some(preview) = &access.preview_url {
+        println!("preview: {preview}");
+    }
+    if let Some(token) = &access.token {
+        println!("token:   {token}  (header X-Space-Port-Token, or ?space_token=; shown once)");
+    }
+    Ok(())
+}
+
+pub fn print_ports(list: &space_api::PortList, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(list);
+    }
+    let rows: Vec<Vec<String>> = list
+        .ports
+        .iter()
+        .map(|p| {
+            let access = if p.public { "public" } else { "token" };
+            vec![p.port.to_string(), access.into(), p.preview_url.clone().unwrap_or_else(|| p.url.clone())]
+        })
+        .collect();
+    print_table(&["PORT", "ACCESS", "URL"], &rows);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

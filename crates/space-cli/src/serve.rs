@@ -93,6 +93,11 @@ pub struct ServeArgs {
     /// over; credentials name each host exactly.
     #[arg(long)]
     allow_wildcard_credential_hosts: bool,
+    /// Serve each session's ports at `{port}-{session}.DOMAIN` too (E2B's host scheme; point a
+    /// wildcard DNS name and TLS certificate at this server, or at a proxy in front of it).
+    /// Ports are always reachable at `/v1/sessions/{id}/ports/{port}/`.
+    #[arg(long, value_name = "DOMAIN", value_parser = parse_preview_domain)]
+    preview_domain: Option<String>,
     /// Gateway: let upstream addresses be private, loopback, link-local or the node's own
     /// (off: such addresses are refused, which stops DNS rebinding and sandboxes reaching the
     /// node's own services). For tests and trusted networks.
@@ -237,6 +242,7 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         key_file: args.key_file.clone().unwrap_or_else(|| data_dir.join("keys/master.key")),
         audit_retention: args.audit_retention.0,
         allow_wildcard_credential_hosts: args.allow_wildcard_credential_hosts,
+        preview_domain: args.preview_domain.clone(),
         prepare_templates: args.prepare_templates.unwrap_or_else(|| vec![args.default_template.clone()]),
         default_template: args.default_template,
         default_runtime: args.default_runtime,
@@ -295,6 +301,24 @@ async fn shutdown_signal() {
         _ = int.recv() => {}
     }
     tracing::info!("shutting down; sandboxes keep running and are picked up at the next start");
+}
+
+/// A DNS name (optionally `:port`), lowercased: `{port}-{session}.` is put in front of it.
+fn parse_preview_domain(value: &str) -> Result<String, String> {
+    let domain = value.trim().trim_end_matches('.').to_ascii_lowercase();
+    let (name, port) = domain.rsplit_once(':').map_or((domain.as_str(), None), |(n, p)| (n, Some(p)));
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+    };
+    if name.is_empty() || !name.split('.').all(label_ok) || port.is_some_and(|p| p.parse::<u16>().is_err()) {
+        return Err(format!(
+            "{value:?} is not a domain name such as preview.example.com (or preview.example.com:8080)"
+        ));
+    }
+    Ok(domain)
 }
 
 #[cfg(test)]

@@ -94,18 +94,29 @@ pub async fn require_key(
     mut request: Request,
     next: Next,
 ) -> Result<Response, AppError> {
-    let header = request.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let key = header.and_then(|h| h.strip_prefix("Bearer ")).map(str::trim).ok_or_else(|| {
+    let key = bearer_key(request.headers()).ok_or_else(|| {
         AppError::new(
             ErrorCode::Unauthorized,
             "missing API key: send `Authorization: Bearer <key>` (the admin key is in DATA_DIR/admin.key)",
         )
     })?;
+    let caller = caller_of_key(&state, key).await?;
+    request.extensions_mut().insert(caller);
+    Ok(next.run(request).await)
+}
+
+/// The key of an `Authorization: Bearer <key>` header, if the request has one.
+pub fn bearer_key(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let header = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+    header.and_then(|h| h.strip_prefix("Bearer ")).map(str::trim)
+}
+
+/// Whose `key` is, or 401.
+pub async fn caller_of_key(state: &AppState, key: &str) -> Result<Caller, AppError> {
     let owner = state.store.find_key(&hash_key(key)).await?.ok_or_else(|| {
         AppError::new(ErrorCode::Unauthorized, "unknown API key; create one with `space key create --tenant NAME`")
     })?;
-    request.extensions_mut().insert(Caller { tenant_id: owner.tenant_id, tenant: owner.tenant, admin: owner.admin });
-    Ok(next.run(request).await)
+    Ok(Caller { tenant_id: owner.tenant_id, tenant: owner.tenant, admin: owner.admin })
 }
 
 #[cfg(test)]

@@ -64,7 +64,7 @@ impl From<space_store::StoreError> for AppError {
 
 impl From<space_node_api::NodeError> for AppError {
     fn from(e: space_node_api::NodeError) -> Self {
-        use space_node_api::{NodeError, OutOfSpace};
+        use space_node_api::{NodeError, OutOfSpace, PortFailure};
         match e {
             NodeError::UnknownTemplate { .. } => AppError::new(ErrorCode::UnknownTemplate, e.to_string()),
             NodeError::RuntimeUnavailable { .. } => AppError::new(ErrorCode::RuntimeUnavailable, e.to_string()),
@@ -80,6 +80,12 @@ impl From<space_node_api::NodeError> for AppError {
             }
             NodeError::OutOfSpace { which: OutOfSpace::Quota, source } => {
                 AppError::new(ErrorCode::DiskQuotaExceeded, format!("{QUOTA_EXCEEDED} ({source})"))
+            }
+            NodeError::Port { failure: PortFailure::Unreachable, source } => {
+                AppError::new(ErrorCode::PortNotListening, source.to_string())
+            }
+            NodeError::Port { failure: PortFailure::Reserved, source } => {
+                AppError::new(ErrorCode::PortReserved, source.to_string())
             }
             e => AppError::new(ErrorCode::SandboxUnavailable, format!("node: {e}")),
         }
@@ -265,6 +271,9 @@ pub async fn envelope(request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let response = next.run(request).await;
+    if response.extensions().get::<crate::proxy::Proxied>().is_some() {
+        return response;
+    }
     let status = response.status();
     let is_json = response
         .headers()

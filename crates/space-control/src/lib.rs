@@ -12,6 +12,7 @@ pub mod egress;
 pub mod error;
 pub mod idempotency;
 pub mod keys;
+mod proxy;
 pub mod reconciler;
 pub mod recovery;
 pub mod scheduler;
@@ -58,6 +59,9 @@ pub struct ServerConfig {
     pub allow_wildcard_credential_hosts: bool,
     /// Connection cap and timeouts of the HTTP server.
     pub http: HttpLimits,
+    /// The domain under which `{port}-{session}.{domain}` reaches a session's port (`None`:
+    /// ports only through `/v1/sessions/{id}/ports/{port}/`).
+    pub preview_domain: Option<String>,
 }
 
 /// Shared by every handler; cheap to clone.
@@ -89,6 +93,8 @@ pub struct AppState {
     /// Connection cap and timeouts of the HTTP server ([`serve`]); handlers of WebSockets
     /// read their idle timeout here.
     pub http: HttpLimits,
+    /// See [`ServerConfig::preview_domain`].
+    pub preview_domain: Option<String>,
 }
 
 impl AppState {
@@ -150,6 +156,7 @@ pub async fn start(
         allow_wildcard_credential_hosts: config.allow_wildcard_credential_hosts,
         watches: Default::default(),
         http: config.http.clone(),
+        preview_domain: config.preview_domain.clone(),
     };
     egress::spawn_audit_writer(&state);
     if let Some(retention) = config.audit_retention {

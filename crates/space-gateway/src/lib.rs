@@ -26,6 +26,10 @@ use space_api::{CredentialId, SandboxId, SessionId};
 pub const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 254, 254, 1);
 /// The explicit proxy's port.
 pub const PROXY_PORT: u16 = 3128;
+/// Where plain HTTP to any address lands in a sandbox's namespace.
+pub const HTTP_PORT: u16 = 80;
+/// Where TLS to any address lands in a sandbox's namespace.
+pub const HTTPS_PORT: u16 = 443;
 /// Where the session CA's certificate is written in the sandbox.
 pub const CA_CERT_PATH: &str = "/etc/space/ca.crt";
 /// The template's trusted roots plus the session CA.

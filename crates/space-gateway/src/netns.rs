@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use nix::sched::{CloneFlags, setns};
 
-use crate::{GatewayError, PROXY_PORT};
+use crate::{GatewayError, HTTP_PORT, HTTPS_PORT, PROXY_PORT};
 
 /// Pending connections per listener; a sandbox may open many at once (package installs).
 const BACKLOG: i32 = 1024;
@@ -41,8 +41,8 @@ pub(crate) fn open_sandbox_sockets(netns: OwnedFd) -> Result<SandboxSockets, Gat
             space_netns::route_every_address_to_loopback().map_err(|e| GatewayError::Netns(e.to_string()))?;
             Ok(SandboxSockets {
                 proxy: listen(PROXY_PORT)?,
-                http: listen(80)?,
-                https: listen(443)?,
+                http: listen(HTTP_PORT)?,
+                https: listen(HTTPS_PORT)?,
                 dns: bind_udp(53)?,
             })
         })

@@ -42,12 +42,33 @@ pub enum NodeError {
     /// Disk space ran out: the pool's, or the session's limit.
     #[error("out of disk space ({which:?})")]
     OutOfSpace { which: OutOfSpace, source: Box<dyn std::error::Error + Send + Sync + 'static> },
+    /// A port of the sandbox could not be connected to.
+    #[error("{source}")]
+    Port { failure: PortFailure, source: Box<dyn std::error::Error + Send + Sync + 'static> },
     /// Anything else: the node's own error, kept whole as the source.
     #[error(transparent)]
     Failed(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 pub type Result<T, E = NodeError> = std::result::Result<T, E>;
+
+/// Why a port of a sandbox could not be connected to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortFailure {
+    /// Nothing listens there, or it did not answer.
+    Unreachable,
+    /// The port is not the sandbox's to serve on (the gateway's, or 0).
+    Reserved,
+}
+
+/// A byte stream to a server inside a sandbox.
+pub trait PortIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> PortIo for T {}
+
+/// What [`NodeApi::connect_port`] returns: a TCP connection for the in-process node, a
+/// tunnel for a remote one.
+pub type PortStream = Box<dyn PortIo>;
 
 /// Which disk space ran out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,4 +277,8 @@ pub trait NodeApi: EgressControl + 'static {
     async fn reattach_gateway(&self, handle: &SandboxHandle, session: &SessionId) -> Result<()>;
     /// The gateway's audit events; the first caller gets them, later ones `None`.
     fn take_audit_events(&self) -> Option<UnboundedReceiver<AuditEvent>>;
+
+    /// A connection to `port` of the server inside the running `sandbox`, opened from within
+    /// the sandbox's network namespace (nothing gives the sandbox a path out).
+    async fn connect_port(&self, sandbox: &SandboxId, port: u16) -> Result<PortStream>;
 }

@@ -78,6 +78,13 @@ pub enum SimError {
     },
     #[error("the {runtime} runtime is unavailable: {reason}")]
     NoRuntime { runtime: RuntimeKind, reason: String },
+    #[error("nothing listens on port {port} of sandbox {sandbox} ({source})")]
+    PortUnreachable {
+        sandbox: SandboxId,
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("connecting to the simulated agent of {sandbox}: {source}")]
     Agent {
         sandbox: SandboxId,
@@ -91,6 +98,9 @@ impl From<SimError> for NodeError {
         match e {
             SimError::OutOfSpace(_, which) => NodeError::OutOfSpace { which, source: Box::new(e) },
             SimError::NoRuntime { runtime, reason } => NodeError::RuntimeUnavailable { runtime, reason },
+            SimError::PortUnreachable { .. } => {
+                NodeError::Port { failure: space_node_api::PortFailure::Unreachable, source: Box::new(e) }
+            }
             e => NodeError::Failed(Box::new(e)),
         }
     }
@@ -157,6 +167,8 @@ struct State {
     out_of_space: HashMap<Op, OutOfSpace>,
     /// Whose disk each sandbox's root is charged to.
     disk: HashMap<SandboxId, DiskQuota>,
+    /// Where each sandbox's ports are served: real listeners a test runs on loopback.
+    ports: HashMap<(SandboxId, u16), std::net::SocketAddr>,
     background: bool,
     next_pid: u32,
 }
@@ -195,6 +207,7 @@ impl SimNode {
             hang: HashSet::new(),
             out_of_space: HashMap::new(),
             disk: HashMap::new(),
+            ports: HashMap::new(),
             background: false,
             next_pid: 1000,
         };
@@ -310,6 +323,12 @@ impl SimNode {
     }
 
     /// Whether the gateway knows `session`'s egress.
+    /// From now on, connections to `port` of `sandbox` reach the server at `addr` (one the
+    /// test runs on loopback).
+    pub fn serve_port(&self, sandbox: &SandboxId, port: u16, addr: std::net::SocketAddr) {
+        self.state().ports.insert((sandbox.clone(), port), addr);
+    }
+
     pub fn has_egress(&self, session: &SessionId) -> bool {
         self.state().egress.contains_key(session)
     }

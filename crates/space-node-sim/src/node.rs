@@ -9,7 +9,8 @@ use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, Progress, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::SessionEgress;
 use space_node_api::{
-    DiskQuota, DiskUsage, EgressControl, Limits, NodeApi, NodeError, ProgressFn, Result, SandboxHandle, SandboxStats,
+    DiskQuota, DiskUsage, EgressControl, Limits, NodeApi, NodeError, PortStream, ProgressFn, Result, SandboxHandle,
+    SandboxStats,
 };
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -300,5 +301,17 @@ impl NodeApi for SimNode {
 
     fn take_audit_events(&self) -> Option<UnboundedReceiver<AuditEvent>> {
         self.audit_events.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    async fn connect_port(&self, sandbox: &SandboxId, port: u16) -> Result<PortStream> {
+        let addr = {
+            let state = self.state();
+            state.running(sandbox)?;
+            state.ports.get(&(sandbox.clone(), port)).copied()
+        };
+        let unreachable = |source| SimError::PortUnreachable { sandbox: sandbox.clone(), port, source };
+        let addr = addr.ok_or_else(|| unreachable(std::io::ErrorKind::ConnectionRefused.into()))?;
+        let stream = tokio::net::TcpStream::connect(addr).await.map_err(unreachable)?;
+        Ok(Box::new(stream))
     }
 }

@@ -16,6 +16,7 @@ use space_runtime::{Limits, RuntimeError, SandboxHandle};
 use space_storage::TemplateInfo;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::ports::PortError;
 use crate::{Node, NodeError, hostname_for};
 
 impl From<NodeError> for api::NodeError {
@@ -24,6 +25,13 @@ impl From<NodeError> for api::NodeError {
             NodeError::UnknownTemplate { name, available } => api::NodeError::UnknownTemplate { name, available },
             NodeError::Runtime(RuntimeError::CheckpointUnavailable(why)) => api::NodeError::CheckpointUnavailable(why),
             NodeError::RuntimeUnavailable { runtime, reason } => api::NodeError::RuntimeUnavailable { runtime, reason },
+            NodeError::Port(e) => {
+                let failure = match e {
+                    PortError::Reserved { .. } | PortError::Zero => api::PortFailure::Reserved,
+                    PortError::NotListening { .. } | PortError::Timeout { .. } => api::PortFailure::Unreachable,
+                };
+                api::NodeError::Port { failure, source: Box::new(e) }
+            }
             other => match other.out_of_space() {
                 Some(which) => api::NodeError::OutOfSpace { which, source: Box::new(other) },
                 None => api::NodeError::Failed(Box::new(other)),
@@ -234,5 +242,9 @@ impl NodeApi for Node {
 
     fn take_audit_events(&self) -> Option<UnboundedReceiver<AuditEvent>> {
         Node::take_audit_events(self)
+    }
+
+    async fn connect_port(&self, sandbox: &SandboxId, port: u16) -> Result<api::PortStream> {
+        Ok(Box::new(Node::connect_port(self, sandbox, port).await?))
     }
 }

@@ -12,6 +12,7 @@ pub(crate) use disk::charge;
 mod egress;
 mod images;
 mod lifecycle;
+mod ports;
 mod runtimes;
 mod templates;
 mod warm;
@@ -92,6 +93,10 @@ pub enum NodeError {
     Agent { sandbox: SandboxId, reason: String },
     #[error("the egress gateway: {0}")]
     Gateway(String),
+    #[error(transparent)]
+    Port(#[from] ports::PortError),
+    #[error("sandbox {0} is not running on this node")]
+    NotRunning(SandboxId),
     #[error("internal: {0}")]
     Internal(String),
 }

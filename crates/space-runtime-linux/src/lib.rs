@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use space_runtime::{
-    AgentTransport, CheckpointArtifacts, CheckpointStats, Limits, RootDisk, RootDiskKind, Runtime, RuntimeError,
-    RuntimeKind, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
+    AgentTransport, CheckpointArtifacts, CheckpointStats, Limits, PortAddress, RootDisk, RootDiskKind, Runtime,
+    RuntimeError, RuntimeKind, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
 };
 use space_sandbox_init::sync::{InitConfig, ToInit};
 
@@ -525,6 +525,15 @@ impl Runtime for LinuxRuntime {
             }
             _ => false,
         }
+    }
+
+    fn tracked_handle(&self, id: &SandboxId) -> Option<SandboxHandle> {
+        let pid = self.tracked.lock().expect("tracked lock").get(id).map(|t| t.pid)?;
+        Some(SandboxHandle { id: id.clone(), runtime: RuntimeKind::Linux, pid })
+    }
+
+    fn port_address(&self) -> PortAddress {
+        PortAddress::SharedLoopback
     }
 
     fn network_namespace(&self, handle: &SandboxHandle) -> Result<OwnedFd, RuntimeError> {

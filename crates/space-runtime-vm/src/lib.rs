@@ -438,8 +438,12 @@ impl VmRuntime {
 
     /// Resident memory of the VMM process itself (RSS), if it runs.
     pub fn vmm_rss_bytes(&self, id: &SandboxId) -> Option<u64> {
-        let pid = self.tracked.lock().expect("tracked lock").get(id).map(|t| t.pid)?;
-        sys::rss_bytes(pid)
+        sys::rss_bytes(self.tracked_pid(id)?)
+    }
+
+    /// The VMM's pid, while this instance tracks the VM.
+    pub fn tracked_pid(&self, id: &SandboxId) -> Option<u32> {
+        self.tracked.lock().expect("tracked lock").get(id).map(|t| t.pid)
     }
 
     /// Every VM with runtime resources on this node, alive or not.

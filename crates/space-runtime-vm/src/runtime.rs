@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use space_proto::client::AgentClient;
 use space_runtime::{
-    AgentTransport, CheckpointArtifacts, CheckpointStats, Limits, RootDisk, RootDiskKind, Runtime, RuntimeError,
-    RuntimeKind, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
+    AgentTransport, CheckpointArtifacts, CheckpointStats, Limits, PortAddress, RootDisk, RootDiskKind, Runtime,
+    RuntimeError, RuntimeKind, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
 };
 
 use crate::{VmError, VmHandle, VmRuntime, VmSpec};
@@ -82,6 +82,15 @@ impl Runtime for VmRuntime {
 
     fn network_namespace(&self, handle: &SandboxHandle) -> Result<OwnedFd, RuntimeError> {
         Ok(VmRuntime::network_namespace(self, &self.vm_handle(handle))?)
+    }
+
+    fn tracked_handle(&self, id: &SandboxId) -> Option<SandboxHandle> {
+        let pid = VmRuntime::tracked_pid(self, id)?;
+        Some(SandboxHandle { id: id.clone(), runtime: RuntimeKind::Vm, pid })
+    }
+
+    fn port_address(&self) -> PortAddress {
+        PortAddress::Guest(crate::GUEST_ADDR)
     }
 
     async fn wait_exit(&self, handle: &SandboxHandle) {

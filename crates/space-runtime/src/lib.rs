@@ -76,6 +76,17 @@ pub struct SandboxHandle {
     pub pid: u32,
 }
 
+/// Where servers inside a sandbox are reached from its network namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortAddress {
+    /// The namespace's own loopback: the sandbox's processes share the namespace, and with it
+    /// the gateway's listeners, whose ports are then not the sandbox's.
+    SharedLoopback,
+    /// A guest kernel's address behind the namespace's TAP device: every port there is the
+    /// guest's own.
+    Guest(std::net::Ipv4Addr),
+}
+
 /// How the node reaches a sandbox's `spaced`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AgentTransport {
@@ -202,6 +213,10 @@ pub trait Runtime: Send + Sync + 'static {
     /// when the sandbox no longer runs.
     fn network_namespace(&self, handle: &SandboxHandle) -> Result<OwnedFd, RuntimeError>;
 
+    /// Where a server listening inside the sandbox is reached from its
+    /// [`Runtime::network_namespace`] (the node's port proxy connects there).
+    fn port_address(&self) -> PortAddress;
+
     /// Resolves when the sandbox's process has exited.
     async fn wait_exit(&self, handle: &SandboxHandle);
 
@@ -218,6 +233,9 @@ pub trait Runtime: Send + Sync + 'static {
     /// Ids of every sandbox that has runtime resources on this node, alive or not; the node
     /// destroys those no session owns.
     fn list(&self) -> Result<Vec<SandboxId>, RuntimeError>;
+
+    /// The handle of a sandbox this instance started or adopted, while it tracks it.
+    fn tracked_handle(&self, id: &SandboxId) -> Option<SandboxHandle>;
 
     /// The checkpoint tool in use (e.g. `CRIU 4.2.1`), or why sandboxes cannot be checkpointed.
     fn checkpoint_support(&self) -> Result<String, String>;

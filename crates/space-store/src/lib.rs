@@ -10,6 +10,7 @@ mod credentials;
 mod idempotency;
 mod network;
 mod operations;
+mod ports;
 mod sealed;
 mod sessions;
 mod snapshots;
@@ -27,6 +28,7 @@ pub use credentials::{CredentialChange, CredentialRecord, NewCredential, Placeho
 pub use idempotency::IdempotencyBegin;
 pub use network::{NewSessionEgress, SessionEgressRecord};
 pub use operations::{NewOperation, OperationKind, OperationRecord};
+pub use ports::PortRecord;
 pub use sealed::{SealedOwner, SealedValue};
 pub use sessions::{NewSandbox, NewSession, SandboxRecord, SessionRecord};
 pub use snapshots::NewSnapshot;

@@ -436,7 +436,7 @@ pub(crate) async fn insert_session_tx(
     Ok(op_id)
 }
 
-async fn insert_event(
+pub(crate) async fn insert_event(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     id: &SessionId,
     kind: &str,
@@ -459,11 +459,11 @@ async fn insert_event(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::test_store;
 
-    async fn new_session(store: &Store, tenant: &str) -> (TenantId, SessionId) {
+    pub(crate) async fn new_session(store: &Store, tenant: &str) -> (TenantId, SessionId) {
         let tenant_id = store.ensure_tenant(tenant).await.unwrap();
         let id = SessionId::generate();
         let new = NewSession {

@@ -9,6 +9,7 @@ mod network;
 pub(crate) use lifecycle::take_snapshot;
 pub(crate) use suspend::suspend_session;
 mod pool;
+mod ports;
 mod sessions;
 mod suspend;
 mod system;
@@ -21,7 +22,7 @@ use std::collections::HashMap;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Extension, Router};
 use space_api::{ErrorCode, SandboxId, Session, SessionId, SessionState};
 use space_store::Store;
@@ -53,6 +54,7 @@ pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
         credentials::create_credential, credentials::list_credentials, credentials::get_credential,
         credentials::update_credential, credentials::delete_credential,
         network::get_network, network::update_network, network::grant, network::revoke, network::audit,
+        ports::open_port, ports::get_port, ports::list_ports, ports::close_port, ports::proxy_path, ports::tunnel,
     ),
     modifiers(&BearerAuth),
     security(("api_key" = []))
@@ -123,6 +125,9 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/grants", post(network::grant))
         .route("/sessions/{id}/grants/{name}", axum::routing::delete(network::revoke))
         .route("/sessions/{id}/audit", get(network::audit))
+        .route("/sessions/{id}/ports", get(ports::list_ports))
+        .route("/sessions/{id}/ports/{port}", post(ports::open_port).get(ports::get_port).delete(ports::close_port))
+        .route("/sessions/{id}/tunnel/{port}", get(ports::tunnel))
         .nest("/sessions/{id}/files", files)
         .route_layer(idempotent())
         .route_layer(middleware::from_fn_with_state(state.store.clone(), require_session));
@@ -148,8 +153,12 @@ pub fn router(state: AppState) -> Router {
     let app = Router::new()
         .route("/v1/health", get(system::health))
         .route("/v1/openapi.json", get(|| async { ([("content-type", "application/json")], openapi_json()) }))
+        // Authorized by the proxy itself: a port's token or public access need no API key.
+        .route("/v1/sessions/{id}/ports/{port}/", any(ports::proxy_path))
+        .route("/v1/sessions/{id}/ports/{port}/{*path}", any(ports::proxy_path))
         .nest("/v1", authed)
         .fallback(|| async { AppError::new(ErrorCode::NotFound, "no such endpoint; see /v1/openapi.json") })
+        .layer(middleware::from_fn_with_state(state.clone(), ports::preview_host))
         .with_state(state);
     harden(app)
 }
@@ -199,6 +208,12 @@ async fn find_session_in(store: &Store, caller: &Caller, id: &str) -> AppResult<
 /// The sandbox of a running session, or a 409 that says what state it is in.
 pub(crate) async fn running_sandbox(state: &AppState, caller: &Caller, id: &str) -> AppResult<(Session, SandboxId)> {
     let session = find_session(state, caller, id).await?;
+    sandbox_of_running(state, session)
+}
+
+/// [`running_sandbox`] of a session already found (and authorized).
+pub(crate) fn sandbox_of_running(state: &AppState, session: Session) -> AppResult<(Session, SandboxId)> {
+    let id = session.id.clone();
     match (session.state, session.sandbox_id.clone()) {
         (SessionState::Running, Some(sandbox)) => {
             state.activity.touch(&session.id);

@@ -214,6 +214,9 @@ impl Stopped {
     }
 }
 
+/// The server's preview domain: `{port}-{session}.preview.test` hosts reach ports.
+pub const PREVIEW_DOMAIN: &str = "preview.test";
+
 /// The disk limit of sessions created without one.
 pub const DEFAULT_DISK_MIB: u64 = 1024;
 
@@ -234,6 +237,7 @@ async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeA
         allow_wildcard_credential_hosts: false,
         http: HttpLimits::default(),
         default_disk_mib: DEFAULT_DISK_MIB,
+        preview_domain: Some(PREVIEW_DOMAIN.into()),
     };
     let state = space_control::start(&config, async |_node_id: &str| Ok(node)).await.expect("the control plane starts");
     tokio::spawn(space_control::serve(state, listener, std::future::pending()));

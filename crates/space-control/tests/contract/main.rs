@@ -11,6 +11,7 @@ mod harness;
 mod idempotency;
 mod lifecycle;
 mod pool;
+mod ports;
 mod recovery;
 mod runtimes;
 mod tenancy;
