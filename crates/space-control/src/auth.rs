@@ -181,9 +181,9 @@ fn check_in_effect(key: &KeyRecord, now: i64) -> Result<(), AppError> {
         return Err(AppError::new(
             ErrorCode::KeyRevoked,
             format!(
-                "API key {} was revoked; use the key that replaced it (`space key rotate` prints it) or ask the \
-                 admin for a new one (`space key create --tenant {}`)",
-                key.id, key.tenant
+                "API key {} was revoked; use another key of tenant {} (a rotation prints the key that replaces \
+                 the one it revokes), or ask the admin for a new one (`space key create --tenant {}`)",
+                key.id, key.tenant, key.tenant
             ),
         ));
     }

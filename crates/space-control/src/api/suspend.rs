@@ -100,8 +100,9 @@ pub(crate) async fn wake(state: &AppState, caller: &Caller, session: &Session) -
         return Ok(session);
     }
     tracing::info!(session = %session.id, "resuming a suspended session on use (auto_resume)");
+    let resumed = resume_locked(state, caller, &session).await?;
     state.store.record_event(&session.id, "auto_resume", "resumed on use: a call needed its sandbox").await?;
-    resume_locked(state, caller, &session).await
+    Ok(resumed)
 }
 
 /// 409 `session_suspended`: how to resume it, or make calls resume it.

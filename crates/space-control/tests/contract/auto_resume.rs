@@ -102,3 +102,23 @@ async fn a_paused_session_is_not_resumed_and_says_how() {
     assert!(error_of(&reply.1).1.contains("resume"), "{}", reply.1);
     assert_eq!(server.get(&id).await["state"], "paused", "a pause is the user's: it stays");
 }
+
+#[tokio::test]
+async fn a_wake_over_the_tenants_quota_is_refused_and_leaves_it_suspended() {
+    let server = Server::start().await;
+    let key = server.tenant_key("acme").await;
+    let (status, _) = server.call("PUT", "/v1/tenants/acme/quota", Some(json!({ "max_cpus": 1 }))).await;
+    assert_eq!(status, 200);
+    let (_, session) = server.call_as(&key, "POST", "/v1/sessions", Some(json!({ "auto_resume": true }))).await;
+    let id = session["id"].as_str().unwrap().to_owned();
+    assert_eq!(server.call_as(&key, "POST", &format!("/v1/sessions/{id}/suspend"), None).await.0, 200);
+    server.session_as(&key).await;
+
+    let body = json!({ "cmd": ["true"] });
+    let reply = server.call_as(&key, "POST", &format!("/v1/sessions/{id}/exec"), Some(body)).await;
+    assert_error(&reply, 429, "quota_exceeded");
+    let (_, session) = server.call_as(&key, "GET", &format!("/v1/sessions/{id}"), None).await;
+    assert_eq!(session["state"], "suspended", "{session}");
+    let (_, events) = server.call_as(&key, "GET", &format!("/v1/sessions/{id}/events"), None).await;
+    assert!(!events["events"].as_array().unwrap().iter().any(|e| e["kind"] == "auto_resume"), "{events}");
+}
