@@ -10,10 +10,16 @@ use utoipa::ToSchema;
 pub enum ErrorCode {
     BadRequest,
     Unauthorized,
+    /// The API key was revoked (`DELETE /v1/keys/{id}`, or replaced by a rotation).
+    KeyRevoked,
+    /// The API key's expiry has passed.
+    KeyExpired,
     Forbidden,
     NotFound,
     Conflict,
     InvalidState,
+    /// The session is suspended and was not created with `auto_resume`: resume it first.
+    SessionSuspended,
     IdempotencyConflict,
     PayloadTooLarge,
     UnknownTemplate,
@@ -48,6 +54,9 @@ pub enum ErrorCode {
     /// The session's disk limit is reached (HTTP 507): its files and the data its snapshots
     /// still hold count against it.
     DiskQuotaExceeded,
+    /// The tenant's quota (sessions, CPUs, memory or disk) would be exceeded (HTTP 429); the
+    /// message names the limit, what is in use and what the request asked for.
+    QuotaExceeded,
 }
 
 impl ErrorCode {
@@ -59,7 +68,7 @@ impl ErrorCode {
             | ErrorCode::NotADirectory
             | ErrorCode::IsADirectory
             | ErrorCode::DirectoryNotEmpty => 400,
-            ErrorCode::Unauthorized => 401,
+            ErrorCode::Unauthorized | ErrorCode::KeyRevoked | ErrorCode::KeyExpired => 401,
             ErrorCode::Forbidden | ErrorCode::PermissionDenied => 403,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::RequestTimeout => 408,
@@ -68,13 +77,15 @@ impl ErrorCode {
             | ErrorCode::NoSuchProcess
             | ErrorCode::SnapshotNotFound
             | ErrorCode::CredentialNotFound => 404,
-            ErrorCode::Conflict | ErrorCode::InvalidState | ErrorCode::IdempotencyConflict | ErrorCode::FileExists => {
-                409
-            }
+            ErrorCode::Conflict
+            | ErrorCode::InvalidState
+            | ErrorCode::SessionSuspended
+            | ErrorCode::IdempotencyConflict
+            | ErrorCode::FileExists => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::UriTooLong => 414,
             ErrorCode::HeadersTooLarge => 431,
-            ErrorCode::LimitExceeded => 429,
+            ErrorCode::LimitExceeded | ErrorCode::QuotaExceeded => 429,
             ErrorCode::FeatureUnavailable => 501,
             ErrorCode::SandboxUnavailable => 503,
             ErrorCode::StorageFull | ErrorCode::DiskQuotaExceeded => 507,
@@ -190,6 +201,10 @@ mod tests {
             (ErrorCode::RequestTimeout, 408),
             (ErrorCode::UriTooLong, 414),
             (ErrorCode::HeadersTooLarge, 431),
+            (ErrorCode::KeyRevoked, 401),
+            (ErrorCode::KeyExpired, 401),
+            (ErrorCode::SessionSuspended, 409),
+            (ErrorCode::QuotaExceeded, 429),
         ] {
             assert_eq!(code.http_status(), status, "{code:?}");
         }

@@ -8,12 +8,14 @@ pub mod ids;
 pub mod node;
 pub mod policy;
 pub mod runtime;
+pub mod tenancy;
 pub mod types;
 
 pub use error::{ApiError, ErrorBody, ErrorCode};
 pub use idmap::IdMap;
-pub use ids::{CredentialId, IdError, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId};
+pub use ids::{CredentialId, IdError, KeyId, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId};
 pub use node::TemplateInfo;
 pub use policy::{Retention, RetentionTier, SnapshotPolicy};
 pub use runtime::{RuntimeKind, RuntimeSupport};
+pub use tenancy::*;
 pub use types::*;

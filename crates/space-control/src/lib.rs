@@ -89,6 +89,8 @@ pub struct AppState {
     /// Connection cap and timeouts of the HTTP server ([`serve`]); handlers of WebSockets
     /// read their idle timeout here.
     pub http: HttpLimits,
+    /// `DATA_DIR/admin.key`: a rotation of the admin key it holds writes the new key there.
+    pub admin_key_file: PathBuf,
 }
 
 impl AppState {
@@ -130,9 +132,8 @@ pub async fn start(
         .await
         .map_err(context("loading the key of idempotency fingerprints"))?;
     let node = open_node(&node_id).await.map_err(context("starting the node"))?;
-    auth::bootstrap_admin_key(&store, &config.data_dir.join("admin.key"))
-        .await
-        .map_err(context("creating the admin key"))?;
+    let admin_key_file = config.data_dir.join("admin.key");
+    auth::bootstrap_admin_key(&store, &admin_key_file).await.map_err(context("creating the admin key"))?;
     let reconciler = Reconciler::new();
     let state = AppState {
         store,
@@ -150,6 +151,7 @@ pub async fn start(
         allow_wildcard_credential_hosts: config.allow_wildcard_credential_hosts,
         watches: Default::default(),
         http: config.http.clone(),
+        admin_key_file,
     };
     egress::spawn_audit_writer(&state);
     if let Some(retention) = config.audit_retention {
