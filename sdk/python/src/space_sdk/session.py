@@ -415,11 +415,15 @@ class Session:
         return self._set(self._transport.json("PATCH", self._path, json=body)).info
 
     def destroy(self) -> None:
-        """Destroys the session and everything in it (its snapshots too)."""
+        """Destroys the session and everything in it (its snapshots too), and lets go of its
+        connection (:meth:`close`). Destroying it again does nothing."""
+        if self.info.state == SessionState.DESTROYED and self._closed:
+            return
         try:
             self._set(self._transport.json("DELETE", self._path, headers=idempotency_headers()))
         except NotFoundError:
-            pass  # already gone: what was asked for
+            self.info.state = SessionState.DESTROYED  # already gone: what was asked for
+        self.close()
 
     kill = destroy
 

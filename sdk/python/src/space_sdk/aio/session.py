@@ -377,10 +377,13 @@ class AsyncSession:
         return self._set(await self._transport.json("PATCH", self._path, json=body)).info
 
     async def destroy(self) -> None:
+        if self.info.state == SessionState.DESTROYED and self._closed:
+            return
         try:
             self._set(await self._transport.json("DELETE", self._path, headers=idempotency_headers()))
         except NotFoundError:
-            pass
+            self.info.state = SessionState.DESTROYED  # already gone: what was asked for
+        await self.close()
 
     kill = destroy
 
