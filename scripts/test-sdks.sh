@@ -32,6 +32,7 @@ fi
 
 CGROUP_PARENT=space-sdk-tests
 DATA_DIR=$(mktemp -d /var/tmp/space-sdk-tests-XXXXXX)
+chmod 755 "$DATA_DIR" # sandboxes run as mapped uids: every parent of their roots must be searchable
 LOG="$DATA_DIR.log"
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 SERVER_PID=
