@@ -84,6 +84,7 @@ OPERATIONS = {
     ("GET", "/v1/sessions/{id}/audit"): "Network.audit",
     ("GET", "/v1/sessions/{id}/ports"): "Ports.list",
     ("POST", "/v1/sessions/{id}/ports/{port}"): "Ports.expose",
+    ("GET", "/v1/sessions/{id}/ports/{port}"): "Ports.get",
     ("DELETE", "/v1/sessions/{id}/ports/{port}"): "Ports.close",
 }
 

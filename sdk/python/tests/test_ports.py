@@ -85,6 +85,7 @@ def test_a_private_port_takes_its_token_and_a_public_one_anything(web):
     public = web.ports.expose(8000, public=True)
     assert public.public and httpx.get(url, timeout=30).status_code == 200
     assert 8000 in [p.port for p in web.ports.list()]
+    assert web.ports.get(8000).public and web.ports.get(8000).token is None
     web.ports.close(8000)
     assert httpx.get(url, timeout=30).status_code in (401, 403)
 

@@ -145,7 +145,12 @@ class Ports:
             self._preview[int(port)] = access.preview_url
         return access
 
+    def get(self, port: int) -> PortAccess:
+        """How ``port`` is reached now (opened or not; a token is shown only by ``expose``)."""
+        return PortAccess.from_json(self._session._transport.json("GET", f"{self._session._path}/ports/{int(port)}"))
+
     def list(self) -> List[PortAccess]:
+        """The session's opened ports."""
         return [
             PortAccess.from_json(p)
             for p in self._session._transport.json("GET", f"{self._session._path}/ports")["ports"]

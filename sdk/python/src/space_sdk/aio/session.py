@@ -132,6 +132,11 @@ class AsyncPorts:
             self._preview[int(port)] = access.preview_url
         return access
 
+    async def get(self, port: int) -> PortAccess:
+        return PortAccess.from_json(
+            await self._session._transport.json("GET", f"{self._session._path}/ports/{int(port)}")
+        )
+
     async def list(self) -> List[PortAccess]:
         data = await self._session._transport.json("GET", f"{self._session._path}/ports")
         return [PortAccess.from_json(p) for p in data["ports"]]
