@@ -54,15 +54,22 @@ def test_a_quota_refuses_the_next_create_naming_the_limit(admin, server):
     quota = admin.quotas.set(tenant, max_sessions=1)
     assert quota.max_sessions == 1 and quota.max_cpus is None
     with Client(server["url"], key) as tenant_client:
-        first = Session.create(template=TEMPLATE, client=tenant_client)
+        made = [Session.create(template=TEMPLATE, client=tenant_client)]
         try:
             assert admin.quotas.get(tenant).usage.sessions == 1
-            with pytest.raises(QuotaExceededError) as refused:
-                Session.create(template=TEMPLATE, client=tenant_client)
-            assert (refused.value.status, refused.value.code) == (429, "quota_exceeded")
-            assert "max_sessions" in refused.value.message or "sessions" in refused.value.message
-            with pytest.raises(QuotaExceededError):
-                first.fork()
+            try:
+                made.append(Session.create(template=TEMPLATE, client=tenant_client))
+            except QuotaExceededError as refused:
+                assert (refused.status, refused.code) == (429, "quota_exceeded")
+                assert "session" in refused.message, refused.message
+            else:
+                pytest.fail("a second session was created beyond max_sessions=1")
+            try:
+                made.extend(made[0].fork())
+            except QuotaExceededError:
+                pass
+            else:
+                pytest.fail("a fork was created beyond max_sessions=1")
         finally:
-            first.destroy()
-            first.close()
+            for session in made:  # this tenant's sessions are not swept by the fixtures
+                session.destroy()
