@@ -105,8 +105,10 @@ def test_the_gateways_ports_are_reserved(session):
 
 def test_another_tenants_session_is_404(web, server, admin):
     stranger = admin.keys.create(unique("stranger")).key
+    assert httpx.get(web.ports.url(8000), headers=web.ports.headers, timeout=30).status_code == 200
     response = httpx.get(web.ports.url(8000), headers={"Authorization": f"Bearer {stranger}"}, timeout=30)
     assert response.status_code == 404
+    assert error_from_body(404, response.content).code == "not_found"
 
 
 def test_a_websocket_through_the_proxy(session):
