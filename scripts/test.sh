@@ -12,3 +12,5 @@ cargo test --workspace -- --test-threads 4
 # The suites that hold for both runtimes, again with every session a QEMU microvm (the vm
 # runtime; tests/vm.rs above checks what only a VM has).
 SPACE_TEST_RUNTIME=vm cargo test -p space-cli --test exec --test files --test egress --test pool --test recovery -- --test-threads 2
+# The SDKs against a live server of their own (Python; TypeScript when sdk/typescript exists).
+scripts/test-sdks.sh

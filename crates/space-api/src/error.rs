@@ -10,10 +10,16 @@ use utoipa::ToSchema;
 pub enum ErrorCode {
     BadRequest,
     Unauthorized,
+    /// The API key was revoked (`DELETE /v1/keys/{id}`, or replaced by a rotation).
+    KeyRevoked,
+    /// The API key's expiry has passed.
+    KeyExpired,
     Forbidden,
     NotFound,
     Conflict,
     InvalidState,
+    /// The session is suspended and was not created with `auto_resume`: resume it first.
+    SessionSuspended,
     IdempotencyConflict,
     PayloadTooLarge,
     UnknownTemplate,
@@ -54,6 +60,9 @@ pub enum ErrorCode {
     /// The port is not the sandbox's to serve on (a linux sandbox's 80, 443 and 3128 are the
     /// egress gateway's).
     PortReserved,
+    /// The tenant's quota (sessions, CPUs, memory or disk) would be exceeded (HTTP 429); the
+    /// message names the limit, what is in use and what the request asked for.
+    QuotaExceeded,
 }
 
 impl ErrorCode {
@@ -66,7 +75,7 @@ impl ErrorCode {
             | ErrorCode::IsADirectory
             | ErrorCode::DirectoryNotEmpty
             | ErrorCode::PortReserved => 400,
-            ErrorCode::Unauthorized => 401,
+            ErrorCode::Unauthorized | ErrorCode::KeyRevoked | ErrorCode::KeyExpired => 401,
             ErrorCode::Forbidden | ErrorCode::PermissionDenied => 403,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::RequestTimeout => 408,
@@ -75,13 +84,15 @@ impl ErrorCode {
             | ErrorCode::NoSuchProcess
             | ErrorCode::SnapshotNotFound
             | ErrorCode::CredentialNotFound => 404,
-            ErrorCode::Conflict | ErrorCode::InvalidState | ErrorCode::IdempotencyConflict | ErrorCode::FileExists => {
-                409
-            }
+            ErrorCode::Conflict
+            | ErrorCode::InvalidState
+            | ErrorCode::SessionSuspended
+            | ErrorCode::IdempotencyConflict
+            | ErrorCode::FileExists => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::UriTooLong => 414,
             ErrorCode::HeadersTooLarge => 431,
-            ErrorCode::LimitExceeded => 429,
+            ErrorCode::LimitExceeded | ErrorCode::QuotaExceeded => 429,
             ErrorCode::FeatureUnavailable => 501,
             ErrorCode::PortNotListening => 502,
             ErrorCode::SandboxUnavailable => 503,
@@ -198,6 +209,10 @@ mod tests {
             (ErrorCode::RequestTimeout, 408),
             (ErrorCode::UriTooLong, 414),
             (ErrorCode::HeadersTooLarge, 431),
+            (ErrorCode::KeyRevoked, 401),
+            (ErrorCode::KeyExpired, 401),
+            (ErrorCode::SessionSuspended, 409),
+            (ErrorCode::QuotaExceeded, 429),
         ] {
             assert_eq!(code.http_status(), status, "{code:?}");
         }

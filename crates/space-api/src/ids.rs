@@ -105,6 +105,7 @@ typed_id!(TenantId, "ten_", "tenant");
 typed_id!(NodeId, "node_", "node");
 typed_id!(SnapshotId, "snap_", "snapshot");
 typed_id!(CredentialId, "cred_", "credential");
+typed_id!(KeyId, "key_", "API key");
 
 #[cfg(test)]
 mod tests {

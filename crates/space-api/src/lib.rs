@@ -9,13 +9,15 @@ pub mod node;
 pub mod policy;
 pub mod ports;
 pub mod runtime;
+pub mod tenancy;
 pub mod types;
 
 pub use error::{ApiError, ErrorBody, ErrorCode};
 pub use idmap::IdMap;
-pub use ids::{CredentialId, IdError, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId};
+pub use ids::{CredentialId, IdError, KeyId, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId};
 pub use node::TemplateInfo;
 pub use policy::{Retention, RetentionTier, SnapshotPolicy};
 pub use ports::{OpenPortRequest, PortAccess, PortList};
 pub use runtime::{RuntimeKind, RuntimeSupport};
+pub use tenancy::*;
 pub use types::*;

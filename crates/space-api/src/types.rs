@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::ids::{OperationId, SandboxId, SessionId, SnapshotId, TenantId};
+use crate::ids::{OperationId, SandboxId, SessionId, SnapshotId};
 
 /// Where a session is in its life. Transitional states (`creating`, `destroying`) always end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -121,6 +121,19 @@ pub struct CreateSessionRequest {
     /// Names of credentials to grant to the session (see `POST /v1/credentials`).
     #[serde(default)]
     pub grants: Vec<String>,
+    /// A name for people to recognise it by (at most 128 characters; need not be unique).
+    pub name: Option<String>,
+    /// Labels to find it by (`GET /v1/sessions?label=team=x`): at most 32; keys match
+    /// `[a-z0-9][a-z0-9._/-]{0,62}`, values are at most 256 bytes.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Free-form data kept with the session (at most 16 KiB of keys and values together).
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// Exec, file, process, watch and port calls on the session while it is suspended resume
+    /// it first (otherwise they answer 409 `session_suspended`). Default: false.
+    #[serde(default)]
+    pub auto_resume: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
@@ -131,6 +144,13 @@ pub struct UpdateSessionRequest {
     pub idle_timeout_secs: Option<u64>,
     /// As at creation; 0 turns it off.
     pub max_age_secs: Option<u64>,
+    /// A new name; `""` removes it.
+    pub name: Option<String>,
+    /// Replaces all the labels (`{}` removes them).
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Replaces all the metadata (`{}` removes it).
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub auto_resume: Option<bool>,
 }
 
 /// When a session ends or sleeps on its own.
@@ -172,6 +192,17 @@ impl SessionLifetime {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Session {
     pub id: SessionId,
+    /// The name of the tenant it belongs to.
+    #[serde(default)]
+    pub tenant: String,
+    pub name: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// Whether calls that need its sandbox resume it when it is suspended.
+    #[serde(default)]
+    pub auto_resume: bool,
     pub template: String,
     pub template_version: Option<u32>,
     /// How its sandboxes are isolated.
@@ -458,21 +489,6 @@ pub struct ImportTemplateRequest {
 pub struct BuildTemplateRequest {
     /// A built-in template: `debian` or `busybox`.
     pub name: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateKeyRequest {
-    /// Tenant name; created if it does not exist.
-    pub tenant: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct CreatedKey {
-    /// The secret; shown once.
-    pub key: String,
-    pub tenant: String,
-    pub tenant_id: TenantId,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -7,12 +7,14 @@ mod doctor;
 mod exec;
 mod files;
 mod host;
+mod keys;
 mod output;
 mod ports;
 mod serve;
 mod sessions;
 mod snapshots;
 mod templates;
+mod tenants;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -73,9 +75,12 @@ enum Command {
     /// Reach servers inside a session: forward a local port, open a port by token or to anyone.
     #[command(subcommand)]
     Port(ports::PortCommand),
-    /// Manage API keys.
+    /// Create, list, revoke and rotate API keys.
     #[command(subcommand)]
-    Key(KeyCommand),
+    Key(keys::KeyCommand),
+    /// Tenants' quotas on sessions, CPUs, memory and disk.
+    #[command(subcommand)]
+    Tenant(tenants::TenantCommand),
     /// Show the server's status.
     Status,
     /// Show or size the warm pool of ready sandboxes.
@@ -96,15 +101,6 @@ enum PoolCommand {
         /// The pool's runtime: `linux` or `vm` (default: the server's default runtime).
         #[arg(long)]
         runtime: Option<space_api::RuntimeKind>,
-    },
-}
-
-#[derive(Subcommand)]
-enum KeyCommand {
-    /// Create an API key for a tenant (needs the admin key).
-    Create {
-        #[arg(long)]
-        tenant: String,
     },
 }
 
@@ -160,15 +156,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Template(cmd) => templates::run(&client, cmd, json).await?,
         Command::Snapshot(cmd) => snapshots::run(&client, cmd, json).await?,
         Command::Port(cmd) => ports::run(&client, cmd, json).await?,
-        Command::Key(KeyCommand::Create { tenant }) => {
-            let key: space_api::CreatedKey =
-                client.post_json("/v1/keys", &space_api::CreateKeyRequest { tenant }).await?;
-            if json {
-                output::print_json(&key)?;
-            } else {
-                println!("{}", key.key);
-            }
-        }
+        Command::Key(cmd) => keys::run(&client, cmd, json).await?,
+        Command::Tenant(cmd) => tenants::run(&client, cmd, json).await?,
         Command::Bench(args) => bench::run(&client, args, &cli.data_dir).await?,
         Command::Pool(PoolCommand::Show) => {
             output::print_pool(&client.get_json("/v1/pool").await?, json)?;

@@ -59,21 +59,39 @@ pub fn bytes(n: u64) -> String {
     if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
-pub fn session_row(s: &Session) -> Vec<String> {
-    vec![
-        s.id.to_string(),
-        s.state.as_str().to_owned(),
-        match s.template_version {
-            Some(v) => format!("{}@{v}", s.template),
-            None => s.template.clone(),
-        },
-        format!("{}", s.resources.cpus),
-        format!("{} MiB", s.resources.memory_mib),
-        time(s.created_at),
-    ]
+fn template_of(s: &Session) -> String {
+    match s.template_version {
+        Some(v) => format!("{}@{v}", s.template),
+        None => s.template.clone(),
+    }
 }
 
-pub const SESSION_HEADER: [&str; 6] = ["ID", "STATE", "TEMPLATE", "CPUS", "MEMORY", "CREATED"];
+/// Sessions as a table; with the tenant of each when `tenants` (an admin's `--all-tenants`).
+pub fn print_sessions(sessions: &[Session], tenants: bool) {
+    let rows: Vec<Vec<String>> = sessions
+        .iter()
+        .map(|s| {
+            let mut row = vec![
+                s.id.to_string(),
+                s.name.clone().unwrap_or_default(),
+                s.state.as_str().to_owned(),
+                template_of(s),
+                format!("{}", s.resources.cpus),
+                format!("{} MiB", s.resources.memory_mib),
+                time(s.created_at),
+            ];
+            if tenants {
+                row.insert(1, s.tenant.clone());
+            }
+            row
+        })
+        .collect();
+    let mut header = vec!["ID", "NAME", "STATE", "TEMPLATE", "CPUS", "MEMORY", "CREATED"];
+    if tenants {
+        header.insert(1, "TENANT");
+    }
+    print_table(&header, &rows);
+}
 
 pub fn print_session(s: &Session, json: bool) -> anyhow::Result<()> {
     if json {
@@ -82,22 +100,31 @@ pub fn print_session(s: &Session, json: bool) -> anyhow::Result<()> {
     let fields = [
         ("id", s.id.to_string()),
         ("state", s.state.as_str().to_owned()),
-        ("template", session_row(s)[2].clone()),
+        ("name", s.name.clone().unwrap_or_default()),
+        ("tenant", s.tenant.clone()),
+        ("template", template_of(s)),
         ("cpus", s.resources.cpus.to_string()),
         ("memory", format!("{} MiB", s.resources.memory_mib)),
         ("pids", s.resources.pids.to_string()),
         ("disk", s.resources.disk_limit_bytes().map(bytes).unwrap_or_else(|| "no limit".into())),
-        ("env", s.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")),
+        ("env", pairs(&s.env)),
+        ("labels", pairs(&s.labels)),
+        ("metadata", pairs(&s.metadata)),
+        ("auto-resume", if s.auto_resume { "yes".into() } else { String::new() }),
         ("snapshots", s.snapshot_policy.to_string()),
         ("created", time(s.created_at)),
         ("error", s.error.clone().unwrap_or_default()),
     ];
     for (name, value) in fields {
         if !value.is_empty() {
-            println!("{name:<9} {value}");
+            println!("{name:<11} {value}");
         }
     }
     Ok(())
+}
+
+fn pairs(map: &std::collections::BTreeMap<String, String>) -> String {
+    map.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
 }
 
 pub fn print_stats(stats: &SessionStats, json: bool) -> anyhow::Result<()> {

@@ -11,7 +11,7 @@ use space_api::{
 };
 
 use crate::client::{Client, encode};
-use crate::output::{self, SESSION_HEADER, print_json, print_session, print_stats, print_table, session_row};
+use crate::output::{self, print_json, print_session, print_stats, print_table};
 
 /// Network policy flags of `create` and `policy`.
 #[derive(clap::Args)]
@@ -52,6 +52,19 @@ pub struct Settings {
     /// `update --max-age 0s` turns it off).
     #[arg(long, value_parser = space_api::policy::parse_duration)]
     max_age: Option<u64>,
+    /// A name to recognise the session by (`update --name ''` removes it).
+    #[arg(long)]
+    name: Option<String>,
+    /// A label to find the session by, `K=V` (repeatable; with `update`, replaces them all).
+    #[arg(long = "label", value_name = "K=V")]
+    labels: Vec<String>,
+    /// Free-form data kept with the session, `K=V` (repeatable; with `update`, replaces it all).
+    #[arg(long = "metadata", value_name = "K=V")]
+    metadata: Vec<String>,
+    /// Calls that need the sandbox (exec, files, …) resume the session when it is suspended
+    /// (`--auto-resume=false` turns it off).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    auto_resume: Option<bool>,
 }
 
 #[derive(Subcommand)]
@@ -79,7 +92,7 @@ pub enum SessionCommand {
         #[arg(long = "env", value_name = "K=V")]
         env: Vec<String>,
         #[command(flatten)]
-        settings: Settings,
+        settings: Box<Settings>,
         #[command(flatten)]
         network: NetworkFlags,
         /// Credential to grant to the session (repeatable).
@@ -110,13 +123,25 @@ pub enum SessionCommand {
     Update {
         id: String,
         #[command(flatten)]
-        settings: Settings,
+        settings: Box<Settings>,
     },
-    /// List your sessions.
+    /// List your sessions, newest first.
     List {
         /// Include destroyed sessions.
         #[arg(long)]
         all: bool,
+        /// Every tenant's sessions (admin key).
+        #[arg(long)]
+        all_tenants: bool,
+        /// Only sessions with this label, `K=V` (repeatable: all must match).
+        #[arg(long = "label", value_name = "K=V")]
+        labels: Vec<String>,
+        /// Only sessions in this state, e.g. `running` or `suspended`.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only sessions of this template.
+        #[arg(long)]
+        template: Option<String>,
     },
     /// Show one session.
     Show { id: String },
@@ -156,7 +181,7 @@ fn print_state(session: &Session, json: bool) -> anyhow::Result<()> {
 }
 
 /// `10G`, `512M`, `1T` or a number of MiB, in MiB.
-fn parse_disk_mib(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_disk_mib(text: &str) -> Result<u64, String> {
     let (digits, shift) = match text.trim().to_ascii_uppercase().trim_end_matches(['B', 'I']) {
         t if t.ends_with('T') => (t[..t.len() - 1].to_owned(), 20),
         t if t.ends_with('G') => (t[..t.len() - 1].to_owned(), 10),
@@ -167,21 +192,38 @@ fn parse_disk_mib(text: &str) -> Result<u64, String> {
     n.checked_shl(shift).filter(|m| m >> shift == n).ok_or_else(|| format!("{text:?} is too large"))
 }
 
-fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+/// `K=V` arguments of `--flag` as a map.
+fn parse_pairs(flag: &str, pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     pairs
         .iter()
         .map(|pair| match pair.split_once('=') {
             Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
-            _ => bail!("--env takes K=V, got {pair:?}"),
+            _ => bail!("--{flag} takes K=V, got {pair:?}"),
         })
         .collect()
+}
+
+/// The query of `GET /v1/sessions` for `session list`'s flags.
+fn list_query(all: bool, all_tenants: bool, labels: &[String], state: Option<&str>, template: Option<&str>) -> String {
+    let mut query = vec![format!("all={all}")];
+    if all_tenants {
+        query.push("all_tenants=true".into());
+    }
+    query.extend(labels.iter().map(|l| format!("label={}", encode(l))));
+    query.extend(state.map(|s| format!("state={}", encode(s))));
+    query.extend(template.map(|t| format!("template={}", encode(t))));
+    query.join("&")
 }
 
 pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow::Result<()> {
     match command {
         SessionCommand::Create { template, runtime, cpus, memory, pids, disk, env, settings, network, grants } => {
-            let env = parse_env(&env)?;
+            let env = parse_pairs("env", &env)?;
             let request = CreateSessionRequest {
+                name: settings.name,
+                labels: parse_pairs("label", &settings.labels)?,
+                metadata: parse_pairs("metadata", &settings.metadata)?,
+                auto_resume: settings.auto_resume.unwrap_or(false),
                 template,
                 runtime,
                 cpus,
@@ -201,19 +243,20 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
                 grants,
             };
             let session: Session = client.post_json("/v1/sessions", &request).await?;
+            // The same object `session show --json` prints.
             if json {
-                print_json(&serde_json::json!({ "id": session.id, "session": session }))?;
+                print_json(&session)?;
             } else {
                 println!("{}", session.id);
             }
         }
-        SessionCommand::List { all } => {
-            let list: SessionList = client.get_json(&format!("/v1/sessions?all={all}")).await?;
+        SessionCommand::List { all, all_tenants, labels, state, template } => {
+            let query = list_query(all, all_tenants, &labels, state.as_deref(), template.as_deref());
+            let list: SessionList = client.get_json(&format!("/v1/sessions?{query}")).await?;
             if json {
                 return print_json(&list);
             }
-            let rows: Vec<Vec<String>> = list.sessions.iter().map(session_row).collect();
-            print_table(&SESSION_HEADER, &rows);
+            output::print_sessions(&list.sessions, all_tenants);
         }
         SessionCommand::Show { id } => {
             let session: Session = client.get_json(&format!("/v1/sessions/{id}")).await?;
@@ -231,6 +274,12 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
                 snapshot_policy: settings.snapshot_policy,
                 idle_timeout_secs: settings.idle_timeout,
                 max_age_secs: settings.max_age,
+                labels: (!settings.labels.is_empty()).then(|| parse_pairs("label", &settings.labels)).transpose()?,
+                metadata: (!settings.metadata.is_empty())
+                    .then(|| parse_pairs("metadata", &settings.metadata))
+                    .transpose()?,
+                name: settings.name,
+                auto_resume: settings.auto_resume,
             };
             let session: Session = client.patch_json(&format!("/v1/sessions/{id}"), &request).await?;
             print_session(&session, json)?;

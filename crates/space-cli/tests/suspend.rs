@@ -1,6 +1,7 @@
 //! Full snapshots with CRIU: suspend and resume (also across a server restart), memory and
 //! loopback TCP kept exactly, forks of a live session, idle timeout and maximum age, a CRIU
-//! failure and `kill -9` of the server in the middle of a suspend or resume.
+//! failure and `kill -9` of the server in the middle of a suspend or resume, and sessions
+//! that wake on use (`auto_resume`).
 //!
 //! Needs CRIU >= 4.2 (scripts/install-criu.sh, which the test command runs).
 
@@ -68,6 +69,46 @@ fn states(server: &Server, id: &str) -> Vec<String> {
     events["events"].as_array().unwrap().iter().filter_map(|e| e["to_state"].as_str().map(str::to_owned)).collect()
 }
 
+/// A suspended `auto_resume` session wakes on use: a JSON exec, and the CLI's streaming exec,
+/// run in it once it is resumed, with its files and processes as they were.
+#[test]
+fn an_exec_resumes_a_suspended_auto_resume_session_and_gets_its_output() {
+    require_root!();
+    let server = Server::start_with(&["--pool", ""]);
+    let (_, status) = server.call("GET", "/v1/status", None);
+    assert_eq!(status["full_snapshots"]["available"], true, "CRIU is missing: {status}");
+    let id = server.create_session(json!({ "auto_resume": true }));
+    stdout(&server, &id, "echo kept > /root/state");
+    let pid = start_counter(&server, &id);
+    let before = counter_above(&server, &id, 3);
+
+    suspend(&server, &id);
+    assert!(server.sandbox_pids().is_empty(), "a suspended session keeps processes: {:?}", server.sandbox_pids());
+    let script = format!("cat /root/state; kill -0 {pid} && echo alive; cat /root/c");
+    let (status, r) =
+        server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "cmd": ["sh", "-c", script] })));
+    assert_eq!(status, 200, "{r}\n{}", server.log_text());
+    let out = r["stdout"].as_str().unwrap().to_owned();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..2], ["kept", "alive"], "{r}");
+    assert!(lines[2].parse::<u64>().unwrap() >= before, "the counter went back: {r}");
+    assert_eq!(session(&server, &id)["state"], "running");
+    counter_above(&server, &id, before);
+
+    // The CLI's exec (a WebSocket) wakes it the same way.
+    suspend(&server, &id);
+    let out = server.cli(&["exec", &id, "--", "cat", "/root/state"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "kept\n");
+    assert!(states(&server, &id).ends_with(&[
+        "suspending".into(),
+        "suspended".into(),
+        "restoring".into(),
+        "running".into()
+    ]));
+    assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
+}
+
 #[test]
 fn suspended_processes_continue_after_a_server_restart() {
     require_root!();
@@ -91,7 +132,7 @@ fn suspended_processes_continue_after_a_server_restart() {
     assert!(server.sandbox_pids().is_empty(), "a suspended session keeps processes: {:?}", server.sandbox_pids());
     assert!(server.sandbox_roots().is_empty(), "a suspended session keeps its root");
     let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "cmd": ["true"] })));
-    assert_eq!((status, r["error"]["code"].as_str()), (409, Some("invalid_state")), "{r}");
+    assert_eq!((status, r["error"]["code"].as_str()), (409, Some("session_suspended")), "{r}");
     assert_eq!(post(&server, &format!("/v1/sessions/{id}/suspend")).0, 200, "suspend is idempotent");
 
     server.kill9();

@@ -9,8 +9,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use space_api::{ErrorCode, TenantId};
-use space_store::Store;
+use space_api::{ErrorCode, KeyId, TenantId};
+use space_store::{KeyRecord, LAST_USED_RESOLUTION_MS, NewKey, Store, now_ms};
 
 use crate::AppState;
 use crate::error::AppError;
@@ -61,12 +61,52 @@ pub fn hash_key(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
 }
 
-/// Creates a key for `tenant` (creating the tenant if needed).
-pub async fn create_key(store: &Store, tenant: &str, admin: bool) -> Result<(String, TenantId), AppError> {
-    let tenant_id = store.ensure_tenant(tenant).await?;
+/// What a new key is for: its tenant, whether it is an admin key, its name and lifetime.
+#[derive(Debug, Clone, Copy)]
+pub struct KeySpec<'a> {
+    pub tenant: &'a str,
+    pub admin: bool,
+    pub name: Option<&'a str>,
+    /// How long it works, in milliseconds from its creation; `None`: for ever.
+    pub lifetime_ms: Option<i64>,
+}
+
+/// Creates a key for `spec.tenant` (creating the tenant if needed); returns the secret and
+/// the key as stored.
+pub async fn create_key(store: &Store, spec: KeySpec<'_>) -> Result<(String, KeyRecord), AppError> {
+    let tenant_id = store.ensure_tenant(spec.tenant).await?;
     let key = generate_key();
-    store.insert_key(&hash_key(&key), &tenant_id, admin).await?;
-    Ok((key, tenant_id))
+    let hash = hash_key(&key);
+    let created_at = now_ms();
+    let new = NewKey {
+        id: KeyId::generate(),
+        hash: &hash,
+        tenant_id: &tenant_id,
+        admin: spec.admin,
+        name: spec.name,
+        created_at,
+        expires_at: spec.lifetime_ms.map(|ms| created_at.saturating_add(ms)),
+    };
+    Ok((key, store.insert_key(&new).await?))
+}
+
+/// Replaces key `old` by a new one of the same tenant, name and kind whose lifetime is as
+/// long as the old one's was (none if it had none); the old key is revoked in the same
+/// transaction. Returns `None` if `old` is already revoked.
+pub async fn rotate_key(store: &Store, old: &KeyRecord) -> Result<Option<(String, KeyRecord)>, AppError> {
+    let key = generate_key();
+    let hash = hash_key(&key);
+    let created_at = now_ms();
+    let new = NewKey {
+        id: KeyId::generate(),
+        hash: &hash,
+        tenant_id: &old.tenant_id,
+        admin: old.admin,
+        name: old.name.as_deref(),
+        created_at,
+        expires_at: old.expires_at.map(|at| created_at + (at - old.created_at).max(0)),
+    };
+    Ok(store.rotate_key(&old.id, &new).await?.map(|record| (key, record)))
 }
 
 /// On first start, creates the admin key and writes it to `path` (mode 0600).
@@ -74,8 +114,26 @@ pub async fn bootstrap_admin_key(store: &Store, path: &Path) -> Result<(), AppEr
     if store.count_admin_keys().await? > 0 && path.exists() {
         return Ok(());
     }
-    let (key, _) = create_key(store, ADMIN_TENANT, true).await?;
+    let spec = KeySpec { tenant: ADMIN_TENANT, admin: true, name: Some("admin"), lifetime_ms: None };
+    let (key, _) = create_key(store, spec).await?;
     write_secret(path, &key).map_err(|e| AppError::internal(format!("writing {}: {e}", path.display())))
+}
+
+/// After admin key `old` was rotated to `new`: if `path` (DATA_DIR/admin.key) held `old`,
+/// writes `new` there, so the CLI, which reads that file, keeps working. Returns whether it
+/// did; a file holding another key is left alone.
+pub async fn follow_admin_rotation(store: &Store, path: &Path, old: &KeyId, new: &str) -> Result<bool, AppError> {
+    let current = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(AppError::internal(format!("reading {}: {e}", path.display()))),
+    };
+    let held = store.find_key(&hash_key(current.trim())).await?;
+    if held.is_none_or(|k| k.id != *old) {
+        return Ok(false);
+    }
+    write_secret(path, new).map_err(|e| AppError::internal(format!("writing {}: {e}", path.display())))?;
+    Ok(true)
 }
 
 fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
@@ -88,7 +146,10 @@ fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Middleware: resolves the bearer key to a [`Caller`] or answers 401.
+/// Middleware: resolves the bearer key to a [`Caller`] or answers 401: `unauthorized` for
+/// a missing or unknown key, `key_revoked` and `key_expired` for keys that no longer work.
+/// Keys are looked up on every request (nothing caches them), so a revocation takes effect
+/// on the very next request. The key's last use is written at most once a minute.
 pub async fn require_key(
     State(state): State<AppState>,
     mut request: Request,
@@ -111,12 +172,42 @@ pub fn bearer_key(headers: &axum::http::HeaderMap) -> Option<&str> {
     header.and_then(|h| h.strip_prefix("Bearer ")).map(str::trim)
 }
 
-/// Whose `key` is, or 401.
+/// Whose `key` is, or 401 (unknown, revoked or expired).
 pub async fn caller_of_key(state: &AppState, key: &str) -> Result<Caller, AppError> {
-    let owner = state.store.find_key(&hash_key(key)).await?.ok_or_else(|| {
+    let found = state.store.find_key(&hash_key(key)).await?.ok_or_else(|| {
         AppError::new(ErrorCode::Unauthorized, "unknown API key; create one with `space key create --tenant NAME`")
     })?;
-    Ok(Caller { tenant_id: owner.tenant_id, tenant: owner.tenant, admin: owner.admin })
+    let now = now_ms();
+    check_in_effect(&found, now)?;
+    if found.last_used_at.is_none_or(|at| at <= now - LAST_USED_RESOLUTION_MS) {
+        state.store.touch_key(&found.id, now).await?;
+    }
+    Ok(Caller { tenant_id: found.tenant_id, tenant: found.tenant, admin: found.admin })
+}
+
+/// 401 for a key that was revoked or has expired.
+fn check_in_effect(key: &KeyRecord, now: i64) -> Result<(), AppError> {
+    if key.revoked_at.is_some() {
+        return Err(AppError::new(
+            ErrorCode::KeyRevoked,
+            format!(
+                "API key {} was revoked; use another key of tenant {} (a rotation prints the key that replaces \
+                 the one it revokes), or ask the admin for a new one (`space key create --tenant {}`)",
+                key.id, key.tenant, key.tenant
+            ),
+        ));
+    }
+    if key.expired_at(now) {
+        return Err(AppError::new(
+            ErrorCode::KeyExpired,
+            format!(
+                "API key {} has expired; ask the admin to rotate it (`space key rotate {}`) or to create a new one \
+                 (`space key create --tenant {}`)",
+                key.id, key.id, key.tenant
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

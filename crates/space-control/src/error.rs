@@ -58,8 +58,29 @@ impl From<ApiError> for AppError {
 
 impl From<space_store::StoreError> for AppError {
     fn from(e: space_store::StoreError) -> Self {
-        AppError::internal(format!("database error: {e}"))
+        match e {
+            space_store::StoreError::QuotaExceeded(over) => quota_exceeded(&over),
+            e => AppError::internal(format!("database error: {e}")),
+        }
     }
+}
+
+/// 429 `quota_exceeded`: the limit, what is in use and what was asked for (from the store),
+/// then what to do.
+fn quota_exceeded(over: &space_store::QuotaExceeded) -> AppError {
+    use space_store::QuotaLimit;
+    let what_to_do = match over.limit {
+        QuotaLimit::Cpus | QuotaLimit::MemoryMib => {
+            "suspend or destroy sessions to free CPUs and memory, ask for less, or ask the operator to raise the quota"
+        }
+        QuotaLimit::Sessions | QuotaLimit::DiskMib | QuotaLimit::UnlimitedDisk => {
+            "destroy sessions you no longer need, or ask the operator to raise the quota"
+        }
+    };
+    AppError::new(
+        ErrorCode::QuotaExceeded,
+        format!("{over}; {what_to_do} (`space tenant quota {}` shows it)", over.tenant),
+    )
 }
 
 impl From<space_node_api::NodeError> for AppError {

@@ -95,6 +95,8 @@ pub struct AppState {
     pub http: HttpLimits,
     /// See [`ServerConfig::preview_domain`].
     pub preview_domain: Option<String>,
+    /// `DATA_DIR/admin.key`: a rotation of the admin key it holds writes the new key there.
+    pub admin_key_file: PathBuf,
 }
 
 impl AppState {
@@ -136,9 +138,8 @@ pub async fn start(
         .await
         .map_err(context("loading the key of idempotency fingerprints"))?;
     let node = open_node(&node_id).await.map_err(context("starting the node"))?;
-    auth::bootstrap_admin_key(&store, &config.data_dir.join("admin.key"))
-        .await
-        .map_err(context("creating the admin key"))?;
+    let admin_key_file = config.data_dir.join("admin.key");
+    auth::bootstrap_admin_key(&store, &admin_key_file).await.map_err(context("creating the admin key"))?;
     let reconciler = Reconciler::new();
     let state = AppState {
         store,
@@ -157,6 +158,7 @@ pub async fn start(
         watches: Default::default(),
         http: config.http.clone(),
         preview_domain: config.preview_domain.clone(),
+        admin_key_file,
     };
     egress::spawn_audit_writer(&state);
     if let Some(retention) = config.audit_retention {

@@ -429,6 +429,7 @@ mod tests {
             template_version: None,
             snapshot_policy: SnapshotPolicy::off(),
             lifetime: Default::default(),
+            meta: Default::default(),
         };
         let policy = NetworkPolicy { allow: vec!["a.com".into()], ..Default::default() };
         let egress = SessionEgressRecord { policy, ca_cert: Some("CERT".into()), ca_key_sealed: Some(vec![9]) };

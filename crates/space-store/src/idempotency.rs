@@ -228,6 +228,7 @@ mod tests {
             template_version: None,
             snapshot_policy: space_api::SnapshotPolicy::off(),
             lifetime: Default::default(),
+            meta: Default::default(),
         };
         let egress = crate::SessionEgressRecord { policy: Default::default(), ca_cert: None, ca_key_sealed: None };
         let stored =

@@ -11,6 +11,7 @@ mod idempotency;
 mod network;
 mod operations;
 mod ports;
+mod quotas;
 mod sealed;
 mod sessions;
 mod snapshots;
@@ -23,14 +24,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-pub use auth::KeyOwner;
+pub use auth::{KeyRecord, LAST_USED_RESOLUTION_MS, NewKey, RevokeRefused};
 pub use credentials::{CredentialChange, CredentialRecord, NewCredential, PlaceholderEnv};
 pub use idempotency::IdempotencyBegin;
 pub use network::{NewSessionEgress, SessionEgressRecord};
 pub use operations::{NewOperation, OperationKind, OperationRecord};
 pub use ports::PortRecord;
+pub use quotas::{Demand, QuotaExceeded, QuotaLimit, counts_sandbox, counts_session};
 pub use sealed::{SealedOwner, SealedValue};
-pub use sessions::{NewSandbox, NewSession, SandboxRecord, SessionRecord};
+pub use sessions::{NewSandbox, NewSession, SandboxRecord, SessionFilter, SessionMeta, SessionRecord};
 pub use snapshots::NewSnapshot;
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +46,9 @@ pub enum StoreError {
     /// A write that would take over a row someone else owns.
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The write would take its tenant over a quota; nothing was written.
+    #[error("{0}")]
+    QuotaExceeded(QuotaExceeded),
     #[error("creating the database {path}: {source}")]
     Create {
         path: PathBuf,
@@ -204,6 +209,42 @@ mod tests {
         assert!(err.contains(&format!("{}-wal (mode 0640)", db.display())), "{err}");
         std::fs::set_permissions(&wal, std::fs::Permissions::from_mode(0o600)).unwrap();
         Store::open_sqlite(&path).await.unwrap().close().await;
+    }
+
+    /// Keys from before they had ids get one from their hash, and their tenant's name.
+    #[tokio::test]
+    async fn keys_made_before_ids_get_one_from_their_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("migrations");
+        std::fs::create_dir(&old).unwrap();
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        for entry in std::fs::read_dir(&source).unwrap() {
+            let name = entry.unwrap().file_name();
+            if name.to_string_lossy().as_ref() < "0012" {
+                std::fs::copy(source.join(&name), old.join(&name)).unwrap();
+            }
+        }
+        let path = dir.path().join("space.db");
+        let options = SqliteConnectOptions::from_str("sqlite:").unwrap().filename(&path).create_if_missing(true);
+        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
+        sqlx::migrate::Migrator::new(old.as_path()).await.unwrap().run(&pool).await.unwrap();
+        sqlx::query("INSERT INTO tenants (id, name, created_at) VALUES ('ten_aaaaaaaaaaaaaaaaaaaa', 'admin', 0)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let hash = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        sqlx::query("INSERT INTO api_keys (hash, tenant_id, admin, created_at) VALUES ($1, 'ten_aaaaaaaaaaaaaaaaaaaa', TRUE, 5)")
+            .bind(hash)
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+        let store = Store::open_sqlite(&path).await.unwrap();
+        let key = store.find_key(hash).await.unwrap().unwrap();
+        assert_eq!((key.id.as_str(), key.name.as_deref()), ("key_0123456789abcdef0123", Some("admin")));
+        assert_eq!((key.created_at, key.revoked_at, key.tenant.as_str()), (5, None, "admin"));
     }
 
     /// Records of the plain-hash era (fingerprints that are SHA-256 of the body, plaintext

@@ -43,32 +43,23 @@ fn policy_from(json: &str) -> Result<NetworkPolicy> {
 impl Store {
     /// [`Store::insert_session`] plus the session's egress settings and grants, atomically.
     pub async fn insert_session_with_egress(&self, new: &NewSession, egress: &NewSessionEgress) -> Result<OperationId> {
+        let ops = self.insert_sessions_with_egress(&[(new, egress)]).await?;
+        ops.into_iter().next().ok_or_else(|| crate::StoreError::Corrupt("no operation recorded".into()))
+    }
+
+    /// Several sessions (the children of a fork) in one transaction: all are recorded, or,
+    /// when one would go over the tenant's quota, none.
+    pub async fn insert_sessions_with_egress(
+        &self,
+        sessions: &[(&NewSession, &NewSessionEgress)],
+    ) -> Result<Vec<OperationId>> {
         let mut tx = self.write_tx().await?;
-        let op = insert_session_tx(&mut tx, new).await?;
-        let e = &egress.egress;
-        sqlx::query(
-            "UPDATE sessions SET network_policy = $1, ca_cert = $2, ca_key_sealed = $3, idempotency_key = $5 WHERE id = $4",
-        )
-        .bind(serde_json::to_string(&e.policy).unwrap_or_default())
-        .bind(&e.ca_cert)
-        .bind(&e.ca_key_sealed)
-        .bind(new.id.as_str())
-        .bind(egress.idempotency_key.as_deref())
-            .execute(&mut *tx)
-            .await?;
-        for credential in &egress.grants {
-            sqlx::query(
-                "INSERT INTO grants (session_id, credential_id, created_at, inherited_from) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-            )
-            .bind(new.id.as_str())
-            .bind(credential.as_str())
-            .bind(now_ms())
-            .bind(egress.inherited_from.as_ref().map(SessionId::as_str))
-            .execute(&mut *tx)
-            .await?;
+        let mut ops = Vec::new();
+        for (new, egress) in sessions {
+            ops.push(insert_with_egress_tx(&mut tx, new, egress).await?);
         }
         tx.commit().await?;
-        Ok(op)
+        Ok(ops)
     }
 
     /// The session's egress settings; `None` if there is no such session.
@@ -133,4 +124,36 @@ impl Store {
         tx.commit().await?;
         Ok(Some(Ok(next)))
     }
+}
+
+/// The rows of one session of [`Store::insert_sessions_with_egress`], in its transaction.
+async fn insert_with_egress_tx(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    new: &NewSession,
+    egress: &NewSessionEgress,
+) -> Result<OperationId> {
+    let op = insert_session_tx(tx, new).await?;
+    let e = &egress.egress;
+    sqlx::query(
+        "UPDATE sessions SET network_policy = $1, ca_cert = $2, ca_key_sealed = $3, idempotency_key = $5 WHERE id = $4",
+    )
+    .bind(serde_json::to_string(&e.policy).unwrap_or_default())
+    .bind(&e.ca_cert)
+    .bind(&e.ca_key_sealed)
+    .bind(new.id.as_str())
+    .bind(egress.idempotency_key.as_deref())
+    .execute(&mut **tx)
+    .await?;
+    for credential in &egress.grants {
+        sqlx::query(
+            "INSERT INTO grants (session_id, credential_id, created_at, inherited_from) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+        )
+        .bind(new.id.as_str())
+        .bind(credential.as_str())
+        .bind(now_ms())
+        .bind(egress.inherited_from.as_ref().map(SessionId::as_str))
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(op)
 }

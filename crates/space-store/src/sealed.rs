@@ -81,6 +81,7 @@ mod tests {
             template_version: None,
             snapshot_policy: SnapshotPolicy::off(),
             lifetime: Default::default(),
+            meta: Default::default(),
         };
         let egress = SessionEgressRecord {
             policy: NetworkPolicy::default(),

@@ -10,6 +10,7 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
 use crate::operations::insert_operation;
+use crate::quotas::{Demand, check_quota_tx, counts_sandbox};
 use crate::{NewOperation, OperationKind, Result, Store, StoreError, now_ms, parse};
 
 /// A session as stored, with its owner.
@@ -35,6 +36,40 @@ pub struct NewSession {
     pub template_version: Option<u32>,
     pub snapshot_policy: SnapshotPolicy,
     pub lifetime: SessionLifetime,
+    pub meta: SessionMeta,
+}
+
+/// What people name and find a session by, and whether it wakes on use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionMeta {
+    pub name: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+    pub auto_resume: bool,
+}
+
+impl SessionMeta {
+    /// The settings `session` has.
+    pub fn of(session: &Session) -> SessionMeta {
+        SessionMeta {
+            name: session.name.clone(),
+            labels: session.labels.clone(),
+            metadata: session.metadata.clone(),
+            auto_resume: session.auto_resume,
+        }
+    }
+}
+
+/// Which sessions [`Store::list_sessions`] returns.
+#[derive(Debug, Clone, Default)]
+pub struct SessionFilter {
+    /// `None`: every tenant's.
+    pub tenant: Option<TenantId>,
+    pub include_destroyed: bool,
+    pub state: Option<SessionState>,
+    pub template: Option<String>,
+    /// Sessions that have every one of these labels.
+    pub labels: Vec<(String, String)>,
 }
 
 /// What [`Store::insert_sandbox`] records.
@@ -59,7 +94,11 @@ pub struct SandboxRecord {
     pub pid: Option<u32>,
 }
 
-const SESSION_COLUMNS: &str = "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at, source_snapshot, snapshot_policy, lifetime, runtime";
+const SESSION_COLUMNS: &str = "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at, source_snapshot, snapshot_policy, lifetime, runtime, name, labels, metadata, auto_resume, (SELECT t.name FROM tenants t WHERE t.id = sessions.tenant_id)";
+
+fn json_map(text: &str) -> Result<BTreeMap<String, String>> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
 
 fn session_from_row(row: &SqliteRow) -> Result<SessionRecord> {
     let state: &str = row.get(4);
@@ -87,6 +126,11 @@ fn session_from_row(row: &SqliteRow) -> Result<SessionRecord> {
         sandbox_id: sandbox.map(|s| parse("sandbox id", s)).transpose()?,
         created_at: row.get(9),
         updated_at: row.get(10),
+        name: row.get(15),
+        labels: json_map(row.get(16))?,
+        metadata: json_map(row.get(17))?,
+        auto_resume: row.get(18),
+        tenant: row.get::<Option<String>, _>(19).unwrap_or_default(),
     };
     let source: Option<&str> = row.get(11);
     Ok(SessionRecord {
@@ -160,14 +204,22 @@ impl Store {
         (kind, input): (OperationKind, Option<String>),
     ) -> Result<Option<OperationId>> {
         let mut tx = self.write_tx().await?;
-        let current: Option<String> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1 AND tenant_id = $2")
+        let row = sqlx::query("SELECT state, resources FROM sessions WHERE id = $1 AND tenant_id = $2")
             .bind(id.as_str())
             .bind(tenant.as_str())
             .fetch_optional(&mut *tx)
             .await?;
-        let Some(current) = current.as_deref().and_then(SessionState::parse).filter(|s| allowed(*s)) else {
+        let Some(row) = row else { return Ok(None) };
+        let Some(current) = SessionState::parse(row.get(0)).filter(|s| allowed(*s)) else {
             return Ok(None);
         };
+        // A session that gets a sandbox back (resume, restore of a suspended or failed one)
+        // takes CPUs and memory again.
+        if counts_sandbox(to) && !counts_sandbox(current) {
+            let resources: Resources =
+                serde_json::from_str(row.get(1)).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            check_quota_tx(&mut tx, tenant, &Demand::sandbox(&resources)).await?;
+        }
         sqlx::query("UPDATE sessions SET state = $1, updated_at = $2 WHERE id = $3")
             .bind(to.as_str())
             .bind(now_ms())
@@ -195,13 +247,56 @@ impl Store {
         row.map(|r| session_from_row(&r)).transpose()
     }
 
-    /// The tenant's sessions, newest first; destroyed ones only if `include_destroyed`.
-    pub async fn list_sessions(&self, tenant: &TenantId, include_destroyed: bool) -> Result<Vec<Session>> {
-        let filter = if include_destroyed { "" } else { " AND state <> 'destroyed'" };
-        let sql =
-            format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant_id = $1{filter} ORDER BY created_at DESC, id");
-        let rows = sqlx::query(&sql).bind(tenant.as_str()).fetch_all(&self.pool).await?;
+    /// The sessions `filter` picks, newest first.
+    pub async fn list_sessions(&self, filter: &SessionFilter) -> Result<Vec<Session>> {
+        let mut conditions = Vec::new();
+        let mut binds: Vec<String> = Vec::new();
+        let mut param = |value: &str| {
+            binds.push(value.to_owned());
+            format!("${}", binds.len())
+        };
+        if let Some(tenant) = &filter.tenant {
+            conditions.push(format!("tenant_id = {}", param(tenant.as_str())));
+        }
+        if !filter.include_destroyed {
+            conditions.push("state <> 'destroyed'".to_owned());
+        }
+        if let Some(state) = filter.state {
+            conditions.push(format!("state = {}", param(state.as_str())));
+        }
+        if let Some(template) = &filter.template {
+            conditions.push(format!("template = {}", param(template)));
+        }
+        for (key, value) in &filter.labels {
+            let (k, v) = (param(key), param(value));
+            conditions.push(format!("id IN (SELECT session_id FROM session_labels WHERE key = {k} AND value = {v})"));
+        }
+        let clause = if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
+        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions{clause} ORDER BY created_at DESC, id");
+        let mut query = sqlx::query(&sql);
+        for value in &binds {
+            query = query.bind(value.as_str());
+        }
+        let rows = query.fetch_all(&self.pool).await?;
         rows.iter().map(|r| session_from_row(r).map(|rec| rec.session)).collect()
+    }
+
+    /// Replaces the session's name, labels, metadata and `auto_resume`, in one transaction.
+    pub async fn set_meta(&self, id: &SessionId, meta: &SessionMeta) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query("UPDATE sessions SET name = $1, labels = $2, metadata = $3, auto_resume = $4, updated_at = $5 WHERE id = $6")
+            .bind(meta.name.as_deref())
+            .bind(serde_json::to_string(&meta.labels).unwrap_or_default())
+            .bind(serde_json::to_string(&meta.metadata).unwrap_or_default())
+            .bind(meta.auto_resume)
+            .bind(now_ms())
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM session_labels WHERE session_id = $1").bind(id.as_str()).execute(&mut *tx).await?;
+        insert_labels(&mut tx, id, &meta.labels).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// All sessions in one of `states`, any tenant (for recovery).
@@ -406,10 +501,11 @@ pub(crate) async fn insert_session_tx(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     new: &NewSession,
 ) -> Result<OperationId> {
+    check_quota_tx(tx, &new.tenant_id, &Demand::new_session(&new.resources)).await?;
     let now = now_ms();
     sqlx::query(
-        "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy, lifetime, runtime)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12)",
+        "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy, lifetime, runtime, name, labels, metadata, auto_resume)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
     )
     .bind(new.id.as_str())
     .bind(new.tenant_id.as_str())
@@ -423,8 +519,13 @@ pub(crate) async fn insert_session_tx(
     .bind(serde_json::to_string(&new.snapshot_policy).unwrap_or_default())
     .bind(serde_json::to_string(&new.lifetime).unwrap_or_default())
     .bind(new.runtime.as_str())
+    .bind(new.meta.name.as_deref())
+    .bind(serde_json::to_string(&new.meta.labels).unwrap_or_default())
+    .bind(serde_json::to_string(&new.meta.metadata).unwrap_or_default())
+    .bind(new.meta.auto_resume)
     .execute(&mut **tx)
     .await?;
+    insert_labels(tx, &new.id, &new.meta.labels).await?;
     insert_event(tx, &new.id, "created", None, Some(SessionState::Creating), None).await?;
     let op = NewOperation {
         tenant_id: new.tenant_id.clone(),
@@ -434,6 +535,22 @@ pub(crate) async fn insert_session_tx(
     };
     let op_id = insert_operation(tx, &op).await?;
     Ok(op_id)
+}
+
+async fn insert_labels(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    id: &SessionId,
+    labels: &BTreeMap<String, String>,
+) -> Result<()> {
+    for (key, value) in labels {
+        sqlx::query("INSERT INTO session_labels (session_id, key, value) VALUES ($1, $2, $3)")
+            .bind(id.as_str())
+            .bind(key)
+            .bind(value)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
 }
 
 pub(crate) async fn insert_event(
@@ -477,6 +594,7 @@ pub(crate) mod tests {
             template_version: None,
             snapshot_policy: SnapshotPolicy::off(),
             lifetime: Default::default(),
+            meta: Default::default(),
         };
         store.insert_session(&new).await.unwrap();
         (tenant_id, id)
@@ -508,10 +626,34 @@ pub(crate) mod tests {
         let b = store.ensure_tenant("b").await.unwrap();
         assert!(store.session(&a, &id).await.unwrap().is_some());
         assert!(store.session(&b, &id).await.unwrap().is_none());
-        assert!(store.list_sessions(&b, true).await.unwrap().is_empty());
+        let filter = SessionFilter { tenant: Some(b.clone()), include_destroyed: true, ..Default::default() };
+        assert!(store.list_sessions(&filter).await.unwrap().is_empty());
         assert!(store.begin_destroy(&b, &id).await.unwrap().is_none());
         assert!(store.begin_destroy(&a, &id).await.unwrap().is_some());
         assert!(store.begin_destroy(&a, &id).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn sessions_are_found_by_all_their_labels_and_labels_are_replaced_whole() {
+        let (store, _dir) = test_store().await;
+        let (tenant, a) = new_session(&store, "a").await;
+        let (_, b) = new_session(&store, "a").await;
+        let labels = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let meta = |pairs: &[(&str, &str)]| SessionMeta { labels: labels(pairs), ..SessionMeta::default() };
+        store.set_meta(&a, &meta(&[("team", "x"), ("env", "prod")])).await.unwrap();
+        store.set_meta(&b, &meta(&[("team", "x")])).await.unwrap();
+        let find = |pairs: &[(&str, &str)]| SessionFilter {
+            tenant: Some(tenant.clone()),
+            labels: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ..SessionFilter::default()
+        };
+        let ids = |list: Vec<Session>| list.into_iter().map(|s| s.id).collect::<Vec<_>>();
+        assert_eq!(ids(store.list_sessions(&find(&[("team", "x"), ("env", "prod")])).await.unwrap()), vec![a.clone()]);
+        assert_eq!(store.list_sessions(&find(&[("team", "x")])).await.unwrap().len(), 2);
+        store.set_meta(&a, &meta(&[("team", "y")])).await.unwrap();
+        assert!(store.list_sessions(&find(&[("env", "prod")])).await.unwrap().is_empty(), "the old labels are gone");
+        let session = store.session(&tenant, &a).await.unwrap().unwrap();
+        assert_eq!((session.labels, session.tenant.as_str()), (labels(&[("team", "y")]), "a"));
     }
 
     #[tokio::test]

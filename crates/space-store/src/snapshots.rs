@@ -146,6 +146,7 @@ mod tests {
             template_version: None,
             snapshot_policy: space_api::SnapshotPolicy::off(),
             lifetime: Default::default(),
+            meta: Default::default(),
         };
         store.insert_session(&new).await.unwrap();
         let snap = |name: Option<&str>| NewSnapshot {

@@ -10,7 +10,7 @@ use space_api::{
     CreateSnapshotRequest, ErrorBody, ErrorCode, ForkRequest, RestoreRequest, Session, SessionId, SessionList,
     SessionState, Snapshot, SnapshotId, SnapshotKind, SnapshotList, TenantId,
 };
-use space_store::{NewSession, NewSnapshot};
+use space_store::{Demand, NewSession, NewSnapshot, SessionMeta};
 
 use super::find_session;
 use crate::AppState;
@@ -57,7 +57,8 @@ pub async fn pause(
 /// Thaws a paused session, or brings a suspended one back from its full snapshot (processes
 /// continue where they were). Idempotent on a running one.
 #[utoipa::path(post, path = "/v1/sessions/{id}/resume", params(("id" = String, Path)),
-    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 429, body = ErrorBody)))]
 pub async fn resume(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -276,7 +277,8 @@ pub async fn delete_snapshot(
 
 /// Returns the session to a snapshot: a new sandbox starts from it and replaces the current one.
 #[utoipa::path(post, path = "/v1/sessions/{id}/restore", params(("id" = String, Path)), request_body = RestoreRequest,
-    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 429, body = ErrorBody)))]
 pub async fn restore(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -321,7 +323,8 @@ pub(crate) async fn run_restore(
 /// snapshot of it as it is now: full if the node has CRIU, else disk). Each continues
 /// independently.
 #[utoipa::path(post, path = "/v1/sessions/{id}/fork", params(("id" = String, Path)), request_body = ForkRequest,
-    responses((status = 201, body = SessionList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 201, body = SessionList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 429, body = ErrorBody)))]
 pub async fn fork(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -333,6 +336,15 @@ pub async fn fork(
         return Err(AppError::bad_request(format!("count must be between 1 and {MAX_FORK}")));
     }
     let parent = live_session(&state, &caller, &id).await?;
+    let demand = Demand::new_session(&parent.resources);
+    let demand = Demand {
+        sessions: u64::from(count),
+        cpu_millis: demand.cpu_millis * u64::from(count),
+        memory_mib: demand.memory_mib * u64::from(count),
+        disk_mib: demand.disk_mib.map(|d| d * u64::from(count)),
+    };
+    // Before the snapshot, which a refused fork would leave behind; inserting checks again.
+    state.store.check_quota(&caller.tenant_id, &demand).await?;
     let snapshot = match &request.from {
         Some(from) => find_snapshot(&state, &caller, &parent.id, from.as_str()).await?,
         // Processes too when the node can checkpoint them; otherwise the files.
@@ -342,10 +354,8 @@ pub async fn fork(
             take_snapshot(&state, &caller.tenant_id, &parent.id, kind, None).await?
         }
     };
-    let mut ops = Vec::new();
-    let mut ids = Vec::new();
-    for _ in 0..count {
-        let new = NewSession {
+    let news: Vec<NewSession> = (0..count)
+        .map(|_| NewSession {
             id: SessionId::generate(),
             tenant_id: caller.tenant_id.clone(),
             template: parent.template.clone(),
@@ -356,10 +366,13 @@ pub async fn fork(
             template_version: parent.template_version,
             snapshot_policy: parent.snapshot_policy.clone(),
             lifetime: parent.lifetime,
-        };
-        ops.push(crate::egress::insert_forked_session(&state, &parent.id, &new).await?);
-        ids.push(new.id);
-    }
+            // Labels, metadata and auto_resume carry over (a fork is found as its parent
+            // is); the name does not.
+            meta: SessionMeta { name: None, ..SessionMeta::of(&parent) },
+        })
+        .collect();
+    let ops = crate::egress::insert_forked_sessions(&state, &parent.id, &news).await?;
+    let ids: Vec<SessionId> = news.into_iter().map(|n| n.id).collect();
     state.reconciler.wake();
     let mut sessions = Vec::new();
     for (op, id) in ops.iter().zip(&ids) {

@@ -10,10 +10,12 @@ pub(crate) use lifecycle::take_snapshot;
 pub(crate) use suspend::suspend_session;
 mod pool;
 mod ports;
+mod session_meta;
 mod sessions;
 mod suspend;
 mod system;
 mod templates;
+mod tenants;
 mod usage;
 mod ws;
 
@@ -24,7 +26,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{any, get, post};
 use axum::{Extension, Router};
-use space_api::{ErrorCode, SandboxId, Session, SessionId, SessionState};
+use space_api::{ErrorCode, SandboxId, Session, SessionId, SessionState, TenantId};
 use space_store::Store;
 use utoipa::OpenApi;
 
@@ -41,7 +43,8 @@ pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
 #[openapi(
     info(title = "space", description = "Secure, stateful sandboxes for long-running AI agents."),
     paths(
-        system::health, system::status, system::create_key, system::get_operation,
+        system::health, system::status, system::create_key, system::list_keys, system::revoke_key,
+        system::rotate_key, system::get_operation, tenants::set_quota, tenants::get_quota,
         sessions::create_session, sessions::list_sessions, sessions::get_session,
         sessions::destroy_session, sessions::session_events, sessions::update_session,
         exec::exec, exec::exec_ws, exec::list_processes, exec::signal_process, exec::attach_ws,
@@ -96,16 +99,19 @@ pub fn router(state: AppState) -> Router {
     // idempotency middleware and before any extractor of the handler.
     let admin = Router::new()
         .route("/keys", post(system::create_key))
+        .route("/tenants/{tenant}/quota", axum::routing::put(tenants::set_quota))
         .route("/pool/{template}", axum::routing::put(pool::set_pool_size))
         .route("/templates/import", post(templates::import_template))
         .route("/templates/build", post(templates::build_template))
         .route_layer(idempotent())
         .route_layer(middleware::from_fn(require_admin));
+    // The admin may read and destroy any tenant's session; everything else is the owner's.
+    let session_root = Router::new()
+        .route("/sessions/{id}", get(sessions::get_session).delete(sessions::destroy_session))
+        .route_layer(idempotent())
+        .route_layer(middleware::from_fn_with_state(state.store.clone(), require_visible_session));
     let sessions = Router::new()
-        .route(
-            "/sessions/{id}",
-            get(sessions::get_session).delete(sessions::destroy_session).patch(sessions::update_session),
-        )
+        .route("/sessions/{id}", axum::routing::patch(sessions::update_session))
         .route("/sessions/{id}/events", get(sessions::session_events))
         .route("/sessions/{id}/pause", post(lifecycle::pause))
         .route("/sessions/{id}/resume", post(lifecycle::resume))
@@ -144,9 +150,14 @@ pub fn router(state: AppState) -> Router {
                 .delete(credentials::delete_credential),
         )
         .route("/templates", get(templates::list_templates))
+        .route("/keys", get(system::list_keys))
+        .route("/keys/{id}", axum::routing::delete(system::revoke_key))
+        .route("/keys/{id}/rotate", post(system::rotate_key))
+        .route("/tenants/{tenant}/quota", get(tenants::get_quota))
         .route_layer(idempotent());
     let authed = tenant
         .merge(admin)
+        .merge(session_root)
         .merge(sessions)
         .layer(middleware::from_fn_with_state(state.clone(), require_key))
         .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT));
@@ -189,6 +200,20 @@ async fn require_session(
     Ok(next.run(request).await)
 }
 
+/// [`require_session`] for `GET` and `DELETE /v1/sessions/{id}`, which the admin may call
+/// for any tenant's session.
+async fn require_visible_session(
+    State(store): State<Store>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(params): ApiPath<HashMap<String, String>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, AppError> {
+    let id = params.get("id").map(String::as_str).unwrap_or_default();
+    visible_session_in(&store, &caller, id).await?;
+    Ok(next.run(request).await)
+}
+
 /// Middleware of the admin-only routes: 403 before idempotency or any extractor runs (an
 /// import must not tell a tenant which paths exist on the server's host).
 async fn require_admin(_admin: Admin, request: Request, next: Next) -> Response {
@@ -205,14 +230,44 @@ async fn find_session_in(store: &Store, caller: &Caller, id: &str) -> AppResult<
     store.session(&caller.tenant_id, &parsed).await?.ok_or_else(|| AppError::session_not_found(id))
 }
 
-/// The sandbox of a running session, or a 409 that says what state it is in.
-pub(crate) async fn running_sandbox(state: &AppState, caller: &Caller, id: &str) -> AppResult<(Session, SandboxId)> {
-    let session = find_session(state, caller, id).await?;
-    sandbox_of_running(state, session)
+/// The session `id` with its tenant: the caller's, or for the admin any tenant's (404
+/// otherwise). For the calls the admin may make across tenants: show and destroy.
+pub(crate) async fn visible_session(state: &AppState, caller: &Caller, id: &str) -> AppResult<(TenantId, Session)> {
+    visible_session_in(&state.store, caller, id).await
 }
 
-/// [`running_sandbox`] of a session already found (and authorized).
-pub(crate) fn sandbox_of_running(state: &AppState, session: Session) -> AppResult<(Session, SandboxId)> {
+async fn visible_session_in(store: &Store, caller: &Caller, id: &str) -> AppResult<(TenantId, Session)> {
+    if !caller.admin {
+        return Ok((caller.tenant_id.clone(), find_session_in(store, caller, id).await?));
+    }
+    let parsed: SessionId = id.parse().map_err(|_| AppError::session_not_found(id))?;
+    let record = store.session_any(&parsed).await?.ok_or_else(|| AppError::session_not_found(id))?;
+    Ok((record.tenant_id, record.session))
+}
+
+/// The sandbox of a running session, or a 409 that says what state it is in. Every call
+/// that needs a session's sandbox (exec, files, processes, watch, ports) finds it here: a
+/// suspended session created with `auto_resume` is resumed first (once, however many calls
+/// arrive together), one without answers 409 `session_suspended` saying how to resume it.
+pub(crate) async fn running_sandbox(state: &AppState, caller: &Caller, id: &str) -> AppResult<(Session, SandboxId)> {
+    let session = find_session(state, caller, id).await?;
+    woken_sandbox(state, Some(caller), session).await
+}
+
+/// [`running_sandbox`] of a session already found (and authorized). A suspended
+/// `auto_resume` session is resumed first when the caller's key is known (`caller`); one
+/// reached by a port token or publicly is not.
+pub(crate) async fn woken_sandbox(
+    state: &AppState,
+    caller: Option<&Caller>,
+    mut session: Session,
+) -> AppResult<(Session, SandboxId)> {
+    if let Some(caller) = caller
+        && session.auto_resume
+        && suspend::wakes_on_use(session.state)
+    {
+        session = suspend::wake(state, caller, &session).await?;
+    }
     let id = session.id.clone();
     match (session.state, session.sandbox_id.clone()) {
         (SessionState::Running, Some(sandbox)) => {
@@ -222,6 +277,13 @@ pub(crate) fn sandbox_of_running(state: &AppState, session: Session) -> AppResul
         (SessionState::Creating, _) => Err(AppError::new(
             ErrorCode::InvalidState,
             format!("session {id} is still being created; wait until it is running"),
+        )),
+        (SessionState::Suspended, _) => Err(suspend::suspended(&session.id)),
+        (SessionState::Paused, _) => Err(AppError::new(
+            ErrorCode::InvalidState,
+            format!(
+                "session {id} is paused; resume it first: `POST /v1/sessions/{id}/resume` (`space session resume {id}`)"
+            ),
         )),
         (state_now, _) => Err(AppError::new(
             ErrorCode::InvalidState,
@@ -234,7 +296,7 @@ pub(crate) fn sandbox_of_running(state: &AppState, session: Session) -> AppResul
 mod tests {
     use axum::body::{Body, to_bytes};
     use axum::http::StatusCode;
-    use space_api::{ExecRequest, ImportTemplateRequest, TenantId};
+    use space_api::{ExecRequest, ImportTemplateRequest};
     use space_store::NewSession;
     use tower::ServiceExt;
 
@@ -283,6 +345,7 @@ mod tests {
             template_version: None,
             snapshot_policy: space_api::SnapshotPolicy::off(),
             lifetime: Default::default(),
+            meta: Default::default(),
         };
         store.insert_session(&new).await.unwrap();
         let routes = Router::new()

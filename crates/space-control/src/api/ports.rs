@@ -23,7 +23,7 @@ use space_api::{ErrorBody, ErrorCode, OpenPortRequest, PortAccess, PortList, Ses
 use space_store::PortRecord;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{find_session, sandbox_of_running};
+use super::{find_session, running_sandbox, woken_sandbox};
 use crate::AppState;
 use crate::auth::{Caller, bearer_key, caller_of_key, hash_key};
 use crate::error::{ApiJson, ApiPath, ApiWebSocket, AppError, AppResult};
@@ -120,9 +120,10 @@ async fn proxy_path_inner(state: AppState, request: Request) -> AppResult<Respon
     let (id, port, rest) = split_proxy_path(request.uri().path())
         .ok_or_else(|| AppError::new(ErrorCode::NotFound, "no such endpoint; see /v1/openapi.json"))?;
     let prefix = format!("/v1/sessions/{id}/ports/{port}");
-    let session = authorize(&state, request.headers(), request.uri(), &id, port).await?;
+    let (session, caller) = authorize(&state, request.headers(), request.uri(), &id, port).await?;
     let uri = upstream_uri(rest, request.uri().query())?;
-    forward(&state, session, port, request, Upstream { uri, port, prefix: Some(prefix) }).await
+    let upstream = Upstream { uri, port, prefix: Some(prefix) };
+    forward(&state, session, caller.as_ref(), request, upstream).await
 }
 
 /// Middleware of the whole API: a request whose `Host` is `{port}-{session}.{preview
@@ -135,9 +136,9 @@ pub async fn preview_host(State(state): State<AppState>, request: Request, next:
 }
 
 async fn preview(state: AppState, id: SessionId, port: u16, request: Request) -> AppResult<Response> {
-    let session = authorize(&state, request.headers(), request.uri(), id.as_str(), port).await?;
+    let (session, caller) = authorize(&state, request.headers(), request.uri(), id.as_str(), port).await?;
     let uri = upstream_uri(request.uri().path(), request.uri().query())?;
-    forward(&state, session, port, request, Upstream { uri, port, prefix: None }).await
+    forward(&state, session, caller.as_ref(), request, Upstream { uri, port, prefix: None }).await
 }
 
 /// Raw TCP to `port` over a WebSocket: binary messages carry the byte stream each way.
@@ -151,9 +152,8 @@ pub async fn tunnel(
     ApiPath((id, port)): ApiPath<(String, u16)>,
     ApiWebSocket(upgrade): ApiWebSocket,
 ) -> AppResult<Response> {
-    let session = find_session(&state, &caller, &id).await?;
     valid_port(port)?;
-    let (session, sandbox) = sandbox_of_running(&state, session)?;
+    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let stream = state.node.connect_port(&sandbox, port).await?;
     tracing::info!(session = %session.id, port, "port tunnel opened");
     Ok(upgrade.on_upgrade(move |socket| async move {
@@ -185,12 +185,19 @@ async fn pipe_tunnel(mut socket: WebSocket, stream: space_node_api::PortStream) 
     let _ = socket.send(Message::Close(None)).await;
 }
 
-/// The session a proxied request may reach, or why not.
-async fn authorize(state: &AppState, headers: &HeaderMap, uri: &Uri, id: &str, port: u16) -> AppResult<Session> {
+/// The session a proxied request may reach, and whose key it came with (none for a token
+/// or a public port), or why not.
+async fn authorize(
+    state: &AppState,
+    headers: &HeaderMap,
+    uri: &Uri,
+    id: &str,
+    port: u16,
+) -> AppResult<(Session, Option<Caller>)> {
     valid_port(port)?;
     if let Some(key) = bearer_key(headers) {
         let caller = caller_of_key(state, key).await?;
-        return find_session(state, &caller, id).await;
+        return Ok((find_session(state, &caller, id).await?, Some(caller)));
     }
     let denied = || {
         AppError::new(
@@ -206,7 +213,8 @@ async fn authorize(state: &AppState, headers: &HeaderMap, uri: &Uri, id: &str, p
     if !record.public && !token_matches(headers, uri, &record) {
         return Err(denied());
     }
-    state.store.session(&record.tenant_id, &parsed).await?.ok_or_else(denied)
+    let session = state.store.session(&record.tenant_id, &parsed).await?.ok_or_else(denied)?;
+    Ok((session, None))
 }
 
 fn token_matches(headers: &HeaderMap, uri: &Uri, record: &PortRecord) -> bool {
@@ -219,15 +227,16 @@ fn query_token(query: Option<&str>) -> Option<String> {
     form_urlencoded::parse(query?.as_bytes()).find(|(k, _)| k == TOKEN_QUERY).map(|(_, v)| v.into_owned())
 }
 
-/// Connects to the port and forwards the request: the session must be running.
+/// Connects to the port and forwards the request: the session must be running (or wake).
 async fn forward(
     state: &AppState,
     session: Session,
-    port: u16,
+    caller: Option<&Caller>,
     request: Request,
     upstream: Upstream,
 ) -> AppResult<Response> {
-    let (session, sandbox) = sandbox_of_running(state, session)?;
+    let port = upstream.port;
+    let (session, sandbox) = woken_sandbox(state, caller, session).await?;
     let stream = state.node.connect_port(&sandbox, port).await?;
     let response = proxy::forward(stream, request, upstream).await.map_err(|e| {
         AppError::new(ErrorCode::PortNotListening, format!("port {port} of session {}: {e}", session.id))

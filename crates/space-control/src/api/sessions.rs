@@ -11,10 +11,11 @@ use space_api::{
     CreateSessionRequest, ErrorBody, ErrorCode, EventList, OperationId, OperationState, Resources, Session, SessionId,
     SessionLifetime, SessionList, UpdateSessionRequest,
 };
-use space_store::NewSession;
+use space_store::{NewSession, SessionMeta};
 use utoipa::IntoParams;
 
-use super::find_session;
+use super::session_meta::{ListParams, check_labels, check_metadata, check_name, list_filter};
+use super::{find_session, visible_session};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiPath, ApiQuery, AppError, AppResult};
@@ -40,13 +41,6 @@ pub struct WaitParam {
 
 fn yes() -> bool {
     true
-}
-
-#[derive(Debug, Deserialize, IntoParams)]
-pub struct ListParams {
-    /// Include destroyed sessions.
-    #[serde(default)]
-    pub all: bool,
 }
 
 fn resources(request: &CreateSessionRequest, default_disk_mib: u64) -> AppResult<Resources> {
@@ -112,7 +106,8 @@ pub(super) fn check_template(state: &AppState, name: &str) -> AppResult<()> {
 
 /// Creates a session and its first sandbox. Waits until it is running unless `wait=false`.
 #[utoipa::path(post, path = "/v1/sessions", request_body = CreateSessionRequest, params(WaitParam),
-    responses((status = 201, body = Session), (status = 202, body = Session), (status = 400, body = ErrorBody)))]
+    responses((status = 201, body = Session), (status = 202, body = Session), (status = 400, body = ErrorBody),
+        (status = 429, body = ErrorBody)))]
 pub async fn create_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -137,6 +132,7 @@ pub async fn create_session(
     snapshot_policy.validate().map_err(|e| AppError::bad_request(format!("snapshot_policy: {e}")))?;
     let lifetime = SessionLifetime { idle_timeout_secs: request.idle_timeout_secs, max_age_secs: request.max_age_secs };
     lifetime.validate().map_err(AppError::bad_request)?;
+    let meta = create_meta(&request)?;
     let mut new = NewSession {
         id: SessionId::generate(),
         tenant_id: caller.tenant_id.clone(),
@@ -148,11 +144,47 @@ pub async fn create_session(
         template_version: None,
         snapshot_policy,
         lifetime,
+        meta,
     };
     // The session's egress reaches the gateway before any sandbox of it starts.
     let op = crate::egress::insert_new_session(&state, &mut new, request.network, &request.grants, key).await?;
     state.reconciler.wake();
     created(&state, &caller, &new.id, Some(op), params.wait).await
+}
+
+fn create_meta(request: &CreateSessionRequest) -> AppResult<SessionMeta> {
+    if let Some(name) = &request.name {
+        check_name(name)?;
+    }
+    check_labels(&request.labels)?;
+    check_metadata(&request.metadata)?;
+    Ok(SessionMeta {
+        name: request.name.clone(),
+        labels: request.labels.clone(),
+        metadata: request.metadata.clone(),
+        auto_resume: request.auto_resume,
+    })
+}
+
+/// The session's settings after `request` (`None`: nothing about them changes).
+fn updated_meta(session: &Session, request: &UpdateSessionRequest) -> AppResult<Option<SessionMeta>> {
+    let mut meta = SessionMeta::of(session);
+    if let Some(name) = &request.name {
+        if !name.is_empty() {
+            check_name(name)?;
+        }
+        meta.name = (!name.is_empty()).then(|| name.clone());
+    }
+    if let Some(labels) = &request.labels {
+        check_labels(labels)?;
+        meta.labels = labels.clone();
+    }
+    if let Some(metadata) = &request.metadata {
+        check_metadata(metadata)?;
+        meta.metadata = metadata.clone();
+    }
+    meta.auto_resume = request.auto_resume.unwrap_or(meta.auto_resume);
+    Ok((meta != SessionMeta::of(session)).then_some(meta))
 }
 
 /// The answer to a create of session `id` by operation `op`: at once (`wait` false), or once
@@ -178,17 +210,22 @@ async fn created(
     Ok((StatusCode::CREATED, ApiJson(session)))
 }
 
-/// The caller's sessions, newest first.
-#[utoipa::path(get, path = "/v1/sessions", params(ListParams), responses((status = 200, body = SessionList)))]
+/// The caller's sessions, newest first, filtered by the query: `label=KEY=VALUE` (repeat it:
+/// all must match), `state`, `template`, `all` (destroyed ones too) and `all_tenants`
+/// (every tenant's; admin key only).
+#[utoipa::path(get, path = "/v1/sessions", params(ListParams),
+    responses((status = 200, body = SessionList), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
 pub async fn list_sessions(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiQuery(params): ApiQuery<ListParams>,
+    ApiQuery(pairs): ApiQuery<Vec<(String, String)>>,
 ) -> AppResult<ApiJson<SessionList>> {
-    let sessions = state.store.list_sessions(&caller.tenant_id, params.all).await?;
+    let filter = list_filter(&caller, &pairs)?;
+    let sessions = state.store.list_sessions(&filter).await?;
     Ok(ApiJson(SessionList { sessions }))
 }
 
+/// A session. The admin may read any tenant's.
 #[utoipa::path(get, path = "/v1/sessions/{id}", params(("id" = String, Path)),
     responses((status = 200, body = Session), (status = 404, body = ErrorBody)))]
 pub async fn get_session(
@@ -196,10 +233,11 @@ pub async fn get_session(
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<Session>> {
-    Ok(ApiJson(find_session(&state, &caller, &id).await?))
+    Ok(ApiJson(visible_session(&state, &caller, &id).await?.1))
 }
 
-/// Changes a session's settings: its snapshot policy, idle timeout and maximum age.
+/// Changes a session's settings: its snapshot policy, idle timeout and maximum age, its name,
+/// labels and metadata (each replaced whole), and `auto_resume`.
 #[utoipa::path(patch, path = "/v1/sessions/{id}", params(("id" = String, Path)), request_body = UpdateSessionRequest,
     responses((status = 200, body = Session), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn update_session(
@@ -214,14 +252,19 @@ pub async fn update_session(
     if let Some(policy) = &request.snapshot_policy {
         policy.validate().map_err(|e| AppError::bad_request(format!("snapshot_policy: {e}")))?;
     }
+    let meta = updated_meta(&session, &request)?;
     if request.snapshot_policy.is_some() || lifetime != session.lifetime {
         let policy = request.snapshot_policy.as_ref().unwrap_or(&session.snapshot_policy);
         state.store.set_settings(&session.id, policy, &lifetime).await?;
+    }
+    if let Some(meta) = meta {
+        state.store.set_meta(&session.id, &meta).await?;
     }
     Ok(ApiJson(find_session(&state, &caller, &id).await?))
 }
 
 /// Destroys a session and its sandbox. Idempotent: destroying a destroyed session is a no-op.
+/// The admin may destroy any tenant's.
 #[utoipa::path(delete, path = "/v1/sessions/{id}", params(("id" = String, Path), WaitParam),
     responses((status = 200, body = Session), (status = 202, body = Session), (status = 404, body = ErrorBody)))]
 pub async fn destroy_session(
@@ -230,16 +273,15 @@ pub async fn destroy_session(
     ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<WaitParam>,
 ) -> AppResult<(StatusCode, ApiJson<Session>)> {
-    let session = find_session(&state, &caller, &id).await?;
-    if let Some(op) = state.store.begin_destroy(&caller.tenant_id, &session.id).await? {
+    let (tenant, session) = visible_session(&state, &caller, &id).await?;
+    if let Some(op) = state.store.begin_destroy(&tenant, &session.id).await? {
         state.reconciler.wake();
         if !params.wait {
-            return Ok((StatusCode::ACCEPTED, ApiJson(find_session(&state, &caller, &id).await?)));
+            return Ok((StatusCode::ACCEPTED, ApiJson(visible_session(&state, &caller, &id).await?.1)));
         }
-        state.reconciler.wait(&state, &caller.tenant_id, &op, WAIT).await?;
+        state.reconciler.wait(&state, &tenant, &op, WAIT).await?;
     }
-    let session = find_session(&state, &caller, &id).await?;
-    Ok((StatusCode::OK, ApiJson(session)))
+    Ok((StatusCode::OK, ApiJson(visible_session(&state, &caller, &id).await?.1)))
 }
 
 /// Every state transition and notable event of a session, oldest first.

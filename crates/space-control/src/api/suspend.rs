@@ -59,8 +59,19 @@ pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &Se
 }
 
 /// Restores the newest full snapshot of a suspended session; it stays suspended if that fails.
+/// Under the session's lock, so concurrent resumes restore it once: those that waited find
+/// it running and return it.
 pub(crate) async fn resume_suspended(state: &AppState, caller: &Caller, session: &Session) -> AppResult<Session> {
     let _guard = state.session_lock(&session.id).await;
+    let session = find_session(state, caller, session.id.as_str()).await?;
+    if session.state == SessionState::Running {
+        return Ok(session);
+    }
+    resume_locked(state, caller, &session).await
+}
+
+/// [`resume_suspended`] with the session's lock held.
+async fn resume_locked(state: &AppState, caller: &Caller, session: &Session) -> AppResult<Session> {
     let snapshots = state.store.list_snapshots(&session.id).await?;
     let Some(latest) = snapshots.iter().rev().find(|s| s.kind == SnapshotKind::Full) else {
         return Err(AppError::new(
@@ -70,4 +81,38 @@ pub(crate) async fn resume_suspended(state: &AppState, caller: &Caller, session:
     };
     let input = RestoreInput { snapshot: latest.id.clone(), sandbox: SandboxId::generate(), from_suspended: true };
     run_restore(state, caller, &session.id, input, &[SessionState::Suspended], "be resumed").await
+}
+
+/// States in which a call that needs the sandbox of an `auto_resume` session waits for it:
+/// suspended, or on the way in or out of it (the suspend or resume holds the session's lock).
+pub(crate) fn wakes_on_use(state: SessionState) -> bool {
+    matches!(state, SessionState::Suspended | SessionState::Suspending | SessionState::Restoring)
+}
+
+/// Resumes an `auto_resume` session for a call that needs its sandbox, and returns it as it
+/// is then. However many such calls arrive together, one resumes it: the others wait for the
+/// session's lock and find it running. A session suspending (its idle timeout) is resumed
+/// once that is done.
+pub(crate) async fn wake(state: &AppState, caller: &Caller, session: &Session) -> AppResult<Session> {
+    let _guard = state.session_lock(&session.id).await;
+    let session = find_session(state, caller, session.id.as_str()).await?;
+    if session.state != SessionState::Suspended {
+        return Ok(session);
+    }
+    tracing::info!(session = %session.id, "resuming a suspended session on use (auto_resume)");
+    let resumed = resume_locked(state, caller, &session).await?;
+    state.store.record_event(&session.id, "auto_resume", "resumed on use: a call needed its sandbox").await?;
+    Ok(resumed)
+}
+
+/// 409 `session_suspended`: how to resume it, or make calls resume it.
+pub(crate) fn suspended(id: &SessionId) -> AppError {
+    AppError::new(
+        ErrorCode::SessionSuspended,
+        format!(
+            "session {id} is suspended; resume it with `POST /v1/sessions/{id}/resume` (`space session resume {id}`), \
+             or set auto_resume (`PATCH /v1/sessions/{id}` with {{\"auto_resume\": true}}) so that calls like this \
+             one resume it"
+        ),
+    )
 }

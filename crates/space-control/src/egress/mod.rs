@@ -352,13 +352,13 @@ pub async fn insert_new_session(
     state.egress().insert(new, &stored, SessionEgress { policy, ca, grants: gateway_grants }).await
 }
 
-/// Records a session forked from `parent`: see [`Egress::insert_fork`].
-pub async fn insert_forked_session(
+/// Records the sessions of a fork of `parent`, all or none: see [`Egress::insert_forks`].
+pub async fn insert_forked_sessions(
     state: &AppState,
     parent: &SessionId,
-    new: &NewSession,
-) -> AppResult<space_api::OperationId> {
-    state.egress().insert_fork(parent, new).await
+    news: &[NewSession],
+) -> AppResult<Vec<space_api::OperationId>> {
+    state.egress().insert_forks(parent, news).await
 }
 
 /// Loads `session`'s policy, CA and grants from the store, unseals them and hands them to
@@ -373,32 +373,55 @@ pub async fn push_session(state: &AppState, session: &SessionId) -> AppResult<()
 }
 
 impl Egress<'_> {
-    /// Records a session forked from `parent`: it keeps the parent's policy, grants and CA
+    /// Records a session forked from `parent`: see [`Egress::insert_forks`].
+    pub async fn insert_fork(self, parent: &SessionId, new: &NewSession) -> AppResult<space_api::OperationId> {
+        let mut ops = self.insert_forks(parent, std::slice::from_ref(new)).await?;
+        ops.pop().ok_or_else(|| AppError::internal("a fork recorded no operation"))
+    }
+
+    /// Records sessions forked from `parent`, in one transaction (so a fork that would go
+    /// over the tenant's quota creates none): each keeps the parent's policy, grants and CA
     /// (its processes may already trust that CA). The grants are recorded as inherited from
     /// `parent`, so revoking one there revokes it here too until the fork is detached or
     /// granted that credential itself (see [`Store::revoke`]).
-    pub async fn insert_fork(self, parent: &SessionId, new: &NewSession) -> AppResult<space_api::OperationId> {
+    pub async fn insert_forks(self, parent: &SessionId, news: &[NewSession]) -> AppResult<Vec<space_api::OperationId>> {
         let record =
             self.store.session_egress(parent).await?.ok_or_else(|| AppError::session_not_found(parent.as_str()))?;
         let ca = match (&record.ca_cert, &record.ca_key_sealed) {
             (Some(cert), Some(key)) => open_ca(self.sealer, parent, cert, key)?,
             _ => new_ca(self.sealer, parent)?.0,
         };
-        let key_sealed = self.sealer.seal(ca.key_pem.as_bytes(), &ca_owner(&new.id)).map_err(key_error)?;
         let grants = self.store.session_grants(parent).await?;
         let gateway_grants = grants.iter().map(|r| grant_of(self.sealer, r)).collect::<AppResult<Vec<_>>>()?;
-        let stored = NewSessionEgress {
-            egress: SessionEgressRecord {
-                policy: record.policy.clone(),
-                ca_cert: Some(ca.cert_pem.clone()),
-                ca_key_sealed: Some(key_sealed),
-            },
-            grants: grants.iter().map(|r| r.credential.id.clone()).collect(),
-            inherited_from: Some(parent.clone()),
-            idempotency_key: None,
-        };
-        let egress = SessionEgress { policy: record.policy, ca, grants: gateway_grants };
-        self.insert(new, &stored, egress).await
+        let mut stored = Vec::new();
+        for new in news {
+            let key_sealed = self.sealer.seal(ca.key_pem.as_bytes(), &ca_owner(&new.id)).map_err(key_error)?;
+            stored.push(NewSessionEgress {
+                egress: SessionEgressRecord {
+                    policy: record.policy.clone(),
+                    ca_cert: Some(ca.cert_pem.clone()),
+                    ca_key_sealed: Some(key_sealed),
+                },
+                grants: grants.iter().map(|r| r.credential.id.clone()).collect(),
+                inherited_from: Some(parent.clone()),
+                idempotency_key: None,
+            });
+        }
+        for new in news {
+            let egress =
+                SessionEgress { policy: record.policy.clone(), ca: ca.clone(), grants: gateway_grants.clone() };
+            self.gateway.set_session_egress(&new.id, egress);
+        }
+        let pairs: Vec<_> = news.iter().zip(&stored).collect();
+        match self.store.insert_sessions_with_egress(&pairs).await {
+            Ok(ops) => Ok(ops),
+            Err(e) => {
+                for new in news {
+                    self.gateway.forget_session_egress(&new.id);
+                }
+                Err(e.into())
+            }
+        }
     }
 
     /// Records `new` with `stored`, after handing `egress` to the gateway (so it is there

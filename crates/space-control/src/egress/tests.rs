@@ -145,6 +145,7 @@ impl Fixture {
             template_version: None,
             snapshot_policy: space_api::SnapshotPolicy::off(),
             lifetime: Default::default(),
+            meta: Default::default(),
         }
     }
 

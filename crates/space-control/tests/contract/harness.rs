@@ -114,6 +114,11 @@ impl Server {
         self.call_as(&self.admin.clone(), method, path, body).await
     }
 
+    /// The server's data dir.
+    pub fn data_dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     /// A new key of tenant `name`.
     pub async fn tenant_key(&self, name: &str) -> String {
         let (status, body) = self.call("POST", "/v1/keys", Some(json!({ "tenant": name }))).await;

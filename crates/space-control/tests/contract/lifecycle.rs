@@ -74,10 +74,11 @@ async fn suspend_frees_the_sandbox_and_resume_brings_the_session_back() {
         assert_eq!((status, session["state"].as_str()), (200, Some("suspended")), "idempotent: {session}");
     }
     assert_eq!(on_node(&server, &old), None, "the sandbox is gone from the node");
-    for action in ["pause", "snapshots", "exec", "fork"] {
-        let body = if action == "exec" { json!({ "cmd": ["true"] }) } else { json!({}) };
-        assert_error(&server.act(&id, action, body).await, 409, "invalid_state");
+    for action in ["pause", "snapshots", "fork"] {
+        assert_error(&server.act(&id, action, json!({})).await, 409, "invalid_state");
     }
+    // Created without auto_resume: the call says how to resume it (auto_resume.rs).
+    assert_error(&server.exec(&id, &["true"]).await, 409, "session_suspended");
     let (status, session) = server.act(&id, "resume", json!({})).await;
     assert_eq!((status, session["state"].as_str()), (200, Some("running")), "{session}");
     assert_ne!(sandbox_of(&session), old, "a new sandbox");

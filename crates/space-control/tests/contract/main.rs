@@ -3,15 +3,19 @@
 //! against the real control plane without root. The same promises are checked end to end,
 //! with real sandboxes and as root, by `crates/space-cli/tests`.
 
+mod auto_resume;
 mod disk;
 mod errors;
 mod exec_files;
 mod failures;
 mod harness;
 mod idempotency;
+mod keys;
 mod lifecycle;
 mod pool;
 mod ports;
+mod quotas;
 mod recovery;
 mod runtimes;
+mod session_meta;
 mod tenancy;

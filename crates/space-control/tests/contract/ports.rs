@@ -237,3 +237,23 @@ async fn large_bodies_stream_both_ways() {
         assert!(answer.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
     }
 }
+
+/// A port call with the API key wakes a suspended `auto_resume` session, as exec does; one
+/// by token does not (a shared link must not resume a session), and says how to.
+#[tokio::test]
+async fn the_api_key_wakes_an_auto_resume_session_and_a_token_does_not() {
+    let server = Server::start().await;
+    let (status, created) = server.call("POST", "/v1/sessions", Some(json!({ "auto_resume": true }))).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let (_, opened) = server.call("POST", &format!("/v1/sessions/{id}/ports/8000"), None).await;
+    let token = opened["token"].as_str().unwrap().to_owned();
+    assert_eq!(server.act(&id, "suspend", json!({})).await.0, 200);
+    let path = format!("/v1/sessions/{id}/ports/8000/");
+    assert_error(&anonymous(&server, &path, &[("x-space-port-token", &token)]).await, 409, "session_suspended");
+    assert_eq!(server.get(&id).await["state"], "suspended");
+    // The resumed sandbox is a new one that serves nothing: the wake shows as a 502 from it.
+    let (status, body, _) = server.send(&server.admin, "GET", &path, None, &[]).await;
+    assert_error(&(status, body), 502, "port_not_listening");
+    assert_eq!(server.get(&id).await["state"], "running");
+}

@@ -102,6 +102,8 @@ async fn admin_only_calls_refuse_a_tenant_before_reading_the_request() {
         ("POST", "/v1/templates/build", Some(r#"{"name":"nope"}"#.into())),
         ("PUT", "/v1/pool/nope", Some(r#"{"size":99999}"#.into())),
         ("PUT", "/v1/pool/busybox", Some("{not json".into())),
+        ("PUT", "/v1/tenants/other/quota", Some(r#"{"max_sessions":-1}"#.into())),
+        ("PUT", "/v1/tenants/BAD%20NAME/quota", Some("{not json".into())),
     ];
     for (method, path, body) in refused {
         let too_long = "k".repeat(300);

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The SDKs' test suites against a live server: starts `space serve` (busybox default template)
+# on a free loopback port with a data dir and cgroup parent of its own, runs the Python SDK's
+# pytest suite and, when sdk/typescript/package.json exists, the TypeScript SDK's `npm test`
+# (both read SPACE_URL and SPACE_API_KEY), then stops the server and removes what it made,
+# also when a suite fails or the script is interrupted. Fails if any suite failed.
+#
+# Run as root from the repository root (scripts/test.sh calls it after the Rust tests).
+# Binaries: target/release/space if present, else `cargo build --release -p space-cli` builds
+# it; spaced: $SPACED_BIN, else target/x86_64-unknown-linux-gnu/release/spaced (`cargo
+# build-spaced`). The Python venv is /var/cache/space/sdk-venv, made again only when the SDK's
+# requirements (sdk/python/pyproject.toml) change; SPACE_SDK_VENV overrides its place.
+# Extra arguments go to pytest (e.g. `scripts/test-sdks.sh -k files -x`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "test-sdks.sh creates real sandboxes and needs root" >&2
+  exit 1
+fi
+
+SPACE_BIN=target/release/space
+if [ ! -x "$SPACE_BIN" ]; then
+  echo "== building $SPACE_BIN"
+  cargo build --release -p space-cli
+fi
+SPACED=${SPACED_BIN:-target/x86_64-unknown-linux-gnu/release/spaced}
+if [ ! -x "$SPACED" ]; then
+  echo "no spaced at $SPACED: run \`cargo build-spaced\` or set SPACED_BIN" >&2
+  exit 1
+fi
+
+CGROUP_PARENT=space-sdk-tests
+DATA_DIR=$(mktemp -d /var/tmp/space-sdk-tests-XXXXXX)
+chmod 755 "$DATA_DIR" # sandboxes run as mapped uids: every parent of their roots must be searchable
+LOG="$DATA_DIR.log"
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+SERVER_PID=
+
+# Stops the server, kills what is left in its cgroups, unmounts its pool and removes its data
+# dir. Only what this run made: its own data dir, its own cgroup parent.
+cleanup() {
+  local status=$?
+  set +e
+  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM "$SERVER_PID"
+    for _ in $(seq 1 100); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVER_PID" 2>/dev/null
+    wait "$SERVER_PID" 2>/dev/null
+  fi
+  for _ in $(seq 1 50); do
+    local busy=0 dir pid
+    while IFS= read -r dir; do
+      for pid in $(cat "$dir/cgroup.procs" 2>/dev/null); do busy=1; kill -KILL "$pid" 2>/dev/null; done
+      [ -e "$dir/freezer.state" ] && echo THAWED >"$dir/freezer.state" 2>/dev/null
+      rmdir "$dir" 2>/dev/null
+    done < <(find /sys/fs/cgroup/*/"$CGROUP_PARENT" /sys/fs/cgroup/"$CGROUP_PARENT" -mindepth 1 -depth -type d 2>/dev/null)
+    [ "$busy" = 0 ] && break
+    sleep 0.1
+  done
+  rmdir /sys/fs/cgroup/*/"$CGROUP_PARENT" /sys/fs/cgroup/"$CGROUP_PARENT" 2>/dev/null
+  local mount loop
+  while read -r _ mount _; do
+    case "$mount" in "$DATA_DIR"/*|"$DATA_DIR") umount -l "$mount" 2>/dev/null ;; esac
+  done < <(sort -r -k2 /proc/mounts)
+  for loop in $(losetup -j "$DATA_DIR/pool.img" -O NAME -n 2>/dev/null); do losetup -d "$loop" 2>/dev/null; done
+  if grep -q " $DATA_DIR" /proc/mounts; then
+    echo "$DATA_DIR is still mounted: left in place" >&2
+  else
+    rm -rf "$DATA_DIR"
+  fi
+  if [ "$status" = 0 ]; then rm -f "$LOG"; else echo "server log kept at $LOG" >&2; fi
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "== starting space serve on 127.0.0.1:$PORT (data $DATA_DIR)"
+"$SPACE_BIN" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cgroup-parent "$CGROUP_PARENT" \
+  --default-template busybox --prepare-templates busybox --pool-size-gib 8 \
+  --default-runtime "${SPACE_TEST_RUNTIME:-linux}" --spaced "$SPACED" </dev/null >/dev/null 2>"$LOG" &
+SERVER_PID=$!
+
+export SPACE_URL="http://127.0.0.1:$PORT"
+ready=0
+for _ in $(seq 1 1200); do
+  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+    echo "space serve exited; its log:" >&2
+    cat "$LOG" >&2
+    exit 1
+  fi
+  if [ -s "$DATA_DIR/admin.key" ]; then
+    SPACE_API_KEY=$(cat "$DATA_DIR/admin.key")
+    if curl -sf -H "Authorization: Bearer $SPACE_API_KEY" "$SPACE_URL/v1/templates" | grep -q '"name":"busybox"'; then
+      ready=1
+      break
+    fi
+  fi
+  sleep 0.1
+done
+if [ "$ready" != 1 ]; then
+  echo "space serve was not ready in 120 s; its log:" >&2
+  cat "$LOG" >&2
+  exit 1
+fi
+export SPACE_API_KEY
+
+# The venv: its requirements are sdk/python/pyproject.toml's; the SDK itself is installed
+# again on every run (it is small, and its code may have changed).
+VENV=${SPACE_SDK_VENV:-/var/cache/space/sdk-venv}
+STAMP=$(sha256sum sdk/python/pyproject.toml | cut -d' ' -f1)
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.requirements" 2>/dev/null)" != "$STAMP" ]; then
+  echo "== making the venv $VENV"
+  rm -rf "$VENV"
+  mkdir -p "$(dirname "$VENV")"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q "./sdk/python[test]"
+  echo "$STAMP" >"$VENV/.requirements"
+fi
+"$VENV/bin/pip" install -q --no-deps --force-reinstall ./sdk/python
+
+failed=0
+echo "== Python SDK tests"
+(cd sdk/python && "$VENV/bin/python" -m pytest -p no:cacheprovider "$@") || failed=1
+
+if [ -f sdk/typescript/package.json ]; then
+  echo "== TypeScript SDK tests"
+  (cd sdk/typescript && npm ci --no-audit --no-fund && npm test) || failed=1
+fi
+
+if [ "$failed" != 0 ]; then
+  echo "SDK tests failed" >&2
+  exit 1
+fi
+echo "SDK tests passed"
