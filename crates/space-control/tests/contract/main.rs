@@ -10,6 +10,7 @@ mod failures;
 mod harness;
 mod idempotency;
 mod lifecycle;
+mod observability;
 mod pool;
 mod recovery;
 mod runtimes;
