@@ -21,6 +21,8 @@ install_missing() {
 }
 
 install_missing -- btrfs-progs debootstrap busybox-static iproute2 util-linux tar xz-utils zstd ca-certificates gcc libc6-dev
+# scripts/test.sh validates docs/openapi.json with a validator from PyPI, in a venv.
+command -v python3 >/dev/null || install_missing -- python3 python3-venv
 # The `vm` runtime: QEMU, and what install-vm.sh builds the guest with (binutils: readelf,
 # strings). Without recommends: QEMU's pull in display, audio and firmware packages that a
 # headless microvm never uses.

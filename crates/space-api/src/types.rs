@@ -610,16 +610,36 @@ pub struct SessionStats {
     /// Of its running sandbox; `null` while it has none (suspended, stopped).
     pub sandbox: Option<SandboxUsage>,
     pub disk: DiskStats,
+    /// What it sent and received through the egress gateway.
+    #[serde(default)]
+    pub network: NetworkUsage,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct SandboxUsage {
+    /// Memory in use now (the sandbox's cgroup: processes, page cache, kernel memory).
     pub memory_bytes: u64,
+    /// The most memory the sandbox used at once since it started; `null` where the kernel
+    /// does not report it (cgroup v2 before Linux 5.19). A restored sandbox starts anew.
+    #[serde(default)]
+    pub memory_peak_bytes: Option<u64>,
     pub memory_limit_bytes: u64,
     /// Processes the kernel killed because the sandbox hit its memory limit.
     pub oom_kills: u64,
     pub pids: u64,
+    /// CPU time its processes used since the sandbox started, user and system together.
     pub cpu_usage_ns: u64,
+}
+
+/// Bytes through the egress gateway since the session's egress was set on this node (its
+/// creation, or the server's start: the counters are kept in memory), counted as each
+/// connection or request ends, DNS excepted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NetworkUsage {
+    /// From the sandbox to upstreams (request headers and bodies, or a tunnel's bytes).
+    pub bytes_out: u64,
+    /// From upstreams to the sandbox.
+    pub bytes_in: u64,
 }
 
 /// A session's disk usage: what its sandboxes wrote that still exists anywhere on the node
@@ -627,11 +647,21 @@ pub struct SandboxUsage {
 /// (a few seconds behind writes).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct DiskStats {
+    /// What the session is charged for: its root and its snapshots together, data they share
+    /// counted once.
     pub used_bytes: u64,
     /// `null`: no limit.
     pub limit_bytes: Option<u64>,
     /// Whether the node enforces the limit (btrfs simple quotas on its pool).
     pub enforced: bool,
+    /// How many snapshots the session has.
+    #[serde(default)]
+    pub snapshots: u64,
+    /// The sum of its snapshots' `size_bytes` (apparent sizes: data a snapshot shares with
+    /// the root or another snapshot counts in each; a disk snapshot still being measured
+    /// counts 0). What deleting one frees is its `exclusive_bytes`.
+    #[serde(default)]
+    pub snapshot_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -132,7 +132,13 @@ pub fn print_stats(stats: &SessionStats, json: bool) -> anyhow::Result<()> {
         return print_json(stats);
     }
     if let Some(s) = &stats.sandbox {
-        println!("memory    {} of {} ({} OOM kills)", bytes(s.memory_bytes), bytes(s.memory_limit_bytes), s.oom_kills);
+        let peak = s.memory_peak_bytes.map(|p| format!(", peak {}", bytes(p))).unwrap_or_default();
+        println!(
+            "memory    {} of {}{peak} ({} OOM kills)",
+            bytes(s.memory_bytes),
+            bytes(s.memory_limit_bytes),
+            s.oom_kills
+        );
         println!("cpu       {:.3} s\npids      {}", s.cpu_usage_ns as f64 / 1e9, s.pids);
     }
     let d = &stats.disk;
@@ -142,6 +148,9 @@ pub fn print_stats(stats: &SessionStats, json: bool) -> anyhow::Result<()> {
         (None, _) => " (no limit)".into(),
     };
     println!("disk      {}{limit}", bytes(d.used_bytes));
+    println!("snapshots {} ({} in all, shared data counted in each)", d.snapshots, bytes(d.snapshot_bytes));
+    let n = &stats.network;
+    println!("network   {} out, {} in (through the gateway)", bytes(n.bytes_out), bytes(n.bytes_in));
     Ok(())
 }
 

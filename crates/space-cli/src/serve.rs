@@ -113,6 +113,34 @@ pub struct ServeArgs {
     /// 443) and audited.
     #[arg(long, value_name = "N", default_value_t = SandboxLimits::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
     gateway_max_connections: usize,
+    /// Serve Prometheus metrics at `GET /metrics` on this address (e.g. 127.0.0.1:9464),
+    /// without authentication: give it an address only the operator's scraper reaches.
+    /// Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// Log lines as `text` (human; colour only on a terminal) or `json` (one object a line,
+    /// with the request id of the request it belongs to). Verbosity from `RUST_LOG`.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// How `space serve` writes its log (to stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs to stderr in `format`, at `RUST_LOG`'s levels (default `info`). Colour codes only
+/// when stderr is a terminal: a file or journald gets plain text.
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).init(),
+    }
 }
 
 fn parse_max_connections(value: &str) -> Result<usize, String> {
@@ -226,10 +254,7 @@ fn raise_fd_limit() {
 }
 
 pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(args.log_format);
     if !nix::unistd::Uid::effective().is_root() {
         bail!("space serve must run as root (it creates namespaces, cgroups and btrfs subvolumes)");
     }
@@ -270,6 +295,12 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
+    let metrics_listener = match args.metrics_listen {
+        Some(addr) => {
+            Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}"))?)
+        }
+        None => None,
+    };
     // The in-process node: `space serve` is control plane and node in one process.
     let open_node = async |node_id: &str| -> Result<Arc<dyn NodeApi>, space_node_api::NodeError> {
         let node: Arc<dyn NodeApi> = Arc::new(Node::open(node.owned_by(node_id)).await?);
@@ -285,6 +316,16 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
             "full snapshots, suspend and process-preserving fork are OFF: {why}; run scripts/install-criu.sh \
              and restart (disk snapshots, pause, restore and fork of files work)"
         ),
+    }
+    if let Some(listener) = metrics_listener {
+        tracing::info!(listen = %listener.local_addr()?, "serving Prometheus metrics at /metrics");
+        // Ends with the process: nothing there needs a graceful stop.
+        let metrics = space_control::serve_metrics(state.clone(), listener, std::future::pending());
+        tokio::spawn(async move {
+            if let Err(e) = metrics.await {
+                tracing::error!(error = %e, "the metrics listener stopped");
+            }
+        });
     }
     tracing::info!(listen = %config.listen, data_dir = %data_dir.display(), "space is serving; admin key in {}/admin.key", data_dir.display());
     space_control::serve(state, listener, shutdown_signal()).await?;

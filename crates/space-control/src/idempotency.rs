@@ -166,7 +166,9 @@ pub async fn idempotency(State(state): State<Idempotency>, request: Request, nex
     // leave its key in progress; the task runs it to the end and records the response.
     let mut request = Request::from_parts(parts, Body::from(body));
     request.extensions_mut().insert(RunsUnderKey(key.clone()));
-    tokio::spawn(async move { run_and_record(&state, &caller.tenant_id, &key, next, request).await })
+    // In the request's span, so what it logs carries the request id.
+    let run = async move { run_and_record(&state, &caller.tenant_id, &key, next, request).await };
+    tokio::spawn(tracing::Instrument::in_current_span(run))
         .await
         .map_err(|e| AppError::internal(format!("request task: {e}")))?
 }

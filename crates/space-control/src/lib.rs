@@ -12,6 +12,8 @@ pub mod egress;
 pub mod error;
 pub mod idempotency;
 pub mod keys;
+pub mod metrics;
+pub mod observe;
 mod proxy;
 pub mod reconciler;
 pub mod recovery;
@@ -30,6 +32,7 @@ use space_node_api::{NodeApi, NodeError};
 use space_store::Store;
 
 pub use error::{AppError, AppResult};
+pub use metrics::serve_metrics;
 pub use reconciler::Reconciler;
 pub use server::HttpLimits;
 

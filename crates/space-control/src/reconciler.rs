@@ -3,11 +3,12 @@
 //! is repaired by running the operation again.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, SessionId, SessionState, SnapshotId};
+use space_metrics::{RestoreReason, Start};
 use space_node_api::{DiskQuota, Limits, SandboxHandle, TemplateInfo};
-use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord, SandboxRecord};
+use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord, SandboxRecord, SessionRecord};
 use tokio::sync::{Notify, watch};
 
 use crate::AppState;
@@ -125,10 +126,19 @@ async fn create_session(state: &AppState, op: &OperationRecord) -> AppResult<()>
     if let Some(old) = &record.session.sandbox_id {
         remove_sandbox(state, old).await?;
     }
-    let started = match &record.source_snapshot {
-        Some(snapshot) => start_from_snapshot(state, &record.session, snapshot, SandboxId::generate()).await,
-        None => start_sandbox(state, op, &record.session).await,
+    let began = Instant::now();
+    let (started, start) = match &record.source_snapshot {
+        Some(snapshot) => {
+            let sandbox = SandboxId::generate();
+            let started = start_from_snapshot(state, &record, snapshot, sandbox, RestoreReason::Fork).await;
+            (started, Start::Snapshot)
+        }
+        None => {
+            let mut start = Start::Cold;
+            (start_sandbox(state, op, &record.session, &mut start).await, start)
+        }
     };
+    space_metrics::session_created(start, record.session.runtime, started.is_ok(), began.elapsed());
     match started {
         Ok(handle) => {
             let moved = state.store.transition(&id, &[SessionState::Creating], SessionState::Running, None).await?;
@@ -151,10 +161,13 @@ async fn create_session(state: &AppState, op: &OperationRecord) -> AppResult<()>
     }
 }
 
+/// Starts the session's first sandbox from its template: a warm pod if one is ready (then
+/// `start` is set to [`Start::Warm`]), else a new one.
 async fn start_sandbox(
     state: &AppState,
     op: &OperationRecord,
     session: &space_api::Session,
+    start: &mut Start,
 ) -> AppResult<SandboxHandle> {
     let template = ensure_template(state, &op.operation.id, &session.template).await?;
     let limits = Limits::from(&session.resources);
@@ -166,6 +179,7 @@ async fn start_sandbox(
         running_pid: None,
     };
     if let Some(pod) = state.node.clone().bind_pod(&template, session.runtime, limits) {
+        *start = Start::Warm;
         sandbox.id = &pod.id;
         sandbox.running_pid = Some(pod.pid);
         // A crash before this commit leaves an unowned pod, which the start-up sweep removes.
@@ -190,20 +204,37 @@ pub(crate) fn disk_quota(session: &space_api::Session) -> DiskQuota {
     DiskQuota { session: session.id.clone(), limit_bytes: session.resources.disk_limit_bytes() }
 }
 
-/// Starts sandbox `sandbox` for `session` from a snapshot (of any of the tenant's sessions):
-/// a full snapshot's processes continue, a disk snapshot's root boots afresh.
+/// Starts sandbox `sandbox` for the session of `record` from a snapshot (of any of the
+/// tenant's sessions): a full snapshot's processes continue, a disk snapshot's root boots
+/// afresh.
 async fn start_from_snapshot(
     state: &AppState,
-    session: &space_api::Session,
+    record: &SessionRecord,
     snapshot: &SnapshotId,
     sandbox: SandboxId,
+    reason: RestoreReason,
 ) -> AppResult<SandboxHandle> {
-    let origin = state.store.snapshot_session(snapshot).await?.ok_or_else(|| {
+    let found = state.store.snapshot(&record.tenant_id, snapshot).await?.ok_or_else(|| {
         AppError::new(
             ErrorCode::SnapshotNotFound,
             format!("snapshot {snapshot} was deleted before the sandbox started"),
         )
     })?;
+    let session = &record.session;
+    let began = Instant::now();
+    let started = start_snapshot_sandbox(state, session, &found.session_id, snapshot, sandbox).await;
+    let elapsed = began.elapsed();
+    space_metrics::restored(found.kind, session.runtime, reason, started.is_ok(), elapsed, found.size_bytes);
+    started
+}
+
+async fn start_snapshot_sandbox(
+    state: &AppState,
+    session: &space_api::Session,
+    origin: &SessionId,
+    snapshot: &SnapshotId,
+    sandbox: SandboxId,
+) -> AppResult<SandboxHandle> {
     let new = NewSandbox {
         id: &sandbox,
         session: &session.id,
@@ -215,7 +246,7 @@ async fn start_from_snapshot(
     let limits = Limits::from(&session.resources);
     let disk = disk_quota(session);
     let handle =
-        state.node.start_sandbox_from_snapshot(&sandbox, &origin, snapshot, session.runtime, limits, &disk).await?;
+        state.node.start_sandbox_from_snapshot(&sandbox, origin, snapshot, session.runtime, limits, &disk).await?;
     state.store.set_sandbox_running(&sandbox, handle.pid).await?;
     state.node.join_session_network(&handle.id, &session.id).await?;
     Ok(handle)
@@ -244,7 +275,8 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
     }
     let previous = record.session.sandbox_id.clone().filter(|s| *s != input.sandbox);
     remove_sandbox(state, &input.sandbox).await?;
-    match start_from_snapshot(state, &record.session, &input.snapshot, input.sandbox.clone()).await {
+    let reason = if input.from_suspended { RestoreReason::Resume } else { RestoreReason::Restore };
+    match start_from_snapshot(state, &record, &input.snapshot, input.sandbox.clone(), reason).await {
         Ok(handle) => {
             let retired: Vec<SandboxId> = state
                 .store
@@ -260,6 +292,9 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
                 let _ = state.node.pause_sandbox(sandbox).await;
             }
             state.store.transition(&id, &[SessionState::Restoring], SessionState::Running, None).await?;
+            let (kind, verb) = if input.from_suspended { ("resume", "resumed") } else { ("restore", "restored") };
+            let message = format!("{verb} from snapshot {}", input.snapshot);
+            crate::api::note(state, &id, kind, message).await;
             watch_exit(state.clone(), id, handle);
             remove_in_background(state.clone(), retired);
             Ok(())

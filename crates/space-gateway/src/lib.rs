@@ -152,19 +152,29 @@ mod audit_budget;
 mod dns;
 mod limits;
 mod netns;
+mod traffic;
 // Data path (explicit proxy, transparent interception, TLS, upstream connections).
 mod proxy;
 
 pub use limits::SandboxLimits;
 pub use proxy::parse_dns_server;
+pub use traffic::SessionTraffic;
 
 /// State shared by every sandbox's listeners.
 struct Shared {
     limits: SandboxLimits,
     audit: AuditSink,
     sessions: RwLock<HashMap<SessionId, Arc<SessionEgress>>>,
+    /// Bytes per session whose egress is set, and the node's gateway metrics.
+    traffic: traffic::Traffic,
     /// The data path's caches and upstream TLS settings.
     state: proxy::State,
+}
+
+impl Shared {
+    fn new(limits: SandboxLimits, audit: AuditSink, state: proxy::State) -> Arc<Shared> {
+        Arc::new(Shared { limits, audit, sessions: RwLock::new(HashMap::new()), traffic: Default::default(), state })
+    }
 }
 
 /// One attached sandbox, as its listeners see it: which session it serves right now (a
@@ -197,6 +207,7 @@ impl SandboxContext {
     /// (a flood of DNS queries must not fill the node's memory or disk); what is left out is
     /// counted in an event of its own once the budget allows again.
     pub(crate) fn audit(&self, event: AuditEvent) {
+        self.shared.traffic.count(&event);
         let summary = match self.audit_budget.lock() {
             Ok(mut budget) => match budget.spend(std::time::Instant::now()) {
                 audit_budget::Spent::No => return,
@@ -264,7 +275,7 @@ impl SandboxContext {
         audit: AuditSink,
         session: Option<(SessionId, SessionEgress)>,
     ) -> Arc<SandboxContext> {
-        let shared = Arc::new(Shared { limits, audit, sessions: RwLock::new(HashMap::new()), state });
+        let shared = Shared::new(limits, audit, state);
         let context = SandboxContext::new(SandboxId::generate(), None, shared);
         if let Some((id, egress)) = session {
             context.set_test_session(&id, egress);
@@ -290,6 +301,7 @@ impl SandboxContext {
         if let Ok(mut sessions) = self.shared.sessions.write() {
             sessions.insert(session.clone(), Arc::new(egress));
         }
+        self.shared.traffic.track(session);
         if let Ok(mut current) = self.session.write() {
             *current = Some(session.clone());
         }
@@ -320,7 +332,7 @@ impl Gateway {
     /// Fails on a configuration the data path cannot use (e.g. extra roots that do not parse).
     pub fn new(config: GatewayConfig, audit: AuditSink) -> Result<Arc<Gateway>, GatewayError> {
         let state = proxy::State::new(&config)?;
-        let shared = Arc::new(Shared { limits: config.limits, audit, sessions: RwLock::new(HashMap::new()), state });
+        let shared = Shared::new(config.limits, audit, state);
         Ok(Arc::new(Gateway { shared, sandboxes: Mutex::new(HashMap::new()) }))
     }
 
@@ -367,6 +379,13 @@ impl Gateway {
         if let Ok(mut sessions) = self.shared.sessions.write() {
             sessions.insert(session.clone(), Arc::new(egress));
         }
+        self.shared.traffic.track(session);
+    }
+
+    /// What `session` sent and received through the gateway since its egress was set here
+    /// (counted as each connection or request ends); `None` if the gateway does not know it.
+    pub fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic> {
+        self.shared.traffic.of(session)
     }
 
     /// The certificate (PEM) of `session`'s CA, if its egress is set.
@@ -385,6 +404,7 @@ impl Gateway {
         if let Ok(mut sessions) = self.shared.sessions.write() {
             sessions.remove(session);
         }
+        self.shared.traffic.forget(session);
     }
 }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, Progress, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId};
-use space_gateway::{Gateway, SessionEgress};
+use space_gateway::{Gateway, SessionEgress, SessionTraffic};
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -106,6 +106,9 @@ pub trait EgressControl: Send + Sync {
     fn set_session_egress(&self, session: &SessionId, egress: SessionEgress);
     /// The gateway stops knowing `session` (destroyed, or its record could not be stored).
     fn forget_session_egress(&self, session: &SessionId);
+    /// What `session` sent and received through the gateway since its egress was set on
+    /// this node; `None` while the gateway does not know it.
+    fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic>;
 }
 
 impl EgressControl for Gateway {
@@ -115,6 +118,10 @@ impl EgressControl for Gateway {
 
     fn forget_session_egress(&self, session: &SessionId) {
         self.forget_session(session);
+    }
+
+    fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic> {
+        Gateway::session_traffic(self, session)
     }
 }
 

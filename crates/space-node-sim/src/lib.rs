@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use space_api::egress::AuditEvent;
 use space_api::{RuntimeKind, SandboxId, SessionId, SnapshotId, TemplateInfo};
-use space_gateway::SessionEgress;
+use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{DiskQuota, NodeApi, NodeError, OutOfSpace, SandboxHandle};
 use space_proto::client::{AgentClient, AgentError};
 use tokio::sync::{mpsc, watch};
@@ -160,6 +160,9 @@ struct State {
     snapshots: HashMap<SnapshotId, Snapshot>,
     pool: pool::Pool,
     egress: HashMap<SessionId, SessionEgress>,
+    /// Bytes of the audit events emitted for each session whose egress is set, as the
+    /// gateway counts them.
+    traffic: HashMap<SessionId, SessionTraffic>,
     failures: HashMap<Op, u32>,
     /// The next call of each of these ops never returns (until the server is stopped).
     hang: HashSet<Op>,
@@ -203,6 +206,7 @@ impl SimNode {
             sandboxes: HashMap::new(),
             snapshots: HashMap::new(),
             egress: HashMap::new(),
+            traffic: HashMap::new(),
             failures: HashMap::new(),
             hang: HashSet::new(),
             out_of_space: HashMap::new(),
@@ -267,8 +271,13 @@ impl SimNode {
         node
     }
 
-    /// Puts an egress audit event where the gateway's would go.
+    /// Puts an egress audit event where the gateway's would go, counting its bytes for the
+    /// session as the gateway does.
     pub fn emit_audit(&self, event: AuditEvent) {
+        if let Some(traffic) = self.state().traffic.get_mut(&event.session_id) {
+            traffic.bytes_out += event.bytes_sent;
+            traffic.bytes_in += event.bytes_received;
+        }
         let _ = self.audit.send(event);
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, Progress, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId, TemplateInfo};
-use space_gateway::SessionEgress;
+use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{
     DiskQuota, DiskUsage, EgressControl, Limits, NodeApi, NodeError, PortStream, ProgressFn, Result, SandboxHandle,
     SandboxStats,
@@ -20,11 +20,19 @@ use crate::{Op, SimError, SimNode};
 
 impl EgressControl for SimNode {
     fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
-        self.state().egress.insert(session.clone(), egress);
+        let mut state = self.state();
+        state.egress.insert(session.clone(), egress);
+        state.traffic.entry(session.clone()).or_default();
     }
 
     fn forget_session_egress(&self, session: &SessionId) {
-        self.state().egress.remove(session);
+        let mut state = self.state();
+        state.egress.remove(session);
+        state.traffic.remove(session);
+    }
+
+    fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic> {
+        self.state().traffic.get(session).copied()
     }
 }
 
@@ -179,7 +187,14 @@ impl NodeApi for SimNode {
 
     fn sandbox_stats(&self, id: &SandboxId) -> Result<SandboxStats> {
         self.state().running(id)?;
-        Ok(SandboxStats { memory_bytes: 0, memory_limit_bytes: 0, oom_kills: 0, pids: 1, cpu_usage_ns: 0 })
+        Ok(SandboxStats {
+            memory_bytes: 0,
+            memory_peak_bytes: None,
+            memory_limit_bytes: 0,
+            oom_kills: 0,
+            pids: 1,
+            cpu_usage_ns: 0,
+        })
     }
 
     async fn limit_disk(&self, sandbox: &SandboxId, disk: &DiskQuota) -> Result<()> {

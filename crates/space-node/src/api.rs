@@ -53,6 +53,10 @@ impl EgressControl for Node {
     fn forget_session_egress(&self, session: &SessionId) {
         self.gateway.forget_session(session);
     }
+
+    fn session_traffic(&self, session: &SessionId) -> Option<space_gateway::SessionTraffic> {
+        self.gateway.session_traffic(session)
+    }
 }
 
 #[async_trait]

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use space_api::RuntimeKind;
 use space_api::{SandboxId, SessionId, SnapshotId};
+use space_metrics::CheckpointStep;
 use space_node_api::DiskQuota;
 use space_runtime::{CheckpointArtifacts, Limits, SandboxHandle, SandboxSpec};
 
@@ -81,7 +82,10 @@ impl Node {
             std::fs::create_dir_all(dir).map_err(|e| NodeError::Internal(format!("create {}: {e}", dir.display())))?;
         }
         let artifacts = self.checkpoint_artifacts(runtime.kind(), session, snapshot);
-        let stats = runtime.checkpoint(sandbox, &artifacts).await?;
+        let stats = runtime
+            .checkpoint(sandbox, &artifacts)
+            .await
+            .inspect_err(|_| space_metrics::checkpoint_error(runtime.kind(), CheckpointStep::Dump))?;
         tracing::debug!(%sandbox, dump = ?stats.wall, image_bytes = stats.image_bytes, "checkpointed");
         let pool = self.pool.clone();
         let (sbx, ses, snap) = (sandbox.clone(), session.clone(), snapshot.clone());
@@ -106,7 +110,10 @@ impl Node {
         let spec = SandboxSpec { id: id.clone(), root, hostname: String::new(), limits };
         let artifacts = self.checkpoint_artifacts(runtime, session, snapshot);
         self.runtimes.record(id, runtime);
-        let handle = rt.restore(&spec, &artifacts).await?;
+        let handle = rt
+            .restore(&spec, &artifacts)
+            .await
+            .inspect_err(|_| space_metrics::checkpoint_error(runtime, CheckpointStep::Restore))?;
         let agent = self.connect(id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
         self.connect_to_gateway_or_destroy(&handle).await?;

@@ -111,6 +111,8 @@ pub enum CheckpointArtifacts {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxStats {
     pub memory_bytes: u64,
+    /// The most memory used at once since the sandbox started, where the kernel reports it.
+    pub memory_peak_bytes: Option<u64>,
     pub memory_limit_bytes: u64,
     /// Processes the kernel killed because the sandbox hit its memory limit.
     pub oom_kills: u64,

@@ -8,6 +8,7 @@ mod audit;
 mod auth;
 mod credentials;
 mod idempotency;
+mod metrics;
 mod network;
 mod operations;
 mod ports;

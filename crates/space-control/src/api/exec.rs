@@ -59,7 +59,7 @@ fn oom_kills(state: &AppState, sandbox: &space_api::SandboxId) -> u64 {
 /// Runs a command to completion and returns its exit status and output.
 #[utoipa::path(post, path = "/v1/sessions/{id}/exec", params(("id" = String, Path)), request_body = ExecRequest,
     responses((status = 200, body = ExecResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody)))]
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody)))]
 pub async fn exec(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -156,7 +156,11 @@ fn json_text(raw: &[u8], cap: usize) -> (String, bool) {
 /// Streams a command over a WebSocket: the first client message is an `ExecStart` (JSON text);
 /// see `ExecStart` for the framing.
 #[utoipa::path(get, path = "/v1/sessions/{id}/exec/ws", params(("id" = String, Path)),
-    responses((status = 101, description = "WebSocket upgrade"), (status = 404, body = ErrorBody)))]
+    responses((status = 101, description = "Switches to a WebSocket (see `x-websocket`). Client: first a text frame \
+        holding an `ExecStart`, then text frames of `WsClientMessage` (eof, signal, resize) and binary frames of \
+        stdin. Server: a `WsServerMessage` `started`, binary frames of output (first byte 1 = stdout, 2 = stderr), \
+        and at the end `exit` or `error` (also `WsServerMessage`)."),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn exec_ws(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -166,7 +170,7 @@ pub async fn exec_ws(
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let agent = state.node.agent(&sandbox).await?;
     let idle = state.http.ws_idle_timeout;
-    Ok(upgrade.on_upgrade(move |mut socket| async move {
+    Ok(super::ws::on_upgrade(upgrade, move |mut socket| async move {
         let _busy = state.activity.busy(&session.id);
         let started = match start_from_socket(&mut socket, &agent, &session.env, idle).await {
             Ok(process) => process,
@@ -323,7 +327,7 @@ fn exit_message(status: ExitStatus, oom_killed: bool) -> WsServerMessage {
 
 /// Processes started in the session (running ones and recently exited ones).
 #[utoipa::path(get, path = "/v1/sessions/{id}/processes", params(("id" = String, Path)),
-    responses((status = 200, body = ProcessList), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = ProcessList), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn list_processes(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -351,7 +355,7 @@ pub async fn list_processes(
 /// Sends a signal to a process started in the session.
 #[utoipa::path(post, path = "/v1/sessions/{id}/processes/{pid}/signal", request_body = SignalRequest,
     params(("id" = String, Path), ("pid" = u32, Path)),
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn signal_process(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -367,7 +371,11 @@ pub async fn signal_process(
 /// Re-attaches to a process (typically a background one): its buffered output, then live
 /// output and its exit, framed as on the exec WebSocket.
 #[utoipa::path(get, path = "/v1/sessions/{id}/processes/{pid}/attach", params(("id" = String, Path), ("pid" = u32, Path)),
-    responses((status = 101, description = "WebSocket upgrade"), (status = 404, body = ErrorBody)))]
+    responses((status = 101, description = "Switches to a WebSocket (see `x-websocket`): the server sends a \
+        `WsServerMessage` `started`, the process's buffered and new output as binary frames (first byte 1 = \
+        stdout, 2 = stderr), and `exit` or `error`; the client sends stdin as binary frames and `WsClientMessage` \
+        text frames."),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn attach_ws(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -379,7 +387,7 @@ pub async fn attach_ws(
     let process = agent.attach(pid).await?;
     let busy = state.activity.busy(&session.id);
     let idle = state.http.ws_idle_timeout;
-    Ok(upgrade.on_upgrade(move |mut socket| async move {
+    Ok(super::ws::on_upgrade(upgrade, move |mut socket| async move {
         let _busy = busy;
         let _ = send_json(&mut socket, &WsServerMessage::Started { pid }).await;
         if let Some(status) = bridge(&mut socket, process, idle).await {

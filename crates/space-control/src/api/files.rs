@@ -24,12 +24,14 @@ use crate::error::{ApiJson, ApiPath, ApiQuery, ApiWebSocket, AppError, AppResult
 const MAX_PATH: usize = 4096;
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PathParam {
     /// Path inside the sandbox; relative paths start at `/`.
     pub path: String,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct UploadParams {
     pub path: String,
     /// Octal permission bits of a new file, e.g. `755` (default `644`).
@@ -37,6 +39,7 @@ pub struct UploadParams {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct RemoveParams {
     pub path: String,
     /// Remove directories and their contents.
@@ -45,6 +48,7 @@ pub struct RemoveParams {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct WatchParams {
     pub path: String,
     #[serde(default)]
@@ -89,7 +93,7 @@ pub(crate) fn file_info(stat: FileStat) -> FileInfo {
 
 /// Downloads a file (streamed).
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/content", params(("id" = String, Path), PathParam),
-    responses((status = 200, description = "File bytes", content_type = "application/octet-stream"), (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "File bytes", content_type = "application/octet-stream"), (status = 404, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn download(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -111,7 +115,7 @@ pub async fn download(
 #[utoipa::path(put, path = "/v1/sessions/{id}/files/content", params(("id" = String, Path), UploadParams),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 200, body = WriteResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 408, body = ErrorBody)))]
+        (status = 408, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 507, body = ErrorBody)))]
 pub async fn upload(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -151,7 +155,7 @@ fn upload_error(e: AgentError) -> AppError {
 
 /// Lists a directory.
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/list", params(("id" = String, Path), PathParam),
-    responses((status = 200, body = FileList), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = FileList), (status = 404, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -165,7 +169,7 @@ pub async fn list(
 
 /// Describes one path (symlinks are not followed).
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/stat", params(("id" = String, Path), PathParam),
-    responses((status = 200, body = FileInfo), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = FileInfo), (status = 404, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn stat(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -179,7 +183,7 @@ pub async fn stat(
 
 /// Creates a directory and its missing parents.
 #[utoipa::path(post, path = "/v1/sessions/{id}/files/mkdir", params(("id" = String, Path)), request_body = PathRequest,
-    responses((status = 204), (status = 404, body = ErrorBody)))]
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 507, body = ErrorBody)))]
 pub async fn mkdir(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -193,7 +197,7 @@ pub async fn mkdir(
 
 /// Moves or renames a path.
 #[utoipa::path(post, path = "/v1/sessions/{id}/files/move", params(("id" = String, Path)), request_body = MoveRequest,
-    responses((status = 204), (status = 404, body = ErrorBody)))]
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 507, body = ErrorBody)))]
 pub async fn move_path(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -208,7 +212,7 @@ pub async fn move_path(
 
 /// Removes a file, or a directory with `recursive=true`.
 #[utoipa::path(delete, path = "/v1/sessions/{id}/files", params(("id" = String, Path), RemoveParams),
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn remove(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -222,7 +226,9 @@ pub async fn remove(
 
 /// Streams filesystem changes under a directory as JSON `WatchEvent` text frames.
 #[utoipa::path(get, path = "/v1/sessions/{id}/watch", params(("id" = String, Path), WatchParams),
-    responses((status = 101, description = "WebSocket of WatchEvent"), (status = 404, body = ErrorBody)))]
+    responses((status = 101, description = "Switches to a WebSocket (see `x-websocket`): the server sends one text \
+        frame of `WatchEvent` JSON per change, and a `WsServerMessage` `error` before it closes on an idle timeout."),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 429, body = ErrorBody)))]
 pub async fn watch_ws(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -236,7 +242,7 @@ pub async fn watch_ws(
     let events = agent.watch(check_path(&params.path)?, params.recursive).await?;
     let busy = state.activity.busy(&session.id);
     let idle = state.http.ws_idle_timeout;
-    Ok(upgrade.on_upgrade(move |mut socket| async move {
+    Ok(super::ws::on_upgrade(upgrade, move |mut socket| async move {
         let (_busy, _slot) = (busy, slot);
         // The watch ends at the agent's first error, as the stream of the agent does.
         let events = events

@@ -1,6 +1,6 @@
 //! Session lifecycle: pause and resume in place, snapshots, restore and fork.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Extension;
 use axum::extract::State;
@@ -58,7 +58,7 @@ pub async fn pause(
 /// continue where they were). Idempotent on a running one.
 #[utoipa::path(post, path = "/v1/sessions/{id}/resume", params(("id" = String, Path)),
     responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
-        (status = 429, body = ErrorBody)))]
+        (status = 429, body = ErrorBody), (status = 507, body = ErrorBody)))]
 pub async fn resume(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -105,7 +105,7 @@ async fn set_frozen(state: &AppState, caller: &Caller, id: &str, frozen: bool) -
 /// Takes a snapshot of a running or paused session.
 #[utoipa::path(post, path = "/v1/sessions/{id}/snapshots", params(("id" = String, Path)), request_body = CreateSnapshotRequest,
     responses((status = 201, body = Snapshot), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
-        (status = 501, body = ErrorBody)))]
+        (status = 501, body = ErrorBody), (status = 400, body = ErrorBody), (status = 507, body = ErrorBody)))]
 pub async fn create_snapshot(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -118,7 +118,25 @@ pub async fn create_snapshot(
     let session = live_session(&state, &caller, &id).await?;
     let kind = request.kind.unwrap_or(SnapshotKind::Disk);
     let snapshot = take_snapshot(&state, &caller.tenant_id, &session.id, kind, request.name).await?;
+    note_snapshot(&state, &snapshot, "").await;
     Ok((StatusCode::CREATED, ApiJson(snapshot)))
+}
+
+/// Records an event of `kind` on the session. The work it tells of is done, so a failure
+/// to record it is logged rather than answered.
+pub(crate) async fn note(state: &AppState, id: &SessionId, kind: &str, message: String) {
+    if let Err(e) = state.store.record_event(id, kind, &message).await {
+        tracing::warn!(session = %id, kind, error = %e, "cannot record a session event");
+    }
+}
+
+/// The `snapshot` event of a snapshot taken on request (`why` says what for, if not the
+/// API's own call): `snapshot snp_… (disk) taken`. Scheduled snapshots have none (one a
+/// minute would bury every other event); `GET …/snapshots` lists them.
+pub(crate) async fn note_snapshot(state: &AppState, snapshot: &Snapshot, why: &str) {
+    let name = snapshot.name.as_ref().map(|n| format!(" named {}", space_api::error::echo(n))).unwrap_or_default();
+    let message = format!("snapshot {} ({}){name} taken{why}", snapshot.id, snapshot.kind.as_str());
+    note(state, &snapshot.session_id, "snapshot", message).await;
 }
 
 /// Takes a snapshot under the session's lifecycle lock; the row exists (as `creating`)
@@ -166,15 +184,18 @@ pub(crate) async fn snapshot_locked(
     let (id, sandbox) = (&session.id, sandbox_of(session)?);
     let new = NewSnapshot { id: SnapshotId::generate(), session_id: id.clone(), tenant_id: tenant.clone(), kind, name };
     state.store.insert_snapshot(&new).await?;
+    let began = Instant::now();
     let taken = match kind {
         SnapshotKind::Disk => state.node.snapshot_disk(&sandbox, id, &new.id, paused).await.map(|()| None),
         SnapshotKind::Full => state.node.snapshot_full(&sandbox, id, &new.id, paused).await.map(Some),
     };
+    space_metrics::snapshot_taken(kind, session.runtime, taken.is_ok(), began.elapsed());
     match taken {
         Ok(size) => {
             state.store.set_snapshot_ready(&new.id, size).await?;
-            if size.is_none() {
-                measure_in_background(state.clone(), id.clone(), new.id.clone());
+            match size {
+                Some(size) => space_metrics::snapshot_size(kind, session.runtime, size),
+                None => measure_in_background(state.clone(), session, new.id.clone()),
             }
         }
         Err(e) => {
@@ -210,10 +231,14 @@ fn check_room_for_images(state: &AppState, session: &Session) -> AppResult<()> {
 
 /// Fills in a disk snapshot's size once its files are walked (off the request: the walk
 /// takes longer than the snapshot itself).
-fn measure_in_background(state: AppState, session: SessionId, snapshot: SnapshotId) {
+fn measure_in_background(state: AppState, session: &Session, snapshot: SnapshotId) {
+    let (runtime, session) = (session.runtime, session.id.clone());
     tokio::spawn(async move {
         let measured = match state.node.snapshot_disk_size(&session, &snapshot).await {
-            Ok(size) => state.store.set_snapshot_size(&snapshot, size).await.map_err(|e| e.to_string()),
+            Ok(size) => {
+                space_metrics::snapshot_size(SnapshotKind::Disk, runtime, size);
+                state.store.set_snapshot_size(&snapshot, size).await.map_err(|e| e.to_string())
+            }
             Err(e) => Err(e.to_string()),
         };
         // A snapshot deleted meanwhile has nothing left to measure.
@@ -278,7 +303,7 @@ pub async fn delete_snapshot(
 /// Returns the session to a snapshot: a new sandbox starts from it and replaces the current one.
 #[utoipa::path(post, path = "/v1/sessions/{id}/restore", params(("id" = String, Path)), request_body = RestoreRequest,
     responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
-        (status = 429, body = ErrorBody)))]
+        (status = 429, body = ErrorBody), (status = 507, body = ErrorBody)))]
 pub async fn restore(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -324,7 +349,8 @@ pub(crate) async fn run_restore(
 /// independently.
 #[utoipa::path(post, path = "/v1/sessions/{id}/fork", params(("id" = String, Path)), request_body = ForkRequest,
     responses((status = 201, body = SessionList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 429, body = ErrorBody)))]
+        (status = 409, body = ErrorBody), (status = 429, body = ErrorBody), (status = 501, body = ErrorBody),
+        (status = 507, body = ErrorBody)))]
 pub async fn fork(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -351,7 +377,9 @@ pub async fn fork(
         None => {
             let full = require_checkpoints(&state, parent.runtime).is_ok();
             let kind = if full { SnapshotKind::Full } else { SnapshotKind::Disk };
-            take_snapshot(&state, &caller.tenant_id, &parent.id, kind, None).await?
+            let snapshot = take_snapshot(&state, &caller.tenant_id, &parent.id, kind, None).await?;
+            note_snapshot(&state, &snapshot, " to fork").await;
+            snapshot
         }
     };
     let news: Vec<NewSession> = (0..count)
@@ -373,6 +401,11 @@ pub async fn fork(
         .collect();
     let ops = crate::egress::insert_forked_sessions(&state, &parent.id, &news).await?;
     let ids: Vec<SessionId> = news.into_iter().map(|n| n.id).collect();
+    for id in &ids {
+        note(&state, id, "forked_from", format!("forked from session {} at snapshot {}", parent.id, snapshot.id)).await;
+    }
+    let children = ids.iter().map(SessionId::as_str).collect::<Vec<_>>().join(", ");
+    note(&state, &parent.id, "fork", format!("forked into {children} from snapshot {}", snapshot.id)).await;
     state.reconciler.wake();
     let mut sessions = Vec::new();
     for (op, id) in ops.iter().zip(&ids) {

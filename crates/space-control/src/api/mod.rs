@@ -6,7 +6,8 @@ pub(crate) use exec::MAX_EXEC_RESPONSE;
 mod files;
 mod lifecycle;
 mod network;
-pub(crate) use lifecycle::take_snapshot;
+mod openapi;
+pub(crate) use lifecycle::{note, take_snapshot};
 pub(crate) use suspend::suspend_session;
 mod pool;
 mod ports;
@@ -35,6 +36,7 @@ use crate::auth::{Admin, Caller, require_key};
 use crate::error::{ApiPath, AppError, AppResult, envelope};
 use crate::idempotency::idempotency;
 use crate::server::limit_request_size;
+use openapi::{BearerAuth, Documented};
 
 /// JSON bodies larger than this are refused with 413 (file uploads stream and are exempt).
 pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
@@ -59,23 +61,15 @@ pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
         network::get_network, network::update_network, network::grant, network::revoke, network::audit,
         ports::open_port, ports::get_port, ports::list_ports, ports::close_port, ports::proxy_path, ports::tunnel,
     ),
-    modifiers(&BearerAuth),
+    // The WebSocket routes' messages, which no handler signature names.
+    components(schemas(
+        space_api::ExecStart, space_api::TermSize, space_api::WsClientMessage, space_api::WsServerMessage,
+        space_api::WatchEvent, space_api::ErrorBody, space_api::ErrorCode,
+    )),
+    modifiers(&BearerAuth, &Documented),
     security(("api_key" = []))
 )]
 pub struct ApiDoc;
-
-struct BearerAuth;
-
-impl utoipa::Modify for BearerAuth {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "api_key",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
-        );
-    }
-}
 
 /// The OpenAPI document as committed in `docs/openapi.json`.
 pub fn openapi_json() -> String {
@@ -170,8 +164,11 @@ pub fn router(state: AppState) -> Router {
         .nest("/v1", authed)
         .fallback(|| async { AppError::new(ErrorCode::NotFound, "no such endpoint; see /v1/openapi.json") })
         .layer(middleware::from_fn_with_state(state.clone(), ports::preview_host))
-        .with_state(state);
-    harden(app)
+        .with_state(state)
+        .layer(middleware::from_fn(crate::observe::note_route));
+    // Outermost: every response, the size limits' too, gets a request id and is counted.
+    let service = tower::ServiceBuilder::new().layer(middleware::from_fn(crate::observe::observe)).service(harden(app));
+    Router::new().fallback_service(service)
 }
 
 /// The layers every response passes through: the limits on a request's size, answered in the

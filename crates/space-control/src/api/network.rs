@@ -18,6 +18,7 @@ const DEFAULT_AUDIT_LIMIT: u32 = 1000;
 const MAX_AUDIT_LIMIT: u32 = 100_000;
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct AuditParams {
     /// The latest this many events (default 1000).
     pub limit: Option<u32>,

@@ -33,6 +33,7 @@ const MAX_ENV: usize = 256;
 const WAIT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct WaitParam {
     /// Return at once with 202 instead of waiting for the operation (default: wait).
     #[serde(default = "yes")]
@@ -107,7 +108,7 @@ pub(super) fn check_template(state: &AppState, name: &str) -> AppResult<()> {
 /// Creates a session and its first sandbox. Waits until it is running unless `wait=false`.
 #[utoipa::path(post, path = "/v1/sessions", request_body = CreateSessionRequest, params(WaitParam),
     responses((status = 201, body = Session), (status = 202, body = Session), (status = 400, body = ErrorBody),
-        (status = 429, body = ErrorBody)))]
+        (status = 429, body = ErrorBody), (status = 507, body = ErrorBody)))]
 pub async fn create_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,

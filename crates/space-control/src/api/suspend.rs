@@ -6,7 +6,9 @@ use axum::extract::State;
 use space_api::{ErrorBody, ErrorCode, SandboxId, Session, SessionId, SessionState, SnapshotKind, TenantId};
 
 use super::find_session;
-use super::lifecycle::{invalid_state, live_session, require_checkpoints, run_restore, sandbox_of, snapshot_locked};
+use super::lifecycle::{
+    invalid_state, live_session, note_snapshot, require_checkpoints, run_restore, sandbox_of, snapshot_locked,
+};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiPath, AppError, AppResult};
@@ -45,7 +47,8 @@ pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &Se
         return Err(AppError::new(ErrorCode::Conflict, format!("session {id} changed state meanwhile; try again")));
     }
     match snapshot_locked(state, tenant, &session, paused, SnapshotKind::Full, None).await {
-        Ok(_) => {
+        Ok(snapshot) => {
+            note_snapshot(state, &snapshot, " to suspend").await;
             remove_sandbox(state, &sandbox).await?;
             state.store.transition(id, &[SessionState::Suspending], SessionState::Suspended, None).await?;
             Ok(())

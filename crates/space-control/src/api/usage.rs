@@ -3,7 +3,7 @@
 
 use axum::Extension;
 use axum::extract::State;
-use space_api::{DiskStats, ErrorBody, SandboxUsage, SessionState, SessionStats, Snapshot};
+use space_api::{DiskStats, ErrorBody, NetworkUsage, SandboxUsage, SessionState, SessionStats, Snapshot};
 
 use super::find_session;
 use super::lifecycle::find_snapshot;
@@ -11,8 +11,9 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiPath, AppResult};
 
-/// The session's current usage. Disk counts what its sandboxes wrote that still exists
-/// anywhere, snapshots and forks included, against the limit it was created with.
+/// The session's current usage: its sandbox's memory (now and at its peak), CPU time and
+/// processes; its disk (root and snapshots) against the limit it was created with; and the
+/// bytes it sent and received through the egress gateway.
 #[utoipa::path(get, path = "/v1/sessions/{id}/stats", params(("id" = String, Path)),
     responses((status = 200, body = SessionStats), (status = 404, body = ErrorBody)))]
 pub async fn session_stats(
@@ -26,18 +27,24 @@ pub async fn session_stats(
     let sandbox = session.sandbox_id.as_ref().filter(|_| running).and_then(|s| state.node.sandbox_stats(s).ok());
     let sandbox = sandbox.map(|s| SandboxUsage {
         memory_bytes: s.memory_bytes,
+        memory_peak_bytes: s.memory_peak_bytes,
         memory_limit_bytes: s.memory_limit_bytes,
         oom_kills: s.oom_kills,
         pids: s.pids,
         cpu_usage_ns: s.cpu_usage_ns,
     });
     let used = state.node.disk_usage(&session.id)?;
+    let snapshots = state.store.list_snapshots(&session.id).await?;
     let disk = DiskStats {
         used_bytes: used.used_bytes,
         limit_bytes: session.resources.disk_limit_bytes(),
         enforced: used.enforced,
+        snapshots: snapshots.len() as u64,
+        snapshot_bytes: snapshots.iter().filter_map(|s| s.size_bytes).sum(),
     };
-    Ok(ApiJson(SessionStats { sandbox, disk }))
+    let traffic = state.node.session_traffic(&session.id).unwrap_or_default();
+    let network = NetworkUsage { bytes_out: traffic.bytes_out, bytes_in: traffic.bytes_in };
+    Ok(ApiJson(SessionStats { sandbox, disk, network }))
 }
 
 /// One snapshot, with `exclusive_bytes` measured now (every file of the snapshot is read:

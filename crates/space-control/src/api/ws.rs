@@ -4,11 +4,24 @@
 use std::pin::Pin;
 use std::time::Duration;
 
-use axum::extract::ws::{Message, WebSocket};
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::response::Response;
 use space_api::{ErrorCode, WsServerMessage};
 use tokio::time::{Instant, Sleep, sleep};
+use tracing::Instrument;
 
 use crate::error::AppError;
+
+/// `upgrade.on_upgrade(handle)`, with `handle` in the request's span: what it logs while the
+/// socket is open carries the request's id (axum runs it on a task of its own).
+pub(crate) fn on_upgrade<F, Fut>(upgrade: WebSocketUpgrade, handle: F) -> Response
+where
+    F: FnOnce(WebSocket) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let span = tracing::Span::current();
+    upgrade.on_upgrade(move |socket| handle(socket).instrument(span))
+}
 
 pub(crate) async fn send_json(socket: &mut WebSocket, message: &WsServerMessage) -> Result<(), axum::Error> {
     let text = serde_json::to_string(message).unwrap_or_default();

@@ -11,6 +11,8 @@ use space_node_sim::{SimConfig, SimNode};
 
 pub struct Server {
     pub url: String,
+    /// The operator's metrics listener (`GET /metrics`, no key).
+    pub metrics_url: String,
     /// The admin key.
     pub admin: String,
     /// The node the control plane drives; the test steers and inspects it.
@@ -51,9 +53,10 @@ impl Server {
             .expect("the server's runtime");
         let node = sim.api();
         let data_dir = dir.path().to_owned();
-        let url = runtime.spawn(serve(data_dir, node)).await.expect("the control plane starts");
+        let (url, metrics_url) = runtime.spawn(serve(data_dir, node)).await.expect("the control plane starts");
         let admin = std::fs::read_to_string(dir.path().join("admin.key")).expect("the admin key").trim().to_owned();
-        let server = Server { url, admin, sim, http: reqwest::Client::new(), runtime: Some(runtime), dir };
+        let http = reqwest::Client::new();
+        let server = Server { url, metrics_url, admin, sim, http, runtime: Some(runtime), dir };
         server.wait_for_template("busybox").await;
         server
     }
@@ -78,6 +81,15 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("template {name} was never built");
+    }
+
+    /// The metrics as a scraper gets them (no key).
+    pub async fn scrape(&self) -> String {
+        let response = self.http.get(format!("{}/metrics", self.metrics_url)).send().await.expect("a scrape");
+        assert_eq!(response.status(), 200);
+        let content_type = response.headers()["content-type"].to_str().unwrap_or_default().to_owned();
+        assert!(content_type.starts_with("text/plain; version=0.0.4"), "{content_type}");
+        response.text().await.expect("the metrics")
     }
 
     /// A call with `key` and `headers`; `body` is sent as it is, typed as JSON. Returns the
@@ -225,9 +237,12 @@ pub const PREVIEW_DOMAIN: &str = "preview.test";
 /// The disk limit of sessions created without one.
 pub const DEFAULT_DISK_MIB: u64 = 1024;
 
-/// Starts the control plane and serves it on a loopback port; returns its URL.
-async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeApi>) -> String {
+/// Starts the control plane and serves it, and its metrics, on loopback ports; returns their
+/// URLs.
+async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeApi>) -> (String, String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
+    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
+    let metrics_url = format!("http://{}", metrics.local_addr().expect("the port"));
     let config = ServerConfig {
         key_file: data_dir.join("keys/master.key"),
         data_dir,
@@ -245,8 +260,9 @@ async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeA
         preview_domain: Some(PREVIEW_DOMAIN.into()),
     };
     let state = space_control::start(&config, async |_node_id: &str| Ok(node)).await.expect("the control plane starts");
+    tokio::spawn(space_control::serve_metrics(state.clone(), metrics, std::future::pending()));
     tokio::spawn(space_control::serve(state, listener, std::future::pending()));
-    format!("http://{}", config.listen)
+    (format!("http://{}", config.listen), metrics_url)
 }
 
 /// (code, message) of an error envelope; panics on anything else.

@@ -12,6 +12,7 @@ mod harness;
 mod idempotency;
 mod keys;
 mod lifecycle;
+mod observability;
 mod pool;
 mod ports;
 mod quotas;

@@ -77,6 +77,7 @@ async fn connect(context: Arc<SandboxContext>, mut request: Request<Incoming>) -
             return text(StatusCode::FORBIDDEN, format!("space gateway: {reason}\n"));
         }
         Err(UpstreamError::Failed(reason)) => {
+            space_metrics::gateway_upstream_error(&event.protocol);
             event.reason = Some(reason.clone());
             context.audit(event);
             return text(StatusCode::BAD_GATEWAY, format!("space gateway: {reason}\n"));

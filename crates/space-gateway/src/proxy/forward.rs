@@ -284,7 +284,10 @@ pub(crate) async fn relay(
             text(http::StatusCode::FORBIDDEN, format!("space gateway: {reason}\n"))
         }
         Err(UpstreamError::Failed(reason)) => {
-            record.update(|e| e.reason = Some(reason.clone()));
+            record.update(|e| {
+                space_metrics::gateway_upstream_error(&e.protocol);
+                e.reason = Some(reason.clone());
+            });
             text(http::StatusCode::BAD_GATEWAY, format!("space gateway: {reason}\n"))
         }
     }

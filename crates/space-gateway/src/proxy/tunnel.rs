@@ -78,6 +78,7 @@ impl Allowed<'_> {
             Ok(addrs) => addrs,
             Err(UpstreamError::Refused(reason)) => return self.context.audit(audit::denied(event, &reason)),
             Err(UpstreamError::Failed(reason)) => {
+                space_metrics::gateway_upstream_error(&event.protocol);
                 event.reason = Some(reason);
                 return self.context.audit(event);
             }
@@ -100,6 +101,7 @@ pub(crate) async fn splice<S>(
     let mut upstream = match upstream::connect(addrs).await {
         Ok(stream) => stream,
         Err(e) => {
+            space_metrics::gateway_upstream_error(&event.protocol);
             event.reason = Some(e.to_string());
             return context.audit(event);
         }

@@ -135,6 +135,7 @@ impl Backend for V1 {
         let memory = self.dir("memory", name);
         Ok(SandboxStats {
             memory_bytes: read_u64(&memory, "memory.usage_in_bytes")?,
+            memory_peak_bytes: Some(read_u64(&memory, "memory.max_usage_in_bytes")?),
             memory_limit_bytes: normalize_limit(read_u64(&memory, "memory.limit_in_bytes")?),
             oom_kills: self.oom_kills(name)?,
             pids: read_u64(&self.dir("pids", name), "pids.current")?,

@@ -102,6 +102,8 @@ impl Backend for V2 {
         let dir = self.dir(name);
         Ok(SandboxStats {
             memory_bytes: read_u64(&dir, "memory.current")?,
+            // Linux 5.19+.
+            memory_peak_bytes: read_u64(&dir, "memory.peak").ok(),
             memory_limit_bytes: read_u64(&dir, "memory.max")?,
             oom_kills: self.oom_kills(name)?,
             pids: read_u64(&dir, "pids.current")?,
@@ -176,6 +178,7 @@ mod tests {
         fs::create_dir(&dir).unwrap();
         for (file, text) in [
             ("memory.current", "1000\n"),
+            ("memory.peak", "4000\n"),
             ("memory.max", "max\n"),
             ("memory.events", "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n"),
             ("pids.current", "3\n"),
@@ -186,6 +189,7 @@ mod tests {
         let stats = v2(root.path()).stats(Path::new("s")).unwrap();
         let expected = SandboxStats {
             memory_bytes: 1000,
+            memory_peak_bytes: Some(4000),
             memory_limit_bytes: u64::MAX,
             oom_kills: 1,
             pids: 3,
