@@ -7,6 +7,7 @@ mod doctor;
 mod exec;
 mod files;
 mod host;
+mod mcp;
 mod output;
 mod serve;
 mod sessions;
@@ -79,6 +80,8 @@ enum Command {
     Pool(PoolCommand),
     /// Measure create and exec latency through the API.
     Bench(bench::BenchArgs),
+    /// Serve sessions as MCP tools to AI agents (stdio, or streamable HTTP with --listen).
+    Mcp(mcp::McpArgs),
 }
 
 #[derive(Subcommand)]
@@ -165,6 +168,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Bench(args) => bench::run(&client, args, &cli.data_dir).await?,
+        Command::Mcp(args) => mcp::run(&client, args).await?,
         Command::Pool(PoolCommand::Show) => {
             output::print_pool(&client.get_json("/v1/pool").await?, json)?;
         }
