@@ -8,6 +8,7 @@ mod exec;
 mod files;
 mod host;
 mod keys;
+mod mcp;
 mod output;
 mod ports;
 mod serve;
@@ -88,6 +89,8 @@ enum Command {
     Pool(PoolCommand),
     /// Measure create and exec latency through the API.
     Bench(bench::BenchArgs),
+    /// Serve sessions as MCP tools to AI agents (stdio, or streamable HTTP with --listen).
+    Mcp(mcp::McpArgs),
 }
 
 #[derive(Subcommand)]
@@ -159,6 +162,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Key(cmd) => keys::run(&client, cmd, json).await?,
         Command::Tenant(cmd) => tenants::run(&client, cmd, json).await?,
         Command::Bench(args) => bench::run(&client, args, &cli.data_dir).await?,
+        Command::Mcp(args) => mcp::run(&client, args).await?,
         Command::Pool(PoolCommand::Show) => {
             output::print_pool(&client.get_json("/v1/pool").await?, json)?;
         }
