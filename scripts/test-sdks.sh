@@ -6,8 +6,8 @@
 # also when a suite fails or the script is interrupted. Fails if any suite failed.
 #
 # Run as root from the repository root (scripts/test.sh calls it after the Rust tests).
-# Binaries: target/release/space if present, else `cargo build --release -p space-cli` builds
-# it; spaced: $SPACED_BIN, else target/x86_64-unknown-linux-gnu/release/spaced (`cargo
+# Binaries: $SPACE_BIN, else target/debug/space (what `cargo test` built; `cargo build -p
+# space-cli` builds it when missing); spaced: $SPACED_BIN, else target/x86_64-unknown-linux-gnu/release/spaced (`cargo
 # build-spaced`). The Python venv is /var/cache/space/sdk-venv, made again only when the SDK's
 # requirements (sdk/python/pyproject.toml) change; SPACE_SDK_VENV overrides its place.
 # Extra arguments go to pytest (e.g. `scripts/test-sdks.sh -k files -x`).
@@ -19,11 +19,12 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-SPACE_BIN=target/release/space
+SPACE_BIN=${SPACE_BIN:-target/debug/space}
 if [ ! -x "$SPACE_BIN" ]; then
   echo "== building $SPACE_BIN"
-  cargo build --release -p space-cli
+  cargo build -p space-cli
 fi
+SPACE_BIN=$(realpath "$SPACE_BIN")
 SPACED=${SPACED_BIN:-target/x86_64-unknown-linux-gnu/release/spaced}
 if [ ! -x "$SPACED" ]; then
   echo "no spaced at $SPACED: run \`cargo build-spaced\` or set SPACED_BIN" >&2
@@ -123,6 +124,17 @@ fi
 failed=0
 echo "== Python SDK tests"
 (cd sdk/python && "$VENV/bin/python" -m pytest -p no:cacheprovider "$@") || failed=1
+
+# The MCP server: the official MCP client SDK (PyPI `mcp`, pinned) drives `space mcp`.
+MCP_VENV=${MCP_VENV:-/var/cache/space/mcp-venv}
+if ! cmp -s tests/mcp/requirements.txt "$MCP_VENV/requirements.txt"; then
+  echo "== making the venv $MCP_VENV"
+  rm -rf "$MCP_VENV" && python3 -m venv "$MCP_VENV"
+  "$MCP_VENV/bin/pip" install -q -r tests/mcp/requirements.txt
+  cp tests/mcp/requirements.txt "$MCP_VENV/requirements.txt"
+fi
+echo "== MCP server tests"
+SPACE_BIN="$SPACE_BIN" "$MCP_VENV/bin/pytest" -q -p no:cacheprovider tests/mcp || failed=1
 
 if [ -f sdk/typescript/package.json ]; then
   echo "== TypeScript SDK tests"

@@ -20,6 +20,6 @@ export SPACED_BIN="$PWD/target/x86_64-unknown-linux-gnu/release/spaced"
 cargo test --workspace -- --test-threads 4
 # The suites that hold for both runtimes, again with every session a QEMU microvm (the vm
 # runtime; tests/vm.rs above checks what only a VM has).
-SPACE_TEST_RUNTIME=vm cargo test -p space-cli --test exec --test files --test egress --test pool --test recovery -- --test-threads 2
+SPACE_TEST_RUNTIME=vm cargo test -p space-cli --test exec --test files --test egress --test pool --test recovery --test ports -- --test-threads 2
 # The SDKs against a live server of their own (Python; TypeScript when sdk/typescript exists).
 scripts/test-sdks.sh

@@ -34,6 +34,7 @@ __all__ = [
     "Template",
     "SandboxUsage",
     "DiskStats",
+    "NetworkUsage",
     "SessionStats",
     "SessionEvent",
     "SessionNetwork",
@@ -326,6 +327,7 @@ class Template(Model):
 class SandboxUsage(Model):
     __schema__: ClassVar[str] = "SandboxUsage"
     memory_bytes: int = 0
+    memory_peak_bytes: Optional[int] = None
     memory_limit_bytes: int = 0
     oom_kills: int = 0
     pids: int = 0
@@ -338,6 +340,15 @@ class DiskStats(Model):
     used_bytes: int = 0
     limit_bytes: Optional[int] = None
     enforced: bool = False
+    snapshots: int = 0
+    snapshot_bytes: int = 0
+
+
+@dataclass
+class NetworkUsage(Model):
+    __schema__: ClassVar[str] = "NetworkUsage"
+    bytes_in: int = 0
+    bytes_out: int = 0
 
 
 @dataclass
@@ -345,6 +356,7 @@ class SessionStats(Model):
     __schema__: ClassVar[str] = "SessionStats"
     sandbox: Optional[SandboxUsage] = None
     disk: DiskStats = field(default_factory=DiskStats)
+    network: NetworkUsage = field(default_factory=NetworkUsage)
 
 
 @dataclass
