@@ -8,6 +8,7 @@ mod density;
 mod gateway;
 mod lifecycle;
 mod peers;
+mod ports;
 mod report;
 
 use std::path::{Path, PathBuf};
@@ -65,6 +66,12 @@ pub struct BenchArgs {
     /// installs it; skipped when missing).
     #[arg(long, default_value = "/var/cache/space/mitmproxy/bin/mitmdump")]
     mitmdump: PathBuf,
+    /// Requests through the port proxy (0 skips the port measures).
+    #[arg(long, default_value_t = 200)]
+    ports_n: usize,
+    /// Bytes of the port proxy's download measure.
+    #[arg(long, default_value_t = 100 << 20)]
+    ports_bytes: u64,
     /// Only the gateway measures (they need no running server).
     #[arg(long)]
     pub gateway_only: bool,
@@ -125,6 +132,11 @@ async fn measure_all(client: &Client, args: &BenchArgs, data_dir: &Path, report:
         eprintln!("density: {} idle sessions", args.density);
         api::set_pool(client, template, 0).await?;
         report.add_value(density::measure(client, template, args.density, &args.cgroup_parent).await?);
+    }
+    if args.ports_n > 0 {
+        eprintln!("ports: {} requests and a {} MiB download through the proxy", args.ports_n, args.ports_bytes >> 20);
+        let ports_args = ports::PortArgs { n: args.ports_n, bytes: args.ports_bytes, runs: 3 };
+        ports::measure(client, template, &ports_args, report).await?;
     }
     if args.gateway_n > 0 {
         gateway::measure(&gateway_args(args), report).await?;
