@@ -12,6 +12,8 @@ use axum::response::Response;
 use hyper_util::rt::TokioIo;
 use space_node_api::PortStream;
 
+use crate::activity::Busy;
+
 /// Headers that belong to one connection (RFC 9110 §7.6.1), never forwarded as they are.
 const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
@@ -50,11 +52,14 @@ pub(crate) struct Upstream {
     pub prefix: Option<String>,
 }
 
-/// Sends `request` to the server at the other end of `stream` and returns its answer.
+/// Sends `request` to the server at the other end of `stream` and returns its answer. `busy`
+/// keeps the session from idling out while the answer streams or the upgraded connection
+/// lasts.
 pub(crate) async fn forward(
     stream: PortStream,
     mut request: Request,
     upstream: Upstream,
+    busy: Busy,
 ) -> Result<Response, ProxyError> {
     let upgrade = wants_upgrade(request.headers()).then(|| hyper::upgrade::on(&mut request));
     let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
@@ -79,7 +84,10 @@ pub(crate) async fn forward(
     {
         let kept = upgrade_headers(response.headers());
         let server = hyper::upgrade::on(&mut response);
-        tokio::spawn(pipe_upgraded(client, server));
+        tokio::spawn(async move {
+            pipe_upgraded(client, server).await;
+            drop(busy);
+        });
         let (mut parts, _) = response.into_parts();
         remove_hop_by_hop(&mut parts.headers);
         parts.headers.extend(kept);
@@ -89,7 +97,33 @@ pub(crate) async fn forward(
     let (mut parts, body) = response.into_parts();
     remove_hop_by_hop(&mut parts.headers);
     parts.extensions.insert(Proxied);
-    Ok(Response::from_parts(parts, Body::new(body)))
+    Ok(Response::from_parts(parts, Body::new(Held { body, _busy: busy })))
+}
+
+/// A response body that keeps its session busy until it has been sent (or dropped).
+struct Held {
+    body: hyper::body::Incoming,
+    _busy: Busy,
+}
+
+impl hyper::body::Body for Held {
+    type Data = hyper::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Copies bytes both ways between the caller's and the server's upgraded connections until

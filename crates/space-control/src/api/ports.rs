@@ -238,7 +238,8 @@ async fn forward(
     let port = upstream.port;
     let (session, sandbox) = woken_sandbox(state, caller, session).await?;
     let stream = state.node.connect_port(&sandbox, port).await?;
-    let response = proxy::forward(stream, request, upstream).await.map_err(|e| {
+    let busy = state.activity.busy(&session.id);
+    let response = proxy::forward(stream, request, upstream, busy).await.map_err(|e| {
         AppError::new(ErrorCode::PortNotListening, format!("port {port} of session {}: {e}", session.id))
     })?;
     Ok(response)
