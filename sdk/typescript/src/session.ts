@@ -26,14 +26,6 @@ import {
 
 type Schemas = components["schemas"];
 
-/** What issue 15 adds to `POST /v1/sessions` and `PATCH /v1/sessions/{id}`. */
-interface WireSessionExtensions {
-  name?: string;
-  labels?: Record<string, string>;
-  metadata?: Record<string, string>;
-  auto_resume?: boolean;
-}
-
 export interface SessionSettings {
   /** A name for people (at most 128 characters); not unique. */
   name?: string;
@@ -154,7 +146,7 @@ export class Session implements AsyncDisposable {
     const client = new ApiClient(options);
     const network = options.network || options.allow ? { ...options.network } : undefined;
     if (network && options.allow) network.allow = [...(network.allow ?? []), ...options.allow];
-    const request: Schemas["CreateSessionRequest"] & WireSessionExtensions = {
+    const request: Schemas["CreateSessionRequest"] = {
       template: options.template ?? null,
       runtime: options.runtime ?? null,
       cpus: options.cpus ?? null,
@@ -222,7 +214,7 @@ export class Session implements AsyncDisposable {
   /** Changes the session's settings (name, labels, metadata, auto-resume, idle timeout,
    * maximum age, snapshot policy); a timeout of 0 turns it off. */
   update(settings: SessionSettings): Promise<SessionInfo> {
-    const request: Schemas["UpdateSessionRequest"] & WireSessionExtensions = {
+    const request: Schemas["UpdateSessionRequest"] = {
       idle_timeout_secs: seconds(settings.idleTimeoutMs) ?? null,
       max_age_secs: seconds(settings.maxAgeMs) ?? null,
       snapshot_policy: settings.snapshotPolicy ? (snakeize(settings.snapshotPolicy) as Schemas["SnapshotPolicy"]) : null,
@@ -341,8 +333,11 @@ function snapshotId(snapshot: Snapshot | string): string {
   return typeof snapshot === "string" ? snapshot : snapshot.id;
 }
 
-function extensions(settings: SessionSettings): WireSessionExtensions {
-  const wire: WireSessionExtensions = {};
+type Meta = Pick<Schemas["CreateSessionRequest"], "name" | "labels" | "metadata" | "auto_resume">;
+
+/** The settings given (a server older than one of them is not sent it). */
+function extensions(settings: SessionSettings): Meta {
+  const wire: Meta = {};
   if (settings.name !== undefined) wire.name = settings.name;
   if (settings.labels !== undefined) wire.labels = settings.labels;
   if (settings.metadata !== undefined) wire.metadata = settings.metadata;

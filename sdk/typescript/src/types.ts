@@ -41,18 +41,8 @@ export type SnapshotKind = Schemas["SnapshotKind"];
 export type NetworkPolicy = Camelize<Schemas["NetworkPolicy"]>;
 export type SnapshotPolicy = Camelize<Schemas["SnapshotPolicy"]>;
 
-/** What issue 15 adds to a session (name, labels, metadata, auto-resume, tenant); optional
- * until the server's OpenAPI document has them, when the generated type takes over. */
-export interface SessionExtensions {
-  name?: string | null;
-  labels?: Record<string, string>;
-  metadata?: Record<string, string>;
-  autoResume?: boolean;
-  tenant?: string;
-}
-
 /** A session as the API describes it (`GET /v1/sessions/{id}`). */
-export type SessionInfo = Camelize<Schemas["Session"]> & SessionExtensions;
+export type SessionInfo = Camelize<Schemas["Session"]>;
 export type Snapshot = Camelize<Schemas["Snapshot"]>;
 export type SessionStats = Camelize<Schemas["SessionStats"]>;
 export type SessionEvent = Camelize<Schemas["SessionEvent"]>;

@@ -65,13 +65,59 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /**
+         * API keys, oldest first, never their secrets: every tenant's for the admin, the caller's
+         *     tenant's for others. Revoked keys are listed (with `revoked_at`).
+         */
+        get: operations["list_keys"];
         put?: never;
         /**
          * Creates an API key for a tenant (admin only). The key is shown once: the response is not
          *     kept for `Idempotency-Key` replays (a retry gets 409 `idempotency_conflict`).
          */
         post: operations["create_key"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/keys/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Revokes an API key: the next request made with it fails with 401 `key_revoked`. The
+         *     admin may revoke any key, a tenant its own. Idempotent. The last admin key in effect
+         *     cannot be revoked (409): rotate it instead.
+         */
+        delete: operations["revoke_key"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/keys/{id}/rotate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Replaces an API key by a new one of the same tenant and name (and a lifetime as long as
+         *     the old one's) and revokes the old one, at once. The admin may rotate any key, a tenant
+         *     its own. Rotating the admin key that `DATA_DIR/admin.key` holds writes the new one there.
+         */
+        post: operations["rotate_key"];
         delete?: never;
         options?: never;
         head?: never;
@@ -139,7 +185,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The caller's sessions, newest first. */
+        /**
+         * The caller's sessions, newest first, filtered by the query: `label=KEY=VALUE` (repeat it:
+         *     all must match), `state`, `template`, `all` (destroyed ones too) and `all_tenants`
+         *     (every tenant's; admin key only).
+         */
         get: operations["list_sessions"];
         put?: never;
         /** Creates a session and its first sandbox. Waits until it is running unless `wait=false`. */
@@ -157,14 +207,21 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
+        /** A session. The admin may read any tenant's. */
         get: operations["get_session"];
         put?: never;
         post?: never;
-        /** Destroys a session and its sandbox. Idempotent: destroying a destroyed session is a no-op. */
+        /**
+         * Destroys a session and its sandbox. Idempotent: destroying a destroyed session is a no-op.
+         *     The admin may destroy any tenant's.
+         */
         delete: operations["destroy_session"];
         options?: never;
         head?: never;
-        /** Changes a session's settings: its snapshot policy, idle timeout and maximum age. */
+        /**
+         * Changes a session's settings: its snapshot policy, idle timeout and maximum age, its name,
+         *     labels and metadata (each replaced whole), and `auto_resume`.
+         */
         patch: operations["update_session"];
         trace?: never;
     };
@@ -699,10 +756,66 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants/{tenant}/quota": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A tenant's quota and its use: the admin may read any tenant's, a tenant its own (404
+         *     otherwise, as for a tenant that does not exist).
+         */
+        get: operations["get_quota"];
+        /**
+         * Sets a tenant's quota (admin only), replacing all four limits; a limit left out or
+         *     `null` is unlimited. Creates the tenant if it does not exist, so a quota can be set
+         *     before its first key. Sessions it has already are kept even when over the new limits;
+         *     creates, forks and resumes are refused until it is back under them.
+         */
+        put: operations["set_quota"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @description An API key as listed: never its secret. */
+        ApiKey: {
+            /** @description Whether it is an admin key (tenant `admin`). */
+            admin: boolean;
+            /**
+             * Format: int64
+             * @description Unix time in milliseconds, as every time below.
+             */
+            created_at: number;
+            /**
+             * Format: int64
+             * @description `null`: never.
+             */
+            expires_at?: number | null;
+            id: components["schemas"]["KeyId"];
+            /**
+             * Format: int64
+             * @description When it last authenticated a request, to the minute (it is recorded at most once a
+             *     minute); `null`: never.
+             */
+            last_used_at?: number | null;
+            name?: string | null;
+            /**
+             * Format: int64
+             * @description `null`: in effect.
+             */
+            revoked_at?: number | null;
+            tenant: string;
+            tenant_id: components["schemas"]["TenantId"];
+        };
         /**
          * @description What the gateway decided about one connection or request.
          * @enum {string}
@@ -773,10 +886,22 @@ export interface components {
             value: string;
         };
         CreateKeyRequest: {
+            /**
+             * Format: int64
+             * @description The key stops working this many seconds from now (401 `key_expired`). Default: never.
+             */
+            expires_in_secs?: number | null;
+            /** @description What the key is for (at most 128 characters), shown in `GET /v1/keys`. */
+            name?: string | null;
             /** @description Tenant name; created if it does not exist. */
             tenant: string;
         };
         CreateSessionRequest: {
+            /**
+             * @description Exec, file, process, watch and port calls on the session while it is suspended resume
+             *     it first (otherwise they answer 409 `session_suspended`). Default: false.
+             */
+            auto_resume?: boolean;
             /** Format: double */
             cpus?: number | null;
             /**
@@ -797,12 +922,25 @@ export interface components {
              */
             idle_timeout_secs?: number | null;
             /**
+             * @description Labels to find it by (`GET /v1/sessions?label=team=x`): at most 32; keys match
+             *     `[a-z0-9][a-z0-9._/-]{0,62}`, values are at most 256 bytes.
+             */
+            labels?: {
+                [key: string]: string;
+            };
+            /**
              * Format: int64
              * @description Destroy the session this many seconds after it was created. Default: never.
              */
             max_age_secs?: number | null;
             /** Format: int64 */
             memory_mib?: number | null;
+            /** @description Free-form data kept with the session (at most 16 KiB of keys and values together). */
+            metadata?: {
+                [key: string]: string;
+            };
+            /** @description A name for people to recognise it by (at most 128 characters; need not be unique). */
+            name?: string | null;
             network?: null | components["schemas"]["NetworkPolicy"];
             /** Format: int32 */
             pids?: number | null;
@@ -815,9 +953,22 @@ export interface components {
             kind?: null | components["schemas"]["SnapshotKind"];
             name?: string | null;
         };
+        /** @description A new API key (`POST /v1/keys`, `POST /v1/keys/{id}/rotate`). */
         CreatedKey: {
+            /**
+             * Format: int64
+             * @description Unix time in milliseconds.
+             */
+            created_at: number;
+            /**
+             * Format: int64
+             * @description Unix time in milliseconds; `null`: never.
+             */
+            expires_at?: number | null;
+            id: components["schemas"]["KeyId"];
             /** @description The secret; shown once. */
             key: string;
+            name?: string | null;
             tenant: string;
             tenant_id: components["schemas"]["TenantId"];
         };
@@ -874,7 +1025,7 @@ export interface components {
          * @description Stable machine-readable error codes. Never renamed once released.
          * @enum {string}
          */
-        ErrorCode: "bad_request" | "unauthorized" | "forbidden" | "not_found" | "conflict" | "invalid_state" | "idempotency_conflict" | "payload_too_large" | "unknown_template" | "runtime_unavailable" | "snapshot_not_found" | "credential_not_found" | "feature_unavailable" | "sandbox_unavailable" | "file_not_found" | "file_exists" | "not_a_directory" | "is_a_directory" | "directory_not_empty" | "permission_denied" | "no_such_process" | "timeout" | "internal" | "method_not_allowed" | "request_timeout" | "uri_too_long" | "headers_too_large" | "limit_exceeded" | "storage_full" | "disk_quota_exceeded";
+        ErrorCode: "bad_request" | "unauthorized" | "key_revoked" | "key_expired" | "forbidden" | "not_found" | "conflict" | "invalid_state" | "session_suspended" | "idempotency_conflict" | "payload_too_large" | "unknown_template" | "runtime_unavailable" | "snapshot_not_found" | "credential_not_found" | "feature_unavailable" | "sandbox_unavailable" | "file_not_found" | "file_exists" | "not_a_directory" | "is_a_directory" | "directory_not_empty" | "permission_denied" | "no_such_process" | "timeout" | "internal" | "method_not_allowed" | "request_timeout" | "uri_too_long" | "headers_too_large" | "limit_exceeded" | "storage_full" | "disk_quota_exceeded" | "quota_exceeded";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
@@ -972,6 +1123,11 @@ export interface components {
         ImportTemplateRequest: {
             name: string;
             path: string;
+        };
+        /** @description A API key id. */
+        KeyId: string;
+        KeyList: {
+            keys: components["schemas"]["ApiKey"][];
         };
         MoveRequest: {
             from: string;
@@ -1080,6 +1236,43 @@ export interface components {
             /** Format: int64 */
             total?: number | null;
         };
+        /**
+         * @description A tenant's limits (`PUT /v1/tenants/{tenant}/quota`). Each is optional; absent or `null`
+         *     means unlimited. A PUT replaces all four.
+         */
+        QuotaLimits: {
+            /**
+             * Format: double
+             * @description CPUs of the sessions that hold a sandbox (running, paused, or on their way there).
+             */
+            max_cpus?: number | null;
+            /**
+             * Format: int64
+             * @description Disk limits, in MiB, of the sessions that are not destroyed (their snapshots stay).
+             */
+            max_disk_mib?: number | null;
+            /**
+             * Format: int64
+             * @description Memory, in MiB, of the sessions that hold a sandbox.
+             */
+            max_memory_mib?: number | null;
+            /**
+             * Format: int64
+             * @description Sessions that are not destroyed (suspended and failed ones included).
+             */
+            max_sessions?: number | null;
+        };
+        /** @description What a tenant's sessions count against its quota now. */
+        QuotaUsage: {
+            /** Format: double */
+            cpus: number;
+            /** Format: int64 */
+            disk_mib: number;
+            /** Format: int64 */
+            memory_mib: number;
+            /** Format: int64 */
+            sessions: number;
+        };
         /** @description Resources of a session's sandboxes. */
         Resources: {
             /**
@@ -1176,6 +1369,8 @@ export interface components {
             pids: number;
         };
         Session: {
+            /** @description Whether calls that need its sandbox resume it when it is suspended. */
+            auto_resume?: boolean;
             /**
              * Format: int64
              * @description Unix time in milliseconds.
@@ -1187,7 +1382,14 @@ export interface components {
             /** @description Why the last operation failed, if it did. */
             error?: string | null;
             id: components["schemas"]["SessionId"];
+            labels?: {
+                [key: string]: string;
+            };
             lifetime?: components["schemas"]["SessionLifetime"];
+            metadata?: {
+                [key: string]: string;
+            };
+            name?: string | null;
             resources: components["schemas"]["Resources"];
             /** @description How its sandboxes are isolated. */
             runtime?: components["schemas"]["RuntimeKind"];
@@ -1197,6 +1399,8 @@ export interface components {
             template: string;
             /** Format: int32 */
             template_version?: number | null;
+            /** @description The name of the tenant it belongs to. */
+            tenant?: string;
             /** Format: int64 */
             updated_at: number;
         };
@@ -1401,6 +1605,23 @@ export interface components {
         };
         /** @description A tenant id. */
         TenantId: string;
+        /** @description A tenant's quota and what it uses of it (`GET /v1/tenants/{tenant}/quota`). */
+        TenantQuota: {
+            /** Format: double */
+            max_cpus?: number | null;
+            /** Format: int64 */
+            max_disk_mib?: number | null;
+            /** Format: int64 */
+            max_memory_mib?: number | null;
+            /**
+             * Format: int64
+             * @description As in [`QuotaLimits`]; `null`: unlimited.
+             */
+            max_sessions?: number | null;
+            tenant: string;
+            tenant_id: components["schemas"]["TenantId"];
+            usage: components["schemas"]["QuotaUsage"];
+        };
         /** @description `PATCH /v1/credentials/{name}`: rotation and changes, effective on the next request. */
         UpdateCredentialRequest: {
             /**
@@ -1418,16 +1639,27 @@ export interface components {
             value?: string | null;
         };
         UpdateSessionRequest: {
+            auto_resume?: boolean | null;
             /**
              * Format: int64
              * @description As at creation; 0 turns it off.
              */
             idle_timeout_secs?: number | null;
+            /** @description Replaces all the labels (`{}` removes them). */
+            labels?: {
+                [key: string]: string;
+            } | null;
             /**
              * Format: int64
              * @description As at creation; 0 turns it off.
              */
             max_age_secs?: number | null;
+            /** @description Replaces all the metadata (`{}` removes it). */
+            metadata?: {
+                [key: string]: string;
+            } | null;
+            /** @description A new name; `""` removes it. */
+            name?: string | null;
             snapshot_policy?: null | components["schemas"]["SnapshotPolicy"];
         };
         WriteResult: {
@@ -1617,6 +1849,25 @@ export interface operations {
             };
         };
     };
+    list_keys: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KeyList"];
+                };
+            };
+        };
+    };
     create_key: {
         parameters: {
             query?: never;
@@ -1638,7 +1889,89 @@ export interface operations {
                     "application/json": components["schemas"]["CreatedKey"];
                 };
             };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    revoke_key: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiKey"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    rotate_key: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CreatedKey"];
+                };
+            };
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1747,12 +2080,20 @@ export interface operations {
     };
     list_sessions: {
         parameters: {
-            query?: never;
-            header?: never;
-            path: {
+            query?: {
                 /** @description Include destroyed sessions. */
-                all: boolean;
+                all?: boolean;
+                /** @description Every tenant's sessions (admin key only; 403 otherwise). */
+                all_tenants?: boolean;
+                /** @description `KEY=VALUE`: only sessions with this label; repeat it for sessions with all of them. */
+                label?: string[];
+                /** @description Only sessions in this state (`running`, `suspended`, …). */
+                state?: string;
+                /** @description Only sessions of this template. */
+                template?: string;
             };
+            header?: never;
+            path?: never;
             cookie?: never;
         };
         requestBody?: never;
@@ -1763,6 +2104,22 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SessionList"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
         };
@@ -1800,6 +2157,14 @@ export interface operations {
                 };
             };
             400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2340,6 +2705,14 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     grant: {
@@ -2649,6 +3022,14 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     resume: {
@@ -2679,6 +3060,14 @@ export interface operations {
                 };
             };
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3024,6 +3413,76 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Operation"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_quota: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantQuota"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    set_quota: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["QuotaLimits"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantQuota"];
                 };
             };
             400: {
