@@ -1,5 +1,6 @@
 // The HTTP and WebSocket transport: configuration, authentication, error mapping.
 
+import { randomUUID } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import WebSocket from "ws";
 import type { Body } from "./wire.js";
@@ -28,7 +29,13 @@ export interface RequestOptions {
   body?: Body;
   headers?: Record<string, string>;
   signal?: AbortSignal;
+  /** Send an `Idempotency-Key` and retry (twice) when the connection fails: the server
+   * replays the first answer instead of acting twice. For lifecycle calls with JSON bodies. */
+  idempotent?: boolean;
 }
+
+/** Waits before the retries of an idempotent call. */
+const RETRY_DELAYS_MS = [250, 1000];
 
 /** The transport one or more sessions share. */
 export class ApiClient {
@@ -75,6 +82,20 @@ export class ApiClient {
 
   /** Sends a request; a non-2xx answer is thrown as its typed error. */
   async fetch(method: string, path: string, options: RequestOptions = {}): Promise<Response> {
+    if (!options.idempotent) return this.#fetchOnce(method, path, options);
+    const headers = { ...options.headers, "idempotency-key": randomUUID() };
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.#fetchOnce(method, path, { ...options, headers });
+      } catch (error) {
+        const delay = RETRY_DELAYS_MS[attempt];
+        if (!(error instanceof ConnectionError) || delay === undefined) throw error;
+        await new Promise((resolve) => setTimeout(resolve, delay));
+      }
+    }
+  }
+
+  async #fetchOnce(method: string, path: string, options: RequestOptions): Promise<Response> {
     const headers: Record<string, string> = { ...this.authHeaders(), ...options.headers };
     let body: Body | undefined = options.body;
     if (options.json !== undefined) {

@@ -4,7 +4,7 @@ import "./polyfill.js";
 import type WebSocket from "ws";
 import type { components } from "./generated/api.js";
 import type { SessionContext, User } from "./context.js";
-import { NoSuchProcessError } from "./errors.js";
+import { CommandExitError, NoSuchProcessError, SandboxUnavailableError, StreamInterruptedError } from "./errors.js";
 import { signalNumber, type Signal } from "./signals.js";
 import { ProcessStream, type BinaryInput, type ExitInfo } from "./stream.js";
 import { camelize, type CommandResult, type ProcessInfo } from "./types.js";
@@ -29,6 +29,9 @@ export interface RunOptions {
   onStdout?: (data: string) => void;
   onStderr?: (data: string) => void;
   stdin?: StdinInput;
+  /** Throw `CommandExitError` unless the command exits 0 (default: the result says how it
+   * ended, as `subprocess.run` does). */
+  check?: boolean;
 }
 
 export interface BackgroundRunOptions extends Omit<RunOptions, "stdin"> {
@@ -43,6 +46,10 @@ export interface ConnectOptions {
 
 /** Output kept per stream for the result; callbacks see everything. */
 const RESULT_CAP = 16 << 20;
+/** Output `spaced` keeps per stream of a background process, replayed by an attach. */
+const REPLAY_BYTES = 1 << 20;
+/** Re-attaches of one handle after streams ended under it. */
+const MAX_REATTACH = 8;
 
 /** Collects a command's output, decoded incrementally (a character split between two
  * frames stays whole). */
@@ -51,6 +58,9 @@ export class Output {
   stderr = "";
   truncated = false;
   readonly #decoders = { stdout: new TextDecoder(), stderr: new TextDecoder() };
+  /** Raw bytes taken per stream, and bytes of a replay still to drop. */
+  readonly #received = { stdout: 0, stderr: 0 };
+  readonly #skip = { stdout: 0, stderr: 0 };
 
   constructor(private readonly options: ConnectOptions) {}
 
@@ -59,8 +69,23 @@ export class Output {
     onStderr: (bytes: Uint8Array) => this.#take("stderr", bytes),
   };
 
+  /** A new attach is about to replay the process's buffered output (the last MiB of each
+   * stream): what was already taken is dropped from it, so nothing is seen twice. Beyond a
+   * MiB the replay cannot be lined up with what came before: `truncated` says so. */
+  replayFollows(): void {
+    for (const channel of ["stdout", "stderr"] as const) {
+      this.#skip[channel] = Math.min(this.#received[channel], REPLAY_BYTES);
+      if (this.#received[channel] > REPLAY_BYTES) this.truncated = true;
+    }
+  }
+
   #take(channel: "stdout" | "stderr", bytes: Uint8Array): void {
-    const text = this.#decoders[channel].decode(bytes, { stream: true });
+    const dropped = Math.min(this.#skip[channel], bytes.length);
+    this.#skip[channel] -= dropped;
+    const fresh = dropped ? bytes.subarray(dropped) : bytes;
+    if (fresh.length === 0) return;
+    this.#received[channel] += fresh.length;
+    const text = this.#decoders[channel].decode(fresh, { stream: true });
     if (!text) return;
     if (this[channel].length + text.length <= RESULT_CAP) this[channel] += text;
     else this.truncated = true;
@@ -117,6 +142,11 @@ async function feed(stream: ProcessStream, stdin: StdinInput): Promise<void> {
   }
 }
 
+function checked(result: CommandResult): CommandResult {
+  if (result.exitCode !== 0 || result.timedOut) throw new CommandExitError(result);
+  return result;
+}
+
 /** Sends `signal` to process `pid`; `false` if there is no such process (any more). */
 async function signalProcess(ctx: SessionContext, pid: number, signal: Signal): Promise<boolean> {
   try {
@@ -133,28 +163,52 @@ async function signalProcess(ctx: SessionContext, pid: number, signal: Signal): 
 export class CommandHandle implements AsyncDisposable {
   readonly pid: number;
   readonly #ctx: SessionContext;
-  readonly #stream: ProcessStream | undefined;
+  #stream: ProcessStream | undefined;
   readonly #output: Output;
   readonly #result: Promise<CommandResult>;
+  readonly #reattach: (() => Promise<ProcessStream>) | undefined;
+  #disconnected = false;
   #settled: CommandResult | undefined;
 
   /** @internal */
   constructor(
     ctx: SessionContext,
     pid: number,
-    stream: ProcessStream | undefined,
     output: Output,
-    result?: CommandResult,
-    fed?: Promise<void>,
+    follow: { stream: ProcessStream; fed?: Promise<void>; reattach: () => Promise<ProcessStream> } | CommandResult,
   ) {
     this.#ctx = ctx;
     this.pid = pid;
-    this.#stream = stream;
     this.#output = output;
-    this.#result = result
-      ? Promise.resolve(result)
-      : Promise.all([(stream as ProcessStream).exited, fed]).then(([exit]) => output.result(pid, exit));
+    if ("stream" in follow) {
+      this.#stream = follow.stream;
+      this.#reattach = follow.reattach;
+      this.#result = this.#follow(follow.stream, follow.fed);
+    } else {
+      this.#reattach = undefined;
+      this.#result = Promise.resolve(follow);
+    }
     this.#result.then((r) => (this.#settled = r)).catch(() => {});
+  }
+
+  /** Follows the process to its exit. When the stream ends under it because the sandbox's
+   * connections were cut (a full snapshot or fork: the process goes on), it attaches again,
+   * the replay lined up with what had arrived. */
+  async #follow(first: ProcessStream, fed: Promise<void> | undefined): Promise<CommandResult> {
+    let stream = first;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const [exit] = await Promise.all([stream.exited, attempt === 0 ? fed : undefined]);
+        return this.#output.result(this.pid, exit);
+      } catch (error) {
+        const cut = error instanceof StreamInterruptedError || error instanceof SandboxUnavailableError;
+        if (!cut || this.#disconnected || !this.#reattach || attempt >= MAX_REATTACH) throw error;
+        this.#output.replayFollows();
+        stream = await this.#reattach();
+        this.#stream = stream;
+        if (this.#disconnected) stream.close();
+      }
+    }
   }
 
   /** Output so far. */
@@ -171,9 +225,11 @@ export class CommandHandle implements AsyncDisposable {
     return this.#settled?.exitCode;
   }
 
-  /** Resolves when the command exits. */
-  wait(): Promise<CommandResult> {
-    return this.#result;
+  /** Resolves when the command exits; with `check`, rejects with `CommandExitError` unless
+   * it exited 0. */
+  async wait(options: { check?: boolean } = {}): Promise<CommandResult> {
+    const result = await this.#result;
+    return options.check ? checked(result) : result;
   }
 
   /** Sends `signal` (default SIGKILL); `false` if there is no such process any more. */
@@ -194,6 +250,7 @@ export class CommandHandle implements AsyncDisposable {
   /** Stops following the command's output; it keeps running (`commands.connect(pid)`
    * follows it again). */
   disconnect(): void {
+    this.#disconnected = true;
     this.#stream?.close();
   }
 
@@ -222,7 +279,8 @@ export class Commands {
   async run(cmd: string | string[], options: (RunOptions & { background?: boolean }) | BackgroundRunOptions = {}) {
     if (options.background) return this.#background(cmd, options as BackgroundRunOptions);
     const plain = !options.onStdout && !options.onStderr && (options.stdin === undefined || typeof options.stdin === "string");
-    return plain ? this.#runJson(cmd, options as RunOptions) : this.#runStreaming(cmd, options as RunOptions);
+    const result = await (plain ? this.#runJson(cmd, options as RunOptions) : this.#runStreaming(cmd, options as RunOptions));
+    return options.check ? checked(result) : result;
   }
 
   /** Short commands without callbacks: one request, output in the response. */
@@ -294,12 +352,20 @@ export class Commands {
       const stderr = `space: ${argv(cmd)[0]}: could not be executed (not found, or not executable)\n`;
       output.stderr = stderr;
       const exit = { exitCode: 127, signal: null, timedOut: false, oomKilled: false };
-      return new CommandHandle(this.#ctx, 0, undefined, output, output.result(0, exit));
+      return new CommandHandle(this.#ctx, 0, output, output.result(0, exit));
     }
     return this.#attach(started.pid, output, options.stdin === true ? undefined : options.stdin);
   }
 
   async #attach(pid: number, output: Output, stdin?: StdinInput): Promise<CommandHandle> {
+    const stream = await this.#open(pid, output);
+    // Fed while the caller goes on; `wait()` reports a failure to feed.
+    const fed = stdin === undefined ? undefined : feed(stream, stdin);
+    return new CommandHandle(this.#ctx, pid, output, { stream, fed, reattach: () => this.#open(pid, output) });
+  }
+
+  /** An attach stream of `pid`, once started. */
+  async #open(pid: number, output: Output): Promise<ProcessStream> {
     const stream = await this.#ctx.client.socket(
       this.#ctx.path(`/processes/${pid}/attach`),
       undefined,
@@ -307,9 +373,7 @@ export class Commands {
     );
     this.#ctx.streams.add(stream);
     await stream.started;
-    // Fed while the caller goes on; `wait()` reports a failure to feed.
-    const fed = stdin === undefined ? undefined : feed(stream, stdin);
-    return new CommandHandle(this.#ctx, pid, stream, output, undefined, fed);
+    return stream;
   }
 
   /** Follows a running (or recently exited) process: its buffered output first, then live

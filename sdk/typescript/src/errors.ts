@@ -7,6 +7,7 @@
 //   catch (e) { if (e instanceof SpaceError) console.log(e.code, e.status) }
 
 import type { components } from "./generated/api.js";
+import type { CommandResult } from "./types.js";
 
 /** The error codes of docs/openapi.json (`ErrorCode`), plus those the SDK adds. */
 export type ApiErrorCode = components["schemas"]["ErrorCode"];
@@ -90,10 +91,30 @@ export class PortNotListeningError extends BadGatewayError {}
 export class StorageFullError extends InsufficientStorageError {}
 export class DiskQuotaExceededError extends InsufficientStorageError {}
 
+/** A command run with `check: true` exited non-zero, was killed, or timed out; `result`
+ * has its output. */
+export class CommandExitError extends SpaceError {
+  readonly result: CommandResult;
+
+  constructor(result: CommandResult) {
+    const what = result.timedOut
+      ? "timed out"
+      : result.exitCode === null
+        ? `was killed by signal ${result.signal}`
+        : `exited with code ${result.exitCode}`;
+    const last = result.stderr.trim().split("\n").at(-1);
+    super(`command ${what}${last ? `: ${last}` : ""}`, { code: "command_failed", status: 0 });
+    this.result = result;
+  }
+}
+
 /** No connection to the server (refused, reset, DNS): check `SPACE_URL`. */
 export class ConnectionError extends SpaceError {}
 /** A WebSocket (exec, attach, watch) closed before the command or stream ended. */
 export class ConnectionClosedError extends SpaceError {}
+/** A stream ended because the session's connections were cut under it (a full snapshot or a
+ * fork); the process goes on. Background command handles attach again on their own. */
+export class StreamInterruptedError extends ConnectionClosedError {}
 /** The SDK is missing what it needs to talk to the server (an API key). */
 export class ConfigurationError extends SpaceError {}
 

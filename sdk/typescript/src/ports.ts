@@ -42,6 +42,17 @@ export class Ports {
     return result;
   }
 
+  /** The headers that let a client of the proxy in as this API key (`Authorization`). */
+  get headers(): Record<string, string> {
+    return { authorization: this.#ctx.client.authHeaders().authorization as string };
+  }
+
+  /** The access of one port (its token is not shown again). */
+  async get(port: number): Promise<PortAccess> {
+    const path = this.#ctx.path(`/ports/${checkPort(port)}`);
+    return camelize<WirePortAccess>(await this.#ctx.client.json<WirePortAccess>("GET", path));
+  }
+
   /** Ports with open access. */
   async list(): Promise<PortAccess[]> {
     const list = await this.#ctx.client.json<{ ports: WirePortAccess[] }>("GET", this.#ctx.path("/ports"));

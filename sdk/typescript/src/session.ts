@@ -6,8 +6,9 @@ import type { components } from "./generated/api.js";
 import { ApiClient, type ConnectionOptions } from "./client.js";
 import { Commands } from "./commands.js";
 import { SessionStreams, lookupUser, type SessionContext, type User } from "./context.js";
-import { BadRequestError, ConnectionClosedError, NotFoundError } from "./errors.js";
+import { BadRequestError, ConnectionClosedError, NotFoundError, StreamInterruptedError } from "./errors.js";
 import { Files } from "./files.js";
+import { Network } from "./network.js";
 import { Ports } from "./ports.js";
 import { Pty } from "./pty.js";
 import {
@@ -120,6 +121,7 @@ export class Session implements AsyncDisposable {
   readonly files: Files;
   readonly pty: Pty;
   readonly ports: Ports;
+  readonly network: Network;
   readonly #streams = new SessionStreams();
 
   /** @internal Use `Session.create`, `Session.connect` or `Session.list`. */
@@ -139,6 +141,7 @@ export class Session implements AsyncDisposable {
     this.files = new Files(ctx);
     this.pty = new Pty(ctx);
     this.ports = new Ports(ctx);
+    this.network = new Network(ctx);
   }
 
   /** Creates a session and waits until it runs. */
@@ -161,7 +164,7 @@ export class Session implements AsyncDisposable {
       max_age_secs: seconds(options.maxAgeMs) ?? null,
       ...extensions(options),
     };
-    const info = await client.json<Schemas["Session"]>("POST", "/v1/sessions", { json: dropNulls(request) });
+    const info = await client.json<Schemas["Session"]>("POST", "/v1/sessions", { json: dropNulls(request), idempotent: true });
     return new Session(client, camelize<Schemas["Session"]>(info));
   }
 
@@ -203,7 +206,8 @@ export class Session implements AsyncDisposable {
   }
 
   async #call(method: string, suffix: string, json?: unknown): Promise<SessionInfo> {
-    return this.#set(await this.client.json<Schemas["Session"]>(method, this.#path(suffix), { json }));
+    const idempotent = method === "POST" || method === "DELETE";
+    return this.#set(await this.client.json<Schemas["Session"]>(method, this.#path(suffix), { json, idempotent }));
   }
 
   /** Fetches the session's current state. */
@@ -233,10 +237,11 @@ export class Session implements AsyncDisposable {
    * that ended them on the server (`what`: "suspended", …): their `wait()` and iteration
    * reject with a `ConnectionClosedError` saying so. Background commands keep running where
    * the session does (`commands.connect(pid)` follows one again). */
-  #endStreams(what: string): void {
+  #endStreams(what: string, processesGoOn = false): void {
+    const Class = processesGoOn ? StreamInterruptedError : ConnectionClosedError;
     this.#streams.abortAll(
       () =>
-        new ConnectionClosedError(
+        new Class(
           `session ${this.id} was ${what}, which ends its open command, terminal and watch streams; ` +
             "background commands keep running: follow one again with commands.connect(pid)",
           { code: "connection_closed", status: 0 },
@@ -267,8 +272,9 @@ export class Session implements AsyncDisposable {
     const request: Schemas["CreateSnapshotRequest"] = { kind: options.kind ?? null, name: options.name ?? null };
     const snapshot = await this.client.json<Schemas["Snapshot"]>("POST", this.#path("/snapshots"), {
       json: dropNulls(request),
+      idempotent: true,
     });
-    if (snapshot.kind === "full") this.#endStreams("snapshotted with its processes (a full snapshot)");
+    if (snapshot.kind === "full") this.#endStreams("snapshotted with its processes (a full snapshot)", true);
     return camelize<Schemas["Snapshot"]>(snapshot);
   }
 
@@ -279,7 +285,9 @@ export class Session implements AsyncDisposable {
   }
 
   async deleteSnapshot(snapshot: Snapshot | string): Promise<void> {
-    await this.client.fetch("DELETE", this.#path(`/snapshots/${encodeURIComponent(snapshotId(snapshot))}`));
+    await this.client.fetch("DELETE", this.#path(`/snapshots/${encodeURIComponent(snapshotId(snapshot))}`), {
+      idempotent: true,
+    });
   }
 
   /** Puts the session back to `snapshot` (one of its own) in a new sandbox. */
@@ -295,10 +303,13 @@ export class Session implements AsyncDisposable {
   async fork(options: number | { count?: number; from?: Snapshot | string } = {}): Promise<Session[]> {
     const { count, from } = typeof options === "number" ? { count: options, from: undefined } : options;
     const request: Schemas["ForkRequest"] = { count: count ?? null, from: from === undefined ? null : snapshotId(from) };
-    const list = await this.client.json<Schemas["SessionList"]>("POST", this.#path("/fork"), { json: dropNulls(request) });
+    const list = await this.client.json<Schemas["SessionList"]>("POST", this.#path("/fork"), {
+      json: dropNulls(request),
+      idempotent: true,
+    });
     // A fork from now takes a full snapshot when the server can, which ends open streams.
     if (from === undefined && this.#streams.size > 0 && (await this.#fullSnapshots())) {
-      this.#endStreams("forked from a full snapshot");
+      this.#endStreams("forked from a full snapshot", true);
     }
     return list.sessions.map((info) => new Session(this.client, camelize<Schemas["Session"]>(info)));
   }

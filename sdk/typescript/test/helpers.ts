@@ -38,6 +38,7 @@ after(async () => {
   const failures: unknown[] = [];
   await Promise.all(
     [...sessions].map(async (s) => {
+      if (s.info.state === "destroyed") return;
       try {
         await s.destroy();
       } catch (error) {

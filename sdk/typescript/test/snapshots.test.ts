@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { ConnectionClosedError, SnapshotNotFoundError } from "@space/sdk";
-import { SUITE_TIMEOUT, newSession, track } from "./helpers.js";
+import { SnapshotNotFoundError } from "@space/sdk";
+import { SUITE_TIMEOUT, eventually, newSession, track } from "./helpers.js";
 
 describe("snapshots, restore, fork", { timeout: SUITE_TIMEOUT }, () => {
   test("a named disk snapshot is listed; restore brings its files back", async () => {
@@ -31,21 +31,38 @@ describe("snapshots, restore, fork", { timeout: SUITE_TIMEOUT }, () => {
     const sleeper = await s.commands.run(["sleep", "600"], { background: true });
     const snap = await s.snapshot({ kind: "full" });
     assert.equal(snap.kind, "full");
-    // A full snapshot ends the streams open at that moment (docs/lifecycle.md); the process
-    // goes on, and can be followed again.
-    await assert.rejects(sleeper.wait(), ConnectionClosedError);
     assert.equal(await s.commands.kill(sleeper.pid), true);
-    const killed = await (await s.commands.connect(sleeper.pid)).wait();
-    assert.equal(killed.signal, 9);
+    assert.equal((await sleeper.wait()).signal, 9);
     await s.restore(snap);
     const processes = await s.commands.list();
     assert.ok(processes.some((p) => p.pid === sleeper.pid && p.running), JSON.stringify(processes));
   });
 
+  test("a background handle follows its command across a full snapshot, output seen once", async () => {
+    const s = await newSession();
+    let seen = "";
+    const command = await s.commands.run("echo before; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo after", {
+      background: true,
+      onStdout: (d) => (seen += d),
+    });
+    await eventually(() => command.stdout.includes("before"), "the first line");
+    // A full snapshot cuts the session's streams (docs/lifecycle.md); the process goes on.
+    await s.snapshot({ kind: "full" });
+    await s.files.write("/tmp/go", "");
+    const result = await command.wait();
+    assert.equal(result.stdout, "before\nafter\n");
+    assert.equal(seen, "before\nafter\n");
+    assert.equal(result.truncated, false);
+    assert.equal(result.exitCode, 0);
+  });
+
   test("fork makes independent copies", async () => {
     const s = await newSession({ env: { ORIGIN: "parent" } });
     await s.files.write("/root/shared.txt", "from parent");
+    const running = await s.commands.run(["sleep", "600"], { background: true });
     const forks = track(await s.fork(2));
+    assert.equal(await running.kill(), true);
+    assert.equal((await running.wait()).signal, 9, "the parent's handle follows its command across the fork");
     assert.equal(forks.length, 2);
     for (const fork of forks) {
       assert.notEqual(fork.id, s.id);
