@@ -18,7 +18,7 @@ type ExecResult = components["schemas"]["ExecResult"];
 export type StdinInput = BinaryInput | AsyncIterable<Uint8Array | string> | ReadableStream<Uint8Array>;
 
 export interface RunOptions {
-  /** Working directory (default: the user's home, `/root` for root). */
+  /** Working directory (default `/`). */
   cwd?: string;
   /** Variables on top of the session's `env`. */
   env?: Record<string, string>;
@@ -34,7 +34,7 @@ export interface RunOptions {
   check?: boolean;
 }
 
-export interface BackgroundRunOptions extends Omit<RunOptions, "stdin"> {
+export interface BackgroundRunOptions extends Omit<RunOptions, "stdin" | "check"> {
   background: true;
   stdin?: StdinInput | true;
 }
@@ -308,6 +308,14 @@ export class Commands {
   }
 
   async #runStreaming(cmd: string | string[], options: RunOptions): Promise<CommandResult> {
+    const start: ExecStart = {
+      cmd: argv(cmd),
+      env: options.env ?? {},
+      cwd: options.cwd ?? null,
+      ...(await this.#ctx.credentials(options.user)),
+      timeout_ms: options.timeoutMs ?? null,
+      stdin: options.stdin !== undefined,
+    };
     const output = new Output(options);
     let ws!: WebSocket;
     const stream = await this.#ctx.client.socket(this.#ctx.path("/exec/ws"), undefined, (socket) => {
@@ -316,14 +324,6 @@ export class Commands {
     });
     this.#ctx.streams.add(stream);
     try {
-      const start: ExecStart = {
-        cmd: argv(cmd),
-        env: options.env ?? {},
-        cwd: options.cwd ?? null,
-        ...(await this.#ctx.credentials(options.user)),
-        timeout_ms: options.timeoutMs ?? null,
-        stdin: options.stdin !== undefined,
-      };
       ws.send(JSON.stringify(start));
       const pid = await stream.started;
       const fed = options.stdin === undefined ? Promise.resolve() : feed(stream, options.stdin);

@@ -76,6 +76,15 @@ export class Pty {
   /** Starts a program (default `/bin/sh -i`) on a new pseudo-terminal of `rows` × `cols`
    * (default 24 × 80). */
   async create(options: PtyOptions): Promise<PtyHandle> {
+    const start: ExecStart = {
+      cmd: options.cmd === undefined ? ["/bin/sh", "-i"] : argv(options.cmd),
+      env: options.env ?? {},
+      cwd: options.cwd ?? null,
+      ...(await this.#ctx.credentials(options.user)),
+      timeout_ms: options.timeoutMs ?? null,
+      tty: { rows: options.rows ?? 24, cols: options.cols ?? 80 },
+      stdin: true,
+    };
     let ws!: WebSocket;
     const handlers = { onStdout: options.onData, onStderr: options.onData };
     const stream = await this.#ctx.client.socket(this.#ctx.path("/exec/ws"), undefined, (socket) => {
@@ -84,15 +93,6 @@ export class Pty {
     });
     this.#ctx.streams.add(stream);
     try {
-      const start: ExecStart = {
-        cmd: options.cmd === undefined ? ["/bin/sh", "-i"] : argv(options.cmd),
-        env: options.env ?? {},
-        cwd: options.cwd ?? null,
-        ...(await this.#ctx.credentials(options.user)),
-        timeout_ms: options.timeoutMs ?? null,
-        tty: { rows: options.rows ?? 24, cols: options.cols ?? 80 },
-        stdin: true,
-      };
       ws.send(JSON.stringify(start));
       return new PtyHandle(await stream.started, stream);
     } catch (error) {
