@@ -499,6 +499,66 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{id}/ports": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The session's opened ports. */
+        get: operations["list_ports"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/ports/{port}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A port's access: opened or not (a port not opened is reachable with the API key alone). */
+        get: operations["get_port"];
+        put?: never;
+        /**
+         * Opens a port to holders of a new token, or to anyone (`public`); any token it had stops
+         *     working.
+         */
+        post: operations["open_port"];
+        /** Closes a port to its token and to the public; the API key still reaches it. */
+        delete: operations["close_port"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/ports/{port}/{path}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Proxies a request to `port` of the session's sandbox; the path after the port's prefix
+         *     (and the query, less `space_token`) is what the server inside sees.
+         * @description Any method. Auth: the API key, the port's token (`X-Space-Port-Token` or `?space_token=`), or none for a public port. WebSocket upgrades pass through.
+         */
+        get: operations["proxy_path"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{id}/processes": {
         parameters: {
             query?: never;
@@ -637,8 +697,9 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * The session's current usage. Disk counts what its sandboxes wrote that still exists
-         *     anywhere, snapshots and forks included, against the limit it was created with.
+         * The session's current usage: its sandbox's memory (now and at its peak), CPU time and
+         *     processes; its disk (root and snapshots) against the limit it was created with; and the
+         *     bytes it sent and received through the egress gateway.
          */
         get: operations["session_stats"];
         put?: never;
@@ -663,6 +724,26 @@ export interface paths {
          *     snapshot and its sandbox is freed. Idempotent on a suspended one.
          */
         post: operations["suspend"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/tunnel/{port}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Raw TCP to `port` over a WebSocket: binary messages carry the byte stream each way.
+         * @description WebSocket. Binary messages carry the TCP stream both ways; a close ends it.
+         */
+        get: operations["tunnel"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -1014,7 +1095,23 @@ export interface components {
              * @description `null`: no limit.
              */
             limit_bytes?: number | null;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description The sum of its snapshots' `size_bytes` (apparent sizes: data a snapshot shares with
+             *     the root or another snapshot counts in each; a disk snapshot still being measured
+             *     counts 0). What deleting one frees is its `exclusive_bytes`.
+             */
+            snapshot_bytes?: number;
+            /**
+             * Format: int64
+             * @description How many snapshots the session has.
+             */
+            snapshots?: number;
+            /**
+             * Format: int64
+             * @description What the session is charged for: its root and its snapshots together, data they share
+             *     counted once.
+             */
             used_bytes: number;
         };
         /** @description JSON body of every error response. */
@@ -1022,10 +1119,10 @@ export interface components {
             error: components["schemas"]["ErrorDetail"];
         };
         /**
-         * @description Stable machine-readable error codes. Never renamed once released.
+         * @description Stable machine-readable error codes; never renamed once released. Each is answered with one HTTP status: 400: bad_request, unknown_template, runtime_unavailable, not_a_directory, is_a_directory, directory_not_empty, port_reserved; 401: unauthorized, key_revoked, key_expired; 403: forbidden, permission_denied; 404: not_found, snapshot_not_found, credential_not_found, file_not_found, no_such_process; 405: method_not_allowed; 408: request_timeout; 409: conflict, invalid_state, session_suspended, idempotency_conflict, file_exists; 413: payload_too_large; 414: uri_too_long; 429: limit_exceeded, quota_exceeded; 431: headers_too_large; 500: internal; 501: feature_unavailable; 502: port_not_listening; 503: sandbox_unavailable; 504: timeout; 507: storage_full, disk_quota_exceeded.
          * @enum {string}
          */
-        ErrorCode: "bad_request" | "unauthorized" | "key_revoked" | "key_expired" | "forbidden" | "not_found" | "conflict" | "invalid_state" | "session_suspended" | "idempotency_conflict" | "payload_too_large" | "unknown_template" | "runtime_unavailable" | "snapshot_not_found" | "credential_not_found" | "feature_unavailable" | "sandbox_unavailable" | "file_not_found" | "file_exists" | "not_a_directory" | "is_a_directory" | "directory_not_empty" | "permission_denied" | "no_such_process" | "timeout" | "internal" | "method_not_allowed" | "request_timeout" | "uri_too_long" | "headers_too_large" | "limit_exceeded" | "storage_full" | "disk_quota_exceeded" | "quota_exceeded";
+        ErrorCode: "bad_request" | "unauthorized" | "key_revoked" | "key_expired" | "forbidden" | "not_found" | "conflict" | "invalid_state" | "session_suspended" | "idempotency_conflict" | "payload_too_large" | "unknown_template" | "runtime_unavailable" | "snapshot_not_found" | "credential_not_found" | "feature_unavailable" | "sandbox_unavailable" | "file_not_found" | "file_exists" | "not_a_directory" | "is_a_directory" | "directory_not_empty" | "permission_denied" | "no_such_process" | "timeout" | "internal" | "method_not_allowed" | "request_timeout" | "uri_too_long" | "headers_too_large" | "limit_exceeded" | "storage_full" | "disk_quota_exceeded" | "port_not_listening" | "port_reserved" | "quota_exceeded";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
@@ -1080,6 +1177,40 @@ export interface components {
             stdout: string;
             timed_out: boolean;
             truncated: boolean;
+        };
+        /**
+         * @description First text message of an exec WebSocket (`GET /v1/sessions/{id}/exec/ws`).
+         *
+         *     Then the client sends binary frames (stdin bytes) and text frames with
+         *     [`WsClientMessage`]; the server sends binary frames whose first byte is the channel
+         *     (1 = stdout, 2 = stderr) followed by the bytes, and text frames with [`WsServerMessage`].
+         * @example {
+         *       "cmd": [
+         *         "bash",
+         *         "-l"
+         *       ],
+         *       "stdin": true,
+         *       "tty": {
+         *         "cols": 80,
+         *         "rows": 24
+         *       }
+         *     }
+         */
+        ExecStart: {
+            cmd: string[];
+            cwd?: string | null;
+            env?: {
+                [key: string]: string;
+            };
+            /** Format: int32 */
+            gid?: number | null;
+            /** @description Whether the client will send stdin (otherwise stdin is empty). */
+            stdin?: boolean;
+            /** Format: int64 */
+            timeout_ms?: number | null;
+            tty?: null | components["schemas"]["TermSize"];
+            /** Format: int32 */
+            uid?: number | null;
         };
         FileInfo: {
             /** Format: int32 */
@@ -1169,6 +1300,36 @@ export interface components {
             /** @description Replaces the port list when given. */
             ports?: number[] | null;
         };
+        /**
+         * @description Bytes through the egress gateway since the session's egress was set on this node (its
+         *     creation, or the server's start: the counters are kept in memory), counted as each
+         *     connection or request ends, DNS excepted.
+         */
+        NetworkUsage: {
+            /**
+             * Format: int64
+             * @description From upstreams to the sandbox.
+             */
+            bytes_in: number;
+            /**
+             * Format: int64
+             * @description From the sandbox to upstreams (request headers and bodies, or a tunnel's bytes).
+             */
+            bytes_out: number;
+        };
+        /**
+         * @description Body of `POST /v1/sessions/{id}/ports/{port}`.
+         * @example {
+         *       "public": false
+         *     }
+         */
+        OpenPortRequest: {
+            /**
+             * @description Reachable by anyone who knows the URL, with no key or token. Default: only with the
+             *     session tenant's API key or this port's token.
+             */
+            public?: boolean;
+        };
         Operation: {
             /** Format: int64 */
             created_at: number;
@@ -1212,6 +1373,34 @@ export interface components {
              */
             pending_deletions: number;
             templates: components["schemas"]["TemplatePool"][];
+        };
+        /** @description How a port of a session is reached. */
+        PortAccess: {
+            /**
+             * Format: int64
+             * @description Unix time in milliseconds; null for a port not opened (reachable with the API key).
+             */
+            opened_at?: number | null;
+            /** Format: int32 */
+            port: number;
+            /**
+             * @description `{port}-{session id with '-' for '_'}.{preview domain}` when the server has one
+             *     (`space serve --preview-domain`), else null.
+             */
+            preview_url?: string | null;
+            /** @description Whether anyone may connect, without key or token. */
+            public: boolean;
+            /**
+             * @description The port's token (header `X-Space-Port-Token` or query `space_token`), shown only in
+             *     the answer that made it; opening the port again makes a new one and voids the old.
+             */
+            token?: string | null;
+            /** @description The path-based URL on this server: `{server}/v1/sessions/{id}/ports/{port}/`. */
+            url: string;
+        };
+        /** @description Body of `GET /v1/sessions/{id}/ports`: the session's opened ports. */
+        PortList: {
+            ports: components["schemas"]["PortAccess"][];
         };
         /** @description A process started by `spaced` in a session. */
         ProcessInfo: {
@@ -1354,12 +1543,24 @@ export interface components {
         /** @description A sandbox id. */
         SandboxId: string;
         SandboxUsage: {
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description CPU time its processes used since the sandbox started, user and system together.
+             */
             cpu_usage_ns: number;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description Memory in use now (the sandbox's cgroup: processes, page cache, kernel memory).
+             */
             memory_bytes: number;
             /** Format: int64 */
             memory_limit_bytes: number;
+            /**
+             * Format: int64
+             * @description The most memory the sandbox used at once since it started; `null` where the kernel
+             *     does not report it (cgroup v2 before Linux 5.19). A restored sandbox starts anew.
+             */
+            memory_peak_bytes?: number | null;
             /**
              * Format: int64
              * @description Processes the kernel killed because the sandbox hit its memory limit.
@@ -1454,6 +1655,8 @@ export interface components {
         /** @description What a session uses now (`GET /v1/sessions/{id}/stats`). */
         SessionStats: {
             disk: components["schemas"]["DiskStats"];
+            /** @description What it sent and received through the egress gateway. */
+            network?: components["schemas"]["NetworkUsage"];
             sandbox?: null | components["schemas"]["SandboxUsage"];
         };
         SetPoolSizeRequest: {
@@ -1622,6 +1825,12 @@ export interface components {
             tenant_id: components["schemas"]["TenantId"];
             usage: components["schemas"]["QuotaUsage"];
         };
+        TermSize: {
+            /** Format: int32 */
+            cols: number;
+            /** Format: int32 */
+            rows: number;
+        };
         /** @description `PATCH /v1/credentials/{name}`: rotation and changes, effective on the next request. */
         UpdateCredentialRequest: {
             /**
@@ -1662,10 +1871,53 @@ export interface components {
             name?: string | null;
             snapshot_policy?: null | components["schemas"]["SnapshotPolicy"];
         };
+        /** @description One filesystem change, sent as a text frame on `GET /v1/sessions/{id}/watch`. */
+        WatchEvent: {
+            is_dir: boolean;
+            /** @description create, modify, remove, moved_from, moved_to or overflow. */
+            kind: string;
+            path: string;
+        };
         WriteResult: {
             /** Format: int64 */
             bytes: number;
             path: string;
+        };
+        WsClientMessage: {
+            /** @enum {string} */
+            type: "eof";
+        } | {
+            /** Format: int32 */
+            signal: number;
+            /** @enum {string} */
+            type: "signal";
+        } | {
+            /** Format: int32 */
+            cols: number;
+            /** Format: int32 */
+            rows: number;
+            /** @enum {string} */
+            type: "resize";
+        };
+        WsServerMessage: {
+            /** Format: int32 */
+            pid: number;
+            /** @enum {string} */
+            type: "started";
+        } | {
+            /** Format: int32 */
+            exit_code?: number | null;
+            oom_killed: boolean;
+            /** Format: int32 */
+            signal?: number | null;
+            timed_out: boolean;
+            /** @enum {string} */
+            type: "exit";
+        } | {
+            code: components["schemas"]["ErrorCode"];
+            message: string;
+            /** @enum {string} */
+            type: "error";
         };
     };
     responses: never;
@@ -1693,6 +1945,40 @@ export interface operations {
                     "application/json": components["schemas"]["CredentialList"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     create_credential: {
@@ -1704,6 +1990,17 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "header": "Authorization: Bearer {secret}",
+                 *       "hosts": [
+                 *         "api.github.com"
+                 *       ],
+                 *       "name": "github",
+                 *       "placeholder_env": "GITHUB_TOKEN",
+                 *       "value": "ghp_example0000000000000000000000000000"
+                 *     }
+                 */
                 "application/json": components["schemas"]["CreateCredentialRequest"];
             };
         };
@@ -1716,19 +2013,71 @@ export interface operations {
                     "application/json": components["schemas"]["Credential"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -1753,11 +2102,54 @@ export interface operations {
                     "application/json": components["schemas"]["Credential"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -1780,11 +2172,54 @@ export interface operations {
                 };
                 content?: never;
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -1801,6 +2236,11 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "value": "ghp_rotated000000000000000000000000000"
+                 *     }
+                 */
                 "application/json": components["schemas"]["UpdateCredentialRequest"];
             };
         };
@@ -1813,19 +2253,71 @@ export interface operations {
                     "application/json": components["schemas"]["Credential"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -1847,6 +2339,23 @@ export interface operations {
                 };
                 content?: never;
             };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     list_keys: {
@@ -1866,6 +2375,40 @@ export interface operations {
                     "application/json": components["schemas"]["KeyList"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     create_key: {
@@ -1877,6 +2420,11 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "tenant": "team-a"
+                 *     }
+                 */
                 "application/json": components["schemas"]["CreateKeyRequest"];
             };
         };
@@ -1889,27 +2437,88 @@ export interface operations {
                     "application/json": components["schemas"]["CreatedKey"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
             403: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -1934,19 +2543,71 @@ export interface operations {
                     "application/json": components["schemas"]["ApiKey"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -1971,19 +2632,71 @@ export interface operations {
                     "application/json": components["schemas"]["CreatedKey"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2008,11 +2721,54 @@ export interface operations {
                     "application/json": components["schemas"]["Operation"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2035,6 +2791,40 @@ export interface operations {
                     "application/json": components["schemas"]["PoolStatus"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     set_pool_size: {
@@ -2048,6 +2838,12 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "runtime": "linux",
+                 *       "size": 8
+                 *     }
+                 */
                 "application/json": components["schemas"]["SetPoolSizeRequest"];
             };
         };
@@ -2060,19 +2856,88 @@ export interface operations {
                     "application/json": components["schemas"]["PoolStatus"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
             403: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2106,19 +2971,71 @@ export interface operations {
                     "application/json": components["schemas"]["SessionList"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
             403: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2126,16 +3043,36 @@ export interface operations {
     };
     create_session: {
         parameters: {
-            query?: never;
-            header?: never;
-            path: {
+            query?: {
                 /** @description Return at once with 202 instead of waiting for the operation (default: wait). */
-                wait: boolean;
+                wait?: boolean;
             };
+            header?: never;
+            path?: never;
             cookie?: never;
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "cpus": 2,
+                 *       "env": {
+                 *         "PYTHONUNBUFFERED": "1"
+                 *       },
+                 *       "grants": [
+                 *         "github"
+                 *       ],
+                 *       "idle_timeout_secs": 900,
+                 *       "memory_mib": 2048,
+                 *       "network": {
+                 *         "allow": [
+                 *           "pypi.org",
+                 *           "files.pythonhosted.org"
+                 *         ]
+                 *       },
+                 *       "template": "debian"
+                 *     }
+                 */
                 "application/json": components["schemas"]["CreateSessionRequest"];
             };
         };
@@ -2156,19 +3093,105 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A limit was reached: `error.code` is `limit_exceeded` or `quota_exceeded`; `error.message` says what to do. */
             429: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "limit_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z has 8 watches open, the most it may; close one first"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of disk space: `error.code` is `storage_full` or `disk_quota_exceeded`; `error.message` says what to do. */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "disk_quota_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z reached its disk limit of 1024 MiB: delete files or snapshots"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2193,11 +3216,54 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2205,12 +3271,13 @@ export interface operations {
     };
     destroy_session: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Return at once with 202 instead of waiting for the operation (default: wait). */
+                wait?: boolean;
+            };
             header?: never;
             path: {
                 id: string;
-                /** @description Return at once with 202 instead of waiting for the operation (default: wait). */
-                wait: boolean;
             };
             cookie?: never;
         };
@@ -2232,11 +3299,71 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2253,6 +3380,12 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "idle_timeout_secs": 600,
+                 *       "max_age_secs": 0
+                 *     }
+                 */
                 "application/json": components["schemas"]["UpdateSessionRequest"];
             };
         };
@@ -2265,19 +3398,71 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2285,12 +3470,13 @@ export interface operations {
     };
     audit: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description The latest this many events (default 1000). */
+                limit?: number;
+            };
             header?: never;
             path: {
                 id: string;
-                /** @description The latest this many events (default 1000). */
-                limit: number | null;
             };
             cookie?: never;
         };
@@ -2304,11 +3490,71 @@ export interface operations {
                     "application/json": components["schemas"]["AuditList"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2333,11 +3579,54 @@ export interface operations {
                     "application/json": components["schemas"]["EventList"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2354,6 +3643,17 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "cmd": [
+                 *         "python3",
+                 *         "-c",
+                 *         "print(6 * 7)"
+                 *       ],
+                 *       "cwd": "/root",
+                 *       "timeout_ms": 30000
+                 *     }
+                 */
                 "application/json": components["schemas"]["ExecRequest"];
             };
         };
@@ -2366,27 +3666,122 @@ export interface operations {
                     "application/json": components["schemas"]["ExecResult"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too large: `error.code` is `payload_too_large`; `error.message` says what to do. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "payload_too_large",
+                     *         "message": "the JSON body is larger than 1 MiB; upload files with PUT …/files/content"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2403,18 +3798,112 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description WebSocket upgrade */
+            /** @description Switches to a WebSocket (see `x-websocket`). Client: first a text frame holding an `ExecStart`, then text frames of `WsClientMessage` (eof, signal, resize) and binary frames of stdin. Server: a `WsServerMessage` `started`, binary frames of output (first byte 1 = stdout, 2 = stderr), and at the end `exit` or `error` (also `WsServerMessage`). */
             101: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content?: never;
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2422,13 +3911,14 @@ export interface operations {
     };
     remove: {
         parameters: {
-            query?: never;
+            query: {
+                path: string;
+                /** @description Remove directories and their contents. */
+                recursive?: boolean;
+            };
             header?: never;
             path: {
                 id: string;
-                path: string;
-                /** @description Remove directories and their contents. */
-                recursive: boolean;
             };
             cookie?: never;
         };
@@ -2440,19 +3930,122 @@ export interface operations {
                 };
                 content?: never;
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2460,12 +4053,13 @@ export interface operations {
     };
     download: {
         parameters: {
-            query?: never;
+            query: {
+                /** @description Path inside the sandbox; relative paths start at `/`. */
+                path: string;
+            };
             header?: never;
             path: {
                 id: string;
-                /** @description Path inside the sandbox; relative paths start at `/`. */
-                path: string;
             };
             cookie?: never;
         };
@@ -2480,11 +4074,122 @@ export interface operations {
                     "application/octet-stream": unknown;
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2492,13 +4197,14 @@ export interface operations {
     };
     upload: {
         parameters: {
-            query?: never;
+            query: {
+                path: string;
+                /** @description Octal permission bits of a new file, e.g. `755` (default `644`). */
+                mode?: string;
+            };
             header?: never;
             path: {
                 id: string;
-                path: string;
-                /** @description Octal permission bits of a new file, e.g. `755` (default `644`). */
-                mode: string | null;
             };
             cookie?: never;
         };
@@ -2516,27 +4222,156 @@ export interface operations {
                     "application/json": components["schemas"]["WriteResult"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stopped arriving: `error.code` is `request_timeout`; `error.message` says what to do. */
             408: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "request_timeout",
+                     *         "message": "the request body stopped arriving; send it without pausing for 60 s"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of disk space: `error.code` is `storage_full` or `disk_quota_exceeded`; `error.message` says what to do. */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "disk_quota_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z reached its disk limit of 1024 MiB: delete files or snapshots"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2544,12 +4379,13 @@ export interface operations {
     };
     list: {
         parameters: {
-            query?: never;
+            query: {
+                /** @description Path inside the sandbox; relative paths start at `/`. */
+                path: string;
+            };
             header?: never;
             path: {
                 id: string;
-                /** @description Path inside the sandbox; relative paths start at `/`. */
-                path: string;
             };
             cookie?: never;
         };
@@ -2563,11 +4399,122 @@ export interface operations {
                     "application/json": components["schemas"]["FileList"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2584,6 +4531,11 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "path": "/root/work"
+                 *     }
+                 */
                 "application/json": components["schemas"]["PathRequest"];
             };
         };
@@ -2594,11 +4546,139 @@ export interface operations {
                 };
                 content?: never;
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of disk space: `error.code` is `storage_full` or `disk_quota_exceeded`; `error.message` says what to do. */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "disk_quota_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z reached its disk limit of 1024 MiB: delete files or snapshots"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2615,6 +4695,12 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "from": "/root/draft.txt",
+                 *       "to": "/root/final.txt"
+                 *     }
+                 */
                 "application/json": components["schemas"]["MoveRequest"];
             };
         };
@@ -2625,11 +4711,139 @@ export interface operations {
                 };
                 content?: never;
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of disk space: `error.code` is `storage_full` or `disk_quota_exceeded`; `error.message` says what to do. */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "disk_quota_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z reached its disk limit of 1024 MiB: delete files or snapshots"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2637,12 +4851,13 @@ export interface operations {
     };
     stat: {
         parameters: {
-            query?: never;
+            query: {
+                /** @description Path inside the sandbox; relative paths start at `/`. */
+                path: string;
+            };
             header?: never;
             path: {
                 id: string;
-                /** @description Path inside the sandbox; relative paths start at `/`. */
-                path: string;
             };
             cookie?: never;
         };
@@ -2656,11 +4871,122 @@ export interface operations {
                     "application/json": components["schemas"]["FileInfo"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2677,6 +5003,11 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "count": 3
+                 *     }
+                 */
                 "application/json": components["schemas"]["ForkRequest"];
             };
         };
@@ -2689,27 +5020,156 @@ export interface operations {
                     "application/json": components["schemas"]["SessionList"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A limit was reached: `error.code` is `limit_exceeded` or `quota_exceeded`; `error.message` says what to do. */
             429: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "limit_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z has 8 watches open, the most it may; close one first"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not available on this server: `error.code` is `feature_unavailable`; `error.message` says what to do. */
+            501: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "feature_unavailable",
+                     *         "message": "full snapshots need CRIU 4.2 or newer on the node: run scripts/install-criu.sh and restart"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of disk space: `error.code` is `storage_full` or `disk_quota_exceeded`; `error.message` says what to do. */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "disk_quota_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z reached its disk limit of 1024 MiB: delete files or snapshots"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2726,6 +5186,11 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "credential": "github"
+                 *     }
+                 */
                 "application/json": components["schemas"]["GrantRequest"];
             };
         };
@@ -2738,11 +5203,88 @@ export interface operations {
                     "application/json": components["schemas"]["SessionNetwork"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2768,11 +5310,71 @@ export interface operations {
                     "application/json": components["schemas"]["SessionNetwork"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2797,11 +5399,54 @@ export interface operations {
                     "application/json": components["schemas"]["SessionNetwork"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2818,6 +5463,16 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "allow": [
+                 *         "api.openai.com"
+                 *       ],
+                 *       "ports": [
+                 *         443
+                 *       ]
+                 *     }
+                 */
                 "application/json": components["schemas"]["NetworkPolicyUpdate"];
             };
         };
@@ -2830,19 +5485,88 @@ export interface operations {
                     "application/json": components["schemas"]["SessionNetwork"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2867,19 +5591,540 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_ports: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PortList"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_port: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                port: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PortAccess"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    open_port: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                port: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["OpenPortRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PortAccess"];
+                };
+            };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    close_port: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                port: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    proxy_path: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                port: number;
+                /** @description Forwarded as is */
+                path: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The sandbox server's answer */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `port_not_listening`; `error.message` says what to do. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "port_not_listening",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2904,11 +6149,88 @@ export interface operations {
                     "application/json": components["schemas"]["ProcessList"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2926,18 +6248,112 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description WebSocket upgrade */
+            /** @description Switches to a WebSocket (see `x-websocket`): the server sends a `WsServerMessage` `started`, the process's buffered and new output as binary frames (first byte 1 = stdout, 2 = stderr), and `exit` or `error`; the client sends stdin as binary frames and `WsClientMessage` text frames. */
             101: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content?: never;
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2955,6 +6371,11 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "signal": 15
+                 *     }
+                 */
                 "application/json": components["schemas"]["SignalRequest"];
             };
         };
@@ -2965,19 +6386,105 @@ export interface operations {
                 };
                 content?: never;
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -2994,6 +6501,11 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "snapshot": "snap_7tq2n5x0b8kd3m1w9c4e"
+                 *     }
+                 */
                 "application/json": components["schemas"]["RestoreRequest"];
             };
         };
@@ -3006,27 +6518,139 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A limit was reached: `error.code` is `limit_exceeded` or `quota_exceeded`; `error.message` says what to do. */
             429: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "limit_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z has 8 watches open, the most it may; close one first"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of disk space: `error.code` is `storage_full` or `disk_quota_exceeded`; `error.message` says what to do. */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "disk_quota_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z reached its disk limit of 1024 MiB: delete files or snapshots"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -3051,27 +6675,122 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A limit was reached: `error.code` is `limit_exceeded` or `quota_exceeded`; `error.message` says what to do. */
             429: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "limit_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z has 8 watches open, the most it may; close one first"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of disk space: `error.code` is `storage_full` or `disk_quota_exceeded`; `error.message` says what to do. */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "disk_quota_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z reached its disk limit of 1024 MiB: delete files or snapshots"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -3096,11 +6815,54 @@ export interface operations {
                     "application/json": components["schemas"]["SnapshotList"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -3117,6 +6879,12 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "kind": "full",
+                 *       "name": "before-migration"
+                 *     }
+                 */
                 "application/json": components["schemas"]["CreateSnapshotRequest"];
             };
         };
@@ -3129,27 +6897,139 @@ export interface operations {
                     "application/json": components["schemas"]["Snapshot"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not available on this server: `error.code` is `feature_unavailable`; `error.message` says what to do. */
             501: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "feature_unavailable",
+                     *         "message": "full snapshots need CRIU 4.2 or newer on the node: run scripts/install-criu.sh and restart"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Out of disk space: `error.code` is `storage_full` or `disk_quota_exceeded`; `error.message` says what to do. */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "disk_quota_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z reached its disk limit of 1024 MiB: delete files or snapshots"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -3175,11 +7055,54 @@ export interface operations {
                     "application/json": components["schemas"]["Snapshot"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -3203,11 +7126,71 @@ export interface operations {
                 };
                 content?: never;
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -3232,11 +7215,71 @@ export interface operations {
                     "application/json": components["schemas"]["SessionStats"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -3261,27 +7304,194 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not available on this server: `error.code` is `feature_unavailable`; `error.message` says what to do. */
             501: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "feature_unavailable",
+                     *         "message": "full snapshots need CRIU 4.2 or newer on the node: run scripts/install-criu.sh and restart"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    tunnel: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                port: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description WebSocket upgrade */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `port_not_listening`; `error.message` says what to do. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "port_not_listening",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -3289,29 +7499,141 @@ export interface operations {
     };
     watch_ws: {
         parameters: {
-            query?: never;
+            query: {
+                path: string;
+                recursive?: boolean;
+            };
             header?: never;
             path: {
                 id: string;
-                path: string;
-                recursive: boolean;
             };
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description WebSocket of WatchEvent */
+            /** @description Switches to a WebSocket (see `x-websocket`): the server sends one text frame of `WatchEvent` JSON per change, and a `WsServerMessage` `error` before it closes on an idle timeout. */
             101: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content?: never;
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A limit was reached: `error.code` is `limit_exceeded` or `quota_exceeded`; `error.message` says what to do. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "limit_exceeded",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z has 8 watches open, the most it may; close one first"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "sandbox_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -3334,6 +7656,40 @@ export interface operations {
                     "application/json": components["schemas"]["Status"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     list_templates: {
@@ -3353,6 +7709,40 @@ export interface operations {
                     "application/json": components["schemas"]["TemplateList"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     build_template: {
@@ -3364,6 +7754,11 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "name": "debian"
+                 *     }
+                 */
                 "application/json": components["schemas"]["BuildTemplateRequest"];
             };
         };
@@ -3376,19 +7771,71 @@ export interface operations {
                     "application/json": components["schemas"]["Operation"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
             403: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -3403,6 +7850,12 @@ export interface operations {
         };
         requestBody: {
             content: {
+                /**
+                 * @example {
+                 *       "name": "python",
+                 *       "path": "/srv/roots/python.tar"
+                 *     }
+                 */
                 "application/json": components["schemas"]["ImportTemplateRequest"];
             };
         };
@@ -3415,19 +7868,71 @@ export interface operations {
                     "application/json": components["schemas"]["Operation"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
             403: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -3452,11 +7957,54 @@ export interface operations {
                     "application/json": components["schemas"]["TenantQuota"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
             404: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
@@ -3485,19 +8033,88 @@ export interface operations {
                     "application/json": components["schemas"]["TenantQuota"];
                 };
             };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
             403: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
