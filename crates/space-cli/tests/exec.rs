@@ -91,6 +91,11 @@ fn cli_streams_output_forwards_stdin_and_exits_with_the_command_code() {
 
     let out = server.cli_with_stdin(&["exec", &id, "--", "tr", "a-z", "A-Z"], Some(b"shout\n"));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "SHOUT\n");
+    // A command that reads much and prints nothing: its input keeps flowing while the
+    // server's queue of input frames fills and drains.
+    let input = vec![b'x'; 16 << 20];
+    let out = server.cli_with_stdin(&["exec", &id, "--", "wc", "-c"], Some(&input));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "16777216", "{}", String::from_utf8_lossy(&out.stderr));
 
     let out = server.cli(&["exec", &id, "--", "missing-tool"]);
     assert_eq!(out.status.code(), Some(127));

@@ -284,6 +284,9 @@ async fn bridge(socket: &mut WebSocket, mut process: ExecSession, idle_timeout: 
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return None,
             }},
+            // While the queue is full the socket is not read; wake when it drains, or a
+            // command that reads much and prints nothing would wait for ever.
+            Ok(_) = queue.reserve(), if queue.capacity() == 0 => {}
             () = idle.expired() => {
                 let _ = send_json(socket, &error_message(&idle.error(" (and a command it started is killed)"))).await;
                 return None;
