@@ -113,3 +113,61 @@ fn help_lists_global_options_apart() {
     assert!(own.contains("<LOCAL>") && !own.contains("--url"), "{help}");
     assert!(global.contains("--url") && global.contains("--json"), "{help}");
 }
+
+/// Waits for `child` to exit; a CLI that hangs fails the test instead of the whole suite
+/// (the deadline is far beyond any healthy run).
+fn wait_or_kill(mut child: std::process::Child, what: &str) -> Output {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("{what} hung: {:?}", child.wait_with_output().unwrap());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn space(server: &Server, args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(common::SPACE);
+    command.args(args).env("SPACE_URL", &server.url).env("SPACE_API_KEY", &server.key);
+    command
+}
+
+#[test]
+fn exec_ends_piped_tty_input_and_forwards_ctrl_c() {
+    use std::io::{BufRead, Write};
+    use std::process::Stdio;
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+
+    // The last line has no newline: one Ctrl-D on the terminal would only flush it.
+    let mut child = space(&server, &["exec", "-t", &id, "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"line\nno newline").unwrap();
+    let out = wait_or_kill(child, "exec -t with piped stdin");
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no newline"), "{out:?}");
+
+    let script = "trap 'echo got-int' INT; echo ready; while :; do sleep 1; done";
+    let mut child = space(&server, &["exec", &id, "--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    assert_eq!(lines.next().unwrap().unwrap(), "got-int", "the first Ctrl-C reaches the command as SIGINT");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = wait_or_kill(child, "exec after a second Ctrl-C");
+    assert_eq!(out.status.code(), Some(128 + 9), "the second Ctrl-C kills: {out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("killing the command"), "{out:?}");
+}
