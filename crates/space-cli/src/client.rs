@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow};
 use reqwest::{Method, RequestBuilder, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -54,18 +54,7 @@ impl Client {
         }
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
-        match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(body) => {
-                let e = ApiError::from(body);
-                bail!(
-                    "{} ({}, HTTP {})",
-                    e.message,
-                    serde_json::to_value(e.code)?.as_str().unwrap_or("error"),
-                    status.as_u16()
-                )
-            }
-            Err(_) => bail!("HTTP {status}: {text}"),
-        }
+        Err(ApiFailure::from_body(status.as_u16(), text.as_bytes()).into())
     }
 
     pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
@@ -98,12 +87,36 @@ impl Client {
             Ok((stream, _)) => Ok(stream),
             Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
                 let body = response.body().as_deref().unwrap_or_default();
-                match serde_json::from_slice::<ErrorBody>(body) {
-                    Ok(e) => bail!("{}", e.error.message),
-                    Err(_) => bail!("WebSocket refused: HTTP {}", response.status()),
-                }
+                Err(ApiFailure::from_body(response.status().as_u16(), body).into())
             }
             Err(e) => Err(e).with_context(|| format!("cannot open a WebSocket to {}", self.base)),
+        }
+    }
+}
+
+/// An error response of the API: its stable code, message and HTTP status.
+#[derive(Debug, thiserror::Error)]
+#[error("{message} ({code}, HTTP {status})")]
+pub struct ApiFailure {
+    pub code: String,
+    pub message: String,
+    pub status: u16,
+}
+
+impl ApiFailure {
+    /// Reads an `{"error":{"code","message"}}` body; anything else (a proxy's HTML page)
+    /// keeps its text as the message.
+    fn from_body(status: u16, body: &[u8]) -> ApiFailure {
+        match serde_json::from_slice::<ErrorBody>(body) {
+            Ok(body) => {
+                let e = ApiError::from(body);
+                let code = serde_json::to_value(e.code).ok().and_then(|v| v.as_str().map(str::to_owned));
+                ApiFailure { code: code.unwrap_or_else(|| "error".into()), message: e.message, status }
+            }
+            Err(_) => {
+                let text = String::from_utf8_lossy(body).trim().to_owned();
+                ApiFailure { code: "http_error".into(), message: format!("HTTP {status}: {text}"), status }
+            }
         }
     }
 }

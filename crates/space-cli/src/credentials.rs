@@ -8,12 +8,13 @@ use clap::Subcommand;
 use space_api::egress::{CreateCredentialRequest, Credential, CredentialList, UpdateCredentialRequest};
 
 use crate::client::{Client, encode};
-use crate::output::{print_json, print_table, time};
+use crate::output::{ago, print_json, print_table};
 
 #[derive(Subcommand)]
 pub enum CredentialCommand {
     /// Store a credential; its value is read from stdin (one trailing newline is dropped).
     Create {
+        /// Credential name.
         name: String,
         /// Host the value may be sent to, named exactly (repeatable). A `*.suffix` pattern
         /// sends it to every name under the domain, and is refused unless the server runs with
@@ -37,15 +38,23 @@ pub enum CredentialCommand {
     /// Your credentials (never their values).
     List,
     /// One credential (never its value).
-    Show { name: String },
+    Show {
+        /// Credential name.
+        name: String,
+    },
     /// Give a credential a new value, read from stdin; sessions use it from their next request.
-    Rotate { name: String },
+    Rotate {
+        /// Credential name.
+        name: String,
+    },
     /// Change a credential's hosts, header, expiry or rate limit.
     Update {
+        /// Credential name.
         name: String,
         /// Replaces the hosts (repeatable).
         #[arg(long = "host")]
         hosts: Vec<String>,
+        /// Header to inject, with `{secret}` where the secret goes.
         #[arg(long)]
         header: Option<String>,
         /// As at create, or `never`.
@@ -56,7 +65,10 @@ pub enum CredentialCommand {
         rate_limit: Option<u32>,
     },
     /// Delete a credential and every grant of it.
-    Delete { name: String },
+    Delete {
+        /// Credential name.
+        name: String,
+    },
 }
 
 /// `N/min` or `N`.
@@ -106,11 +118,11 @@ fn row(c: &Credential) -> Vec<String> {
         c.name.clone(),
         c.hosts.join(","),
         c.header.clone(),
-        c.expires_at.map(|s| time(s.saturating_mul(1000))).unwrap_or_else(|| "never".into()),
+        c.expires_at.map(|s| ago(s.saturating_mul(1000))).unwrap_or_else(|| "never".into()),
         c.rate_limit_per_min.map(|n| format!("{n}/min")).unwrap_or_default(),
         c.placeholder_env.clone().unwrap_or_default(),
         c.version.to_string(),
-        time(c.updated_at),
+        ago(c.updated_at),
     ]
 }
 

@@ -28,9 +28,9 @@ pub struct ExecArgs {
     /// Working directory inside the sandbox.
     #[arg(short = 'w', long)]
     cwd: Option<String>,
-    /// Kill the command after this many seconds.
-    #[arg(long)]
-    timeout: Option<f64>,
+    /// Kill the command after this long, e.g. `30s`, `10m`, `500ms` or a number of seconds.
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_millis)]
+    timeout: Option<u64>,
     /// Start in the background and print its pid; re-attach with `space attach ID PID`.
     #[arg(short = 'd', long, conflicts_with = "tty")]
     detach: bool,
@@ -90,7 +90,7 @@ pub async fn run(client: &Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
         cwd: args.cwd.clone(),
         uid: None,
         gid: None,
-        timeout_ms: args.timeout.map(|s| (s * 1000.0) as u64),
+        timeout_ms: args.timeout,
         tty: args.tty.then(terminal_size),
         stdin: forward_stdin,
     };
@@ -114,7 +114,7 @@ async fn detach(
         cmd: args.cmd.clone(),
         env,
         cwd: args.cwd.clone(),
-        timeout_ms: args.timeout.map(|s| (s * 1000.0) as u64),
+        timeout_ms: args.timeout,
         background: true,
         ..Default::default()
     };
@@ -129,10 +129,13 @@ async fn relay(socket: WsStream, tty: bool, forward_stdin: bool) -> anyhow::Resu
     let (mut sink, mut stream) = socket.split();
     let (input_tx, mut input_rx) = tokio::sync::mpsc::channel::<Message>(16);
     if forward_stdin {
-        tokio::spawn(pump_stdin(input_tx.clone()));
+        tokio::spawn(pump_stdin(input_tx.clone(), tty));
     }
     if tty {
         tokio::spawn(forward_resizes(input_tx.clone()));
+    } else {
+        // In raw mode a terminal's Ctrl-C reaches the process as a byte; here it is our SIGINT.
+        tokio::spawn(forward_interrupts(input_tx.clone()));
     }
     tokio::spawn(keep_alive(input_tx.clone()));
     drop(input_tx);
@@ -193,13 +196,19 @@ async fn keep_alive(tx: tokio::sync::mpsc::Sender<Message>) {
     }
 }
 
-async fn pump_stdin(tx: tokio::sync::mpsc::Sender<Message>) {
+/// Forwards stdin, then its end. On a terminal the server ends input with a Ctrl-D, which
+/// the line discipline reads as end of file only at the start of a line: after a last line
+/// with no newline (`printf abc | space exec -t …`) it only flushes that line, and the command
+/// would wait forever, so a second end follows.
+async fn pump_stdin(tx: tokio::sync::mpsc::Sender<Message>, tty: bool) {
     let mut stdin = tokio::io::stdin();
     let mut buf = vec![0u8; 64 * 1024];
+    let mut mid_line = false;
     loop {
         match stdin.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                mid_line = buf[n - 1] != b'\n';
                 if tx.send(Message::Binary(buf[..n].to_vec().into())).await.is_err() {
                     return;
                 }
@@ -207,7 +216,33 @@ async fn pump_stdin(tx: tokio::sync::mpsc::Sender<Message>) {
         }
     }
     let eof = serde_json::to_string(&WsClientMessage::Eof).unwrap_or_default();
-    let _ = tx.send(Message::Text(eof.into())).await;
+    for _ in 0..if tty && mid_line { 2 } else { 1 } {
+        if tx.send(Message::Text(eof.clone().into())).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The first Ctrl-C sends the command SIGINT, as a local one would get; a second one, for a
+/// command that ignores it, kills it; a third one gives up on the server and exits.
+async fn forward_interrupts(tx: tokio::sync::mpsc::Sender<Message>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut interrupts) = signal(SignalKind::interrupt()) else { return };
+    for signal in [2, 9] {
+        if interrupts.recv().await.is_none() {
+            return;
+        }
+        if signal == 9 {
+            eprintln!("space: killing the command");
+        }
+        let text = serde_json::to_string(&WsClientMessage::Signal { signal }).unwrap_or_default();
+        if tx.send(Message::Text(text.into())).await.is_err() {
+            return;
+        }
+    }
+    if interrupts.recv().await.is_some() {
+        std::process::exit(130);
+    }
 }
 
 async fn forward_resizes(tx: tokio::sync::mpsc::Sender<Message>) {

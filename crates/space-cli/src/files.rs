@@ -1,4 +1,6 @@
-//! `space files put|get|ls`
+//! `space files put|get|ls|rm|mkdir|mv|watch`
+
+mod upload;
 
 use std::path::PathBuf;
 
@@ -6,31 +8,75 @@ use anyhow::Context;
 use clap::Subcommand;
 use futures::{SinkExt, StreamExt};
 use reqwest::Method;
-use space_api::{FileList, WriteResult};
+use space_api::{FileList, MoveRequest};
 use std::io::Write;
 use tokio::io::AsyncWriteExt;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_util::io::ReaderStream;
 
 use crate::client::{Client, WS_KEEPALIVE, encode};
-use crate::output::{bytes, print_json, print_table, time};
+use crate::output::{ago, bytes, print_json, print_table};
 
 #[derive(Subcommand)]
 pub enum FilesCommand {
-    /// Upload LOCAL to REMOTE inside the session.
-    Put { id: String, local: PathBuf, remote: String },
+    /// Upload LOCAL to REMOTE: a file, a directory (recursively, REMOTE becomes that directory) or `-` (stdin).
+    Put {
+        /// Session id.
+        id: String,
+        /// Local file or directory, or `-` to stream stdin.
+        local: PathBuf,
+        /// Path inside the session (a directory's contents go under it; it is made if missing).
+        remote: String,
+    },
     /// Download REMOTE from the session to LOCAL (`-` for stdout).
-    Get { id: String, remote: String, local: PathBuf },
+    Get {
+        /// Session id.
+        id: String,
+        /// File inside the session.
+        remote: String,
+        /// Local file to write, or `-` for stdout.
+        local: PathBuf,
+    },
     /// List a directory inside the session.
     Ls {
+        /// Session id.
         id: String,
+        /// Directory inside the session.
         #[arg(default_value = "/")]
         path: String,
     },
+    /// Remove a file, or a directory with `-r`.
+    Rm {
+        /// Session id.
+        id: String,
+        /// Path inside the session.
+        path: String,
+        /// Remove a directory and everything under it.
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Make a directory and its missing parents (like `mkdir -p`).
+    Mkdir {
+        /// Session id.
+        id: String,
+        /// Directory to make inside the session.
+        path: String,
+    },
+    /// Move or rename a file or directory inside the session.
+    Mv {
+        /// Session id.
+        id: String,
+        /// Path to move.
+        from: String,
+        /// Its new path.
+        to: String,
+    },
     /// Print changes under a directory as JSON lines until interrupted.
     Watch {
+        /// Session id.
         id: String,
+        /// Directory to watch inside the session.
         path: String,
+        /// Also watch its subdirectories.
         #[arg(short, long)]
         recursive: bool,
     },
@@ -39,17 +85,23 @@ pub enum FilesCommand {
 pub async fn run(client: &Client, command: FilesCommand, json: bool) -> anyhow::Result<()> {
     match command {
         FilesCommand::Put { id, local, remote } => {
-            let file = tokio::fs::File::open(&local).await.with_context(|| format!("opening {}", local.display()))?;
-            let body = reqwest::Body::wrap_stream(ReaderStream::with_capacity(file, 256 * 1024));
-            let path = format!("/v1/sessions/{id}/files/content?path={}", encode(&remote));
-            let request =
-                client.request(Method::PUT, &path).header("content-type", "application/octet-stream").body(body);
-            let result: WriteResult = client.send(request).await?.json().await?;
+            let results = upload::put(client, &id, &local, &remote).await?;
             if json {
-                print_json(&result)?;
+                print_json(&results)?;
             } else {
-                println!("{} ({})", result.path, bytes(result.bytes));
+                for result in &results {
+                    println!("{} ({})", result.path, bytes(result.bytes));
+                }
             }
+        }
+        FilesCommand::Rm { id, path, recursive } => {
+            let path = format!("/v1/sessions/{id}/files?path={}&recursive={recursive}", encode(&path));
+            client.send(client.request(Method::DELETE, &path)).await?;
+        }
+        FilesCommand::Mkdir { id, path } => upload::mkdir(client, &id, &path).await?,
+        FilesCommand::Mv { id, from, to } => {
+            let path = format!("/v1/sessions/{id}/files/move");
+            client.send(client.request(Method::POST, &path).json(&MoveRequest { from, to })).await?;
         }
         FilesCommand::Get { id, remote, local } => {
             let path = format!("/v1/sessions/{id}/files/content?path={}", encode(&remote));
@@ -81,7 +133,7 @@ pub async fn run(client: &Client, command: FilesCommand, json: bool) -> anyhow::
                         Some(target) => format!("{} -> {target}", e.name),
                         None => e.name.clone(),
                     };
-                    vec![format!("{:o}", e.mode & 0o7777), bytes(e.size), time(e.modified_ms), name]
+                    vec![format!("{:o}", e.mode & 0o7777), bytes(e.size), ago(e.modified_ms), name]
                 })
                 .collect();
             print_table(&["MODE", "SIZE", "MODIFIED", "NAME"], &rows);

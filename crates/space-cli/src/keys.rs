@@ -4,7 +4,7 @@ use clap::Subcommand;
 use space_api::{ApiKey, CreateKeyRequest, CreatedKey, KeyList};
 
 use crate::client::{Client, encode};
-use crate::output::{print_json, print_table, time};
+use crate::output::{ago, print_json, print_table};
 
 #[derive(Subcommand)]
 pub enum KeyCommand {
@@ -16,8 +16,8 @@ pub enum KeyCommand {
         /// What the key is for, shown by `space key list`.
         #[arg(long)]
         name: Option<String>,
-        /// The key stops working after this long, e.g. `30d` (default: never).
-        #[arg(long, value_parser = space_api::policy::parse_duration)]
+        /// The key stops working after this long, e.g. `30d`, `12h` or a number of seconds (default: never).
+        #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_secs)]
         expires_in: Option<u64>,
     },
     /// List API keys (never their secrets): every tenant's with the admin key, else yours.
@@ -74,12 +74,12 @@ fn print_created(key: &CreatedKey, json: bool) -> anyhow::Result<()> {
 }
 
 fn key_row(key: &ApiKey) -> Vec<String> {
-    let when = |at: Option<i64>, none: &str| at.map(time).unwrap_or_else(|| none.to_owned());
+    let when = |at: Option<i64>, none: &str| at.map(ago).unwrap_or_else(|| none.to_owned());
     vec![
         key.id.to_string(),
         key.name.clone().unwrap_or_default(),
         key.tenant.clone(),
-        time(key.created_at),
+        ago(key.created_at),
         when(key.last_used_at, "never"),
         when(key.expires_at, "never"),
         when(key.revoked_at, "-"),

@@ -4,18 +4,22 @@ mod bench;
 mod client;
 mod credentials;
 mod doctor;
+mod errors;
 mod exec;
 mod files;
+mod hint;
 mod host;
 mod keys;
 mod mcp;
 mod output;
 mod ports;
+mod process;
 mod serve;
 mod sessions;
 mod snapshots;
 mod templates;
 mod tenants;
+mod units;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,21 +30,23 @@ use crate::client::Client;
 
 const DEFAULT_DATA_DIR: &str = "/var/lib/space";
 const DEFAULT_URL: &str = "http://127.0.0.1:7070";
+/// The heading `--help` lists the flags every command takes under, apart from its own.
+const GLOBAL: &str = "Global options";
 
 #[derive(Parser)]
 #[command(name = "space", version, about = "Secure, stateful sandboxes for long-running AI agents")]
 struct Cli {
     /// API endpoint.
-    #[arg(long, global = true, env = "SPACE_URL", default_value = DEFAULT_URL)]
+    #[arg(long, global = true, env = "SPACE_URL", help_heading = GLOBAL, default_value = DEFAULT_URL)]
     url: String,
     /// API key; defaults to the local server's admin key (DATA_DIR/admin.key).
-    #[arg(long, global = true, env = "SPACE_API_KEY", hide_env_values = true)]
+    #[arg(long, global = true, env = "SPACE_API_KEY", help_heading = GLOBAL, hide_env_values = true)]
     api_key: Option<String>,
     /// Data directory of the local server (for `serve`, and to find its admin key).
-    #[arg(long, global = true, env = "SPACE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    #[arg(long, global = true, env = "SPACE_DATA_DIR", help_heading = GLOBAL, default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
-    /// Print JSON instead of tables.
-    #[arg(long, global = true)]
+    /// Print JSON instead of tables, and errors as `{"error":{"code","message","status"}}` on stderr.
+    #[arg(long, global = true, help_heading = GLOBAL)]
     json: bool,
     #[command(subcommand)]
     command: Command,
@@ -61,9 +67,19 @@ enum Command {
     /// Run a command in a session: `space exec ID -- CMD ARGS…`.
     Exec(exec::ExecArgs),
     /// Re-attach to a process started with `space exec -d`.
-    Attach { id: String, pid: u32 },
+    Attach {
+        /// Session id.
+        id: String,
+        /// Process id, as `space exec -d` printed it.
+        pid: u32,
+    },
     /// Processes started in a session.
-    Ps { id: String },
+    Ps {
+        /// Session id.
+        id: String,
+    },
+    /// Send a signal to a process started in a session (TERM unless `--signal` says otherwise).
+    Kill(process::KillArgs),
     /// Copy files into and out of a session.
     #[command(subcommand)]
     Files(files::FilesCommand),
@@ -99,7 +115,9 @@ enum PoolCommand {
     Show,
     /// Keep SIZE ready pods of TEMPLATE (needs the admin key; 0 turns the pool off).
     Set {
+        /// Template name.
         template: String,
+        /// Number of ready pods to keep.
         size: u32,
         /// The pool's runtime: `linux` or `vm` (default: the server's default runtime).
         #[arg(long)]
@@ -108,7 +126,11 @@ enum PoolCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
+    let json = cli.json;
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -122,10 +144,22 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            errors::report(&e, json);
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints clap's message, and how to fix an `exec` whose command is missing its `--`.
+fn usage_error(e: clap::Error) -> ExitCode {
+    let _ = e.print();
+    if e.use_stderr() {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        if let Some(hint) = hint::missing_double_dash(&args) {
+            eprintln!("\nhint: {hint}");
+        }
+    }
+    ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -151,6 +185,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Credential(cmd) => credentials::run(&client, cmd, json).await?,
         Command::Exec(args) => return exec::run(&client, args).await,
         Command::Attach { id, pid } => return exec::attach(&client, &id, pid).await,
+        Command::Kill(args) => process::kill(&client, args).await?,
         Command::Ps { id } => {
             let list: space_api::ProcessList = client.get_json(&format!("/v1/sessions/{id}/processes")).await?;
             output::print_processes(&list, json)?;
@@ -177,4 +212,38 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every subcommand, flag and argument of `space` that lacks a help line, by its path.
+    fn undocumented(command: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for arg in command.get_arguments() {
+            let id = arg.get_id().as_str();
+            if !arg.is_hide_set() && arg.get_help().is_none() && !matches!(id, "help" | "version") {
+                out.push(format!("{path} {id}"));
+            }
+        }
+        for sub in command.get_subcommands() {
+            let sub_path = format!("{path} {}", sub.get_name());
+            if sub.get_about().is_none() {
+                out.push(sub_path.clone());
+            }
+            undocumented(sub, &sub_path, out);
+        }
+    }
+
+    #[test]
+    fn every_command_flag_and_argument_has_a_help_line() {
+        let mut missing = Vec::new();
+        undocumented(&super::Cli::command(), "space", &mut missing);
+        assert!(missing.is_empty(), "no help line: {missing:#?}");
+    }
+
+    #[test]
+    fn the_cli_definition_is_valid() {
+        super::Cli::command().debug_assert();
+    }
 }

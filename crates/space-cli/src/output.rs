@@ -35,6 +35,13 @@ pub fn time(ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, (rem / 60) % 60, rem % 60)
 }
 
+/// A time as tables show it, relative to now: `3m ago`, `in 2d` (detail views and `--json`
+/// keep exact times).
+pub fn ago(ms: i64) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    crate::units::relative(ms, now)
+}
+
 // Howard Hinnant's days-to-civil algorithm.
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
@@ -78,7 +85,7 @@ pub fn print_sessions(sessions: &[Session], tenants: bool) {
                 template_of(s),
                 format!("{}", s.resources.cpus),
                 format!("{} MiB", s.resources.memory_mib),
-                time(s.created_at),
+                ago(s.created_at),
             ];
             if tenants {
                 row.insert(1, s.tenant.clone());

@@ -22,7 +22,9 @@ pub enum PortCommand {
     /// Forward a local TCP port to PORT inside the session, like `kubectl port-forward`:
     /// runs until interrupted; each local connection is one connection inside.
     Forward {
+        /// Session id.
         id: String,
+        /// Port a server listens on inside the session.
         port: u16,
         /// Local address to listen on (default: 127.0.0.1 and the same port).
         #[arg(long, value_name = "ADDR")]
@@ -31,16 +33,26 @@ pub enum PortCommand {
     /// Give PORT a token (printed, with its URLs) that reaches it without the API key; with
     /// `--public`, anyone reaches it. Any token it had stops working.
     Open {
+        /// Session id.
         id: String,
+        /// Port a server listens on inside the session.
         port: u16,
         /// No key or token needed.
         #[arg(long)]
         public: bool,
     },
     /// Ports of the session opened by `space port open`.
-    List { id: String },
+    List {
+        /// Session id.
+        id: String,
+    },
     /// Undo `space port open`: only the API key reaches PORT again.
-    Close { id: String, port: u16 },
+    Close {
+        /// Session id.
+        id: String,
+        /// Port a server listens on inside the session.
+        port: u16,
+    },
 }
 
 pub async fn run(client: &Client, command: PortCommand, json: bool) -> anyhow::Result<()> {

@@ -40,18 +40,18 @@ pub struct ServeArgs {
     /// Where finished built-in templates are cached across data dirs.
     #[arg(long, default_value = DEFAULT_TEMPLATE_CACHE_DIR)]
     template_cache: PathBuf,
-    /// Size of the sparse pool image when the data dir is not on btrfs, in GiB (default: half
-    /// the space free on the data dir's disk when the image is made).
-    #[arg(long)]
+    /// Size of the sparse pool image when the data dir is not on btrfs, e.g. `100g`, `1t` or a
+    /// number of GiB (default: half the space free on the data dir's disk when the image is made).
+    #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_gib)]
     pool_size_gib: Option<u64>,
     /// Warm pool: ready sandboxes kept per template and runtime, e.g. `debian=16,debian:vm=4`
     /// (`NAME` alone is the default runtime's pool; "" for none; default: 4 of the default
     /// template in the default runtime). Changeable at run time with `space pool set`.
     #[arg(long)]
     pool: Option<String>,
-    /// Disk limit of sessions created without one, in GiB (0: no limit). A session's disk is
-    /// what its sandboxes wrote that still exists, in its root or its snapshots.
-    #[arg(long, default_value_t = 10)]
+    /// Disk limit of sessions created without one, e.g. `10g` or a number of GiB (0: no limit).
+    /// A session's disk is what its sandboxes wrote that still exists, in its root or its snapshots.
+    #[arg(long, value_name = "SIZE", default_value = "10", value_parser = crate::units::parse_gib)]
     default_disk_gib: u64,
     /// Snapshot policy of sessions created without one, e.g.
     /// `disk=1m,full=15m,keep=1h,hourly=1d,daily=7d` (the default) or `off`.
@@ -163,14 +163,14 @@ fn parse_retention(value: &str) -> Result<Retention, String> {
     if value == "off" {
         return Ok(Retention(None));
     }
-    match space_api::policy::parse_duration(value)? {
+    match crate::units::parse_secs(value)? {
         0 => Err("a retention of 0 would delete every event; use `off` to keep them for ever".into()),
         secs => Ok(Retention(Some(std::time::Duration::from_secs(secs)))),
     }
 }
 
 fn parse_idle(value: &str) -> Result<std::time::Duration, String> {
-    match space_api::policy::parse_duration(value)? {
+    match crate::units::parse_secs(value)? {
         0 => Err("an idle timeout of 0 would close every WebSocket at once".into()),
         secs => Ok(std::time::Duration::from_secs(secs)),
     }

@@ -12,6 +12,7 @@ use space_api::{
 
 use crate::client::{Client, encode};
 use crate::output::{self, print_json, print_session, print_stats, print_table};
+use crate::units;
 
 /// Network policy flags of `create` and `policy`.
 #[derive(clap::Args)]
@@ -44,13 +45,13 @@ pub struct Settings {
     /// (default at create: the server's).
     #[arg(long)]
     snapshot_policy: Option<SnapshotPolicy>,
-    /// Suspend the session after this long without activity, e.g. `10m` (default: never;
-    /// `update --idle-timeout 0s` turns it off).
-    #[arg(long, value_parser = space_api::policy::parse_duration)]
+    /// Suspend the session after this long without activity, e.g. `10m`, `2h` or a number of
+    /// seconds (default: never; `update --idle-timeout 0` turns it off).
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_secs)]
     idle_timeout: Option<u64>,
-    /// Destroy the session this long after its creation, e.g. `7d` (default: never;
-    /// `update --max-age 0s` turns it off).
-    #[arg(long, value_parser = space_api::policy::parse_duration)]
+    /// Destroy the session this long after its creation, e.g. `7d`, `12h` or a number of seconds
+    /// (default: never; `update --max-age 0` turns it off).
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_secs)]
     max_age: Option<u64>,
     /// A name to recognise the session by (`update --name ''` removes it).
     #[arg(long)]
@@ -71,22 +72,24 @@ pub struct Settings {
 pub enum SessionCommand {
     /// Create a session; prints its id.
     Create {
+        /// Template to start from (default: the server's `--default-template`).
         #[arg(long)]
         template: Option<String>,
         /// `linux` (namespaces on the host kernel) or `vm` (its own kernel); default: the server's.
         #[arg(long)]
         runtime: Option<space_api::RuntimeKind>,
+        /// CPU limit, e.g. `2` or `0.5` (default: the server's).
         #[arg(long)]
         cpus: Option<f64>,
-        /// Memory limit in MiB.
-        #[arg(long)]
+        /// Memory limit, e.g. `512m`, `1g` or a number of MiB (default: the server's).
+        #[arg(long, value_name = "SIZE", value_parser = units::parse_mib)]
         memory: Option<u64>,
         /// Process limit.
         #[arg(long)]
         pids: Option<u32>,
-        /// Disk limit, e.g. `10G` or `512M` (what the session writes, snapshots included;
-        /// default: the server's).
-        #[arg(long, value_parser = parse_disk_mib)]
+        /// Disk limit, e.g. `10g`, `512m` or a number of MiB (what the session writes, snapshots
+        /// included; default: the server's).
+        #[arg(long, value_name = "SIZE", value_parser = units::parse_mib)]
         disk: Option<u64>,
         /// Environment variable for every command, `K=V` (repeatable).
         #[arg(long = "env", value_name = "K=V")]
@@ -101,6 +104,7 @@ pub enum SessionCommand {
     },
     /// Show a session's network policy and grants; with flags, change the policy first.
     Policy {
+        /// Session id.
         id: String,
         #[command(flatten)]
         network: NetworkFlags,
@@ -109,11 +113,22 @@ pub enum SessionCommand {
         detach: bool,
     },
     /// Grant a credential to a session (injected from its next request on).
-    Grant { id: String, credential: String },
+    Grant {
+        /// Session id.
+        id: String,
+        /// Credential name.
+        credential: String,
+    },
     /// Revoke a credential from a session.
-    Revoke { id: String, credential: String },
+    Revoke {
+        /// Session id.
+        id: String,
+        /// Credential name.
+        credential: String,
+    },
     /// The gateway's decisions for a session, oldest first.
     Audit {
+        /// Session id.
         id: String,
         /// The latest N events.
         #[arg(long)]
@@ -121,6 +136,7 @@ pub enum SessionCommand {
     },
     /// Change a session's settings.
     Update {
+        /// Session id.
         id: String,
         #[command(flatten)]
         settings: Box<Settings>,
@@ -144,28 +160,56 @@ pub enum SessionCommand {
         template: Option<String>,
     },
     /// Show one session.
-    Show { id: String },
+    Show {
+        /// Session id.
+        id: String,
+    },
     /// What a session uses now: memory, CPU, processes and disk.
-    Stats { id: String },
+    Stats {
+        /// Session id.
+        id: String,
+    },
     /// Destroy a session and its sandbox.
-    Destroy { id: String },
+    Destroy {
+        /// Session id.
+        id: String,
+    },
     /// A session's state transitions and events.
-    Events { id: String },
+    Events {
+        /// Session id.
+        id: String,
+    },
     /// Freeze every process of a session in place (memory stays on the node).
-    Pause { id: String },
+    Pause {
+        /// Session id.
+        id: String,
+    },
     /// Continue a paused or suspended session.
-    Resume { id: String },
+    Resume {
+        /// Session id.
+        id: String,
+    },
     /// Save the session's processes, memory and files in a full snapshot and free its sandbox
     /// (`resume` brings it back, also after a server restart).
-    Suspend { id: String },
+    Suspend {
+        /// Session id.
+        id: String,
+    },
     /// Return a session to one of its snapshots.
-    Restore { id: String, snapshot: String },
+    Restore {
+        /// Session id.
+        id: String,
+        /// Snapshot id (see `space snapshot list ID`).
+        snapshot: String,
+    },
     /// New sessions that continue from a snapshot of this one; prints their ids.
     Fork {
+        /// Session id.
         id: String,
         /// Snapshot to fork from (default: a new disk snapshot of the session as it is now).
         #[arg(long)]
         from: Option<String>,
+        /// How many forks to make.
         #[arg(long, default_value_t = 1)]
         count: u32,
     },
@@ -178,18 +222,6 @@ fn print_state(session: &Session, json: bool) -> anyhow::Result<()> {
     }
     println!("{} {}", session.id, session.state.as_str());
     Ok(())
-}
-
-/// `10G`, `512M`, `1T` or a number of MiB, in MiB.
-pub(crate) fn parse_disk_mib(text: &str) -> Result<u64, String> {
-    let (digits, shift) = match text.trim().to_ascii_uppercase().trim_end_matches(['B', 'I']) {
-        t if t.ends_with('T') => (t[..t.len() - 1].to_owned(), 20),
-        t if t.ends_with('G') => (t[..t.len() - 1].to_owned(), 10),
-        t if t.ends_with('M') => (t[..t.len() - 1].to_owned(), 0),
-        t => (t.to_owned(), 0),
-    };
-    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size such as 10G or 512M"))?;
-    n.checked_shl(shift).filter(|m| m >> shift == n).ok_or_else(|| format!("{text:?} is too large"))
 }
 
 /// `K=V` arguments of `--flag` as a map.

@@ -10,7 +10,9 @@ use crate::output::{self, print_json, print_table};
 pub enum SnapshotCommand {
     /// Snapshot a running or paused session; prints the snapshot id.
     Create {
+        /// Session id.
         id: String,
+        /// `disk` (files only) or `full` (files and memory).
         #[arg(long, value_enum, default_value_t = Kind::Disk)]
         kind: Kind,
         /// Named snapshots are never pruned by the schedule.
@@ -18,11 +20,24 @@ pub enum SnapshotCommand {
         name: Option<String>,
     },
     /// A session's snapshots, oldest first.
-    List { id: String },
+    List {
+        /// Session id.
+        id: String,
+    },
     /// One snapshot, with the bytes only it holds on disk (what deleting it frees).
-    Show { id: String, snapshot: String },
+    Show {
+        /// Session id.
+        id: String,
+        /// Snapshot id.
+        snapshot: String,
+    },
     /// Delete a snapshot.
-    Delete { id: String, snapshot: String },
+    Delete {
+        /// Session id.
+        id: String,
+        /// Snapshot id.
+        snapshot: String,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -59,7 +74,7 @@ pub async fn run(client: &Client, command: SnapshotCommand, json: bool) -> anyho
                     vec![
                         s.id.to_string(),
                         s.kind.as_str().to_owned(),
-                        output::time(s.created_at),
+                        output::ago(s.created_at),
                         s.size_bytes.map(output::bytes).unwrap_or_else(|| "-".into()),
                         s.parent.as_ref().map(|p| p.to_string()).unwrap_or_default(),
                         s.name.clone().unwrap_or_default(),

@@ -8,16 +8,24 @@ use indicatif::{ProgressBar, ProgressStyle};
 use space_api::{BuildTemplateRequest, ImportTemplateRequest, Operation, OperationState, TemplateList};
 
 use crate::client::Client;
-use crate::output::{bytes, print_json, print_table, time};
+use crate::output::{ago, bytes, print_json, print_table};
 
 #[derive(Subcommand)]
 pub enum TemplateCommand {
     /// List templates.
     List,
     /// Import a root filesystem (directory or tarball on the server's host) as NAME.
-    Import { name: String, path: std::path::PathBuf },
+    Import {
+        /// Template name.
+        name: String,
+        /// Root filesystem to import: a directory or tarball on the server's host.
+        path: std::path::PathBuf,
+    },
     /// Build a built-in template (`debian`, `busybox`).
-    Build { name: String },
+    Build {
+        /// Built-in template to build: `debian` or `busybox`.
+        name: String,
+    },
 }
 
 pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyhow::Result<()> {
@@ -35,7 +43,7 @@ pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyho
                         t.name.clone(),
                         t.version.to_string(),
                         bytes(t.size_bytes),
-                        time(t.created_at),
+                        ago(t.created_at),
                         t.source.clone(),
                     ]
                 })

@@ -5,7 +5,7 @@ use space_api::{QuotaLimits, TenantQuota};
 
 use crate::client::{Client, encode};
 use crate::output::print_json;
-use crate::sessions::parse_disk_mib;
+use crate::units::parse_mib;
 
 #[derive(Subcommand)]
 pub enum TenantCommand {
@@ -49,7 +49,7 @@ fn limit_cpus(text: &str) -> Result<Limit<f64>, String> {
 }
 
 fn limit_mib(text: &str) -> Result<Limit<u64>, String> {
-    limit(text, parse_disk_mib)
+    limit(text, parse_mib)
 }
 
 pub async fn run(client: &Client, command: TenantCommand, json: bool) -> anyhow::Result<()> {
