@@ -171,7 +171,13 @@ pub async fn serve_router(
         };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, _)) => {
+                    // Streamed answers (proxied ports, downloads) go out as headers, then
+                    // chunks: with Nagle's algorithm a chunk waits for the client's delayed
+                    // ACK of the headers.
+                    let _ = stream.set_nodelay(true);
+                    stream
+                }
                 Err(e) if is_connection_error(&e) => continue,
                 Err(e) => {
                     // E.g. out of descriptors: retrying at once would spin.
