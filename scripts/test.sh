@@ -15,11 +15,18 @@ if [ ! -x "$OPENAPI_VENV/bin/openapi-spec-validator" ]; then
   "$OPENAPI_VENV/bin/pip" install --quiet 'openapi-spec-validator==0.9.0'
 fi
 "$OPENAPI_VENV/bin/openapi-spec-validator" docs/openapi.json
+# cargo-nextest runs the tests, each in a process of its own with a bound on its time (see
+# .config/nextest.toml), built once into the cache. (No crate has doc tests to run.)
+NEXTEST_VERSION=0.9.151
+export PATH="/var/cache/space/nextest/bin:$PATH"
+if ! cargo nextest --version 2>/dev/null | grep -q "nextest $NEXTEST_VERSION"; then
+  cargo install --locked --quiet --root /var/cache/space/nextest --version "$NEXTEST_VERSION" cargo-nextest
+fi
 cargo build-spaced
 export SPACED_BIN="$PWD/target/x86_64-unknown-linux-gnu/release/spaced"
-cargo test --workspace -- --test-threads 4
+cargo nextest run --workspace
 # The suites that hold for both runtimes, again with every session a QEMU microvm (the vm
 # runtime; tests/vm.rs above checks what only a VM has).
-SPACE_TEST_RUNTIME=vm cargo test -p space-cli --test exec --test files --test egress --test pool --test recovery --test ports -- --test-threads 2
+SPACE_TEST_RUNTIME=vm cargo nextest run -p space-cli --test exec --test files --test egress --test pool --test recovery --test ports --test-threads 2
 # The SDKs against a live server of their own (Python; TypeScript when sdk/typescript exists).
 scripts/test-sdks.sh

@@ -86,8 +86,9 @@ impl VmRuntime {
     /// Dialing [`VmRuntime::agent_socket`] directly works too, with one caveat of
     /// virtio-serial: the guest learns of a host disconnect only from a flag, so a connection
     /// made right after another one closed can land in the old byte stream, its hello lost
-    /// with it. A dial is therefore bounded per attempt ([`AGENT_ATTEMPT`]) and retried after
-    /// a pause, until [`crate::VmOptions::start_timeout`].
+    /// with it, and an attempt given up on can leave its late hello to the next one. A dial is
+    /// therefore bounded per attempt ([`AGENT_ATTEMPT`]), proved with a round trip after the
+    /// handshake, and retried after a pause, until [`crate::VmOptions::start_timeout`].
     pub async fn agent(&self, id: &SandboxId) -> Result<AgentClient, VmError> {
         let kept = self.tracked.lock().expect("tracked lock").get(id).and_then(|t| t.agent.clone());
         if let Some(client) = kept.filter(|c| !c.is_closed()) {
@@ -173,7 +174,13 @@ impl VmRuntime {
                     (Some(mut qmp), Some(before)) => wait_for_open(&mut qmp, before).await,
                     _ => tokio::time::sleep(OPEN_FALLBACK).await,
                 }
-                AgentClient::connect(SkipToHello::new(stream)).await.map_err(|e| e.to_string())
+                let client = AgentClient::connect(SkipToHello::new(stream)).await.map_err(|e| e.to_string())?;
+                // The hello can be a stale one: the answer to an earlier attempt's, which QEMU
+                // kept and handed to this connection while the guest still serves (or drains)
+                // that earlier one and never sees this one's requests. A round trip shows the
+                // guest serves this connection; without it the first request would wait for ever.
+                client.health().await.map_err(|e| format!("no answer after the handshake: {e}"))?;
+                Ok(client)
             };
             let bound = AGENT_ATTEMPT.min(deadline.saturating_duration_since(Instant::now()));
             let failure = match tokio::time::timeout(bound, attempt).await {

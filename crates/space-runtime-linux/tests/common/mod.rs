@@ -141,11 +141,21 @@ pub async fn connect(rt: &LinuxRuntime, handle: &SandboxHandle) -> AgentClient {
     AgentClient::connect_unix(&rt.socket_path(&handle.id)).await.expect("connect to the agent socket")
 }
 
+/// How long [`sh`] waits for a script before it fails the test.
+const EXEC_BOUND: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// Runs `sh -c script` in the sandbox and collects its output.
 pub async fn sh(client: &AgentClient, script: &str) -> Output {
     let spec = ExecSpec { argv: vec!["/bin/sh".into(), "-c".into(), script.into()], ..Default::default() };
-    let session = client.exec(spec).await.unwrap_or_else(|e| panic!("exec {script:?}: {e}"));
-    let out = session.wait_with_output(1 << 20).await.unwrap_or_else(|e| panic!("exec {script:?}: {e}"));
+    let exec = async {
+        let session = client.exec(spec).await.unwrap_or_else(|e| panic!("exec {script:?}: {e}"));
+        session.wait_with_output(1 << 20).await.unwrap_or_else(|e| panic!("exec {script:?}: {e}"))
+    };
+    // Not a timing assertion: a bound far above any exec's time keeps a lost reply from
+    // hanging the suite, and names the script.
+    let out = tokio::time::timeout(EXEC_BOUND, exec)
+        .await
+        .unwrap_or_else(|_| panic!("{script:?}: no answer in {EXEC_BOUND:?}"));
     Output {
         status: out.status,
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

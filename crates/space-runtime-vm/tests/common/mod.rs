@@ -145,10 +145,18 @@ pub async fn connect(handle: &VmHandle) -> AgentClient {
         .expect("agent connect")
 }
 
+/// How long [`run`] waits for a command before it fails the test.
+const EXEC_BOUND: Duration = Duration::from_secs(300);
+
 /// Runs `argv` in the guest; returns (stdout, exit code).
 pub async fn run(client: &AgentClient, argv: &[&str]) -> (String, i32) {
     let spec = ExecSpec { argv: argv.iter().map(|a| a.to_string()).collect(), ..Default::default() };
-    let out = client.exec(spec).await.expect("exec").wait_with_output(1 << 20).await.expect("exec output");
+    let exec = async { client.exec(spec).await.expect("exec").wait_with_output(1 << 20).await.expect("exec output") };
+    // Not a timing assertion: a bound far above any exec's time keeps a lost reply from
+    // hanging the suite, and names the command.
+    let out = tokio::time::timeout(EXEC_BOUND, exec)
+        .await
+        .unwrap_or_else(|_| panic!("{argv:?}: no answer in {EXEC_BOUND:?}"));
     let code = match out.status {
         ExitStatus { code: Some(code), .. } => code,
         other => panic!("{argv:?} ended with {other:?}: {}", String::from_utf8_lossy(&out.stderr)),
