@@ -150,12 +150,16 @@ fn main() -> ExitCode {
     }
 }
 
-/// Prints clap's message, and how to fix an `exec` whose command is missing its `--`.
+/// Prints clap's message, and how to fix an `exec` whose command is missing its `--`: as one
+/// JSON error line when `--json` was asked for (help and `--version` stay text).
 fn usage_error(e: clap::Error) -> ExitCode {
-    let _ = e.print();
-    if e.use_stderr() {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        if let Some(hint) = hint::missing_double_dash(&args) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let hint = if e.use_stderr() { hint::missing_double_dash(&args) } else { None };
+    if e.use_stderr() && errors::json_requested(&args) {
+        eprintln!("{}", errors::usage_json(&e.render().to_string(), hint.as_deref()));
+    } else {
+        let _ = e.print();
+        if let Some(hint) = hint {
             eprintln!("\nhint: {hint}");
         }
     }

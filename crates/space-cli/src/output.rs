@@ -1,11 +1,55 @@
 //! Human tables and JSON output.
 
 use serde::Serialize;
+use serde_json::Value;
 use space_api::{PoolStatus, ProcessList, Session, SessionStats, Status};
 
+/// Prints `value` as the API has it, except that its times are RFC 3339 (see [`rfc3339_times`]).
 pub fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    let mut value = serde_json::to_value(value)?;
+    rfc3339_times(&mut value);
+    println!("{}", serde_json::to_string_pretty(&value)?);
     Ok(())
+}
+
+/// Fields whose name ends in `_ms` but which hold a time, not a duration: the CLI's JSON
+/// names them without the unit it no longer has.
+const TIME_MS_FIELDS: [(&str, &str); 2] = [("modified_ms", "modified"), ("created_at_ms", "created_at")];
+
+/// Turns the API's times (Unix milliseconds in fields named `at`, `time` or `*_at`, and the
+/// [`TIME_MS_FIELDS`]) into RFC 3339 strings in UTC, at every depth. Everything else,
+/// durations (`*_ms`, `*_secs`) and user data (labels, metadata: strings) among it, is left.
+fn rfc3339_times(value: &mut Value) {
+    match value {
+        Value::Array(items) => items.iter_mut().for_each(rfc3339_times),
+        Value::Object(map) => {
+            for (key, field) in map.iter_mut() {
+                match field.as_i64().filter(|_| is_time_field(key)) {
+                    Some(ms) => *field = Value::String(rfc3339(ms)),
+                    None => rfc3339_times(field),
+                }
+            }
+            for (from, to) in TIME_MS_FIELDS {
+                if let Some(ms) = map.get(from).and_then(Value::as_i64) {
+                    map.remove(from);
+                    map.insert(to.to_owned(), Value::String(rfc3339(ms)));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn is_time_field(key: &str) -> bool {
+    key == "at" || key == "time" || key.ends_with("_at")
+}
+
+/// `1732900000123` → `2024-11-29T17:06:40.123Z`.
+pub fn rfc3339(ms: i64) -> String {
+    let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000);
+    at.ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| ms.to_string())
 }
 
 /// Prints rows as aligned columns under a header.
@@ -273,6 +317,26 @@ pub fn print_ports(list: &space_api::PortList, json: bool) -> anyhow::Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_times_are_rfc3339_and_durations_and_user_data_are_not() {
+        let mut v = serde_json::json!({
+            "created_at": 1732900000123_i64, "expires_at": null, "timeout_ms": 5000,
+            "labels": { "deployed_at": "1732900000123" },
+            "events": [{ "at": 0, "seq": 7 }],
+            "entries": [{ "modified_ms": 1732900000000_i64, "size": 3 }],
+        });
+        rfc3339_times(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "created_at": "2024-11-29T17:06:40.123Z", "expires_at": null, "timeout_ms": 5000,
+                "labels": { "deployed_at": "1732900000123" },
+                "events": [{ "at": "1970-01-01T00:00:00Z", "seq": 7 }],
+                "entries": [{ "modified": "2024-11-29T17:06:40Z", "size": 3 }],
+            })
+        );
+    }
 
     #[test]
     fn formats_times_and_sizes() {

@@ -25,6 +25,14 @@ fn files_put_uploads_directories_and_stdin_and_rm_mkdir_mv_change_the_tree() {
     require_root!();
     let server = Server::start();
     let id = server.create_session(json!({}));
+    // `--json` shows times in RFC 3339, the same Session from `create` as from `show`.
+    let created: Value = serde_json::from_str(&ok(&server.cli(&["--json", "session", "create"]))).unwrap();
+    let created_id = created["id"].as_str().unwrap();
+    let shown: Value = serde_json::from_str(&ok(&server.cli(&["--json", "session", "show", created_id]))).unwrap();
+    let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!((keys(&created), &created["created_at"]), (keys(&shown), &shown["created_at"]));
+    let at = created["created_at"].as_str().unwrap_or_else(|| panic!("{created}"));
+    assert!(time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).is_ok(), "{at}");
 
     let local = server.data_dir.join("project");
     std::fs::create_dir_all(local.join("src/deep")).unwrap();
@@ -112,6 +120,25 @@ fn help_lists_global_options_apart() {
     let (own, global) = help.split_once("Global options:").expect("a Global options heading");
     assert!(own.contains("<LOCAL>") && !own.contains("--url"), "{help}");
     assert!(global.contains("--url") && global.contains("--json"), "{help}");
+}
+
+#[test]
+fn argument_errors_are_json_under_json() {
+    for args in
+        [&["--json", "session", "create", "--memory", "1x"][..], &["session", "create", "--no-such-flag", "--json"]]
+    {
+        let out = std::process::Command::new(common::SPACE).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: stdout carries only results");
+        let error: Value = serde_json::from_slice(&out.stderr).unwrap_or_else(|e| panic!("{args:?}: {e}: {out:?}"));
+        assert_eq!((&error["error"]["code"], &error["error"]["status"]), (&json!("usage_error"), &Value::Null));
+        assert!(error["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{error}");
+    }
+    // Without --json, and for help, clap's own text.
+    let out = std::process::Command::new(common::SPACE).args(["session", "create", "--memory", "1x"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "), "{out:?}");
+    let out = std::process::Command::new(common::SPACE).args(["--json", "session", "--help"]).output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("Usage:"), "{out:?}");
 }
 
 /// Waits for `child` to exit; a CLI that hangs fails the test instead of the whole suite
