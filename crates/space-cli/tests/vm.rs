@@ -1,7 +1,8 @@
 //! The `vm` runtime end to end, through the API: a session's sandbox is a QEMU microvm with
 //! a kernel of its own, whose VMM runs unprivileged in namespaces of its own under seccomp;
 //! the guest sees none of the host; disk snapshots hold what the guest wrote; a VM the
-//! host cannot run is refused with its reason. (The exec, files, egress and pool suites run
+//! host cannot run is refused with its reason; warm pods are restored from a template whose
+//! memory they map copy-on-write. (The exec, files, egress and pool suites run
 //! against `vm` too: `SPACE_TEST_RUNTIME=vm` in scripts/test.sh.)
 
 mod common;
@@ -243,6 +244,34 @@ fn vms_restored_from_one_snapshot_draw_different_random_bytes() {
     for fork in forks["sessions"].as_array().unwrap() {
         let guest: u64 = stdout(&sh(&server, fork["id"].as_str().unwrap(), "date +%s")).trim().parse().unwrap();
         assert!(guest.abs_diff(now) < 60, "guest clock {guest}, host {now}");
+    }
+}
+
+#[test]
+fn vm_pods_are_restored_from_their_template_and_map_its_memory_copy_on_write() {
+    require_root!();
+    let server = Server::start_with(&["--pool", "busybox:vm=2"]);
+    server.wait_pool_ready("busybox", 2);
+    let sessions: Vec<(String, String)> = (0..2).map(|_| vm_session(&server)).collect();
+    assert_eq!(server.pool("busybox")["hits"], 2, "the creates did not take pods: {}", server.pool("busybox"));
+    for (_, sandbox) in &sessions {
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", vmm_pid(&server, sandbox))).unwrap();
+        let ram = maps.lines().find(|l| l.contains("memfd:space-vm-template"));
+        let ram = ram.unwrap_or_else(|| panic!("{sandbox}: the guest's RAM is not the template's memory:\n{maps}"));
+        // `rw-p`: a private mapping, whose writes are the pod's own copies.
+        assert_eq!(ram.split_whitespace().nth(1), Some("rw-p"), "{ram}");
+    }
+    // Restored from one memory image, and still each its own: random bytes, host name and
+    // machine id (given by the node after the restore).
+    let script = "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' '; hostname; cat /etc/machine-id";
+    let seen: Vec<Vec<String>> =
+        sessions.iter().map(|(id, _)| stdout(&sh(&server, id, script)).lines().map(str::to_owned).collect()).collect();
+    for (what, i) in [("random bytes", 0), ("host name", 1), ("machine id", 2)] {
+        assert_ne!(seen[0][i], seen[1][i], "two pods share their {what}: {seen:?}");
+    }
+    for ((_, sandbox), seen) in sessions.iter().zip(&seen) {
+        let hostname: String = sandbox.trim_start_matches("sbx_").chars().take(12).collect();
+        assert_eq!(seen[1], hostname, "{seen:?}");
     }
 }
 

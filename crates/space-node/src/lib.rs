@@ -12,6 +12,7 @@ pub(crate) use disk::charge;
 mod egress;
 mod images;
 mod lifecycle;
+mod pod_templates;
 mod ports;
 mod runtimes;
 mod templates;
@@ -25,7 +26,7 @@ use space_api::{Progress, RuntimeKind, RuntimeSupport, SandboxId};
 use space_node_api::DiskQuota;
 use space_proto::client::AgentClient;
 pub use space_runtime::Limits;
-use space_runtime::{RootDisk, RootDiskKind, Runtime, SandboxHandle, SandboxSpec, SandboxStats};
+use space_runtime::{PodTemplate, RootDisk, RootDiskKind, Runtime, SandboxHandle, SandboxSpec, SandboxStats};
 use space_runtime_linux::{LinuxOptions, LinuxRuntime};
 
 use crate::runtimes::Runtimes;
@@ -126,6 +127,7 @@ pub struct Node {
     kept_spaced: PathBuf,
     template_builds: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     warm: warm::WarmPool,
+    pod_templates: pod_templates::PodTemplates,
     /// Wakes the deletion of destroyed roots.
     reclaim: tokio::sync::Notify,
     gateway: Arc<Gateway>,
@@ -200,6 +202,7 @@ impl Node {
             kept_spaced,
             template_builds: tokio::sync::Mutex::new(HashMap::new()),
             warm: warm::WarmPool::new(&config.warm),
+            pod_templates: Default::default(),
             reclaim: tokio::sync::Notify::new(),
             gateway,
             system_bundles: Mutex::new(HashMap::new()),
@@ -235,10 +238,11 @@ impl Node {
             Ok(root)
         })
         .await?;
-        self.boot(id, runtime, root, limits, hostname).await
+        self.boot(id, runtime, root, limits, hostname, None).await
     }
 
-    /// Starts a sandbox on a prepared root and connects to its `spaced`.
+    /// Starts a sandbox on a prepared root (from `pod`, a pod template of its runtime's, if
+    /// given) and connects to its `spaced`.
     pub(crate) async fn boot(
         &self,
         id: &SandboxId,
@@ -246,11 +250,15 @@ impl Node {
         root: RootDisk,
         limits: Limits,
         hostname: &str,
+        pod: Option<&PodTemplate>,
     ) -> Result<SandboxHandle> {
         let spec = SandboxSpec { id: id.clone(), root, hostname: hostname.to_owned(), limits };
         let rt = self.runtimes.get(runtime)?;
         self.runtimes.record(id, runtime);
-        let handle = rt.start(&spec).await?;
+        let handle = match pod {
+            Some(template) => rt.start_pod(&spec, template).await?,
+            None => rt.start(&spec).await?,
+        };
         let agent = self.connect(&handle.id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
         self.connect_to_gateway_or_destroy(&handle).await?;

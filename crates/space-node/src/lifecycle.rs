@@ -104,7 +104,7 @@ impl Node {
         let hostname = crate::hostname_for(id);
         let identity = crate::egress::sandbox_identity(&hostname);
         let root = self.root_from_snapshot(id, session, snapshot, kind, Some(identity), disk).await?;
-        self.boot(id, runtime, root, limits, &hostname).await
+        self.boot(id, runtime, root, limits, &hostname, None).await
     }
 
     /// A new root for sandbox `id` from `snapshot`'s, of the `kind` its runtime boots from,

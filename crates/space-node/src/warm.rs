@@ -19,7 +19,7 @@ use space_runtime::{Limits, SandboxHandle};
 use space_storage::TemplateInfo;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::{Node, hostname_for};
+use crate::Node;
 
 pub use space_node_api::MAX_POOL_SIZE;
 /// A failed preparation waits this long before the pool tries again, so a broken template
@@ -76,7 +76,7 @@ pub(crate) struct WarmPool {
     max_filling: u32,
     filling: AtomicU32,
     peak_filling: AtomicU32,
-    pod_limits: Limits,
+    pub(crate) pod_limits: Limits,
     wake: Notify,
 }
 
@@ -241,7 +241,7 @@ impl Node {
 
     async fn prepare_pod(&self, template: &TemplateInfo, runtime: RuntimeKind) -> Result<Pod, String> {
         let id = SandboxId::generate();
-        match self.start_sandbox(&id, template, runtime, self.warm.pod_limits, &hostname_for(&id), None).await {
+        match self.start_pod(&id, template, runtime).await {
             Ok(handle) => {
                 self.warm_up(&id).await;
                 Ok(Pod { handle, version: template.version })

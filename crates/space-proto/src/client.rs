@@ -265,14 +265,15 @@ impl AgentClient {
     }
 
     /// Gives a restored VM's kernel fresh entropy, the current time and optionally a host name
-    /// (see [`Request::Reseed`]).
+    /// and machine id (see [`Request::Reseed`]).
     pub async fn reseed(
         &self,
         entropy: Vec<u8>,
         unix_time_ns: u64,
         hostname: Option<String>,
+        machine_id: Option<String>,
     ) -> Result<(), AgentError> {
-        self.call_ok(&Request::Reseed { entropy, unix_time_ns, hostname }).await
+        self.call_ok(&Request::Reseed { entropy, unix_time_ns, hostname, machine_id }).await
     }
 
     /// Forgets every exited process; running ones stay.

@@ -64,12 +64,16 @@ pub enum Request {
     /// numbers (the kernel's RNG state is part of guest memory) and run on the snapshot's
     /// clock. The agent credits `entropy` (host `getrandom` bytes, [`RESEED_MIN_ENTROPY`] to
     /// [`RESEED_MAX_ENTROPY`]) to the kernel's pool, forces a reseed of its CRNG, sets
-    /// `CLOCK_REALTIME` to `unix_time_ns` and, when given, the host name. Answered `Ok`.
+    /// `CLOCK_REALTIME` to `unix_time_ns` and, when given, the host name and the
+    /// `/etc/machine-id` (32 lowercase hex digits: a VM restored as a new sandbox, a pod or
+    /// a fork, must not keep its template's). Answered `Ok`.
     Reseed {
         entropy: Vec<u8>,
         unix_time_ns: u64,
         #[serde(default)]
         hostname: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        machine_id: Option<String>,
     },
     Stat {
         path: String,
@@ -297,16 +301,25 @@ mod tests {
     /// what this node sends.
     #[test]
     fn reseed_encoding() {
-        let request =
-            Request::Reseed { entropy: vec![0, 1, 255], unix_time_ns: 1_764_600_000_123_456_789, hostname: None };
+        let request = Request::Reseed {
+            entropy: vec![0, 1, 255],
+            unix_time_ns: 1_764_600_000_123_456_789,
+            hostname: None,
+            machine_id: None,
+        };
         let json = serde_json::to_string(&request).unwrap();
         assert_eq!(json, r#"{"op":"reseed","entropy":[0,1,255],"unix_time_ns":1764600000123456789,"hostname":null}"#);
         let frame = Frame::message(&request).unwrap();
         assert_eq!(frame.parse::<Request>().unwrap(), request);
         // An older node's request without a host name still parses.
         let old: Request = serde_json::from_str(r#"{"op":"reseed","entropy":[7],"unix_time_ns":5}"#).unwrap();
-        assert_eq!(old, Request::Reseed { entropy: vec![7], unix_time_ns: 5, hostname: None });
-        let named = Request::Reseed { entropy: vec![1; 64], unix_time_ns: u64::MAX, hostname: Some("b".into()) };
+        assert_eq!(old, Request::Reseed { entropy: vec![7], unix_time_ns: 5, hostname: None, machine_id: None });
+        let named = Request::Reseed {
+            entropy: vec![1; 64],
+            unix_time_ns: u64::MAX,
+            hostname: Some("b".into()),
+            machine_id: Some("0123456789abcdef0123456789abcdef".into()),
+        };
         assert_eq!(Frame::message(&named).unwrap().parse::<Request>().unwrap(), named);
         // Entropy is bytes: anything else is a bad request, not a truncated value.
         assert!(serde_json::from_str::<Request>(r#"{"op":"reseed","entropy":[256],"unix_time_ns":5}"#).is_err());

@@ -29,6 +29,8 @@ const POLL: Duration = Duration::from_millis(2);
 const EXIT_GRACE: Duration = Duration::from_secs(1);
 /// Entropy given to a restored guest: the CRNG's key is 32 bytes, the input pool's hash 64.
 const ENTROPY_BYTES: usize = 64;
+/// A machine id's bytes (machine-id(5): 128 bits, as 32 hex digits).
+const MACHINE_ID_BYTES: usize = 16;
 const _: () = assert!(ENTROPY_BYTES >= RESEED_MIN_ENTROPY && ENTROPY_BYTES <= RESEED_MAX_ENTROPY);
 
 impl VmRuntime {
@@ -192,15 +194,17 @@ impl VmRuntime {
 }
 
 /// Gives the guest fresh entropy from the host, the host's clock and, if given, a new host
-/// name; bounded by `deadline`.
+/// name, with a new machine id (a new name is a new sandbox); bounded by `deadline`.
 async fn reseed(client: &AgentClient, hostname: Option<String>, deadline: Instant) -> Result<(), VmError> {
-    let mut entropy = vec![0u8; ENTROPY_BYTES];
+    let mut entropy = vec![0u8; ENTROPY_BYTES + MACHINE_ID_BYTES];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut entropy))
         .map_err(VmError::io("read", "/dev/urandom"))?;
+    let id_bytes = entropy.split_off(ENTROPY_BYTES);
+    let machine_id = hostname.as_ref().map(|_| id_bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     let unix_time_ns = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX);
-    match tokio::time::timeout_at(deadline, client.reseed(entropy, unix_time_ns, hostname)).await {
+    match tokio::time::timeout_at(deadline, client.reseed(entropy, unix_time_ns, hostname, machine_id)).await {
         Ok(result) => result.map_err(VmError::Reseed),
         Err(_) => Err(VmError::Agent("no answer to the reseed before the restore's deadline".into())),
     }

@@ -6,16 +6,22 @@ use std::time::Duration;
 use async_trait::async_trait;
 use space_proto::client::AgentClient;
 use space_runtime::{
-    AgentTransport, CheckpointArtifacts, CheckpointStats, Limits, PortAddress, RootDisk, RootDiskKind, Runtime,
-    RuntimeError, RuntimeKind, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
+    AgentTransport, CheckpointArtifacts, CheckpointStats, Limits, PodTemplate, PortAddress, RootDisk, RootDiskKind,
+    Runtime, RuntimeError, RuntimeKind, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
 };
 
+use crate::template::PodTemplateState;
 use crate::{VmError, VmHandle, VmRuntime, VmSpec};
 
 impl VmRuntime {
     fn vm_handle(&self, handle: &SandboxHandle) -> VmHandle {
         VmHandle { id: handle.id.clone(), pid: handle.pid, agent_socket: self.agent_socket(&handle.id) }
     }
+}
+
+fn vm_spec(spec: &SandboxSpec) -> Result<VmSpec, RuntimeError> {
+    let RootDisk::Image(disk) = &spec.root else { return Err(wrong_root()) };
+    Ok(VmSpec { id: spec.id.clone(), disk: disk.clone(), hostname: spec.hostname.clone(), limits: spec.limits })
 }
 
 fn wrong_root() -> RuntimeError {
@@ -41,10 +47,33 @@ impl Runtime for VmRuntime {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
-        let RootDisk::Image(disk) = &spec.root else { return Err(wrong_root()) };
-        let vm =
-            VmSpec { id: spec.id.clone(), disk: disk.clone(), hostname: spec.hostname.clone(), limits: spec.limits };
-        let started = VmRuntime::start(self, &vm).await?;
+        let started = VmRuntime::start(self, &vm_spec(spec)?).await?;
+        Ok(SandboxHandle { id: started.id, runtime: RuntimeKind::Vm, pid: started.pid })
+    }
+
+    /// Pods are restored from a template's memory, which they share copy-on-write.
+    fn keeps_pod_templates(&self) -> bool {
+        true
+    }
+
+    async fn make_pod_template(&self, spec: &SandboxSpec) -> Result<PodTemplate, RuntimeError> {
+        let dir = self.pod_template_dir(&spec.id);
+        // What an interrupted attempt left: a state directory must be new.
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(RuntimeError::Io { path: dir, source: e });
+            }
+            _ => {}
+        }
+        let state = self.make_template_state(&vm_spec(spec)?, &dir).await?;
+        Ok(PodTemplate::new(PodTemplateState(state)))
+    }
+
+    async fn start_pod(&self, spec: &SandboxSpec, template: &PodTemplate) -> Result<SandboxHandle, RuntimeError> {
+        let Some(state) = template.get::<PodTemplateState>() else {
+            return Err(RuntimeError::WrongKind { runtime: RuntimeKind::Vm, what: "another runtime's pod template" });
+        };
+        let started = self.start_from_template_state(&vm_spec(spec)?, &state.0).await?;
         Ok(SandboxHandle { id: started.id, runtime: RuntimeKind::Vm, pid: started.pid })
     }
 
@@ -139,10 +168,8 @@ impl Runtime for VmRuntime {
         spec: &SandboxSpec,
         artifacts: &CheckpointArtifacts,
     ) -> Result<SandboxHandle, RuntimeError> {
-        let RootDisk::Image(disk) = &spec.root else { return Err(wrong_root()) };
+        let vm = vm_spec(spec)?;
         let CheckpointArtifacts::VmState { state } = artifacts else { return Err(wrong_artifacts()) };
-        let vm =
-            VmSpec { id: spec.id.clone(), disk: disk.clone(), hostname: spec.hostname.clone(), limits: spec.limits };
         let restored = VmRuntime::restore(self, &vm, state).await.map_err(|e| RuntimeError::Restore(e.to_string()))?;
         Ok(SandboxHandle { id: restored.id, runtime: RuntimeKind::Vm, pid: restored.pid })
     }

@@ -59,7 +59,25 @@ impl TemplateState {
     }
 }
 
+/// A [`TemplateState`] made for the node's warm pool ([`space_runtime::Runtime::make_pod_template`]):
+/// its directory goes with it.
+#[derive(Debug)]
+pub(crate) struct PodTemplateState(pub(crate) TemplateState);
+
+impl Drop for PodTemplateState {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(self.0.dir()) {
+            tracing::warn!(dir = %self.0.dir().display(), error = %e, "removing a pod template's state");
+        }
+    }
+}
+
 impl VmRuntime {
+    /// Where the pod template booted as sandbox `id` keeps its device state.
+    pub(crate) fn pod_template_dir(&self, id: &space_runtime::SandboxId) -> PathBuf {
+        self.opts.run_dir.join("vm-pod-templates").join(id.as_str())
+    }
+
     /// Boots `spec` as a template (its RAM in a memfd), saves its device state into `dir`
     /// (created; must not hold a state) and destroys it; returns the template. `spec.disk` is
     /// the template's disk: every pod needs a copy of it as it is when this returns (the

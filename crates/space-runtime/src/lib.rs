@@ -155,6 +155,29 @@ pub enum RuntimeError {
     WrongKind { runtime: RuntimeKind, what: &'static str },
 }
 
+/// A booted template warm-pool pods of one template version start from, made by
+/// [`Runtime::make_pod_template`] (a VM's saved memory and device state). Opaque: only the
+/// runtime that made it reads it, and a runtime handed another's answers `WrongKind`.
+#[derive(Clone)]
+pub struct PodTemplate(std::sync::Arc<dyn std::any::Any + Send + Sync>);
+
+impl PodTemplate {
+    pub fn new<T: std::any::Any + Send + Sync>(state: T) -> PodTemplate {
+        PodTemplate(std::sync::Arc::new(state))
+    }
+
+    /// The runtime's own state, if it is of type `T`.
+    pub fn get<T: std::any::Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+impl std::fmt::Debug for PodTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PodTemplate")
+    }
+}
+
 /// A sandbox runtime (model: cloud-hypervisor's `Hypervisor`/`Vm`). The node holds one per
 /// kind available on its host, as `dyn Runtime`; nothing above the node sees which.
 #[async_trait]
@@ -169,6 +192,27 @@ pub trait Runtime: Send + Sync + 'static {
 
     /// Starts a sandbox and returns once `spaced` accepts connections.
     async fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError>;
+
+    /// Whether this runtime starts warm-pool pods from a booted template
+    /// ([`Runtime::make_pod_template`], [`Runtime::start_pod`]) rather than like any sandbox.
+    fn keeps_pod_templates(&self) -> bool {
+        false
+    }
+
+    /// Boots `spec`, a sandbox on a fresh copy of a template version's root, into a template
+    /// and stops it: nothing of it runs afterwards, and `spec.root` is as every pod started
+    /// from the template needs a copy of it. Bounded in time; on failure nothing is left.
+    async fn make_pod_template(&self, spec: &SandboxSpec) -> Result<PodTemplate, RuntimeError> {
+        let _ = spec;
+        Err(RuntimeError::Unsupported(format!("the {} runtime keeps no pod templates", self.kind())))
+    }
+
+    /// Starts pod `spec` from `template` on `spec.root`, a copy of the template's root as
+    /// [`Runtime::make_pod_template`] left it. Returns once `spaced` accepts connections.
+    async fn start_pod(&self, spec: &SandboxSpec, template: &PodTemplate) -> Result<SandboxHandle, RuntimeError> {
+        let _ = (spec, template);
+        Err(RuntimeError::Unsupported(format!("the {} runtime keeps no pod templates", self.kind())))
+    }
 
     /// Kills the sandbox and removes its runtime resources (cgroups, sockets, VMM). Succeeds
     /// when there is nothing left to remove.

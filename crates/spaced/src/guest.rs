@@ -7,7 +7,8 @@
 //! two clones), and QEMU has no vmgenid on microvm to tell the guest kernel. Credited bytes
 //! alone do not change what the CRNG hands out until its next scheduled reseed, so the
 //! request forces one (`RNDRESEEDCRNG`) right after crediting. The guest's clock resumes at
-//! the snapshot's time as well: it is set from the node's.
+//! the snapshot's time as well: it is set from the node's. A VM restored as a new sandbox
+//! (a pod from its template, a fork) gets its own host name and `/etc/machine-id` too.
 //!
 //! In a `linux` sandbox the request fails with `PermissionDenied` (its root has neither
 //! CAP_SYS_ADMIN nor CAP_SYS_TIME in the node's user namespace), which is as it should be:
@@ -39,24 +40,34 @@ pub enum ReseedError {
     SetClock(#[source] io::Error),
     #[error("sethostname: {0}")]
     SetHostname(#[source] io::Error),
+    #[error("machine id {0:?} is not 32 lowercase hex digits")]
+    MachineId(String),
+    #[error("writing {MACHINE_ID}: {0}")]
+    WriteMachineId(#[source] io::Error),
 }
+
+/// The machine id of the guest's root (machine-id(5)).
+const MACHINE_ID: &str = "/etc/machine-id";
 
 impl ReseedError {
     fn kind(&self) -> ErrorKind {
         match self {
-            ReseedError::EntropyLength(_) | ReseedError::Hostname(_) => ErrorKind::InvalidInput,
+            ReseedError::EntropyLength(_) | ReseedError::Hostname(_) | ReseedError::MachineId(_) => {
+                ErrorKind::InvalidInput
+            }
             ReseedError::Open(e)
             | ReseedError::AddEntropy(e)
             | ReseedError::ReseedCrng(e)
             | ReseedError::SetClock(e)
-            | ReseedError::SetHostname(e) => crate::error::io_kind(e),
+            | ReseedError::SetHostname(e)
+            | ReseedError::WriteMachineId(e) => crate::error::io_kind(e),
         }
     }
 }
 
 /// Handles `Request::Reseed`: `Ok`, or an error reply saying which step failed.
-pub fn reseed_reply(entropy: &[u8], unix_time_ns: u64, hostname: Option<&str>) -> Reply {
-    match reseed(entropy, unix_time_ns, hostname) {
+pub fn reseed_reply(entropy: &[u8], unix_time_ns: u64, hostname: Option<&str>, machine_id: Option<&str>) -> Reply {
+    match reseed(entropy, unix_time_ns, hostname, machine_id) {
         Ok(()) => Reply::Ok,
         Err(e) => {
             tracing::warn!(error = %e, "reseed failed");
@@ -66,8 +77,13 @@ pub fn reseed_reply(entropy: &[u8], unix_time_ns: u64, hostname: Option<&str>) -
 }
 
 /// Credits `entropy` to the kernel's input pool, reseeds the CRNG from it, sets the clock
-/// and, if given, the host name. Everything is checked before anything changes.
-pub fn reseed(entropy: &[u8], unix_time_ns: u64, hostname: Option<&str>) -> Result<(), ReseedError> {
+/// and, if given, the host name and machine id. Everything is checked before anything changes.
+pub fn reseed(
+    entropy: &[u8],
+    unix_time_ns: u64,
+    hostname: Option<&str>,
+    machine_id: Option<&str>,
+) -> Result<(), ReseedError> {
     if !(RESEED_MIN_ENTROPY..=RESEED_MAX_ENTROPY).contains(&entropy.len()) {
         return Err(ReseedError::EntropyLength(entropy.len()));
     }
@@ -75,6 +91,11 @@ pub fn reseed(entropy: &[u8], unix_time_ns: u64, hostname: Option<&str>) -> Resu
         && !valid_hostname(name)
     {
         return Err(ReseedError::Hostname(name.to_owned()));
+    }
+    if let Some(id) = machine_id
+        && !valid_machine_id(id)
+    {
+        return Err(ReseedError::MachineId(id.to_owned()));
     }
     let urandom = std::fs::OpenOptions::new().write(true).open("/dev/urandom").map_err(ReseedError::Open)?;
     let info = rand_pool_info(entropy);
@@ -98,7 +119,22 @@ pub fn reseed(entropy: &[u8], unix_time_ns: u64, hostname: Option<&str>) -> Resu
     if let Some(name) = hostname {
         nix::unistd::sethostname(name).map_err(|e| ReseedError::SetHostname(e.into()))?;
     }
+    if let Some(id) = machine_id {
+        write_machine_id(id).map_err(ReseedError::WriteMachineId)?;
+    }
     Ok(())
+}
+
+/// Replaces `/etc/machine-id` whole (written aside, then renamed over it): a reader sees the
+/// old id or the new one.
+fn write_machine_id(id: &str) -> io::Result<()> {
+    let partial = format!("{MACHINE_ID}.new");
+    std::fs::write(&partial, format!("{id}\n"))?;
+    std::fs::rename(&partial, MACHINE_ID)
+}
+
+fn valid_machine_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// `struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }` with every
@@ -142,11 +178,16 @@ mod tests {
     /// Refused before anything in the kernel changes (these never reach an ioctl).
     #[test]
     fn bad_requests_are_refused_up_front() {
-        assert!(matches!(reseed(&[0; 31], 0, None), Err(ReseedError::EntropyLength(31))));
-        assert!(matches!(reseed(&[0; 513], 0, None), Err(ReseedError::EntropyLength(513))));
-        let err = reseed(&[0; 32], 0, Some("bad name")).unwrap_err();
+        assert!(matches!(reseed(&[0; 31], 0, None, None), Err(ReseedError::EntropyLength(31))));
+        assert!(matches!(reseed(&[0; 513], 0, None, None), Err(ReseedError::EntropyLength(513))));
+        let err = reseed(&[0; 32], 0, Some("bad name"), None).unwrap_err();
         assert!(matches!(err, ReseedError::Hostname(_)));
         assert_eq!(err.kind(), ErrorKind::InvalidInput);
         assert!(valid_hostname("box-2.local") && !valid_hostname("-x") && !valid_hostname(&"a".repeat(65)));
+        let err = reseed(&[0; 32], 0, None, Some("../../etc/shadow")).unwrap_err();
+        assert!(matches!(err, ReseedError::MachineId(_)));
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(valid_machine_id("0123456789abcdef0123456789abcdef"));
+        assert!(!valid_machine_id("0123456789ABCDEF0123456789abcdef") && !valid_machine_id(&"a".repeat(33)));
     }
 }

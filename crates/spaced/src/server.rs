@@ -269,8 +269,8 @@ async fn dispatch(stream: FramedStream, agent: Arc<Agent>, request: Request) {
         Request::Move { from, to } => files::move_path(from, to).await,
         Request::Remove { path, recursive } => files::remove(path, recursive).await,
         Request::FreezeRoot { frozen } => crate::freeze::freeze_root(frozen).await,
-        Request::Reseed { entropy, unix_time_ns, hostname } => {
-            crate::guest::reseed_reply(&entropy, unix_time_ns, hostname.as_deref())
+        Request::Reseed { entropy, unix_time_ns, hostname, machine_id } => {
+            crate::guest::reseed_reply(&entropy, unix_time_ns, hostname.as_deref(), machine_id.as_deref())
         }
     };
     finish(stream, reply).await;
