@@ -265,6 +265,7 @@ impl VmRuntime {
             Ok(swept) => tracing::info!(swept, "freed the id ranges of VMs that are gone"),
             Err(e) => tracing::warn!(error = %e, "cannot sweep the VM id range records"),
         }
+        runtime.sweep_pod_templates();
         Ok(runtime)
     }
 

@@ -59,6 +59,9 @@ impl TemplateState {
     }
 }
 
+/// Where pod templates keep their device states, in the run dir.
+const POD_TEMPLATES: &str = "vm-pod-templates";
+
 /// A [`TemplateState`] made for the node's warm pool ([`space_runtime::Runtime::make_pod_template`]):
 /// its directory goes with it.
 #[derive(Debug)]
@@ -75,7 +78,19 @@ impl Drop for PodTemplateState {
 impl VmRuntime {
     /// Where the pod template booted as sandbox `id` keeps its device state.
     pub(crate) fn pod_template_dir(&self, id: &space_runtime::SandboxId) -> PathBuf {
-        self.opts.run_dir.join("vm-pod-templates").join(id.as_str())
+        self.opts.run_dir.join(POD_TEMPLATES).join(id.as_str())
+    }
+
+    /// Removes the states pod templates of an earlier run left: useless without their memory,
+    /// which lived in that run's node process.
+    pub(crate) fn sweep_pod_templates(&self) {
+        let dir = self.opts.run_dir.join(POD_TEMPLATES);
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove old pod template states");
+            }
+            _ => {}
+        }
     }
 
     /// Boots `spec` as a template (its RAM in a memfd), saves its device state into `dir`
