@@ -65,8 +65,8 @@ pub enum Request {
     /// clock. The agent credits `entropy` (host `getrandom` bytes, [`RESEED_MIN_ENTROPY`] to
     /// [`RESEED_MAX_ENTROPY`]) to the kernel's pool, forces a reseed of its CRNG, sets
     /// `CLOCK_REALTIME` to `unix_time_ns` and, when given, the host name and the
-    /// `/etc/machine-id` (32 lowercase hex digits: a VM restored as a new sandbox, a pod or
-    /// a fork, must not keep its template's). Answered `Ok`.
+    /// `/etc/machine-id` (32 lowercase hex digits: a VM restored as a new sandbox, such as a
+    /// warm pod from its template, must not keep its template's). Answered `Ok`.
     Reseed {
         entropy: Vec<u8>,
         unix_time_ns: u64,

@@ -7,8 +7,8 @@
 //! two clones), and QEMU has no vmgenid on microvm to tell the guest kernel. Credited bytes
 //! alone do not change what the CRNG hands out until its next scheduled reseed, so the
 //! request forces one (`RNDRESEEDCRNG`) right after crediting. The guest's clock resumes at
-//! the snapshot's time as well: it is set from the node's. A VM restored as a new sandbox
-//! (a pod from its template, a fork) gets its own host name and `/etc/machine-id` too.
+//! the snapshot's time as well: it is set from the node's. A VM restored under a new host
+//! name (a warm pod from its template) gets its own `/etc/machine-id` with it.
 //!
 //! In a `linux` sandbox the request fails with `PermissionDenied` (its root has neither
 //! CAP_SYS_ADMIN nor CAP_SYS_TIME in the node's user namespace), which is as it should be:
