@@ -335,3 +335,43 @@ fn idle_exec_websockets_are_closed() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// A full snapshot closes the node's connection to the sandbox's agent: an exec stream open
+/// then ends with an error (docs/lifecycle.md), its process keeps running and can be attached
+/// to again, rather than the client waiting for output that can no longer come.
+#[test]
+fn an_exec_stream_open_across_a_full_snapshot_ends_and_its_process_survives() {
+    use std::process::{Command, Stdio};
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    let mut exec = Command::new(common::SPACE)
+        .args(["exec", &id, "--", "sh", "-c", "echo started; exec sleep 1000"])
+        .env("SPACE_URL", &server.url)
+        .env("SPACE_API_KEY", &server.key)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(exec.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "started\n");
+    let (status, snap) = server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(json!({ "kind": "full" })));
+    assert_eq!(status, 201, "{snap}");
+    // Not a timing assertion: the bound only keeps a stream that never ends from hanging.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while exec.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            exec.kill().unwrap();
+            panic!("the exec stream outlived the connection it ran on");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = exec.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("the sandbox agent closed the stream"), "{stderr}");
+    let (_, processes) = server.call("GET", &format!("/v1/sessions/{id}/processes"), None);
+    assert!(processes.to_string().contains("sleep"), "the command did not survive: {processes}");
+}

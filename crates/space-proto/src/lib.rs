@@ -22,6 +22,7 @@ pub mod duplex;
 pub mod fuzzing;
 pub mod messages;
 pub mod mux;
+mod stream;
 
 pub use client::{
     AgentClient, AgentError, AgentHealth, ExecEvent, ExecEvents, ExecInputHandle, ExecOutput, ExecSession, FileChunks,
@@ -31,3 +32,4 @@ pub use codec::{DataChannel, Frame, FrameCodec, FrameError};
 pub use duplex::{FrameReceiver, FrameSender, OnSendersDropped, duplex};
 pub use messages::*;
 pub use mux::{FramedStream, Hello, MuxClient, MuxError, PROTOCOL_VERSION, handshake, next_frame, send_message, serve};
+pub use stream::MuxStream;

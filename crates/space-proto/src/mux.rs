@@ -9,16 +9,17 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{Decoder, Encoder, Framed};
-use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt, TokioAsyncReadCompatExt};
+use tokio_util::compat::TokioAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::codec::{Frame, FrameCodec, FrameError};
+use crate::stream::MuxStream;
 
 /// Bumped on every incompatible change to [`crate::messages`] or the framing.
 pub const PROTOCOL_VERSION: u16 = 1;
 
 /// A yamux stream carrying [`Frame`]s.
-pub type FramedStream = Framed<Compat<yamux::Stream>, FrameCodec>;
+pub type FramedStream = Framed<MuxStream, FrameCodec>;
 
 /// The first frame each side sends on a fresh connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,8 +77,9 @@ fn config() -> yamux::Config {
     cfg
 }
 
-fn framed(stream: yamux::Stream) -> FramedStream {
-    Framed::new(stream.compat(), FrameCodec)
+/// `ended`: the connection's end, on the node's side (see [`MuxStream`]).
+fn framed(stream: yamux::Stream, ended: Option<CancellationToken>) -> FramedStream {
+    Framed::new(MuxStream::new(stream, ended), FrameCodec)
 }
 
 type OpenReply = oneshot::Sender<Result<yamux::Stream, MuxError>>;
@@ -87,6 +89,9 @@ type OpenReply = oneshot::Sender<Result<yamux::Stream, MuxError>>;
 pub struct MuxClient {
     open_tx: mpsc::UnboundedSender<OpenReply>,
     shutdown: CancellationToken,
+    /// Cancelled once the connection has ended, however it ended: ends the reads of its
+    /// streams (see [`MuxStream`]).
+    ended: CancellationToken,
 }
 
 impl MuxClient {
@@ -98,11 +103,12 @@ impl MuxClient {
     {
         let (open_tx, open_rx) = mpsc::unbounded_channel();
         let conn = yamux::Connection::new(io.compat(), config(), yamux::Mode::Client);
-        let shutdown = CancellationToken::new();
-        (MuxClient { open_tx, shutdown: shutdown.clone() }, drive_client(conn, open_rx, shutdown))
+        let (shutdown, ended) = (CancellationToken::new(), CancellationToken::new());
+        let client = MuxClient { open_tx, shutdown: shutdown.clone(), ended: ended.clone() };
+        (client, drive_client(conn, open_rx, shutdown, ended))
     }
 
-    /// Closes the connection now, for every clone: streams in use end with an error.
+    /// Closes the connection now, for every clone: streams in use end.
     pub fn close(&self) {
         self.shutdown.cancel();
     }
@@ -112,7 +118,7 @@ impl MuxClient {
         let (tx, rx) = oneshot::channel();
         self.open_tx.send(tx).map_err(|_| MuxError::Closed)?;
         let stream = rx.await.map_err(|_| MuxError::Closed)??;
-        Ok(framed(stream))
+        Ok(framed(stream, Some(self.ended.clone())))
     }
 
     /// Whether the connection has ended.
@@ -125,6 +131,7 @@ async fn drive_client<T>(
     mut conn: yamux::Connection<T>,
     mut open_rx: mpsc::UnboundedReceiver<OpenReply>,
     shutdown: CancellationToken,
+    connection_ended: CancellationToken,
 ) where
     T: futures::AsyncRead + futures::AsyncWrite + Unpin,
 {
@@ -180,6 +187,8 @@ async fn drive_client<T>(
     } else {
         let _ = poll_fn(|cx| conn.poll_close(cx)).await;
     }
+    drop(conn);
+    connection_ended.cancel();
 }
 
 /// The agent's side: accepts streams and runs `handler` on each until the connection ends.
@@ -193,7 +202,7 @@ where
     loop {
         match poll_fn(|cx| conn.poll_next_inbound(cx)).await {
             Some(Ok(stream)) => {
-                tokio::spawn(handler(framed(stream)));
+                tokio::spawn(handler(framed(stream, None)));
             }
             Some(Err(e)) => return Err(MuxError::Yamux(e.to_string())),
             None => return Ok(()),
@@ -240,6 +249,44 @@ mod tests {
         }
         drop(client);
         server.await.unwrap().unwrap();
+    }
+
+    /// A stream waiting for a reply when its connection is closed (the node letting go of a
+    /// sandbox before a checkpoint) sees its end instead of waiting for ever, even while the
+    /// agent keeps its end of the socket open (as spaced in a frozen sandbox does); so does
+    /// one waiting when every client handle goes.
+    #[tokio::test]
+    async fn streams_in_use_end_with_their_connection() {
+        for close in [true, false] {
+            let (mut a, mut b) = tokio::io::duplex(1 << 16);
+            let agent = tokio::spawn(async move {
+                handshake(&mut b, "spaced-test").await.unwrap();
+                // Reads everything, answers nothing, never lets go of the socket.
+                let mut sink = Vec::new();
+                let _ = b.read_to_end(&mut sink).await;
+                std::future::pending::<()>().await;
+            });
+            handshake(&mut a, "node-test").await.unwrap();
+            let (client, driver) = MuxClient::new(a);
+            tokio::spawn(driver);
+            let mut s = client.open().await.unwrap();
+            send_message(&mut s, &Request::Health).await.unwrap();
+            if close {
+                client.close();
+            } else {
+                drop(client);
+            }
+            // Not a timing assertion: the bound only turns a hang into a failure. Biased, so
+            // that the bound firing does not poll the read once more: what is checked is that
+            // the end wakes the read.
+            let read = tokio::select! {
+                biased;
+                () = tokio::time::sleep(std::time::Duration::from_secs(5)) => None,
+                read = next_frame(&mut s) => Some(read),
+            };
+            assert!(matches!(read, Some(Ok(None) | Err(_))), "close {close}: {read:?}");
+            agent.abort();
+        }
     }
 
     #[tokio::test]

@@ -50,6 +50,8 @@ const RESULT_CAP = 16 << 20;
 const REPLAY_BYTES = 1 << 20;
 /** Re-attaches of one handle after streams ended under it. */
 const MAX_REATTACH = 8;
+/** The first pause before attaching again to an agent out of reach; each next one is longer. */
+const REATTACH_PAUSE_MS = 250;
 
 /** Collects a command's output, decoded incrementally (a character split between two
  * frames stays whole). */
@@ -196,17 +198,34 @@ export class CommandHandle implements AsyncDisposable {
    * the replay lined up with what had arrived. */
   async #follow(first: ProcessStream, fed: Promise<void> | undefined): Promise<CommandResult> {
     let stream = first;
+    let generation = this.#ctx.streams.generation;
     for (let attempt = 0; ; attempt++) {
       try {
         const [exit] = await Promise.all([stream.exited, attempt === 0 ? fed : undefined]);
         return this.#output.result(this.pid, exit);
-      } catch (error) {
+      } catch (thrown) {
+        // Cut while a suspend or destroy of this session's own ran: that call says why.
+        const error = await this.#ctx.streams.explain(thrown, generation);
         const cut = error instanceof StreamInterruptedError || error instanceof SandboxUnavailableError;
         if (!cut || this.#disconnected || !this.#reattach || attempt >= MAX_REATTACH) throw error;
         this.#output.replayFollows();
-        stream = await this.#reattach();
+        generation = this.#ctx.streams.generation;
+        stream = await this.#attachAgain();
         this.#stream = stream;
         if (this.#disconnected) stream.close();
+      }
+    }
+  }
+
+  /** Attaches again; while the sandbox's agent is out of reach (another client's full
+   * snapshot holds it back) it waits a little and tries again. */
+  async #attachAgain(): Promise<ProcessStream> {
+    for (let tries = 1; ; tries++) {
+      try {
+        return await this.#reattach!();
+      } catch (error) {
+        if (!(error instanceof SandboxUnavailableError) || tries >= MAX_REATTACH) throw error;
+        await new Promise((resolve) => setTimeout(resolve, REATTACH_PAUSE_MS * tries));
       }
     }
   }
@@ -323,12 +342,15 @@ export class Commands {
       return new ProcessStream(socket, output.handlers, `running ${JSON.stringify(argv(cmd)[0])}`);
     });
     this.#ctx.streams.add(stream);
+    const generation = this.#ctx.streams.generation;
     try {
       ws.send(JSON.stringify(start));
       const pid = await stream.started;
       const fed = options.stdin === undefined ? Promise.resolve() : feed(stream, options.stdin);
       const [exit] = await Promise.all([stream.exited, fed]);
       return output.result(pid, exit);
+    } catch (error) {
+      throw await this.#ctx.streams.explain(error, generation);
     } finally {
       stream.close();
     }

@@ -1,7 +1,7 @@
 // What the parts of a session (commands, files, pty, ports) share.
 
 import type { ApiClient } from "./client.js";
-import type { SpaceError } from "./errors.js";
+import { SandboxUnavailableError, type SpaceError } from "./errors.js";
 
 /** A WebSocket stream of the session (exec, attach, pty, watch). */
 export interface SessionStream {
@@ -10,14 +10,21 @@ export interface SessionStream {
 }
 
 /** The session's open streams. Restore, suspend, full snapshots and destroy end them on the
- * server (docs/lifecycle.md), and the server does not always close their WebSockets then:
- * after such a call through this SDK they are ended here, so nothing waits forever. */
+ * server (docs/lifecycle.md): a stream the server ends then says only that the sandbox's
+ * agent went away. After such a call through this SDK the streams are ended here, with an
+ * error that says which call it was, and a stream the server ended while the call ran learns
+ * the same from `explain`. */
 export class SessionStreams {
   readonly #open = new Set<SessionStream>();
+  /** Calls of this session's own that end its streams, while they run. */
+  readonly #ending = new Set<Promise<unknown>>();
+  #generation = 0;
+  #lastEnd: SpaceError | undefined;
 
   add<T extends SessionStream>(stream: T): T {
     this.#open.add(stream);
-    void stream.closed.finally(() => this.#open.delete(stream));
+    // One that closes while an ending call runs stays here, so the call's end reaches it.
+    void stream.closed.finally(() => this.#settled().then(() => this.#open.delete(stream)));
     return stream;
   }
 
@@ -25,9 +32,40 @@ export class SessionStreams {
     return this.#open.size;
   }
 
+  /** Counts the streams ended so far; pass it to `explain`. */
+  get generation(): number {
+    return this.#generation;
+  }
+
+  /** Runs `call` (one that ends the session's streams and then calls `abortAll`), letting a
+   * stream cut while it runs wait for it in `explain`. */
+  async ending<T>(call: () => Promise<T>): Promise<T> {
+    const running = call();
+    this.#ending.add(running);
+    try {
+      return await running;
+    } finally {
+      this.#ending.delete(running);
+    }
+  }
+
+  /** Why a stream opened at `generation` was cut with `error`: the error a call of the
+   * session's own ended the streams with since (once it is over), else `error`. */
+  async explain(error: unknown, generation: number): Promise<unknown> {
+    if (!(error instanceof SandboxUnavailableError)) return error;
+    await this.#settled();
+    return this.#generation > generation && this.#lastEnd ? this.#lastEnd : error;
+  }
+
   abortAll(error: () => SpaceError): void {
+    this.#generation++;
+    this.#lastEnd = error();
     for (const stream of this.#open) stream.abort(error());
     this.#open.clear();
+  }
+
+  async #settled(): Promise<void> {
+    while (this.#ending.size > 0) await Promise.allSettled([...this.#ending]);
   }
 }
 

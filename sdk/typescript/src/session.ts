@@ -229,8 +229,10 @@ export class Session implements AsyncDisposable {
 
   /** Destroys the session and its sandbox (its snapshots go too). Fine if already destroyed. */
   async destroy(): Promise<void> {
-    await this.#call("DELETE", "");
-    this.#endStreams("destroyed");
+    await this.#streams.ending(async () => {
+      await this.#call("DELETE", "");
+      this.#endStreams("destroyed");
+    });
   }
 
   /** Ends the streams (commands, terminals, watches) open through this object after a call
@@ -261,21 +263,27 @@ export class Session implements AsyncDisposable {
 
   /** Saves processes, memory and files in a full snapshot and frees the sandbox; `resume()`
    * (or `Session.connect`) brings it back. */
-  async suspend(): Promise<SessionInfo> {
-    const info = await this.#call("POST", "/suspend");
-    this.#endStreams("suspended");
-    return info;
+  suspend(): Promise<SessionInfo> {
+    return this.#streams.ending(async () => {
+      const info = await this.#call("POST", "/suspend");
+      this.#endStreams("suspended");
+      return info;
+    });
   }
 
   /** Takes a snapshot: `disk` (the files; default) or `full` (processes and memory too). */
   async snapshot(options: { kind?: SnapshotKind; name?: string } = {}): Promise<Snapshot> {
     const request: Schemas["CreateSnapshotRequest"] = { kind: options.kind ?? null, name: options.name ?? null };
-    const snapshot = await this.client.json<Schemas["Snapshot"]>("POST", this.#path("/snapshots"), {
-      json: dropNulls(request),
-      idempotent: true,
-    });
-    if (snapshot.kind === "full") this.#endStreams("snapshotted with its processes (a full snapshot)", true);
-    return camelize<Schemas["Snapshot"]>(snapshot);
+    const take = async () => {
+      const snapshot = await this.client.json<Schemas["Snapshot"]>("POST", this.#path("/snapshots"), {
+        json: dropNulls(request),
+        idempotent: true,
+      });
+      if (snapshot.kind === "full") this.#endStreams("snapshotted with its processes (a full snapshot)", true);
+      return camelize<Schemas["Snapshot"]>(snapshot);
+    };
+    // A disk snapshot leaves the streams alone; one of the server's default kind may be full.
+    return options.kind === "disk" ? take() : this.#streams.ending(take);
   }
 
   /** The session's snapshots. */
@@ -293,9 +301,11 @@ export class Session implements AsyncDisposable {
   /** Puts the session back to `snapshot` (one of its own) in a new sandbox. */
   async restore(snapshot: Snapshot | string): Promise<SessionInfo> {
     const request: Schemas["RestoreRequest"] = { snapshot: snapshotId(snapshot) };
-    const info = await this.#call("POST", "/restore", request);
-    this.#endStreams("restored into a new sandbox");
-    return info;
+    return this.#streams.ending(async () => {
+      const info = await this.#call("POST", "/restore", request);
+      this.#endStreams("restored into a new sandbox");
+      return info;
+    });
   }
 
   /** Creates `count` (default 1) new sessions from a snapshot of this one (`from`, or one
@@ -303,14 +313,18 @@ export class Session implements AsyncDisposable {
   async fork(options: number | { count?: number; from?: Snapshot | string } = {}): Promise<Session[]> {
     const { count, from } = typeof options === "number" ? { count: options, from: undefined } : options;
     const request: Schemas["ForkRequest"] = { count: count ?? null, from: from === undefined ? null : snapshotId(from) };
-    const list = await this.client.json<Schemas["SessionList"]>("POST", this.#path("/fork"), {
-      json: dropNulls(request),
-      idempotent: true,
-    });
-    // A fork from now takes a full snapshot when the server can, which ends open streams.
-    if (from === undefined && this.#streams.size > 0 && (await this.#fullSnapshots())) {
-      this.#endStreams("forked from a full snapshot", true);
-    }
+    const fork = async () => {
+      const list = await this.client.json<Schemas["SessionList"]>("POST", this.#path("/fork"), {
+        json: dropNulls(request),
+        idempotent: true,
+      });
+      // A fork from now takes a full snapshot when the server can, which ends open streams.
+      if (from === undefined && this.#streams.size > 0 && (await this.#fullSnapshots())) {
+        this.#endStreams("forked from a full snapshot", true);
+      }
+      return list;
+    };
+    const list = from === undefined ? await this.#streams.ending(fork) : await fork();
     return list.sessions.map((info) => new Session(this.client, camelize<Schemas["Session"]>(info)));
   }
 

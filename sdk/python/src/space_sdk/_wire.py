@@ -16,7 +16,7 @@ import json
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .errors import BadRequestError, SpaceError, error_for, error_from_body
+from .errors import BadRequestError, SandboxUnavailableError, SpaceError, error_for, error_from_body
 from .models import CommandResult
 
 CHANNEL_STDOUT = 1
@@ -27,6 +27,10 @@ UPLOAD_CHUNK = 1 << 20
 """File-like objects are read (and uploaded) this many bytes at a time."""
 RING_CAPACITY = 1 << 20
 """Output ``spaced`` keeps per stream of a background process, replayed to a new attach."""
+MAX_REATTACH = 8
+"""Attaches again of one handle after its stream was cut, and tries of one attach."""
+REATTACH_PAUSE = 0.25
+"""Seconds before trying an attach again while the agent is out of reach (longer each time)."""
 
 Command = Union[str, Sequence[str]]
 User = Union[int, str, None]
@@ -192,6 +196,13 @@ def parse_text(text: str) -> Dict[str, Any]:
 def ws_error(message: Mapping[str, Any]) -> SpaceError:
     """The exception for an ``error`` message on a WebSocket (it carries a code, no status)."""
     return error_for(str(message.get("code") or ""), None, str(message.get("message") or "WebSocket error"))
+
+
+def is_cut(error: SpaceError) -> bool:
+    """Whether a stream that ended with ``error`` was only cut from its process, which goes on
+    (a full snapshot, a suspend or a restart lets go of the sandbox's agent): attach again to
+    learn more."""
+    return isinstance(error, SandboxUnavailableError)
 
 
 def replay_skip(output: Output) -> Dict[int, int]:

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Mapping, O
 from . import _wire
 from ._sync_ws import ExecStream, Stdin, connect
 from ._wire import Command, Duration, Output, User
-from .errors import CommandExitError, InvalidStateError, ProcessNotFoundError, SpaceError, TimeoutError
+from .errors import (
+    CommandExitError,
+    InvalidStateError,
+    ProcessNotFoundError,
+    SandboxUnavailableError,
+    SpaceError,
+    TimeoutError,
+)
 from .models import CommandResult, ProcessInfo
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -85,6 +92,7 @@ class CommandHandle:
         and so does a server restart) is replaced by a new one, which replays the output."""
         deadline = None if timeout is None else time.monotonic() + timeout
         probe = PROBE_FIRST
+        cuts = 0
         while self._finished() is None:
             stream = self._stream
             if stream is None:
@@ -94,7 +102,9 @@ class CommandHandle:
                 raise TimeoutError(f"process {self.pid} still runs after {timeout} s (it keeps running)")
             if stream.done.wait(probe if remaining is None else min(probe, remaining)):
                 if stream.error is not None:
-                    raise stream.error
+                    cuts += 1
+                    if not _wire.is_cut(stream.error) or cuts > _wire.MAX_REATTACH:
+                        raise stream.error
                 if stream.exit is None and not self._follow_again():
                     return self._check(self._gone(), check)
                 continue
@@ -117,10 +127,19 @@ class CommandHandle:
         old = self._stream
         assert old is not None
         old.close()
-        try:
-            ws = connect(self._session._transport, f"/v1/sessions/{self._session.id}/processes/{self.pid}/attach")
-        except ProcessNotFoundError:
-            return False
+        ws = None
+        for tries in range(1, _wire.MAX_REATTACH + 1):
+            try:
+                ws = connect(self._session._transport, f"/v1/sessions/{self._session.id}/processes/{self.pid}/attach")
+                break
+            except ProcessNotFoundError:
+                return False
+            except SandboxUnavailableError:
+                # The agent is out of reach for a moment (a full snapshot holds it back).
+                if tries == _wire.MAX_REATTACH:
+                    raise
+                time.sleep(_wire.REATTACH_PAUSE * tries)
+        assert ws is not None
         stream = ExecStream(ws, old.output)
         stream.started_at = old.started_at
         stream.skip = _wire.replay_skip(old.output)

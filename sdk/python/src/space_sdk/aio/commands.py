@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Mapping, O
 
 from .. import _wire
 from .._wire import Command, Duration, Output, User
-from ..errors import CommandExitError, InvalidStateError, ProcessNotFoundError, SpaceError, TimeoutError
+from ..errors import (
+    CommandExitError,
+    InvalidStateError,
+    ProcessNotFoundError,
+    SandboxUnavailableError,
+    SpaceError,
+    TimeoutError,
+)
 from ..models import CommandResult, ProcessInfo
 from ._ws import AsyncExecStream, connect
 
@@ -81,6 +88,7 @@ class AsyncCommandHandle:
         connection that ended or went stale before the exit is replaced (see the sync one)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         probe = PROBE_FIRST
+        cuts = 0
         while self._finished() is None:
             stream = self._stream
             if stream is None:
@@ -90,7 +98,9 @@ class AsyncCommandHandle:
                 raise TimeoutError(f"process {self.pid} still runs after {timeout} s (it keeps running)")
             if await _wait_event(stream.done, probe if remaining is None else min(probe, remaining)):
                 if stream.error is not None:
-                    raise stream.error
+                    cuts += 1
+                    if not _wire.is_cut(stream.error) or cuts > _wire.MAX_REATTACH:
+                        raise stream.error
                 if stream.exit is None and not await self._follow_again():
                     return self._check(await self._gone(), check)
                 continue
@@ -111,10 +121,19 @@ class AsyncCommandHandle:
         old = self._stream
         assert old is not None
         await old.close()
-        try:
-            ws = await connect(self._session._transport, f"/v1/sessions/{self._session.id}/processes/{self.pid}/attach")
-        except ProcessNotFoundError:
-            return False
+        ws = None
+        for tries in range(1, _wire.MAX_REATTACH + 1):
+            try:
+                ws = await connect(self._session._transport, f"/v1/sessions/{self._session.id}/processes/{self.pid}/attach")
+                break
+            except ProcessNotFoundError:
+                return False
+            except SandboxUnavailableError:
+                # The agent is out of reach for a moment (a full snapshot holds it back).
+                if tries == _wire.MAX_REATTACH:
+                    raise
+                await asyncio.sleep(_wire.REATTACH_PAUSE * tries)
+        assert ws is not None
         stream = AsyncExecStream(ws, old.output)
         stream.started_at = old.started_at
         stream.skip = _wire.replay_skip(old.output)
