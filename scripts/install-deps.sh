@@ -27,6 +27,9 @@ command -v python3 >/dev/null || install_missing -- python3 python3-venv
 # strings). Without recommends: QEMU's pull in display, audio and firmware packages that a
 # headless microvm never uses.
 install_missing --no-install-recommends -- qemu-system-x86 lz4 cpio binutils
+# PostgreSQL for the tests that run against it (scripts/with-postgres.sh starts a server of
+# their own; `space serve` needs none: SQLite is its default).
+install_missing --no-install-recommends -- postgresql
 if ! command -v cargo >/dev/null; then
   echo "cargo is missing: install the Rust toolchain (https://rustup.rs), version from rust-toolchain.toml" >&2
   exit 1

@@ -25,6 +25,9 @@ fi
 cargo build-spaced
 export SPACED_BIN="$PWD/target/x86_64-unknown-linux-gnu/release/spaced"
 cargo nextest run --workspace
+# The store's tests and the control plane's contract tests again, against PostgreSQL (a
+# server of their own, in a temporary directory) instead of SQLite.
+scripts/with-postgres.sh cargo nextest run -E 'package(space-store) | (package(space-control) & binary(contract))'
 # The suites that hold for both runtimes, again with every session a QEMU microvm (the vm
 # runtime; tests/vm.rs above checks what only a VM has).
 SPACE_TEST_RUNTIME=vm cargo nextest run -p space-cli --test exec --test files --test egress --test pool --test recovery --test ports --test-threads 2

@@ -20,6 +20,11 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
+    /// Database to keep the control plane's state in: `postgres://USER:PASSWORD@HOST:PORT/DB`
+    /// (docs/operations.md), or SQLite at DATA_DIR/space.db when not given. One `space serve`
+    /// per database.
+    #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
+    database: Option<String>,
     /// Template used when a session names none.
     #[arg(long, default_value = "debian")]
     default_template: String,
@@ -263,6 +268,7 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
     let gateway = gateway_config(&args)?;
     let config = ServerConfig {
         data_dir: data_dir.clone(),
+        database: args.database.clone(),
         listen: args.listen,
         key_file: args.key_file.clone().unwrap_or_else(|| data_dir.join("keys/master.key")),
         audit_retention: args.audit_retention.0,

@@ -40,6 +40,8 @@ pub use server::HttpLimits;
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub data_dir: PathBuf,
+    /// The database: `postgres://…`, or `None` for SQLite at `DATA_DIR/space.db`.
+    pub database: Option<String>,
     pub listen: SocketAddr,
     pub default_template: String,
     /// Runtime of sessions created without one.
@@ -130,7 +132,11 @@ pub async fn start(
     open_node: impl AsyncFnOnce(&str) -> Result<Arc<dyn NodeApi>, NodeError>,
 ) -> Result<AppState, StartError> {
     datadir::secure(&config.data_dir).map_err(context("securing the data directory"))?;
-    let store = Store::open_sqlite(&config.data_dir.join("space.db")).await.map_err(context("opening the database"))?;
+    let store = match &config.database {
+        Some(url) => Store::open(url).await,
+        None => Store::open_sqlite(&config.data_dir.join("space.db")).await,
+    }
+    .map_err(context("opening the database"))?;
     let node_id = store
         .meta_get_or_insert("node_id", NodeId::generate().as_str())
         .await

@@ -3,7 +3,7 @@
 
 use space_api::{KeyId, TenantId};
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use sqlx::any::AnyRow;
 
 use crate::{Result, Store, StoreError, now_ms, parse};
 
@@ -54,16 +54,16 @@ pub enum RevokeRefused {
 /// requests a key authenticates do not each cost a write.
 pub const LAST_USED_RESOLUTION_MS: i64 = 60_000;
 
-const KEY_COLUMNS: &str = "k.id, k.name, k.tenant_id, t.name, k.admin, k.created_at, k.last_used_at, k.expires_at, \
+const KEY_COLUMNS: &str = "k.id, k.name, k.tenant_id, t.name, CASE WHEN k.admin THEN 1 ELSE 0 END, k.created_at, k.last_used_at, k.expires_at, \
      k.revoked_at FROM api_keys k JOIN tenants t ON t.id = k.tenant_id";
 
-fn key_from_row(row: &SqliteRow) -> Result<KeyRecord> {
+fn key_from_row(row: &AnyRow) -> Result<KeyRecord> {
     Ok(KeyRecord {
         id: parse("key id", row.get::<&str, _>(0))?,
         name: row.get(1),
         tenant_id: parse("tenant id", row.get::<&str, _>(2))?,
         tenant: row.get(3),
-        admin: row.get(4),
+        admin: row.get::<i64, _>(4) != 0,
         created_at: row.get(5),
         last_used_at: row.get(6),
         expires_at: row.get(7),
@@ -143,14 +143,15 @@ impl Store {
     /// admin key in effect is refused.
     pub async fn revoke_key(&self, id: &KeyId) -> Result<std::result::Result<KeyRecord, RevokeRefused>> {
         let mut tx = self.write_tx().await?;
-        let admin: Option<bool> = sqlx::query_scalar("SELECT admin FROM api_keys WHERE id = $1")
-            .bind(id.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
+        let admin: Option<i64> =
+            sqlx::query_scalar("SELECT CASE WHEN admin THEN 1 ELSE 0 END FROM api_keys WHERE id = $1")
+                .bind(id.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
         let Some(admin) = admin else {
             return Ok(Err(RevokeRefused::NotFound));
         };
-        if admin && other_admin_keys(&mut tx, id).await? == 0 {
+        if admin != 0 && other_admin_keys(&mut tx, id).await? == 0 {
             return Ok(Err(RevokeRefused::LastAdminKey));
         }
         revoke_tx(&mut tx, id).await?;
@@ -179,7 +180,7 @@ impl Store {
     }
 }
 
-async fn insert_key_tx(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, new: &NewKey<'_>) -> Result<()> {
+async fn insert_key_tx(tx: &mut sqlx::Transaction<'_, sqlx::Any>, new: &NewKey<'_>) -> Result<()> {
     sqlx::query(
         "INSERT INTO api_keys (hash, id, name, tenant_id, admin, created_at, expires_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -197,7 +198,7 @@ async fn insert_key_tx(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, new: &NewKe
 }
 
 /// Revokes `id` if it is in effect; returns whether it was.
-async fn revoke_tx(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &KeyId) -> Result<bool> {
+async fn revoke_tx(tx: &mut sqlx::Transaction<'_, sqlx::Any>, id: &KeyId) -> Result<bool> {
     let done = sqlx::query("UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
         .bind(now_ms())
         .bind(id.as_str())
@@ -206,7 +207,7 @@ async fn revoke_tx(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &KeyId) -> 
     Ok(done.rows_affected() == 1)
 }
 
-async fn other_admin_keys(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &KeyId) -> Result<i64> {
+async fn other_admin_keys(tx: &mut sqlx::Transaction<'_, sqlx::Any>, id: &KeyId) -> Result<i64> {
     let now = now_ms();
     Ok(sqlx::query_scalar(
         "SELECT COUNT(*) FROM api_keys WHERE admin AND revoked_at IS NULL AND id <> $1 \

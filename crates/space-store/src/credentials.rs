@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use space_api::egress::Credential;
 use space_api::{CredentialId, SessionId, TenantId};
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use sqlx::any::AnyRow;
 
 use crate::{Result, Store, StoreError, now_ms, parse};
 
@@ -70,7 +70,7 @@ impl std::fmt::Debug for CredentialChange {
 
 const CREDENTIAL_COLUMNS: &str = "id, tenant_id, name, hosts, header, value_sealed, expires_at, rate_limit_per_min, placeholder_env, version, created_at, updated_at";
 
-fn credential_from_row(row: &SqliteRow) -> Result<CredentialRecord> {
+fn credential_from_row(row: &AnyRow) -> Result<CredentialRecord> {
     let hosts: &str = row.get(3);
     let credential = Credential {
         id: parse("credential id", row.get::<&str, _>(0))?,
@@ -355,7 +355,7 @@ fn remove_placeholder(vars: &mut BTreeMap<String, String>, env: &PlaceholderEnv)
 
 /// Read-modify-write of a session's environment inside `tx`.
 pub(crate) async fn edit_env(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     session: &SessionId,
     edit: impl FnOnce(&mut BTreeMap<String, String>),
 ) -> Result<()> {

@@ -1,8 +1,10 @@
 //! Durable state of the control plane.
 //!
-//! The control plane is stateless: everything it knows lives here. SQLite (WAL) is the
-//! embedded default; the statements are kept portable so a PostgreSQL backend can run the
-//! same schema (see docs/control-plane.md).
+//! The control plane is stateless: everything it knows lives here, in one of two backends
+//! that run the same statements (sqlx's `Any` driver): SQLite (WAL), the embedded default,
+//! and PostgreSQL, which control replicas share (see docs/control-plane.md). Only the
+//! schema's spelling (`migrations/sqlite`, `migrations/postgres`) and how a write
+//! transaction excludes the others ([`Backend`]) differ.
 
 mod audit;
 mod auth;
@@ -16,14 +18,16 @@ mod quotas;
 mod sealed;
 mod sessions;
 mod snapshots;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sqlx::SqlitePool;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use auth::{KeyRecord, LAST_USED_RESOLUTION_MS, NewKey, RevokeRefused};
 pub use credentials::{CredentialChange, CredentialRecord, NewCredential, PlaceholderEnv};
@@ -73,13 +77,27 @@ fn not_private_message(files: &[(PathBuf, u32)]) -> String {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+/// Which database a [`Store`] keeps its state in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// An advisory lock every PostgreSQL write transaction takes first (any number: it names
+/// the lock). Holding it makes write transactions one at a time, as SQLite's `BEGIN
+/// IMMEDIATE` does, so the checks they make before writing (quotas, the last admin key)
+/// hold across replicas. Single statements do not take it: each is atomic on its own.
+const PG_WRITE_LOCK: i64 = 0x7370_6163_6501;
+
 /// Handle to the database; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
     /// Readers.
-    pool: SqlitePool,
-    /// The only connection that writes.
-    writer: SqlitePool,
+    pool: AnyPool,
+    /// Writers: SQLite's only write connection; for PostgreSQL the same pool as `pool`.
+    writer: AnyPool,
+    backend: Backend,
 }
 
 /// Unix time in milliseconds.
@@ -87,25 +105,55 @@ pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
+/// Each SQLite connection's settings: WAL (readers beside the writer), fsync at checkpoints
+/// only, foreign keys enforced, and a writer that waits for the lock rather than failing.
+const SQLITE_PRAGMAS: &str =
+    "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 10000;";
+
 impl Store {
+    /// Opens the database `url` names: `postgres://…` (or `postgresql://…`), or
+    /// `sqlite://PATH` / a plain path for SQLite.
+    pub async fn open(url: &str) -> Result<Store> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Store::open_postgres(url).await
+        } else {
+            Store::open_sqlite(Path::new(url.strip_prefix("sqlite://").unwrap_or(url))).await
+        }
+    }
+
     /// Opens (creating if needed, mode 0600) the SQLite database at `path` and applies
     /// migrations. Refuses a database whose files group or others may access.
     pub async fn open_sqlite(path: &Path) -> Result<Store> {
+        sqlx::any::install_default_drivers();
         create_private(path)?;
-        let options = SqliteConnectOptions::from_str("sqlite:")?
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .foreign_keys(true)
-            .busy_timeout(std::time::Duration::from_secs(10));
+        let url = sqlx::sqlite::SqliteConnectOptions::new().filename(path).to_url_lossy();
+        let options = AnyConnectOptions::from_url(&url)?;
+        let configure = AnyPoolOptions::new().after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute(SQLITE_PRAGMAS).await?;
+                Ok(())
+            })
+        });
         // SQLite has one writer at a time. Writers that contend for its lock back off by
         // sleeping (1 ms and up), which dominated create latency; one write connection makes
         // them queue in the pool instead. Reads (WAL) run beside it on their own connections.
-        let writer = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
-        sqlx::migrate!("./migrations").run(&writer).await?;
-        let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
-        Ok(Store { pool, writer })
+        let writer = configure.clone().max_connections(1).connect_with(options.clone()).await?;
+        sqlx::migrate!("./migrations/sqlite").run(&writer).await?;
+        let pool = configure.max_connections(8).connect_with(options).await?;
+        Ok(Store { pool, writer, backend: Backend::Sqlite })
+    }
+
+    /// Connects to the PostgreSQL database at `url` and applies migrations (one replica at a
+    /// time: the migrator holds a lock while it runs).
+    pub async fn open_postgres(url: &str) -> Result<Store> {
+        sqlx::any::install_default_drivers();
+        let pool = AnyPoolOptions::new().max_connections(16).connect(url).await?;
+        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        Ok(Store { writer: pool.clone(), pool, backend: Backend::Postgres })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     pub async fn meta(&self, key: &str) -> Result<Option<String>> {
@@ -122,11 +170,19 @@ impl Store {
         self.meta(key).await?.ok_or_else(|| StoreError::Corrupt(format!("meta {key} vanished")))
     }
 
-    /// A write transaction that takes the write lock up front. A deferred transaction that
-    /// reads first and writes later fails at once with SQLITE_BUSY when another writer
-    /// committed in between (the busy timeout does not apply to that upgrade).
-    async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
-        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    /// A write transaction that takes the write lock up front. (SQLite: a deferred
+    /// transaction that reads first and writes later fails at once with SQLITE_BUSY when
+    /// another writer committed in between; the busy timeout does not apply to that upgrade.
+    /// PostgreSQL: see [`PG_WRITE_LOCK`].)
+    async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>> {
+        match self.backend {
+            Backend::Sqlite => Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?),
+            Backend::Postgres => {
+                let mut tx = self.writer.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(PG_WRITE_LOCK).execute(&mut *tx).await?;
+                Ok(tx)
+            }
+        }
     }
 
     pub async fn close(&self) {
@@ -169,16 +225,23 @@ fn parse<T: FromStr>(what: &str, value: &str) -> Result<T> {
     value.parse().map_err(|_| StoreError::Corrupt(format!("{what}: {value:?}")))
 }
 
+/// The store a test runs against: SQLite in a temporary directory, or, when
+/// `SPACE_TEST_POSTGRES_URL` names a PostgreSQL server, a new database on it
+/// (`scripts/with-postgres.sh` starts one and runs the store's tests under it).
 #[cfg(test)]
 pub(crate) async fn test_store() -> (Store, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sqlite(&dir.path().join("space.db")).await.unwrap();
+    let store = match testing::postgres_server() {
+        Some(server) => Store::open_postgres(&testing::create_database(&server).await.unwrap()).await.unwrap(),
+        None => Store::open_sqlite(&dir.path().join("space.db")).await.unwrap(),
+    };
     (store, dir)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
     fn mode(path: &Path) -> u32 {
         std::fs::metadata(path).unwrap().permissions().mode() & 0o777
@@ -218,7 +281,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let old = dir.path().join("migrations");
         std::fs::create_dir(&old).unwrap();
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
         for entry in std::fs::read_dir(&source).unwrap() {
             let name = entry.unwrap().file_name();
             if name.to_string_lossy().as_ref() < "0012" {
@@ -255,7 +318,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let old = dir.path().join("migrations");
         std::fs::create_dir(&old).unwrap();
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
         for name in
             ["0001_init.sql", "0002_snapshots.sql", "0003_lifetime.sql", "0004_egress.sql", "0005_audit_time.sql"]
         {

@@ -128,7 +128,7 @@ impl Store {
 
 /// The rows of one session of [`Store::insert_sessions_with_egress`], in its transaction.
 async fn insert_with_egress_tx(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     new: &NewSession,
     egress: &NewSessionEgress,
 ) -> Result<OperationId> {

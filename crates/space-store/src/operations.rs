@@ -2,9 +2,9 @@
 
 use space_api::{ErrorCode, Operation, OperationId, OperationState, Progress, SessionId, TenantId};
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use sqlx::any::AnyRow;
 
-use crate::{Result, Store, StoreError, now_ms, parse};
+use crate::{Backend, Result, Store, StoreError, now_ms, parse};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OperationKind {
@@ -78,7 +78,7 @@ pub struct OperationRecord {
     pub tenant_id: TenantId,
 }
 
-fn op_from_row(row: &SqliteRow) -> Result<OperationRecord> {
+fn op_from_row(row: &AnyRow) -> Result<OperationRecord> {
     let kind: &str = row.get(1);
     let progress: Option<&str> = row.get(5);
     let operation = Operation {
@@ -101,7 +101,7 @@ fn op_from_row(row: &SqliteRow) -> Result<OperationRecord> {
     })
 }
 
-pub(crate) async fn insert_operation(conn: &mut sqlx::SqliteConnection, new: &NewOperation) -> Result<OperationId> {
+pub(crate) async fn insert_operation(conn: &mut sqlx::AnyConnection, new: &NewOperation) -> Result<OperationId> {
     let id = OperationId::generate();
     let now = now_ms();
     sqlx::query(
@@ -131,11 +131,18 @@ impl Store {
         row.map(|r| op_from_row(&r).map(|o| o.operation)).transpose()
     }
 
-    /// Claims the oldest pending operation (pending → running).
+    /// Claims the oldest pending operation (pending → running). On PostgreSQL replicas that
+    /// claim at once each take a different one: a row another has locked is skipped, not
+    /// waited for.
     pub async fn claim_operation(&self) -> Result<Option<OperationRecord>> {
+        let skip_locked = match self.backend {
+            Backend::Postgres => " FOR UPDATE SKIP LOCKED",
+            Backend::Sqlite => "",
+        };
         let sql = format!(
             "UPDATE operations SET state = 'running', updated_at = $1
-             WHERE id = (SELECT id FROM operations WHERE state = 'pending' ORDER BY created_at, id LIMIT 1)
+             WHERE state = 'pending' AND id = (SELECT id FROM operations WHERE state = 'pending' \
+             ORDER BY created_at, id LIMIT 1{skip_locked})
              RETURNING {OP_COLUMNS}"
         );
         let row = sqlx::query(&sql).bind(now_ms()).fetch_optional(&self.writer).await?;

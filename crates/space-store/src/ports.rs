@@ -22,7 +22,7 @@ pub struct PortRecord {
 const SELECT: &str = "SELECT p.port, p.public, p.token_hash, p.created_at, s.tenant_id FROM session_ports p \
      JOIN sessions s ON s.id = p.session_id";
 
-fn record(row: &sqlx::sqlite::SqliteRow) -> Result<PortRecord> {
+fn record(row: &sqlx::any::AnyRow) -> Result<PortRecord> {
     Ok(PortRecord {
         port: row.get::<i64, _>(0).try_into().map_err(|_| StoreError::Corrupt("a port out of range".into()))?,
         public: row.get::<i64, _>(1) != 0,

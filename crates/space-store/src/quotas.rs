@@ -8,8 +8,8 @@
 //!
 //! Atomic against concurrent creates: the check reads the usage in the write transaction
 //! that inserts the session (or moves it to `restoring`), so two creates cannot both see
-//! room for one. SQLite's `BEGIN IMMEDIATE` serialises writers; the PostgreSQL backend must
-//! lock the tenant's quota row (`SELECT … FOR UPDATE`) at the start of the same check.
+//! room for one: write transactions run one at a time (SQLite's `BEGIN IMMEDIATE`, and on
+//! PostgreSQL the advisory lock `Store::write_tx` takes).
 
 use std::fmt;
 
@@ -130,7 +130,7 @@ impl fmt::Display for QuotaExceeded {
     }
 }
 
-type Tx<'a> = sqlx::Transaction<'a, sqlx::Sqlite>;
+type Tx<'a> = sqlx::Transaction<'a, sqlx::Any>;
 
 impl Store {
     /// Replaces `tenant`'s quota (all four limits; `None` is unlimited).
@@ -199,14 +199,14 @@ fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-async fn limits_of(conn: &mut sqlx::SqliteConnection, tenant: &TenantId) -> Result<Option<StoredLimits>> {
+async fn limits_of(conn: &mut sqlx::AnyConnection, tenant: &TenantId) -> Result<Option<StoredLimits>> {
     let row = sqlx::query(
         "SELECT max_sessions, max_cpu_millis, max_memory_mib, max_disk_mib FROM tenant_quotas WHERE tenant_id = $1",
     )
     .bind(tenant.as_str())
     .fetch_optional(&mut *conn)
     .await?;
-    let get = |row: &sqlx::sqlite::SqliteRow, i| row.get::<Option<i64>, _>(i).map(|n| n.max(0) as u64);
+    let get = |row: &sqlx::any::AnyRow, i| row.get::<Option<i64>, _>(i).map(|n| n.max(0) as u64);
     Ok(row.map(|r| StoredLimits {
         sessions: get(&r, 0),
         cpu_millis: get(&r, 1),
@@ -217,7 +217,7 @@ async fn limits_of(conn: &mut sqlx::SqliteConnection, tenant: &TenantId) -> Resu
 
 /// What `tenant`'s sessions count now (`disk_mib` is `Some` even when some have no limit:
 /// those count 0).
-async fn usage_of(conn: &mut sqlx::SqliteConnection, tenant: &TenantId) -> Result<Demand> {
+async fn usage_of(conn: &mut sqlx::AnyConnection, tenant: &TenantId) -> Result<Demand> {
     let rows = sqlx::query("SELECT state, resources FROM sessions WHERE tenant_id = $1 AND state <> 'destroyed'")
         .bind(tenant.as_str())
         .fetch_all(&mut *conn)

@@ -7,7 +7,7 @@ use space_api::{
     SnapshotId, SnapshotPolicy, TenantId,
 };
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use sqlx::any::AnyRow;
 
 use crate::operations::insert_operation;
 use crate::quotas::{Demand, check_quota_tx, counts_sandbox};
@@ -94,13 +94,13 @@ pub struct SandboxRecord {
     pub pid: Option<u32>,
 }
 
-const SESSION_COLUMNS: &str = "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at, source_snapshot, snapshot_policy, lifetime, runtime, name, labels, metadata, auto_resume, (SELECT t.name FROM tenants t WHERE t.id = sessions.tenant_id)";
+const SESSION_COLUMNS: &str = "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at, source_snapshot, snapshot_policy, lifetime, runtime, name, labels, metadata, CASE WHEN auto_resume THEN 1 ELSE 0 END, (SELECT t.name FROM tenants t WHERE t.id = sessions.tenant_id)";
 
 fn json_map(text: &str) -> Result<BTreeMap<String, String>> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
-fn session_from_row(row: &SqliteRow) -> Result<SessionRecord> {
+fn session_from_row(row: &AnyRow) -> Result<SessionRecord> {
     let state: &str = row.get(4);
     let resources: &str = row.get(5);
     let env: &str = row.get(6);
@@ -129,7 +129,7 @@ fn session_from_row(row: &SqliteRow) -> Result<SessionRecord> {
         name: row.get(15),
         labels: json_map(row.get(16))?,
         metadata: json_map(row.get(17))?,
-        auto_resume: row.get(18),
+        auto_resume: row.get::<i64, _>(18) != 0,
         tenant: row.get::<Option<String>, _>(19).unwrap_or_default(),
     };
     let source: Option<&str> = row.get(11);
@@ -498,7 +498,7 @@ impl Store {
 
 /// The rows of [`Store::insert_session`], inside the caller's transaction.
 pub(crate) async fn insert_session_tx(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     new: &NewSession,
 ) -> Result<OperationId> {
     check_quota_tx(tx, &new.tenant_id, &Demand::new_session(&new.resources)).await?;
@@ -538,7 +538,7 @@ pub(crate) async fn insert_session_tx(
 }
 
 async fn insert_labels(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     id: &SessionId,
     labels: &BTreeMap<String, String>,
 ) -> Result<()> {
@@ -554,7 +554,7 @@ async fn insert_labels(
 }
 
 pub(crate) async fn insert_event(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     id: &SessionId,
     kind: &str,
     from: Option<SessionState>,

@@ -3,7 +3,7 @@
 
 use space_api::{SessionId, Snapshot, SnapshotId, SnapshotKind, TenantId};
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use sqlx::any::AnyRow;
 
 use crate::{Result, Store, StoreError, now_ms, parse};
 
@@ -21,7 +21,7 @@ const COLUMNS: &str = "id, session_id, kind, name, parent, size_bytes, created_a
 /// `size_bytes` of a snapshot not measured yet.
 const UNMEASURED: i64 = -1;
 
-fn snapshot_from_row(row: &SqliteRow) -> Result<Snapshot> {
+fn snapshot_from_row(row: &AnyRow) -> Result<Snapshot> {
     let kind: &str = row.get(2);
     let parent: Option<&str> = row.get(4);
     Ok(Snapshot {

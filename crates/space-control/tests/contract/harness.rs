@@ -245,6 +245,7 @@ async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeA
     let metrics_url = format!("http://{}", metrics.local_addr().expect("the port"));
     let config = ServerConfig {
         key_file: data_dir.join("keys/master.key"),
+        database: database(&data_dir).await,
         data_dir,
         listen: listener.local_addr().expect("the port"),
         default_template: "busybox".into(),
@@ -263,6 +264,20 @@ async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeA
     tokio::spawn(space_control::serve_metrics(state.clone(), metrics, std::future::pending()));
     tokio::spawn(space_control::serve(state, listener, std::future::pending()));
     (format!("http://{}", config.listen), metrics_url)
+}
+
+/// The database of the server on `data_dir`: SQLite in it, or, when the tests run under
+/// `scripts/with-postgres.sh`, a PostgreSQL database of its own, made at its first start and
+/// named in `DATA_DIR/database-url` for the starts after a crash.
+async fn database(data_dir: &std::path::Path) -> Option<String> {
+    let server = space_store::testing::postgres_server()?;
+    let file = data_dir.join("database-url");
+    if let Ok(url) = std::fs::read_to_string(&file) {
+        return Some(url);
+    }
+    let url = space_store::testing::create_database(&server).await.expect("a database on the test server");
+    std::fs::write(&file, &url).expect("writing the database URL");
+    Some(url)
 }
 
 /// (code, message) of an error envelope; panics on anything else.
