@@ -30,6 +30,9 @@ pub enum ErrorCode {
     /// The server lacks what the feature needs (e.g. CRIU for full snapshots).
     FeatureUnavailable,
     SandboxUnavailable,
+    /// The control plane's database could not be reached, or was too busy to answer in time
+    /// (HTTP 503, with `Retry-After`): retry the request later.
+    DatabaseUnavailable,
     FileNotFound,
     FileExists,
     NotADirectory,
@@ -95,7 +98,7 @@ impl ErrorCode {
             ErrorCode::LimitExceeded | ErrorCode::QuotaExceeded => 429,
             ErrorCode::FeatureUnavailable => 501,
             ErrorCode::PortNotListening => 502,
-            ErrorCode::SandboxUnavailable => 503,
+            ErrorCode::SandboxUnavailable | ErrorCode::DatabaseUnavailable => 503,
             ErrorCode::StorageFull | ErrorCode::DiskQuotaExceeded => 507,
             ErrorCode::Timeout => 504,
             ErrorCode::Internal => 500,

@@ -46,9 +46,16 @@ impl IntoResponse for AppError {
         if status.is_server_error() {
             tracing::warn!(code = ?self.0.code, message = %self.0.message, "request failed");
         }
-        (status, Json(self.0.body())).into_response()
+        let mut response = (status, Json(self.0.body())).into_response();
+        if self.0.code == ErrorCode::DatabaseUnavailable {
+            response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static(DATABASE_RETRY_AFTER));
+        }
+        response
     }
 }
+
+/// Seconds a client is told to wait before retrying a request the database could not serve.
+const DATABASE_RETRY_AFTER: &str = "2";
 
 impl From<ApiError> for AppError {
     fn from(e: ApiError) -> Self {
@@ -60,6 +67,13 @@ impl From<space_store::StoreError> for AppError {
     fn from(e: space_store::StoreError) -> Self {
         match e {
             space_store::StoreError::QuotaExceeded(over) => quota_exceeded(&over),
+            e if e.is_unavailable() => AppError::new(
+                ErrorCode::DatabaseUnavailable,
+                format!(
+                    "the control plane's database cannot be reached right now ({e}); retry in a few seconds \
+                     (a request that changes something with the same Idempotency-Key, which makes the retry safe)"
+                ),
+            ),
             e => AppError::internal(format!("database error: {e}")),
         }
     }

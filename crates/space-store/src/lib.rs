@@ -64,6 +64,48 @@ pub enum StoreError {
     NotPrivate(Vec<(PathBuf, u32)>),
 }
 
+impl StoreError {
+    /// Whether the database could not be reached, or was too busy to answer in time: the
+    /// same request may succeed later, unlike one the database refused.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Db(e) => unavailable(e),
+            _ => false,
+        }
+    }
+}
+
+/// See [`StoreError::is_unavailable`]: connections that failed, broke off mid-message (a
+/// protocol error: a server or proxy that closed the connection during the handshake) or
+/// could not be had, SQLite's busy and locked (after its busy timeout), and PostgreSQL's
+/// connection exceptions (SQLSTATE class 08), shutdowns and refusals to take a connection
+/// (57P01-57P03, 53300).
+fn unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed => true,
+        sqlx::Error::Database(db) => {
+            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                let code = pg.code();
+                code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
+            } else if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                // The primary result code is the low byte of the extended one.
+                let code = db.code().and_then(|c| c.parse::<i32>().ok()).unwrap_or(0);
+                matches!(code & 0xff, SQLITE_BUSY | SQLITE_LOCKED)
+            } else {
+                false
+            }
+        }
+        _ => false,
+    }
+}
+
+const SQLITE_BUSY: i32 = 5;
+const SQLITE_LOCKED: i32 = 6;
+
 fn not_private_message(files: &[(PathBuf, u32)]) -> String {
     let list = files.iter().map(|(p, mode)| format!("{} (mode {mode:04o})", p.display())).collect::<Vec<_>>();
     let paths = files.iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>();
@@ -147,7 +189,13 @@ impl Store {
     /// time: the migrator holds a lock while it runs).
     pub async fn open_postgres(url: &str) -> Result<Store> {
         sqlx::any::install_default_drivers();
-        let pool = AnyPoolOptions::new().max_connections(16).connect(url).await?;
+        // A request waits this long for a connection while the server is unreachable, then
+        // fails as unavailable (503) instead of hanging.
+        let pool = AnyPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(std::time::Duration::from_secs(5))
+            .connect(url)
+            .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
         Ok(Store { writer: pool.clone(), pool, backend: Backend::Postgres })
     }
@@ -273,6 +321,26 @@ mod tests {
         assert!(err.contains(&format!("{}-wal (mode 0640)", db.display())), "{err}");
         std::fs::set_permissions(&wal, std::fs::Permissions::from_mode(0o600)).unwrap();
         Store::open_sqlite(&path).await.unwrap().close().await;
+    }
+
+    /// A PostgreSQL URL with `sslmode=verify-full` checks the server's certificate against
+    /// its `sslrootcert`: a server whose certificate another CA signed is refused. On the
+    /// PostgreSQL pass only (scripts/with-postgres.sh, whose server takes TLS connections
+    /// only and names a second CA); SQLite has no connection to secure.
+    #[tokio::test]
+    async fn a_postgres_server_whose_certificate_the_url_does_not_trust_is_refused() {
+        let (Some(server), Ok(other_ca)) = (testing::postgres_server(), std::env::var("SPACE_TEST_POSTGRES_OTHER_CA"))
+        else {
+            return;
+        };
+        let (before, after) = server.split_once("sslrootcert=").expect("the test server's URL names its CA");
+        let rest = after.split_once('&').map(|(_, rest)| format!("&{rest}")).unwrap_or_default();
+        let err = Store::open_postgres(&format!("{before}sslrootcert={other_ca}{rest}")).await.unwrap_err();
+        // rustls's verdict, as sqlx reports it (an I/O error of kind InvalidData).
+        assert!(matches!(&err, StoreError::Db(sqlx::Error::Io(_) | sqlx::Error::Tls(_))), "{err:?}");
+        assert!(err.to_string().contains("invalid peer certificate: UnknownIssuer"), "{err}");
+        // The right CA still connects.
+        Store::open_postgres(&server).await.unwrap().close().await;
     }
 
     /// Keys from before they had ids get one from their hash, and their tenant's name.

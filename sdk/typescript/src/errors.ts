@@ -55,6 +55,10 @@ export class InternalError extends SpaceError {}
 export class FeatureUnavailableError extends SpaceError {}
 export class BadGatewayError extends SpaceError {}
 export class SandboxUnavailableError extends SpaceError {}
+/** The server's database could not be reached, or was too busy to answer in time: retry
+ * after a few seconds (the response's `Retry-After`); calls that change something are safe to
+ * retry with the same `Idempotency-Key`. */
+export class DatabaseUnavailableError extends SpaceError {}
 export class TimeoutError extends SpaceError {}
 export class InsufficientStorageError extends SpaceError {}
 
@@ -158,6 +162,7 @@ export const ERROR_CLASSES = {
   feature_unavailable: FeatureUnavailableError,
   port_not_listening: PortNotListeningError,
   sandbox_unavailable: SandboxUnavailableError,
+  database_unavailable: DatabaseUnavailableError,
   timeout: TimeoutError,
   storage_full: StorageFullError,
   disk_quota_exceeded: DiskQuotaExceededError,
@@ -174,7 +179,8 @@ export const ERROR_STATUS: Record<string, number> = {
   conflict: 409, invalid_state: 409, session_suspended: 409, idempotency_conflict: 409, file_exists: 409,
   payload_too_large: 413, uri_too_long: 414, headers_too_large: 431,
   limit_exceeded: 429, quota_exceeded: 429,
-  internal: 500, feature_unavailable: 501, port_not_listening: 502, sandbox_unavailable: 503, timeout: 504,
+  internal: 500, feature_unavailable: 501, port_not_listening: 502, sandbox_unavailable: 503,
+  database_unavailable: 503, timeout: 504,
   storage_full: 507, disk_quota_exceeded: 507,
 };
 

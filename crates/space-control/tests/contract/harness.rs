@@ -268,16 +268,21 @@ async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeA
 
 /// The database of the server on `data_dir`: SQLite in it, or, when the tests run under
 /// `scripts/with-postgres.sh`, a PostgreSQL database of its own, made at its first start and
-/// named in `DATA_DIR/database-url` for the starts after a crash.
+/// named in `DATA_DIR/database-url` for the starts after a crash, and reached through a proxy
+/// ([`crate::database::Outage`]).
 async fn database(data_dir: &std::path::Path) -> Option<String> {
     let server = space_store::testing::postgres_server()?;
     let file = data_dir.join("database-url");
-    if let Ok(url) = std::fs::read_to_string(&file) {
-        return Some(url);
-    }
-    let url = space_store::testing::create_database(&server).await.expect("a database on the test server");
-    std::fs::write(&file, &url).expect("writing the database URL");
-    Some(url)
+    let url = match std::fs::read_to_string(&file) {
+        Ok(url) => url,
+        Err(_) => {
+            let url = space_store::testing::create_database(&server).await.expect("a database on the test server");
+            std::fs::write(&file, &url).expect("writing the database URL");
+            url
+        }
+    };
+    // Through a proxy of the test's, which can cut the server off its database.
+    Some(crate::database::through_proxy(data_dir, &url))
 }
 
 /// (code, message) of an error envelope; panics on anything else.

@@ -38,6 +38,7 @@ __all__ = [
     "FeatureUnavailableError",
     "PortNotListeningError",
     "SandboxUnavailableError",
+    "DatabaseUnavailableError",
     "InternalServerError",
     "TimeoutError",
     "CommandExitError",
@@ -168,6 +169,12 @@ class SandboxUnavailableError(SpaceError):
     """503: the session's sandbox could not be reached."""
 
 
+class DatabaseUnavailableError(SpaceError):
+    """503: the server's database could not be reached, or was too busy to answer in time.
+    Retry after a few seconds (the response's ``Retry-After``); calls that change something
+    are safe to retry with the same ``Idempotency-Key``."""
+
+
 class InternalServerError(SpaceError):
     """500: a fault of the server; the message says what failed."""
 
@@ -236,6 +243,7 @@ CODE_CLASSES: Dict[str, Tuple[Type[SpaceError], int]] = {
     "feature_unavailable": (FeatureUnavailableError, 501),
     "port_not_listening": (PortNotListeningError, 502),
     "sandbox_unavailable": (SandboxUnavailableError, 503),
+    "database_unavailable": (DatabaseUnavailableError, 503),
     "storage_full": (StorageFullError, 507),
     "disk_quota_exceeded": (DiskQuotaExceededError, 507),
     "timeout": (TimeoutError, 504),

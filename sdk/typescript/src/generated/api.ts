@@ -1119,10 +1119,10 @@ export interface components {
             error: components["schemas"]["ErrorDetail"];
         };
         /**
-         * @description Stable machine-readable error codes; never renamed once released. Each is answered with one HTTP status: 400: bad_request, unknown_template, runtime_unavailable, not_a_directory, is_a_directory, directory_not_empty, port_reserved; 401: unauthorized, key_revoked, key_expired; 403: forbidden, permission_denied; 404: not_found, snapshot_not_found, credential_not_found, file_not_found, no_such_process; 405: method_not_allowed; 408: request_timeout; 409: conflict, invalid_state, session_suspended, idempotency_conflict, file_exists; 413: payload_too_large; 414: uri_too_long; 429: limit_exceeded, quota_exceeded; 431: headers_too_large; 500: internal; 501: feature_unavailable; 502: port_not_listening; 503: sandbox_unavailable; 504: timeout; 507: storage_full, disk_quota_exceeded.
+         * @description Stable machine-readable error codes; never renamed once released. Each is answered with one HTTP status: 400: bad_request, unknown_template, runtime_unavailable, not_a_directory, is_a_directory, directory_not_empty, port_reserved; 401: unauthorized, key_revoked, key_expired; 403: forbidden, permission_denied; 404: not_found, snapshot_not_found, credential_not_found, file_not_found, no_such_process; 405: method_not_allowed; 408: request_timeout; 409: conflict, invalid_state, session_suspended, idempotency_conflict, file_exists; 413: payload_too_large; 414: uri_too_long; 429: limit_exceeded, quota_exceeded; 431: headers_too_large; 500: internal; 501: feature_unavailable; 502: port_not_listening; 503: sandbox_unavailable, database_unavailable; 504: timeout; 507: storage_full, disk_quota_exceeded.
          * @enum {string}
          */
-        ErrorCode: "bad_request" | "unauthorized" | "key_revoked" | "key_expired" | "forbidden" | "not_found" | "conflict" | "invalid_state" | "session_suspended" | "idempotency_conflict" | "payload_too_large" | "unknown_template" | "runtime_unavailable" | "snapshot_not_found" | "credential_not_found" | "feature_unavailable" | "sandbox_unavailable" | "file_not_found" | "file_exists" | "not_a_directory" | "is_a_directory" | "directory_not_empty" | "permission_denied" | "no_such_process" | "timeout" | "internal" | "method_not_allowed" | "request_timeout" | "uri_too_long" | "headers_too_large" | "limit_exceeded" | "storage_full" | "disk_quota_exceeded" | "port_not_listening" | "port_reserved" | "quota_exceeded";
+        ErrorCode: "bad_request" | "unauthorized" | "key_revoked" | "key_expired" | "forbidden" | "not_found" | "conflict" | "invalid_state" | "session_suspended" | "idempotency_conflict" | "payload_too_large" | "unknown_template" | "runtime_unavailable" | "snapshot_not_found" | "credential_not_found" | "feature_unavailable" | "sandbox_unavailable" | "database_unavailable" | "file_not_found" | "file_exists" | "not_a_directory" | "is_a_directory" | "directory_not_empty" | "permission_denied" | "no_such_process" | "timeout" | "internal" | "method_not_allowed" | "request_timeout" | "uri_too_long" | "headers_too_large" | "limit_exceeded" | "storage_full" | "disk_quota_exceeded" | "port_not_listening" | "port_reserved" | "quota_exceeded";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
@@ -3161,7 +3161,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3768,7 +3768,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3890,7 +3890,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4032,7 +4032,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4176,7 +4176,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4341,7 +4341,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4501,7 +4501,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4648,7 +4648,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4813,7 +4813,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4973,7 +4973,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5139,7 +5139,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5271,7 +5271,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5361,7 +5361,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5553,7 +5553,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5659,7 +5659,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5915,7 +5915,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6003,7 +6003,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6217,7 +6217,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6340,7 +6340,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6471,7 +6471,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6620,7 +6620,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6760,7 +6760,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6999,7 +6999,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7177,7 +7177,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7266,7 +7266,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7389,7 +7389,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7620,7 +7620,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
