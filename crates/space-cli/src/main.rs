@@ -103,10 +103,19 @@ enum Command {
     /// Show or size the warm pool of ready sandboxes.
     #[command(subcommand)]
     Pool(PoolCommand),
+    /// The nodes that run sandboxes (needs the admin key).
+    #[command(subcommand)]
+    Node(NodeCommand),
     /// Measure create and exec latency through the API.
     Bench(bench::BenchArgs),
     /// Serve sessions as MCP tools to AI agents (stdio, or streamable HTTP with --listen).
     Mcp(mcp::McpArgs),
+}
+
+#[derive(Subcommand)]
+enum NodeCommand {
+    /// Every node: state (ready while its lease holds, lost after), capacity, sessions, pools.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -209,6 +218,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let path = format!("/v1/pool/{}", client::encode(&template));
             let pool = client.put_json(&path, &space_api::SetPoolSizeRequest { size, runtime }).await?;
             output::print_pool(&pool, json)?;
+        }
+        Command::Node(NodeCommand::List) => {
+            output::print_nodes(&client.get_json("/v1/nodes").await?, json)?;
         }
         Command::Status => {
             let status: space_api::Status = client.get_json("/v1/status").await?;

@@ -229,6 +229,33 @@ pub fn print_status(status: &Status, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The nodes: state, capacity, sessions, each template pool's ready/size, last heartbeat.
+pub fn print_nodes(list: &space_api::NodeList, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(list);
+    }
+    let rows: Vec<Vec<String>> = list
+        .nodes
+        .iter()
+        .map(|n| {
+            let pools: Vec<String> =
+                n.pool.iter().map(|p| format!("{}:{} {}/{}", p.template, p.runtime, p.ready, p.size)).collect();
+            vec![
+                n.id.clone(),
+                serde_json::to_value(n.state).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+                n.address.clone().unwrap_or_else(|| "(in process)".into()),
+                n.capacity.cpus.to_string(),
+                format!("{} MiB", n.capacity.memory_mib),
+                n.sessions.to_string(),
+                pools.join(", "),
+                rfc3339(n.heartbeat_at),
+            ]
+        })
+        .collect();
+    print_table(&["ID", "STATE", "ADDRESS", "CPUS", "MEMORY", "SESSIONS", "POOL (READY/SIZE)", "HEARTBEAT"], &rows);
+    Ok(())
+}
+
 pub fn print_pool(pool: &PoolStatus, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(pool);

@@ -13,6 +13,7 @@ pub mod error;
 pub mod idempotency;
 pub mod keys;
 pub mod metrics;
+pub mod nodes;
 pub mod observe;
 mod proxy;
 pub mod reconciler;
@@ -176,6 +177,9 @@ pub async fn start(
     recovery::recover(&state).await.map_err(context("recovering from the previous run"))?;
     // Before the reconciler: every sandbox it starts or restores joins its session's egress.
     egress::push_all(&state).await;
+    // The node is there from the start: its first heartbeat is written before the API serves.
+    nodes::heartbeat(&state).await.map_err(context("recording the node's heartbeat"))?;
+    nodes::spawn_heartbeats(state.clone());
     // Only after recovery: its sweep destroys every sandbox no session owns, pods included.
     state.node.clone().start_background();
     reconciler.spawn(state.clone());

@@ -159,6 +159,9 @@ pub trait NodeApi: EgressControl + 'static {
         available
     }
 
+    /// What the node's host has to run sandboxes with.
+    fn capacity(&self) -> space_api::NodeCapacity;
+
     // Runtimes.
 
     /// Every runtime and whether this node can run it (and why not).

@@ -117,6 +117,8 @@ pub struct SimConfig {
     pub checkpoints: Result<String, String>,
     /// Whether the node runs `vm` sandboxes, or why not (`linux` always runs).
     pub vm: Result<String, String>,
+    /// What `capacity` answers.
+    pub capacity: space_api::NodeCapacity,
 }
 
 impl Default for SimConfig {
@@ -126,6 +128,7 @@ impl Default for SimConfig {
             pool: BTreeMap::new(),
             checkpoints: Ok("simulated checkpoints".into()),
             vm: Ok("simulated virtual machines".into()),
+            capacity: space_api::NodeCapacity { cpus: 4, memory_mib: 8192 },
         }
     }
 }

@@ -106,6 +106,10 @@ impl NodeApi for SimNode {
         self.state().pool.status()
     }
 
+    fn capacity(&self) -> space_api::NodeCapacity {
+        self.state().config.capacity
+    }
+
     async fn start_sandbox(
         &self,
         id: &SandboxId,

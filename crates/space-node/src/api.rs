@@ -106,6 +106,10 @@ impl NodeApi for Node {
         Node::pool_status(self)
     }
 
+    fn capacity(&self) -> space_api::NodeCapacity {
+        host_capacity()
+    }
+
     async fn start_sandbox(
         &self,
         id: &SandboxId,
@@ -251,4 +255,16 @@ impl NodeApi for Node {
     async fn connect_port(&self, sandbox: &SandboxId, port: u16) -> Result<api::PortStream> {
         Ok(Box::new(Node::connect_port(self, sandbox, port).await?))
     }
+}
+
+/// The host's CPUs and memory (`MemTotal`).
+fn host_capacity() -> space_api::NodeCapacity {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    space_api::NodeCapacity { cpus, memory_mib: kib / 1024 }
 }

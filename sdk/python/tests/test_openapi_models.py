@@ -85,6 +85,7 @@ OPERATIONS = {
 NOT_IN_THE_SDK = (
     "/v1/operations/",
     "/v1/pool",
+    "/v1/nodes",
     "/v1/templates/import",
     "/v1/templates/build",
     "/v1/credentials",

@@ -13,6 +13,7 @@ mod harness;
 mod idempotency;
 mod keys;
 mod lifecycle;
+mod nodes;
 mod observability;
 mod pool;
 mod ports;

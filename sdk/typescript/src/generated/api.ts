@@ -124,6 +124,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/nodes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Every node that joined: `ready` while its lease holds, `lost` once it ran out; its
+         *     capacity, warm pool and session count as of its last heartbeat (admin only).
+         */
+        get: operations["list_nodes"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/operations/{id}": {
         parameters: {
             query?: never;
@@ -1317,6 +1337,57 @@ export interface components {
              */
             bytes_out: number;
         };
+        /** @description A node and what it said of itself in its last heartbeat. */
+        Node: {
+            /**
+             * @description Where the control plane reaches it; absent for the node in the control plane's own
+             *     process (`space serve`).
+             */
+            address?: string | null;
+            capacity: components["schemas"]["NodeCapacity"];
+            /** Format: int64 */
+            heartbeat_at: number;
+            id: string;
+            /**
+             * Format: int64
+             * @description Unix times in milliseconds: when it first joined, its last heartbeat, and when its
+             *     lease runs out unless it beats again.
+             */
+            joined_at: number;
+            /** Format: int64 */
+            lease_expires_at: number;
+            /** @description Its warm pool, per template and runtime. */
+            pool: components["schemas"]["TemplatePool"][];
+            /**
+             * Format: int64
+             * @description Sessions (not destroyed) whose sandbox is on it.
+             */
+            sessions: number;
+            state: components["schemas"]["NodeState"];
+            /** @description The `space` version it runs. */
+            version: string;
+        };
+        /** @description What a node has to run sandboxes with. */
+        NodeCapacity: {
+            /**
+             * Format: int32
+             * @description CPUs of the node's host.
+             */
+            cpus: number;
+            /**
+             * Format: int64
+             * @description Memory of the node's host, in MiB.
+             */
+            memory_mib: number;
+        };
+        NodeList: {
+            nodes: components["schemas"]["Node"][];
+        };
+        /**
+         * @description Whether a node is there.
+         * @enum {string}
+         */
+        NodeState: "ready" | "lost";
         /**
          * @description Body of `POST /v1/sessions/{id}/ports/{port}`.
          * @example {
@@ -2677,6 +2748,76 @@ export interface operations {
                      *       "error": {
                      *         "code": "invalid_state",
                      *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_nodes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NodeList"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
                      *       }
                      *     }
                      */
