@@ -29,11 +29,12 @@ pub async fn heartbeat(state: &AppState) -> Result<(), StoreError> {
     state.store.heartbeat_node(&beat, now_ms(), LEASE.as_millis() as i64).await
 }
 
-/// Beats every [`HEARTBEAT_EVERY`] from now on. A beat that fails (the database cannot answer)
-/// is logged; the next one tries again.
+/// Beats every [`HEARTBEAT_EVERY`] from now on, the first one period from now (start-up wrote
+/// one already). A beat that fails (the database cannot answer) is logged; the next one tries
+/// again.
 pub fn spawn_heartbeats(state: AppState) {
     tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(HEARTBEAT_EVERY);
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT_EVERY, HEARTBEAT_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
