@@ -69,6 +69,7 @@ async fn read_now(state: &AppState) -> AppResult<Scraped> {
     let pools = state
         .node
         .pool_status()
+        .await
         .templates
         .into_iter()
         .map(|p| PoolSample {

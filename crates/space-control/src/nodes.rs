@@ -16,8 +16,8 @@ pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 
 /// Records a heartbeat of this control plane's node now.
 pub async fn heartbeat(state: &AppState) -> Result<(), StoreError> {
-    let pool = serde_json::to_string(&state.node.pool_status().templates).unwrap_or_else(|_| "[]".into());
-    let capacity = state.node.capacity();
+    let pool = serde_json::to_string(&state.node.pool_status().await.templates).unwrap_or_else(|_| "[]".into());
+    let capacity = state.node.capacity().await;
     let beat = NodeHeartbeat {
         id: state.node_id.clone(),
         address: None,

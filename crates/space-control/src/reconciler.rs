@@ -178,7 +178,7 @@ async fn start_sandbox(
         template_version: template.version,
         running_pid: None,
     };
-    if let Some(pod) = state.node.clone().bind_pod(&template, session.runtime, limits) {
+    if let Some(pod) = state.node.clone().bind_pod(&template, session.runtime, limits).await {
         *start = Start::Warm;
         sandbox.id = &pod.id;
         sandbox.running_pid = Some(pod.pid);
@@ -324,7 +324,7 @@ async fn roll_back_restore(
     message: &str,
 ) -> AppResult<()> {
     let live = state.store.live_sandboxes(&state.node_id).await?;
-    let alive = alive_handle(state, &live, previous.as_ref());
+    let alive = alive_handle(state, &live, previous.as_ref()).await;
     let message = format!("restore failed: {message}");
     match alive {
         Some(handle) => {
@@ -377,7 +377,7 @@ async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()
         }
     }
     state.activity.forget(&id);
-    crate::egress::forget_session(state, &id);
+    crate::egress::forget_session(state, &id).await;
     // The session ends either way; leftovers are retried by the periodic sweep.
     state.store.transition(&id, &[SessionState::Destroying], SessionState::Destroyed, last_error.as_deref()).await?;
     Ok(())
@@ -385,9 +385,13 @@ async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()
 
 /// The handle of `sandbox` among the recorded `live` sandboxes, if its pid 1 still runs
 /// (adopted by this process: it may have been started by an earlier one).
-pub fn alive_handle(state: &AppState, live: &[SandboxRecord], sandbox: Option<&SandboxId>) -> Option<SandboxHandle> {
+pub async fn alive_handle(
+    state: &AppState,
+    live: &[SandboxRecord],
+    sandbox: Option<&SandboxId>,
+) -> Option<SandboxHandle> {
     let record = live.iter().find(|s| Some(&s.id) == sandbox)?;
-    state.node.adopt(&record.id, record.pid?)
+    state.node.adopt(&record.id, record.pid?).await
 }
 
 /// Destroys a sandbox's node resources and marks it gone. Idempotent.
@@ -427,6 +431,7 @@ pub fn watch_exit(state: AppState, session: SessionId, handle: SandboxHandle) {
         let why = state
             .node
             .exit_reason(&handle.id)
+            .await
             .map(|r| format!(" ({})", space_api::error::clip(&r)))
             .unwrap_or_default();
         let message = format!(
@@ -472,7 +477,7 @@ async fn build_template(state: &AppState, op: &OperationRecord) -> AppResult<()>
 pub async fn prepare_templates(state: &AppState, names: &[String]) -> AppResult<()> {
     let tenant = state.store.ensure_tenant(ADMIN_TENANT).await?;
     for name in names {
-        if state.node.resolve_template(name).is_some() {
+        if state.node.resolve_template(name).await.is_some() {
             continue;
         }
         let input = serde_json::to_string(&TemplateInput { name: name.clone(), path: None }).unwrap_or_default();

@@ -35,7 +35,7 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
     let running = state.store.sessions_in_states(&[SessionState::Running, SessionState::Paused]).await?;
     for record in running {
         let id = &record.session.id;
-        match alive_handle(state, &sandboxes, record.session.sandbox_id.as_ref()) {
+        match alive_handle(state, &sandboxes, record.session.sandbox_id.as_ref()).await {
             Some(handle) => {
                 // A crash between freezing and recording the state leaves them disagreeing:
                 // the recorded state wins.
@@ -106,7 +106,7 @@ async fn finish_suspend(
     let suspended_at =
         state.store.events(id).await?.iter().rev().find(|e| e.to_state == Some(SessionState::Suspending)).map(|e| e.at);
     let snapshot_taken = snapshots.iter().any(|s| s.kind == SnapshotKind::Full && Some(s.created_at) >= suspended_at);
-    let alive = alive_handle(state, sandboxes, session.sandbox_id.as_ref()).is_some();
+    let alive = alive_handle(state, sandboxes, session.sandbox_id.as_ref()).await.is_some();
     let (to, message) = match (snapshot_taken, alive) {
         (true, _) => (SessionState::Suspended, None),
         (false, true) => (SessionState::Running, Some("the server stopped during a suspend; the session kept running")),

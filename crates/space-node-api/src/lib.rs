@@ -7,9 +7,14 @@
 //! node's own names (subvolumes, cgroups, sockets) stay the node's. Every operation is
 //! idempotent where the control plane replays it after a crash (destroy, delete, sweep).
 //!
+//! Everything that asks the node about its current state is `async`, because a remote node
+//! answers over the network. What describes the node itself and cannot change while it runs
+//! (its runtimes, built-in templates, checkpoint tools) stays synchronous: a remote client
+//! learns it once, when it connects.
+//!
 //! Not yet the whole of it: exec, files and watch streams still go through the
 //! [`AgentClient`] that [`NodeApi::agent`] hands out; making them node operations (and
-//! giving the API a wire form) is the work of the multi-node issue.
+//! giving the API its wire form, see `space-node-wire`) is the work of the multi-node issue.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -101,26 +106,28 @@ pub type ProgressFn = Box<dyn Fn(Progress) + Send + Sync + 'static>;
 
 /// What the control plane tells the node's egress gateway about sessions. Apart from
 /// [`NodeApi`] so the control plane's egress logic can be tested against a bare [`Gateway`].
+#[async_trait]
 pub trait EgressControl: Send + Sync {
     /// From now on the gateway decides `session`'s traffic by `egress` (replacing what it had).
-    fn set_session_egress(&self, session: &SessionId, egress: SessionEgress);
+    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress);
     /// The gateway stops knowing `session` (destroyed, or its record could not be stored).
-    fn forget_session_egress(&self, session: &SessionId);
+    async fn forget_session_egress(&self, session: &SessionId);
     /// What `session` sent and received through the gateway since its egress was set on
     /// this node; `None` while the gateway does not know it.
-    fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic>;
+    async fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic>;
 }
 
+#[async_trait]
 impl EgressControl for Gateway {
-    fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
+    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
         self.set_session(session, egress);
     }
 
-    fn forget_session_egress(&self, session: &SessionId) {
+    async fn forget_session_egress(&self, session: &SessionId) {
         self.forget_session(session);
     }
 
-    fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic> {
+    async fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic> {
         Gateway::session_traffic(self, session)
     }
 }
@@ -135,9 +142,9 @@ pub trait NodeApi: EgressControl + 'static {
     // Templates.
 
     /// Every built template, every version.
-    fn templates(&self) -> Vec<TemplateInfo>;
+    async fn templates(&self) -> Vec<TemplateInfo>;
     /// The newest built version of `name`.
-    fn resolve_template(&self, name: &str) -> Option<TemplateInfo>;
+    async fn resolve_template(&self, name: &str) -> Option<TemplateInfo>;
     /// Templates the node can build by name on first use.
     fn builtin_templates(&self) -> Vec<String>;
     /// The newest version of `name`, building it first if it is a built-in not built yet;
@@ -151,8 +158,8 @@ pub trait NodeApi: EgressControl + 'static {
     }
 
     /// Names a session can ask for: built templates and built-ins, sorted, without repeats.
-    fn available_templates(&self) -> Vec<String> {
-        let mut available: Vec<String> = self.templates().into_iter().map(|t| t.name).collect();
+    async fn available_templates(&self) -> Vec<String> {
+        let mut available: Vec<String> = self.templates().await.into_iter().map(|t| t.name).collect();
         available.extend(self.builtin_templates());
         available.sort();
         available.dedup();
@@ -160,7 +167,7 @@ pub trait NodeApi: EgressControl + 'static {
     }
 
     /// What the node's host has to run sandboxes with.
-    fn capacity(&self) -> space_api::NodeCapacity;
+    async fn capacity(&self) -> space_api::NodeCapacity;
 
     // Runtimes.
 
@@ -180,15 +187,15 @@ pub trait NodeApi: EgressControl + 'static {
 
     /// A ready pod of exactly this template version and runtime, given `limits`, if the pool
     /// has one; `None`: start cold. (The pool refills in the background, hence the `Arc`.)
-    fn bind_pod(
+    async fn bind_pod(
         self: Arc<Self>,
         template: &TemplateInfo,
         runtime: RuntimeKind,
         limits: Limits,
     ) -> Option<SandboxHandle>;
     /// How many ready pods of `runtime` the node keeps for `template` (at most [`MAX_POOL_SIZE`]).
-    fn set_pool_size(self: Arc<Self>, template: &str, runtime: RuntimeKind, size: u32);
-    fn pool_status(&self) -> PoolStatus;
+    async fn set_pool_size(self: Arc<Self>, template: &str, runtime: RuntimeKind, size: u32);
+    async fn pool_status(&self) -> PoolStatus;
 
     // Sandboxes.
 
@@ -223,17 +230,17 @@ pub trait NodeApi: EgressControl + 'static {
     async fn resume_sandbox(&self, id: &SandboxId) -> Result<()>;
     /// The handle of a sandbox an earlier process started, if its pid 1 still runs; from
     /// then on it is this node's like any other.
-    fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle>;
+    async fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle>;
     /// Resolves when the sandbox's pid 1 has exited.
     async fn wait_exit(&self, handle: &SandboxHandle);
     /// What the sandbox's runtime knows of why it exited (a VMM's last error), if anything.
-    fn exit_reason(&self, _id: &SandboxId) -> Option<String> {
+    async fn exit_reason(&self, _id: &SandboxId) -> Option<String> {
         None
     }
     /// Processes the kernel killed because the sandbox hit its memory limit.
-    fn oom_kills(&self, id: &SandboxId) -> Result<u64>;
+    async fn oom_kills(&self, id: &SandboxId) -> Result<u64>;
     /// Memory, CPU and processes of a running sandbox.
-    fn sandbox_stats(&self, id: &SandboxId) -> Result<SandboxStats>;
+    async fn sandbox_stats(&self, id: &SandboxId) -> Result<SandboxStats>;
     /// Destroys every sandbox on the node not in `keep`; returns those removed.
     async fn sweep(&self, keep: &HashSet<SandboxId>) -> Result<Vec<SandboxId>>;
     /// The connection to the sandbox's agent (exec, files, watch), reconnecting if needed.
@@ -274,7 +281,7 @@ pub trait NodeApi: EgressControl + 'static {
     /// restart) writes to `disk`'s session, with its cap. Idempotent.
     async fn limit_disk(&self, sandbox: &SandboxId, disk: &DiskQuota) -> Result<()>;
     /// What `session` is charged for on this node's disk.
-    fn disk_usage(&self, session: &SessionId) -> Result<DiskUsage>;
+    async fn disk_usage(&self, session: &SessionId) -> Result<DiskUsage>;
     /// Bytes only this snapshot holds on disk (what deleting it frees), measured now.
     async fn snapshot_exclusive_size(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<u64>;
 

@@ -18,20 +18,21 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::agent::{self, Contents};
 use crate::{Op, SimError, SimNode};
 
+#[async_trait]
 impl EgressControl for SimNode {
-    fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
+    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
         let mut state = self.state();
         state.egress.insert(session.clone(), egress);
         state.traffic.entry(session.clone()).or_default();
     }
 
-    fn forget_session_egress(&self, session: &SessionId) {
+    async fn forget_session_egress(&self, session: &SessionId) {
         let mut state = self.state();
         state.egress.remove(session);
         state.traffic.remove(session);
     }
 
-    fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic> {
+    async fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic> {
         self.state().traffic.get(session).copied()
     }
 }
@@ -44,11 +45,11 @@ impl NodeApi for SimNode {
         state.refill();
     }
 
-    fn templates(&self) -> Vec<TemplateInfo> {
+    async fn templates(&self) -> Vec<TemplateInfo> {
         self.state().templates.clone()
     }
 
-    fn resolve_template(&self, name: &str) -> Option<TemplateInfo> {
+    async fn resolve_template(&self, name: &str) -> Option<TemplateInfo> {
         self.state().newest_template(name)
     }
 
@@ -68,7 +69,10 @@ impl NodeApi for SimNode {
                 return Ok(state.add_template(name, format!("built-in {name} (simulated)")));
             }
         }
-        Err(NodeError::UnknownTemplate { name: name.to_owned(), available: self.available_templates().join(", ") })
+        Err(NodeError::UnknownTemplate {
+            name: name.to_owned(),
+            available: self.available_templates().await.join(", "),
+        })
     }
 
     async fn import_template(&self, name: &str, path: &Path, _report: ProgressFn) -> Result<TemplateInfo> {
@@ -89,7 +93,7 @@ impl NodeApi for SimNode {
         vec![linux, RuntimeSupport { runtime: RuntimeKind::Vm, available, detail }]
     }
 
-    fn bind_pod(
+    async fn bind_pod(
         self: Arc<Self>,
         template: &TemplateInfo,
         runtime: RuntimeKind,
@@ -98,15 +102,15 @@ impl NodeApi for SimNode {
         self.state().take_pod(template, runtime)
     }
 
-    fn set_pool_size(self: Arc<Self>, template: &str, runtime: RuntimeKind, size: u32) {
+    async fn set_pool_size(self: Arc<Self>, template: &str, runtime: RuntimeKind, size: u32) {
         self.state().resize_pool(template, runtime, size);
     }
 
-    fn pool_status(&self) -> PoolStatus {
+    async fn pool_status(&self) -> PoolStatus {
         self.state().pool.status()
     }
 
-    fn capacity(&self) -> space_api::NodeCapacity {
+    async fn capacity(&self) -> space_api::NodeCapacity {
         self.state().config.capacity
     }
 
@@ -169,7 +173,7 @@ impl NodeApi for SimNode {
         Ok(())
     }
 
-    fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle> {
+    async fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle> {
         let state = self.state();
         let sandbox = state.sandboxes.get(id).filter(|s| s.pid == pid && s.alive())?;
         Some(SandboxHandle { id: id.clone(), runtime: sandbox.runtime, pid: sandbox.pid })
@@ -184,12 +188,12 @@ impl NodeApi for SimNode {
         }
     }
 
-    fn oom_kills(&self, id: &SandboxId) -> Result<u64> {
+    async fn oom_kills(&self, id: &SandboxId) -> Result<u64> {
         self.state().running(id)?;
         Ok(0)
     }
 
-    fn sandbox_stats(&self, id: &SandboxId) -> Result<SandboxStats> {
+    async fn sandbox_stats(&self, id: &SandboxId) -> Result<SandboxStats> {
         self.state().running(id)?;
         Ok(SandboxStats {
             memory_bytes: 0,
@@ -209,7 +213,7 @@ impl NodeApi for SimNode {
     }
 
     /// The simulated node counts no disk: it enforces no limit.
-    fn disk_usage(&self, _session: &SessionId) -> Result<DiskUsage> {
+    async fn disk_usage(&self, _session: &SessionId) -> Result<DiskUsage> {
         Ok(DiskUsage { used_bytes: 0, enforced: false })
     }
 

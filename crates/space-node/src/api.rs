@@ -45,16 +45,17 @@ type Result<T> = api::Result<T>;
 /// Thaws (each followed by a bounded connection attempt) before a resume gives up.
 const RESUME_ATTEMPTS: u32 = 3;
 
+#[async_trait]
 impl EgressControl for Node {
-    fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
+    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
         self.gateway.set_session(session, egress);
     }
 
-    fn forget_session_egress(&self, session: &SessionId) {
+    async fn forget_session_egress(&self, session: &SessionId) {
         self.gateway.forget_session(session);
     }
 
-    fn session_traffic(&self, session: &SessionId) -> Option<space_gateway::SessionTraffic> {
+    async fn session_traffic(&self, session: &SessionId) -> Option<space_gateway::SessionTraffic> {
         self.gateway.session_traffic(session)
     }
 }
@@ -65,11 +66,11 @@ impl NodeApi for Node {
         Node::start_background(&self);
     }
 
-    fn templates(&self) -> Vec<TemplateInfo> {
+    async fn templates(&self) -> Vec<TemplateInfo> {
         Node::templates(self)
     }
 
-    fn resolve_template(&self, name: &str) -> Option<TemplateInfo> {
+    async fn resolve_template(&self, name: &str) -> Option<TemplateInfo> {
         Node::resolve_template(self, name)
     }
 
@@ -89,7 +90,7 @@ impl NodeApi for Node {
         Node::runtimes(self)
     }
 
-    fn bind_pod(
+    async fn bind_pod(
         self: Arc<Self>,
         template: &TemplateInfo,
         runtime: RuntimeKind,
@@ -98,15 +99,15 @@ impl NodeApi for Node {
         Node::bind_pod(&self, template, runtime, limits)
     }
 
-    fn set_pool_size(self: Arc<Self>, template: &str, runtime: RuntimeKind, size: u32) {
+    async fn set_pool_size(self: Arc<Self>, template: &str, runtime: RuntimeKind, size: u32) {
         Node::set_pool_size(&self, template, runtime, size)
     }
 
-    fn pool_status(&self) -> PoolStatus {
+    async fn pool_status(&self) -> PoolStatus {
         Node::pool_status(self)
     }
 
-    fn capacity(&self) -> space_api::NodeCapacity {
+    async fn capacity(&self) -> space_api::NodeCapacity {
         host_capacity()
     }
 
@@ -164,7 +165,7 @@ impl NodeApi for Node {
         }
     }
 
-    fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle> {
+    async fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle> {
         Node::adopt(self, id, pid)
     }
 
@@ -172,15 +173,15 @@ impl NodeApi for Node {
         Node::wait_exit(self, handle).await
     }
 
-    fn exit_reason(&self, id: &SandboxId) -> Option<String> {
+    async fn exit_reason(&self, id: &SandboxId) -> Option<String> {
         Node::exit_reason(self, id)
     }
 
-    fn oom_kills(&self, id: &SandboxId) -> Result<u64> {
+    async fn oom_kills(&self, id: &SandboxId) -> Result<u64> {
         Ok(Node::oom_kills(self, id)?)
     }
 
-    fn sandbox_stats(&self, id: &SandboxId) -> Result<api::SandboxStats> {
+    async fn sandbox_stats(&self, id: &SandboxId) -> Result<api::SandboxStats> {
         Ok(Node::stats(self, id)?)
     }
 
@@ -188,7 +189,7 @@ impl NodeApi for Node {
         Ok(Node::limit_disk(self, sandbox, disk).await?)
     }
 
-    fn disk_usage(&self, session: &SessionId) -> Result<api::DiskUsage> {
+    async fn disk_usage(&self, session: &SessionId) -> Result<api::DiskUsage> {
         Ok(Node::disk_usage(self, session)?)
     }
 

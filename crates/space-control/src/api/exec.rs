@@ -52,8 +52,8 @@ fn merged_env(session: &BTreeMap<String, String>, request: &BTreeMap<String, Str
     env
 }
 
-fn oom_kills(state: &AppState, sandbox: &space_api::SandboxId) -> u64 {
-    state.node.oom_kills(sandbox).unwrap_or(0)
+async fn oom_kills(state: &AppState, sandbox: &space_api::SandboxId) -> u64 {
+    state.node.oom_kills(sandbox).await.unwrap_or(0)
 }
 
 /// Runs a command to completion and returns its exit status and output.
@@ -70,7 +70,7 @@ pub async fn exec(
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let _busy = state.activity.busy(&session.id);
     let agent = state.node.agent(&sandbox).await?;
-    let oom_before = oom_kills(&state, &sandbox);
+    let oom_before = oom_kills(&state, &sandbox).await;
     let spec = ExecSpec {
         argv: request.cmd,
         env: merged_env(&session.env, &request.env),
@@ -110,7 +110,7 @@ pub async fn exec(
     result.exit_code = status.code;
     result.signal = status.signal;
     result.timed_out = status.timed_out;
-    result.oom_killed = oom_kills(&state, &sandbox) > oom_before;
+    result.oom_killed = oom_kills(&state, &sandbox).await > oom_before;
     let (out, out_cut) = json_text(&stdout, OUTPUT_CAP);
     let (err, err_cut) = json_text(&stderr, OUTPUT_CAP);
     (result.stdout, result.stderr, result.truncated) = (out, err, result.truncated | out_cut | err_cut);
@@ -176,10 +176,10 @@ pub async fn exec_ws(
             Ok(process) => process,
             Err(e) => return send_error(&mut socket, e).await,
         };
-        let oom_before = oom_kills(&state, &sandbox);
+        let oom_before = oom_kills(&state, &sandbox).await;
         let status = bridge(&mut socket, started, idle).await;
         if let Some(status) = status {
-            let oom_killed = oom_kills(&state, &sandbox) > oom_before;
+            let oom_killed = oom_kills(&state, &sandbox).await > oom_before;
             let _ = send_json(&mut socket, &exit_message(status, oom_killed)).await;
         }
         close_gracefully(&mut socket).await;

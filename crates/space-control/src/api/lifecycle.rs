@@ -161,9 +161,9 @@ pub(crate) async fn take_snapshot(
     if kind != SnapshotKind::Full {
         return snapshot_locked(state, tenant, &session, paused, kind, name).await;
     }
-    check_room_for_images(state, &session)?;
+    check_room_for_images(state, &session).await?;
     let snapshot = snapshot_locked(state, tenant, &session, paused, kind, name).await?;
-    if let Err(e) = check_room_for_images(state, &session) {
+    if let Err(e) = check_room_for_images(state, &session).await {
         state.store.delete_snapshot_row(&snapshot.id).await?;
         state.node.delete_snapshot(&session.id, &snapshot.id).await?;
         return Err(e);
@@ -210,8 +210,8 @@ pub(crate) async fn snapshot_locked(
 /// A full snapshot's process images are written outside the pool, where no quota counts
 /// them: the session's usage includes them, and a full snapshot that takes the session past
 /// its limit is deleted again (suspending still works: the memory has to go somewhere).
-fn check_room_for_images(state: &AppState, session: &Session) -> AppResult<()> {
-    let (Some(limit), usage) = (session.resources.disk_limit_bytes(), state.node.disk_usage(&session.id)?) else {
+async fn check_room_for_images(state: &AppState, session: &Session) -> AppResult<()> {
+    let (Some(limit), usage) = (session.resources.disk_limit_bytes(), state.node.disk_usage(&session.id).await?) else {
         return Ok(());
     };
     if usage.enforced && usage.used_bytes > limit {

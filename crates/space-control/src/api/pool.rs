@@ -11,7 +11,7 @@ use crate::error::{ApiJson, ApiPath, AppError, AppResult};
 /// Warm pool state: per template its size, ready and filling pods, hits and misses.
 #[utoipa::path(get, path = "/v1/pool", responses((status = 200, body = PoolStatus)))]
 pub async fn get_pool(State(state): State<AppState>) -> AppResult<ApiJson<PoolStatus>> {
-    Ok(ApiJson(state.node.pool_status()))
+    Ok(ApiJson(state.node.pool_status().await))
 }
 
 /// Sets how many ready pods the node keeps for a template (admin only; 0 turns it off).
@@ -27,11 +27,11 @@ pub async fn set_pool_size(
     if request.size > MAX_POOL_SIZE {
         return Err(AppError::bad_request(format!("size must be at most {MAX_POOL_SIZE}")));
     }
-    super::sessions::check_template(&state, &template)?;
+    super::sessions::check_template(&state, &template).await?;
     let runtime = request.runtime.unwrap_or(state.default_runtime);
     if request.size > 0 {
         super::sessions::check_runtime(&state, runtime)?;
     }
-    state.node.clone().set_pool_size(&template, runtime, request.size);
-    Ok(ApiJson(state.node.pool_status()))
+    state.node.clone().set_pool_size(&template, runtime, request.size).await;
+    Ok(ApiJson(state.node.pool_status().await))
 }

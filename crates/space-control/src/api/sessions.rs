@@ -95,13 +95,13 @@ pub(super) fn check_runtime(state: &AppState, runtime: space_api::RuntimeKind) -
     })
 }
 
-pub(super) fn check_template(state: &AppState, name: &str) -> AppResult<()> {
-    if state.node.resolve_template(name).is_some() || state.node.is_builtin(name) {
+pub(super) async fn check_template(state: &AppState, name: &str) -> AppResult<()> {
+    if state.node.resolve_template(name).await.is_some() || state.node.is_builtin(name) {
         return Ok(());
     }
     Err(AppError::new(
         ErrorCode::UnknownTemplate,
-        format!("unknown template {}; available: {}", echo(name), state.node.available_templates().join(", ")),
+        format!("unknown template {}; available: {}", echo(name), state.node.available_templates().await.join(", ")),
     ))
 }
 
@@ -124,7 +124,7 @@ pub async fn create_session(
         return created(&state, &caller, &id, op, params.wait).await;
     }
     let template = request.template.clone().unwrap_or_else(|| state.default_template.clone());
-    check_template(&state, &template)?;
+    check_template(&state, &template).await?;
     let runtime = request.runtime.unwrap_or(state.default_runtime);
     check_runtime(&state, runtime)?;
     let resources = resources(&request, state.default_disk_mib)?;

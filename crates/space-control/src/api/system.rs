@@ -33,13 +33,13 @@ pub async fn health() -> &'static str {
 pub async fn status(State(state): State<AppState>, Extension(caller): Extension<Caller>) -> AppResult<ApiJson<Status>> {
     let counts = state.store.count_sessions_by_state(&caller.tenant_id).await?;
     let sessions: BTreeMap<String, u64> = counts.into_iter().map(|(s, n)| (s, n as u64)).collect();
-    let templates = state.node.templates().iter().map(template_view).collect();
+    let templates = state.node.templates().await.iter().map(template_view).collect();
     Ok(ApiJson(Status {
         version: env!("CARGO_PKG_VERSION").into(),
         node_id: state.node_id.clone(),
         sessions,
         templates,
-        pool: state.node.pool_status(),
+        pool: state.node.pool_status().await,
         full_snapshots: full_snapshot_support(&state),
         runtimes: state.node.runtimes(),
     }))

@@ -27,7 +27,7 @@ pub(crate) fn template_view(info: &TemplateInfo) -> Template {
 #[utoipa::path(get, path = "/v1/templates", responses((status = 200, body = TemplateList)))]
 pub async fn list_templates(State(state): State<AppState>) -> ApiJson<TemplateList> {
     ApiJson(TemplateList {
-        templates: state.node.templates().iter().map(template_view).collect(),
+        templates: state.node.templates().await.iter().map(template_view).collect(),
         builtin: state.node.builtin_templates(),
         default_template: state.default_template.clone(),
     })

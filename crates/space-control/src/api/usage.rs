@@ -24,7 +24,10 @@ pub async fn session_stats(
     let session = find_session(&state, &caller, &id).await?;
     let running = matches!(session.state, SessionState::Running | SessionState::Paused);
     // A sandbox that went away meanwhile just has no usage to report.
-    let sandbox = session.sandbox_id.as_ref().filter(|_| running).and_then(|s| state.node.sandbox_stats(s).ok());
+    let sandbox = match session.sandbox_id.as_ref().filter(|_| running) {
+        Some(s) => state.node.sandbox_stats(s).await.ok(),
+        None => None,
+    };
     let sandbox = sandbox.map(|s| SandboxUsage {
         memory_bytes: s.memory_bytes,
         memory_peak_bytes: s.memory_peak_bytes,
@@ -33,7 +36,7 @@ pub async fn session_stats(
         pids: s.pids,
         cpu_usage_ns: s.cpu_usage_ns,
     });
-    let used = state.node.disk_usage(&session.id)?;
+    let used = state.node.disk_usage(&session.id).await?;
     let snapshots = state.store.list_snapshots(&session.id).await?;
     let disk = DiskStats {
         used_bytes: used.used_bytes,
@@ -42,7 +45,7 @@ pub async fn session_stats(
         snapshots: snapshots.len() as u64,
         snapshot_bytes: snapshots.iter().filter_map(|s| s.size_bytes).sum(),
     };
-    let traffic = state.node.session_traffic(&session.id).unwrap_or_default();
+    let traffic = state.node.session_traffic(&session.id).await.unwrap_or_default();
     let network = NetworkUsage { bytes_out: traffic.bytes_out, bytes_in: traffic.bytes_in };
     Ok(ApiJson(SessionStats { sandbox, disk, network }))
 }

@@ -410,14 +410,14 @@ impl Egress<'_> {
         for new in news {
             let egress =
                 SessionEgress { policy: record.policy.clone(), ca: ca.clone(), grants: gateway_grants.clone() };
-            self.gateway.set_session_egress(&new.id, egress);
+            self.gateway.set_session_egress(&new.id, egress).await;
         }
         let pairs: Vec<_> = news.iter().zip(&stored).collect();
         match self.store.insert_sessions_with_egress(&pairs).await {
             Ok(ops) => Ok(ops),
             Err(e) => {
                 for new in news {
-                    self.gateway.forget_session_egress(&new.id);
+                    self.gateway.forget_session_egress(&new.id).await;
                 }
                 Err(e.into())
             }
@@ -432,11 +432,11 @@ impl Egress<'_> {
         stored: &NewSessionEgress,
         egress: SessionEgress,
     ) -> AppResult<space_api::OperationId> {
-        self.gateway.set_session_egress(&new.id, egress);
+        self.gateway.set_session_egress(&new.id, egress).await;
         match self.store.insert_session_with_egress(new, stored).await {
             Ok(op) => Ok(op),
             Err(e) => {
-                self.gateway.forget_session_egress(&new.id);
+                self.gateway.forget_session_egress(&new.id).await;
                 Err(e.into())
             }
         }
@@ -460,11 +460,11 @@ impl Egress<'_> {
     /// [`push_session`]; returns the grants left out (by credential name) with the reason.
     pub async fn push(self, session: &SessionId) -> AppResult<Vec<(String, AppError)>> {
         let Some(record) = self.store.session_any(session).await? else {
-            self.gateway.forget_session_egress(session);
+            self.gateway.forget_session_egress(session).await;
             return Ok(Vec::new());
         };
         if record.session.state == SessionState::Destroyed {
-            self.gateway.forget_session_egress(session);
+            self.gateway.forget_session_egress(session).await;
             return Ok(Vec::new());
         }
         let egress =
@@ -481,7 +481,7 @@ impl Egress<'_> {
                 }
             }
         }
-        self.gateway.set_session_egress(session, SessionEgress { policy: egress.policy, ca, grants });
+        self.gateway.set_session_egress(session, SessionEgress { policy: egress.policy, ca, grants }).await;
         Ok(left_out)
     }
 
@@ -525,8 +525,8 @@ pub async fn push_credential_sessions(state: &AppState, sessions: &[SessionId]) 
 }
 
 /// The gateway stops knowing `session` (destroyed).
-pub fn forget_session(state: &AppState, session: &SessionId) {
-    state.node.forget_session_egress(session);
+pub async fn forget_session(state: &AppState, session: &SessionId) {
+    state.node.forget_session_egress(session).await;
 }
 
 /// At server start: pushes every session that is not destroyed. Failures are logged; such
