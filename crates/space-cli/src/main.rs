@@ -2,6 +2,7 @@
 
 mod bench;
 mod client;
+mod cluster;
 mod credentials;
 mod doctor;
 mod errors;
@@ -106,6 +107,9 @@ enum Command {
     /// The nodes that run sandboxes (needs the admin key).
     #[command(subcommand)]
     Node(NodeCommand),
+    /// The certificate authority control replicas and nodes authenticate each other with.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
     /// Measure create and exec latency through the API.
     Bench(bench::BenchArgs),
     /// Serve sessions as MCP tools to AI agents (stdio, or streamable HTTP with --listen).
@@ -183,6 +187,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Doctor(args) = cli.command {
         return doctor::run(args, cli.json).await;
     }
+    if let Command::Cluster(command) = cli.command {
+        // Files only: needs no server.
+        cluster::run(command, &cli.data_dir)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Command::Bench(args) = &cli.command
         && args.gateway_only
     {
@@ -193,7 +202,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let client = Client::new(&cli.url, cli.api_key.clone(), &cli.data_dir)?;
     let json = cli.json;
     match cli.command {
-        Command::Serve(_) | Command::Doctor(_) => unreachable!("handled above"),
+        Command::Serve(_) | Command::Doctor(_) | Command::Cluster(_) => unreachable!("handled above"),
         Command::Session(cmd) => sessions::run(&client, cmd, json).await?,
         Command::Credential(cmd) => credentials::run(&client, cmd, json).await?,
         Command::Exec(args) => return exec::run(&client, args).await,

@@ -1,0 +1,177 @@
+//! Both ends over real TLS on loopback: who may connect, and what a version mismatch says.
+
+use std::sync::Arc;
+
+use rustls::{AlertDescription, CertificateError};
+use space_node_sim::{SimConfig, SimNode};
+
+use super::*;
+use crate::cluster::{ClusterCa, Identity, Role};
+use crate::serve;
+use crate::tls::{client_config, server_config};
+
+struct Cluster {
+    ca: ClusterCa,
+    control: Identity,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let ca = ClusterCa::generate("test").unwrap();
+        let control = ca.issue(Role::Control, "control-1", &[]).unwrap();
+        Cluster { ca, control }
+    }
+
+    /// A node presenting `identity`, trusting this cluster's authority; its address.
+    async fn node(&self, identity: &Identity) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let tls = server_config(identity, &self.ca.cert_pem).unwrap();
+        let node: Arc<dyn space_node_api::NodeApi> = SimNode::new(SimConfig::default());
+        tokio::spawn(serve(listener, tls, node));
+        address
+    }
+
+    async fn good_node(&self) -> String {
+        self.node(&self.ca.issue(Role::Node, "node-a", &["127.0.0.1".into()]).unwrap()).await
+    }
+
+    fn client(&self, address: &str, identity: &Identity) -> NodeClient {
+        NodeClient::new(address, client_config(identity, &self.ca.cert_pem).unwrap()).unwrap()
+    }
+}
+
+/// The TLS error somewhere in `error`'s sources.
+fn tls_error(error: &WireError) -> rustls::Error {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return tls.clone();
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && let Some(tls) = io.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return tls.clone();
+        }
+        source = e.source();
+    }
+    panic!("no TLS error in {error:?}");
+}
+
+#[tokio::test]
+async fn a_control_replica_of_the_cluster_learns_what_the_node_is() {
+    let cluster = Cluster::new();
+    let address = cluster.good_node().await;
+    let info = cluster.client(&address, &cluster.control).info().await.unwrap();
+    assert_eq!(info.api_version, NODE_API_VERSION);
+    assert_eq!(info.runtimes, space_node_api::NodeApi::runtimes(&*SimNode::new(SimConfig::default())));
+    assert_eq!(info.checkpoints.len(), space_api::RuntimeKind::ALL.len());
+    // The connection is kept and used again.
+    let client = cluster.client(&address, &cluster.control);
+    for _ in 0..3 {
+        client.info().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_client_certificate_from_another_authority_is_refused_as_unknown() {
+    let cluster = Cluster::new();
+    let address = cluster.good_node().await;
+    let stranger = ClusterCa::generate("other").unwrap().issue(Role::Control, "control-x", &[]).unwrap();
+    // It trusts the node (so the handshake gets as far as the node checking it).
+    let tls = client_config(&stranger, &cluster.ca.cert_pem).unwrap();
+    let err = NodeClient::new(&address, tls).unwrap().info().await.unwrap_err();
+    assert_eq!(tls_error(&err), rustls::Error::AlertReceived(AlertDescription::UnknownCA), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_client_without_a_certificate_is_refused() {
+    let cluster = Cluster::new();
+    let address = cluster.good_node().await;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut cluster.ca.cert_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let err = NodeClient::new(&address, Arc::new(tls)).unwrap().info().await.unwrap_err();
+    assert_eq!(tls_error(&err), rustls::Error::AlertReceived(AlertDescription::CertificateRequired), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_nodes_certificate_cannot_drive_another_node() {
+    let cluster = Cluster::new();
+    let address = cluster.good_node().await;
+    let other_node = cluster.ca.issue(Role::Node, "node-b", &["127.0.0.1".into()]).unwrap();
+    let err = cluster.client(&address, &other_node).info().await.unwrap_err();
+    assert_eq!(tls_error(&err), rustls::Error::AlertReceived(AlertDescription::UnsupportedCertificate), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_node_whose_certificate_another_authority_signed_is_not_trusted() {
+    let cluster = Cluster::new();
+    let impostor = ClusterCa::generate("other").unwrap().issue(Role::Node, "node-a", &["127.0.0.1".into()]).unwrap();
+    let address = cluster.node(&impostor).await;
+    let err = cluster.client(&address, &cluster.control).info().await.unwrap_err();
+    assert!(matches!(err, WireError::Connect { .. }), "{err:?}");
+    assert_eq!(tls_error(&err), rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_control_replicas_certificate_cannot_pose_as_a_node() {
+    let cluster = Cluster::new();
+    let posing = cluster.ca.issue(Role::Control, "control-2", &["127.0.0.1".into()]).unwrap();
+    let address = cluster.node(&posing).await;
+    let err = cluster.client(&address, &cluster.control).info().await.unwrap_err();
+    let tls = tls_error(&err);
+    assert!(
+        matches!(tls, rustls::Error::InvalidCertificate(CertificateError::InvalidPurposeContext { .. })),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_node_certificate_for_another_address_is_not_trusted() {
+    let cluster = Cluster::new();
+    let elsewhere = cluster.ca.issue(Role::Node, "node-c", &["10.9.9.9".into()]).unwrap();
+    let address = cluster.node(&elsewhere).await;
+    let err = cluster.client(&address, &cluster.control).info().await.unwrap_err();
+    assert!(
+        matches!(tls_error(&err), rustls::Error::InvalidCertificate(CertificateError::NotValidForNameContext { .. })),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_caller_of_another_api_version_is_refused_with_both_versions_named() {
+    let cluster = Cluster::new();
+    let address = cluster.good_node().await;
+    let mut client = cluster.client(&address, &cluster.control);
+    client.api_version = NODE_API_VERSION + 1;
+    let err = client.info().await.unwrap_err();
+    match &err {
+        WireError::VersionMismatch { ours, theirs } => {
+            assert_eq!((*ours, *theirs), (NODE_API_VERSION + 1, Some(NODE_API_VERSION)));
+        }
+        other => panic!("{other:?}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains(&format!("version {NODE_API_VERSION}")), "{message}");
+    assert!(message.contains(&format!("version {}", NODE_API_VERSION + 1)), "{message}");
+}
+
+#[tokio::test]
+async fn an_unknown_operation_is_refused_with_its_code() {
+    let cluster = Cluster::new();
+    let address = cluster.good_node().await;
+    let client = cluster.client(&address, &cluster.control);
+    let err = client.call(Method::POST, "/v1/no-such-thing", Bytes::new()).await.unwrap_err();
+    match err {
+        WireError::Refused { status, code, .. } => assert_eq!((status, code.as_str()), (404, codes::UNKNOWN_OPERATION)),
+        other => panic!("{other:?}"),
+    }
+}

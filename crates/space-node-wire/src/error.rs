@@ -1,0 +1,46 @@
+//! What can go wrong between a control plane and a node.
+
+use std::path::PathBuf;
+
+/// Why a call to a node, or setting up the cluster's certificates, failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("making a certificate")]
+    Certificate(#[from] rcgen::Error),
+    #[error("setting up TLS")]
+    Tls(#[from] rustls::Error),
+    #[error("{}", path.display())]
+    File { path: PathBuf, source: std::io::Error },
+    /// A PEM text that holds none of what it should, or cannot be parsed.
+    #[error("{what} holds no usable PEM block")]
+    Pem { what: &'static str, source: Option<std::io::Error> },
+    #[error("building the verifier of client certificates")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+    #[error("{what} already exists at {}: remove it first, or keep using it", path.display())]
+    Exists { what: &'static str, path: PathBuf },
+    #[error("connecting to node {address}")]
+    Connect { address: String, source: std::io::Error },
+    #[error("talking HTTP to the node")]
+    Http(#[from] hyper::Error),
+    #[error("building a request to the node")]
+    Request(#[from] hyper::http::Error),
+    /// The peer speaks another node API version (`None`: it named none).
+    #[error(
+        "the node speaks node API version {}, this control plane version {ours}: \
+         run the same space release on both",
+        theirs.map_or("(none given)".to_string(), |v| v.to_string())
+    )]
+    VersionMismatch { ours: u32, theirs: Option<u32> },
+    /// The node refused the call.
+    #[error("the node refused the call ({status}, {code}): {message}")]
+    Refused { status: u16, code: String, message: String },
+    #[error("reading the node's answer")]
+    Decode(#[from] serde_json::Error),
+}
+
+impl WireError {
+    pub(crate) fn file(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> WireError {
+        let path = path.into();
+        move |source| WireError::File { path, source }
+    }
+}
