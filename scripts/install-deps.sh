@@ -20,7 +20,7 @@ install_missing() {
   fi
 }
 
-install_missing -- btrfs-progs debootstrap busybox-static iproute2 util-linux tar xz-utils zstd ca-certificates gcc libc6-dev
+install_missing -- btrfs-progs debootstrap busybox-static iproute2 util-linux tar xz-utils zstd ca-certificates gcc libc6-dev curl
 # scripts/test.sh validates docs/openapi.json with a validator from PyPI, in a venv.
 command -v python3 >/dev/null || install_missing -- python3 python3-venv
 # The `vm` runtime: QEMU, and what install-vm.sh builds the guest with (binutils: readelf,

@@ -1,0 +1,252 @@
+//! Content-addressed, checksummed objects: what a snapshot or a template becomes to travel
+//! between nodes (the volume manager of docs/storage.md, "Durable snapshots").
+//!
+//! An object's key is the SHA-256 of its bytes, so the same bytes are stored once however
+//! many snapshots hold them, and every read is checked against the key: bytes that do not
+//! hash to it are [`BlobError::Corrupt`], never handed back. Objects are written whole or not
+//! at all (a multipart upload completes atomically; a local file is renamed into place).
+//!
+//! One interface over two backends, both `object_store`'s: a local directory (the default)
+//! and S3-compatible storage ([`BlobStore::open`]).
+
+mod location;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How much of a file is read, hashed and uploaded at a time.
+const CHUNK: usize = 8 << 20;
+
+/// An object by its content: what a snapshot's manifest records of each of its parts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BlobRef {
+    /// Lower-case hex SHA-256 of the bytes.
+    pub sha256: String,
+    pub size: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    #[error("{url:?} is not a blob store: {reason}")]
+    BadUrl { url: String, reason: String },
+    /// The bytes under `key` are not the ones it names.
+    #[error(
+        "object {key} is corrupt: expected {} bytes with SHA-256 {}, found {actual_size} bytes with SHA-256 {actual_sha256}",
+        expected.size, expected.sha256
+    )]
+    Corrupt { key: String, expected: BlobRef, actual_sha256: String, actual_size: u64 },
+    #[error("object {key} is not in the blob store")]
+    Missing { key: String },
+    /// A file changed while it was being stored; nothing was kept.
+    #[error("{} changed while it was being stored", path.display())]
+    Changed { path: PathBuf },
+    #[error("{}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    /// The store could not be reached or refused the call.
+    #[error("the blob store")]
+    Store(#[from] object_store::Error),
+}
+
+pub type Result<T, E = BlobError> = std::result::Result<T, E>;
+
+/// An S3 access key.
+#[derive(Clone)]
+pub struct Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").field("access_key_id", &self.access_key_id).finish_non_exhaustive()
+    }
+}
+
+impl Credentials {
+    /// `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`, if both are set.
+    pub fn from_env() -> Option<Credentials> {
+        Some(Credentials {
+            access_key_id: std::env::var("AWS_ACCESS_KEY_ID").ok()?,
+            secret_access_key: std::env::var("AWS_SECRET_ACCESS_KEY").ok()?,
+        })
+    }
+}
+
+/// Where objects are kept.
+#[derive(Debug, Clone)]
+pub struct BlobStore {
+    store: Arc<dyn ObjectStore>,
+}
+
+impl BlobStore {
+    /// Opens `url`: a directory (`/path` or `file:///path`, made if missing) or a bucket
+    /// (`s3://BUCKET[/PREFIX]?endpoint=URL[&region=REGION]`, credentials from the usual
+    /// `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`, never from the URL).
+    pub fn open(url: &str) -> Result<BlobStore> {
+        BlobStore::open_with(url, Credentials::from_env())
+    }
+
+    /// Opens `url` with these S3 credentials (ignored for a directory).
+    pub fn open_with(url: &str, credentials: Option<Credentials>) -> Result<BlobStore> {
+        Ok(BlobStore { store: location::open(url, credentials)? })
+    }
+
+    /// Where the object of `blob` lives in the store.
+    pub fn key(blob: &BlobRef) -> Key {
+        Key::from(format!("sha256/{}/{}", &blob.sha256[..2.min(blob.sha256.len())], blob.sha256))
+    }
+
+    /// Stores `data`; already stored bytes are not sent again.
+    pub async fn put_bytes(&self, data: Bytes) -> Result<BlobRef> {
+        let blob = BlobRef { sha256: hex::encode(Sha256::digest(&data)), size: data.len() as u64 };
+        if !self.exists(&blob).await? {
+            self.store.put(&Self::key(&blob), PutPayload::from(data)).await?;
+        }
+        Ok(blob)
+    }
+
+    /// Stores the file at `path`, read in chunks; already stored bytes are not sent again.
+    pub async fn put_file(&self, path: &Path) -> Result<BlobRef> {
+        let blob = hash_file(path).await?;
+        if self.exists(&blob).await? {
+            return Ok(blob);
+        }
+        let key = Self::key(&blob);
+        let mut upload = WriteMultipart::new_with_chunk_size(self.store.put_multipart(&key).await?, CHUNK);
+        let mut file = open(path).await?;
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut buf = vec![0; CHUNK];
+        loop {
+            let n = file.read(&mut buf).await.map_err(io(path))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            size += n as u64;
+            upload.wait_for_capacity(2).await?;
+            upload.write(&buf[..n]);
+        }
+        if hex::encode(hasher.finalize()) != blob.sha256 || size != blob.size {
+            upload.abort().await?;
+            return Err(BlobError::Changed { path: path.to_owned() });
+        }
+        upload.finish().await?;
+        Ok(blob)
+    }
+
+    /// Whether the store holds `blob` (an object of its key and size; its bytes are checked
+    /// when read).
+    pub async fn exists(&self, blob: &BlobRef) -> Result<bool> {
+        match self.store.head(&Self::key(blob)).await {
+            Ok(meta) => Ok(meta.size == blob.size),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The bytes of `blob`, checked.
+    pub async fn get_bytes(&self, blob: &BlobRef) -> Result<Bytes> {
+        let key = Self::key(blob);
+        let data = self.store.get(&key).await.map_err(|e| missing(e, &key))?.bytes().await?;
+        let actual = BlobRef { sha256: hex::encode(Sha256::digest(&data)), size: data.len() as u64 };
+        check(&key, blob, actual)?;
+        Ok(data)
+    }
+
+    /// Writes the bytes of `blob` to `dest`, which appears only once they are checked.
+    pub async fn get_to_file(&self, blob: &BlobRef, dest: &Path) -> Result<()> {
+        let partial = dest.with_extension("partial");
+        let result = self.download(blob, &partial).await;
+        match result {
+            Ok(()) => tokio::fs::rename(&partial, dest).await.map_err(io(dest)),
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&partial).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn download(&self, blob: &BlobRef, partial: &Path) -> Result<()> {
+        let key = Self::key(blob);
+        let mut stream = self.store.get(&key).await.map_err(|e| missing(e, &key))?.into_stream();
+        let mut file = tokio::fs::File::create(partial).await.map_err(io(partial))?;
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            size += chunk.len() as u64;
+            if size > blob.size {
+                // More than it should hold: corrupt whatever the rest is; stop reading.
+                let actual = BlobRef { sha256: "(not read to the end)".into(), size };
+                return check(&key, blob, actual);
+            }
+            hasher.update(&chunk);
+            file.write_all(&chunk).await.map_err(io(partial))?;
+        }
+        file.sync_all().await.map_err(io(partial))?;
+        check(&key, blob, BlobRef { sha256: hex::encode(hasher.finalize()), size })
+    }
+
+    /// Deletes `blob`'s object; one already gone is fine.
+    pub async fn delete(&self, blob: &BlobRef) -> Result<()> {
+        match self.store.delete(&Self::key(blob)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn check(key: &Key, expected: &BlobRef, actual: BlobRef) -> Result<()> {
+    if actual == *expected {
+        return Ok(());
+    }
+    Err(BlobError::Corrupt {
+        key: key.to_string(),
+        expected: expected.clone(),
+        actual_sha256: actual.sha256,
+        actual_size: actual.size,
+    })
+}
+
+fn missing(e: object_store::Error, key: &Key) -> BlobError {
+    match e {
+        object_store::Error::NotFound { .. } => BlobError::Missing { key: key.to_string() },
+        e => e.into(),
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BlobError + '_ {
+    move |source| BlobError::Io { path: path.to_owned(), source }
+}
+
+async fn open(path: &Path) -> Result<tokio::fs::File> {
+    tokio::fs::File::open(path).await.map_err(io(path))
+}
+
+async fn hash_file(path: &Path) -> Result<BlobRef> {
+    let mut file = open(path).await?;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    let mut buf = vec![0; CHUNK];
+    loop {
+        let n = file.read(&mut buf).await.map_err(io(path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok(BlobRef { sha256: hex::encode(hasher.finalize()), size })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,155 @@
+//! Against the store scripts/with-s3.sh started (SPACE_TEST_S3_URL) when it is set, a
+//! temporary directory otherwise: scripts/test.sh runs them both ways.
+
+use object_store::ObjectStoreExt;
+
+use super::*;
+
+struct TestStore {
+    blobs: BlobStore,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// The store under test, under a prefix of its own when it is the shared bucket.
+fn test_store() -> TestStore {
+    match std::env::var("SPACE_TEST_S3_URL") {
+        Ok(url) => {
+            let mut url = url::Url::parse(&url).unwrap();
+            url.set_path(&format!("test-{}", hex::encode(rand::random::<[u8; 8]>())));
+            TestStore { blobs: BlobStore::open(url.as_str()).unwrap(), _dir: None }
+        }
+        Err(_) => {
+            let dir = tempfile::tempdir().unwrap();
+            TestStore { blobs: BlobStore::open(dir.path().to_str().unwrap()).unwrap(), _dir: Some(dir) }
+        }
+    }
+}
+
+fn random_bytes(len: usize) -> Vec<u8> {
+    let mut data = vec![0u8; len];
+    rand::fill(&mut data[..]);
+    data
+}
+
+/// Replaces what the store holds under `blob`'s key, as a disk fault or an intruder would.
+async fn overwrite(blobs: &BlobStore, blob: &BlobRef, data: Vec<u8>) {
+    blobs.store.put(&BlobStore::key(blob), PutPayload::from(data)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_file_of_several_chunks_comes_back_whole_under_its_sha256() {
+    let t = test_store();
+    let dir = tempfile::tempdir().unwrap();
+    let data = random_bytes(CHUNK + (1 << 20) + 7);
+    let source = dir.path().join("send-stream");
+    std::fs::write(&source, &data).unwrap();
+
+    let blob = t.blobs.put_file(&source).await.unwrap();
+    assert_eq!(blob, BlobRef { sha256: hex::encode(Sha256::digest(&data)), size: data.len() as u64 });
+    assert!(t.blobs.exists(&blob).await.unwrap());
+    let back = dir.path().join("back");
+    t.blobs.get_to_file(&blob, &back).await.unwrap();
+    assert!(std::fs::read(&back).unwrap() == data, "the bytes read back differ");
+    t.blobs.delete(&blob).await.unwrap();
+    assert!(!t.blobs.exists(&blob).await.unwrap());
+}
+
+#[tokio::test]
+async fn the_same_bytes_are_one_object() {
+    let t = test_store();
+    let data = random_bytes(4096);
+    let first = t.blobs.put_bytes(Bytes::from(data.clone())).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("same"), &data).unwrap();
+    assert_eq!(t.blobs.put_file(&dir.path().join("same")).await.unwrap(), first);
+    assert_eq!(t.blobs.put_bytes(Bytes::from(data.clone())).await.unwrap(), first);
+    assert_eq!(t.blobs.get_bytes(&first).await.unwrap(), data);
+    t.blobs.delete(&first).await.unwrap();
+    // Deleting what is gone is fine.
+    t.blobs.delete(&first).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_corrupted_object_is_reported_and_never_handed_back() {
+    let t = test_store();
+    let data = random_bytes(64 << 10);
+    let blob = t.blobs.put_bytes(Bytes::from(data.clone())).await.unwrap();
+    let mut flipped = data.clone();
+    flipped[1000] ^= 0x01;
+    overwrite(&t.blobs, &blob, flipped.clone()).await;
+
+    let err = t.blobs.get_bytes(&blob).await.unwrap_err();
+    match &err {
+        BlobError::Corrupt { expected, actual_sha256, actual_size, .. } => {
+            assert_eq!(expected, &blob);
+            assert_eq!((actual_sha256.as_str(), *actual_size), (&*hex::encode(Sha256::digest(&flipped)), blob.size));
+        }
+        other => panic!("{other:?}"),
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("restored");
+    assert!(matches!(t.blobs.get_to_file(&blob, &dest).await, Err(BlobError::Corrupt { .. })));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing of a corrupt object stays");
+    t.blobs.delete(&blob).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_truncated_or_lengthened_object_is_corrupt() {
+    let t = test_store();
+    let data = random_bytes(10_000);
+    let blob = t.blobs.put_bytes(Bytes::from(data.clone())).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (what, replaced) in [("truncated", data[..9_999].to_vec()), ("lengthened", [&data[..], b"x"].concat())] {
+        overwrite(&t.blobs, &blob, replaced.clone()).await;
+        match t.blobs.get_to_file(&blob, &dir.path().join(what)).await {
+            Err(BlobError::Corrupt { actual_size, .. }) => assert_eq!(actual_size, replaced.len() as u64, "{what}"),
+            other => panic!("{what}: {other:?}"),
+        }
+        // An object of another size is not the blob (one of the right size is refused on read).
+        assert!(!t.blobs.exists(&blob).await.unwrap(), "{what}");
+    }
+    t.blobs.delete(&blob).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_object_that_was_never_stored_is_missing() {
+    let t = test_store();
+    let blob = BlobRef { sha256: hex::encode(Sha256::digest(b"never stored")), size: 12 };
+    assert!(matches!(t.blobs.get_bytes(&blob).await, Err(BlobError::Missing { .. })));
+    let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(t.blobs.get_to_file(&blob, &dir.path().join("x")).await, Err(BlobError::Missing { .. })));
+    assert!(!t.blobs.exists(&blob).await.unwrap());
+}
+
+#[test]
+fn urls_that_name_no_store_are_refused_with_what_to_write() {
+    let key = || Some(Credentials { access_key_id: "k".into(), secret_access_key: "s".into() });
+    for (url, says) in [
+        ("ftp://host/x", "unknown scheme"),
+        ("relative/dir", "give a directory"),
+        ("s3://?endpoint=http://127.0.0.1:1", "no bucket"),
+        ("s3://user:secret@bucket?endpoint=http://127.0.0.1:1", "do not belong in the URL"),
+        ("s3://bucket?endpoint=http://127.0.0.1:1&colour=blue", "unknown parameter"),
+        ("file://otherhost/dir", "on this host"),
+    ] {
+        match BlobStore::open_with(url, key()) {
+            Err(BlobError::BadUrl { reason, .. }) => assert!(reason.contains(says), "{url}: {reason}"),
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+    match BlobStore::open_with("s3://bucket?endpoint=http://127.0.0.1:1", None) {
+        Err(BlobError::BadUrl { reason, .. }) => assert!(reason.contains("AWS_ACCESS_KEY_ID"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_store_nobody_answers_for_is_an_error_of_the_store() {
+    // A loopback port nothing listens on: refused at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("s3://bucket?endpoint=http://127.0.0.1:{port}");
+    let key = Credentials { access_key_id: "k".into(), secret_access_key: "s".into() };
+    let blobs = BlobStore::open_with(&url, Some(key)).unwrap();
+    let err = blobs.put_bytes(Bytes::from_static(b"data")).await.unwrap_err();
+    assert!(matches!(err, BlobError::Store(_)), "{err:?}");
+}
