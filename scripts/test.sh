@@ -28,9 +28,9 @@ cargo nextest run --workspace
 # The store's tests and the control plane's contract tests again, against PostgreSQL (a
 # server of their own, in a temporary directory) instead of SQLite.
 scripts/with-postgres.sh cargo nextest run -E 'package(space-store) | (package(space-control) & binary(contract))'
-# The blob store's tests again, against S3-compatible storage (SeaweedFS, started on loopback
-# ports of its own) instead of a local directory.
-scripts/with-s3.sh cargo nextest run -p space-blob
+# The blob store's and the volume manager's tests again, against S3-compatible storage
+# (SeaweedFS, started on loopback ports of its own) instead of a local directory.
+scripts/with-s3.sh cargo nextest run -p space-blob -p space-volume
 # The suites that hold for both runtimes, again with every session a QEMU microvm (the vm
 # runtime; tests/vm.rs above checks what only a VM has).
 SPACE_TEST_RUNTIME=vm cargo nextest run -p space-cli --test exec --test files --test egress --test pool --test recovery --test ports --test-threads 2

@@ -196,6 +196,14 @@ impl BlobStore {
         check(&key, blob, BlobRef { sha256: hex::encode(hasher.finalize()), size })
     }
 
+    /// Puts `data` under `blob`'s key whatever it hashes to, as a disk fault or an intruder
+    /// would: for tests of what reads then do.
+    #[cfg(any(test, feature = "testing"))]
+    pub async fn replace_object(&self, blob: &BlobRef, data: Vec<u8>) -> Result<()> {
+        self.store.put(&Self::key(blob), PutPayload::from(data)).await?;
+        Ok(())
+    }
+
     /// Deletes `blob`'s object; one already gone is fine.
     pub async fn delete(&self, blob: &BlobRef) -> Result<()> {
         match self.store.delete(&Self::key(blob)).await {

@@ -1,8 +1,6 @@
 //! Against the store scripts/with-s3.sh started (SPACE_TEST_S3_URL) when it is set, a
 //! temporary directory otherwise: scripts/test.sh runs them both ways.
 
-use object_store::ObjectStoreExt;
-
 use super::*;
 
 struct TestStore {
@@ -31,9 +29,8 @@ fn random_bytes(len: usize) -> Vec<u8> {
     data
 }
 
-/// Replaces what the store holds under `blob`'s key, as a disk fault or an intruder would.
 async fn overwrite(blobs: &BlobStore, blob: &BlobRef, data: Vec<u8>) {
-    blobs.store.put(&BlobStore::key(blob), PutPayload::from(data)).await.unwrap();
+    blobs.replace_object(blob, data).await.unwrap();
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@ const TAIL_LINES: usize = 15;
 /// The Debian package that provides `program`, for "not installed" errors.
 fn package_of(program: &str) -> &'static str {
     match program {
-        "mkfs.btrfs" => "btrfs-progs",
+        "mkfs.btrfs" | "btrfs" => "btrfs-progs",
         "debootstrap" => "debootstrap",
         "busybox" => "busybox-static",
         "tar" => "tar",

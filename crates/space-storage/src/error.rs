@@ -41,6 +41,11 @@ pub enum StorageError {
     NotBtrfsMount { path: PathBuf, fstype: String },
 
     #[error(
+        "{path} did not make a snapshot's root (a read-only subvolume named rootfs): it is not a stream of `send_snapshot`"
+    )]
+    NotAStream { path: PathBuf },
+
+    #[error(
         "the disk holding {path} has only {} MiB free, too little for a storage pool (half the free space, at \
          least 2 GiB): free some space or give the pool's size (`space serve --pool-size-gib N`)",
         free_bytes >> 20

@@ -31,6 +31,7 @@ mod reflink;
 mod shift;
 mod snapshots;
 mod template;
+mod transfer;
 mod usage;
 mod util;
 

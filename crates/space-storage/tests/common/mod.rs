@@ -59,6 +59,9 @@ impl TestPool {
         for id in pool.list_sandbox_roots().unwrap_or_default() {
             let _ = pool.delete_sandbox_root(&id);
         }
+        for (session, snapshot) in pool.list_snapshots().unwrap_or_default() {
+            let _ = pool.delete_snapshot(&session, &snapshot);
+        }
         let _ = pool.reclaim_trash(u64::MAX);
         for t in pool.templates().list().unwrap_or_default() {
             let _ = pool.templates().delete(&t.name, t.version);

@@ -1,0 +1,112 @@
+//! The volume manager: a snapshot's root leaves its node as a `btrfs send` stream stored in
+//! the blob store, and arrives on any node by the same stream, checked, then `btrfs
+//! receive`d (docs/storage.md, "Durable snapshots").
+//!
+//! A snapshot whose parent was exported already goes as a stream against that parent, so
+//! only what changed travels; importing it needs the parent imported first. What an export
+//! returns, the control plane records: the stream's hash is what the import checks against,
+//! so the blob store cannot substitute other bytes.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use space_api::{SessionId, SnapshotId};
+use space_blob::{BlobError, BlobRef, BlobStore};
+use space_storage::{Pool, StorageError};
+
+/// What is kept of an exported snapshot's root: its stream, and the snapshot (of the same
+/// session) it was sent against, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskExport {
+    pub stream: BlobRef,
+    pub parent: Option<SnapshotId>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    #[error("{}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("the pool's work stopped before it finished")]
+    Interrupted(#[from] tokio::task::JoinError),
+}
+
+pub type Result<T, E = VolumeError> = std::result::Result<T, E>;
+
+/// A pool and the blob store its snapshots are exported to, with a scratch directory for
+/// streams on their way (outside the pool: they are not part of any root).
+pub struct Volumes {
+    pool: Arc<Pool>,
+    blobs: BlobStore,
+    scratch: PathBuf,
+}
+
+impl Volumes {
+    pub fn new(pool: Arc<Pool>, blobs: BlobStore, scratch: PathBuf) -> Volumes {
+        Volumes { pool, blobs, scratch }
+    }
+
+    /// Stores the snapshot's root in the blob store, against `parent` (a snapshot of the same
+    /// session exported before) when given.
+    pub async fn export_disk(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        parent: Option<&SnapshotId>,
+    ) -> Result<DiskExport> {
+        let stream = self.scratch_file(snapshot, "send")?;
+        let result = self.send_and_store(session, snapshot, parent, &stream).await;
+        let _ = std::fs::remove_file(&stream);
+        Ok(DiskExport { stream: result?, parent: parent.cloned() })
+    }
+
+    async fn send_and_store(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        parent: Option<&SnapshotId>,
+        stream: &Path,
+    ) -> Result<BlobRef> {
+        let (pool, out) = (self.pool.clone(), stream.to_owned());
+        let (session, snapshot, parent) = (session.clone(), snapshot.clone(), parent.cloned());
+        tokio::task::spawn_blocking(move || {
+            pool.send_snapshot(&session, &snapshot, parent.as_ref().map(|p| (&session, p)), &out)
+        })
+        .await??;
+        Ok(self.blobs.put_file(stream).await?)
+    }
+
+    /// Makes the snapshot in this pool from its export, after checking the stream against
+    /// the export's hash: a stream that does not match is [`BlobError::Corrupt`] and nothing
+    /// is received. The export's parent must be in the pool already.
+    pub async fn import_disk(&self, session: &SessionId, snapshot: &SnapshotId, export: &DiskExport) -> Result<()> {
+        let stream = self.scratch_file(snapshot, "receive")?;
+        let result = self.fetch_and_receive(session, snapshot, export, &stream).await;
+        let _ = std::fs::remove_file(&stream);
+        result
+    }
+
+    async fn fetch_and_receive(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        export: &DiskExport,
+        stream: &Path,
+    ) -> Result<()> {
+        self.blobs.get_to_file(&export.stream, stream).await?;
+        let (pool, input) = (self.pool.clone(), stream.to_owned());
+        let (session, snapshot) = (session.clone(), snapshot.clone());
+        tokio::task::spawn_blocking(move || pool.receive_snapshot(&session, &snapshot, &input)).await??;
+        Ok(())
+    }
+
+    fn scratch_file(&self, snapshot: &SnapshotId, what: &str) -> Result<PathBuf> {
+        std::fs::create_dir_all(&self.scratch)
+            .map_err(|source| VolumeError::Io { path: self.scratch.clone(), source })?;
+        Ok(self.scratch.join(format!("{snapshot}.{what}")))
+    }
+}

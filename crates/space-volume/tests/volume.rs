@@ -1,0 +1,143 @@
+//! Snapshots exported from one real pool into the blob store and imported into another, with
+//! a corrupted stream refused (run as root; scripts/test.sh runs them against a directory and
+//! against S3-compatible storage).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use space_api::{SandboxId, SessionId, SnapshotId};
+use space_blob::{BlobError, BlobStore};
+use space_storage::{Pool, PoolOptions, SandboxIdentity, no_progress};
+use space_volume::{VolumeError, Volumes};
+
+/// A pool of its own in a temporary directory; dropping it deletes what it holds and
+/// unmounts it, also when the test failed.
+struct TestPool {
+    pool: Option<Arc<Pool>>,
+    dir: tempfile::TempDir,
+}
+
+impl TestPool {
+    fn new(name: &str) -> TestPool {
+        assert!(nix::unistd::geteuid().is_root(), "{name} mounts btrfs: run it as root (scripts/test.sh)");
+        let dir = tempfile::Builder::new().prefix(&format!("space-volume-{name}-")).tempdir().unwrap();
+        let pool = Pool::open(dir.path().join("data"), PoolOptions::default()).unwrap();
+        TestPool { pool: Some(Arc::new(pool)), dir }
+    }
+
+    fn pool(&self) -> &Arc<Pool> {
+        self.pool.as_ref().unwrap()
+    }
+
+    fn volumes(&self, blobs: &BlobStore) -> Volumes {
+        Volumes::new(self.pool().clone(), blobs.clone(), self.dir.path().join("scratch"))
+    }
+}
+
+impl Drop for TestPool {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            for (session, snapshot) in pool.list_snapshots().unwrap_or_default() {
+                let _ = pool.delete_snapshot(&session, &snapshot);
+            }
+            for id in pool.list_sandbox_roots().unwrap_or_default() {
+                let _ = pool.delete_sandbox_root(&id);
+            }
+            for t in pool.templates().list().unwrap_or_default() {
+                let _ = pool.templates().delete(&t.name, t.version);
+            }
+            let _ = pool.reclaim_trash(u64::MAX);
+        }
+        if let Err(e) = Pool::unmount(self.dir.path().join("data")) {
+            eprintln!("cleanup: unmount failed: {e}");
+        }
+    }
+}
+
+/// The blob store under test: the bucket scripts/with-s3.sh started, under a prefix of its
+/// own, when SPACE_TEST_S3_URL is set; a directory otherwise.
+fn test_blobs(dir: &tempfile::TempDir) -> BlobStore {
+    match std::env::var("SPACE_TEST_S3_URL") {
+        Ok(url) => {
+            let mut url = url::Url::parse(&url).unwrap();
+            url.set_path(&format!("volume-{}", hex::encode(rand::random::<[u8; 8]>())));
+            BlobStore::open(url.as_str()).unwrap()
+        }
+        Err(_) => BlobStore::open(dir.path().join("blobs").to_str().unwrap()).unwrap(),
+    }
+}
+
+/// A session with two snapshots in `pool`: `first` with /tmp/first, `second` without it and
+/// with a megabyte in /tmp/second.
+fn two_snapshots(pool: &Pool) -> (SessionId, SnapshotId, SnapshotId) {
+    let template = pool.templates().build_builtin("busybox", None, &no_progress).unwrap();
+    let (sandbox, session) = (SandboxId::generate(), SessionId::generate());
+    let identity = SandboxIdentity { hostname: "exported".into(), nameserver: None };
+    let root = pool.create_sandbox_root(&sandbox, &template, identity).unwrap();
+    std::fs::write(root.join("tmp/first"), "one").unwrap();
+    let first = SnapshotId::generate();
+    pool.snapshot_sandbox_root(&sandbox, &session, &first).unwrap();
+    std::fs::remove_file(root.join("tmp/first")).unwrap();
+    std::fs::write(root.join("tmp/second"), vec![7u8; 1 << 20]).unwrap();
+    let second = SnapshotId::generate();
+    pool.snapshot_sandbox_root(&sandbox, &session, &second).unwrap();
+    (session, first, second)
+}
+
+fn snapshot_file(pool: &Pool, session: &SessionId, snapshot: &SnapshotId, file: &str) -> PathBuf {
+    pool.snapshot_dir(session, snapshot).join("rootfs").join(file)
+}
+
+#[tokio::test]
+async fn a_snapshot_and_its_incremental_child_move_through_the_blob_store() {
+    let (from, to) = (TestPool::new("export-from"), TestPool::new("export-to"));
+    let blob_dir = tempfile::tempdir().unwrap();
+    let blobs = test_blobs(&blob_dir);
+    let (session, first, second) = two_snapshots(from.pool());
+
+    let exporter = from.volumes(&blobs);
+    let whole = exporter.export_disk(&session, &first, None).await.unwrap();
+    let delta = exporter.export_disk(&session, &second, Some(&first)).await.unwrap();
+    assert_eq!(delta.parent.as_ref(), Some(&first));
+    assert!(delta.stream.size < whole.stream.size, "delta {:?}, whole {:?}", delta.stream, whole.stream);
+    assert!(blobs.exists(&whole.stream).await.unwrap() && blobs.exists(&delta.stream).await.unwrap());
+
+    let importer = to.volumes(&blobs);
+    importer.import_disk(&session, &first, &whole).await.unwrap();
+    importer.import_disk(&session, &second, &delta).await.unwrap();
+    let dst = to.pool();
+    assert_eq!(std::fs::read_to_string(snapshot_file(dst, &session, &first, "tmp/first")).unwrap(), "one");
+    assert_eq!(std::fs::read(snapshot_file(dst, &session, &second, "tmp/second")).unwrap(), vec![7u8; 1 << 20]);
+    assert!(!snapshot_file(dst, &session, &second, "tmp/first").exists());
+    // No stream stays behind in the scratch directories.
+    for t in [&from, &to] {
+        assert_eq!(std::fs::read_dir(t.dir.path().join("scratch")).unwrap().count(), 0);
+    }
+    for export in [&whole, &delta] {
+        blobs.delete(&export.stream).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_corrupted_stream_is_refused_and_nothing_is_received() {
+    let (from, to) = (TestPool::new("corrupt-from"), TestPool::new("corrupt-to"));
+    let blob_dir = tempfile::tempdir().unwrap();
+    let blobs = test_blobs(&blob_dir);
+    let (session, first, _) = two_snapshots(from.pool());
+    let export = from.volumes(&blobs).export_disk(&session, &first, None).await.unwrap();
+
+    // One flipped bit in the middle of the stream, same size.
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good");
+    blobs.get_to_file(&export.stream, &good).await.unwrap();
+    let mut bytes = std::fs::read(&good).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x10;
+    blobs.replace_object(&export.stream, bytes).await.unwrap();
+
+    let err = to.volumes(&blobs).import_disk(&session, &first, &export).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Blob(BlobError::Corrupt { .. })), "{err:?}");
+    assert!(!to.pool().snapshot_dir(&session, &first).join("rootfs").exists());
+    assert!(to.pool().list_snapshots().unwrap().is_empty());
+    blobs.delete(&export.stream).await.unwrap();
+}
