@@ -121,23 +121,15 @@ impl BlobStore {
         }
         let key = Self::key(&blob);
         let mut upload = WriteMultipart::new_with_chunk_size(self.store.put_multipart(&key).await?, CHUNK);
-        let mut file = open(path).await?;
-        let mut hasher = Sha256::new();
-        let mut size = 0u64;
-        let mut buf = vec![0; CHUNK];
-        loop {
-            let n = file.read(&mut buf).await.map_err(io(path))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            size += n as u64;
+        let sent = read_hashed(path, async |chunk| {
             upload.wait_for_capacity(2).await?;
-            upload.write(&buf[..n]);
-        }
-        if hex::encode(hasher.finalize()) != blob.sha256 || size != blob.size {
+            upload.write(chunk);
+            Ok(())
+        })
+        .await;
+        if !matches!(&sent, Ok(sent) if *sent == blob) {
             upload.abort().await?;
-            return Err(BlobError::Changed { path: path.to_owned() });
+            return Err(sent.err().unwrap_or(BlobError::Changed { path: path.to_owned() }));
         }
         upload.finish().await?;
         Ok(blob)
@@ -241,6 +233,11 @@ async fn open(path: &Path) -> Result<tokio::fs::File> {
 }
 
 async fn hash_file(path: &Path) -> Result<BlobRef> {
+    read_hashed(path, async |_| Ok(())).await
+}
+
+/// Reads the file at `path` a chunk at a time, hashing it; `each` gets every chunk.
+async fn read_hashed(path: &Path, mut each: impl AsyncFnMut(&[u8]) -> Result<()>) -> Result<BlobRef> {
     let mut file = open(path).await?;
     let mut hasher = Sha256::new();
     let mut size = 0u64;
@@ -252,6 +249,7 @@ async fn hash_file(path: &Path) -> Result<BlobRef> {
         }
         hasher.update(&buf[..n]);
         size += n as u64;
+        each(&buf[..n]).await?;
     }
     Ok(BlobRef { sha256: hex::encode(hasher.finalize()), size })
 }
