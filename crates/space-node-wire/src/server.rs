@@ -17,6 +17,9 @@ use crate::{CheckpointSupport, NODE_API_VERSION, NodeInfo, Refusal, VERSION_HEAD
 
 /// Largest request body a node reads.
 const MAX_BODY: usize = 16 << 20;
+/// How long a connection may take to complete its TLS handshake: one that stalls (or never
+/// speaks) does not hold a task for ever.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves `node` on `listener` until the listener fails. Each connection must complete the
 /// mutual TLS handshake `tls` requires before anything is read from it.
@@ -27,10 +30,14 @@ pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, node: Arc<dyn 
         let acceptor = acceptor.clone();
         let node = node.clone();
         tokio::spawn(async move {
-            let tls = match acceptor.accept(tcp).await {
-                Ok(tls) => tls,
-                Err(e) => {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
                     tracing::info!(%peer, error = %e, "refused a connection to the node API");
+                    return;
+                }
+                Err(_) => {
+                    tracing::info!(%peer, "a connection to the node API did not complete its TLS handshake");
                     return;
                 }
             };
