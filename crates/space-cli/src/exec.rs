@@ -131,11 +131,14 @@ async fn relay(socket: WsStream, tty: bool, forward_stdin: bool) -> anyhow::Resu
     if forward_stdin {
         tokio::spawn(pump_stdin(input_tx.clone(), tty));
     }
+    // The handlers are installed here, before any output is shown, not in the tasks: a Ctrl-C
+    // right after the first output would otherwise find SIGINT's default and end the CLI.
+    use tokio::signal::unix::{SignalKind, signal};
     if tty {
-        tokio::spawn(forward_resizes(input_tx.clone()));
+        tokio::spawn(forward_resizes(signal(SignalKind::window_change())?, input_tx.clone()));
     } else {
         // In raw mode a terminal's Ctrl-C reaches the process as a byte; here it is our SIGINT.
-        tokio::spawn(forward_interrupts(input_tx.clone()));
+        tokio::spawn(forward_interrupts(signal(SignalKind::interrupt())?, input_tx.clone()));
     }
     tokio::spawn(keep_alive(input_tx.clone()));
     drop(input_tx);
@@ -225,9 +228,7 @@ async fn pump_stdin(tx: tokio::sync::mpsc::Sender<Message>, tty: bool) {
 
 /// The first Ctrl-C sends the command SIGINT, as a local one would get; a second one, for a
 /// command that ignores it, kills it; a third one gives up on the server and exits.
-async fn forward_interrupts(tx: tokio::sync::mpsc::Sender<Message>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut interrupts) = signal(SignalKind::interrupt()) else { return };
+async fn forward_interrupts(mut interrupts: tokio::signal::unix::Signal, tx: tokio::sync::mpsc::Sender<Message>) {
     for signal in [2, 9] {
         if interrupts.recv().await.is_none() {
             return;
@@ -245,9 +246,7 @@ async fn forward_interrupts(tx: tokio::sync::mpsc::Sender<Message>) {
     }
 }
 
-async fn forward_resizes(tx: tokio::sync::mpsc::Sender<Message>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut winch) = signal(SignalKind::window_change()) else { return };
+async fn forward_resizes(mut winch: tokio::signal::unix::Signal, tx: tokio::sync::mpsc::Sender<Message>) {
     while winch.recv().await.is_some() {
         let size = terminal_size();
         let resize = WsClientMessage::Resize { rows: size.rows, cols: size.cols };
