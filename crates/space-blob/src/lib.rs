@@ -254,5 +254,20 @@ async fn read_hashed(path: &Path, mut each: impl AsyncFnMut(&[u8]) -> Result<()>
     Ok(BlobRef { sha256: hex::encode(hasher.finalize()), size })
 }
 
+/// The store a test runs against: the bucket scripts/with-s3.sh started (SPACE_TEST_S3_URL),
+/// under a prefix named after `dir`, when it is set; the directory `dir/blobs` otherwise.
+#[cfg(any(test, feature = "testing"))]
+pub fn store_under_test(dir: &Path) -> BlobStore {
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("test").to_owned();
+    match std::env::var("SPACE_TEST_S3_URL") {
+        Ok(url) => {
+            let mut url = url::Url::parse(&url).expect("SPACE_TEST_S3_URL is a URL");
+            url.set_path(&name);
+            BlobStore::open(url.as_str()).expect("open the test bucket")
+        }
+        Err(_) => BlobStore::open(dir.join("blobs").to_str().expect("a UTF-8 path")).expect("open a test directory"),
+    }
+}
+
 #[cfg(test)]
 mod tests;

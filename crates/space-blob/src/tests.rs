@@ -5,22 +5,13 @@ use super::*;
 
 struct TestStore {
     blobs: BlobStore,
-    _dir: Option<tempfile::TempDir>,
+    _dir: tempfile::TempDir,
 }
 
-/// The store under test, under a prefix of its own when it is the shared bucket.
+/// The store under test, with a directory of its own (its blobs, or its prefix in the bucket).
 fn test_store() -> TestStore {
-    match std::env::var("SPACE_TEST_S3_URL") {
-        Ok(url) => {
-            let mut url = url::Url::parse(&url).unwrap();
-            url.set_path(&format!("test-{}", hex::encode(rand::random::<[u8; 8]>())));
-            TestStore { blobs: BlobStore::open(url.as_str()).unwrap(), _dir: None }
-        }
-        Err(_) => {
-            let dir = tempfile::tempdir().unwrap();
-            TestStore { blobs: BlobStore::open(dir.path().to_str().unwrap()).unwrap(), _dir: Some(dir) }
-        }
-    }
+    let dir = tempfile::tempdir().unwrap();
+    TestStore { blobs: store_under_test(dir.path()), _dir: dir }
 }
 
 fn random_bytes(len: usize) -> Vec<u8> {

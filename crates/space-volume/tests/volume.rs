@@ -54,19 +54,6 @@ impl Drop for TestPool {
     }
 }
 
-/// The blob store under test: the bucket scripts/with-s3.sh started, under a prefix of its
-/// own, when SPACE_TEST_S3_URL is set; a directory otherwise.
-fn test_blobs(dir: &tempfile::TempDir) -> BlobStore {
-    match std::env::var("SPACE_TEST_S3_URL") {
-        Ok(url) => {
-            let mut url = url::Url::parse(&url).unwrap();
-            url.set_path(&format!("volume-{}", hex::encode(rand::random::<[u8; 8]>())));
-            BlobStore::open(url.as_str()).unwrap()
-        }
-        Err(_) => BlobStore::open(dir.path().join("blobs").to_str().unwrap()).unwrap(),
-    }
-}
-
 /// A session with two snapshots in `pool`: `first` with /tmp/first, `second` without it and
 /// with a megabyte in /tmp/second.
 fn two_snapshots(pool: &Pool) -> (SessionId, SnapshotId, SnapshotId) {
@@ -92,7 +79,7 @@ fn snapshot_file(pool: &Pool, session: &SessionId, snapshot: &SnapshotId, file: 
 async fn a_snapshot_and_its_incremental_child_move_through_the_blob_store() {
     let (from, to) = (TestPool::new("export-from"), TestPool::new("export-to"));
     let blob_dir = tempfile::tempdir().unwrap();
-    let blobs = test_blobs(&blob_dir);
+    let blobs = space_blob::store_under_test(blob_dir.path());
     let (session, first, second) = two_snapshots(from.pool());
 
     let exporter = from.volumes(&blobs);
@@ -122,7 +109,7 @@ async fn a_snapshot_and_its_incremental_child_move_through_the_blob_store() {
 async fn a_corrupted_stream_is_refused_and_nothing_is_received() {
     let (from, to) = (TestPool::new("corrupt-from"), TestPool::new("corrupt-to"));
     let blob_dir = tempfile::tempdir().unwrap();
-    let blobs = test_blobs(&blob_dir);
+    let blobs = space_blob::store_under_test(blob_dir.path());
     let (session, first, _) = two_snapshots(from.pool());
     let export = from.volumes(&blobs).export_disk(&session, &first, None).await.unwrap();
 
