@@ -28,6 +28,12 @@ cargo nextest run --workspace
 # The store's tests and the control plane's contract tests again, against PostgreSQL (a
 # server of their own, in a temporary directory) instead of SQLite.
 scripts/with-postgres.sh cargo nextest run -E 'package(space-store) | (package(space-control) & binary(contract))'
+# The contract tests again with the control plane reaching its node over the node API's
+# wire form (mutual TLS on loopback) instead of in-process.
+SPACE_CONTRACT_NODE=wire cargo nextest run -p space-control --test contract
+# The root suites that hold for both topologies, again with the control plane and its node in
+# processes of their own (`space control` driving `space node run` over mutual TLS).
+SPACE_TEST_TOPOLOGY=split cargo nextest run -p space-cli --test exec --test files --test lifecycle --test suspend --test egress --test ports --test recovery --test pool
 # The blob store's and the volume manager's tests again, against S3-compatible storage
 # (SeaweedFS, started on loopback ports of its own) instead of a local directory.
 scripts/with-s3.sh cargo nextest run -p space-blob -p space-volume

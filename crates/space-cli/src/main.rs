@@ -15,6 +15,7 @@ mod mcp;
 mod output;
 mod ports;
 mod process;
+mod roles;
 mod serve;
 mod sessions;
 mod snapshots;
@@ -57,6 +58,8 @@ struct Cli {
 enum Command {
     /// Run the server: control plane, node and API in one process.
     Serve(Box<serve::ServeArgs>),
+    /// Run a control plane only (API, database, reconciler) over the node at --node.
+    Control(Box<roles::ControlRoleArgs>),
     /// Check which runtimes this host can run (as root, no server needed) and what the others lack.
     Doctor(doctor::DoctorArgs),
     /// Create, list, show and destroy sessions.
@@ -120,6 +123,9 @@ enum Command {
 enum NodeCommand {
     /// Every node: state (ready while its lease holds, lost after), capacity, sessions, pools.
     List,
+    /// Run a node only: sandboxes, warm pool and gateway, driven by `space control` over the
+    /// node API (mutual TLS with the cluster's certificates; needs root, no key).
+    Run(Box<roles::NodeRoleArgs>),
 }
 
 #[derive(Subcommand)]
@@ -184,6 +190,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         serve::run(*args, cli.data_dir).await?;
         return Ok(ExitCode::SUCCESS);
     }
+    if let Command::Node(NodeCommand::Run(args)) = cli.command {
+        roles::run_node(*args, cli.data_dir).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Command::Control(args) = cli.command {
+        roles::run_control(*args, cli.data_dir).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Command::Doctor(args) = cli.command {
         return doctor::run(args, cli.json).await;
     }
@@ -202,7 +216,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let client = Client::new(&cli.url, cli.api_key.clone(), &cli.data_dir)?;
     let json = cli.json;
     match cli.command {
-        Command::Serve(_) | Command::Doctor(_) | Command::Cluster(_) => unreachable!("handled above"),
+        Command::Serve(_)
+        | Command::Node(NodeCommand::Run(_))
+        | Command::Control(_)
+        | Command::Doctor(_)
+        | Command::Cluster(_) => unreachable!("handled above"),
         Command::Session(cmd) => sessions::run(&client, cmd, json).await?,
         Command::Credential(cmd) => credentials::run(&client, cmd, json).await?,
         Command::Exec(args) => return exec::run(&client, args).await,

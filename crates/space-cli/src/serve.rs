@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -15,118 +15,139 @@ use space_storage::DEFAULT_TEMPLATE_CACHE_DIR;
 use crate::host::HostArgs;
 use tracing_subscriber::EnvFilter;
 
+/// `space serve`: both roles in one process.
 #[derive(Args)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// What the control plane is told: its API, database, and the defaults of sessions.
+#[derive(Args)]
+pub struct ControlArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7070")]
-    listen: SocketAddr,
+    pub listen: SocketAddr,
     /// Database to keep the control plane's state in: `postgres://USER:PASSWORD@HOST:PORT/DB`
     /// (docs/operations.md), or SQLite at DATA_DIR/space.db when not given. One `space serve`
     /// per database.
     #[arg(long, env = "SPACE_DATABASE_URL", hide_env_values = true)]
-    database: Option<String>,
+    pub database: Option<String>,
     /// Template used when a session names none.
     #[arg(long, default_value = "debian")]
-    default_template: String,
+    pub default_template: String,
     /// Runtime of sessions that name none: `linux` (namespaces on the host kernel) or `vm`
     /// (a QEMU microvm with its own kernel).
     #[arg(long, default_value_t = RuntimeKind::Linux)]
-    default_runtime: RuntimeKind,
+    pub default_runtime: RuntimeKind,
     /// Built-in templates to build at start if missing (comma-separated; default: the default template).
     #[arg(long, value_delimiter = ',')]
-    prepare_templates: Option<Vec<String>>,
-    #[command(flatten)]
-    host: HostArgs,
-    /// Cgroup directory for this server's sandboxes, under each controller. They go in a
-    /// subdirectory named by the node id (`space/<node id>/<sandbox id>`), so servers that
-    /// share this parent never touch each other's sandboxes.
-    #[arg(long, default_value = "space")]
-    cgroup_parent: String,
-    /// Where finished built-in templates are cached across data dirs.
-    #[arg(long, default_value = DEFAULT_TEMPLATE_CACHE_DIR)]
-    template_cache: PathBuf,
-    /// Size of the sparse pool image when the data dir is not on btrfs, e.g. `100g`, `1t` or a
-    /// number of GiB (default: half the space free on the data dir's disk when the image is made).
-    #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_gib)]
-    pool_size_gib: Option<u64>,
-    /// Warm pool: ready sandboxes kept per template and runtime, e.g. `debian=16,debian:vm=4`
-    /// (`NAME` alone is the default runtime's pool; "" for none; default: 4 of the default
-    /// template in the default runtime). Changeable at run time with `space pool set`.
-    #[arg(long)]
-    pool: Option<String>,
+    pub prepare_templates: Option<Vec<String>>,
     /// Disk limit of sessions created without one, e.g. `10g` or a number of GiB (0: no limit).
     /// A session's disk is what its sandboxes wrote that still exists, in its root or its snapshots.
     #[arg(long, value_name = "SIZE", default_value = "10", value_parser = crate::units::parse_gib)]
-    default_disk_gib: u64,
+    pub default_disk_gib: u64,
     /// Snapshot policy of sessions created without one, e.g.
     /// `disk=1m,full=15m,keep=1h,hourly=1d,daily=7d` (the default) or `off`.
     #[arg(long, default_value_t = SnapshotPolicy::default())]
-    snapshot_policy: SnapshotPolicy,
+    pub snapshot_policy: SnapshotPolicy,
     /// How often the snapshot scheduler runs, in milliseconds.
     #[arg(long, default_value_t = 5000)]
-    snapshot_tick_ms: u64,
-    /// How many pods may be prepared at the same time (default: half the CPUs, at least 1),
-    /// so refilling never takes every core from running sandboxes.
-    #[arg(long)]
-    pool_fill_concurrency: Option<u32>,
+    pub snapshot_tick_ms: u64,
     /// Key file that encrypts credential values and other secrets at rest (default:
     /// DATA_DIR/keys/master.key; created, mode 0600, only while nothing is sealed yet). Keep a
     /// copy: without it stored credentials are unreadable, and the server refuses to start.
     #[arg(long)]
-    key_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
     /// How long the gateway's audit events are kept, e.g. `30d` or `12h` (`off`: for ever).
     /// Older ones are deleted hourly.
     #[arg(long, default_value = "30d", value_parser = parse_retention)]
-    audit_retention: Retention,
+    pub audit_retention: Retention,
     /// Most connections open at once, WebSockets included; further clients wait until one
     /// closes.
     #[arg(long, default_value_t = HttpLimits::default().max_connections)]
-    max_connections: usize,
+    pub max_connections: usize,
     /// Close exec, attach and watch WebSockets that carry nothing either way for this long,
     /// e.g. `5m` (pings count; `space exec` and `space files watch` send them).
     #[arg(long, default_value = "5m", value_parser = parse_idle)]
-    ws_idle_timeout: std::time::Duration,
-    /// Gateway: resolve NAME to ADDR (an address, or address:port to also replace the port)
-    /// instead of asking DNS. Repeatable. Meant for tests and private upstreams.
-    #[arg(long = "gateway-resolve", value_name = "NAME=ADDR")]
-    gateway_resolve: Vec<String>,
-    /// Gateway: also trust this PEM file's certificates for upstream TLS.
-    #[arg(long = "gateway-extra-root", value_name = "PEM")]
-    gateway_extra_root: Vec<PathBuf>,
+    pub ws_idle_timeout: std::time::Duration,
     /// Let credentials name hosts by wildcard (`*.example.com`). Off by default: the value then
     /// goes to every name under the domain, including ones a sandbox user may create or take
     /// over; credentials name each host exactly.
     #[arg(long)]
-    allow_wildcard_credential_hosts: bool,
+    pub allow_wildcard_credential_hosts: bool,
     /// Serve each session's ports at `{port}-{session}.DOMAIN` too (E2B's host scheme; point a
     /// wildcard DNS name and TLS certificate at this server, or at a proxy in front of it).
     /// Ports are always reachable at `/v1/sessions/{id}/ports/{port}/`.
     #[arg(long, value_name = "DOMAIN", value_parser = parse_preview_domain)]
-    preview_domain: Option<String>,
-    /// Gateway: let upstream addresses be private, loopback, link-local or the node's own
-    /// (off: such addresses are refused, which stops DNS rebinding and sandboxes reaching the
-    /// node's own services). For tests and trusted networks.
-    #[arg(long)]
-    gateway_allow_private: bool,
-    /// Gateway: resolve upstream names with this name server (an address, port 53 unless
-    /// given; IPv6 in brackets before a port) instead of the host's resolver configuration;
-    /// /etc/hosts and search domains are then not used. Repeatable.
-    #[arg(long = "gateway-dns", value_name = "ADDR[:PORT]", value_parser = parse_gateway_dns)]
-    gateway_dns: Vec<SocketAddr>,
-    /// Gateway: connections one sandbox may have open at once through the proxy and the
-    /// transparent ports 80 and 443 together; beyond it new ones are refused (503, or reset on
-    /// 443) and audited.
-    #[arg(long, value_name = "N", default_value_t = SandboxLimits::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
-    gateway_max_connections: usize,
+    pub preview_domain: Option<String>,
     /// Serve Prometheus metrics at `GET /metrics` on this address (e.g. 127.0.0.1:9464),
     /// without authentication: give it an address only the operator's scraper reaches.
     /// Off by default.
     #[arg(long, value_name = "ADDR")]
-    metrics_listen: Option<SocketAddr>,
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// What a node is told: its host tools, storage, warm pool and gateway.
+#[derive(Args)]
+pub struct NodeArgs {
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Cgroup directory for this server's sandboxes, under each controller. They go in a
+    /// subdirectory named by the node id (`space/<node id>/<sandbox id>`), so servers that
+    /// share this parent never touch each other's sandboxes.
+    #[arg(long, default_value = "space")]
+    pub cgroup_parent: String,
+    /// Where finished built-in templates are cached across data dirs.
+    #[arg(long, default_value = DEFAULT_TEMPLATE_CACHE_DIR)]
+    pub template_cache: PathBuf,
+    /// Size of the sparse pool image when the data dir is not on btrfs, e.g. `100g`, `1t` or a
+    /// number of GiB (default: half the space free on the data dir's disk when the image is made).
+    #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_gib)]
+    pub pool_size_gib: Option<u64>,
+    /// Warm pool: ready sandboxes kept per template and runtime, e.g. `debian=16,debian:vm=4`
+    /// (`NAME` alone is the default runtime's pool; "" for none; default: 4 of the default
+    /// template in the default runtime). Changeable at run time with `space pool set`.
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// How many pods may be prepared at the same time (default: half the CPUs, at least 1),
+    /// so refilling never takes every core from running sandboxes.
+    #[arg(long)]
+    pub pool_fill_concurrency: Option<u32>,
+    /// Gateway: resolve NAME to ADDR (an address, or address:port to also replace the port)
+    /// instead of asking DNS. Repeatable. Meant for tests and private upstreams.
+    #[arg(long = "gateway-resolve", value_name = "NAME=ADDR")]
+    pub gateway_resolve: Vec<String>,
+    /// Gateway: also trust this PEM file's certificates for upstream TLS.
+    #[arg(long = "gateway-extra-root", value_name = "PEM")]
+    pub gateway_extra_root: Vec<PathBuf>,
+    /// Gateway: let upstream addresses be private, loopback, link-local or the node's own
+    /// (off: such addresses are refused, which stops DNS rebinding and sandboxes reaching the
+    /// node's own services). For tests and trusted networks.
+    #[arg(long)]
+    pub gateway_allow_private: bool,
+    /// Gateway: resolve upstream names with this name server (an address, port 53 unless
+    /// given; IPv6 in brackets before a port) instead of the host's resolver configuration;
+    /// /etc/hosts and search domains are then not used. Repeatable.
+    #[arg(long = "gateway-dns", value_name = "ADDR[:PORT]", value_parser = parse_gateway_dns)]
+    pub gateway_dns: Vec<SocketAddr>,
+    /// Gateway: connections one sandbox may have open at once through the proxy and the
+    /// transparent ports 80 and 443 together; beyond it new ones are refused (503, or reset on
+    /// 443) and audited.
+    #[arg(long, value_name = "N", default_value_t = SandboxLimits::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
+    pub gateway_max_connections: usize,
+}
+
+#[derive(Args)]
+pub struct LogArgs {
     /// Log lines as `text` (human; colour only on a terminal) or `json` (one object a line,
     /// with the request id of the request it belongs to). Verbosity from `RUST_LOG`.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
-    log_format: LogFormat,
+    pub log_format: LogFormat,
 }
 
 /// How `space serve` writes its log (to stderr).
@@ -138,7 +159,7 @@ pub enum LogFormat {
 
 /// Logs to stderr in `format`, at `RUST_LOG`'s levels (default `info`). Colour codes only
 /// when stderr is a terminal: a file or journald gets plain text.
-fn init_logging(format: LogFormat) {
+pub fn init_logging(format: LogFormat) {
     use std::io::IsTerminal;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
@@ -162,7 +183,7 @@ fn parse_gateway_dns(value: &str) -> Result<SocketAddr, String> {
 
 /// A retention period, or none (`off`).
 #[derive(Debug, Clone, Copy)]
-struct Retention(Option<std::time::Duration>);
+pub struct Retention(Option<std::time::Duration>);
 
 fn parse_retention(value: &str) -> Result<Retention, String> {
     if value == "off" {
@@ -182,7 +203,7 @@ fn parse_idle(value: &str) -> Result<std::time::Duration, String> {
 }
 
 /// The gateway's operator settings from the flags.
-fn gateway_config(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
+fn gateway_config(args: &NodeArgs) -> anyhow::Result<GatewayConfig> {
     let mut config = GatewayConfig {
         allow_private_upstreams: args.gateway_allow_private,
         dns_servers: args.gateway_dns.clone(),
@@ -233,10 +254,14 @@ fn parse_pool(spec: &str, default_runtime: RuntimeKind) -> anyhow::Result<BTreeM
     Ok(sizes)
 }
 
-fn warm_settings(args: &ServeArgs) -> anyhow::Result<WarmSettings> {
+fn warm_settings(
+    args: &NodeArgs,
+    default_template: &str,
+    default_runtime: RuntimeKind,
+) -> anyhow::Result<WarmSettings> {
     let sizes = match &args.pool {
-        Some(spec) => parse_pool(spec, args.default_runtime)?,
-        None => BTreeMap::from([((args.default_template.clone(), args.default_runtime), 4)]),
+        Some(spec) => parse_pool(spec, default_runtime)?,
+        None => BTreeMap::from([((default_template.to_owned(), default_runtime), 4)]),
     };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     Ok(WarmSettings {
@@ -248,7 +273,7 @@ fn warm_settings(args: &ServeArgs) -> anyhow::Result<WarmSettings> {
 
 /// Each sandbox costs the server a few descriptors (agent connection, pidfd): lift the soft
 /// limit to the hard one so hundreds of sandboxes fit.
-fn raise_fd_limit() {
+pub fn raise_fd_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
         && soft < hard
@@ -259,25 +284,41 @@ fn raise_fd_limit() {
 }
 
 pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
-    init_logging(args.log_format);
-    if !nix::unistd::Uid::effective().is_root() {
-        bail!("space serve must run as root (it creates namespaces, cgroups and btrfs subvolumes)");
-    }
+    init_logging(args.log.log_format);
+    require_root("space serve")?;
     raise_fd_limit();
-    let warm = warm_settings(&args)?;
-    let gateway = gateway_config(&args)?;
-    let config = ServerConfig {
-        data_dir: data_dir.clone(),
+    let config = server_config(&args.control, &data_dir);
+    let node = node_config(&args.node, &data_dir, &config.default_template, config.default_runtime)?;
+    // The in-process node: `space serve` is control plane and node in one process.
+    let open_node = async |node_id: &str| -> Result<Arc<dyn NodeApi>, space_node_api::NodeError> {
+        let node: Arc<dyn NodeApi> = Arc::new(Node::open(node.owned_by(node_id)).await?);
+        Ok(node)
+    };
+    serve_control(config, args.control.metrics_listen, open_node).await
+}
+
+/// Refuses to go on unless root: sandboxes need namespaces, cgroups and btrfs subvolumes.
+pub fn require_root(what: &str) -> anyhow::Result<()> {
+    if !nix::unistd::Uid::effective().is_root() {
+        bail!("{what} must run as root (it creates namespaces, cgroups and btrfs subvolumes)");
+    }
+    Ok(())
+}
+
+/// The control plane's settings from its flags.
+pub fn server_config(args: &ControlArgs, data_dir: &Path) -> ServerConfig {
+    ServerConfig {
+        data_dir: data_dir.to_owned(),
         database: args.database.clone(),
         listen: args.listen,
         key_file: args.key_file.clone().unwrap_or_else(|| data_dir.join("keys/master.key")),
         audit_retention: args.audit_retention.0,
         allow_wildcard_credential_hosts: args.allow_wildcard_credential_hosts,
         preview_domain: args.preview_domain.clone(),
-        prepare_templates: args.prepare_templates.unwrap_or_else(|| vec![args.default_template.clone()]),
-        default_template: args.default_template,
+        prepare_templates: args.prepare_templates.clone().unwrap_or_else(|| vec![args.default_template.clone()]),
+        default_template: args.default_template.clone(),
         default_runtime: args.default_runtime,
-        snapshot_policy: args.snapshot_policy,
+        snapshot_policy: args.snapshot_policy.clone(),
         default_disk_mib: args.default_disk_gib.saturating_mul(1024),
         scheduler_tick: std::time::Duration::from_millis(args.snapshot_tick_ms.max(10)),
         http: HttpLimits {
@@ -285,32 +326,47 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
             ws_idle_timeout: args.ws_idle_timeout,
             ..HttpLimits::default()
         },
-    };
-    let node = NodeConfig {
-        data_dir: data_dir.clone(),
+    }
+}
+
+/// The node's settings from its flags. Its warm pool, unless `--pool` says otherwise, is 4
+/// pods of `default_template` in `default_runtime`.
+pub fn node_config(
+    args: &NodeArgs,
+    data_dir: &Path,
+    default_template: &str,
+    default_runtime: RuntimeKind,
+) -> anyhow::Result<NodeConfig> {
+    Ok(NodeConfig {
+        data_dir: data_dir.to_owned(),
         spaced_bin: args.host.spaced()?,
         criu: args.host.criu.clone(),
-        cgroup_parent: args.cgroup_parent,
-        template_cache_dir: args.template_cache,
+        cgroup_parent: args.cgroup_parent.clone(),
+        template_cache_dir: args.template_cache.clone(),
         image_size_bytes: args.pool_size_gib.map(|g| g << 30),
         id_map: args.host.id_map(),
-        warm,
-        gateway,
+        warm: warm_settings(args, default_template, default_runtime)?,
+        gateway: gateway_config(args)?,
         vm: args.host.vm(),
-    };
+        id: String::new(),
+    })
+}
+
+/// Opens the node (`open_node`), starts the control plane over it and serves its API (and
+/// metrics, with `metrics_listen`) until a shutdown signal.
+pub async fn serve_control(
+    config: ServerConfig,
+    metrics_listen: Option<SocketAddr>,
+    open_node: impl AsyncFnOnce(&str) -> Result<Arc<dyn NodeApi>, space_node_api::NodeError>,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
-    let metrics_listener = match args.metrics_listen {
+    let metrics_listener = match metrics_listen {
         Some(addr) => {
             Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}"))?)
         }
         None => None,
-    };
-    // The in-process node: `space serve` is control plane and node in one process.
-    let open_node = async |node_id: &str| -> Result<Arc<dyn NodeApi>, space_node_api::NodeError> {
-        let node: Arc<dyn NodeApi> = Arc::new(Node::open(node.owned_by(node_id)).await?);
-        Ok(node)
     };
     let state = space_control::start(&config, open_node).await?;
     if let Err(why) = state.node.runtime_available(config.default_runtime) {
@@ -333,12 +389,13 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
             }
         });
     }
-    tracing::info!(listen = %config.listen, data_dir = %data_dir.display(), "space is serving; admin key in {}/admin.key", data_dir.display());
+    let data_dir = config.data_dir.display();
+    tracing::info!(listen = %config.listen, %data_dir, "space is serving; admin key in {data_dir}/admin.key");
     space_control::serve(state, listener, shutdown_signal()).await?;
     Ok(())
 }
 
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         return std::future::pending().await;

@@ -138,7 +138,7 @@ pub async fn start(
         None => Store::open_sqlite(&config.data_dir.join("space.db")).await,
     }
     .map_err(context("opening the database"))?;
-    let node_id = store
+    let stored_node_id = store
         .meta_get_or_insert("node_id", NodeId::generate().as_str())
         .await
         .map_err(context("reading the node id"))?;
@@ -147,7 +147,9 @@ pub async fn start(
     let idempotency = idempotency::Idempotency::load(store.clone(), &sealer)
         .await
         .map_err(context("loading the key of idempotency fingerprints"))?;
-    let node = open_node(&node_id).await.map_err(context("starting the node"))?;
+    let node = open_node(&stored_node_id).await.map_err(context("starting the node"))?;
+    // The in-process node takes the stored id; a remote one has its own.
+    let node_id = node.node_id();
     let admin_key_file = config.data_dir.join("admin.key");
     auth::bootstrap_admin_key(&store, &admin_key_file).await.map_err(context("creating the admin key"))?;
     let reconciler = Reconciler::new();

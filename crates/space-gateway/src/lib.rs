@@ -67,7 +67,7 @@ pub struct GatewayConfig {
 
 /// A session's certificate authority: signs the certificates the gateway shows for the
 /// hosts it intercepts. Only `cert_pem` ever enters the sandbox.
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct SessionCa {
     pub cert_pem: String,
     pub key_pem: String,
@@ -80,7 +80,7 @@ impl std::fmt::Debug for SessionCa {
 }
 
 /// A credential granted to a session, with its value: lives only in the node's memory.
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct Grant {
     /// The credential's id, unique across tenants: what its rate limit is counted by, so
     /// every session holding it (a fork, another session granted it) shares one bucket.
@@ -110,7 +110,7 @@ impl std::fmt::Debug for Grant {
 }
 
 /// Everything the gateway needs to decide for one session.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SessionEgress {
     pub policy: NetworkPolicy,
     pub ca: SessionCa,

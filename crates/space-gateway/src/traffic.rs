@@ -11,7 +11,7 @@ use space_api::egress::AuditEvent;
 
 /// Bytes a session moved through the gateway since its egress was set on this node (the
 /// server's start, or the session's creation).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SessionTraffic {
     /// From the sandbox to upstreams.
     pub bytes_out: u64,

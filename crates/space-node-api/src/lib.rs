@@ -58,7 +58,7 @@ pub enum NodeError {
 pub type Result<T, E = NodeError> = std::result::Result<T, E>;
 
 /// Why a port of a sandbox could not be connected to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PortFailure {
     /// Nothing listens there, or it did not answer.
     Unreachable,
@@ -76,7 +76,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> PortIo for 
 pub type PortStream = Box<dyn PortIo>;
 
 /// Which disk space ran out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OutOfSpace {
     /// The node's storage pool is full.
     Pool,
@@ -85,14 +85,14 @@ pub enum OutOfSpace {
 }
 
 /// Whose disk a new sandbox root is charged to, and that session's cap (`None`: no cap).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DiskQuota {
     pub session: SessionId,
     pub limit_bytes: Option<u64>,
 }
 
 /// What a session is charged for on a node's disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DiskUsage {
     /// What its sandboxes wrote that still exists anywhere on the node (roots, snapshots,
     /// forks made from them).
@@ -138,6 +138,9 @@ pub trait NodeApi: EgressControl + 'static {
     /// Starts the node's background work (warm pool, reclaiming destroyed roots). Called
     /// once, after the start-up sweep, which would otherwise destroy the pool's pods.
     fn start_background(self: Arc<Self>);
+
+    /// The node's id: what its sandboxes are recorded under, and what its cgroups are named by.
+    fn node_id(&self) -> String;
 
     // Templates.
 

@@ -119,6 +119,8 @@ pub struct SimConfig {
     pub vm: Result<String, String>,
     /// What `capacity` answers.
     pub capacity: space_api::NodeCapacity,
+    /// What `node_id` answers.
+    pub node_id: String,
 }
 
 impl Default for SimConfig {
@@ -129,6 +131,7 @@ impl Default for SimConfig {
             checkpoints: Ok("simulated checkpoints".into()),
             vm: Ok("simulated virtual machines".into()),
             capacity: space_api::NodeCapacity { cpus: 4, memory_mib: 8192 },
+            node_id: "node-sim".into(),
         }
     }
 }

@@ -83,6 +83,10 @@ impl NodeApi for SimNode {
         Ok(self.state().add_template(name, format!("imported from {} (simulated)", path.display())))
     }
 
+    fn node_id(&self) -> String {
+        self.state().config.node_id.clone()
+    }
+
     fn runtimes(&self) -> Vec<RuntimeSupport> {
         let vm = self.state().config.vm.clone();
         let linux = RuntimeSupport { runtime: RuntimeKind::Linux, available: true, detail: "simulated".into() };

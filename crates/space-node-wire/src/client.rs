@@ -1,20 +1,30 @@
-//! A control plane's end of the wire: one node, over one kept-alive connection that is
-//! made again when it ends.
+//! A control plane's end of the wire: one node, over kept-alive connections made again
+//! when they end.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
-use hyper::{Method, Request, StatusCode};
+use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 use tokio_rustls::TlsConnector;
 
+use crate::ops::{NodeFailure, UPGRADE_PROTOCOL, paths};
 use crate::{NODE_API_VERSION, NodeInfo, Refusal, VERSION_HEADER, WireError, codes};
+
+/// Idle connections kept for calls to come; more are made while more calls run at once.
+const IDLE_CONNECTIONS: usize = 16;
+
+/// An upgraded connection to a node: an agent's protocol or a port's bytes.
+pub type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
 
 /// A connection to one node's API.
 pub struct NodeClient {
@@ -24,7 +34,7 @@ pub struct NodeClient {
     server_name: ServerName<'static>,
     connector: TlsConnector,
     api_version: u32,
-    connection: Mutex<Option<SendRequest<Full<Bytes>>>>,
+    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
 }
 
 impl NodeClient {
@@ -41,46 +51,106 @@ impl NodeClient {
             server_name,
             connector: TlsConnector::from(tls),
             api_version: NODE_API_VERSION,
-            connection: Mutex::new(None),
+            idle: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The node's address.
+    pub fn address(&self) -> &str {
+        &self.address
     }
 
     /// What the node says of itself.
     pub async fn info(&self) -> Result<NodeInfo, WireError> {
-        let body = self.call(Method::GET, "/v1/info", Bytes::new()).await?;
+        let body = self.call(Method::GET, paths::INFO, Bytes::new()).await?;
         Ok(serde_json::from_slice(&body)?)
     }
 
-    /// Sends one request and returns the body of a successful answer.
-    async fn call(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes, WireError> {
-        let request = Request::builder()
+    /// `POST`s `request` to `path` and reads the answer as a `T`; a node's failure is
+    /// [`WireError::Failed`].
+    pub async fn post<T: DeserializeOwned>(&self, path: &str, request: &impl Serialize) -> Result<T, WireError> {
+        let body = self.call(Method::POST, path, Bytes::from(serde_json::to_vec(request)?)).await?;
+        Ok(serde_json::from_slice(&body)?)
+    }
+
+    /// `method`s `request` to `path`, and returns the body of a successful answer as it
+    /// comes, for answers that stream. The connection is not kept.
+    pub async fn open(&self, method: Method, path: &str, request: &impl Serialize) -> Result<Incoming, WireError> {
+        let request = self.request(method, path, Bytes::from(serde_json::to_vec(request)?))?;
+        let mut sender = self.connect().await?;
+        let response = sender.send_request(request).await?;
+        Ok(self.check(response, StatusCode::OK).await?.into_body())
+    }
+
+    /// `POST`s `request` to `path` asking for an upgrade; the upgraded connection.
+    pub async fn upgrade(&self, path: &str, request: &impl Serialize) -> Result<Upgraded, WireError> {
+        let mut request = self.request(Method::POST, path, Bytes::from(serde_json::to_vec(request)?))?;
+        let headers = request.headers_mut();
+        headers.insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("upgrade"));
+        headers.insert(hyper::header::UPGRADE, hyper::header::HeaderValue::from_static(UPGRADE_PROTOCOL));
+        let mut sender = self.connect().await?;
+        let response = sender.send_request(request).await?;
+        let response = self.check(response, StatusCode::SWITCHING_PROTOCOLS).await?;
+        Ok(TokioIo::new(hyper::upgrade::on(response).await?))
+    }
+
+    fn request(&self, method: Method, path: &str, body: Bytes) -> Result<Request<Full<Bytes>>, WireError> {
+        Ok(Request::builder()
             .method(method)
             .uri(path)
             .header(hyper::header::HOST, &self.address)
             .header(VERSION_HEADER, self.api_version)
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(body))?;
+            .body(Full::new(body))?)
+    }
+
+    /// Sends one request and returns the body of a successful answer.
+    async fn call(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes, WireError> {
+        let request = self.request(method, path, body)?;
         let mut sender = self.sender().await?;
         let response = sender.send_request(request).await?;
-        // Put the connection back only once it has answered: a connection another call is
-        // waiting on is not reused concurrently.
-        *self.connection.lock().await = Some(sender);
+        let response = self.check(response, StatusCode::OK).await;
+        let body = match response {
+            Ok(response) => response.into_body().collect().await?.to_bytes(),
+            Err(e) => return Err(e),
+        };
+        // Keep the connection only once it has answered in full: one another call is waiting
+        // on is never used concurrently.
+        let mut idle = self.idle.lock().await;
+        if idle.len() < IDLE_CONNECTIONS {
+            idle.push(sender);
+        }
+        Ok(body)
+    }
+
+    /// `response` if it has the status `expected` and our version; the error it stands for
+    /// otherwise.
+    async fn check(&self, response: Response<Incoming>, expected: StatusCode) -> Result<Response<Incoming>, WireError> {
         let status = response.status();
         let theirs = response.headers().get(VERSION_HEADER).and_then(|v| v.to_str().ok()?.parse::<u32>().ok());
+        if status == expected && theirs == Some(self.api_version) {
+            return Ok(response);
+        }
         let body = response.into_body().collect().await?.to_bytes();
-        if status.is_success() && theirs == Some(self.api_version) {
-            return Ok(body);
+        if status == crate::server::FAILED && theirs == Some(self.api_version) {
+            let failure: NodeFailure = serde_json::from_slice(&body)?;
+            return Err(WireError::Failed(failure));
         }
         refusal(status, theirs, self.api_version, &body)
     }
 
-    /// A ready connection: the one kept, or a new one.
+    /// A ready connection: one kept, or a new one.
     async fn sender(&self) -> Result<SendRequest<Full<Bytes>>, WireError> {
-        if let Some(mut sender) = self.connection.lock().await.take()
-            && sender.ready().await.is_ok()
-        {
-            return Ok(sender);
+        loop {
+            let Some(mut sender) = self.idle.lock().await.pop() else { break };
+            if sender.ready().await.is_ok() {
+                return Ok(sender);
+            }
         }
+        self.connect().await
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, WireError> {
         let connect = |source| WireError::Connect { address: self.address.clone(), source };
         let tcp = TcpStream::connect(&self.address).await.map_err(connect)?;
         tcp.set_nodelay(true).map_err(connect)?;
@@ -109,3 +179,39 @@ fn refusal<T>(status: StatusCode, theirs: Option<u32>, ours: u32, body: &[u8]) -
 
 #[cfg(test)]
 mod tests;
+
+/// The lines of a streamed answer, each one JSON value.
+pub(crate) struct Lines {
+    body: Incoming,
+    buffer: bytes::BytesMut,
+}
+
+/// Longest line a node may send.
+const MAX_LINE: usize = 16 << 20;
+
+impl Lines {
+    pub(crate) fn new(body: Incoming) -> Lines {
+        Lines { body, buffer: bytes::BytesMut::new() }
+    }
+
+    /// The next value; `None` at the end of the answer.
+    pub(crate) async fn next<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
+        loop {
+            if let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
+                let line = self.buffer.split_to(end + 1);
+                return Ok(Some(serde_json::from_slice(&line[..end])?));
+            }
+            if self.buffer.len() > MAX_LINE {
+                return Err(WireError::LineTooLong);
+            }
+            match self.body.frame().await.transpose()? {
+                Some(frame) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buffer.extend_from_slice(&data);
+                    }
+                }
+                None => return Ok(None),
+            }
+        }
+    }
+}

@@ -34,6 +34,11 @@ pub enum WireError {
     /// The node refused the call.
     #[error("the node refused the call ({status}, {code}): {message}")]
     Refused { status: u16, code: String, message: String },
+    /// The node did what it was asked, and it failed.
+    #[error("{}", space_node_api::NodeError::from(.0.clone()))]
+    Failed(crate::ops::NodeFailure),
+    #[error("the node sent a line longer than 16 MiB")]
+    LineTooLong,
     #[error("reading the node's answer")]
     Decode(#[from] serde_json::Error),
 }

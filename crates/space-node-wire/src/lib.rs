@@ -13,6 +13,8 @@
 mod client;
 pub mod cluster;
 mod error;
+pub mod ops;
+mod remote;
 mod server;
 pub mod tls;
 
@@ -21,6 +23,7 @@ use space_api::{NodeCapacity, RuntimeKind, RuntimeSupport};
 
 pub use client::NodeClient;
 pub use error::WireError;
+pub use remote::RemoteNode;
 pub use server::serve;
 
 /// The version of the node API this build speaks. Raised whenever an operation or a type on
@@ -34,6 +37,8 @@ pub const VERSION_HEADER: &str = "space-node-api";
 /// while it runs, and its capacity now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
+    /// The node's id (its certificate's name).
+    pub id: String,
     /// The node's `space` release.
     pub version: String,
     pub api_version: u32,
@@ -62,4 +67,10 @@ pub struct Refusal {
 pub mod codes {
     pub const VERSION_MISMATCH: &str = "node_api_version_mismatch";
     pub const UNKNOWN_OPERATION: &str = "unknown_operation";
+    /// The body is not the operation the path takes.
+    pub const BAD_REQUEST: &str = "bad_request";
+    /// Another reader holds the node's audit events.
+    pub const AUDIT_TAKEN: &str = "audit_events_taken";
+    /// The operation needs an upgraded connection the request did not ask for.
+    pub const UPGRADE_REQUIRED: &str = "upgrade_required";
 }

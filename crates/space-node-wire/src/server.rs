@@ -1,19 +1,28 @@
 //! A node's end of the wire: answers control planes for any [`NodeApi`].
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use rustls::ServerConfig;
+use serde::de::DeserializeOwned;
 use space_api::RuntimeKind;
 use space_node_api::NodeApi;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use crate::ops::paths;
 use crate::{CheckpointSupport, NODE_API_VERSION, NodeInfo, Refusal, VERSION_HEADER, codes};
+pub(crate) use calls::FAILED;
+
+pub(crate) mod calls;
+mod relay;
+mod streams;
 
 /// Largest request body a node reads.
 const MAX_BODY: usize = 16 << 20;
@@ -21,14 +30,26 @@ const MAX_BODY: usize = 16 << 20;
 /// speaks) does not hold a task for ever.
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// What every connection of one server shares.
+struct Served {
+    node: Arc<dyn NodeApi>,
+    audit: streams::AuditSlot,
+    background: std::sync::Once,
+}
+
 /// Serves `node` on `listener` until the listener fails. Each connection must complete the
 /// mutual TLS handshake `tls` requires before anything is read from it.
 pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, node: Arc<dyn NodeApi>) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(tls);
+    let audit = streams::AuditSlot::new(node.take_audit_events());
+    let served = Arc::new(Served { node, audit, background: std::sync::Once::new() });
     loop {
         let (tcp, peer) = listener.accept().await?;
+        let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
-        let node = node.clone();
+        let served = served.clone();
         tokio::spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
@@ -41,7 +62,7 @@ pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, node: Arc<dyn 
                     return;
                 }
             };
-            let service = hyper::service::service_fn(move |request| answer(node.clone(), request));
+            let service = hyper::service::service_fn(move |request| answer(served.clone(), request));
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(tls), service)
                 .with_upgrades()
@@ -53,21 +74,37 @@ pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, node: Arc<dyn 
     }
 }
 
-async fn answer(
-    node: Arc<dyn NodeApi>,
-    request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+async fn answer(served: Arc<Served>, mut request: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     if let Some(refusal) = version_refusal(&request) {
         return Ok(refusal);
     }
+    let upgrade = hyper::upgrade::on(&mut request);
     let (parts, body) = request.into_parts();
     // Read (and bound) the body before answering, so a connection is never left half-read.
     let Ok(body) = http_body_util::Limited::new(body, MAX_BODY).collect().await else {
         return Ok(refuse(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "request bodies are at most 16 MiB".into()));
     };
-    drop(body);
+    let body = body.to_bytes();
+    let node = served.node.clone();
     Ok(match (parts.method, parts.uri.path()) {
-        (Method::GET, "/v1/info") => json(StatusCode::OK, &info(node.as_ref()).await),
+        (Method::GET, paths::INFO) => json(StatusCode::OK, &info(node.as_ref()).await),
+        (Method::POST, paths::CALL) => match parse(&body) {
+            Ok(call) => calls::answer(&served, call).await,
+            Err(e) => bad_request(e),
+        },
+        (Method::POST, paths::TEMPLATE) => match parse(&body) {
+            Ok(call) => streams::template(node, call),
+            Err(e) => bad_request(e),
+        },
+        (Method::GET, paths::AUDIT) => served.audit.stream(),
+        (Method::POST, paths::AGENT) => match parse(&body) {
+            Ok(call) => relay::agent(node, call, upgrade).await,
+            Err(e) => bad_request(e),
+        },
+        (Method::POST, paths::PORT) => match parse(&body) {
+            Ok(call) => relay::port(node, call, upgrade).await,
+            Err(e) => bad_request(e),
+        },
         (method, path) => refuse(
             StatusCode::NOT_FOUND,
             codes::UNKNOWN_OPERATION,
@@ -76,8 +113,21 @@ async fn answer(
     })
 }
 
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, serde_json::Error> {
+    serde_json::from_slice(body)
+}
+
+/// The refusal of a body that is not what the path takes.
+fn bad_request(e: serde_json::Error) -> Response<Body> {
+    refuse(
+        StatusCode::BAD_REQUEST,
+        codes::BAD_REQUEST,
+        format!("the request is not an operation of node API version {NODE_API_VERSION}: {e}"),
+    )
+}
+
 /// The refusal of a request that does not name this node's API version.
-fn version_refusal(request: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+fn version_refusal(request: &Request<Incoming>) -> Option<Response<Body>> {
     let theirs = request.headers().get(VERSION_HEADER).and_then(|v| v.to_str().ok());
     if theirs == Some(NODE_API_VERSION.to_string().as_str()) {
         return None;
@@ -95,6 +145,7 @@ fn version_refusal(request: &Request<Incoming>) -> Option<Response<Full<Bytes>>>
 
 async fn info(node: &dyn NodeApi) -> NodeInfo {
     NodeInfo {
+        id: node.node_id(),
         version: env!("CARGO_PKG_VERSION").into(),
         api_version: NODE_API_VERSION,
         runtimes: node.runtimes(),
@@ -107,16 +158,21 @@ async fn info(node: &dyn NodeApi) -> NodeInfo {
     }
 }
 
-fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Full<Bytes>> {
-    let body = serde_json::to_vec(value).unwrap_or_else(|_| b"null".to_vec());
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+/// A response of `status` carrying `body`, with the version header every answer has.
+fn respond(status: StatusCode, content_type: &'static str, body: Body) -> Response<Body> {
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     let headers = response.headers_mut();
-    headers.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    headers.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(content_type));
     headers.insert(VERSION_HEADER, NODE_API_VERSION.into());
     response
 }
 
-fn refuse(status: StatusCode, code: &str, message: String) -> Response<Full<Bytes>> {
+fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
+    let body = serde_json::to_vec(value).unwrap_or_else(|_| b"null".to_vec());
+    respond(status, "application/json", Full::new(Bytes::from(body)).boxed_unsync())
+}
+
+fn refuse(status: StatusCode, code: &str, message: String) -> Response<Body> {
     json(status, &Refusal { code: code.into(), message })
 }

@@ -86,6 +86,10 @@ impl NodeApi for Node {
         Ok(Node::import_template(self, name, path, report).await?)
     }
 
+    fn node_id(&self) -> String {
+        self.config.id.clone()
+    }
+
     fn runtimes(&self) -> Vec<RuntimeSupport> {
         Node::runtimes(self)
     }

@@ -55,6 +55,8 @@ pub struct NodeConfig {
     pub warm: WarmSettings,
     pub gateway: GatewayConfig,
     pub vm: VmConfig,
+    /// The node's id (set by [`NodeConfig::owned_by`]).
+    pub id: String,
 }
 
 /// How the node runs `vm` sandboxes.
@@ -73,6 +75,7 @@ impl NodeConfig {
     /// node id: nodes sharing a cgroup parent (the default `space`) then never see, and
     /// never sweep away, each other's sandboxes.
     pub fn owned_by(mut self, node_id: &str) -> NodeConfig {
+        self.id = node_id.to_owned();
         self.cgroup_parent = format!("{}/{node_id}", self.cgroup_parent.trim_end_matches('/'));
         self
     }

@@ -187,6 +187,11 @@ impl AgentClient {
         self.mux.is_closed()
     }
 
+    /// Resolves once the connection has ended.
+    pub async fn closed(&self) {
+        self.mux.closed().await
+    }
+
     /// Closes the connection for every clone of this client (streams in use end with an
     /// error); the agent then closes its end.
     pub fn close(&self) {

@@ -125,6 +125,11 @@ impl MuxClient {
     pub fn is_closed(&self) -> bool {
         self.open_tx.is_closed()
     }
+
+    /// Resolves once the connection has ended, however it ended.
+    pub async fn closed(&self) {
+        self.ended.cancelled().await
+    }
 }
 
 async fn drive_client<T>(

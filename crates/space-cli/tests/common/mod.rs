@@ -42,6 +42,55 @@ pub fn runtime() -> String {
     runtime
 }
 
+/// How the test servers run: `serve` (one `space serve`, the default) or `split` (a `space
+/// node run` and a `space control` driving it over the node API's mutual TLS on loopback,
+/// with data dirs of their own). The suites that hold for both run once per topology
+/// (scripts/test.sh).
+pub fn topology() -> Topology {
+    match std::env::var("SPACE_TEST_TOPOLOGY").as_deref() {
+        Ok("serve") | Err(_) => Topology::Serve,
+        Ok("split") => Topology::Split,
+        Ok(other) => panic!("SPACE_TEST_TOPOLOGY={other:?}: expected serve or split"),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    Serve,
+    Split,
+}
+
+/// Flags of `space serve` that are the node's (`space node run` takes them); the others are
+/// the control plane's.
+const NODE_FLAGS: &[&str] = &[
+    "--pool",
+    "--pool-size-gib",
+    "--pool-fill-concurrency",
+    "--template-cache",
+    "--cgroup-parent",
+    "--spaced",
+    "--criu",
+    "--qemu",
+    "--vm-jailer",
+    "--vm-guest-dir",
+    "--uid-base",
+];
+
+/// `args` split into the node's flags and the control plane's, each flag with its value.
+fn split_flags(args: &[String]) -> (Vec<String>, Vec<String>) {
+    let (mut node, mut control) = (Vec::new(), Vec::new());
+    let mut i = 0;
+    while i < args.len() {
+        let flag = args[i].split('=').next().unwrap_or_default();
+        let takes_value = !args[i].contains('=') && args.get(i + 1).is_some_and(|v| !v.starts_with("--"));
+        let end = if takes_value { i + 2 } else { i + 1 };
+        let to = if NODE_FLAGS.contains(&flag) || flag.starts_with("--gateway-") { &mut node } else { &mut control };
+        to.extend_from_slice(&args[i..end]);
+        i = end;
+    }
+    (node, control)
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
@@ -55,6 +104,10 @@ pub struct Server {
     pub extra_args: Vec<String>,
     port: u16,
     child: Option<Child>,
+    /// `split`: the node's process, and the port of its node API.
+    node_child: Option<Child>,
+    node_port: u16,
+    pub topology: Topology,
     log: PathBuf,
     /// Known once the server answered: its sandboxes' cgroups are below
     /// `<cgroup_parent>/<node id>`, and only those are removed on drop.
@@ -79,7 +132,16 @@ impl Server {
         Server::start_in(Some(&other.cgroup_parent), &[])
     }
 
+    /// A `split` server whatever `SPACE_TEST_TOPOLOGY` says, for what only it has.
+    pub fn start_split(extra_args: &[&str]) -> Server {
+        Server::start_as(Topology::Split, None, extra_args)
+    }
+
     fn start_in(cgroup_parent: Option<&str>, extra_args: &[&str]) -> Server {
+        Server::start_as(topology(), cgroup_parent, extra_args)
+    }
+
+    fn start_as(topology: Topology, cgroup_parent: Option<&str>, extra_args: &[&str]) -> Server {
         let tag: String = (0..8).map(|_| rand::rng().random_range(b'a'..=b'z') as char).collect();
         let data_dir = PathBuf::from(format!("/var/tmp/space-test-{tag}"));
         std::fs::create_dir_all(&data_dir).unwrap();
@@ -93,6 +155,9 @@ impl Server {
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             port,
             child: None,
+            node_child: None,
+            node_port: free_port(),
+            topology,
             node: None,
         };
         // Another test's server may bind the free port first: then take another (only at the
@@ -102,6 +167,7 @@ impl Server {
                 Ok(()) => return server,
                 Err(e) if e.contains("Address already in use") => {
                     server.port = free_port();
+                    server.node_port = free_port();
                     server.url = format!("http://127.0.0.1:{}", server.port);
                 }
                 Err(e) => panic!("{e}"),
@@ -126,6 +192,9 @@ impl Server {
 
     /// Starts the server process; `Err` (with its log) if it exited before it was ready.
     fn try_spawn(&mut self) -> Result<(), String> {
+        if self.topology == Topology::Split {
+            return self.try_spawn_split();
+        }
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         let child = Command::new(SPACE)
             .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
@@ -155,14 +224,93 @@ impl Server {
         self.wait_ready()
     }
 
+    /// Where the admin key is: the control plane's data dir.
+    fn control_dir(&self) -> PathBuf {
+        match self.topology {
+            Topology::Serve => self.data_dir.clone(),
+            Topology::Split => self.data_dir.join("control"),
+        }
+    }
+
+    /// `split`: a cluster of its own (made at the first start), the node, then the control
+    /// plane over it.
+    fn try_spawn_split(&mut self) -> Result<(), String> {
+        let cluster = self.data_dir.join("cluster");
+        // The node's name is its id, which names its cgroups: unique, as servers may share
+        // a cgroup parent.
+        let tag = self.data_dir.file_name().unwrap().to_str().unwrap().trim_start_matches("space-test-");
+        let name = format!("node-{tag}");
+        if !cluster.join("ca.pem").exists() {
+            let dir = cluster.to_str().unwrap();
+            for args in [
+                vec!["cluster", "init", "--dir", dir],
+                vec!["cluster", "issue", "--dir", dir, "--role", "node", &name, "--host", "127.0.0.1"],
+                vec!["cluster", "issue", "--dir", dir, "--role", "control", "control-1"],
+            ] {
+                let out = Command::new(SPACE).args(&args).output().expect("space cluster");
+                assert!(out.status.success(), "space {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+        let (node_flags, control_flags) = split_flags(&self.extra_args);
+        // A node left running (only the control plane was killed) is not started again.
+        if self.node_child.is_none() {
+            self.spawn_node(&cluster, &name, &node_flags);
+        }
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let control = Command::new(SPACE)
+            .args(["control", "--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--node", &format!("127.0.0.1:{}", self.node_port), "--name", "control-1"])
+            .arg("--cluster-dir")
+            .arg(&cluster)
+            .args(["--default-template", "busybox", "--prepare-templates", "busybox"])
+            .args(["--default-runtime", &runtime()])
+            .arg("--data-dir")
+            .arg(self.control_dir())
+            .args(&control_flags)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting space control");
+        self.child = Some(control);
+        self.wait_ready()
+    }
+
+    fn spawn_node(&mut self, cluster: &Path, name: &str, node_flags: &[String]) {
+        let node_log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let node = Command::new(SPACE)
+            .args(["node", "run", "--listen", &format!("127.0.0.1:{}", self.node_port), "--name", name])
+            .arg("--cluster-dir")
+            .arg(cluster)
+            .args(["--default-template", "busybox", "--default-runtime", &runtime()])
+            .args(["--cgroup-parent", &self.cgroup_parent])
+            .args(
+                if node_flags.iter().any(|a| a == "--pool-size-gib") { None } else { Some(["--pool-size-gib", "8"]) }
+                    .into_iter()
+                    .flatten(),
+            )
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--spaced")
+            .arg(spaced_bin())
+            .args(node_flags)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(node_log)
+            .spawn()
+            .expect("starting space node run");
+        self.node_child = Some(node);
+    }
+
     fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                self.child = None;
-                return Err(format!("space serve exited with {status}; log:\n{}", self.log_text()));
+            let exited = |child: &mut Option<Child>| child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited(&mut self.child).or_else(|| exited(&mut self.node_child)) {
+                self.kill9();
+                return Err(format!("the server exited with {status}; log:\n{}", self.log_text()));
             }
-            if let Ok(key) = std::fs::read_to_string(self.data_dir.join("admin.key")) {
+            if let Ok(key) = std::fs::read_to_string(self.control_dir().join("admin.key")) {
                 self.key = key.trim().to_owned();
                 let templates = self.try_get("/v1/templates");
                 let ready = templates
@@ -189,7 +337,18 @@ impl Server {
         self.child.as_ref().expect("the server runs").id()
     }
 
+    /// Both processes in `split`: the node's host going down with its control plane, as a
+    /// `space serve` does.
     pub fn kill9(&mut self) {
+        for mut child in [self.child.take(), self.node_child.take()].into_iter().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// `split`: SIGKILL of the control plane alone; the node and its sandboxes keep running.
+    pub fn kill9_control(&mut self) {
+        assert_eq!(self.topology, Topology::Split, "only a split server has a control plane of its own");
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();

@@ -31,6 +31,28 @@ pub struct Stopped {
     dir: Arc<tempfile::TempDir>,
 }
 
+/// How the control plane reaches the simulated node: `in-process` (the default, as in
+/// `space serve`) or `wire` (the node API's network form: mutual TLS on loopback, the
+/// control plane holding a `RemoteNode`). The test command runs the suite both ways.
+const NODE_VAR: &str = "SPACE_CONTRACT_NODE";
+
+/// `sim` served on a loopback port with a cluster of its own, and the control plane's
+/// client of it.
+async fn over_the_wire(sim: Arc<SimNode>) -> Arc<dyn space_node_api::NodeApi> {
+    use space_node_wire::cluster::{ClusterCa, Role};
+    use space_node_wire::tls::{client_config, server_config};
+    let ca = ClusterCa::generate("contract").expect("a cluster CA");
+    let node = ca.issue(Role::Node, "node-1", &["127.0.0.1".into()]).expect("a node certificate");
+    let control = ca.issue(Role::Control, "control-1", &[]).expect("a control certificate");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
+    let address = listener.local_addr().expect("its address").to_string();
+    let tls = server_config(&node, &ca.cert_pem).expect("the node's TLS");
+    tokio::spawn(space_node_wire::serve(listener, tls, sim.api()));
+    let client = space_node_wire::NodeClient::new(&address, client_config(&control, &ca.cert_pem).expect("TLS"))
+        .expect("a node client");
+    space_node_wire::RemoteNode::connect(client).await.expect("the node answers")
+}
+
 /// (status, JSON body) of a response.
 pub type Reply = (u16, Value);
 
@@ -51,7 +73,11 @@ impl Server {
             .enable_all()
             .build()
             .expect("the server's runtime");
-        let node = sim.api();
+        let node = match std::env::var(NODE_VAR).as_deref() {
+            Ok("wire") => runtime.spawn(over_the_wire(sim.clone())).await.expect("the node's wire server starts"),
+            Ok("in-process") | Err(_) => sim.api(),
+            Ok(other) => panic!("{NODE_VAR}={other:?}: use \"wire\" or \"in-process\""),
+        };
         let data_dir = dir.path().to_owned();
         let (url, metrics_url) = runtime.spawn(serve(data_dir, node)).await.expect("the control plane starts");
         let admin = std::fs::read_to_string(dir.path().join("admin.key")).expect("the admin key").trim().to_owned();

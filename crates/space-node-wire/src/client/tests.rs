@@ -175,3 +175,59 @@ async fn an_unknown_operation_is_refused_with_its_code() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A node served on loopback and the control plane's [`RemoteNode`] of it, with one
+/// running sandbox.
+async fn remote_with_sandbox() -> (Arc<SimNode>, Arc<crate::RemoteNode>, space_api::SandboxId) {
+    use space_node_api::NodeApi;
+    let cluster = Cluster::new();
+    let sim = SimNode::new(SimConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let identity = cluster.ca.issue(Role::Node, "node-a", &["127.0.0.1".into()]).unwrap();
+    tokio::spawn(serve(listener, server_config(&identity, &cluster.ca.cert_pem).unwrap(), sim.api()));
+    let remote = crate::RemoteNode::connect(cluster.client(&address, &cluster.control)).await.unwrap();
+    let template = remote.ensure_template("busybox", Box::new(|_| {})).await.unwrap();
+    let id = space_api::SandboxId::generate();
+    let disk = space_node_api::DiskQuota { session: space_api::SessionId::generate(), limit_bytes: None };
+    let limits = space_node_api::Limits { memory_mib: 256, millicpus: 1000, pids: 128 };
+    remote.start_sandbox(&id, &template, space_api::RuntimeKind::Linux, limits, &disk).await.unwrap();
+    (sim, remote, id)
+}
+
+/// The control plane reaches a sandbox's agent for what the public API offers, never for
+/// what steers the sandbox's life: those requests are answered by the node, refused.
+#[tokio::test]
+async fn the_agent_relay_refuses_what_only_the_node_may_ask() {
+    use space_node_api::NodeApi;
+    use space_proto::{ErrorKind, Reply, Request};
+    let (_sim, remote, id) = remote_with_sandbox().await;
+    let agent = remote.agent(&id).await.unwrap();
+    assert!(agent.health().await.is_ok());
+    for request in [Request::AllowCheckpoint, Request::FreezeRoot { frozen: true }, Request::ForgetExited] {
+        let mut stream = agent.open_stream().await.unwrap();
+        space_proto::send_message(&mut stream, &request).await.unwrap();
+        let reply: Reply = space_proto::next_frame(&mut stream).await.unwrap().unwrap().parse().unwrap();
+        match reply {
+            Reply::Error { kind, .. } => assert_eq!(kind, ErrorKind::PermissionDenied, "{request:?}"),
+            other => panic!("{request:?} was answered {other:?}"),
+        }
+    }
+    // The connection still serves what it may.
+    assert!(agent.health().await.is_ok());
+}
+
+/// A node's failure reaches the control plane as the class it had on the node.
+#[tokio::test]
+async fn a_remote_nodes_failures_keep_their_class() {
+    use space_node_api::{NodeApi, NodeError, OutOfSpace};
+    let (sim, remote, id) = remote_with_sandbox().await;
+    let err = remote.ensure_template("no-such-template", Box::new(|_| {})).await.unwrap_err();
+    assert!(matches!(err, NodeError::UnknownTemplate { ref name, .. } if name == "no-such-template"), "{err:?}");
+    sim.fail_next_out_of_space(space_node_sim::Op::SnapshotDisk, OutOfSpace::Quota);
+    let session = space_api::SessionId::generate();
+    let err = remote.snapshot_disk(&id, &session, &space_api::SnapshotId::generate(), false).await.unwrap_err();
+    assert!(matches!(err, NodeError::OutOfSpace { which: OutOfSpace::Quota, .. }), "{err:?}");
+    let err = remote.sandbox_stats(&space_api::SandboxId::generate()).await.unwrap_err();
+    assert!(matches!(err, NodeError::Failed(_)), "{err:?}");
+}

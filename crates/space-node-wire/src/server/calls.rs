@@ -1,0 +1,75 @@
+//! Answers the operations that answer once.
+
+use hyper::{Response, StatusCode};
+use serde::Serialize;
+use space_node_api::NodeError;
+
+use super::{Body, Served, json};
+use crate::ops::{Call, NodeFailure};
+
+/// The status of an answer that carries a [`NodeFailure`]: the node did what it was asked
+/// and it failed, which tells it from a refusal of the request itself.
+pub(crate) const FAILED: StatusCode = StatusCode::UNPROCESSABLE_ENTITY;
+
+pub(super) async fn answer(served: &Served, call: Call) -> Response<Body> {
+    let node = served.node.clone();
+    match call {
+        Call::StartBackground => {
+            // Once per node, whichever control plane asks first (and however often).
+            served.background.call_once(|| node.clone().start_background());
+            ok(&())
+        }
+        Call::Templates => ok(&node.templates().await),
+        Call::ResolveTemplate { name } => ok(&node.resolve_template(&name).await),
+        Call::Capacity => ok(&node.capacity().await),
+        Call::BindPod { template, runtime, limits } => ok(&node.bind_pod(&template, runtime, limits).await),
+        Call::SetPoolSize { template, runtime, size } => ok(&node.set_pool_size(&template, runtime, size).await),
+        Call::PoolStatus => ok(&node.pool_status().await),
+        Call::StartSandbox { id, template, runtime, limits, disk } => {
+            result(node.start_sandbox(&id, &template, runtime, limits, &disk).await)
+        }
+        Call::StartSandboxFromSnapshot { id, session, snapshot, runtime, limits, disk } => {
+            result(node.start_sandbox_from_snapshot(&id, &session, &snapshot, runtime, limits, &disk).await)
+        }
+        Call::DestroySandbox { id } => result(node.destroy_sandbox(&id).await),
+        Call::PauseSandbox { id } => result(node.pause_sandbox(&id).await),
+        Call::ResumeSandbox { id } => result(node.resume_sandbox(&id).await),
+        Call::Adopt { id, pid } => ok(&node.adopt(&id, pid).await),
+        Call::WaitExit { handle } => ok(&node.wait_exit(&handle).await),
+        Call::ExitReason { id } => ok(&node.exit_reason(&id).await),
+        Call::OomKills { id } => result(node.oom_kills(&id).await),
+        Call::SandboxStats { id } => result(node.sandbox_stats(&id).await),
+        Call::Sweep { keep } => result(node.sweep(&keep.into_iter().collect()).await),
+        Call::SnapshotDisk { sandbox, session, snapshot, already_paused } => {
+            result(node.snapshot_disk(&sandbox, &session, &snapshot, already_paused).await)
+        }
+        Call::SnapshotFull { sandbox, session, snapshot, already_paused } => {
+            result(node.snapshot_full(&sandbox, &session, &snapshot, already_paused).await)
+        }
+        Call::SnapshotDiskSize { session, snapshot } => result(node.snapshot_disk_size(&session, &snapshot).await),
+        Call::DeleteSnapshot { session, snapshot } => result(node.delete_snapshot(&session, &snapshot).await),
+        Call::SweepSnapshots { keep } => result(node.sweep_snapshots(&keep.into_iter().collect()).await),
+        Call::LimitDisk { sandbox, disk } => result(node.limit_disk(&sandbox, &disk).await),
+        Call::DiskUsage { session } => result(node.disk_usage(&session).await),
+        Call::SnapshotExclusiveSize { session, snapshot } => {
+            result(node.snapshot_exclusive_size(&session, &snapshot).await)
+        }
+        Call::JoinSessionNetwork { sandbox, session } => result(node.join_session_network(&sandbox, &session).await),
+        Call::ReattachGateway { handle, session } => result(node.reattach_gateway(&handle, &session).await),
+        Call::SetSessionEgress { session, egress } => ok(&node.set_session_egress(&session, egress).await),
+        Call::ForgetSessionEgress { session } => ok(&node.forget_session_egress(&session).await),
+        Call::SessionTraffic { session } => ok(&node.session_traffic(&session).await),
+    }
+}
+
+fn ok(value: &impl Serialize) -> Response<Body> {
+    json(StatusCode::OK, value)
+}
+
+/// A node's answer: the value, or its failure in the wire's form.
+pub(crate) fn result<T: Serialize>(result: Result<T, NodeError>) -> Response<Body> {
+    match result {
+        Ok(value) => ok(&value),
+        Err(e) => json(FAILED, &NodeFailure::from(&e)),
+    }
+}
