@@ -12,9 +12,10 @@
 //! (its runtimes, built-in templates, checkpoint tools) stays synchronous: a remote client
 //! learns it once, when it connects.
 //!
-//! Not yet the whole of it: exec, files and watch streams still go through the
-//! [`AgentClient`] that [`NodeApi::agent`] hands out; making them node operations (and
-//! giving the API its wire form, see `space-node-wire`) is the work of the multi-node issue.
+//! Exec, files and watch reach a sandbox through the [`AgentClient`] that [`NodeApi::agent`]
+//! hands out. Over the network (`space-node-wire`) that connection is relayed by the node,
+//! which passes on only the operations the public API offers; what steers a sandbox's life
+//! (checkpoint windows, freezing its root) stays the node's own.
 
 use std::collections::HashSet;
 use std::path::Path;
