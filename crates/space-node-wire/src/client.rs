@@ -22,6 +22,12 @@ use crate::{NODE_API_VERSION, NodeInfo, Refusal, VERSION_HEADER, WireError, code
 
 /// Idle connections kept for calls to come; more are made while more calls run at once.
 const IDLE_CONNECTIONS: usize = 16;
+/// Largest answer read whole. A node is not trusted not to send more (a sandbox that escaped
+/// onto it could answer for it): past this the call fails instead of filling our memory.
+const MAX_ANSWER: usize = 64 << 20;
+/// How long making a connection (TCP and the TLS handshake) may take: a node that does not
+/// answer fails the call instead of holding it for ever.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// An upgraded connection to a node: an agent's protocol or a port's bytes.
 pub type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
@@ -34,6 +40,7 @@ pub struct NodeClient {
     server_name: ServerName<'static>,
     connector: TlsConnector,
     api_version: u32,
+    connect_timeout: std::time::Duration,
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
 }
 
@@ -51,6 +58,7 @@ impl NodeClient {
             server_name,
             connector: TlsConnector::from(tls),
             api_version: NODE_API_VERSION,
+            connect_timeout: CONNECT_TIMEOUT,
             idle: Mutex::new(Vec::new()),
         })
     }
@@ -110,10 +118,7 @@ impl NodeClient {
         let mut sender = self.sender().await?;
         let response = sender.send_request(request).await?;
         let response = self.check(response, StatusCode::OK).await;
-        let body = match response {
-            Ok(response) => response.into_body().collect().await?.to_bytes(),
-            Err(e) => return Err(e),
-        };
+        let body = read_whole(response?.into_body()).await?;
         // Keep the connection only once it has answered in full: one another call is waiting
         // on is never used concurrently.
         let mut idle = self.idle.lock().await;
@@ -131,7 +136,7 @@ impl NodeClient {
         if status == expected && theirs == Some(self.api_version) {
             return Ok(response);
         }
-        let body = response.into_body().collect().await?.to_bytes();
+        let body = read_whole(response.into_body()).await?;
         if status == crate::server::FAILED && theirs == Some(self.api_version) {
             let failure: NodeFailure = serde_json::from_slice(&body)?;
             return Err(WireError::Failed(failure));
@@ -152,9 +157,15 @@ impl NodeClient {
 
     async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, WireError> {
         let connect = |source| WireError::Connect { address: self.address.clone(), source };
-        let tcp = TcpStream::connect(&self.address).await.map_err(connect)?;
-        tcp.set_nodelay(true).map_err(connect)?;
-        let tls = self.connector.connect(self.server_name.clone(), tcp).await.map_err(connect)?;
+        let handshake = async {
+            let tcp = TcpStream::connect(&self.address).await?;
+            tcp.set_nodelay(true)?;
+            self.connector.connect(self.server_name.clone(), tcp).await
+        };
+        let tls = match tokio::time::timeout(self.connect_timeout, handshake).await {
+            Ok(tls) => tls.map_err(connect)?,
+            Err(_) => return Err(connect(std::io::ErrorKind::TimedOut.into())),
+        };
         let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
         let address = self.address.clone();
         tokio::spawn(async move {
@@ -179,6 +190,17 @@ fn refusal<T>(status: StatusCode, theirs: Option<u32>, ours: u32, body: &[u8]) -
 
 #[cfg(test)]
 mod tests;
+
+/// `body` whole, if it is at most [`MAX_ANSWER`] bytes.
+async fn read_whole(body: Incoming) -> Result<Bytes, WireError> {
+    match http_body_util::Limited::new(body, MAX_ANSWER).collect().await {
+        Ok(body) => Ok(body.to_bytes()),
+        Err(e) => match e.downcast::<hyper::Error>() {
+            Ok(e) => Err(WireError::Http(*e)),
+            Err(_) => Err(WireError::AnswerTooLarge),
+        },
+    }
+}
 
 /// The lines of a streamed answer, each one JSON value.
 pub(crate) struct Lines {

@@ -37,6 +37,8 @@ pub enum WireError {
     /// The node did what it was asked, and it failed.
     #[error("{}", space_node_api::NodeError::from(.0.clone()))]
     Failed(crate::ops::NodeFailure),
+    #[error("the node sent an answer larger than 64 MiB")]
+    AnswerTooLarge,
     #[error("the node sent a line longer than 16 MiB")]
     LineTooLong,
     #[error("reading the node's answer")]

@@ -231,3 +231,50 @@ async fn a_remote_nodes_failures_keep_their_class() {
     let err = remote.sandbox_stats(&space_api::SandboxId::generate()).await.unwrap_err();
     assert!(matches!(err, NodeError::Failed(_)), "{err:?}");
 }
+
+/// A node that accepts the connection and then says nothing fails the call once the connect
+/// timeout passes, instead of holding it for ever.
+#[tokio::test]
+async fn a_node_that_never_completes_the_handshake_fails_the_call() {
+    let cluster = Cluster::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let held = tokio::spawn(async move {
+        let (_socket, _) = listener.accept().await.unwrap();
+        std::future::pending::<()>().await;
+    });
+    let mut client = cluster.client(&address, &cluster.control);
+    client.connect_timeout = std::time::Duration::from_millis(200);
+    match client.info().await.unwrap_err() {
+        WireError::Connect { source, .. } => assert_eq!(source.kind(), std::io::ErrorKind::TimedOut),
+        other => panic!("{other:?}"),
+    }
+    held.abort();
+}
+
+/// A node (or whatever answers for it) that sends an endless answer fails the call; the
+/// control plane does not read it into memory.
+#[tokio::test]
+async fn an_endless_answer_fails_the_call() {
+    use http_body_util::StreamBody;
+    let cluster = Cluster::new();
+    let identity = cluster.ca.issue(Role::Node, "node-a", &["127.0.0.1".into()]).unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&identity, &cluster.ca.cert_pem).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let tls = acceptor.accept(tcp).await.unwrap();
+        let service = hyper::service::service_fn(|_request| async {
+            let zeros = futures::stream::repeat_with(|| {
+                Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(Bytes::from(vec![b'0'; 1 << 16])))
+            });
+            let mut response = hyper::Response::new(StreamBody::new(zeros));
+            response.headers_mut().insert(VERSION_HEADER, NODE_API_VERSION.into());
+            Ok::<_, std::convert::Infallible>(response)
+        });
+        let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).await;
+    });
+    let err = cluster.client(&address, &cluster.control).info().await.unwrap_err();
+    assert!(matches!(err, WireError::AnswerTooLarge), "{err:?}");
+}
