@@ -33,7 +33,8 @@ fn counter_passes(server: &Server, sandbox: &str, value: u64) -> u64 {
 
 /// `kill -9` of the control plane alone: the node and its sandboxes run on (a process inside
 /// keeps counting while no control plane exists), and the control plane that starts again
-/// takes the session back from the node and runs commands in it, with nothing left over.
+/// takes the session back from the node and runs commands in it, leaves the node's warm pool
+/// alone, and leaves nothing over.
 #[test]
 fn a_control_plane_killed_leaves_the_nodes_sandboxes_running_and_takes_them_back() {
     require_root!();
@@ -51,6 +52,11 @@ fn a_control_plane_killed_leaves_the_nodes_sandboxes_running_and_takes_them_back
     let counter_pid = r["pid"].as_u64().unwrap().to_string();
     let before = counter_passes(&server, &sandbox, 3);
 
+    // The node's warm pool, full: its pods are the node's own.
+    server.wait_pool_ready("busybox", 4);
+    let pods: Vec<_> = server.sandbox_cgroups().into_iter().filter(|c| !c.ends_with(&sandbox)).collect();
+    assert!(pods.len() >= 4, "{pods:?}");
+
     server.kill9_control();
     let meanwhile = counter_passes(&server, &sandbox, before);
 
@@ -58,6 +64,9 @@ fn a_control_plane_killed_leaves_the_nodes_sandboxes_running_and_takes_them_back
     let (status, session) = server.call("GET", &format!("/v1/sessions/{id}"), None);
     assert_eq!((status, session["state"].as_str()), (200, Some("running")), "{session}");
     assert_eq!(session["sandbox_id"].as_str(), Some(sandbox.as_str()), "the session moved to another sandbox");
+    // The control plane that started sweeps what it does not know, but not the node's pool.
+    let gone: Vec<_> = pods.iter().filter(|pod| !pod.exists()).collect();
+    assert!(gone.is_empty(), "the restarted control plane swept the node's ready pods: {gone:?}");
     let seen: u64 = server.exec(&id, &["cat", "/root/c"])["stdout"].as_str().unwrap().trim().parse().unwrap();
     assert!(seen >= meanwhile, "the counter went back from {meanwhile} to {seen}");
     let alive = server.exec(&id, &["kill", "-0", &counter_pid]);

@@ -389,8 +389,9 @@ impl Node {
         self.runtimes.support()
     }
 
-    /// Destroys every sandbox on this node that is not in `keep`; returns the ids of those
-    /// removed. One that cannot be removed is logged and left for the next sweep.
+    /// Destroys every sandbox on this node that is neither in `keep` nor a ready pod of its warm
+    /// pool; returns the ids of those removed. One that cannot be removed is logged and left
+    /// for the next sweep.
     pub async fn sweep(&self, keep: &HashSet<SandboxId>) -> Result<Vec<SandboxId>> {
         let mut found = HashSet::new();
         for runtime in self.runtimes.all() {
@@ -398,8 +399,9 @@ impl Node {
         }
         let pool = self.pool.clone();
         found.extend(blocking(move || Ok(pool.list_sandbox_roots()?)).await?);
+        let pods = self.warm.ready_ids();
         let mut removed = Vec::new();
-        for id in found.into_iter().filter(|id| !keep.contains(id)) {
+        for id in found.into_iter().filter(|id| !keep.contains(id) && !pods.contains(id)) {
             tracing::info!(sandbox = %id, "removing orphaned sandbox");
             match self.destroy_sandbox(&id).await {
                 Ok(()) => removed.push(id),

@@ -100,6 +100,12 @@ impl WarmPool {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The sandboxes the pool holds ready: the node's own, which no sweep by a control plane
+    /// may take (one that restarts while the node runs sweeps a node with a full pool).
+    pub(crate) fn ready_ids(&self) -> HashSet<SandboxId> {
+        self.slots().values().flat_map(|slot| slot.ready.iter().map(|pod| pod.handle.id.clone())).collect()
+    }
+
     /// Takes a ready pod of exactly this template version and runtime, if there is one. Pods
     /// of older versions found on the way are returned for destruction.
     fn take(
