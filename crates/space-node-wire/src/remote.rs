@@ -159,6 +159,11 @@ impl NodeApi for RemoteNode {
     }
 
     async fn ensure_template(&self, name: &str, report: ProgressFn) -> Result<TemplateInfo> {
+        // What the node answers at once when the template is built (as on every create):
+        // asked over a kept connection, where the streamed form needs a new one.
+        if let Ok(Some(built)) = self.call(&Call::ResolveTemplate { name: name.into() }).await {
+            return Ok(built);
+        }
         self.template(TemplateCall::Ensure { name: name.into() }, report).await
     }
 

@@ -9,15 +9,13 @@
 
 use std::sync::Arc;
 
+use futures::{SinkExt, StreamExt};
 use hyper::upgrade::OnUpgrade;
 use hyper::{Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use space_node_api::{NodeApi, PortStream};
 use space_proto::client::AgentClient;
-use space_proto::{
-    ErrorKind, FrameReceiver, FrameSender, FramedStream, OnSendersDropped, Reply, Request, duplex, next_frame,
-    send_message,
-};
+use space_proto::{ErrorKind, FramedStream, Reply, Request, next_frame, send_message};
 
 use super::calls::result;
 use super::{Body, respond};
@@ -121,19 +119,29 @@ async fn relay_stream(agent: AgentClient, mut ours: FramedStream) {
             return;
         }
     };
-    if futures::SinkExt::send(&mut theirs, first).await.is_err() {
+    if theirs.send(first).await.is_err() {
         return;
     }
-    let (to_control, from_control) = duplex(ours, OnSendersDropped::Close);
-    let (to_agent, from_agent) = duplex(theirs, OnSendersDropped::Close);
-    tokio::join!(forward(from_control, to_agent), forward(from_agent, to_control));
+    forward(ours, theirs).await;
 }
 
-/// Sends on what `from` receives until it ends; dropping `to` then closes that side.
-async fn forward(mut from: FrameReceiver, to: FrameSender) {
-    while let Some(Ok(frame)) = from.recv().await {
-        if to.send(frame).await.is_err() {
-            break;
+/// Passes frames both ways until both sides have finished. One task polls both streams (a
+/// yamux stream must only ever be polled by one task, see `space_proto::duplex`), and a
+/// frame is sent on before the next is read from the same side, which keeps each side's
+/// flow control.
+async fn forward(mut ours: FramedStream, mut theirs: FramedStream) {
+    let (mut ours_open, mut theirs_open) = (true, true);
+    while ours_open || theirs_open {
+        tokio::select! {
+            frame = ours.next(), if ours_open => match frame {
+                Some(Ok(frame)) => if theirs.send(frame).await.is_err() { return },
+                // The control plane finished (or broke) its side: finish the agent's.
+                _ => { ours_open = false; let _ = theirs.close().await; }
+            },
+            frame = theirs.next(), if theirs_open => match frame {
+                Some(Ok(frame)) => if ours.send(frame).await.is_err() { return },
+                _ => { theirs_open = false; let _ = ours.close().await; }
+            },
         }
     }
 }
