@@ -195,33 +195,37 @@ impl Server {
         if self.topology == Topology::Split {
             return self.try_spawn_split();
         }
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        let child = Command::new(SPACE)
-            .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
-            .args(["--default-template", "busybox", "--prepare-templates", "busybox"])
-            .args(["--default-runtime", &runtime()])
-            .args(["--cgroup-parent", &self.cgroup_parent])
-            .args(
-                if self.extra_args.iter().any(|a| a == "--pool-size-gib") {
-                    None
-                } else {
-                    Some(["--pool-size-gib", "8"])
-                }
-                .into_iter()
-                .flatten(),
-            )
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .arg("--spaced")
-            .arg(spaced_bin())
-            .args(&self.extra_args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting space serve");
+        let child = self.launch(
+            "space serve",
+            Command::new(SPACE)
+                .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
+                .args(["--default-template", "busybox", "--prepare-templates", "busybox"])
+                .args(["--default-runtime", &runtime()])
+                .args(["--cgroup-parent", &self.cgroup_parent])
+                .args(
+                    if self.extra_args.iter().any(|a| a == "--pool-size-gib") {
+                        None
+                    } else {
+                        Some(["--pool-size-gib", "8"])
+                    }
+                    .into_iter()
+                    .flatten(),
+                )
+                .arg("--data-dir")
+                .arg(&self.data_dir)
+                .arg("--spaced")
+                .arg(spaced_bin())
+                .args(&self.extra_args),
+        );
         self.child = Some(child);
         self.wait_ready()
+    }
+
+    /// Starts `command` with its output appended to the server's log.
+    fn launch(&self, what: &str, command: &mut Command) -> Child {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        command.spawn().unwrap_or_else(|e| panic!("starting {what}: {e}"))
     }
 
     /// Where the admin key is: the control plane's data dir.
@@ -256,49 +260,47 @@ impl Server {
         if self.node_child.is_none() {
             self.spawn_node(&cluster, &name, &node_flags);
         }
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        let control = Command::new(SPACE)
-            .args(["control", "--listen", &format!("127.0.0.1:{}", self.port)])
-            .args(["--node", &format!("127.0.0.1:{}", self.node_port), "--name", "control-1"])
-            .arg("--cluster-dir")
-            .arg(&cluster)
-            .args(["--default-template", "busybox", "--prepare-templates", "busybox"])
-            .args(["--default-runtime", &runtime()])
-            .arg("--data-dir")
-            .arg(self.control_dir())
-            .args(&control_flags)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting space control");
+        let control = self.launch(
+            "space control",
+            Command::new(SPACE)
+                .args(["control", "--listen", &format!("127.0.0.1:{}", self.port)])
+                .args(["--node", &format!("127.0.0.1:{}", self.node_port), "--name", "control-1"])
+                .arg("--cluster-dir")
+                .arg(&cluster)
+                .args(["--default-template", "busybox", "--prepare-templates", "busybox"])
+                .args(["--default-runtime", &runtime()])
+                .arg("--data-dir")
+                .arg(self.control_dir())
+                .args(&control_flags),
+        );
         self.child = Some(control);
         self.wait_ready()
     }
 
     fn spawn_node(&mut self, cluster: &Path, name: &str, node_flags: &[String]) {
-        let node_log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        let node = Command::new(SPACE)
-            .args(["node", "run", "--listen", &format!("127.0.0.1:{}", self.node_port), "--name", name])
-            .arg("--cluster-dir")
-            .arg(cluster)
-            .args(["--default-template", "busybox", "--default-runtime", &runtime()])
-            .args(["--cgroup-parent", &self.cgroup_parent])
-            .args(
-                if node_flags.iter().any(|a| a == "--pool-size-gib") { None } else { Some(["--pool-size-gib", "8"]) }
+        let node = self.launch(
+            "space node run",
+            Command::new(SPACE)
+                .args(["node", "run", "--listen", &format!("127.0.0.1:{}", self.node_port), "--name", name])
+                .arg("--cluster-dir")
+                .arg(cluster)
+                .args(["--default-template", "busybox", "--default-runtime", &runtime()])
+                .args(["--cgroup-parent", &self.cgroup_parent])
+                .args(
+                    if node_flags.iter().any(|a| a == "--pool-size-gib") {
+                        None
+                    } else {
+                        Some(["--pool-size-gib", "8"])
+                    }
                     .into_iter()
                     .flatten(),
-            )
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .arg("--spaced")
-            .arg(spaced_bin())
-            .args(node_flags)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(node_log)
-            .spawn()
-            .expect("starting space node run");
+                )
+                .arg("--data-dir")
+                .arg(&self.data_dir)
+                .arg("--spaced")
+                .arg(spaced_bin())
+                .args(node_flags),
+        );
         self.node_child = Some(node);
     }
 
