@@ -97,6 +97,11 @@ fn cli_streams_output_forwards_stdin_and_exits_with_the_command_code() {
     let out = server.cli_with_stdin(&["exec", &id, "--", "wc", "-c"], Some(&input));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "16777216", "{}", String::from_utf8_lossy(&out.stderr));
 
+    // A command that prints everything it reads: output flows back while input still
+    // streams in, through every hop (and the node's agent relay, split).
+    let echoed = echo_through_cat(&server, &id, 8 << 20);
+    assert_eq!(echoed, 8 << 20, "cat gave back {echoed} bytes of {}", 8 << 20);
+
     let out = server.cli(&["exec", &id, "--", "missing-tool"]);
     assert_eq!(out.status.code(), Some(127));
 
@@ -138,4 +143,26 @@ fn cli_tty_gives_the_command_a_terminal() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("/dev/pts/"), "no terminal: {text:?} {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(0), "{text:?}");
+}
+
+/// Pipes `len` bytes through `space exec ID -- cat`, writing them from a thread while the
+/// output is read; returns how many bytes came back.
+fn echo_through_cat(server: &Server, id: &str, len: usize) -> usize {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(common::SPACE)
+        .args(["exec", id, "--", "cat"])
+        .env("SPACE_URL", &server.url)
+        .env("SPACE_API_KEY", &server.key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running space exec");
+    let mut input = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || input.write_all(&vec![b'y'; len]));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().expect("writing stdin");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    out.stdout.len()
 }

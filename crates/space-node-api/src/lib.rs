@@ -110,9 +110,11 @@ pub type ProgressFn = Box<dyn Fn(Progress) + Send + Sync + 'static>;
 #[async_trait]
 pub trait EgressControl: Send + Sync {
     /// From now on the gateway decides `session`'s traffic by `egress` (replacing what it had).
-    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress);
+    /// Fails only when the node cannot be told (a remote one that does not answer): the
+    /// gateway then keeps what it had, so a revocation must not be reported done.
+    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) -> Result<()>;
     /// The gateway stops knowing `session` (destroyed, or its record could not be stored).
-    async fn forget_session_egress(&self, session: &SessionId);
+    async fn forget_session_egress(&self, session: &SessionId) -> Result<()>;
     /// What `session` sent and received through the gateway since its egress was set on
     /// this node; `None` while the gateway does not know it.
     async fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic>;
@@ -120,12 +122,14 @@ pub trait EgressControl: Send + Sync {
 
 #[async_trait]
 impl EgressControl for Gateway {
-    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
+    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) -> Result<()> {
         self.set_session(session, egress);
+        Ok(())
     }
 
-    async fn forget_session_egress(&self, session: &SessionId) {
+    async fn forget_session_egress(&self, session: &SessionId) -> Result<()> {
         self.forget_session(session);
+        Ok(())
     }
 
     async fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic> {

@@ -20,16 +20,18 @@ use crate::{Op, SimError, SimNode};
 
 #[async_trait]
 impl EgressControl for SimNode {
-    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
+    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) -> Result<()> {
         let mut state = self.state();
         state.egress.insert(session.clone(), egress);
         state.traffic.entry(session.clone()).or_default();
+        Ok(())
     }
 
-    async fn forget_session_egress(&self, session: &SessionId) {
+    async fn forget_session_egress(&self, session: &SessionId) -> Result<()> {
         let mut state = self.state();
         state.egress.remove(session);
         state.traffic.remove(session);
+        Ok(())
     }
 
     async fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic> {

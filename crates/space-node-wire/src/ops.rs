@@ -235,7 +235,7 @@ impl From<NodeFailure> for NodeError {
 }
 
 /// `error` and its sources, joined as `a: b: c`.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -6,8 +6,8 @@
 //! logs why: no templates, no ready pod (the create starts cold and meets the failure
 //! itself), no traffic. Two are retried instead, because the cautious answer would do harm:
 //! [`NodeApi::wait_exit`] (it would declare a running sandbox dead) and [`NodeApi::adopt`]
-//! (a few times, then the sandbox is treated as gone, as the in-process node would be after
-//! a reboot).
+//! (for as long as `space control` waits for its node at start; then the sandbox is treated
+//! as gone, as the in-process node's would be after a reboot).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -34,8 +34,11 @@ use crate::{NodeClient, NodeInfo, WireError};
 
 /// How long to wait before asking again after the network failed.
 const RETRY: Duration = Duration::from_secs(1);
-/// How often [`NodeApi::adopt`] asks before it gives a sandbox up.
-const ADOPT_ATTEMPTS: u32 = 3;
+/// How long [`NodeApi::adopt`] keeps asking a node that does not answer before the sandbox
+/// counts as gone (as long as `space control` waits for its node at start).
+const ADOPT_PATIENCE: Duration = Duration::from_secs(120);
+/// How long making an agent connection (upgrade and handshake) may take.
+const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A node reached over the network.
 pub struct RemoteNode {
@@ -74,6 +77,14 @@ impl RemoteNode {
             tracing::warn!(node = %self.client.address(), error = %e, "a node did not answer; assuming nothing");
             fallback
         })
+    }
+
+    /// Lets go of the agent connection of `id`: the node closes its own (a checkpoint, a
+    /// pause) and ours would be found dead only once the relay's end reached us.
+    async fn drop_agent(&self, id: &SandboxId) {
+        if let Some(agent) = self.agents.lock().await.remove(id) {
+            agent.close();
+        }
     }
 
     async fn template(&self, call: TemplateCall, report: ProgressFn) -> Result<TemplateInfo> {
@@ -118,13 +129,12 @@ async fn relay_audit(client: Arc<NodeClient>, events: UnboundedSender<AuditEvent
 
 #[async_trait]
 impl EgressControl for RemoteNode {
-    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
-        // Failing closed: a gateway that does not know the session denies its traffic.
-        self.ask(&Call::SetSessionEgress { session: session.clone(), egress }, ()).await
+    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) -> Result<()> {
+        self.call(&Call::SetSessionEgress { session: session.clone(), egress }).await
     }
 
-    async fn forget_session_egress(&self, session: &SessionId) {
-        self.ask(&Call::ForgetSessionEgress { session: session.clone() }, ()).await
+    async fn forget_session_egress(&self, session: &SessionId) -> Result<()> {
+        self.call(&Call::ForgetSessionEgress { session: session.clone() }).await
     }
 
     async fn session_traffic(&self, session: &SessionId) -> Option<SessionTraffic> {
@@ -230,9 +240,7 @@ impl NodeApi for RemoteNode {
     }
 
     async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()> {
-        if let Some(agent) = self.agents.lock().await.remove(id) {
-            agent.close();
-        }
+        self.drop_agent(id).await;
         self.call(&Call::DestroySandbox { id: id.clone() }).await
     }
 
@@ -241,19 +249,28 @@ impl NodeApi for RemoteNode {
     }
 
     async fn resume_sandbox(&self, id: &SandboxId) -> Result<()> {
-        self.call(&Call::ResumeSandbox { id: id.clone() }).await
+        let resumed = self.call(&Call::ResumeSandbox { id: id.clone() }).await;
+        // The node made its connection to the agent again: ours is made again too.
+        self.drop_agent(id).await;
+        resumed
     }
 
     async fn adopt(&self, id: &SandboxId, pid: u32) -> Option<SandboxHandle> {
         let call = Call::Adopt { id: id.clone(), pid };
-        for attempt in 1..=ADOPT_ATTEMPTS {
+        let deadline = tokio::time::Instant::now() + ADOPT_PATIENCE;
+        loop {
             match self.call(&call).await {
                 Ok(handle) => return handle,
-                Err(e) => tracing::warn!(%id, attempt, error = %e, "cannot ask a node whether a sandbox still runs"),
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(%id, error = %e, "cannot ask a node whether a sandbox still runs; asking again");
+                }
+                Err(e) => {
+                    tracing::error!(%id, error = %e, "a node did not say whether a sandbox still runs; taking it for gone");
+                    return None;
+                }
             }
             tokio::time::sleep(RETRY).await;
         }
-        None
     }
 
     async fn wait_exit(&self, handle: &SandboxHandle) {
@@ -284,8 +301,13 @@ impl NodeApi for RemoteNode {
         if let Some(agent) = self.agents.lock().await.get(id).filter(|a| !a.is_closed()) {
             return Ok(agent.clone());
         }
-        let io = self.client.upgrade(paths::AGENT, &AgentCall { sandbox: id.clone() }).await.map_err(node_error)?;
-        let agent = AgentClient::connect(io).await.map_err(|e| NodeError::Failed(Box::new(e)))?;
+        let connect = async {
+            let io = self.client.upgrade(paths::AGENT, &AgentCall { sandbox: id.clone() }).await.map_err(node_error)?;
+            AgentClient::connect(io).await.map_err(|e| NodeError::Failed(Box::new(e)))
+        };
+        let agent = tokio::time::timeout(AGENT_CONNECT_TIMEOUT, connect).await.map_err(|_| {
+            NodeError::Failed(Box::new(RemoteError(format!("the node's agent connection to {id} did not open"))))
+        })??;
         self.agents.lock().await.insert(id.clone(), agent.clone());
         Ok(agent)
     }
@@ -302,6 +324,7 @@ impl NodeApi for RemoteNode {
         snapshot: &SnapshotId,
         already_paused: bool,
     ) -> Result<()> {
+        self.drop_agent(sandbox).await;
         let call = Call::SnapshotDisk {
             sandbox: sandbox.clone(),
             session: session.clone(),
@@ -318,6 +341,7 @@ impl NodeApi for RemoteNode {
         snapshot: &SnapshotId,
         already_paused: bool,
     ) -> Result<u64> {
+        self.drop_agent(sandbox).await;
         let call = Call::SnapshotFull {
             sandbox: sandbox.clone(),
             session: session.clone(),

@@ -47,12 +47,14 @@ const RESUME_ATTEMPTS: u32 = 3;
 
 #[async_trait]
 impl EgressControl for Node {
-    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) {
+    async fn set_session_egress(&self, session: &SessionId, egress: SessionEgress) -> Result<()> {
         self.gateway.set_session(session, egress);
+        Ok(())
     }
 
-    async fn forget_session_egress(&self, session: &SessionId) {
+    async fn forget_session_egress(&self, session: &SessionId) -> Result<()> {
         self.gateway.forget_session(session);
+        Ok(())
     }
 
     async fn session_traffic(&self, session: &SessionId) -> Option<space_gateway::SessionTraffic> {

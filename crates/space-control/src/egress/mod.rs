@@ -410,14 +410,14 @@ impl Egress<'_> {
         for new in news {
             let egress =
                 SessionEgress { policy: record.policy.clone(), ca: ca.clone(), grants: gateway_grants.clone() };
-            self.gateway.set_session_egress(&new.id, egress).await;
+            self.gateway.set_session_egress(&new.id, egress).await?;
         }
         let pairs: Vec<_> = news.iter().zip(&stored).collect();
         match self.store.insert_sessions_with_egress(&pairs).await {
             Ok(ops) => Ok(ops),
             Err(e) => {
                 for new in news {
-                    self.gateway.forget_session_egress(&new.id).await;
+                    forget_quietly(self.gateway, &new.id).await;
                 }
                 Err(e.into())
             }
@@ -432,11 +432,11 @@ impl Egress<'_> {
         stored: &NewSessionEgress,
         egress: SessionEgress,
     ) -> AppResult<space_api::OperationId> {
-        self.gateway.set_session_egress(&new.id, egress).await;
+        self.gateway.set_session_egress(&new.id, egress).await?;
         match self.store.insert_session_with_egress(new, stored).await {
             Ok(op) => Ok(op),
             Err(e) => {
-                self.gateway.forget_session_egress(&new.id).await;
+                forget_quietly(self.gateway, &new.id).await;
                 Err(e.into())
             }
         }
@@ -460,11 +460,11 @@ impl Egress<'_> {
     /// [`push_session`]; returns the grants left out (by credential name) with the reason.
     pub async fn push(self, session: &SessionId) -> AppResult<Vec<(String, AppError)>> {
         let Some(record) = self.store.session_any(session).await? else {
-            self.gateway.forget_session_egress(session).await;
+            self.gateway.forget_session_egress(session).await?;
             return Ok(Vec::new());
         };
         if record.session.state == SessionState::Destroyed {
-            self.gateway.forget_session_egress(session).await;
+            self.gateway.forget_session_egress(session).await?;
             return Ok(Vec::new());
         }
         let egress =
@@ -481,7 +481,7 @@ impl Egress<'_> {
                 }
             }
         }
-        self.gateway.set_session_egress(session, SessionEgress { policy: egress.policy, ca, grants }).await;
+        self.gateway.set_session_egress(session, SessionEgress { policy: egress.policy, ca, grants }).await?;
         Ok(left_out)
     }
 
@@ -526,7 +526,16 @@ pub async fn push_credential_sessions(state: &AppState, sessions: &[SessionId]) 
 
 /// The gateway stops knowing `session` (destroyed).
 pub async fn forget_session(state: &AppState, session: &SessionId) {
-    state.node.forget_session_egress(session).await;
+    forget_quietly(state.node.as_ref(), session).await;
+}
+
+/// Tells the gateway to forget `session` where nothing can be done if it cannot be told (the
+/// session is gone either way): logged. A remote node that did not hear it keeps the
+/// session's egress until it restarts.
+async fn forget_quietly(gateway: &(impl EgressControl + ?Sized), session: &SessionId) {
+    if let Err(e) = gateway.forget_session_egress(session).await {
+        tracing::warn!(%session, error = %e, "the node's gateway could not be told to forget a session");
+    }
 }
 
 /// At server start: pushes every session that is not destroyed. Failures are logged; such

@@ -56,8 +56,8 @@ pub(super) async fn answer(served: &Served, call: Call) -> Response<Body> {
         }
         Call::JoinSessionNetwork { sandbox, session } => result(node.join_session_network(&sandbox, &session).await),
         Call::ReattachGateway { handle, session } => result(node.reattach_gateway(&handle, &session).await),
-        Call::SetSessionEgress { session, egress } => ok(&node.set_session_egress(&session, egress).await),
-        Call::ForgetSessionEgress { session } => ok(&node.forget_session_egress(&session).await),
+        Call::SetSessionEgress { session, egress } => result(node.set_session_egress(&session, egress).await),
+        Call::ForgetSessionEgress { session } => result(node.forget_session_egress(&session).await),
         Call::SessionTraffic { session } => ok(&node.session_traffic(&session).await),
     }
 }

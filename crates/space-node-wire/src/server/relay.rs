@@ -9,17 +9,24 @@
 
 use std::sync::Arc;
 
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use hyper::upgrade::OnUpgrade;
 use hyper::{Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use space_node_api::{NodeApi, PortStream};
 use space_proto::client::AgentClient;
-use space_proto::{ErrorKind, FramedStream, Reply, Request, next_frame, send_message};
+use space_proto::{
+    ErrorKind, Frame, FrameReceiver, FrameSender, FramedStream, OnSendersDropped, Reply, Request, duplex, next_frame,
+    send_message,
+};
 
 use super::calls::result;
 use super::{Body, respond};
-use crate::ops::{AgentCall, PortCall, UPGRADE_PROTOCOL};
+use crate::ops::{AgentCall, PortCall, UPGRADE_PROTOCOL, chain};
+
+/// How long a control plane may take to say hello on an agent connection, and to send a
+/// stream's first message: one that says nothing does not hold the node's tasks.
+const FIRST_MESSAGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Connects to the sandbox's agent, then answers `101` and relays the upgraded connection.
 pub(super) async fn agent(node: Arc<dyn NodeApi>, call: AgentCall, upgrade: OnUpgrade) -> Response<Body> {
@@ -30,9 +37,10 @@ pub(super) async fn agent(node: Arc<dyn NodeApi>, call: AgentCall, upgrade: OnUp
     tokio::spawn(async move {
         let Some(mut io) = upgraded(upgrade).await else { return };
         let name = format!("space-node/{}", env!("CARGO_PKG_VERSION"));
-        if let Err(e) = space_proto::handshake(&mut io, &name).await {
-            tracing::info!(error = %e, "a control plane's agent connection failed its handshake");
-            return;
+        match tokio::time::timeout(FIRST_MESSAGE_TIMEOUT, space_proto::handshake(&mut io, &name)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return tracing::info!(error = %e, "a control plane's agent connection failed its handshake"),
+            Err(_) => return tracing::info!("a control plane's agent connection said nothing"),
         }
         // The relay ends with the node's own connection (a checkpoint closes it), so the
         // control plane sees its connection end too and asks for a new one.
@@ -100,48 +108,43 @@ fn relayed(request: &Request) -> bool {
 }
 
 /// One operation: its first message decides whether it is relayed; the rest of the stream
-/// (stdin, output, file chunks, events) then goes through as it is, both ways.
+/// (stdin, output, file chunks, events) then goes through as it is, both ways. The request
+/// is sent on as the node read it, so nothing it did not understand reaches the agent.
 async fn relay_stream(agent: AgentClient, mut ours: FramedStream) {
-    let Ok(Some(first)) = next_frame(&mut ours).await else { return };
-    let refusal = match first.parse::<Request>() {
-        Ok(request) if relayed(&request) => None,
-        Ok(_) => Some(Reply::error(ErrorKind::PermissionDenied, "the node does not relay this operation")),
-        Err(e) => Some(Reply::error(ErrorKind::InvalidInput, format!("not an agent request: {e}"))),
-    };
-    if let Some(refusal) = refusal {
-        let _ = send_message(&mut ours, &refusal).await;
+    let Ok(Ok(Some(first))) = tokio::time::timeout(FIRST_MESSAGE_TIMEOUT, next_frame(&mut ours)).await else {
         return;
-    }
+    };
+    let request = match first.parse::<Request>() {
+        Ok(request) if relayed(&request) => request,
+        Ok(_) => {
+            return refuse(ours, ErrorKind::PermissionDenied, "the node does not relay this operation".into()).await;
+        }
+        Err(e) => return refuse(ours, ErrorKind::InvalidInput, format!("not an agent request: {e}")).await,
+    };
     let mut theirs = match agent.open_stream().await {
         Ok(stream) => stream,
-        Err(e) => {
-            let _ = send_message(&mut ours, &Reply::error(ErrorKind::Other, e.to_string())).await;
-            return;
-        }
+        Err(e) => return refuse(ours, ErrorKind::Other, chain(&e)).await,
     };
+    let Ok(first) = Frame::message(&request) else { return };
     if theirs.send(first).await.is_err() {
         return;
     }
-    forward(ours, theirs).await;
+    // Each stream in a pump task of its own, each direction copied on its own: output keeps
+    // flowing while stdin waits for the agent to read it (and the other way round).
+    let (to_control, from_control) = duplex(ours, OnSendersDropped::Close);
+    let (to_agent, from_agent) = duplex(theirs, OnSendersDropped::Close);
+    tokio::join!(forward(from_control, to_agent), forward(from_agent, to_control));
 }
 
-/// Passes frames both ways until both sides have finished. One task polls both streams (a
-/// yamux stream must only ever be polled by one task, see `space_proto::duplex`), and a
-/// frame is sent on before the next is read from the same side, which keeps each side's
-/// flow control.
-async fn forward(mut ours: FramedStream, mut theirs: FramedStream) {
-    let (mut ours_open, mut theirs_open) = (true, true);
-    while ours_open || theirs_open {
-        tokio::select! {
-            frame = ours.next(), if ours_open => match frame {
-                Some(Ok(frame)) => if theirs.send(frame).await.is_err() { return },
-                // The control plane finished (or broke) its side: finish the agent's.
-                _ => { ours_open = false; let _ = theirs.close().await; }
-            },
-            frame = theirs.next(), if theirs_open => match frame {
-                Some(Ok(frame)) => if ours.send(frame).await.is_err() { return },
-                _ => { theirs_open = false; let _ = ours.close().await; }
-            },
+async fn refuse(mut ours: FramedStream, kind: ErrorKind, message: String) {
+    let _ = send_message(&mut ours, &Reply::error(kind, message)).await;
+}
+
+/// Sends on what `from` receives until it ends; dropping `to` then closes that side.
+async fn forward(mut from: FrameReceiver, to: FrameSender) {
+    while let Some(Ok(frame)) = from.recv().await {
+        if to.send(frame).await.is_err() {
+            break;
         }
     }
 }
