@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use space_api::RuntimeKind;
+use space_control::ServerConfig;
 use space_node::{Node, NodeApi};
 use space_node_wire::cluster::{Identity, trust_path};
 use space_node_wire::{NodeClient, RemoteNode, WireError};
@@ -109,7 +110,8 @@ pub async fn run_control(args: ControlRoleArgs, data_dir: PathBuf) -> anyhow::Re
     init_logging(args.log.log_format);
     let (identity, ca) = args.identity.load(&data_dir)?;
     let tls = space_node_wire::tls::client_config(&identity, &ca)?;
-    let config = server_config(&args.control, &data_dir);
+    // The replica is named as its certificate: unique among those sharing the database.
+    let config = ServerConfig { replica: args.identity.name.clone(), ..server_config(&args.control, &data_dir) };
     let remote = connect(&args.node, tls).await?;
     tracing::info!(node = %args.node, id = %remote.info().id, version = %remote.info().version, "connected to the node");
     let node: Arc<dyn NodeApi> = remote;

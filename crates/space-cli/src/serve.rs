@@ -315,6 +315,7 @@ pub fn server_config(args: &ControlArgs, data_dir: &Path) -> ServerConfig {
         audit_retention: args.audit_retention.0,
         allow_wildcard_credential_hosts: args.allow_wildcard_credential_hosts,
         preview_domain: args.preview_domain.clone(),
+        replica: space_control::DEFAULT_REPLICA.into(),
         prepare_templates: args.prepare_templates.clone().unwrap_or_else(|| vec![args.default_template.clone()]),
         default_template: args.default_template.clone(),
         default_runtime: args.default_runtime,

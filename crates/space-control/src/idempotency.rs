@@ -344,7 +344,7 @@ mod tests {
         assert!(!body.contains(API_KEY));
         assert!(body.contains("idempotency_conflict") && body.contains("cannot be replayed"), "{body}");
         // The record survives a restart's cleanup: the request is not run twice.
-        s.store.idempotency_interrupt_unfinished().await.unwrap();
+        s.store.idempotency_interrupt_unfinished(true, space_store::now_ms()).await.unwrap();
         assert_eq!(call(&app, "/v1/keys", "k2", r#"{"tenant":"a"}"#).await.0, StatusCode::CONFLICT);
     }
 
@@ -396,7 +396,7 @@ mod tests {
         let path = "/v1/sessions/ses_1/fork";
         let fingerprint = app_fingerprint(&s, path, "{}").await;
         assert_eq!(s.store.idempotency_begin(&s.tenant, "c", &fingerprint).await.unwrap(), IdempotencyBegin::New);
-        s.store.idempotency_interrupt_unfinished().await.unwrap();
+        s.store.idempotency_interrupt_unfinished(true, space_store::now_ms()).await.unwrap();
         let (status, _, body) = call(&app, path, "c", "{}").await;
         assert_eq!(status, StatusCode::CONFLICT, "{body}");
         assert!(body.contains("interrupted by a server restart"), "{body}");

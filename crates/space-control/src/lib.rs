@@ -18,6 +18,7 @@ pub mod observe;
 mod proxy;
 pub mod reconciler;
 pub mod recovery;
+pub mod replicas;
 pub mod scheduler;
 pub mod server;
 pub mod watches;
@@ -36,6 +37,7 @@ pub use error::{AppError, AppResult};
 pub use metrics::serve_metrics;
 pub use reconciler::Reconciler;
 pub use server::HttpLimits;
+pub use space_store::DEFAULT_REPLICA;
 
 /// Settings of `space serve`.
 #[derive(Debug, Clone)]
@@ -68,6 +70,9 @@ pub struct ServerConfig {
     /// The domain under which `{port}-{session}.{domain}` reaches a session's port (`None`:
     /// ports only through `/v1/sessions/{id}/ports/{port}/`).
     pub preview_domain: Option<String>,
+    /// This replica's name, unique among those sharing the database (`space serve`:
+    /// [`space_store::DEFAULT_REPLICA`]).
+    pub replica: String,
 }
 
 /// Shared by every handler; cheap to clone.
@@ -137,7 +142,8 @@ pub async fn start(
         Some(url) => Store::open(url).await,
         None => Store::open_sqlite(&config.data_dir.join("space.db")).await,
     }
-    .map_err(context("opening the database"))?;
+    .map_err(context("opening the database"))?
+    .as_replica(&config.replica);
     let stored_node_id = store
         .meta_get_or_insert("node_id", NodeId::generate().as_str())
         .await
@@ -176,14 +182,20 @@ pub async fn start(
     if let Some(retention) = config.audit_retention {
         egress::spawn_audit_retention(&state, retention);
     }
-    recovery::recover(&state).await.map_err(context("recovering from the previous run"))?;
+    replicas::announce(&state).await.map_err(context("recording the replica"))?;
+    let keeps_node = recovery::recover(&state).await.map_err(context("recovering from the previous run"))?;
     // Before the reconciler: every sandbox it starts or restores joins its session's egress.
     egress::push_all(&state).await;
     // The node is there from the start: its first heartbeat is written before the API serves.
     nodes::heartbeat(&state).await.map_err(context("recording the node's heartbeat"))?;
     nodes::spawn_heartbeats(state.clone());
-    // Only after recovery: its sweep destroys every sandbox no session owns, pods included.
-    state.node.clone().start_background();
+    // Only after recovery: its sweep destroys every sandbox no session owns (a node's own
+    // pods are spared, but the sweep must not race their making). A replica that does not
+    // keep the node leaves it to its keeper, and starts it when it takes the node over.
+    if keeps_node {
+        state.node.clone().start_background();
+    }
+    replicas::spawn_beats(state.clone(), keeps_node);
     reconciler.spawn(state.clone());
     scheduler::spawn(state.clone(), config.scheduler_tick);
     reconciler::prepare_templates(&state, &config.prepare_templates)

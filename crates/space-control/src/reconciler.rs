@@ -15,6 +15,9 @@ use crate::AppState;
 use crate::auth::ADMIN_TENANT;
 use crate::error::{AppError, AppResult};
 
+/// How often a waiter looks at an operation that this replica is not running.
+const WAIT_POLL: Duration = Duration::from_millis(250);
+
 /// Wakes the loop and tells waiters when operations finish. Cheap to clone.
 #[derive(Clone)]
 pub struct Reconciler {
@@ -46,7 +49,8 @@ impl Reconciler {
     async fn run(self, state: AppState) {
         loop {
             loop {
-                match state.store.claim_operation().await {
+                let lease = i64::try_from(crate::nodes::LEASE.as_millis()).unwrap_or(i64::MAX);
+                match state.store.claim_operation(space_store::now_ms(), lease).await {
                     Ok(Some(op)) => {
                         let state = state.clone();
                         let this = self.clone();
@@ -55,8 +59,12 @@ impl Reconciler {
                             let result = perform(&state, op).await;
                             let error = result.err().map(|e| e.0);
                             let error = error.as_ref().map(|e| (e.code, e.message.as_str()));
-                            if let Err(e) = state.store.finish_operation(&id, error).await {
-                                tracing::error!(%id, "recording operation result: {e}");
+                            match state.store.finish_operation(&id, error).await {
+                                Ok(true) => {}
+                                Ok(false) => {
+                                    tracing::warn!(%id, "another replica took this operation over; its result counts")
+                                }
+                                Err(e) => tracing::error!(%id, "recording operation result: {e}"),
                             }
                             this.finished.send_modify(|n| *n += 1);
                         });
@@ -94,9 +102,13 @@ impl Reconciler {
             if matches!(op.state, OperationState::Succeeded | OperationState::Failed) {
                 return Ok(op);
             }
-            if tokio::time::timeout_at(deadline, finished.changed()).await.is_err() {
+            if tokio::time::Instant::now() >= deadline {
                 return Ok(op);
             }
+            // Another replica may finish it: look again now and then, not only when this
+            // one finishes something.
+            let look_again = deadline.min(tokio::time::Instant::now() + WAIT_POLL);
+            let _ = tokio::time::timeout_at(look_again, finished.changed()).await;
         }
     }
 }

@@ -1,9 +1,17 @@
-//! Start-up recovery: whatever instant the previous process died at, converge before serving.
+//! Recovery: whatever instant a replica died at, converge.
 //!
-//! 1. Operations that were running are queued again (each step is idempotent).
-//! 2. Running sessions whose sandbox survived are kept (spaced outlives the server); those
-//!    whose sandbox is gone fail with a recorded reason.
-//! 3. Every node resource (cgroup, socket, subvolume) not owned by a kept sandbox is destroyed.
+//! At a replica's start (`recover`):
+//! 1. Operations its earlier process was running are queued again (each step is idempotent);
+//!    other replicas' are theirs until their leases run out ([`crate::replicas`]).
+//! 2. If no live replica keeps the node, this one takes it and recovers it ([`Mode::Start`]):
+//!    running sessions whose sandbox survived are kept (spaced outlives the server); those
+//!    whose sandbox is gone fail with a recorded reason; every node resource (cgroup, socket,
+//!    subvolume) not owned by a kept sandbox is destroyed.
+//!
+//! A replica that takes the node over from one that died while it was serving
+//! ([`Mode::TakeOver`]) does step 2 without removing anything: the dead replica's half-done
+//! creates, restores and destroys are its operations, which this one runs again; what else it
+//! left is removed at the next start.
 //!
 //! Snapshots come first: one a crash interrupted is deleted, so a `suspending` session whose
 //! full snapshot is listed is known to be resumable.
@@ -15,64 +23,65 @@
 
 use std::collections::HashSet;
 
-use space_api::{SandboxId, SessionState, SnapshotKind};
+use space_api::{SandboxId, SessionId, SessionState, SnapshotKind};
+use space_store::{SandboxRecord, now_ms};
 
 use crate::AppState;
 use crate::error::AppResult;
 use crate::reconciler::{alive_handle, remove_sandbox, watch_exit};
+use crate::replicas;
 
-pub async fn recover(state: &AppState) -> AppResult<()> {
+/// How the node is recovered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// At the start of the replica that keeps it: nothing else runs on it yet.
+    Start,
+    /// Taken over from a replica that died, while this one serves: only sessions are
+    /// repaired, each under its lock, and nothing is removed.
+    TakeOver,
+}
+
+/// A replica's start-up recovery. Returns whether this replica keeps the node (and
+/// recovered it).
+pub async fn recover(state: &AppState) -> AppResult<bool> {
     let requeued = state.store.requeue_running_operations().await?;
-    state.store.idempotency_interrupt_unfinished().await?;
-    state.store.idempotency_expire(space_store::now_ms() - crate::idempotency::RETENTION_MS).await?;
-    let mut keep: HashSet<SandboxId> = HashSet::new();
-    let snapshots = recover_snapshots(state).await?;
-    let suspending = state.store.sessions_in_states(&[SessionState::Suspending]).await?;
-    let sandboxes = state.store.live_sandboxes(&state.node_id).await?;
-    for record in suspending {
-        finish_suspend(state, &record.session, &sandboxes).await?;
+    state.store.idempotency_interrupt_unfinished(true, now_ms()).await?;
+    state.store.idempotency_expire(now_ms() - crate::idempotency::RETENTION_MS).await?;
+    tracing::info!(requeued, "requeued this replica's operations");
+    if !replicas::keep_node(state).await? {
+        let keeper = state.store.lease_holder(&replicas::node_lease(&state.node_id), now_ms()).await?;
+        tracing::info!(node = %state.node_id, keeper = ?keeper, "another replica keeps the node; this one takes it over if that one dies");
+        return Ok(false);
     }
-    let running = state.store.sessions_in_states(&[SessionState::Running, SessionState::Paused]).await?;
-    for record in running {
-        let id = &record.session.id;
-        match alive_handle(state, &sandboxes, record.session.sandbox_id.as_ref()).await {
-            Some(handle) => {
-                // A crash between freezing and recording the state leaves them disagreeing:
-                // the recorded state wins.
-                let frozen = match record.session.state {
-                    SessionState::Paused => state.node.pause_sandbox(&handle.id).await,
-                    _ => state.node.resume_sandbox(&handle.id).await,
-                };
-                if let Err(e) = frozen {
-                    // A session that reads `running` must answer: one left frozen would not.
-                    tracing::warn!(session = %id, error = %e, "cannot bring the sandbox to its recorded state");
-                    let message = format!(
-                        "the sandbox could not be brought back to {:?} after a restart: {e}; destroy \
-                         the session, or restore it from a snapshot",
-                        record.session.state
-                    );
-                    let from = [SessionState::Running, SessionState::Paused];
-                    state.store.transition(id, &from, SessionState::Failed, Some(&message)).await?;
-                    continue;
-                }
-                // A root started where limits were not yet enforced gets them now.
-                if let Err(e) = state.node.limit_disk(&handle.id, &crate::reconciler::disk_quota(&record.session)).await
-                {
-                    tracing::warn!(session = %id, error = %e, "cannot apply the session's disk limit");
-                }
-                // The gateway's listeners died with the previous process.
-                if let Err(e) = state.node.reattach_gateway(&handle, id).await {
-                    tracing::warn!(session = %id, error = %e, "the sandbox has no egress until it is restored");
-                }
-                keep.insert(handle.id.clone());
-                watch_exit(state.clone(), id.clone(), handle);
-            }
-            None => {
-                let message = "the sandbox stopped while the server was down; destroy the session and create a new one";
-                let from = [SessionState::Running, SessionState::Paused];
-                state.store.transition(id, &from, SessionState::Failed, Some(message)).await?;
-            }
+    recover_node(state, Mode::Start).await?;
+    Ok(true)
+}
+
+/// Converges the node's sessions on what the store says (see the module's doc).
+pub async fn recover_node(state: &AppState, mode: Mode) -> AppResult<()> {
+    let snapshots = match mode {
+        Mode::Start => recover_snapshots(state).await?,
+        // Unfinished snapshots may be this replica's, being taken.
+        Mode::TakeOver => 0,
+    };
+    let mut keep: HashSet<SandboxId> = HashSet::new();
+    let sandboxes = state.store.live_sandboxes(&state.node_id).await?;
+    for record in state.store.sessions_in_states(&[SessionState::Suspending]).await? {
+        let _guard = state.session_lock(&record.session.id).await;
+        if let Some(current) = state.store.session_any(&record.session.id).await?
+            && current.session.state == SessionState::Suspending
+        {
+            finish_suspend(state, &current.session, &sandboxes).await?;
         }
+    }
+    for record in state.store.sessions_in_states(&[SessionState::Running, SessionState::Paused]).await? {
+        if let Some(kept) = recover_session(state, &record.session.id, &sandboxes, mode).await? {
+            keep.insert(kept);
+        }
+    }
+    if mode == Mode::TakeOver {
+        tracing::info!(kept = keep.len(), "took the node over");
+        return Ok(());
     }
     let mut removed = 0;
     for sandbox in &sandboxes {
@@ -89,18 +98,74 @@ pub async fn recover(state: &AppState) -> AppResult<()> {
         tracing::warn!(error = %e, "cannot sweep the node's orphans; next start tries again");
         Vec::new()
     });
-    tracing::info!(requeued, removed, orphans = orphans.len(), kept = keep.len(), snapshots, "recovered");
+    tracing::info!(removed, orphans = orphans.len(), kept = keep.len(), snapshots, "recovered the node");
     Ok(())
+}
+
+/// A running or paused session, under its lock: kept on its sandbox (returned) if that
+/// lives, else failed with the reason.
+async fn recover_session(
+    state: &AppState,
+    id: &SessionId,
+    sandboxes: &[SandboxRecord],
+    mode: Mode,
+) -> AppResult<Option<SandboxId>> {
+    let _guard = state.session_lock(id).await;
+    let Some(record) = state.store.session_any(id).await? else { return Ok(None) };
+    if !matches!(record.session.state, SessionState::Running | SessionState::Paused) {
+        return Ok(None);
+    }
+    let sandbox = record.session.sandbox_id.as_ref();
+    // Taking over, this replica serves meanwhile: the session may have moved to a sandbox
+    // recorded after the list was read.
+    let fresh;
+    let sandboxes = if mode == Mode::TakeOver && !sandboxes.iter().any(|s| Some(&s.id) == sandbox) {
+        fresh = state.store.live_sandboxes(&state.node_id).await?;
+        &fresh
+    } else {
+        sandboxes
+    };
+    let Some(handle) = alive_handle(state, sandboxes, sandbox).await else {
+        let message = "the sandbox stopped while the server was down; destroy the session and create a new one";
+        let from = [SessionState::Running, SessionState::Paused];
+        state.store.transition(id, &from, SessionState::Failed, Some(message)).await?;
+        return Ok(None);
+    };
+    // A crash between freezing and recording the state leaves them disagreeing: the recorded
+    // state wins.
+    let frozen = match record.session.state {
+        SessionState::Paused => state.node.pause_sandbox(&handle.id).await,
+        _ => state.node.resume_sandbox(&handle.id).await,
+    };
+    if let Err(e) = frozen {
+        // A session that reads `running` must answer: one left frozen would not.
+        tracing::warn!(session = %id, error = %e, "cannot bring the sandbox to its recorded state");
+        let message = format!(
+            "the sandbox could not be brought back to {:?} after a restart: {e}; destroy the session, or \
+             restore it from a snapshot",
+            record.session.state
+        );
+        let from = [SessionState::Running, SessionState::Paused];
+        state.store.transition(id, &from, SessionState::Failed, Some(&message)).await?;
+        return Ok(None);
+    }
+    // A root started where limits were not yet enforced gets them now.
+    if let Err(e) = state.node.limit_disk(&handle.id, &crate::reconciler::disk_quota(&record.session)).await {
+        tracing::warn!(session = %id, error = %e, "cannot apply the session's disk limit");
+    }
+    // The gateway's listeners died with the previous process.
+    if let Err(e) = state.node.reattach_gateway(&handle, id).await {
+        tracing::warn!(session = %id, error = %e, "the sandbox has no egress until it is restored");
+    }
+    let kept = handle.id.clone();
+    watch_exit(state.clone(), id.clone(), handle);
+    Ok(Some(kept))
 }
 
 /// A suspend the crash interrupted: if its full snapshot was completed, the session is
 /// suspended (the sandbox is removed below with the other unkept ones); otherwise it goes back
 /// to running on its sandbox, or fails if that is gone too.
-async fn finish_suspend(
-    state: &AppState,
-    session: &space_api::Session,
-    sandboxes: &[space_store::SandboxRecord],
-) -> AppResult<()> {
+async fn finish_suspend(state: &AppState, session: &space_api::Session, sandboxes: &[SandboxRecord]) -> AppResult<()> {
     let id = &session.id;
     let snapshots = state.store.list_snapshots(id).await?;
     let suspended_at =

@@ -6,6 +6,8 @@
 //!
 //! The same tick enforces session lifetimes: a session past its maximum age is destroyed
 //! (whatever its state), a running or paused one idle for its idle timeout is suspended.
+//!
+//! Of several replicas, the one holding the schedule's lease runs it ([`crate::replicas`]).
 
 use std::time::Duration;
 
@@ -22,6 +24,15 @@ pub fn spawn(state: AppState, tick: Duration) {
         let mut full_unavailable_logged = false;
         loop {
             tokio::time::sleep(tick).await;
+            // One replica at a time runs the schedule: two would take each due snapshot twice.
+            match crate::replicas::run_schedule(&state, tick).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "snapshot schedule: cannot take its lease");
+                    continue;
+                }
+            }
             if let Err(e) = run_once(&state, &mut full_unavailable_logged).await {
                 tracing::warn!(error = %e.0.message, "snapshot schedule");
             }

@@ -4,7 +4,7 @@
 //! A record is unfinished (`status` NULL), finished (`status` and `body`), or finished with
 //! its response withheld (`status` set, `body` NULL): the response carried a secret, which
 //! is never stored, so a retry learns only that the request already succeeded. An unfinished
-//! record that a restart found is `interrupted`: its request may have taken effect, so it is
+//! record whose replica stopped is `interrupted`: its request may have taken effect, so it is
 //! never run again under that key. Records expire ([`Store::idempotency_expire`]).
 //!
 //! The fingerprint is computed by the caller; it must not let anyone who reads the database
@@ -38,13 +38,14 @@ pub enum IdempotencyBegin {
 impl Store {
     pub async fn idempotency_begin(&self, tenant: &TenantId, key: &str, fingerprint: &str) -> Result<IdempotencyBegin> {
         let inserted = sqlx::query(
-            "INSERT INTO idempotency (tenant_id, key, fingerprint, created_at) VALUES ($1, $2, $3, $4)
+            "INSERT INTO idempotency (tenant_id, key, fingerprint, created_at, replica) VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (tenant_id, key) DO NOTHING",
         )
         .bind(tenant.as_str())
         .bind(key)
         .bind(fingerprint)
         .bind(now_ms())
+        .bind(&*self.replica)
         .execute(&self.writer)
         .await?
         .rows_affected();
@@ -128,12 +129,21 @@ impl Store {
         Ok(())
     }
 
-    /// After a restart no request is in flight: the unfinished keys were interrupted.
-    pub async fn idempotency_interrupt_unfinished(&self) -> Result<u64> {
-        let marked = sqlx::query("UPDATE idempotency SET interrupted = 1 WHERE status IS NULL")
-            .execute(&self.writer)
-            .await?
-            .rows_affected();
+    /// Marks interrupted the unfinished keys whose replica is not alive at `now` (its
+    /// `replica:NAME` lease ran out), and with `own` those of this handle's replica (at its
+    /// start, none of its requests is in flight). Keys of no replica count as a dead one's.
+    pub async fn idempotency_interrupt_unfinished(&self, own: bool, now: i64) -> Result<u64> {
+        let marked = sqlx::query(
+            "UPDATE idempotency SET interrupted = 1 WHERE status IS NULL AND interrupted = 0
+             AND ((replica = $1 AND $2 = 1) OR replica IS NULL OR (replica <> $1 AND NOT EXISTS
+                 (SELECT 1 FROM leases l WHERE l.name = 'replica:' || idempotency.replica AND l.expires_at > $3)))",
+        )
+        .bind(&*self.replica)
+        .bind(i64::from(own))
+        .bind(now)
+        .execute(&self.writer)
+        .await?
+        .rows_affected();
         Ok(marked)
     }
 
@@ -206,12 +216,29 @@ mod tests {
         let (store, _dir) = test_store().await;
         let t = store.ensure_tenant("t").await.unwrap();
         assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::New);
-        assert_eq!(store.idempotency_interrupt_unfinished().await.unwrap(), 1);
+        assert_eq!(store.idempotency_interrupt_unfinished(true, now_ms()).await.unwrap(), 1);
         // Forgetting it would run the request again: a second session for one key.
         assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::Interrupted);
         assert_eq!(store.idempotency_begin(&t, "k", "other").await.unwrap(), IdempotencyBegin::Mismatch);
         assert_eq!(store.idempotency_expire(now_ms() + 1).await.unwrap(), 1);
         assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::New);
+    }
+
+    #[tokio::test]
+    async fn a_key_is_interrupted_by_its_own_replicas_death_only() {
+        let (store, _dir) = test_store().await;
+        let (a, b) = (store.clone().as_replica("a"), store.as_replica("b"));
+        let t = a.ensure_tenant("t").await.unwrap();
+        let now = now_ms();
+        a.announce_replica(now, 15_000).await.unwrap();
+        b.announce_replica(now, 15_000).await.unwrap();
+        assert_eq!(a.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::New);
+        // b starting, or beating, leaves a's request in flight while a lives.
+        assert_eq!(b.idempotency_interrupt_unfinished(true, now).await.unwrap(), 0);
+        assert_eq!(b.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::InProgress);
+        // a's lease ran out: its request was cut off.
+        assert_eq!(b.idempotency_interrupt_unfinished(false, now + 15_000).await.unwrap(), 1);
+        assert_eq!(b.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::Interrupted);
     }
 
     /// A session created under `key` (as `POST /v1/sessions` does).
@@ -248,7 +275,7 @@ mod tests {
         assert!(store.session_created_under_key(&other, "k").await.unwrap().is_none(), "keys are per tenant");
 
         // Interrupted: the first retry takes the key over, a second does not.
-        store.idempotency_interrupt_unfinished().await.unwrap();
+        store.idempotency_interrupt_unfinished(true, now_ms()).await.unwrap();
         assert!(store.idempotency_resume(&t, "k").await.unwrap());
         assert!(!store.idempotency_resume(&t, "k").await.unwrap());
         // A 5xx gives the key back and the session with it.
@@ -272,7 +299,7 @@ mod tests {
         store.idempotency_withhold(&t, "k", 201).await.unwrap();
         assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::Withheld { status: 201 });
         // Finished: neither a restart nor an abandon makes it retryable.
-        store.idempotency_interrupt_unfinished().await.unwrap();
+        store.idempotency_interrupt_unfinished(true, now_ms()).await.unwrap();
         store.idempotency_abandon(&t, "k").await.unwrap();
         assert_eq!(store.idempotency_begin(&t, "k", "f").await.unwrap(), IdempotencyBegin::Withheld { status: 201 });
     }

@@ -10,6 +10,7 @@ mod audit;
 mod auth;
 mod credentials;
 mod idempotency;
+mod leases;
 mod metrics;
 mod network;
 mod nodes;
@@ -25,6 +26,7 @@ pub mod testing;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
@@ -33,6 +35,7 @@ use sqlx::{AnyPool, ConnectOptions, Executor};
 pub use auth::{KeyRecord, LAST_USED_RESOLUTION_MS, NewKey, RevokeRefused};
 pub use credentials::{CredentialChange, CredentialRecord, NewCredential, PlaceholderEnv};
 pub use idempotency::IdempotencyBegin;
+pub use leases::replica_lease;
 pub use network::{NewSessionEgress, SessionEgressRecord};
 pub use nodes::{NodeHeartbeat, NodeRecord};
 pub use operations::{NewOperation, OperationKind, OperationRecord};
@@ -142,7 +145,14 @@ pub struct Store {
     /// Writers: SQLite's only write connection; for PostgreSQL the same pool as `pool`.
     writer: AnyPool,
     backend: Backend,
+    /// The control replica this handle acts for: it names the operations it claims, the
+    /// leases it holds and the idempotent requests it begins ([`Store::as_replica`]).
+    replica: Arc<str>,
 }
+
+/// The replica of a handle that was never given one: `space serve`, the only one over its
+/// database.
+pub const DEFAULT_REPLICA: &str = "local";
 
 /// Unix time in milliseconds.
 pub fn now_ms() -> i64 {
@@ -184,7 +194,7 @@ impl Store {
         let writer = configure.clone().max_connections(1).connect_with(options.clone()).await?;
         sqlx::migrate!("./migrations/sqlite").run(&writer).await?;
         let pool = configure.max_connections(8).connect_with(options).await?;
-        Ok(Store { pool, writer, backend: Backend::Sqlite })
+        Ok(Store { pool, writer, backend: Backend::Sqlite, replica: DEFAULT_REPLICA.into() })
     }
 
     /// Connects to the PostgreSQL database at `url` and applies migrations (one replica at a
@@ -199,11 +209,23 @@ impl Store {
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
-        Ok(Store { writer: pool.clone(), pool, backend: Backend::Postgres })
+        Ok(Store { writer: pool.clone(), pool, backend: Backend::Postgres, replica: DEFAULT_REPLICA.into() })
     }
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// This handle acting for the control replica `name` (unique among the replicas that
+    /// share the database; a handle that was never given one acts for [`DEFAULT_REPLICA`]).
+    pub fn as_replica(mut self, name: &str) -> Store {
+        self.replica = name.into();
+        self
+    }
+
+    /// The replica this handle acts for.
+    pub fn replica(&self) -> &str {
+        &self.replica
     }
 
     pub async fn meta(&self, key: &str) -> Result<Option<String>> {

@@ -131,37 +131,60 @@ impl Store {
         row.map(|r| op_from_row(&r).map(|o| o.operation)).transpose()
     }
 
-    /// Claims the oldest pending operation (pending → running). On PostgreSQL replicas that
-    /// claim at once each take a different one: a row another has locked is skipped, not
-    /// waited for.
-    pub async fn claim_operation(&self) -> Result<Option<OperationRecord>> {
+    /// Claims the oldest operation that is pending, or running under a lease that ran out at
+    /// `now` (its replica died), for this handle's replica, leased until `now + lease_ms`. On
+    /// PostgreSQL replicas that claim at once each take a different one: a row another has
+    /// locked is skipped, not waited for.
+    pub async fn claim_operation(&self, now: i64, lease_ms: i64) -> Result<Option<OperationRecord>> {
         let skip_locked = match self.backend {
             Backend::Postgres => " FOR UPDATE SKIP LOCKED",
             Backend::Sqlite => "",
         };
+        let claimable = "(state = 'pending' OR (state = 'running' AND lease_expires_at <= $1))";
         let sql = format!(
-            "UPDATE operations SET state = 'running', updated_at = $1
-             WHERE state = 'pending' AND id = (SELECT id FROM operations WHERE state = 'pending' \
+            "UPDATE operations SET state = 'running', updated_at = $1, claimed_by = $2, lease_expires_at = $3
+             WHERE {claimable} AND id = (SELECT id FROM operations WHERE {claimable} \
              ORDER BY created_at, id LIMIT 1{skip_locked})
              RETURNING {OP_COLUMNS}"
         );
-        let row = sqlx::query(&sql).bind(now_ms()).fetch_optional(&self.writer).await?;
+        let row = sqlx::query(&sql)
+            .bind(now)
+            .bind(&*self.replica)
+            .bind(now.saturating_add(lease_ms))
+            .fetch_optional(&self.writer)
+            .await?;
         row.map(|r| op_from_row(&r)).transpose()
     }
 
-    /// Records the operation's end: `error` is the failure's (code, message).
-    pub async fn finish_operation(&self, id: &OperationId, error: Option<(ErrorCode, &str)>) -> Result<()> {
+    /// Renews until `until` the leases of the operations this handle's replica runs.
+    pub async fn renew_operation_leases(&self, until: i64) -> Result<u64> {
+        Ok(sqlx::query("UPDATE operations SET lease_expires_at = $1 WHERE claimed_by = $2 AND state = 'running'")
+            .bind(until)
+            .bind(&*self.replica)
+            .execute(&self.writer)
+            .await?
+            .rows_affected())
+    }
+
+    /// Records the operation's end: `error` is the failure's (code, message). Only its
+    /// claimant's end counts: a replica that lost its lease (it stalled past it, and another
+    /// took the operation over) records nothing, and `false` says so.
+    pub async fn finish_operation(&self, id: &OperationId, error: Option<(ErrorCode, &str)>) -> Result<bool> {
         let state = if error.is_some() { OperationState::Failed } else { OperationState::Succeeded };
         let code = error.and_then(|(code, _)| serde_json::to_value(code).ok()?.as_str().map(str::to_owned));
-        sqlx::query("UPDATE operations SET state = $1, error = $2, error_code = $5, updated_at = $3 WHERE id = $4")
-            .bind(state_str(state))
-            .bind(error.map(|(_, message)| message))
-            .bind(now_ms())
-            .bind(id.as_str())
-            .bind(code)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        let finished = sqlx::query(
+            "UPDATE operations SET state = $1, error = $2, error_code = $5, updated_at = $3
+             WHERE id = $4 AND state = 'running' AND claimed_by = $6",
+        )
+        .bind(state_str(state))
+        .bind(error.map(|(_, message)| message))
+        .bind(now_ms())
+        .bind(id.as_str())
+        .bind(code)
+        .bind(&*self.replica)
+        .execute(&self.writer)
+        .await?;
+        Ok(finished.rows_affected() == 1)
     }
 
     pub async fn set_operation_progress(&self, id: &OperationId, progress: &Progress) -> Result<()> {
@@ -174,12 +197,18 @@ impl Store {
         Ok(())
     }
 
-    /// After a crash, operations that were running are run again (every step is idempotent).
+    /// At a replica's start, the operations its earlier process was running are run again
+    /// (every step is idempotent); so are those of no replica (claimed before replicas were
+    /// recorded). Other replicas' operations are theirs until their leases run out.
     pub async fn requeue_running_operations(&self) -> Result<u64> {
-        Ok(sqlx::query("UPDATE operations SET state = 'pending' WHERE state = 'running'")
-            .execute(&self.writer)
-            .await?
-            .rows_affected())
+        Ok(sqlx::query(
+            "UPDATE operations SET state = 'pending', claimed_by = NULL, lease_expires_at = NULL
+             WHERE state = 'running' AND (claimed_by = $1 OR claimed_by IS NULL)",
+        )
+        .bind(&*self.replica)
+        .execute(&self.writer)
+        .await?
+        .rows_affected())
     }
 }
 
@@ -188,21 +217,49 @@ mod tests {
     use super::*;
     use crate::test_store;
 
+    const LEASE: i64 = 15_000;
+
+    fn build(tenant: &TenantId) -> NewOperation {
+        NewOperation { tenant_id: tenant.clone(), session_id: None, kind: OperationKind::BuildTemplate, input: None }
+    }
+
     #[tokio::test]
     async fn claim_runs_each_operation_once() {
         let (store, _dir) = test_store().await;
         let t = store.ensure_tenant("t").await.unwrap();
-        let new =
-            NewOperation { tenant_id: t.clone(), session_id: None, kind: OperationKind::BuildTemplate, input: None };
-        let id = store.insert_operation(&new).await.unwrap();
-        let claimed = store.claim_operation().await.unwrap().unwrap();
+        let id = store.insert_operation(&build(&t)).await.unwrap();
+        let claimed = store.claim_operation(now_ms(), LEASE).await.unwrap().unwrap();
         assert_eq!(claimed.operation.id, id);
-        assert!(store.claim_operation().await.unwrap().is_none());
+        assert!(store.claim_operation(now_ms(), LEASE).await.unwrap().is_none());
         assert_eq!(store.requeue_running_operations().await.unwrap(), 1);
-        let again = store.claim_operation().await.unwrap().unwrap();
-        store.finish_operation(&again.operation.id, Some((ErrorCode::StorageFull, "boom"))).await.unwrap();
+        let again = store.claim_operation(now_ms(), LEASE).await.unwrap().unwrap();
+        assert!(store.finish_operation(&again.operation.id, Some((ErrorCode::StorageFull, "boom"))).await.unwrap());
         let op = store.operation(&t, &id).await.unwrap().unwrap();
         assert_eq!(op.state, OperationState::Failed);
         assert_eq!(op.error.as_deref(), Some("boom"));
+    }
+
+    #[tokio::test]
+    async fn another_replica_takes_an_operation_over_when_its_lease_runs_out() {
+        let (store, _dir) = test_store().await;
+        let (a, b) = (store.clone().as_replica("a"), store.as_replica("b"));
+        let t = a.ensure_tenant("t").await.unwrap();
+        let id = a.insert_operation(&build(&t)).await.unwrap();
+        let now = now_ms();
+        assert_eq!(a.claim_operation(now, LEASE).await.unwrap().unwrap().operation.id, id);
+        // b starting requeues only its own; a's lease holds while a renews it.
+        assert_eq!(b.requeue_running_operations().await.unwrap(), 0);
+        assert!(b.claim_operation(now + LEASE - 1, LEASE).await.unwrap().is_none());
+        assert_eq!(a.renew_operation_leases(now + 2 * LEASE).await.unwrap(), 1);
+        assert!(b.claim_operation(now + 2 * LEASE - 1, LEASE).await.unwrap().is_none());
+        // a stopped renewing: at the lease's end b takes the operation over.
+        let taken = b.claim_operation(now + 2 * LEASE, LEASE).await.unwrap().unwrap();
+        assert_eq!((taken.operation.id.clone(), taken.operation.state), (id.clone(), OperationState::Running));
+        // a, late, finishes it: that counts for nothing; b's end does.
+        assert!(!a.finish_operation(&id, Some((ErrorCode::Internal, "late"))).await.unwrap());
+        assert_eq!(a.renew_operation_leases(now + 3 * LEASE).await.unwrap(), 0);
+        assert!(b.finish_operation(&id, None).await.unwrap());
+        let op = b.operation(&t, &id).await.unwrap().unwrap();
+        assert_eq!((op.state, op.error), (OperationState::Succeeded, None));
     }
 }

@@ -2,6 +2,7 @@
 //! (its own loop-mounted btrfs pool and cgroup parent), torn down even when a test fails.
 #![allow(dead_code)]
 
+pub mod replicas;
 pub mod upstream;
 
 use std::net::TcpListener;
@@ -222,7 +223,7 @@ impl Server {
     }
 
     /// Starts `command` with its output appended to the server's log.
-    fn launch(&self, what: &str, command: &mut Command) -> Child {
+    pub fn launch(&self, what: &str, command: &mut Command) -> Child {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         command.spawn().unwrap_or_else(|e| panic!("starting {what}: {e}"))
@@ -239,7 +240,7 @@ impl Server {
     /// `split`: a cluster of its own (made at the first start), the node, then the control
     /// plane over it.
     fn try_spawn_split(&mut self) -> Result<(), String> {
-        let cluster = self.data_dir.join("cluster");
+        let cluster = self.cluster_dir();
         // The node's name is its id, which names its cgroups: unique, as servers may share
         // a cgroup parent.
         let tag = self.data_dir.file_name().unwrap().to_str().unwrap().trim_start_matches("space-test-");
@@ -348,6 +349,21 @@ impl Server {
         }
     }
 
+    /// `split`: the node's process id.
+    pub fn node_pid(&self) -> u32 {
+        self.node_child.as_ref().expect("a split server's node runs").id()
+    }
+
+    /// `split`: the cluster's directory (its CA and members' certificates).
+    pub fn cluster_dir(&self) -> PathBuf {
+        self.data_dir.join("cluster")
+    }
+
+    /// `split`: the node API's address.
+    pub fn node_address(&self) -> String {
+        format!("127.0.0.1:{}", self.node_port)
+    }
+
     /// `split`: SIGKILL of the control plane alone; the node and its sandboxes keep running.
     pub fn kill9_control(&mut self) {
         assert_eq!(self.topology, Topology::Split, "only a split server has a control plane of its own");
@@ -372,17 +388,12 @@ impl Server {
     }
 
     pub fn call_as(&self, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut args = vec!["-s".to_owned(), "-X".into(), method.into(), "-w".into(), "\n%{http_code}".into()];
-        args.extend(["-H".into(), format!("Authorization: Bearer {key}")]);
-        if let Some(body) = body {
-            args.extend(["-H".into(), "content-type: application/json".into(), "-d".into(), body.to_string()]);
-        }
-        args.push(format!("{}{path}", self.url));
-        let out = curl(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        let value = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned()));
-        (code.trim().parse().unwrap_or(0), value)
+        request(&self.url, key, method, path, body)
+    }
+
+    /// An HTTP call with the admin key to another control replica at `base`.
+    pub fn call_at(&self, base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        request(base, &self.key, method, path, body)
     }
 
     /// POSTs a raw JSON body (curl data arguments) with the admin key; returns the status.
@@ -535,6 +546,21 @@ fn list_names(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default()
+}
+
+/// An HTTP call to the API at `base` with `key`; returns (status, JSON body or string).
+fn request(base: &str, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut args = vec!["-s".to_owned(), "-X".into(), method.into(), "-w".into(), "\n%{http_code}".into()];
+    args.extend(["-H".into(), format!("Authorization: Bearer {key}")]);
+    if let Some(body) = body {
+        args.extend(["-H".into(), "content-type: application/json".into(), "-d".into(), body.to_string()]);
+    }
+    args.push(format!("{base}{path}"));
+    let out = curl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    let value = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned()));
+    (code.trim().parse().unwrap_or(0), value)
 }
 
 pub fn curl(args: &[&str]) -> Output {

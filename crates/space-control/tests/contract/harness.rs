@@ -285,6 +285,7 @@ async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeA
         http: HttpLimits::default(),
         default_disk_mib: DEFAULT_DISK_MIB,
         preview_domain: Some(PREVIEW_DOMAIN.into()),
+        replica: space_store::DEFAULT_REPLICA.into(),
     };
     let state = space_control::start(&config, async |_node_id: &str| Ok(node)).await.expect("the control plane starts");
     tokio::spawn(space_control::serve_metrics(state.clone(), metrics, std::future::pending()));

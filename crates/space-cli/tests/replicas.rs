@@ -1,0 +1,116 @@
+//! Two control replicas over one PostgreSQL database and one node (`space control` twice,
+//! driving one `space node run`): any replica answers for any session, and a replica that
+//! dies leaves its operations and its node to the other. Runs under
+//! `scripts/with-postgres.sh` (scripts/test.sh), which starts the database server.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::Server;
+use common::replicas::{Replica, create_database, postgres_server, psql};
+use serde_json::{Value, json};
+
+/// Polls `replica` until session `id` is in `state` (the bound only keeps a broken run from
+/// hanging: takeovers wait for a lease to run out).
+fn wait_state(server: &Server, replica: &Replica, id: &str, state: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, session) = replica.call(server, "GET", &format!("/v1/sessions/{id}"), None);
+        if status == 200 && session["state"] == state {
+            return session;
+        }
+        assert!(Instant::now() < deadline, "session {id} is not {state} through {}: {session}", replica.name);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The state and claimant of session `id`'s `kind` operation, as the database has them.
+fn operation(database: &str, id: &str, kind: &str) -> String {
+    psql(
+        database,
+        &format!(
+            "SELECT state || ' ' || COALESCE(claimed_by, '-') FROM operations WHERE session_id = '{id}' AND kind = '{kind}'"
+        ),
+    )
+}
+
+fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) of a process this test started (the node) or found in its server's
+    // sandbox cgroup.
+    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "kill({pid}, {signal})");
+}
+
+fn pids_in(cgroup: &Path) -> Vec<u32> {
+    let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();
+    procs.lines().filter_map(|l| l.parse().ok()).collect()
+}
+
+/// Replica A (`control-1`, the split server's own) keeps the node; B (`control-2`) starts
+/// beside it. Both answer for sessions either created. A is killed while it runs a destroy
+/// that its node cannot answer yet: B takes the destroy over once A's lease ran out and
+/// finishes it, and takes the node over, so that a sandbox that dies afterwards is noticed
+/// (only the node's keeper watches its sandboxes).
+#[test]
+fn a_replica_killed_mid_operation_leaves_it_and_its_node_to_the_other() {
+    require_root!();
+    let database = create_database(&postgres_server());
+    let mut server = Server::start_split(&["--database", &database, "--pool", "busybox=0"]);
+    let first = server.create_session(json!({}));
+    let mut b = Replica::start(&server, "control-2", &database);
+
+    // Any replica serves any session.
+    let (status, session) = b.call(&server, "GET", &format!("/v1/sessions/{first}"), None);
+    assert_eq!((status, session["state"].as_str()), (200, Some("running")), "{session}");
+    let first_sandbox = session["sandbox_id"].as_str().unwrap().to_owned();
+    let (status, out) =
+        b.call(&server, "POST", &format!("/v1/sessions/{first}/exec"), Some(json!({ "cmd": ["echo", "via b"] })));
+    assert_eq!((status, out["stdout"].as_str()), (200, Some("via b\n")), "{out}");
+    let (status, second) = b.call(&server, "POST", "/v1/sessions", Some(json!({})));
+    assert_eq!(status, 201, "{second}");
+    let second = second["id"].as_str().unwrap().to_owned();
+    assert_eq!(server.exec(&second, &["echo", "via a"])["stdout"], "via a\n");
+    let second_cgroup =
+        server.sandbox_cgroup("pids", wait_state(&server, &b, &second, "running")["sandbox_id"].as_str().unwrap());
+    let first_cgroup = server.sandbox_cgroup("pids", &first_sandbox);
+    assert!(second_cgroup.exists() && first_cgroup.exists());
+
+    // A claims a destroy its node does not answer (the node is stopped), and dies with it.
+    signal(server.node_pid(), libc::SIGSTOP);
+    let (status, body) = server.call("DELETE", &format!("/v1/sessions/{second}?wait=false"), None);
+    assert_eq!(status, 202, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while operation(&database, &second, "destroy_session") != "running control-1" {
+        assert!(
+            Instant::now() < deadline,
+            "A did not claim the destroy: {}",
+            operation(&database, &second, "destroy_session")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.kill9_control();
+    signal(server.node_pid(), libc::SIGCONT);
+
+    // B, which was running all along, finishes it once A's lease ran out.
+    wait_state(&server, &b, &second, "destroyed");
+    assert_eq!(operation(&database, &second, "destroy_session"), "succeeded control-2");
+    assert!(!second_cgroup.exists(), "the destroyed sandbox's cgroup remains");
+
+    // B keeps the node now: the first session's sandbox dying is noticed.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while psql(&database, "SELECT holder FROM leases WHERE name LIKE 'node:%'") != "control-2" {
+        assert!(Instant::now() < deadline, "B did not take the node over");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for pid in pids_in(&first_cgroup) {
+        signal(pid, libc::SIGKILL);
+    }
+    let failed = wait_state(&server, &b, &first, "failed");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(error.starts_with("sandbox_exited:"), "{failed}");
+    let (status, body) = b.call(&server, "DELETE", &format!("/v1/sessions/{first}"), None);
+    assert_eq!(status, 200, "{body}");
+    assert!(!first_cgroup.exists(), "the failed session's cgroup remains");
+    b.kill9();
+}

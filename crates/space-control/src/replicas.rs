@@ -1,0 +1,85 @@
+//! Several control replicas over one database (docs/control-plane.md, "Replicas").
+//!
+//! Each replica has a unique name. It records itself alive with a lease (`replica:NAME`),
+//! leases every operation it claims, and renews both every [`HEARTBEAT_EVERY`]: a replica
+//! that dies stops renewing, and at their expiry another claims its operations again (each
+//! step is idempotent) and counts its unfinished idempotent requests as interrupted.
+//!
+//! The work that must not run twice at once has a lease of its own: the node's (its
+//! recovery, the start of its background work) and the snapshot scheduler's. The replica
+//! that holds the node's lease keeps the node; when it dies, the next to take the lease
+//! recovers the node's sessions ([`recovery::Mode::TakeOver`]).
+
+use std::time::Duration;
+
+use space_store::{StoreError, now_ms};
+
+use crate::AppState;
+use crate::error::AppResult;
+use crate::nodes::{HEARTBEAT_EVERY, LEASE};
+use crate::recovery;
+
+/// The lease of the replica that keeps node `id`.
+pub fn node_lease(id: &str) -> String {
+    format!("node:{id}")
+}
+
+fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Records this replica alive for a lease from now (at start, and with every beat).
+pub async fn announce(state: &AppState) -> Result<(), StoreError> {
+    state.store.announce_replica(now_ms(), lease_ms(LEASE)).await
+}
+
+/// Takes or renews the node's lease; returns whether this replica keeps the node.
+pub async fn keep_node(state: &AppState) -> Result<bool, StoreError> {
+    state.store.acquire_lease(&node_lease(&state.node_id), now_ms(), lease_ms(LEASE)).await
+}
+
+/// Takes or renews the snapshot scheduler's lease, which lasts `tick`'s three times (at
+/// least a node lease): returns whether this replica runs the schedule now.
+pub async fn run_schedule(state: &AppState, tick: Duration) -> Result<bool, StoreError> {
+    let lease = (tick * 3).max(LEASE);
+    state.store.acquire_lease("scheduler", now_ms(), lease_ms(lease)).await
+}
+
+/// Beats every [`HEARTBEAT_EVERY`] from now on: renews this replica's liveness and its
+/// operations' leases, interrupts the idempotent requests of replicas that died, and keeps
+/// the node (taking it over when its keeper died). `keeping` says whether this replica keeps
+/// the node now. A beat the database cannot answer is logged; the next tries again.
+pub fn spawn_beats(state: AppState, mut keeping: bool) {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT_EVERY, HEARTBEAT_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            match beat(&state, keeping).await {
+                Ok(keeps) => keeping = keeps,
+                Err(e) => tracing::warn!(error = %e.0.message, "replica heartbeat"),
+            }
+        }
+    });
+}
+
+/// One beat; returns whether this replica keeps the node after it. A takeover that failed
+/// is tried again at the next beat.
+async fn beat(state: &AppState, keeping: bool) -> AppResult<bool> {
+    announce(state).await?;
+    let now = now_ms();
+    state.store.renew_operation_leases(now.saturating_add(lease_ms(LEASE))).await?;
+    let interrupted = state.store.idempotency_interrupt_unfinished(false, now).await?;
+    if interrupted > 0 {
+        tracing::info!(interrupted, "idempotent requests of a replica that stopped are interrupted");
+    }
+    let keeps = keep_node(state).await?;
+    if keeps && !keeping {
+        tracing::info!(node = %state.node_id, "the node's keeper stopped: this replica takes the node over");
+        recovery::recover_node(state, recovery::Mode::TakeOver).await?;
+        state.node.clone().start_background();
+    } else if keeping && !keeps {
+        tracing::warn!(node = %state.node_id, "another replica took the node over (this one stalled past its lease)");
+    }
+    Ok(keeps)
+}

@@ -1,0 +1,77 @@
+//! Named leases: work that one control replica at a time does (a node's recovery and exit
+//! watches, the snapshot scheduler), and each replica's own liveness (`replica:NAME`). A
+//! lease is held until its expiry; its holder renews it, and anyone may take one that ran out.
+
+use crate::{Result, Store};
+
+/// The lease naming a replica's liveness.
+pub fn replica_lease(name: &str) -> String {
+    format!("replica:{name}")
+}
+
+impl Store {
+    /// Takes or renews lease `name` for this handle's replica until `now + lease_ms`, unless
+    /// another replica holds it unexpired. Returns whether this replica holds it now.
+    pub async fn acquire_lease(&self, name: &str, now: i64, lease_ms: i64) -> Result<bool> {
+        let taken = sqlx::query(
+            "INSERT INTO leases (name, holder, expires_at) VALUES ($1, $2, $3)
+             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+             WHERE leases.holder = excluded.holder OR leases.expires_at <= $4",
+        )
+        .bind(name)
+        .bind(&*self.replica)
+        .bind(now.saturating_add(lease_ms))
+        .bind(now)
+        .execute(&self.writer)
+        .await?
+        .rows_affected();
+        Ok(taken == 1)
+    }
+
+    /// Who holds lease `name` unexpired at `now`, if anyone.
+    pub async fn lease_holder(&self, name: &str, now: i64) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar("SELECT holder FROM leases WHERE name = $1 AND expires_at > $2")
+            .bind(name)
+            .bind(now)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Records this handle's replica as alive until `now + lease_ms`, whatever the lease
+    /// says: a replica starting under a name takes it over from the earlier process of that
+    /// name, which is dead (names are unique among live replicas).
+    pub async fn announce_replica(&self, now: i64, lease_ms: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO leases (name, holder, expires_at) VALUES ($1, $2, $3)
+             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at",
+        )
+        .bind(replica_lease(&self.replica))
+        .bind(&*self.replica)
+        .bind(now.saturating_add(lease_ms))
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::test_store;
+
+    #[tokio::test]
+    async fn a_lease_has_one_holder_until_it_runs_out() {
+        let (store, _dir) = test_store().await;
+        let a = store.clone().as_replica("a");
+        let b = store.as_replica("b");
+        assert!(a.acquire_lease("node:n", 1_000, 15_000).await.unwrap());
+        assert!(!b.acquire_lease("node:n", 10_000, 15_000).await.unwrap(), "a holds it");
+        assert!(a.acquire_lease("node:n", 10_000, 15_000).await.unwrap(), "its holder renews it");
+        assert_eq!(b.lease_holder("node:n", 24_999).await.unwrap().as_deref(), Some("a"));
+        assert!(!b.acquire_lease("node:n", 24_999, 15_000).await.unwrap());
+        // a stopped renewing: at its expiry, b takes it, and a no longer holds it.
+        assert!(b.acquire_lease("node:n", 25_000, 15_000).await.unwrap());
+        assert!(!a.acquire_lease("node:n", 26_000, 15_000).await.unwrap());
+        assert_eq!(a.lease_holder("node:n", 26_000).await.unwrap().as_deref(), Some("b"));
+        assert_eq!(a.lease_holder("node:n", 40_000).await.unwrap(), None);
+    }
+}
