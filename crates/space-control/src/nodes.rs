@@ -26,7 +26,7 @@ pub async fn heartbeat(state: &AppState) -> Result<(), StoreError> {
         memory_mib: capacity.memory_mib,
         pool,
     };
-    state.store.heartbeat_node(&beat, now_ms(), LEASE.as_millis() as i64).await
+    state.store.heartbeat_node(&beat, now_ms(), crate::replicas::lease_ms(LEASE)).await
 }
 
 /// Beats every [`HEARTBEAT_EVERY`] from now on, the first one period from now (start-up wrote

@@ -49,7 +49,7 @@ impl Reconciler {
     async fn run(self, state: AppState) {
         loop {
             loop {
-                let lease = i64::try_from(crate::nodes::LEASE.as_millis()).unwrap_or(i64::MAX);
+                let lease = crate::replicas::lease_ms(crate::nodes::LEASE);
                 match state.store.claim_operation(space_store::now_ms(), lease).await {
                     Ok(Some(op)) => {
                         let state = state.clone();

@@ -24,7 +24,8 @@ pub fn node_lease(id: &str) -> String {
     format!("node:{id}")
 }
 
-fn lease_ms(lease: Duration) -> i64 {
+/// A lease's length as the store takes it (milliseconds).
+pub(crate) fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
 }
 
