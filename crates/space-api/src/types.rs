@@ -217,6 +217,10 @@ pub struct Session {
     /// Why the last operation failed, if it did.
     pub error: Option<String>,
     pub sandbox_id: Option<SandboxId>,
+    /// The node its sandboxes run on and its snapshots are kept on (`None` until it is first
+    /// placed): see docs/control-plane.md, "Placement".
+    #[serde(default)]
+    pub node: Option<String>,
     /// Unix time in milliseconds.
     pub created_at: i64,
     pub updated_at: i64,

@@ -75,9 +75,11 @@ pub struct NodeRoleArgs {
 /// `space control`.
 #[derive(Args)]
 pub struct ControlRoleArgs {
-    /// The node this control plane drives: HOST:PORT, HOST as the node's certificate names it.
-    #[arg(long)]
-    node: String,
+    /// A node this control plane drives: HOST:PORT, HOST as the node's certificate names it.
+    /// Repeat for each node; new sessions are placed among them (docs/control-plane.md,
+    /// "Placement").
+    #[arg(long, required = true)]
+    node: Vec<String>,
     #[command(flatten)]
     identity: IdentityArgs,
     #[command(flatten)]
@@ -105,18 +107,22 @@ pub async fn run_node(args: NodeRoleArgs, data_dir: PathBuf) -> anyhow::Result<(
     Ok(())
 }
 
-/// Runs a control plane over the node at `--node`.
+/// Runs a control plane over the nodes at `--node`.
 pub async fn run_control(args: ControlRoleArgs, data_dir: PathBuf) -> anyhow::Result<()> {
     init_logging(args.log.log_format);
     let (identity, ca) = args.identity.load(&data_dir)?;
     let tls = space_node_wire::tls::client_config(&identity, &ca)?;
     // The replica is named as its certificate: unique among those sharing the database.
     let config = ServerConfig { replica: args.identity.name.clone(), ..server_config(&args.control, &data_dir) };
-    let remote = connect(&args.node, tls).await?;
-    tracing::info!(node = %args.node, id = %remote.info().id, version = %remote.info().version, "connected to the node");
-    let node: Arc<dyn NodeApi> = remote;
-    let open_node = async move |_: &str| -> Result<Arc<dyn NodeApi>, space_node_api::NodeError> { Ok(node) };
-    serve_control(config, args.control.metrics_listen, open_node).await
+    let mut nodes: Vec<Arc<dyn NodeApi>> = Vec::new();
+    for address in &args.node {
+        let remote = connect(address, tls.clone()).await?;
+        let info = remote.info();
+        tracing::info!(node = %address, id = %info.id, version = %info.version, "connected to the node");
+        nodes.push(remote);
+    }
+    let open_nodes = async move |_: &str| -> Result<Vec<Arc<dyn NodeApi>>, space_node_api::NodeError> { Ok(nodes) };
+    serve_control(config, args.control.metrics_listen, open_nodes).await
 }
 
 /// The node at `address`, once it answers. A node that refuses us (another authority,

@@ -290,11 +290,11 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
     let config = server_config(&args.control, &data_dir);
     let node = node_config(&args.node, &data_dir, &config.default_template, config.default_runtime)?;
     // The in-process node: `space serve` is control plane and node in one process.
-    let open_node = async |node_id: &str| -> Result<Arc<dyn NodeApi>, space_node_api::NodeError> {
+    let open_nodes = async |node_id: &str| -> Result<Vec<Arc<dyn NodeApi>>, space_node_api::NodeError> {
         let node: Arc<dyn NodeApi> = Arc::new(Node::open(node.owned_by(node_id)).await?);
-        Ok(node)
+        Ok(vec![node])
     };
-    serve_control(config, args.control.metrics_listen, open_node).await
+    serve_control(config, args.control.metrics_listen, open_nodes).await
 }
 
 /// Refuses to go on unless root: sandboxes need namespaces, cgroups and btrfs subvolumes.
@@ -353,12 +353,12 @@ pub fn node_config(
     })
 }
 
-/// Opens the node (`open_node`), starts the control plane over it and serves its API (and
-/// metrics, with `metrics_listen`) until a shutdown signal.
+/// Opens the nodes (`open_nodes`), starts the control plane over them and serves its API
+/// (and metrics, with `metrics_listen`) until a shutdown signal.
 pub async fn serve_control(
     config: ServerConfig,
     metrics_listen: Option<SocketAddr>,
-    open_node: impl AsyncFnOnce(&str) -> Result<Arc<dyn NodeApi>, space_node_api::NodeError>,
+    open_nodes: impl AsyncFnOnce(&str) -> Result<Vec<Arc<dyn NodeApi>>, space_node_api::NodeError>,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -369,11 +369,11 @@ pub async fn serve_control(
         }
         None => None,
     };
-    let state = space_control::start(&config, open_node).await?;
-    if let Err(why) = state.node.runtime_available(config.default_runtime) {
+    let state = space_control::start(&config, open_nodes).await?;
+    if let Err(why) = state.nodes.first().runtime_available(config.default_runtime) {
         bail!("--default-runtime {}: that runtime is unavailable here: {why}", config.default_runtime);
     }
-    match state.node.checkpoint_support(config.default_runtime) {
+    match state.nodes.first().checkpoint_support(config.default_runtime) {
         Ok(tool) => tracing::info!("full snapshots, suspend and resume use {tool}"),
         Err(why) => tracing::warn!(
             "full snapshots, suspend and process-preserving fork are OFF: {why}; run scripts/install-criu.sh \

@@ -15,6 +15,7 @@ pub mod keys;
 pub mod metrics;
 pub mod nodes;
 pub mod observe;
+pub mod placement;
 mod proxy;
 pub mod reconciler;
 pub mod recovery;
@@ -79,9 +80,8 @@ pub struct ServerConfig {
 #[derive(Clone)]
 pub struct AppState {
     pub store: Store,
-    /// The node this control plane drives; which implementation it is, nothing here knows.
-    pub node: Arc<dyn NodeApi>,
-    pub node_id: String,
+    /// The nodes this control plane drives.
+    pub nodes: nodes::Nodes,
     pub default_template: String,
     pub default_runtime: space_api::RuntimeKind,
     pub snapshot_policy: SnapshotPolicy,
@@ -131,11 +131,12 @@ fn context<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> StartE
     move |e| StartError(format!("{what}: {e}"))
 }
 
-/// Opens the store, then the node with `open_node` (given the node id the store keeps),
-/// recovers from any earlier crash, and starts the reconciler.
+/// Opens the store, then the nodes with `open_nodes` (given the node id the store keeps, which
+/// an in-process node takes; a remote one has its own), recovers from any earlier crash, and
+/// starts the reconciler.
 pub async fn start(
     config: &ServerConfig,
-    open_node: impl AsyncFnOnce(&str) -> Result<Arc<dyn NodeApi>, NodeError>,
+    open_nodes: impl AsyncFnOnce(&str) -> Result<Vec<Arc<dyn NodeApi>>, NodeError>,
 ) -> Result<AppState, StartError> {
     datadir::secure(&config.data_dir).map_err(context("securing the data directory"))?;
     let store = match &config.database {
@@ -153,16 +154,14 @@ pub async fn start(
     let idempotency = idempotency::Idempotency::load(store.clone(), &sealer)
         .await
         .map_err(context("loading the key of idempotency fingerprints"))?;
-    let node = open_node(&stored_node_id).await.map_err(context("starting the node"))?;
-    // The in-process node takes the stored id; a remote one has its own.
-    let node_id = node.node_id();
+    let nodes = open_nodes(&stored_node_id).await.map_err(context("starting the node"))?;
+    let nodes = nodes::Nodes::new(nodes).map_err(context("driving the nodes"))?;
     let admin_key_file = config.data_dir.join("admin.key");
     auth::bootstrap_admin_key(&store, &admin_key_file).await.map_err(context("creating the admin key"))?;
     let reconciler = Reconciler::new();
     let state = AppState {
         store,
-        node,
-        node_id,
+        nodes,
         default_template: config.default_template.clone(),
         default_runtime: config.default_runtime,
         snapshot_policy: config.snapshot_policy.clone(),
@@ -178,12 +177,12 @@ pub async fn start(
         preview_domain: config.preview_domain.clone(),
         admin_key_file,
     };
-    egress::spawn_audit_writer(&state);
+    egress::spawn_audit_writers(&state);
     if let Some(retention) = config.audit_retention {
         egress::spawn_audit_retention(&state, retention);
     }
     replicas::announce(&state).await.map_err(context("recording the replica"))?;
-    let keeps_node = recovery::recover(&state).await.map_err(context("recovering from the previous run"))?;
+    let kept = recovery::recover(&state).await.map_err(context("recovering from the previous run"))?;
     // Before the reconciler: every sandbox it starts or restores joins its session's egress.
     egress::push_all(&state).await;
     // The node is there from the start: its first heartbeat is written before the API serves.
@@ -191,11 +190,13 @@ pub async fn start(
     nodes::spawn_heartbeats(state.clone());
     // Only after recovery: its sweep destroys every sandbox no session owns (a node's own
     // pods are spared, but the sweep must not race their making). A replica that does not
-    // keep the node leaves it to its keeper, and starts it when it takes the node over.
-    if keeps_node {
-        state.node.clone().start_background();
+    // keep a node leaves it to its keeper, and starts it when it takes the node over.
+    for id in &kept {
+        if let Ok(node) = state.nodes.get(id) {
+            node.start_background();
+        }
     }
-    replicas::spawn_beats(state.clone(), keeps_node);
+    replicas::spawn_beats(state.clone(), kept);
     reconciler.spawn(state.clone());
     scheduler::spawn(state.clone(), config.scheduler_tick);
     reconciler::prepare_templates(&state, &config.prepare_templates)

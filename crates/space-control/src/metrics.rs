@@ -66,9 +66,7 @@ async fn read_now(state: &AppState) -> AppResult<Scraped> {
         .into_iter()
         .filter_map(|(name, count)| Some((SessionState::parse(&name)?, u64::try_from(count).ok()?)))
         .collect();
-    let pools = state
-        .node
-        .pool_status()
+    let pools = crate::api::pool::pool_status(state)
         .await
         .templates
         .into_iter()

@@ -1,25 +1,117 @@
-//! The control plane's record of its nodes: each renews a lease with a heartbeat, and one
-//! whose lease ran out is `lost` (docs/control-plane.md, "Nodes"). `space serve` has one
-//! node, in its own process; its heartbeats come from this process too.
+//! The nodes a control plane drives, and its record of them: each renews a lease with a
+//! heartbeat, and one whose lease ran out is `lost` (docs/control-plane.md, "Nodes").
+//! `space serve` has one node, in its own process; its heartbeats come from this process too.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use space_api::{Node, NodeCapacity, NodeList, NodeState, TemplatePool};
+use space_api::error::ErrorCode;
+use space_api::{Node, NodeCapacity, NodeList, NodeState, Session, TemplatePool};
+use space_node_api::NodeApi;
 use space_store::{NodeHeartbeat, NodeRecord, StoreError, now_ms};
 
 use crate::AppState;
+use crate::error::{AppError, AppResult};
+
+/// The nodes this control plane drives, by id; which implementation each is, nothing here
+/// knows. Cheap to clone.
+#[derive(Clone)]
+pub struct Nodes(Arc<BTreeMap<String, Arc<dyn NodeApi>>>);
+
+/// Why a set of nodes cannot be driven.
+#[derive(Debug, thiserror::Error)]
+pub enum NodesError {
+    /// Sandboxes would be recorded under either.
+    #[error("two nodes have the id {0}: give each node its own name")]
+    Duplicate(String),
+    #[error("a control plane needs at least one node")]
+    Empty,
+}
+
+impl Nodes {
+    pub fn new(nodes: Vec<Arc<dyn NodeApi>>) -> Result<Nodes, NodesError> {
+        let mut by_id = BTreeMap::new();
+        for node in nodes {
+            let id = node.node_id();
+            if by_id.insert(id.clone(), node).is_some() {
+                return Err(NodesError::Duplicate(id));
+            }
+        }
+        if by_id.is_empty() {
+            return Err(NodesError::Empty);
+        }
+        Ok(Nodes(Arc::new(by_id)))
+    }
+
+    /// Node `id`, if this control plane drives it.
+    pub fn find(&self, id: &str) -> Option<&Arc<dyn NodeApi>> {
+        self.0.get(id)
+    }
+
+    /// Node `id`, or the error that says this control plane does not drive it.
+    pub fn get(&self, id: &str) -> AppResult<Arc<dyn NodeApi>> {
+        self.find(id).cloned().ok_or_else(|| {
+            AppError::new(
+                ErrorCode::SandboxUnavailable,
+                format!("node {id} is not driven by this control plane; start it with --node for that node's address"),
+            )
+        })
+    }
+
+    /// The node `session` is placed on (where its sandboxes run and its snapshots are).
+    pub fn of(&self, session: &Session) -> AppResult<Arc<dyn NodeApi>> {
+        match &session.node {
+            Some(id) => self.get(id),
+            None => Err(AppError::new(
+                ErrorCode::Conflict,
+                format!("session {} is not placed on a node yet; try again once it is running", session.id),
+            )),
+        }
+    }
+
+    /// Every node, by id.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<dyn NodeApi>)> {
+        self.0.iter().map(|(id, node)| (id.as_str(), node))
+    }
+
+    /// The first node by id: it answers what every node answers alike (the built-in
+    /// templates, the runtimes a cluster offers: its nodes run one build of `space`).
+    pub fn first(&self) -> &Arc<dyn NodeApi> {
+        self.0.values().next().expect("Nodes::new refuses an empty set")
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 /// How long a heartbeat keeps a node's lease: a node not heard of for this long is lost.
 pub const LEASE: Duration = Duration::from_secs(15);
 /// How often a node beats: three chances per lease.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 
-/// Records a heartbeat of this control plane's node now.
+/// Records a heartbeat of each of this control plane's nodes now; the first failure is
+/// returned after every node was tried.
 pub async fn heartbeat(state: &AppState) -> Result<(), StoreError> {
-    let pool = serde_json::to_string(&state.node.pool_status().await.templates).unwrap_or_else(|_| "[]".into());
-    let capacity = state.node.capacity().await;
+    let mut failure = None;
+    for (id, node) in state.nodes.iter() {
+        if let Err(e) = beat(state, id, node.as_ref()).await {
+            failure.get_or_insert(e);
+        }
+    }
+    failure.map_or(Ok(()), Err)
+}
+
+async fn beat(state: &AppState, id: &str, node: &dyn NodeApi) -> Result<(), StoreError> {
+    let pool = serde_json::to_string(&node.pool_status().await.templates).unwrap_or_else(|_| "[]".into());
+    let capacity = node.capacity().await;
     let beat = NodeHeartbeat {
-        id: state.node_id.clone(),
+        id: id.to_owned(),
         address: None,
         version: env!("CARGO_PKG_VERSION").into(),
         cpus: capacity.cpus,
@@ -68,4 +160,28 @@ pub async fn list(state: &AppState, now: i64) -> Result<NodeList, StoreError> {
         }
     };
     Ok(NodeList { nodes: nodes.into_iter().map(view).collect() })
+}
+
+#[cfg(test)]
+mod tests {
+    use space_node_sim::{SimConfig, SimNode};
+
+    use super::*;
+
+    fn sim(id: &str) -> Arc<dyn NodeApi> {
+        SimNode::new(SimConfig { node_id: id.into(), ..SimConfig::default() }).api()
+    }
+
+    #[test]
+    fn nodes_are_found_by_id_and_two_with_one_id_or_none_are_refused() {
+        let nodes = Nodes::new(vec![sim("b"), sim("a")]).unwrap();
+        assert_eq!(nodes.first().node_id(), "a", "the first by id");
+        assert_eq!(nodes.iter().map(|(id, _)| id).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(nodes.get("b").unwrap().node_id(), "b");
+        let unknown = nodes.get("c").err().unwrap();
+        assert_eq!(unknown.0.code, ErrorCode::SandboxUnavailable);
+        assert!(unknown.0.message.contains("node c is not driven by this control plane"), "{}", unknown.0.message);
+        assert!(matches!(Nodes::new(vec![sim("a"), sim("a")]), Err(NodesError::Duplicate(id)) if id == "a"));
+        assert!(matches!(Nodes::new(vec![]), Err(NodesError::Empty)));
+    }
 }

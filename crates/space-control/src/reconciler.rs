@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, SessionId, SessionState, SnapshotId};
 use space_metrics::{RestoreReason, Start};
-use space_node_api::{DiskQuota, Limits, SandboxHandle, TemplateInfo};
+use space_node_api::{DiskQuota, Limits, NodeApi, SandboxHandle, TemplateInfo};
 use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord, SandboxRecord, SessionRecord};
 use tokio::sync::{Notify, watch};
 
@@ -135,8 +135,8 @@ async fn create_session(state: &AppState, op: &OperationRecord) -> AppResult<()>
         return Ok(());
     }
     // A previous attempt may have died half-way: remove what it left.
-    if let Some(old) = &record.session.sandbox_id {
-        remove_sandbox(state, old).await?;
+    if let (Some(old), Some(_)) = (&record.session.sandbox_id, &record.session.node) {
+        remove_sandbox(state.nodes.of(&record.session)?.as_ref(), state, old).await?;
     }
     let began = Instant::now();
     let (started, start) = match &record.source_snapshot {
@@ -152,20 +152,22 @@ async fn create_session(state: &AppState, op: &OperationRecord) -> AppResult<()>
     };
     space_metrics::session_created(start, record.session.runtime, started.is_ok(), began.elapsed());
     match started {
-        Ok(handle) => {
+        Ok((node, handle)) => {
             let moved = state.store.transition(&id, &[SessionState::Creating], SessionState::Running, None).await?;
             if moved {
-                watch_exit(state.clone(), id, handle);
+                watch_exit(state.clone(), node, id, handle);
             } else {
                 // Destroyed while we were creating: don't leave the sandbox behind.
-                remove_sandbox(state, &handle.id).await?;
+                remove_sandbox(node.as_ref(), state, &handle.id).await?;
             }
             Ok(())
         }
         Err(e) => {
             let message = e.0.message.clone();
-            if let Some(sbx) = state.store.session_any(&id).await?.and_then(|r| r.session.sandbox_id) {
-                remove_sandbox(state, &sbx).await?;
+            if let Some(session) = state.store.session_any(&id).await?.map(|r| r.session)
+                && let Some(sbx) = &session.sandbox_id
+            {
+                remove_sandbox(state.nodes.of(&session)?.as_ref(), state, sbx).await?;
             }
             state.store.transition(&id, &[SessionState::Creating], SessionState::Failed, Some(&message)).await?;
             Err(e)
@@ -173,42 +175,54 @@ async fn create_session(state: &AppState, op: &OperationRecord) -> AppResult<()>
     }
 }
 
-/// Starts the session's first sandbox from its template: a warm pod if one is ready (then
-/// `start` is set to [`Start::Warm`]), else a new one.
+/// A sandbox started, and the node it runs on.
+type Started = (Arc<dyn NodeApi>, SandboxHandle);
+
+/// Places the session and starts its first sandbox from its template: a warm pod if one is
+/// ready (then `start` is set to [`Start::Warm`]), else a new one.
 async fn start_sandbox(
     state: &AppState,
     op: &OperationRecord,
     session: &space_api::Session,
     start: &mut Start,
-) -> AppResult<SandboxHandle> {
-    let template = ensure_template(state, &op.operation.id, &session.template).await?;
+) -> AppResult<Started> {
+    // A create retried after a crash goes where the first attempt went (it may have left
+    // a sandbox there, removed above); else placement picks the node.
+    let node = match &session.node {
+        Some(_) => state.nodes.of(session)?,
+        None => crate::placement::place(state, session).await?,
+    };
+    let template = ensure_template(state, node.as_ref(), &op.operation.id, &session.template).await?;
     let limits = Limits::from(&session.resources);
+    let node_id = node.node_id();
     let mut sandbox = NewSandbox {
         id: &SandboxId::generate(),
         session: &session.id,
-        node: &state.node_id,
+        node: &node_id,
         template_version: template.version,
         running_pid: None,
     };
-    if let Some(pod) = state.node.clone().bind_pod(&template, session.runtime, limits).await {
+    if let Some(pod) = node.clone().bind_pod(&template, session.runtime, limits).await {
         *start = Start::Warm;
         sandbox.id = &pod.id;
         sandbox.running_pid = Some(pod.pid);
         // A crash before this commit leaves an unowned pod, which the start-up sweep removes.
         if let Err(e) = state.store.insert_sandbox(&sandbox).await {
-            state.node.destroy_sandbox(&pod.id).await?;
+            node.destroy_sandbox(&pod.id).await?;
             return Err(e.into());
         }
         // The pod was started for no one: its root joins the session's disk now.
-        state.node.limit_disk(&pod.id, &disk_quota(session)).await?;
-        state.node.join_session_network(&pod.id, &session.id).await?;
-        return Ok(pod);
+        node.limit_disk(&pod.id, &disk_quota(session)).await?;
+        crate::egress::push_placed(state, &session.id).await?;
+        node.join_session_network(&pod.id, &session.id).await?;
+        return Ok((node, pod));
     }
     state.store.insert_sandbox(&sandbox).await?;
-    let handle = state.node.start_sandbox(sandbox.id, &template, session.runtime, limits, &disk_quota(session)).await?;
+    crate::egress::push_placed(state, &session.id).await?;
+    let handle = node.start_sandbox(sandbox.id, &template, session.runtime, limits, &disk_quota(session)).await?;
     state.store.set_sandbox_running(sandbox.id, handle.pid).await?;
-    state.node.join_session_network(&handle.id, &session.id).await?;
-    Ok(handle)
+    node.join_session_network(&handle.id, &session.id).await?;
+    Ok((node, handle))
 }
 
 /// What the session's sandboxes write is charged to it, up to its disk limit.
@@ -225,7 +239,7 @@ async fn start_from_snapshot(
     snapshot: &SnapshotId,
     sandbox: SandboxId,
     reason: RestoreReason,
-) -> AppResult<SandboxHandle> {
+) -> AppResult<Started> {
     let found = state.store.snapshot(&record.tenant_id, snapshot).await?.ok_or_else(|| {
         AppError::new(
             ErrorCode::SnapshotNotFound,
@@ -240,28 +254,46 @@ async fn start_from_snapshot(
     started
 }
 
+/// Starts `sandbox` on the node that keeps the snapshot: that of the session it was taken of
+/// (`origin`: this session for a restore, the parent for a fork).
 async fn start_snapshot_sandbox(
     state: &AppState,
     session: &space_api::Session,
     origin: &SessionId,
     snapshot: &SnapshotId,
     sandbox: SandboxId,
-) -> AppResult<SandboxHandle> {
+) -> AppResult<Started> {
+    let origin_session =
+        state.store.session_any(origin).await?.ok_or_else(|| AppError::session_not_found(origin.as_str()))?.session;
+    let node = state.nodes.of(&origin_session)?;
+    let node_id = node.node_id();
+    if let Some(placed) = session.node.as_ref().filter(|placed| **placed != node_id) {
+        return Err(AppError::new(
+            ErrorCode::Conflict,
+            format!(
+                "snapshot {snapshot} is kept on node {node_id} and session {} runs on node {placed}: restore \
+                 one of the session's own snapshots, or fork a new session from this one",
+                session.id
+            ),
+        ));
+    }
     let new = NewSandbox {
         id: &sandbox,
         session: &session.id,
-        node: &state.node_id,
+        node: &node_id,
         template_version: session.template_version.unwrap_or(0).into(),
         running_pid: None,
     };
     state.store.insert_sandbox(&new).await?;
+    if session.node.is_none() {
+        crate::egress::push_placed(state, &session.id).await?;
+    }
     let limits = Limits::from(&session.resources);
     let disk = disk_quota(session);
-    let handle =
-        state.node.start_sandbox_from_snapshot(&sandbox, origin, snapshot, session.runtime, limits, &disk).await?;
+    let handle = node.start_sandbox_from_snapshot(&sandbox, origin, snapshot, session.runtime, limits, &disk).await?;
     state.store.set_sandbox_running(&sandbox, handle.pid).await?;
-    state.node.join_session_network(&handle.id, &session.id).await?;
-    Ok(handle)
+    node.join_session_network(&handle.id, &session.id).await?;
+    Ok((node, handle))
 }
 
 /// What a restore operation does: start `sandbox` from `snapshot`, then retire the others.
@@ -286,13 +318,14 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
         return Ok(());
     }
     let previous = record.session.sandbox_id.clone().filter(|s| *s != input.sandbox);
-    remove_sandbox(state, &input.sandbox).await?;
+    let node = state.nodes.of(&record.session)?;
+    remove_sandbox(node.as_ref(), state, &input.sandbox).await?;
     let reason = if input.from_suspended { RestoreReason::Resume } else { RestoreReason::Restore };
     match start_from_snapshot(state, &record, &input.snapshot, input.sandbox.clone(), reason).await {
-        Ok(handle) => {
+        Ok((node, handle)) => {
             let retired: Vec<SandboxId> = state
                 .store
-                .live_sandboxes(&state.node_id)
+                .live_sandboxes(&node.node_id())
                 .await?
                 .into_iter()
                 .filter(|s| s.session_id == id && s.id != handle.id)
@@ -301,18 +334,18 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
             // Frozen now, so the session's old processes stop as it moves on; torn down after
             // (the session already points at the new sandbox, so recovery removes them too).
             for sandbox in &retired {
-                let _ = state.node.pause_sandbox(sandbox).await;
+                let _ = node.pause_sandbox(sandbox).await;
             }
             state.store.transition(&id, &[SessionState::Restoring], SessionState::Running, None).await?;
             let (kind, verb) = if input.from_suspended { ("resume", "resumed") } else { ("restore", "restored") };
             let message = format!("{verb} from snapshot {}", input.snapshot);
             crate::api::note(state, &id, kind, message).await;
-            watch_exit(state.clone(), id, handle);
-            remove_in_background(state.clone(), retired);
+            watch_exit(state.clone(), node.clone(), id, handle);
+            remove_in_background(state.clone(), node, retired);
             Ok(())
         }
         Err(e) => {
-            remove_sandbox(state, &input.sandbox).await?;
+            remove_sandbox(node.as_ref(), state, &input.sandbox).await?;
             if input.from_suspended {
                 let message = format!("resume failed: {}", e.0.message);
                 state
@@ -320,7 +353,7 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
                     .transition(&id, &[SessionState::Restoring], SessionState::Suspended, Some(&message))
                     .await?;
             } else {
-                roll_back_restore(state, &id, previous, &e.0.message).await?;
+                roll_back_restore(state, node, &id, previous, &e.0.message).await?;
             }
             Err(e)
         }
@@ -331,19 +364,20 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
 /// still alive; otherwise the session fails.
 async fn roll_back_restore(
     state: &AppState,
+    node: Arc<dyn NodeApi>,
     id: &SessionId,
     previous: Option<SandboxId>,
     message: &str,
 ) -> AppResult<()> {
-    let live = state.store.live_sandboxes(&state.node_id).await?;
-    let alive = alive_handle(state, &live, previous.as_ref()).await;
+    let live = state.store.live_sandboxes(&node.node_id()).await?;
+    let alive = alive_handle(node.as_ref(), &live, previous.as_ref()).await;
     let message = format!("restore failed: {message}");
     match alive {
         Some(handle) => {
-            let _ = state.node.resume_sandbox(&handle.id).await;
+            let _ = node.resume_sandbox(&handle.id).await;
             state.store.set_session_sandbox(id, &handle.id).await?;
             state.store.transition(id, &[SessionState::Restoring], SessionState::Running, Some(&message)).await?;
-            watch_exit(state.clone(), id.clone(), handle);
+            watch_exit(state.clone(), node, id.clone(), handle);
         }
         None => {
             state.store.transition(id, &[SessionState::Restoring], SessionState::Failed, Some(&message)).await?;
@@ -352,7 +386,12 @@ async fn roll_back_restore(
     Ok(())
 }
 
-async fn ensure_template(state: &AppState, op: &OperationId, name: &str) -> AppResult<TemplateInfo> {
+async fn ensure_template(
+    state: &AppState,
+    node: &dyn NodeApi,
+    op: &OperationId,
+    name: &str,
+) -> AppResult<TemplateInfo> {
     let store = state.store.clone();
     let op = op.clone();
     let progress = move |p: Progress| {
@@ -362,7 +401,7 @@ async fn ensure_template(state: &AppState, op: &OperationId, name: &str) -> AppR
             let _ = store.set_operation_progress(&op, &p).await;
         });
     };
-    Ok(state.node.ensure_template(name, Box::new(progress)).await?)
+    Ok(node.ensure_template(name, Box::new(progress)).await?)
 }
 
 async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()> {
@@ -374,22 +413,26 @@ async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()
         return Ok(());
     }
     let mut last_error = None;
-    for sandbox in state.store.live_sandboxes(&state.node_id).await? {
-        if sandbox.session_id != id {
-            continue;
+    // A session never placed has nothing on any node.
+    if record.session.node.is_some() {
+        let node = state.nodes.of(&record.session)?;
+        for sandbox in state.store.live_sandboxes(&node.node_id()).await? {
+            if sandbox.session_id != id {
+                continue;
+            }
+            if let Err(e) = remove_sandbox(node.as_ref(), state, &sandbox.id).await {
+                last_error = Some(e.0.message);
+            }
         }
-        if let Err(e) = remove_sandbox(state, &sandbox.id).await {
-            last_error = Some(e.0.message);
-        }
-    }
-    for snapshot in state.store.list_snapshots(&id).await? {
-        state.store.delete_snapshot_row(&snapshot.id).await?;
-        if let Err(e) = state.node.delete_snapshot(&id, &snapshot.id).await {
-            last_error = Some(e.to_string());
+        for snapshot in state.store.list_snapshots(&id).await? {
+            state.store.delete_snapshot_row(&snapshot.id).await?;
+            if let Err(e) = node.delete_snapshot(&id, &snapshot.id).await {
+                last_error = Some(e.to_string());
+            }
         }
     }
     state.activity.forget(&id);
-    crate::egress::forget_session(state, &id).await;
+    crate::egress::forget_session(state, &record.session).await;
     // The session ends either way; leftovers are retried by the periodic sweep.
     state.store.transition(&id, &[SessionState::Destroying], SessionState::Destroyed, last_error.as_deref()).await?;
     Ok(())
@@ -398,29 +441,29 @@ async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()
 /// The handle of `sandbox` among the recorded `live` sandboxes, if its pid 1 still runs
 /// (adopted by this process: it may have been started by an earlier one).
 pub async fn alive_handle(
-    state: &AppState,
+    node: &dyn NodeApi,
     live: &[SandboxRecord],
     sandbox: Option<&SandboxId>,
 ) -> Option<SandboxHandle> {
     let record = live.iter().find(|s| Some(&s.id) == sandbox)?;
-    state.node.adopt(&record.id, record.pid?).await
+    node.adopt(&record.id, record.pid?).await
 }
 
-/// Destroys a sandbox's node resources and marks it gone. Idempotent.
-pub async fn remove_sandbox(state: &AppState, sandbox: &SandboxId) -> AppResult<()> {
-    state.node.destroy_sandbox(sandbox).await?;
+/// Destroys a sandbox's resources on `node` and marks it gone. Idempotent.
+pub async fn remove_sandbox(node: &dyn NodeApi, state: &AppState, sandbox: &SandboxId) -> AppResult<()> {
+    node.destroy_sandbox(sandbox).await?;
     state.store.set_sandbox_gone(sandbox).await?;
     Ok(())
 }
 
-/// Removes sandboxes a session no longer uses, off the caller's path.
-fn remove_in_background(state: AppState, sandboxes: Vec<SandboxId>) {
+/// Removes sandboxes of `node` a session no longer uses, off the caller's path.
+fn remove_in_background(state: AppState, node: Arc<dyn NodeApi>, sandboxes: Vec<SandboxId>) {
     if sandboxes.is_empty() {
         return;
     }
     tokio::spawn(async move {
         for sandbox in sandboxes {
-            if let Err(e) = remove_sandbox(&state, &sandbox).await {
+            if let Err(e) = remove_sandbox(node.as_ref(), &state, &sandbox).await {
                 tracing::warn!(%sandbox, error = %e.0.message, "cannot remove a retired sandbox; recovery will");
             }
         }
@@ -429,9 +472,9 @@ fn remove_in_background(state: AppState, sandboxes: Vec<SandboxId>) {
 
 /// When a sandbox's pid 1 (or VMM) dies on its own, the session fails with a recorded reason;
 /// it can be restored from a snapshot, or destroyed.
-pub fn watch_exit(state: AppState, session: SessionId, handle: SandboxHandle) {
+pub fn watch_exit(state: AppState, node: Arc<dyn NodeApi>, session: SessionId, handle: SandboxHandle) {
     tokio::spawn(async move {
-        state.node.wait_exit(&handle).await;
+        node.wait_exit(&handle).await;
         let still_ours = matches!(
             state.store.session_any(&session).await,
             Ok(Some(r)) if matches!(r.session.state, SessionState::Running | SessionState::Paused)
@@ -440,8 +483,7 @@ pub fn watch_exit(state: AppState, session: SessionId, handle: SandboxHandle) {
         if !still_ours {
             return;
         }
-        let why = state
-            .node
+        let why = node
             .exit_reason(&handle.id)
             .await
             .map(|r| format!(" ({})", space_api::error::clip(&r)))
@@ -452,7 +494,7 @@ pub fn watch_exit(state: AppState, session: SessionId, handle: SandboxHandle) {
         );
         let from = [SessionState::Running, SessionState::Paused];
         let _ = state.store.transition(&session, &from, SessionState::Failed, Some(&message)).await;
-        let _ = remove_sandbox(&state, &handle.id).await;
+        let _ = remove_sandbox(node.as_ref(), &state, &handle.id).await;
     });
 }
 
@@ -462,34 +504,38 @@ pub struct TemplateInput {
     pub path: Option<String>,
 }
 
+/// Builds (or imports) the template on every node, one after the other: a session may be
+/// placed on any of them. An import's path is read on each node's host.
 async fn build_template(state: &AppState, op: &OperationRecord) -> AppResult<()> {
     let input: TemplateInput = serde_json::from_str(op.input.as_deref().unwrap_or(""))
         .map_err(|e| AppError::internal(format!("bad template operation input: {e}")))?;
-    match &input.path {
-        Some(path) => {
-            let store = state.store.clone();
-            let id = op.operation.id.clone();
-            let progress = move |p: Progress| {
-                let store = store.clone();
-                let id = id.clone();
-                tokio::spawn(async move {
-                    let _ = store.set_operation_progress(&id, &p).await;
-                });
-            };
-            state.node.import_template(&input.name, std::path::Path::new(path), Box::new(progress)).await?;
-        }
-        None => {
-            ensure_template(state, &op.operation.id, &input.name).await?;
+    for (_, node) in state.nodes.iter() {
+        match &input.path {
+            Some(path) => {
+                let store = state.store.clone();
+                let id = op.operation.id.clone();
+                let progress = move |p: Progress| {
+                    let store = store.clone();
+                    let id = id.clone();
+                    tokio::spawn(async move {
+                        let _ = store.set_operation_progress(&id, &p).await;
+                    });
+                };
+                node.import_template(&input.name, std::path::Path::new(path), Box::new(progress)).await?;
+            }
+            None => {
+                ensure_template(state, node.as_ref(), &op.operation.id, &input.name).await?;
+            }
         }
     }
     Ok(())
 }
 
-/// Queues builds of built-in templates that are missing.
+/// Queues builds of built-in templates that some node misses.
 pub async fn prepare_templates(state: &AppState, names: &[String]) -> AppResult<()> {
     let tenant = state.store.ensure_tenant(ADMIN_TENANT).await?;
     for name in names {
-        if state.node.resolve_template(name).await.is_some() {
+        if missing_nowhere(state, name).await {
             continue;
         }
         let input = serde_json::to_string(&TemplateInput { name: name.clone(), path: None }).unwrap_or_default();
@@ -503,4 +549,14 @@ pub async fn prepare_templates(state: &AppState, names: &[String]) -> AppResult<
     }
     state.reconciler.wake();
     Ok(())
+}
+
+/// Whether every node has template `name`.
+async fn missing_nowhere(state: &AppState, name: &str) -> bool {
+    for (_, node) in state.nodes.iter() {
+        if node.resolve_template(name).await.is_none() {
+            return false;
+        }
+    }
+    true
 }

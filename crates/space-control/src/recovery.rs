@@ -3,7 +3,8 @@
 //! At a replica's start (`recover`):
 //! 1. Operations its earlier process was running are queued again (each step is idempotent);
 //!    other replicas' are theirs until their leases run out ([`crate::replicas`]).
-//! 2. If no live replica keeps the node, this one takes it and recovers it ([`Mode::Start`]):
+//! 2. For each of its nodes that no live replica keeps, this one takes the node and recovers
+//!    the sessions placed on it ([`Mode::Start`]):
 //!    running sessions whose sandbox survived are kept (spaced outlives the server); those
 //!    whose sandbox is gone fail with a recorded reason; every node resource (cgroup, socket,
 //!    subvolume) not owned by a kept sandbox is destroyed.
@@ -22,9 +23,11 @@
 //! without it.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
-use space_api::{SandboxId, SessionId, SessionState, SnapshotKind};
-use space_store::{SandboxRecord, now_ms};
+use space_api::{SandboxId, Session, SessionId, SessionState, SnapshotKind};
+use space_node_api::NodeApi;
+use space_store::{SandboxRecord, SessionRecord, now_ms};
 
 use crate::AppState;
 use crate::error::AppResult;
@@ -41,52 +44,62 @@ pub enum Mode {
     TakeOver,
 }
 
-/// A replica's start-up recovery. Returns whether this replica keeps the node (and
-/// recovered it).
-pub async fn recover(state: &AppState) -> AppResult<bool> {
+/// A replica's start-up recovery. Returns the nodes this replica keeps (and recovered).
+pub async fn recover(state: &AppState) -> AppResult<Vec<String>> {
     let requeued = state.store.requeue_running_operations().await?;
     state.store.idempotency_interrupt_unfinished(true, now_ms()).await?;
     state.store.idempotency_expire(now_ms() - crate::idempotency::RETENTION_MS).await?;
     tracing::info!(requeued, "requeued this replica's operations");
-    if !replicas::keep_node(state).await? {
-        let keeper = state.store.lease_holder(&replicas::node_lease(&state.node_id), now_ms()).await?;
-        tracing::info!(node = %state.node_id, keeper = ?keeper, "another replica keeps the node; this one takes it over if that one dies");
-        return Ok(false);
+    let mut kept = Vec::new();
+    for (id, _) in state.nodes.iter() {
+        if !replicas::keep_node(state, id).await? {
+            let keeper = state.store.lease_holder(&replicas::node_lease(id), now_ms()).await?;
+            tracing::info!(node = %id, keeper = ?keeper, "another replica keeps the node; this one takes it over if that one dies");
+            continue;
+        }
+        recover_node(state, id, Mode::Start).await?;
+        kept.push(id.to_owned());
     }
-    recover_node(state, Mode::Start).await?;
-    Ok(true)
+    Ok(kept)
 }
 
-/// Converges the node's sessions on what the store says (see the module's doc).
-pub async fn recover_node(state: &AppState, mode: Mode) -> AppResult<()> {
+/// The sessions in `states` placed on node `id`.
+async fn placed_on(state: &AppState, id: &str, states: &[SessionState]) -> AppResult<Vec<SessionRecord>> {
+    let records = state.store.sessions_in_states(states).await?;
+    Ok(records.into_iter().filter(|r| r.session.node.as_deref() == Some(id)).collect())
+}
+
+/// Converges the sessions on node `id` on what the store says (see the module's doc).
+pub async fn recover_node(state: &AppState, id: &str, mode: Mode) -> AppResult<()> {
+    let node = state.nodes.get(id)?;
     let snapshots = match mode {
-        Mode::Start => recover_snapshots(state).await?,
+        Mode::Start => recover_snapshots(state, id, &node).await?,
         // Unfinished snapshots may be this replica's, being taken.
         Mode::TakeOver => 0,
     };
     let mut keep: HashSet<SandboxId> = HashSet::new();
-    let sandboxes = state.store.live_sandboxes(&state.node_id).await?;
-    for record in state.store.sessions_in_states(&[SessionState::Suspending]).await? {
+    let sandboxes = state.store.live_sandboxes(id).await?;
+    for record in placed_on(state, id, &[SessionState::Suspending]).await? {
         let _guard = state.session_lock(&record.session.id).await;
         if let Some(current) = state.store.session_any(&record.session.id).await?
             && current.session.state == SessionState::Suspending
         {
-            finish_suspend(state, &current.session, &sandboxes).await?;
+            finish_suspend(state, node.as_ref(), &current.session, &sandboxes).await?;
         }
     }
-    for record in state.store.sessions_in_states(&[SessionState::Running, SessionState::Paused]).await? {
-        if let Some(kept) = recover_session(state, &record.session.id, &sandboxes, mode).await? {
+    for record in placed_on(state, id, &[SessionState::Running, SessionState::Paused]).await? {
+        if let Some(kept) = recover_session(state, &node, &record.session.id, &sandboxes, mode).await? {
             keep.insert(kept);
         }
     }
     if mode == Mode::TakeOver {
-        tracing::info!(kept = keep.len(), "took the node over");
+        tracing::info!(node = %id, kept = keep.len(), "took the node over");
         return Ok(());
     }
     let mut removed = 0;
     for sandbox in &sandboxes {
         if !keep.contains(&sandbox.id) {
-            match remove_sandbox(state, &sandbox.id).await {
+            match remove_sandbox(node.as_ref(), state, &sandbox.id).await {
                 Ok(()) => removed += 1,
                 Err(e) => {
                     tracing::warn!(sandbox = %sandbox.id, error = %e.0.message, "cannot remove; next start tries again")
@@ -94,11 +107,11 @@ pub async fn recover_node(state: &AppState, mode: Mode) -> AppResult<()> {
             }
         }
     }
-    let orphans = state.node.sweep(&keep).await.unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "cannot sweep the node's orphans; next start tries again");
+    let orphans = node.sweep(&keep).await.unwrap_or_else(|e| {
+        tracing::warn!(node = %id, error = %e, "cannot sweep the node's orphans; next start tries again");
         Vec::new()
     });
-    tracing::info!(removed, orphans = orphans.len(), kept = keep.len(), snapshots, "recovered the node");
+    tracing::info!(node = %id, removed, orphans = orphans.len(), kept = keep.len(), snapshots, "recovered the node");
     Ok(())
 }
 
@@ -106,6 +119,7 @@ pub async fn recover_node(state: &AppState, mode: Mode) -> AppResult<()> {
 /// lives, else failed with the reason.
 async fn recover_session(
     state: &AppState,
+    node: &Arc<dyn NodeApi>,
     id: &SessionId,
     sandboxes: &[SandboxRecord],
     mode: Mode,
@@ -120,12 +134,12 @@ async fn recover_session(
     // recorded after the list was read.
     let fresh;
     let sandboxes = if mode == Mode::TakeOver && !sandboxes.iter().any(|s| Some(&s.id) == sandbox) {
-        fresh = state.store.live_sandboxes(&state.node_id).await?;
+        fresh = state.store.live_sandboxes(&node.node_id()).await?;
         &fresh
     } else {
         sandboxes
     };
-    let Some(handle) = alive_handle(state, sandboxes, sandbox).await else {
+    let Some(handle) = alive_handle(node.as_ref(), sandboxes, sandbox).await else {
         let message = "the sandbox stopped while the server was down; destroy the session and create a new one";
         let from = [SessionState::Running, SessionState::Paused];
         state.store.transition(id, &from, SessionState::Failed, Some(message)).await?;
@@ -134,8 +148,8 @@ async fn recover_session(
     // A crash between freezing and recording the state leaves them disagreeing: the recorded
     // state wins.
     let frozen = match record.session.state {
-        SessionState::Paused => state.node.pause_sandbox(&handle.id).await,
-        _ => state.node.resume_sandbox(&handle.id).await,
+        SessionState::Paused => node.pause_sandbox(&handle.id).await,
+        _ => node.resume_sandbox(&handle.id).await,
     };
     if let Err(e) = frozen {
         // A session that reads `running` must answer: one left frozen would not.
@@ -150,28 +164,33 @@ async fn recover_session(
         return Ok(None);
     }
     // A root started where limits were not yet enforced gets them now.
-    if let Err(e) = state.node.limit_disk(&handle.id, &crate::reconciler::disk_quota(&record.session)).await {
+    if let Err(e) = node.limit_disk(&handle.id, &crate::reconciler::disk_quota(&record.session)).await {
         tracing::warn!(session = %id, error = %e, "cannot apply the session's disk limit");
     }
     // The gateway's listeners died with the previous process.
-    if let Err(e) = state.node.reattach_gateway(&handle, id).await {
+    if let Err(e) = node.reattach_gateway(&handle, id).await {
         tracing::warn!(session = %id, error = %e, "the sandbox has no egress until it is restored");
     }
     let kept = handle.id.clone();
-    watch_exit(state.clone(), id.clone(), handle);
+    watch_exit(state.clone(), node.clone(), id.clone(), handle);
     Ok(Some(kept))
 }
 
 /// A suspend the crash interrupted: if its full snapshot was completed, the session is
 /// suspended (the sandbox is removed below with the other unkept ones); otherwise it goes back
 /// to running on its sandbox, or fails if that is gone too.
-async fn finish_suspend(state: &AppState, session: &space_api::Session, sandboxes: &[SandboxRecord]) -> AppResult<()> {
+async fn finish_suspend(
+    state: &AppState,
+    node: &dyn NodeApi,
+    session: &Session,
+    sandboxes: &[SandboxRecord],
+) -> AppResult<()> {
     let id = &session.id;
     let snapshots = state.store.list_snapshots(id).await?;
     let suspended_at =
         state.store.events(id).await?.iter().rev().find(|e| e.to_state == Some(SessionState::Suspending)).map(|e| e.at);
     let snapshot_taken = snapshots.iter().any(|s| s.kind == SnapshotKind::Full && Some(s.created_at) >= suspended_at);
-    let alive = alive_handle(state, sandboxes, session.sandbox_id.as_ref()).await.is_some();
+    let alive = alive_handle(node, sandboxes, session.sandbox_id.as_ref()).await.is_some();
     let (to, message) = match (snapshot_taken, alive) {
         (true, _) => (SessionState::Suspended, None),
         (false, true) => (SessionState::Running, Some("the server stopped during a suspend; the session kept running")),
@@ -181,22 +200,26 @@ async fn finish_suspend(state: &AppState, session: &space_api::Session, sandboxe
     Ok(())
 }
 
-/// Snapshots a crash interrupted are deleted (they were never listed); snapshot directories
-/// without a row are orphans. Returns how many were removed.
-async fn recover_snapshots(state: &AppState) -> AppResult<usize> {
+/// Snapshots a crash interrupted on node `id` are deleted (they were never listed); snapshot
+/// directories without a row are orphans. Returns how many were removed.
+async fn recover_snapshots(state: &AppState, id: &str, node: &Arc<dyn NodeApi>) -> AppResult<usize> {
     let mut keep = HashSet::new();
     for (session, snapshot, ready) in state.store.all_snapshots().await? {
         if ready {
             keep.insert(snapshot);
-        } else {
-            state.store.delete_snapshot_row(&snapshot).await?;
-            // Without its row it is an orphan, which the sweep below (or the next) removes.
-            if let Err(e) = state.node.delete_snapshot(&session, &snapshot).await {
-                tracing::warn!(%snapshot, error = %e, "cannot delete an interrupted snapshot");
-            }
+            continue;
+        }
+        let placed = state.store.session_any(&session).await?.and_then(|r| r.session.node);
+        if placed.as_deref() != Some(id) {
+            continue;
+        }
+        state.store.delete_snapshot_row(&snapshot).await?;
+        // Without its row it is an orphan, which the sweep below (or the next) removes.
+        if let Err(e) = node.delete_snapshot(&session, &snapshot).await {
+            tracing::warn!(%snapshot, error = %e, "cannot delete an interrupted snapshot");
         }
     }
-    Ok(state.node.sweep_snapshots(&keep).await.unwrap_or_else(|e| {
+    Ok(node.sweep_snapshots(&keep).await.unwrap_or_else(|e| {
         tracing::warn!(error = %e, "cannot remove orphaned snapshots; next start tries again");
         0
     }))

@@ -5,11 +5,12 @@
 //! that dies stops renewing, and at their expiry another claims its operations again (each
 //! step is idempotent) and counts its unfinished idempotent requests as interrupted.
 //!
-//! The work that must not run twice at once has a lease of its own: the node's (its
+//! The work that must not run twice at once has a lease of its own: each node's (its
 //! recovery, the start of its background work) and the snapshot scheduler's. The replica
-//! that holds the node's lease keeps the node; when it dies, the next to take the lease
+//! that holds a node's lease keeps the node; when it dies, the next to take the lease
 //! recovers the node's sessions ([`recovery::Mode::TakeOver`]).
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use space_store::{StoreError, now_ms};
@@ -34,9 +35,9 @@ pub async fn announce(state: &AppState) -> Result<(), StoreError> {
     state.store.announce_replica(now_ms(), lease_ms(LEASE)).await
 }
 
-/// Takes or renews the node's lease; returns whether this replica keeps the node.
-pub async fn keep_node(state: &AppState) -> Result<bool, StoreError> {
-    state.store.acquire_lease(&node_lease(&state.node_id), now_ms(), lease_ms(LEASE)).await
+/// Takes or renews node `id`'s lease; returns whether this replica keeps the node.
+pub async fn keep_node(state: &AppState, id: &str) -> Result<bool, StoreError> {
+    state.store.acquire_lease(&node_lease(id), now_ms(), lease_ms(LEASE)).await
 }
 
 /// Takes or renews the snapshot scheduler's lease, which lasts `tick`'s three times (at
@@ -48,25 +49,25 @@ pub async fn run_schedule(state: &AppState, tick: Duration) -> Result<bool, Stor
 
 /// Beats every [`HEARTBEAT_EVERY`] from now on: renews this replica's liveness and its
 /// operations' leases, interrupts the idempotent requests of replicas that died, and keeps
-/// the node (taking it over when its keeper died). `keeping` says whether this replica keeps
-/// the node now. A beat the database cannot answer is logged; the next tries again.
-pub fn spawn_beats(state: AppState, mut keeping: bool) {
+/// its nodes (taking one over when its keeper died). `kept` are the nodes this replica keeps
+/// now. A beat the database cannot answer is logged; the next tries again.
+pub fn spawn_beats(state: AppState, kept: Vec<String>) {
+    let mut kept: BTreeSet<String> = kept.into_iter().collect();
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT_EVERY, HEARTBEAT_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            match beat(&state, keeping).await {
-                Ok(keeps) => keeping = keeps,
-                Err(e) => tracing::warn!(error = %e.0.message, "replica heartbeat"),
+            if let Err(e) = beat(&state, &mut kept).await {
+                tracing::warn!(error = %e.0.message, "replica heartbeat");
             }
         }
     });
 }
 
-/// One beat; returns whether this replica keeps the node after it. A takeover that failed
+/// One beat; updates `kept` to the nodes this replica keeps after it. A takeover that failed
 /// is tried again at the next beat.
-async fn beat(state: &AppState, keeping: bool) -> AppResult<bool> {
+async fn beat(state: &AppState, kept: &mut BTreeSet<String>) -> AppResult<()> {
     announce(state).await?;
     let now = now_ms();
     state.store.renew_operation_leases(now.saturating_add(lease_ms(LEASE))).await?;
@@ -74,13 +75,18 @@ async fn beat(state: &AppState, keeping: bool) -> AppResult<bool> {
     if interrupted > 0 {
         tracing::info!(interrupted, "idempotent requests of a replica that stopped are interrupted");
     }
-    let keeps = keep_node(state).await?;
-    if keeps && !keeping {
-        tracing::info!(node = %state.node_id, "the node's keeper stopped: this replica takes the node over");
-        recovery::recover_node(state, recovery::Mode::TakeOver).await?;
-        state.node.clone().start_background();
-    } else if keeping && !keeps {
-        tracing::warn!(node = %state.node_id, "another replica took the node over (this one stalled past its lease)");
+    for (id, node) in state.nodes.iter() {
+        let keeps = keep_node(state, id).await?;
+        let keeping = kept.contains(id);
+        if keeps && !keeping {
+            tracing::info!(node = %id, "the node's keeper stopped: this replica takes the node over");
+            recovery::recover_node(state, id, recovery::Mode::TakeOver).await?;
+            node.clone().start_background();
+            kept.insert(id.to_owned());
+        } else if keeping && !keeps {
+            tracing::warn!(node = %id, "another replica took the node over (this one stalled past its lease)");
+            kept.remove(id);
+        }
     }
-    Ok(keeps)
+    Ok(())
 }

@@ -56,7 +56,7 @@ async fn run_once(state: &AppState, full_unavailable_logged: &mut bool) -> AppRe
         if session.state == SessionState::Running {
             for kind in due_kinds(&session.snapshot_policy, session, &snapshots, now) {
                 if kind == SnapshotKind::Full {
-                    if let Err(why) = state.node.checkpoint_support(session.runtime) {
+                    if let Err(why) = state.nodes.first().checkpoint_support(session.runtime) {
                         if !std::mem::replace(full_unavailable_logged, true) {
                             tracing::warn!("scheduled full snapshots are skipped: {why}");
                         }
@@ -107,7 +107,7 @@ async fn suspend_if_idle(
     if idle.is_none_or(|idle| idle < (timeout as i64).saturating_mul(1000)) {
         return false;
     }
-    if let Err(why) = state.node.checkpoint_support(session.runtime) {
+    if let Err(why) = state.nodes.first().checkpoint_support(session.runtime) {
         if !std::mem::replace(full_unavailable_logged, true) {
             tracing::warn!("idle sessions are not suspended: {why}");
         }
@@ -146,7 +146,7 @@ async fn prune_session(state: &AppState, session: &Session, snapshots: &[Snapsho
     for id in prune(&session.snapshot_policy.retention, now, &candidates) {
         let Some(snapshot) = snapshots.iter().find(|s| s.id.as_str() == id) else { continue };
         state.store.delete_snapshot_row(&snapshot.id).await?;
-        state.node.delete_snapshot(&session.id, &snapshot.id).await?;
+        state.nodes.of(session)?.delete_snapshot(&session.id, &snapshot.id).await?;
     }
     Ok(())
 }

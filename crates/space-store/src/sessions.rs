@@ -94,7 +94,8 @@ pub struct SandboxRecord {
     pub pid: Option<u32>,
 }
 
-const SESSION_COLUMNS: &str = "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at, source_snapshot, snapshot_policy, lifetime, runtime, name, labels, metadata, CASE WHEN auto_resume THEN 1 ELSE 0 END, (SELECT t.name FROM tenants t WHERE t.id = sessions.tenant_id)";
+const SESSION_COLUMNS: &str = "id, tenant_id, template, template_version, state, resources, env, error, sandbox_id, created_at, updated_at, source_snapshot, snapshot_policy, lifetime, runtime, name, labels, metadata, CASE WHEN auto_resume THEN 1 ELSE 0 END, (SELECT t.name FROM tenants t WHERE t.id = sessions.tenant_id), \
+    (SELECT b.node_id FROM sandboxes b WHERE b.session_id = sessions.id ORDER BY b.created_at DESC, b.id DESC LIMIT 1)";
 
 fn json_map(text: &str) -> Result<BTreeMap<String, String>> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
@@ -131,6 +132,7 @@ fn session_from_row(row: &AnyRow) -> Result<SessionRecord> {
         metadata: json_map(row.get(17))?,
         auto_resume: row.get::<i64, _>(18) != 0,
         tenant: row.get::<Option<String>, _>(19).unwrap_or_default(),
+        node: row.get(20),
     };
     let source: Option<&str> = row.get(11);
     Ok(SessionRecord {

@@ -2,6 +2,7 @@
 //! (its own loop-mounted btrfs pool and cgroup parent), torn down even when a test fails.
 #![allow(dead_code)]
 
+pub mod nodes;
 pub mod replicas;
 pub mod upstream;
 
@@ -113,6 +114,8 @@ pub struct Server {
     /// Known once the server answered: its sandboxes' cgroups are below
     /// `<cgroup_parent>/<node id>`, and only those are removed on drop.
     node: Option<String>,
+    /// `split`: the addresses of more nodes its control plane drives ([`nodes::ExtraNode`]).
+    extra_nodes: Vec<String>,
 }
 
 impl Server {
@@ -160,6 +163,7 @@ impl Server {
             node_port: free_port(),
             topology,
             node: None,
+            extra_nodes: Vec::new(),
         };
         // Another test's server may bind the free port first: then take another (only at the
         // first start, before any test has the URL).
@@ -266,6 +270,7 @@ impl Server {
             Command::new(SPACE)
                 .args(["control", "--listen", &format!("127.0.0.1:{}", self.port)])
                 .args(["--node", &format!("127.0.0.1:{}", self.node_port), "--name", "control-1"])
+                .args(self.extra_nodes.iter().flat_map(|address| ["--node", address]))
                 .arg("--cluster-dir")
                 .arg(&cluster)
                 .args(["--default-template", "busybox", "--prepare-templates", "busybox"])
@@ -652,21 +657,27 @@ fn remove_restore_leftovers(cgroup_parent: &str, node: Option<&str>) {
     }
 }
 
+/// Removes what a node left once its process is gone: its sandboxes' cgroups (below
+/// `cgroup_parent`, only node `node`'s when known), its pool and its data dir.
+fn remove_node_leftovers(data_dir: &Path, cgroup_parent: &str, node: Option<&str>) {
+    remove_cgroups(cgroup_parent, node);
+    remove_restore_leftovers(cgroup_parent, node);
+    let pool = data_dir.join("pool");
+    let sandboxes = pool.join("sandboxes");
+    for name in list_names(&sandboxes) {
+        let _ = Command::new("btrfs")
+            .args(["subvolume", "delete", "-c"])
+            .arg(sandboxes.join(&name).join("rootfs"))
+            .output();
+    }
+    let _ = Command::new("umount").arg("-l").arg(&pool).output();
+    let _ = std::fs::remove_dir_all(data_dir);
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
-        remove_cgroups(&self.cgroup_parent, self.node.as_deref());
-        remove_restore_leftovers(&self.cgroup_parent, self.node.as_deref());
-        let pool = self.data_dir.join("pool");
-        let sandboxes = pool.join("sandboxes");
-        for name in list_names(&sandboxes) {
-            let _ = Command::new("btrfs")
-                .args(["subvolume", "delete", "-c"])
-                .arg(sandboxes.join(&name).join("rootfs"))
-                .output();
-        }
-        let _ = Command::new("umount").arg("-l").arg(&pool).output();
-        let _ = std::fs::remove_dir_all(&self.data_dir);
+        remove_node_leftovers(&self.data_dir, &self.cgroup_parent, self.node.as_deref());
         if !std::thread::panicking() {
             let _ = std::fs::remove_file(&self.log);
         } else {

@@ -11,8 +11,8 @@ use axum::response::Response;
 use bytes::Bytes;
 use space_api::error::clip;
 use space_api::{
-    ErrorBody, ErrorCode, ExecRequest, ExecResult, ExecStart, ProcessInfo, ProcessList, SignalRequest, WsClientMessage,
-    WsServerMessage,
+    ErrorBody, ErrorCode, ExecRequest, ExecResult, ExecStart, ProcessInfo, ProcessList, Session, SignalRequest,
+    WsClientMessage, WsServerMessage,
 };
 use space_proto::client::{AgentClient, ExecEvent, ExecInputHandle, ExecSession};
 use space_proto::{ExecSpec, ExitStatus, PtySize};
@@ -52,8 +52,9 @@ fn merged_env(session: &BTreeMap<String, String>, request: &BTreeMap<String, Str
     env
 }
 
-async fn oom_kills(state: &AppState, sandbox: &space_api::SandboxId) -> u64 {
-    state.node.oom_kills(sandbox).await.unwrap_or(0)
+async fn oom_kills(state: &AppState, session: &Session, sandbox: &space_api::SandboxId) -> u64 {
+    let Ok(node) = state.nodes.of(session) else { return 0 };
+    node.oom_kills(sandbox).await.unwrap_or(0)
 }
 
 /// Runs a command to completion and returns its exit status and output.
@@ -69,8 +70,8 @@ pub async fn exec(
     check_command(&request.cmd)?;
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let _busy = state.activity.busy(&session.id);
-    let agent = state.node.agent(&sandbox).await?;
-    let oom_before = oom_kills(&state, &sandbox).await;
+    let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
+    let oom_before = oom_kills(&state, &session, &sandbox).await;
     let spec = ExecSpec {
         argv: request.cmd,
         env: merged_env(&session.env, &request.env),
@@ -110,7 +111,7 @@ pub async fn exec(
     result.exit_code = status.code;
     result.signal = status.signal;
     result.timed_out = status.timed_out;
-    result.oom_killed = oom_kills(&state, &sandbox).await > oom_before;
+    result.oom_killed = oom_kills(&state, &session, &sandbox).await > oom_before;
     let (out, out_cut) = json_text(&stdout, OUTPUT_CAP);
     let (err, err_cut) = json_text(&stderr, OUTPUT_CAP);
     (result.stdout, result.stderr, result.truncated) = (out, err, result.truncated | out_cut | err_cut);
@@ -168,7 +169,7 @@ pub async fn exec_ws(
     ApiWebSocket(upgrade): ApiWebSocket,
 ) -> AppResult<Response> {
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
-    let agent = state.node.agent(&sandbox).await?;
+    let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let idle = state.http.ws_idle_timeout;
     Ok(super::ws::on_upgrade(upgrade, move |mut socket| async move {
         let _busy = state.activity.busy(&session.id);
@@ -176,10 +177,10 @@ pub async fn exec_ws(
             Ok(process) => process,
             Err(e) => return send_error(&mut socket, e).await,
         };
-        let oom_before = oom_kills(&state, &sandbox).await;
+        let oom_before = oom_kills(&state, &session, &sandbox).await;
         let status = bridge(&mut socket, started, idle).await;
         if let Some(status) = status {
-            let oom_killed = oom_kills(&state, &sandbox).await > oom_before;
+            let oom_killed = oom_kills(&state, &session, &sandbox).await > oom_before;
             let _ = send_json(&mut socket, &exit_message(status, oom_killed)).await;
         }
         close_gracefully(&mut socket).await;
@@ -336,8 +337,8 @@ pub async fn list_processes(
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<ProcessList>> {
-    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
-    let agent = state.node.agent(&sandbox).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let processes = agent
         .processes()
         .await?
@@ -366,8 +367,8 @@ pub async fn signal_process(
     ApiJson(request): ApiJson<SignalRequest>,
 ) -> AppResult<axum::http::StatusCode> {
     check_signal(request.signal)?;
-    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
-    state.node.agent(&sandbox).await?.signal(pid, request.signal).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    state.nodes.of(&session)?.agent(&sandbox).await?.signal(pid, request.signal).await?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 
@@ -386,7 +387,7 @@ pub async fn attach_ws(
     ApiWebSocket(upgrade): ApiWebSocket,
 ) -> AppResult<Response> {
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
-    let agent = state.node.agent(&sandbox).await?;
+    let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let process = agent.attach(pid).await?;
     let busy = state.activity.busy(&session.id);
     let idle = state.http.ws_idle_timeout;

@@ -100,8 +100,8 @@ pub async fn download(
     ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<PathParam>,
 ) -> AppResult<Response> {
-    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
-    let agent = state.node.agent(&sandbox).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let (size, stream) = agent.read_file(check_path(&params.path)?).await?;
     let body = Body::from_stream(stream.map_err(std::io::Error::other));
     Response::builder()
@@ -125,8 +125,8 @@ pub async fn upload(
 ) -> AppResult<ApiJson<WriteResult>> {
     let path = check_path(&params.path)?.to_owned();
     let mode = parse_mode(params.mode.as_deref())?;
-    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
-    let agent = state.node.agent(&sandbox).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let data = body.into_data_stream().map_err(|e| std::io::Error::other(UploadBodyError(e)));
     let bytes = agent.write_file(&path, mode, data).await.map_err(upload_error)?;
     Ok(ApiJson(WriteResult { path, bytes }))
@@ -162,8 +162,8 @@ pub async fn list(
     ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<PathParam>,
 ) -> AppResult<ApiJson<FileList>> {
-    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
-    let entries = state.node.agent(&sandbox).await?.list_dir(check_path(&params.path)?).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let entries = state.nodes.of(&session)?.agent(&sandbox).await?.list_dir(check_path(&params.path)?).await?;
     Ok(ApiJson(FileList { entries: entries.into_iter().map(file_info).collect() }))
 }
 
@@ -176,8 +176,8 @@ pub async fn stat(
     ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<PathParam>,
 ) -> AppResult<ApiJson<FileInfo>> {
-    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
-    let stat = state.node.agent(&sandbox).await?.stat(check_path(&params.path)?).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let stat = state.nodes.of(&session)?.agent(&sandbox).await?.stat(check_path(&params.path)?).await?;
     Ok(ApiJson(file_info(stat)))
 }
 
@@ -190,8 +190,8 @@ pub async fn mkdir(
     ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<PathRequest>,
 ) -> AppResult<StatusCode> {
-    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
-    state.node.agent(&sandbox).await?.make_dir(check_path(&request.path)?).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    state.nodes.of(&session)?.agent(&sandbox).await?.make_dir(check_path(&request.path)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -204,8 +204,8 @@ pub async fn move_path(
     ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<MoveRequest>,
 ) -> AppResult<StatusCode> {
-    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
-    let agent = state.node.agent(&sandbox).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     agent.move_path(check_path(&request.from)?, check_path(&request.to)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -219,8 +219,8 @@ pub async fn remove(
     ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<RemoveParams>,
 ) -> AppResult<StatusCode> {
-    let (_, sandbox) = running_sandbox(&state, &caller, &id).await?;
-    state.node.agent(&sandbox).await?.remove(check_path(&params.path)?, params.recursive).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    state.nodes.of(&session)?.agent(&sandbox).await?.remove(check_path(&params.path)?, params.recursive).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -238,7 +238,7 @@ pub async fn watch_ws(
 ) -> AppResult<Response> {
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
     let slot = state.watches.acquire(&caller.tenant_id, &session.id)?;
-    let agent = state.node.agent(&sandbox).await?;
+    let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let events = agent.watch(check_path(&params.path)?, params.recursive).await?;
     let busy = state.activity.busy(&session.id);
     let idle = state.http.ws_idle_timeout;

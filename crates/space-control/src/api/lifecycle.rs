@@ -1,5 +1,6 @@
 //! Session lifecycle: pause and resume in place, snapshots, restore and fork.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Extension;
@@ -10,6 +11,7 @@ use space_api::{
     CreateSnapshotRequest, ErrorBody, ErrorCode, ForkRequest, RestoreRequest, Session, SessionId, SessionList,
     SessionState, Snapshot, SnapshotId, SnapshotKind, SnapshotList, TenantId,
 };
+use space_node_api::NodeApi;
 use space_store::{Demand, NewSession, NewSnapshot, SessionMeta};
 
 use super::find_session;
@@ -87,15 +89,15 @@ async fn set_frozen(state: &AppState, caller: &Caller, id: &str, frozen: bool) -
     if session.state != from {
         return Err(invalid_state(&session, action));
     }
-    let sandbox = sandbox_of(&session)?;
+    let (sandbox, node) = (sandbox_of(&session)?, state.nodes.of(&session)?);
     if frozen {
-        state.node.pause_sandbox(&sandbox).await?;
+        node.pause_sandbox(&sandbox).await?;
     } else {
-        state.node.resume_sandbox(&sandbox).await?;
+        node.resume_sandbox(&sandbox).await?;
     }
     if !state.store.transition(&session.id, &[from], to, None).await? {
         if frozen {
-            state.node.resume_sandbox(&sandbox).await?;
+            node.resume_sandbox(&sandbox).await?;
         }
         return Err(AppError::new(ErrorCode::Conflict, format!("session {id} changed state meanwhile; try again")));
     }
@@ -165,7 +167,7 @@ pub(crate) async fn take_snapshot(
     let snapshot = snapshot_locked(state, tenant, &session, paused, kind, name).await?;
     if let Err(e) = check_room_for_images(state, &session).await {
         state.store.delete_snapshot_row(&snapshot.id).await?;
-        state.node.delete_snapshot(&session.id, &snapshot.id).await?;
+        state.nodes.of(&session)?.delete_snapshot(&session.id, &snapshot.id).await?;
         return Err(e);
     }
     Ok(snapshot)
@@ -181,13 +183,13 @@ pub(crate) async fn snapshot_locked(
     kind: SnapshotKind,
     name: Option<String>,
 ) -> AppResult<Snapshot> {
-    let (id, sandbox) = (&session.id, sandbox_of(session)?);
+    let (id, sandbox, node) = (&session.id, sandbox_of(session)?, state.nodes.of(session)?);
     let new = NewSnapshot { id: SnapshotId::generate(), session_id: id.clone(), tenant_id: tenant.clone(), kind, name };
     state.store.insert_snapshot(&new).await?;
     let began = Instant::now();
     let taken = match kind {
-        SnapshotKind::Disk => state.node.snapshot_disk(&sandbox, id, &new.id, paused).await.map(|()| None),
-        SnapshotKind::Full => state.node.snapshot_full(&sandbox, id, &new.id, paused).await.map(Some),
+        SnapshotKind::Disk => node.snapshot_disk(&sandbox, id, &new.id, paused).await.map(|()| None),
+        SnapshotKind::Full => node.snapshot_full(&sandbox, id, &new.id, paused).await.map(Some),
     };
     space_metrics::snapshot_taken(kind, session.runtime, taken.is_ok(), began.elapsed());
     match taken {
@@ -195,11 +197,11 @@ pub(crate) async fn snapshot_locked(
             state.store.set_snapshot_ready(&new.id, size).await?;
             match size {
                 Some(size) => space_metrics::snapshot_size(kind, session.runtime, size),
-                None => measure_in_background(state.clone(), session, new.id.clone()),
+                None => measure_in_background(state.clone(), node, session, new.id.clone()),
             }
         }
         Err(e) => {
-            state.node.delete_snapshot(id, &new.id).await?;
+            node.delete_snapshot(id, &new.id).await?;
             state.store.delete_snapshot_row(&new.id).await?;
             return Err(e.into());
         }
@@ -211,9 +213,8 @@ pub(crate) async fn snapshot_locked(
 /// them: the session's usage includes them, and a full snapshot that takes the session past
 /// its limit is deleted again (suspending still works: the memory has to go somewhere).
 async fn check_room_for_images(state: &AppState, session: &Session) -> AppResult<()> {
-    let (Some(limit), usage) = (session.resources.disk_limit_bytes(), state.node.disk_usage(&session.id).await?) else {
-        return Ok(());
-    };
+    let Some(limit) = session.resources.disk_limit_bytes() else { return Ok(()) };
+    let usage = state.nodes.of(session)?.disk_usage(&session.id).await?;
     if usage.enforced && usage.used_bytes > limit {
         return Err(AppError::new(
             ErrorCode::DiskQuotaExceeded,
@@ -231,10 +232,10 @@ async fn check_room_for_images(state: &AppState, session: &Session) -> AppResult
 
 /// Fills in a disk snapshot's size once its files are walked (off the request: the walk
 /// takes longer than the snapshot itself).
-fn measure_in_background(state: AppState, session: &Session, snapshot: SnapshotId) {
+fn measure_in_background(state: AppState, node: Arc<dyn NodeApi>, session: &Session, snapshot: SnapshotId) {
     let (runtime, session) = (session.runtime, session.id.clone());
     tokio::spawn(async move {
-        let measured = match state.node.snapshot_disk_size(&session, &snapshot).await {
+        let measured = match node.snapshot_disk_size(&session, &snapshot).await {
             Ok(size) => {
                 space_metrics::snapshot_size(SnapshotKind::Disk, runtime, size);
                 state.store.set_snapshot_size(&snapshot, size).await.map_err(|e| e.to_string())
@@ -248,10 +249,11 @@ fn measure_in_background(state: AppState, session: &Session, snapshot: SnapshotI
     });
 }
 
-/// Fails with `feature_unavailable` unless the node can take full snapshots of `runtime`'s
-/// sandboxes.
+/// Fails with `feature_unavailable` unless the nodes can take full snapshots of `runtime`'s
+/// sandboxes (they run one build of `space`: the first answers for all).
 pub(crate) fn require_checkpoints(state: &AppState, runtime: space_api::RuntimeKind) -> AppResult<()> {
-    let support = state.node.checkpoint_support(runtime).map_err(space_node_api::NodeError::CheckpointUnavailable);
+    let support =
+        state.nodes.first().checkpoint_support(runtime).map_err(space_node_api::NodeError::CheckpointUnavailable);
     Ok(support.map(drop)?)
 }
 
@@ -295,8 +297,9 @@ pub async fn delete_snapshot(
 ) -> AppResult<StatusCode> {
     let session = find_session(&state, &caller, &id).await?;
     let snapshot = find_snapshot(&state, &caller, &session.id, &snapshot).await?;
+    let node = state.nodes.of(&session)?;
     state.store.delete_snapshot_row(&snapshot.id).await?;
-    state.node.delete_snapshot(&session.id, &snapshot.id).await?;
+    node.delete_snapshot(&session.id, &snapshot.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

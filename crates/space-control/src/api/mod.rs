@@ -10,7 +10,7 @@ mod nodes;
 mod openapi;
 pub(crate) use lifecycle::{note, take_snapshot};
 pub(crate) use suspend::suspend_session;
-mod pool;
+pub(crate) mod pool;
 mod ports;
 mod session_meta;
 mod sessions;

@@ -1,20 +1,51 @@
-//! The node's warm pool: how many ready sandboxes each template keeps, and how it is doing.
+//! The nodes' warm pools: how many ready sandboxes each template keeps, and how they are doing.
 
 use axum::extract::State;
-use space_api::{ErrorBody, PoolStatus, SetPoolSizeRequest};
+use space_api::{ErrorBody, PoolStatus, SetPoolSizeRequest, TemplatePool};
 use space_node_api::MAX_POOL_SIZE;
 
 use crate::AppState;
 use crate::auth::Admin;
 use crate::error::{ApiJson, ApiPath, AppError, AppResult};
 
-/// Warm pool state: per template its size, ready and filling pods, hits and misses.
+/// Warm pool state: per template its size, ready and filling pods, hits and misses, summed
+/// over the nodes (`space node list` shows each node's).
 #[utoipa::path(get, path = "/v1/pool", responses((status = 200, body = PoolStatus)))]
 pub async fn get_pool(State(state): State<AppState>) -> AppResult<ApiJson<PoolStatus>> {
-    Ok(ApiJson(state.node.pool_status().await))
+    Ok(ApiJson(pool_status(&state).await))
 }
 
-/// Sets how many ready pods the node keeps for a template (admin only; 0 turns it off).
+/// Every node's pool, summed (per template and runtime for the templates).
+pub(crate) async fn pool_status(state: &AppState) -> PoolStatus {
+    let mut sum = PoolStatus::default();
+    for (_, node) in state.nodes.iter() {
+        let one = node.pool_status().await;
+        sum.max_filling += one.max_filling;
+        sum.filling += one.filling;
+        sum.peak_filling += one.peak_filling;
+        sum.pending_deletions += one.pending_deletions;
+        for pool in one.templates {
+            add_pool(&mut sum.templates, pool);
+        }
+    }
+    sum
+}
+
+fn add_pool(sum: &mut Vec<TemplatePool>, pool: TemplatePool) {
+    let Some(p) = sum.iter_mut().find(|p| p.template == pool.template && p.runtime == pool.runtime) else {
+        sum.push(pool);
+        return;
+    };
+    p.size += pool.size;
+    p.ready += pool.ready;
+    p.filling += pool.filling;
+    p.hits += pool.hits;
+    p.misses += pool.misses;
+    p.failures += pool.failures;
+    p.last_error = p.last_error.take().or(pool.last_error);
+}
+
+/// Sets how many ready pods each node keeps for a template (admin only; 0 turns it off).
 /// Takes effect at once and lasts until the server restarts; `space serve --pool` sets it at start.
 #[utoipa::path(put, path = "/v1/pool/{template}", params(("template" = String, Path)), request_body = SetPoolSizeRequest,
     responses((status = 200, body = PoolStatus), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
@@ -32,6 +63,8 @@ pub async fn set_pool_size(
     if request.size > 0 {
         super::sessions::check_runtime(&state, runtime)?;
     }
-    state.node.clone().set_pool_size(&template, runtime, request.size).await;
-    Ok(ApiJson(state.node.pool_status().await))
+    for (_, node) in state.nodes.iter() {
+        node.clone().set_pool_size(&template, runtime, request.size).await;
+    }
+    Ok(ApiJson(pool_status(&state).await))
 }

@@ -154,7 +154,7 @@ pub async fn tunnel(
 ) -> AppResult<Response> {
     valid_port(port)?;
     let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
-    let stream = state.node.connect_port(&sandbox, port).await?;
+    let stream = state.nodes.of(&session)?.connect_port(&sandbox, port).await?;
     tracing::info!(session = %session.id, port, "port tunnel opened");
     Ok(upgrade.on_upgrade(move |socket| async move {
         let _busy = state.activity.busy(&session.id);
@@ -237,7 +237,7 @@ async fn forward(
 ) -> AppResult<Response> {
     let port = upstream.port;
     let (session, sandbox) = woken_sandbox(state, caller, session).await?;
-    let stream = state.node.connect_port(&sandbox, port).await?;
+    let stream = state.nodes.of(&session)?.connect_port(&sandbox, port).await?;
     let busy = state.activity.busy(&session.id);
     let response = proxy::forward(stream, request, upstream, busy).await.map_err(|e| {
         AppError::new(ErrorCode::PortNotListening, format!("port {port} of session {}: {e}", session.id))

@@ -87,7 +87,7 @@ fn check_env(request: &CreateSessionRequest) -> AppResult<()> {
 
 /// The node runs `runtime`, or a 400 saying why not.
 pub(super) fn check_runtime(state: &AppState, runtime: space_api::RuntimeKind) -> AppResult<()> {
-    state.node.runtime_available(runtime).map_err(|why| {
+    state.nodes.first().runtime_available(runtime).map_err(|why| {
         AppError::new(
             ErrorCode::RuntimeUnavailable,
             format!("the {runtime} runtime is unavailable on this server: {why}; `space doctor` says what it needs"),
@@ -96,12 +96,16 @@ pub(super) fn check_runtime(state: &AppState, runtime: space_api::RuntimeKind) -
 }
 
 pub(super) async fn check_template(state: &AppState, name: &str) -> AppResult<()> {
-    if state.node.resolve_template(name).await.is_some() || state.node.is_builtin(name) {
+    if state.nodes.first().resolve_template(name).await.is_some() || state.nodes.first().is_builtin(name) {
         return Ok(());
     }
     Err(AppError::new(
         ErrorCode::UnknownTemplate,
-        format!("unknown template {}; available: {}", echo(name), state.node.available_templates().await.join(", ")),
+        format!(
+            "unknown template {}; available: {}",
+            echo(name),
+            state.nodes.first().available_templates().await.join(", ")
+        ),
     ))
 }
 

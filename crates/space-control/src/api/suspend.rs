@@ -49,7 +49,7 @@ pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &Se
     match snapshot_locked(state, tenant, &session, paused, SnapshotKind::Full, None).await {
         Ok(snapshot) => {
             note_snapshot(state, &snapshot, " to suspend").await;
-            remove_sandbox(state, &sandbox).await?;
+            remove_sandbox(state.nodes.of(&session)?.as_ref(), state, &sandbox).await?;
             state.store.transition(id, &[SessionState::Suspending], SessionState::Suspended, None).await?;
             Ok(())
         }

@@ -33,20 +33,21 @@ pub async fn health() -> &'static str {
 pub async fn status(State(state): State<AppState>, Extension(caller): Extension<Caller>) -> AppResult<ApiJson<Status>> {
     let counts = state.store.count_sessions_by_state(&caller.tenant_id).await?;
     let sessions: BTreeMap<String, u64> = counts.into_iter().map(|(s, n)| (s, n as u64)).collect();
-    let templates = state.node.templates().await.iter().map(template_view).collect();
+    let first = state.nodes.first();
+    let templates = first.templates().await.iter().map(template_view).collect();
     Ok(ApiJson(Status {
         version: env!("CARGO_PKG_VERSION").into(),
-        node_id: state.node_id.clone(),
+        node_id: first.node_id(),
         sessions,
         templates,
-        pool: state.node.pool_status().await,
+        pool: super::pool::pool_status(&state).await,
         full_snapshots: full_snapshot_support(&state),
-        runtimes: state.node.runtimes(),
+        runtimes: first.runtimes(),
     }))
 }
 
 pub(crate) fn full_snapshot_support(state: &AppState) -> FullSnapshotSupport {
-    match state.node.checkpoint_support(state.default_runtime) {
+    match state.nodes.first().checkpoint_support(state.default_runtime) {
         Ok(tool) => FullSnapshotSupport { available: true, detail: tool },
         Err(why) => FullSnapshotSupport {
             available: false,

@@ -27,8 +27,8 @@ pub(crate) fn template_view(info: &TemplateInfo) -> Template {
 #[utoipa::path(get, path = "/v1/templates", responses((status = 200, body = TemplateList)))]
 pub async fn list_templates(State(state): State<AppState>) -> ApiJson<TemplateList> {
     ApiJson(TemplateList {
-        templates: state.node.templates().await.iter().map(template_view).collect(),
-        builtin: state.node.builtin_templates(),
+        templates: state.nodes.first().templates().await.iter().map(template_view).collect(),
+        builtin: state.nodes.first().builtin_templates(),
         default_template: state.default_template.clone(),
     })
 }
@@ -97,13 +97,13 @@ pub async fn build_template(
     Admin(caller): Admin,
     ApiJson(request): ApiJson<BuildTemplateRequest>,
 ) -> AppResult<(StatusCode, ApiJson<Operation>)> {
-    if !state.node.is_builtin(&request.name) {
+    if !state.nodes.first().is_builtin(&request.name) {
         return Err(AppError::new(
             ErrorCode::UnknownTemplate,
             format!(
                 "{} is not a built-in template; built-ins: {}",
                 echo(&request.name),
-                state.node.builtin_templates().join(", ")
+                state.nodes.first().builtin_templates().join(", ")
             ),
         ));
     }

@@ -23,9 +23,10 @@ pub async fn session_stats(
 ) -> AppResult<ApiJson<SessionStats>> {
     let session = find_session(&state, &caller, &id).await?;
     let running = matches!(session.state, SessionState::Running | SessionState::Paused);
+    let Ok(node) = state.nodes.of(&session) else { return Ok(ApiJson(unplaced_stats(&session))) };
     // A sandbox that went away meanwhile just has no usage to report.
     let sandbox = match session.sandbox_id.as_ref().filter(|_| running) {
-        Some(s) => state.node.sandbox_stats(s).await.ok(),
+        Some(s) => node.sandbox_stats(s).await.ok(),
         None => None,
     };
     let sandbox = sandbox.map(|s| SandboxUsage {
@@ -36,7 +37,7 @@ pub async fn session_stats(
         pids: s.pids,
         cpu_usage_ns: s.cpu_usage_ns,
     });
-    let used = state.node.disk_usage(&session.id).await?;
+    let used = node.disk_usage(&session.id).await?;
     let snapshots = state.store.list_snapshots(&session.id).await?;
     let disk = DiskStats {
         used_bytes: used.used_bytes,
@@ -45,9 +46,21 @@ pub async fn session_stats(
         snapshots: snapshots.len() as u64,
         snapshot_bytes: snapshots.iter().filter_map(|s| s.size_bytes).sum(),
     };
-    let traffic = state.node.session_traffic(&session.id).await.unwrap_or_default();
+    let traffic = node.session_traffic(&session.id).await.unwrap_or_default();
     let network = NetworkUsage { bytes_out: traffic.bytes_out, bytes_in: traffic.bytes_in };
     Ok(ApiJson(SessionStats { sandbox, disk, network }))
+}
+
+/// A session on no node yet (being created) has used nothing.
+fn unplaced_stats(session: &space_api::Session) -> SessionStats {
+    let disk = DiskStats {
+        used_bytes: 0,
+        limit_bytes: session.resources.disk_limit_bytes(),
+        enforced: false,
+        snapshots: 0,
+        snapshot_bytes: 0,
+    };
+    SessionStats { sandbox: None, disk, network: NetworkUsage { bytes_out: 0, bytes_in: 0 } }
 }
 
 /// One snapshot, with `exclusive_bytes` measured now (every file of the snapshot is read:
@@ -61,6 +74,7 @@ pub async fn get_snapshot(
 ) -> AppResult<ApiJson<Snapshot>> {
     let session = find_session(&state, &caller, &id).await?;
     let mut snapshot = find_snapshot(&state, &caller, &session.id, &snapshot).await?;
-    snapshot.exclusive_bytes = Some(state.node.snapshot_exclusive_size(&session.id, &snapshot.id).await?);
+    snapshot.exclusive_bytes =
+        Some(state.nodes.of(&session)?.snapshot_exclusive_size(&session.id, &snapshot.id).await?);
     Ok(ApiJson(snapshot))
 }

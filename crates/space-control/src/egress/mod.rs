@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use space_api::egress::{AuditEvent, NetworkPolicy};
 use space_api::error::echo;
-use space_api::{CredentialId, ErrorCode, SessionId, SessionState, TenantId};
+use space_api::{CredentialId, ErrorCode, Session, SessionId, SessionState, TenantId};
 use space_gateway::{Grant, SessionCa, SessionEgress, placeholder_for};
 use space_keys::Sealer;
 use space_node_api::EgressControl;
@@ -46,19 +46,51 @@ const RESERVED_HEADERS: [&str; 9] = [
     "proxy-connection",
 ];
 
-/// What pushing a session's egress needs: the store, the sealer and the node's gateway. Apart
-/// from [`AppState`] so that it works without a node.
+/// What pushing a session's egress needs: the store, the sealer and the nodes' gateways.
+/// Apart from [`AppState`] so that it works without a node.
 #[derive(Clone, Copy)]
 pub struct Egress<'a> {
     pub store: &'a Store,
     pub sealer: &'a Sealer,
-    pub gateway: &'a dyn EgressControl,
+    pub gateways: &'a dyn Gateways,
+}
+
+/// Which gateway holds a session's egress: that of the node it is placed on, and no other
+/// (a node learns a session's credentials only when it runs the session).
+pub trait Gateways: Send + Sync {
+    /// The gateway of node `node`, the one a session is placed on; `None` for a session
+    /// not placed yet, whose egress is pushed when it is (see [`push_placed`]).
+    fn gateway(&self, node: Option<&str>) -> Option<&dyn EgressControl>;
+}
+
+impl Gateways for crate::nodes::Nodes {
+    /// A control plane with one node places every session there: its gateway gets a new
+    /// session's egress at once, off the create's path.
+    fn gateway(&self, node: Option<&str>) -> Option<&dyn EgressControl> {
+        let node = match node {
+            Some(id) => self.find(id)?,
+            None if self.len() == 1 => self.first(),
+            None => return None,
+        };
+        Some(node.as_ref())
+    }
 }
 
 impl AppState {
     pub fn egress(&self) -> Egress<'_> {
-        Egress { store: &self.store, sealer: &self.sealer, gateway: &*self.node }
+        Egress { store: &self.store, sealer: &self.sealer, gateways: &self.nodes }
     }
+}
+
+/// After `session` was placed (its sandbox recorded on a node), pushes its egress to that
+/// node's gateway, before its sandbox starts. With one node there is nothing to do: the
+/// egress was pushed when the session was recorded. Grants that cannot be unsealed are left
+/// out (and logged) as at every push; the sandbox starts without them.
+pub async fn push_placed(state: &AppState, session: &SessionId) -> AppResult<()> {
+    if state.nodes.len() == 1 {
+        return Ok(());
+    }
+    state.egress().push(session).await.map(drop)
 }
 
 /// Associated data that binds a credential's sealed value to its tenant and id.
@@ -407,36 +439,45 @@ impl Egress<'_> {
                 idempotency_key: None,
             });
         }
-        for new in news {
-            let egress =
-                SessionEgress { policy: record.policy.clone(), ca: ca.clone(), grants: gateway_grants.clone() };
-            self.gateway.set_session_egress(&new.id, egress).await?;
+        // Forks are placed on their parent's node, where its snapshots are.
+        let placed = self.store.session_any(parent).await?.and_then(|r| r.session.node);
+        let gateway = self.gateways.gateway(placed.as_deref());
+        if let Some(gateway) = gateway {
+            for new in news {
+                let egress =
+                    SessionEgress { policy: record.policy.clone(), ca: ca.clone(), grants: gateway_grants.clone() };
+                gateway.set_session_egress(&new.id, egress).await?;
+            }
         }
         let pairs: Vec<_> = news.iter().zip(&stored).collect();
         match self.store.insert_sessions_with_egress(&pairs).await {
             Ok(ops) => Ok(ops),
             Err(e) => {
                 for new in news {
-                    forget_quietly(self.gateway, &new.id).await;
+                    forget_quietly(gateway, &new.id).await;
                 }
                 Err(e.into())
             }
         }
     }
 
-    /// Records `new` with `stored`, after handing `egress` to the gateway (so it is there
-    /// before any sandbox starts); the gateway forgets it again if the store refuses.
+    /// Records `new` with `stored`, after handing `egress` to the gateway of the node it will
+    /// be placed on if that is known now (so it is there before any sandbox starts; else
+    /// [`push_placed`] does it); the gateway forgets it again if the store refuses.
     async fn insert(
         self,
         new: &NewSession,
         stored: &NewSessionEgress,
         egress: SessionEgress,
     ) -> AppResult<space_api::OperationId> {
-        self.gateway.set_session_egress(&new.id, egress).await?;
+        let gateway = self.gateways.gateway(None);
+        if let Some(gateway) = gateway {
+            gateway.set_session_egress(&new.id, egress).await?;
+        }
         match self.store.insert_session_with_egress(new, stored).await {
             Ok(op) => Ok(op),
             Err(e) => {
-                forget_quietly(self.gateway, &new.id).await;
+                forget_quietly(gateway, &new.id).await;
                 Err(e.into())
             }
         }
@@ -459,12 +500,11 @@ impl Egress<'_> {
 
     /// [`push_session`]; returns the grants left out (by credential name) with the reason.
     pub async fn push(self, session: &SessionId) -> AppResult<Vec<(String, AppError)>> {
-        let Some(record) = self.store.session_any(session).await? else {
-            self.gateway.forget_session_egress(session).await?;
-            return Ok(Vec::new());
-        };
+        // An unknown session was never placed: no gateway knows it.
+        let Some(record) = self.store.session_any(session).await? else { return Ok(Vec::new()) };
+        let Some(gateway) = self.gateways.gateway(record.session.node.as_deref()) else { return Ok(Vec::new()) };
         if record.session.state == SessionState::Destroyed {
-            self.gateway.forget_session_egress(session).await?;
+            gateway.forget_session_egress(session).await?;
             return Ok(Vec::new());
         }
         let egress =
@@ -481,7 +521,7 @@ impl Egress<'_> {
                 }
             }
         }
-        self.gateway.set_session_egress(session, SessionEgress { policy: egress.policy, ca, grants }).await?;
+        gateway.set_session_egress(session, SessionEgress { policy: egress.policy, ca, grants }).await?;
         Ok(left_out)
     }
 
@@ -524,15 +564,16 @@ pub async fn push_credential_sessions(state: &AppState, sessions: &[SessionId]) 
     failure.map_or(Ok(()), Err)
 }
 
-/// The gateway stops knowing `session` (destroyed).
-pub async fn forget_session(state: &AppState, session: &SessionId) {
-    forget_quietly(state.node.as_ref(), session).await;
+/// The gateway of `session`'s node stops knowing it (destroyed).
+pub async fn forget_session(state: &AppState, session: &Session) {
+    forget_quietly(state.nodes.gateway(session.node.as_deref()), &session.id).await;
 }
 
-/// Tells the gateway to forget `session` where nothing can be done if it cannot be told (the
+/// Tells `gateway` to forget `session` where nothing can be done if it cannot be told (the
 /// session is gone either way): logged. A remote node that did not hear it keeps the
 /// session's egress until it restarts.
-async fn forget_quietly(gateway: &(impl EgressControl + ?Sized), session: &SessionId) {
+async fn forget_quietly(gateway: Option<&dyn EgressControl>, session: &SessionId) {
+    let Some(gateway) = gateway else { return };
     if let Err(e) = gateway.forget_session_egress(session).await {
         tracing::warn!(%session, error = %e, "the node's gateway could not be told to forget a session");
     }
@@ -564,13 +605,18 @@ pub async fn push_all(state: &AppState) {
     }
 }
 
-/// Stores the gateway's audit events: whatever is queued, up to [`AUDIT_BATCH`] per
+/// Stores each node's gateway's audit events: whatever is queued, up to [`AUDIT_BATCH`] per
 /// transaction. Runs until the gateway goes away.
-pub fn spawn_audit_writer(state: &AppState) {
-    let Some(mut events) = state.node.take_audit_events() else {
-        tracing::warn!("the audit writer already runs");
-        return;
-    };
+pub fn spawn_audit_writers(state: &AppState) {
+    for (id, node) in state.nodes.iter() {
+        match node.take_audit_events() {
+            Some(events) => spawn_audit_writer(state, events),
+            None => tracing::warn!(node = %id, "the node's audit writer already runs"),
+        }
+    }
+}
+
+fn spawn_audit_writer(state: &AppState, mut events: tokio::sync::mpsc::UnboundedReceiver<AuditEvent>) {
     let store = state.store.clone();
     tokio::spawn(async move {
         let mut batch: Vec<AuditEvent> = Vec::with_capacity(AUDIT_BATCH);

@@ -89,6 +89,13 @@ fn messages_quote_at_most_a_few_hundred_bytes_of_input() {
     }
 }
 
+/// One gateway for every session, placed or not.
+impl Gateways for Gateway {
+    fn gateway(&self, _: Option<&str>) -> Option<&dyn EgressControl> {
+        Some(self)
+    }
+}
+
 struct Fixture {
     _dir: tempfile::TempDir,
     store: Store,
@@ -112,7 +119,7 @@ impl Fixture {
     }
 
     fn egress(&self) -> Egress<'_> {
-        Egress { store: &self.store, sealer: &self.sealer, gateway: &*self.gateway }
+        Egress { store: &self.store, sealer: &self.sealer, gateways: &*self.gateway }
     }
 
     async fn credential(&self, sealer: &Sealer, name: &str) -> CredentialRecord {

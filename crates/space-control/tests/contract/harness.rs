@@ -15,8 +15,11 @@ pub struct Server {
     pub metrics_url: String,
     /// The admin key.
     pub admin: String,
-    /// The node the control plane drives; the test steers and inspects it.
+    /// The node the control plane drives (its first, when it drives several); the test
+    /// steers and inspects it.
     pub sim: Arc<SimNode>,
+    /// Every node it drives, `sim` first.
+    pub sims: Vec<Arc<SimNode>>,
     http: reqwest::Client,
     /// Everything the server runs (API, reconciler, the node's agents) runs here: dropping
     /// it stops all of it at once, as `kill -9` would.
@@ -27,7 +30,7 @@ pub struct Server {
 
 /// A server that was stopped: its data dir and its node, to start again.
 pub struct Stopped {
-    pub sim: Arc<SimNode>,
+    pub sims: Vec<Arc<SimNode>>,
     dir: Arc<tempfile::TempDir>,
 }
 
@@ -42,7 +45,9 @@ async fn over_the_wire(sim: Arc<SimNode>) -> Arc<dyn space_node_api::NodeApi> {
     use space_node_wire::cluster::{ClusterCa, Role};
     use space_node_wire::tls::{client_config, server_config};
     let ca = ClusterCa::generate("contract").expect("a cluster CA");
-    let node = ca.issue(Role::Node, "node-1", &["127.0.0.1".into()]).expect("a node certificate");
+    // The node's certificate names it: as the simulated node names itself.
+    let name = space_node_api::NodeApi::node_id(sim.as_ref());
+    let node = ca.issue(Role::Node, &name, &["127.0.0.1".into()]).expect("a node certificate");
     let control = ca.issue(Role::Control, "control-1", &[]).expect("a control certificate");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
     let address = listener.local_addr().expect("its address").to_string();
@@ -62,27 +67,36 @@ impl Server {
     }
 
     pub async fn start_with(sim: SimConfig) -> Server {
-        let dir = Arc::new(tempfile::tempdir().expect("temporary data dir"));
-        Server::start_on(dir, SimNode::new(sim)).await
+        Server::start_with_nodes(vec![sim]).await
     }
 
-    /// Starts the control plane on `dir` over `sim`, in a runtime of its own.
-    async fn start_on(dir: Arc<tempfile::TempDir>, sim: Arc<SimNode>) -> Server {
+    /// A control plane driving a simulated node of each config (give each its own `node_id`).
+    pub async fn start_with_nodes(sims: Vec<SimConfig>) -> Server {
+        let dir = Arc::new(tempfile::tempdir().expect("temporary data dir"));
+        Server::start_on(dir, sims.into_iter().map(SimNode::new).collect()).await
+    }
+
+    /// Starts the control plane on `dir` over `sims`, in a runtime of its own.
+    async fn start_on(dir: Arc<tempfile::TempDir>, sims: Vec<Arc<SimNode>>) -> Server {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .expect("the server's runtime");
-        let node = match std::env::var(NODE_VAR).as_deref() {
-            Ok("wire") => runtime.spawn(over_the_wire(sim.clone())).await.expect("the node's wire server starts"),
-            Ok("in-process") | Err(_) => sim.api(),
-            Ok(other) => panic!("{NODE_VAR}={other:?}: use \"wire\" or \"in-process\""),
-        };
+        let mut nodes = Vec::new();
+        for sim in &sims {
+            nodes.push(match std::env::var(NODE_VAR).as_deref() {
+                Ok("wire") => runtime.spawn(over_the_wire(sim.clone())).await.expect("the node's wire server starts"),
+                Ok("in-process") | Err(_) => sim.api(),
+                Ok(other) => panic!("{NODE_VAR}={other:?}: use \"wire\" or \"in-process\""),
+            });
+        }
         let data_dir = dir.path().to_owned();
-        let (url, metrics_url) = runtime.spawn(serve(data_dir, node)).await.expect("the control plane starts");
+        let (url, metrics_url) = runtime.spawn(serve(data_dir, nodes)).await.expect("the control plane starts");
         let admin = std::fs::read_to_string(dir.path().join("admin.key")).expect("the admin key").trim().to_owned();
         let http = reqwest::Client::new();
-        let server = Server { url, metrics_url, admin, sim, http, runtime: Some(runtime), dir };
+        let sim = sims[0].clone();
+        let server = Server { url, metrics_url, admin, sim, sims, http, runtime: Some(runtime), dir };
         server.wait_for_template("busybox").await;
         server
     }
@@ -93,7 +107,7 @@ impl Server {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
-        Stopped { sim: self.sim.clone(), dir: self.dir.clone() }
+        Stopped { sims: self.sims.clone(), dir: self.dir.clone() }
     }
 
     /// Waits until template `name` is built (the start-up build runs on the reconciler), so
@@ -253,7 +267,7 @@ impl Drop for Server {
 impl Stopped {
     /// A new server process on the same data dir, over the node as it finds it then.
     pub async fn start(self) -> Server {
-        Server::start_on(self.dir, self.sim.restarted()).await
+        Server::start_on(self.dir, self.sims.iter().map(|sim| sim.restarted()).collect()).await
     }
 }
 
@@ -265,7 +279,7 @@ pub const DEFAULT_DISK_MIB: u64 = 1024;
 
 /// Starts the control plane and serves it, and its metrics, on loopback ports; returns their
 /// URLs.
-async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeApi>) -> (String, String) {
+async fn serve(data_dir: std::path::PathBuf, nodes: Vec<Arc<dyn space_node_api::NodeApi>>) -> (String, String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
     let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
     let metrics_url = format!("http://{}", metrics.local_addr().expect("the port"));
@@ -287,7 +301,8 @@ async fn serve(data_dir: std::path::PathBuf, node: Arc<dyn space_node_api::NodeA
         preview_domain: Some(PREVIEW_DOMAIN.into()),
         replica: space_store::DEFAULT_REPLICA.into(),
     };
-    let state = space_control::start(&config, async |_node_id: &str| Ok(node)).await.expect("the control plane starts");
+    let state =
+        space_control::start(&config, async |_node_id: &str| Ok(nodes)).await.expect("the control plane starts");
     tokio::spawn(space_control::serve_metrics(state.clone(), metrics, std::future::pending()));
     tokio::spawn(space_control::serve(state, listener, std::future::pending()));
     (format!("http://{}", config.listen), metrics_url)

@@ -15,6 +15,7 @@ mod keys;
 mod lifecycle;
 mod nodes;
 mod observability;
+mod placement;
 mod pool;
 mod ports;
 mod quotas;

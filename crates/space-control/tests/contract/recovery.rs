@@ -39,7 +39,7 @@ async fn a_session_whose_sandbox_died_meanwhile_fails_and_orphans_are_removed() 
     let kept = server.session().await;
     let sandbox = sandbox_of(&server.get(&id).await);
     let stopped = server.stop();
-    assert!(stopped.sim.kill(&sandbox.parse().unwrap()), "pid 1 dies while no server runs");
+    assert!(stopped.sims[0].kill(&sandbox.parse().unwrap()), "pid 1 dies while no server runs");
 
     let server = stopped.start().await;
     let session = server.get(&id).await;

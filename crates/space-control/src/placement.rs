@@ -1,0 +1,121 @@
+//! Which node a new session runs on (docs/control-plane.md, "Placement"). A session stays
+//! on the node it was placed on: its snapshots are kept there, so its restores and forks
+//! run there too.
+
+use std::sync::Arc;
+
+use space_api::error::ErrorCode;
+use space_api::{PoolStatus, Session};
+use space_node_api::NodeApi;
+use space_store::now_ms;
+
+use crate::AppState;
+use crate::error::{AppError, AppResult};
+
+/// What placement weighs of one node.
+#[derive(Debug, Clone, PartialEq)]
+struct Candidate {
+    id: String,
+    cpus: u32,
+    memory_mib: u64,
+    /// Sessions placed on it that are not destroyed.
+    sessions: u64,
+    /// Whether it has a ready pod of the session's template and runtime.
+    ready_pod: bool,
+}
+
+impl Candidate {
+    /// Lower is better: sessions per CPU, counting a missing ready pod as one more session
+    /// (so of two nodes about as loaded, the one that starts the session warm wins).
+    fn cost(&self) -> f64 {
+        let load = self.sessions + u64::from(!self.ready_pod);
+        load as f64 / f64::from(self.cpus.max(1))
+    }
+}
+
+/// The node a new session from a template goes to: one whose lease holds and whose memory
+/// fits the session, at the lowest [`Candidate::cost`] (ties: by id). A control plane with
+/// one node places there without asking anything.
+pub async fn place(state: &AppState, session: &Session) -> AppResult<Arc<dyn NodeApi>> {
+    if state.nodes.len() == 1 {
+        return Ok(state.nodes.first().clone());
+    }
+    let now = now_ms();
+    let records = state.store.nodes().await?;
+    let sessions = state.store.sessions_per_node().await?;
+    let mut candidates = Vec::new();
+    for record in records.iter().filter(|r| !r.lost(now)) {
+        let Ok(node) = state.nodes.get(&record.heartbeat.id) else { continue };
+        candidates.push((record, node));
+    }
+    let pools = futures::future::join_all(candidates.iter().map(|(_, node)| node.pool_status())).await;
+    let weighed: Vec<Candidate> = candidates
+        .iter()
+        .zip(&pools)
+        .map(|((record, _), pool)| Candidate {
+            id: record.heartbeat.id.clone(),
+            cpus: record.heartbeat.cpus,
+            memory_mib: record.heartbeat.memory_mib,
+            sessions: sessions.get(&record.heartbeat.id).copied().unwrap_or(0),
+            ready_pod: has_ready_pod(pool, session),
+        })
+        .collect();
+    let chosen = best(&weighed, session.resources.memory_mib).ok_or_else(|| no_node(session, weighed.len()))?;
+    state.nodes.get(&chosen.id)
+}
+
+fn has_ready_pod(pool: &PoolStatus, session: &Session) -> bool {
+    pool.templates.iter().any(|p| p.template == session.template && p.runtime == session.runtime && p.ready > 0)
+}
+
+fn best(candidates: &[Candidate], memory_mib: u64) -> Option<&Candidate> {
+    candidates
+        .iter()
+        .filter(|c| c.memory_mib >= memory_mib)
+        .min_by(|a, b| a.cost().total_cmp(&b.cost()).then_with(|| a.id.cmp(&b.id)))
+}
+
+fn no_node(session: &Session, ready: usize) -> AppError {
+    let why = if ready == 0 {
+        "no node is ready (every node's lease ran out): `space node list` shows them".to_owned()
+    } else {
+        format!(
+            "none of the {ready} ready nodes has {} MiB of memory: ask for less memory, or add a larger node",
+            session.resources.memory_mib
+        )
+    };
+    AppError::new(ErrorCode::SandboxUnavailable, format!("cannot place session {}: {why}", session.id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, cpus: u32, sessions: u64, ready_pod: bool) -> Candidate {
+        Candidate { id: id.into(), cpus, memory_mib: 4096, sessions, ready_pod }
+    }
+
+    #[test]
+    fn the_least_loaded_node_per_cpu_wins() {
+        let nodes = [node("a", 2, 4, true), node("b", 4, 4, true)];
+        assert_eq!(best(&nodes, 512).unwrap().id, "b");
+    }
+
+    #[test]
+    fn a_ready_pod_wins_among_nodes_about_as_loaded() {
+        let nodes = [node("a", 2, 1, false), node("b", 2, 1, true)];
+        assert_eq!(best(&nodes, 512).unwrap().id, "b");
+        // But not against a node with far fewer sessions.
+        let nodes = [node("a", 2, 0, false), node("b", 2, 6, true)];
+        assert_eq!(best(&nodes, 512).unwrap().id, "a");
+    }
+
+    #[test]
+    fn ties_go_by_id_and_a_node_too_small_is_skipped() {
+        let nodes = [node("b", 2, 0, true), node("a", 2, 0, true)];
+        assert_eq!(best(&nodes, 512).unwrap().id, "a");
+        assert_eq!(best(&nodes, 8192), None);
+        let small = Candidate { memory_mib: 256, ..node("a", 2, 0, true) };
+        assert_eq!(best(&[small, node("b", 2, 9, false)], 512).unwrap().id, "b");
+    }
+}

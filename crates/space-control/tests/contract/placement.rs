@@ -1,0 +1,123 @@
+//! One control plane, two nodes: new sessions are spread over them, and each session, its
+//! sandboxes, snapshots, forks and egress stay on the node it was placed on.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use space_api::SessionId;
+use space_node_sim::SimConfig;
+
+use crate::harness::Server;
+
+fn node(id: &str) -> SimConfig {
+    SimConfig { node_id: id.into(), ..SimConfig::default() }
+}
+
+async fn two_nodes() -> Server {
+    Server::start_with_nodes(vec![node("node-a"), node("node-b")]).await
+}
+
+/// The sessions (by id) each node (by index in `server.sims`) holds a sandbox of.
+fn held(server: &Server) -> Vec<Vec<String>> {
+    let session_of = |s: space_node_sim::SimSandbox| s.session.map(|id| id.to_string());
+    server.sims.iter().map(|sim| sim.sandboxes().into_iter().filter_map(session_of).collect()).collect()
+}
+
+fn node_of(session: &Value) -> String {
+    session["node"].as_str().unwrap_or_else(|| panic!("a placed session names its node: {session}")).to_owned()
+}
+
+#[tokio::test]
+async fn new_sessions_spread_over_the_nodes_and_run_on_the_one_they_name() {
+    let server = two_nodes().await;
+    let mut placed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for _ in 0..4 {
+        let id = server.session().await;
+        placed.entry(node_of(&server.get(&id).await)).or_default().push(id);
+    }
+    // Equal nodes, no pools: the least loaded wins each time, so they alternate.
+    assert_eq!(placed.keys().collect::<Vec<_>>(), ["node-a", "node-b"], "{placed:?}");
+    assert!(placed.values().all(|ids| ids.len() == 2), "{placed:?}");
+    let held = held(&server);
+    for (index, name) in ["node-a", "node-b"].iter().enumerate() {
+        for id in &placed[*name] {
+            assert!(held[index].contains(id), "{id} is placed on {name}, whose sandboxes are {:?}", held[index]);
+            assert!(!held[1 - index].contains(id), "{id} runs on one node only");
+            let (status, out) = server.exec(id, &["echo", "hi"]).await;
+            assert_eq!(status, 200, "{out}");
+        }
+    }
+    let (_, list) = server.call("GET", "/v1/nodes", None).await;
+    let sessions: Vec<(&str, u64)> = list["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["id"].as_str().unwrap(), n["sessions"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(sessions, [("node-a", 2), ("node-b", 2)], "{list}");
+}
+
+#[tokio::test]
+async fn forks_restores_and_destroys_stay_on_the_sessions_node() {
+    let server = two_nodes().await;
+    let first = server.session().await;
+    let on_b = server.session().await;
+    assert_eq!(
+        (node_of(&server.get(&first).await).as_str(), node_of(&server.get(&on_b).await).as_str()),
+        ("node-a", "node-b")
+    );
+
+    let snapshot = server.snapshot(&on_b, "disk").await;
+    assert!(server.sims[1].snapshots().iter().any(|s| s.as_str() == snapshot), "the snapshot is kept on node-b");
+    assert!(server.sims[0].snapshots().is_empty(), "and nowhere else");
+    let (status, forks) = server.act(&on_b, "fork", json!({ "count": 2 })).await;
+    assert_eq!(status, 201, "{forks}");
+    for fork in forks["sessions"].as_array().unwrap() {
+        let id = fork["id"].as_str().unwrap();
+        // node-a has fewer sessions, but the snapshot forked is on node-b.
+        assert_eq!(node_of(&server.get(id).await), "node-b", "{fork}");
+        assert!(held(&server)[1].contains(&id.to_owned()));
+    }
+    let (status, restored) = server.act(&on_b, "restore", json!({ "snapshot": snapshot })).await;
+    assert_eq!(status, 200, "{restored}");
+    assert_eq!(node_of(&restored), "node-b");
+
+    let (status, _) = server.call("DELETE", &format!("/v1/sessions/{on_b}"), None).await;
+    assert!(status < 300);
+    server.wait_for_state(&on_b, "destroyed").await;
+    assert!(!held(&server)[1].contains(&on_b), "its sandbox is gone from node-b");
+    assert!(server.sims[1].snapshots().iter().all(|s| s.as_str() != snapshot), "and its snapshot");
+}
+
+#[tokio::test]
+async fn a_sessions_egress_reaches_only_its_nodes_gateway() {
+    let server = two_nodes().await;
+    let on_a = server.session().await;
+    let on_b = server.session().await;
+    let (a, b): (SessionId, SessionId) = (on_a.parse().unwrap(), on_b.parse().unwrap());
+    assert!(server.sims[0].has_egress(&a) && !server.sims[1].has_egress(&a), "{on_a} is on node-a");
+    assert!(server.sims[1].has_egress(&b) && !server.sims[0].has_egress(&b), "{on_b} is on node-b");
+    let credential =
+        json!({ "name": "gh", "hosts": ["api.example.com"], "header": "Authorization: Bearer {secret}", "value": "v" });
+    assert_eq!(server.call("POST", "/v1/credentials", Some(credential)).await.0, 201);
+    let grant = server.call("POST", &format!("/v1/sessions/{on_b}/grants"), Some(json!({ "credential": "gh" }))).await;
+    assert!(grant.0 < 300, "{grant:?}");
+    assert!(!server.sims[0].has_egress(&b), "a grant is pushed to the session's node only");
+    server.call("DELETE", &format!("/v1/sessions/{on_b}"), None).await;
+    server.wait_for_state(&on_b, "destroyed").await;
+    assert!(!server.sims[1].has_egress(&b), "node-b forgets a destroyed session");
+}
+
+#[tokio::test]
+async fn a_restart_recovers_the_sessions_of_every_node() {
+    let server = two_nodes().await;
+    let on_a = server.session().await;
+    let on_b = server.session().await;
+    let server = server.stop().start().await;
+    for id in [&on_a, &on_b] {
+        assert_eq!(server.get(id).await["state"], "running");
+        let (status, out) = server.exec(id, &["true"]).await;
+        assert_eq!(status, 200, "{out}");
+    }
+    assert_eq!(held(&server), [vec![on_a], vec![on_b]], "each kept on its node, nothing else left");
+}
