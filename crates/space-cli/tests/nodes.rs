@@ -81,3 +81,55 @@ fn sessions_spread_over_two_nodes_and_each_stays_on_its_own() {
         assert!(!cgroup.exists(), "{} is gone", cgroup.display());
     }
 }
+
+fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) of the node process this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "kill({pid}, {signal})");
+}
+
+/// Polls until node `id` is in `state`: lost once its lease (15 s, renewed every 5 s by a
+/// heartbeat that asks the node) runs out. The bound only keeps a broken run from hanging.
+fn wait_node_state(server: &Server, id: &str, state: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    loop {
+        let (_, list) = server.call("GET", "/v1/nodes", None);
+        let nodes = list["nodes"].as_array().cloned().unwrap_or_default();
+        if nodes.iter().any(|n| n["id"] == id && n["state"] == state) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "node {id} is not {state}: {list}");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+/// A node that stops answering (its process is stopped: `SIGSTOP`) gets no heartbeat, is
+/// `lost` when its lease runs out, and no session is placed on it; once it answers again it
+/// is `ready` again.
+#[test]
+fn a_node_that_stops_answering_is_lost_and_passed_over() {
+    require_root!();
+    let mut server = Server::start_split(&[]);
+    let second = ExtraNode::start(&server, "2");
+    server.add_node(&second);
+    let first = server.node_id();
+
+    signal(second.pid(), libc::SIGSTOP);
+    wait_node_state(&server, &second.name, "lost");
+    let (_, list) = server.call("GET", "/v1/nodes", None);
+    assert!(list["nodes"].as_array().unwrap().iter().any(|n| n["id"] == first.as_str() && n["state"] == "ready"));
+    let mut placed = Vec::new();
+    for _ in 0..3 {
+        let id = server.create_session(json!({}));
+        let session = get(&server, &id);
+        assert_eq!(session["node"], first.as_str(), "nothing is placed on a lost node: {session}");
+        assert_eq!(server.exec(&id, &["echo", "ok"])["stdout"], "ok\n");
+        placed.push(id);
+    }
+
+    signal(second.pid(), libc::SIGCONT);
+    wait_node_state(&server, &second.name, "ready");
+    // The least loaded now by far: the next session goes there.
+    let id = server.create_session(json!({}));
+    assert_eq!(get(&server, &id)["node"], second.name.as_str());
+    assert_eq!(server.exec(&id, &["echo", "back"])["stdout"], "back\n");
+}

@@ -95,21 +95,33 @@ pub const LEASE: Duration = Duration::from_secs(15);
 /// How often a node beats: three chances per lease.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 
-/// Records a heartbeat of each of this control plane's nodes now; the first failure is
+/// Records a heartbeat of each of this control plane's nodes now, all at once: one that does
+/// not answer within a beat's period delays no other. The first failure of the store is
 /// returned after every node was tried.
 pub async fn heartbeat(state: &AppState) -> Result<(), StoreError> {
-    let mut failure = None;
-    for (id, node) in state.nodes.iter() {
-        if let Err(e) = beat(state, id, node.as_ref()).await {
-            failure.get_or_insert(e);
+    let beats = state.nodes.iter().map(|(id, node)| async move {
+        match tokio::time::timeout(HEARTBEAT_EVERY, beat(state, id, node.as_ref())).await {
+            Ok(beaten) => beaten,
+            Err(_) => {
+                tracing::warn!(node = %id, "the node did not answer within a heartbeat's period: no heartbeat for it");
+                Ok(())
+            }
         }
-    }
-    failure.map_or(Ok(()), Err)
+    });
+    futures::future::join_all(beats).await.into_iter().find(Result::is_err).unwrap_or(Ok(()))
 }
 
+/// One node's heartbeat, if it answers; one that does not is not beaten for (and is lost once
+/// its lease runs out).
 async fn beat(state: &AppState, id: &str, node: &dyn NodeApi) -> Result<(), StoreError> {
+    let capacity = match node.capacity().await {
+        Ok(capacity) => capacity,
+        Err(e) => {
+            tracing::warn!(node = %id, error = %e, "the node does not answer: no heartbeat for it");
+            return Ok(());
+        }
+    };
     let pool = serde_json::to_string(&node.pool_status().await.templates).unwrap_or_else(|_| "[]".into());
-    let capacity = node.capacity().await;
     let beat = NodeHeartbeat {
         id: id.to_owned(),
         address: None,

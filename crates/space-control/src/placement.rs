@@ -3,6 +3,7 @@
 //! run there too.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use space_api::error::ErrorCode;
 use space_api::{PoolStatus, Session};
@@ -48,11 +49,12 @@ pub async fn place(state: &AppState, session: &Session) -> AppResult<Arc<dyn Nod
         let Ok(node) = state.nodes.get(&record.heartbeat.id) else { continue };
         candidates.push((record, node));
     }
-    let pools = futures::future::join_all(candidates.iter().map(|(_, node)| node.pool_status())).await;
+    let pools = futures::future::join_all(candidates.iter().map(|(_, node)| ask_pool(node.as_ref()))).await;
     let weighed: Vec<Candidate> = candidates
         .iter()
         .zip(&pools)
-        .map(|((record, _), pool)| Candidate {
+        .filter_map(|((record, _), pool)| Some((record, pool.as_ref()?)))
+        .map(|(record, pool)| Candidate {
             id: record.heartbeat.id.clone(),
             cpus: record.heartbeat.cpus,
             memory_mib: record.heartbeat.memory_mib,
@@ -62,6 +64,14 @@ pub async fn place(state: &AppState, session: &Session) -> AppResult<Arc<dyn Nod
         .collect();
     let chosen = best(&weighed, session.resources.memory_mib).ok_or_else(|| no_node(session, weighed.len()))?;
     state.nodes.get(&chosen.id)
+}
+
+/// How long placement waits for a node's pool: a node that does not answer meanwhile (it
+/// stalled, and is not lost yet) is passed over.
+const ASK_POOL: Duration = Duration::from_secs(2);
+
+async fn ask_pool(node: &dyn NodeApi) -> Option<PoolStatus> {
+    tokio::time::timeout(ASK_POOL, node.pool_status()).await.ok()
 }
 
 fn has_ready_pod(pool: &PoolStatus, session: &Session) -> bool {
@@ -77,7 +87,7 @@ fn best(candidates: &[Candidate], memory_mib: u64) -> Option<&Candidate> {
 
 fn no_node(session: &Session, ready: usize) -> AppError {
     let why = if ready == 0 {
-        "no node is ready (every node's lease ran out): `space node list` shows them".to_owned()
+        "no node is ready (each node's lease ran out, or it did not answer): `space node list` shows them".to_owned()
     } else {
         format!(
             "none of the {ready} ready nodes has {} MiB of memory: ask for less memory, or add a larger node",

@@ -174,8 +174,10 @@ pub trait NodeApi: EgressControl + 'static {
         available
     }
 
-    /// What the node's host has to run sandboxes with.
-    async fn capacity(&self) -> space_api::NodeCapacity;
+    /// What the node's host has to run sandboxes with. Fails only when the node cannot be
+    /// asked (a remote one that does not answer): its heartbeat is then not written, so a
+    /// node that stops answering is lost once its lease runs out.
+    async fn capacity(&self) -> Result<space_api::NodeCapacity>;
 
     // Runtimes.
 

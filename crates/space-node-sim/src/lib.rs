@@ -47,6 +47,8 @@ pub enum Op {
     EnsureTemplate,
     ImportTemplate,
     Agent,
+    /// What a heartbeat asks: failing it is a node that does not answer.
+    Capacity,
 }
 
 /// Why a simulated operation failed.
@@ -237,6 +239,11 @@ impl SimNode {
     /// The next `times` calls of `op` fail (after which it works again).
     pub fn fail_next(&self, op: Op, times: u32) {
         *self.state().failures.entry(op).or_default() += times;
+    }
+
+    /// Calls of `op` work again, however many failures were asked for.
+    pub fn stop_failing(&self, op: Op) {
+        self.state().failures.remove(&op);
     }
 
     /// What full snapshots answer from now on: the tool, or why they are unavailable.

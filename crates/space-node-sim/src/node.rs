@@ -116,8 +116,10 @@ impl NodeApi for SimNode {
         self.state().pool.status()
     }
 
-    async fn capacity(&self) -> space_api::NodeCapacity {
-        self.state().config.capacity
+    async fn capacity(&self) -> Result<space_api::NodeCapacity> {
+        let mut state = self.state();
+        state.injected(Op::Capacity)?;
+        Ok(state.config.capacity)
     }
 
     async fn start_sandbox(

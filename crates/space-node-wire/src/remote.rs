@@ -181,8 +181,8 @@ impl NodeApi for RemoteNode {
         self.template(TemplateCall::Import { name: name.into(), path: path.into() }, report).await
     }
 
-    async fn capacity(&self) -> space_api::NodeCapacity {
-        self.ask(&Call::Capacity, self.info.capacity).await
+    async fn capacity(&self) -> Result<space_api::NodeCapacity> {
+        self.call(&Call::Capacity).await
     }
 
     fn runtimes(&self) -> Vec<RuntimeSupport> {

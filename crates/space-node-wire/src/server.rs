@@ -154,7 +154,7 @@ async fn info(node: &dyn NodeApi) -> NodeInfo {
             .into_iter()
             .map(|runtime| CheckpointSupport { runtime, support: node.checkpoint_support(runtime) })
             .collect(),
-        capacity: node.capacity().await,
+        capacity: node.capacity().await.unwrap_or_default(),
     }
 }
 

@@ -113,8 +113,8 @@ impl NodeApi for Node {
         Node::pool_status(self)
     }
 
-    async fn capacity(&self) -> space_api::NodeCapacity {
-        host_capacity()
+    async fn capacity(&self) -> Result<space_api::NodeCapacity> {
+        Ok(host_capacity())
     }
 
     async fn start_sandbox(

@@ -59,6 +59,11 @@ impl ExtraNode {
         node
     }
 
+    /// The node process's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the node runs").id()
+    }
+
     /// The cgroup (of `controller`) of `sandbox` on this node.
     pub fn sandbox_cgroup(&self, controller: &str, sandbox: &str) -> PathBuf {
         PathBuf::from("/sys/fs/cgroup").join(controller).join(&self.cgroup_parent).join(&self.name).join(sandbox)

@@ -121,3 +121,36 @@ async fn a_restart_recovers_the_sessions_of_every_node() {
     }
     assert_eq!(held(&server), [vec![on_a], vec![on_b]], "each kept on its node, nothing else left");
 }
+
+/// Polls `GET /v1/nodes` until node `id` is in `state` (lost: its lease of 15 s ran out,
+/// which heartbeats every 5 s renew). The bound only keeps a broken run from hanging.
+async fn wait_node_state(server: &Server, id: &str, state: &str) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    loop {
+        let (_, list) = server.call("GET", "/v1/nodes", None).await;
+        let node = list["nodes"].as_array().unwrap().iter().find(|n| n["id"] == id).cloned().unwrap();
+        if node["state"] == state {
+            return list;
+        }
+        assert!(std::time::Instant::now() < deadline, "node {id} is not {state}: {list}");
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_node_that_stops_answering_is_lost_and_new_sessions_go_to_the_others() {
+    let server = two_nodes().await;
+    server.sims[0].fail_next(space_node_sim::Op::Capacity, u32::MAX);
+    let list = wait_node_state(&server, "node-a", "lost").await;
+    let states: Vec<&str> = list["nodes"].as_array().unwrap().iter().map(|n| n["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["lost", "ready"], "node-b still beats: {list}");
+    for _ in 0..3 {
+        let id = server.session().await;
+        assert_eq!(node_of(&server.get(&id).await), "node-b", "nothing is placed on a lost node");
+    }
+    // Answering again, it is ready again, and the least loaded.
+    server.sims[0].stop_failing(space_node_sim::Op::Capacity);
+    wait_node_state(&server, "node-a", "ready").await;
+    let id = server.session().await;
+    assert_eq!(node_of(&server.get(&id).await), "node-a");
+}

@@ -21,7 +21,7 @@ pub(super) async fn answer(served: &Served, call: Call) -> Response<Body> {
         }
         Call::Templates => ok(&node.templates().await),
         Call::ResolveTemplate { name } => ok(&node.resolve_template(&name).await),
-        Call::Capacity => ok(&node.capacity().await),
+        Call::Capacity => result(node.capacity().await),
         Call::BindPod { template, runtime, limits } => ok(&node.bind_pod(&template, runtime, limits).await),
         Call::SetPoolSize { template, runtime, size } => ok(&node.set_pool_size(&template, runtime, size).await),
         Call::PoolStatus => ok(&node.pool_status().await),
