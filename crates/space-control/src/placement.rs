@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use space_api::error::ErrorCode;
-use space_api::{PoolStatus, Session};
+use space_api::{NodeCapacity, PoolStatus, Session};
 use space_node_api::NodeApi;
 use space_store::now_ms;
 
@@ -49,29 +49,35 @@ pub async fn place(state: &AppState, session: &Session) -> AppResult<Arc<dyn Nod
         let Ok(node) = state.nodes.get(&record.heartbeat.id) else { continue };
         candidates.push((record, node));
     }
-    let pools = futures::future::join_all(candidates.iter().map(|(_, node)| ask_pool(node.as_ref()))).await;
+    let answers = futures::future::join_all(candidates.iter().map(|(_, node)| ask(node.as_ref()))).await;
     let weighed: Vec<Candidate> = candidates
         .iter()
-        .zip(&pools)
-        .filter_map(|((record, _), pool)| Some((record, pool.as_ref()?)))
-        .map(|(record, pool)| Candidate {
+        .zip(answers)
+        .filter_map(|((record, _), answer)| Some((record, answer?)))
+        .map(|(record, (capacity, pool))| Candidate {
             id: record.heartbeat.id.clone(),
-            cpus: record.heartbeat.cpus,
-            memory_mib: record.heartbeat.memory_mib,
+            cpus: capacity.cpus,
+            memory_mib: capacity.memory_mib,
             sessions: sessions.get(&record.heartbeat.id).copied().unwrap_or(0),
-            ready_pod: has_ready_pod(pool, session),
+            ready_pod: has_ready_pod(&pool, session),
         })
         .collect();
     let chosen = best(&weighed, session.resources.memory_mib).ok_or_else(|| no_node(session, weighed.len()))?;
     state.nodes.get(&chosen.id)
 }
 
-/// How long placement waits for a node's pool: a node that does not answer meanwhile (it
-/// stalled, and is not lost yet) is passed over.
-const ASK_POOL: Duration = Duration::from_secs(2);
+/// How long placement waits for a node: one that does not answer meanwhile (it stalled, and
+/// is not lost yet) is passed over.
+const ASK: Duration = Duration::from_secs(2);
 
-async fn ask_pool(node: &dyn NodeApi) -> Option<PoolStatus> {
-    tokio::time::timeout(ASK_POOL, node.pool_status()).await.ok()
+/// A node's capacity and pool now, if it answers: one that died since its last heartbeat
+/// fails the capacity call and is passed over.
+async fn ask(node: &dyn NodeApi) -> Option<(NodeCapacity, PoolStatus)> {
+    let answer = async { (node.capacity().await, node.pool_status().await) };
+    match tokio::time::timeout(ASK, answer).await {
+        Ok((Ok(capacity), pool)) => Some((capacity, pool)),
+        _ => None,
+    }
 }
 
 fn has_ready_pod(pool: &PoolStatus, session: &Session) -> bool {

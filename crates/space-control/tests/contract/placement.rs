@@ -141,6 +141,9 @@ async fn wait_node_state(server: &Server, id: &str, state: &str) -> Value {
 async fn a_node_that_stops_answering_is_lost_and_new_sessions_go_to_the_others() {
     let server = two_nodes().await;
     server.sims[0].fail_next(space_node_sim::Op::Capacity, u32::MAX);
+    // Not lost yet, but placement asks it and passes it over (it would win the tie by id).
+    let id = server.session().await;
+    assert_eq!(node_of(&server.get(&id).await), "node-b");
     let list = wait_node_state(&server, "node-a", "lost").await;
     let states: Vec<&str> = list["nodes"].as_array().unwrap().iter().map(|n| n["state"].as_str().unwrap()).collect();
     assert_eq!(states, ["lost", "ready"], "node-b still beats: {list}");
@@ -148,7 +151,7 @@ async fn a_node_that_stops_answering_is_lost_and_new_sessions_go_to_the_others()
         let id = server.session().await;
         assert_eq!(node_of(&server.get(&id).await), "node-b", "nothing is placed on a lost node");
     }
-    // Answering again, it is ready again, and the least loaded.
+    // Answering again, it is ready again, and the least loaded by far.
     server.sims[0].stop_failing(space_node_sim::Op::Capacity);
     wait_node_state(&server, "node-a", "ready").await;
     let id = server.session().await;
