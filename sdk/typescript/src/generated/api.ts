@@ -168,7 +168,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Warm pool state: per template its size, ready and filling pods, hits and misses. */
+        /**
+         * Warm pool state: per template its size, ready and filling pods, hits and misses, summed
+         *     over the nodes (`space node list` shows each node's).
+         */
         get: operations["get_pool"];
         put?: never;
         post?: never;
@@ -187,7 +190,7 @@ export interface paths {
         };
         get?: never;
         /**
-         * Sets how many ready pods the node keeps for a template (admin only; 0 turns it off).
+         * Sets how many ready pods each node keeps for a template (admin only; 0 turns it off).
          *     Takes effect at once and lasts until the server restarts; `space serve --pool` sets it at start.
          */
         put: operations["set_pool_size"];
@@ -1662,6 +1665,11 @@ export interface components {
                 [key: string]: string;
             };
             name?: string | null;
+            /**
+             * @description The node its sandboxes run on and its snapshots are kept on (`None` until it is first
+             *     placed): see docs/control-plane.md, "Placement".
+             */
+            node?: string | null;
             resources: components["schemas"]["Resources"];
             /** @description How its sandboxes are isolated. */
             runtime?: components["schemas"]["RuntimeKind"];
