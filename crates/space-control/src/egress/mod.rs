@@ -566,6 +566,14 @@ pub async fn push_credential_sessions(state: &AppState, sessions: &[SessionId]) 
 
 /// The gateway of `session`'s node stops knowing it (destroyed).
 pub async fn forget_session(state: &AppState, session: &Session) {
+    if session.node.is_none() && state.nodes.len() > 1 {
+        // A fork's egress goes to its parent's node before the fork is placed; one that
+        // never was (it failed first) is forgotten wherever that may have been.
+        for (_, node) in state.nodes.iter() {
+            forget_quietly(Some(node.as_ref()), &session.id).await;
+        }
+        return;
+    }
     forget_quietly(state.nodes.gateway(session.node.as_deref()), &session.id).await;
 }
 
