@@ -26,6 +26,12 @@ pub enum ErrorCode {
     /// The session asked for a runtime this server cannot run (the message says why).
     RuntimeUnavailable,
     SnapshotNotFound,
+    /// The snapshot's copy in the blob store is not what was stored (a part failed its
+    /// checksum, or is gone): it is not restored; restore an older durable snapshot.
+    SnapshotCorrupt,
+    /// The blob store could not take a snapshot (HTTP 503): the snapshot stays on its node's
+    /// disk. Retry, or suspend with `force=true` to keep it there only.
+    BlobStoreUnavailable,
     CredentialNotFound,
     /// The server lacks what the feature needs (e.g. CRIU for full snapshots).
     FeatureUnavailable,
@@ -91,6 +97,7 @@ impl ErrorCode {
             | ErrorCode::InvalidState
             | ErrorCode::SessionSuspended
             | ErrorCode::IdempotencyConflict
+            | ErrorCode::SnapshotCorrupt
             | ErrorCode::FileExists => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::UriTooLong => 414,
@@ -98,7 +105,7 @@ impl ErrorCode {
             ErrorCode::LimitExceeded | ErrorCode::QuotaExceeded => 429,
             ErrorCode::FeatureUnavailable => 501,
             ErrorCode::PortNotListening => 502,
-            ErrorCode::SandboxUnavailable | ErrorCode::DatabaseUnavailable => 503,
+            ErrorCode::SandboxUnavailable | ErrorCode::DatabaseUnavailable | ErrorCode::BlobStoreUnavailable => 503,
             ErrorCode::StorageFull | ErrorCode::DiskQuotaExceeded => 507,
             ErrorCode::Timeout => 504,
             ErrorCode::Internal => 500,

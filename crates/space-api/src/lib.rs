@@ -1,6 +1,7 @@
 //! Types shared by the API server, the CLI and the node: typed ids, request and response
 //! bodies, and the error envelope.
 
+pub mod durable;
 pub mod egress;
 pub mod error;
 pub mod idmap;

@@ -606,6 +606,11 @@ pub struct Snapshot {
     pub exclusive_bytes: Option<u64>,
     /// Unix time in milliseconds.
     pub created_at: i64,
+    /// Every part of it is in the blob store, so any node can restore it, also once the node
+    /// it was taken on is gone. `false`: it lives on that node's disk only (no blob store is
+    /// configured, or exporting it failed).
+    #[serde(default)]
+    pub durable: bool,
 }
 
 /// What a session uses now (`GET /v1/sessions/{id}/stats`).

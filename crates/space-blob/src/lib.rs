@@ -18,20 +18,14 @@ use bytes::Bytes;
 use futures::StreamExt;
 use object_store::path::Path as Key;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// How much of a file is read, hashed and uploaded at a time.
 const CHUNK: usize = 8 << 20;
 
-/// An object by its content: what a snapshot's manifest records of each of its parts.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct BlobRef {
-    /// Lower-case hex SHA-256 of the bytes.
-    pub sha256: String,
-    pub size: u64,
-}
+/// An object by its content: what a snapshot's export records of each of its parts.
+pub use space_api::durable::BlobRef;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlobError {
@@ -121,12 +115,7 @@ impl BlobStore {
         }
         let key = Self::key(&blob);
         let mut upload = WriteMultipart::new_with_chunk_size(self.store.put_multipart(&key).await?, CHUNK);
-        let sent = read_hashed(path, async |chunk| {
-            upload.wait_for_capacity(2).await?;
-            upload.write(chunk);
-            Ok(())
-        })
-        .await;
+        let sent = read_hashed(path, Some(&mut upload)).await;
         if !matches!(&sent, Ok(sent) if *sent == blob) {
             upload.abort().await?;
             return Err(sent.err().unwrap_or(BlobError::Changed { path: path.to_owned() }));
@@ -233,11 +222,13 @@ async fn open(path: &Path) -> Result<tokio::fs::File> {
 }
 
 async fn hash_file(path: &Path) -> Result<BlobRef> {
-    read_hashed(path, async |_| Ok(())).await
+    read_hashed(path, None).await
 }
 
-/// Reads the file at `path` a chunk at a time, hashing it; `each` gets every chunk.
-async fn read_hashed(path: &Path, mut each: impl AsyncFnMut(&[u8]) -> Result<()>) -> Result<BlobRef> {
+/// Reads the file at `path` a chunk at a time, hashing it, and writes every chunk to
+/// `upload` if given. (A plain parameter, not a closure: an async closure's future is not
+/// `Send` for every lifetime, which callers behind `async_trait` need.)
+async fn read_hashed(path: &Path, mut upload: Option<&mut WriteMultipart>) -> Result<BlobRef> {
     let mut file = open(path).await?;
     let mut hasher = Sha256::new();
     let mut size = 0u64;
@@ -249,7 +240,10 @@ async fn read_hashed(path: &Path, mut each: impl AsyncFnMut(&[u8]) -> Result<()>
         }
         hasher.update(&buf[..n]);
         size += n as u64;
-        each(&buf[..n]).await?;
+        if let Some(upload) = upload.as_deref_mut() {
+            upload.wait_for_capacity(2).await?;
+            upload.write(&buf[..n]);
+        }
     }
     Ok(BlobRef { sha256: hex::encode(hasher.finalize()), size })
 }

@@ -109,6 +109,12 @@ pub struct NodeArgs {
     /// number of GiB (default: half the space free on the data dir's disk when the image is made).
     #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_gib)]
     pub pool_size_gib: Option<u64>,
+    /// Where snapshots are made durable: a directory (`/path`, `file:///path`) or S3-compatible
+    /// storage (`s3://BUCKET[/PREFIX]?endpoint=URL`, keys from `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY`). Nodes that share one can resume each other's sessions. Without
+    /// it, snapshots stay on this node's disk.
+    #[arg(long, value_name = "URL")]
+    pub blob_store: Option<String>,
     /// Warm pool: ready sandboxes kept per template and runtime, e.g. `debian=16,debian:vm=4`
     /// (`NAME` alone is the default runtime's pool; "" for none; default: 4 of the default
     /// template in the default runtime). Changeable at run time with `space pool set`.
@@ -349,6 +355,7 @@ pub fn node_config(
         warm: warm_settings(args, default_template, default_runtime)?,
         gateway: gateway_config(args)?,
         vm: args.host.vm(),
+        blob_store: args.blob_store.clone(),
         id: String::new(),
     })
 }

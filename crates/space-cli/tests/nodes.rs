@@ -133,3 +133,75 @@ fn a_node_that_stops_answering_is_lost_and_passed_over() {
     assert_eq!(get(&server, &id)["node"], second.name.as_str());
     assert_eq!(server.exec(&id, &["echo", "back"])["stdout"], "back\n");
 }
+
+/// Sends `SIGCONT` to a stopped node when dropped, so a failing test leaves nothing stopped.
+struct Stopped(u32);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) of the node process this test started and stopped.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
+const COUNTER: &str = "n=0; while :; do n=$((n+1)); echo $n > /root/c.new; mv /root/c.new /root/c; sleep 0.05; done";
+
+fn counter(server: &Server, id: &str) -> u64 {
+    let out = server.exec(id, &["sh", "-c", "cat /root/c 2>/dev/null || echo 0"]);
+    out["stdout"].as_str().unwrap().trim().parse().unwrap_or(0)
+}
+
+/// Polls the counter of `id` until it passes `value`; returns what it read.
+fn counter_above(server: &Server, id: &str, value: u64) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let now = counter(server, id);
+        if now > value {
+            return now;
+        }
+        assert!(std::time::Instant::now() < deadline, "the counter of {id} stays at {now}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Two nodes sharing a blob store (a directory): a session suspended on one is exported, its
+/// node is lost (stopped), and it resumes on the other from the blob store (its root
+/// received, its process images checked and restored by CRIU), its counter process counting
+/// on from where it was.
+#[test]
+fn a_counter_suspended_on_a_lost_node_resumes_on_the_other_and_keeps_counting() {
+    require_root!();
+    let blobs = tempfile::Builder::new().prefix("space-test-blobs-").tempdir_in("/var/tmp").unwrap();
+    let store = blobs.path().to_str().unwrap().to_owned();
+    let mut server = Server::start_split(&["--blob-store", &store]);
+    let second = ExtraNode::start_with(&server, "2", &["--blob-store", &store]);
+    server.add_node(&second);
+    let id = server.create_session(json!({}));
+    let placed = get(&server, &id)["node"].as_str().unwrap().to_owned();
+    let (pid, other) =
+        if placed == second.name { (second.pid(), server.node_id()) } else { (server.node_pid(), second.name.clone()) };
+    let body = json!({ "cmd": ["sh", "-c", COUNTER], "background": true });
+    let (status, started) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    assert_eq!(status, 200, "{started}");
+    let before = counter_above(&server, &id, 3);
+
+    let (status, suspended) = server.call("POST", &format!("/v1/sessions/{id}/suspend"), Some(json!({})));
+    assert_eq!((status, suspended["state"].as_str()), (200, Some("suspended")), "{suspended}");
+    let (_, list) = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None);
+    let snapshot = list["snapshots"].as_array().unwrap().last().cloned().unwrap();
+    assert_eq!((snapshot["kind"].as_str(), snapshot["durable"].as_bool()), (Some("full"), Some(true)), "{list}");
+
+    signal(pid, libc::SIGSTOP);
+    let stopped = Stopped(pid);
+    wait_node_state(&server, &placed, "lost");
+    let (status, resumed) = server.call("POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
+    assert_eq!(status, 200, "{resumed}\n{}", server.log_text());
+    assert_eq!((resumed["state"].as_str(), resumed["node"].as_str()), (Some("running"), Some(other.as_str())));
+    let at_resume = counter(&server, &id);
+    assert!(at_resume >= before, "the counter went back from {before} to {at_resume}");
+    counter_above(&server, &id, at_resume);
+
+    drop(stopped);
+    wait_node_state(&server, &placed, "ready");
+    assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
+}

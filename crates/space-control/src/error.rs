@@ -122,6 +122,10 @@ impl From<space_node_api::NodeError> for AppError {
             NodeError::Port { failure: PortFailure::Reserved, source } => {
                 AppError::new(ErrorCode::PortReserved, source.to_string())
             }
+            NodeError::Corrupt(why) => AppError::new(
+                ErrorCode::SnapshotCorrupt,
+                format!("the snapshot's copy in the blob store is corrupt ({why}); restore an older snapshot"),
+            ),
             e => AppError::new(ErrorCode::SandboxUnavailable, format!("node: {e}")),
         }
     }

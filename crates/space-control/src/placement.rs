@@ -2,6 +2,7 @@
 //! on the node it was placed on: its snapshots are kept there, so its restores and forks
 //! run there too.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +65,16 @@ pub async fn place(state: &AppState, session: &Session) -> AppResult<Arc<dyn Nod
         .collect();
     let chosen = best(&weighed, session.resources.memory_mib).ok_or_else(|| no_node(session, weighed.len()))?;
     state.nodes.get(&chosen.id)
+}
+
+/// The nodes whose lease ran out. A control plane with one node never counts it lost: there
+/// is nowhere else to go, and its sessions wait for it.
+pub async fn lost_nodes(state: &AppState) -> AppResult<HashSet<String>> {
+    if state.nodes.len() == 1 {
+        return Ok(HashSet::new());
+    }
+    let now = now_ms();
+    Ok(state.store.nodes().await?.into_iter().filter(|r| r.lost(now)).map(|r| r.heartbeat.id).collect())
 }
 
 /// How long placement waits for a node: one that does not answer meanwhile (it stalled, and

@@ -254,8 +254,8 @@ async fn start_from_snapshot(
     started
 }
 
-/// Starts `sandbox` on the node that keeps the snapshot: that of the session it was taken of
-/// (`origin`: this session for a restore, the parent for a fork).
+/// Starts `sandbox` from a snapshot of `origin` (this session for a restore, the parent for a
+/// fork) on the node [`crate::durable::node_for_snapshot`] picks, which holds it by then.
 async fn start_snapshot_sandbox(
     state: &AppState,
     session: &space_api::Session,
@@ -265,18 +265,8 @@ async fn start_snapshot_sandbox(
 ) -> AppResult<Started> {
     let origin_session =
         state.store.session_any(origin).await?.ok_or_else(|| AppError::session_not_found(origin.as_str()))?.session;
-    let node = state.nodes.of(&origin_session)?;
+    let node = crate::durable::node_for_snapshot(state, session, &origin_session, snapshot).await?;
     let node_id = node.node_id();
-    if let Some(placed) = session.node.as_ref().filter(|placed| **placed != node_id) {
-        return Err(AppError::new(
-            ErrorCode::Conflict,
-            format!(
-                "snapshot {snapshot} is kept on node {node_id} and session {} runs on node {placed}: restore \
-                 one of the session's own snapshots, or fork a new session from this one",
-                session.id
-            ),
-        ));
-    }
     let new = NewSandbox {
         id: &sandbox,
         session: &session.id,
@@ -285,7 +275,8 @@ async fn start_snapshot_sandbox(
         running_pid: None,
     };
     state.store.insert_sandbox(&new).await?;
-    if session.node.is_none() {
+    // Placed now, or moved to another node (its own was lost): its egress goes there too.
+    if session.node.as_deref() != Some(node_id.as_str()) {
         crate::egress::push_placed(state, &session.id).await?;
     }
     let limits = Limits::from(&session.resources);
@@ -318,8 +309,9 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
         return Ok(());
     }
     let previous = record.session.sandbox_id.clone().filter(|s| *s != input.sandbox);
-    let node = state.nodes.of(&record.session)?;
-    remove_sandbox(node.as_ref(), state, &input.sandbox).await?;
+    if let Some(node) = reachable_node(state, &id).await? {
+        remove_sandbox(node.as_ref(), state, &input.sandbox).await?;
+    }
     let reason = if input.from_suspended { RestoreReason::Resume } else { RestoreReason::Restore };
     match start_from_snapshot(state, &record, &input.snapshot, input.sandbox.clone(), reason).await {
         Ok((node, handle)) => {
@@ -345,7 +337,11 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
             Ok(())
         }
         Err(e) => {
-            remove_sandbox(node.as_ref(), state, &input.sandbox).await?;
+            // Where the attempt recorded its sandbox, if it got that far.
+            let node = reachable_node(state, &id).await?;
+            if let Some(node) = &node {
+                remove_sandbox(node.as_ref(), state, &input.sandbox).await?;
+            }
             if input.from_suspended {
                 let message = format!("resume failed: {}", e.0.message);
                 state
@@ -360,20 +356,35 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
     }
 }
 
+/// The session's node (that of its newest sandbox), unless it is lost: nothing there can be
+/// reached, and what the session had there is gone with it.
+async fn reachable_node(state: &AppState, id: &SessionId) -> AppResult<Option<Arc<dyn NodeApi>>> {
+    let Some(node_id) = state.store.session_any(id).await?.and_then(|r| r.session.node) else { return Ok(None) };
+    if crate::placement::lost_nodes(state).await?.contains(&node_id) {
+        return Ok(None);
+    }
+    Ok(state.nodes.find(&node_id).cloned())
+}
+
 /// A failed restore returns to the sandbox the session had, running (thawed), if it is
 /// still alive; otherwise the session fails.
 async fn roll_back_restore(
     state: &AppState,
-    node: Arc<dyn NodeApi>,
+    node: Option<Arc<dyn NodeApi>>,
     id: &SessionId,
     previous: Option<SandboxId>,
     message: &str,
 ) -> AppResult<()> {
-    let live = state.store.live_sandboxes(&node.node_id()).await?;
-    let alive = alive_handle(node.as_ref(), &live, previous.as_ref()).await;
+    let alive = match &node {
+        Some(node) => {
+            let live = state.store.live_sandboxes(&node.node_id()).await?;
+            alive_handle(node.as_ref(), &live, previous.as_ref()).await.map(|h| (node.clone(), h))
+        }
+        None => None,
+    };
     let message = format!("restore failed: {message}");
     match alive {
-        Some(handle) => {
+        Some((node, handle)) => {
             let _ = node.resume_sandbox(&handle.id).await;
             state.store.set_session_sandbox(id, &handle.id).await?;
             state.store.transition(id, &[SessionState::Restoring], SessionState::Running, Some(&message)).await?;

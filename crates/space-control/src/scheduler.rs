@@ -113,7 +113,9 @@ async fn suspend_if_idle(
         }
         return false;
     }
-    match suspend_session(state, tenant, &session.id).await {
+    // Forced: a blob store that is down must not keep an idle session's resources held; the
+    // suspend says in an event that its snapshot stayed on its node.
+    match suspend_session(state, tenant, &session.id, true).await {
         Ok(()) => {
             let message = format!("suspended after {timeout} s without activity");
             if let Err(e) = state.store.record_event(&session.id, "idle_timeout", &message).await {

@@ -29,6 +29,7 @@ use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 pub use space_api::TemplateInfo;
+pub use space_api::durable::SnapshotExport;
 pub use space_runtime::{Limits, SandboxHandle, SandboxStats};
 
 /// Largest warm pool one template may have.
@@ -51,6 +52,12 @@ pub enum NodeError {
     /// A port of the sandbox could not be connected to.
     #[error("{source}")]
     Port { failure: PortFailure, source: Box<dyn std::error::Error + Send + Sync + 'static> },
+    /// The node was started without a blob store (`--blob-store`): its snapshots stay local.
+    #[error("this node has no blob store (start it with --blob-store), so its snapshots stay on its disk")]
+    NoBlobStore,
+    /// A part of an exported snapshot did not match its hash: nothing of it was imported.
+    #[error("the snapshot's export is corrupt: {0}")]
+    Corrupt(String),
     /// Anything else: the node's own error, kept whole as the source.
     #[error(transparent)]
     Failed(Box<dyn std::error::Error + Send + Sync + 'static>),
@@ -284,6 +291,13 @@ pub trait NodeApi: EgressControl + 'static {
     async fn delete_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<()>;
     /// Deletes every snapshot on the node not in `keep`; returns how many.
     async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize>;
+    /// Stores the snapshot in the node's blob store (whole: root, and a full snapshot's
+    /// processes) and says what it became; [`NodeError::NoBlobStore`] on a node without one.
+    async fn export_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<SnapshotExport>;
+    /// Makes the snapshot on this node from its export, every part checked
+    /// ([`NodeError::Corrupt`] if one does not match). Idempotent: a snapshot the node holds
+    /// already is left as it is.
+    async fn import_snapshot(&self, session: &SessionId, snapshot: &SnapshotId, export: &SnapshotExport) -> Result<()>;
 
     // Disk.
 

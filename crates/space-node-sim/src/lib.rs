@@ -17,6 +17,7 @@
 //! It is a dev-dependency only: no production binary can hold it.
 
 mod agent;
+mod blobs;
 mod node;
 mod pool;
 
@@ -31,6 +32,7 @@ use space_proto::client::{AgentClient, AgentError};
 use tokio::sync::{mpsc, watch};
 
 use agent::{Contents, Inside};
+pub use blobs::SimBlobs;
 
 /// The operations a test can make fail ([`SimNode::fail_next`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,6 +51,8 @@ pub enum Op {
     Agent,
     /// What a heartbeat asks: failing it is a node that does not answer.
     Capacity,
+    ExportSnapshot,
+    ImportSnapshot,
 }
 
 /// Why a simulated operation failed.
@@ -68,6 +72,10 @@ pub enum SimError {
     NoSnapshot(SnapshotId),
     #[error("snapshot {0} exists already")]
     SnapshotExists(SnapshotId),
+    #[error("this simulated node has no blob store")]
+    NoBlobStore,
+    #[error("object {0} of the simulated blob store is corrupt")]
+    CorruptBlob(String),
     #[error("sandbox {sandbox} is {actual}, but the caller said it was {said}")]
     WrongState { sandbox: SandboxId, said: &'static str, actual: &'static str },
     #[error("the egress of session {0} is not loaded")]
@@ -100,6 +108,8 @@ impl From<SimError> for NodeError {
         match e {
             SimError::OutOfSpace(_, which) => NodeError::OutOfSpace { which, source: Box::new(e) },
             SimError::NoRuntime { runtime, reason } => NodeError::RuntimeUnavailable { runtime, reason },
+            SimError::NoBlobStore => NodeError::NoBlobStore,
+            SimError::CorruptBlob(_) => NodeError::Corrupt(e.to_string()),
             SimError::PortUnreachable { .. } => {
                 NodeError::Port { failure: space_node_api::PortFailure::Unreachable, source: Box::new(e) }
             }
@@ -123,6 +133,8 @@ pub struct SimConfig {
     pub capacity: space_api::NodeCapacity,
     /// What `node_id` answers.
     pub node_id: String,
+    /// Where snapshots are exported to; `None`: a node without a blob store.
+    pub blobs: Option<SimBlobs>,
 }
 
 impl Default for SimConfig {
@@ -134,6 +146,7 @@ impl Default for SimConfig {
             vm: Ok("simulated virtual machines".into()),
             capacity: space_api::NodeCapacity { cpus: 4, memory_mib: 8192 },
             node_id: "node-sim".into(),
+            blobs: None,
         }
     }
 }

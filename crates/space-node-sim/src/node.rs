@@ -10,13 +10,13 @@ use space_api::{PoolStatus, Progress, RuntimeKind, RuntimeSupport, SandboxId, Se
 use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{
     DiskQuota, DiskUsage, EgressControl, Limits, NodeApi, NodeError, PortStream, ProgressFn, Result, SandboxHandle,
-    SandboxStats,
+    SandboxStats, SnapshotExport,
 };
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::agent::{self, Contents};
-use crate::{Op, SimError, SimNode};
+use crate::{Op, SimError, SimNode, Snapshot};
 
 #[async_trait]
 impl EgressControl for SimNode {
@@ -298,6 +298,27 @@ impl NodeApi for SimNode {
         let mut state = self.state();
         state.injected(Op::DeleteSnapshot)?;
         state.snapshots.remove(snapshot);
+        Ok(())
+    }
+
+    async fn export_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<SnapshotExport> {
+        let mut state = self.state();
+        let blobs = state.config.blobs.clone().ok_or(SimError::NoBlobStore)?;
+        state.injected(Op::ExportSnapshot)?;
+        let found = state.snapshots.get(snapshot).filter(|s| &s.session == session);
+        let snap = found.ok_or_else(|| SimError::NoSnapshot(snapshot.clone()))?;
+        Ok(blobs.put(snap.full, snap.contents.clone()))
+    }
+
+    async fn import_snapshot(&self, session: &SessionId, snapshot: &SnapshotId, export: &SnapshotExport) -> Result<()> {
+        let mut state = self.state();
+        let blobs = state.config.blobs.clone().ok_or(SimError::NoBlobStore)?;
+        state.injected(Op::ImportSnapshot)?;
+        if state.snapshots.contains_key(snapshot) {
+            return Ok(());
+        }
+        let (full, contents) = blobs.get(export)?;
+        state.snapshots.insert(snapshot.clone(), Snapshot { session: session.clone(), full, contents });
         Ok(())
     }
 

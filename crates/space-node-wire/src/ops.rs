@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use space_api::{Progress, RuntimeKind, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::SessionEgress;
-use space_node_api::{DiskQuota, Limits, NodeError, OutOfSpace, PortFailure, SandboxHandle};
+use space_node_api::{DiskQuota, Limits, NodeError, OutOfSpace, PortFailure, SandboxHandle, SnapshotExport};
 
 /// Paths of the node API.
 pub mod paths {
@@ -120,6 +120,15 @@ pub enum Call {
     SweepSnapshots {
         keep: Vec<SnapshotId>,
     },
+    ExportSnapshot {
+        session: SessionId,
+        snapshot: SnapshotId,
+    },
+    ImportSnapshot {
+        session: SessionId,
+        snapshot: SnapshotId,
+        export: SnapshotExport,
+    },
     LimitDisk {
         sandbox: SandboxId,
         disk: DiskQuota,
@@ -193,6 +202,8 @@ pub enum NodeFailure {
     RuntimeUnavailable { runtime: RuntimeKind, reason: String },
     OutOfSpace { which: OutOfSpace, message: String },
     Port { failure: PortFailure, message: String },
+    NoBlobStore,
+    Corrupt { message: String },
     Failed { message: String },
 }
 
@@ -215,6 +226,8 @@ impl From<&NodeError> for NodeFailure {
                 NodeFailure::OutOfSpace { which: *which, message: chain(&**source) }
             }
             NodeError::Port { failure, source } => NodeFailure::Port { failure: *failure, message: chain(&**source) },
+            NodeError::NoBlobStore => NodeFailure::NoBlobStore,
+            NodeError::Corrupt(message) => NodeFailure::Corrupt { message: message.clone() },
             NodeError::Failed(source) => NodeFailure::Failed { message: chain(&**source) },
         }
     }
@@ -229,6 +242,8 @@ impl From<NodeFailure> for NodeError {
             NodeFailure::RuntimeUnavailable { runtime, reason } => NodeError::RuntimeUnavailable { runtime, reason },
             NodeFailure::OutOfSpace { which, message } => NodeError::OutOfSpace { which, source: remote(message) },
             NodeFailure::Port { failure, message } => NodeError::Port { failure, source: remote(message) },
+            NodeFailure::NoBlobStore => NodeError::NoBlobStore,
+            NodeFailure::Corrupt { message } => NodeError::Corrupt(message),
             NodeFailure::Failed { message } => NodeError::Failed(remote(message)),
         }
     }

@@ -22,7 +22,7 @@ use space_api::{PoolStatus, RuntimeKind, RuntimeSupport, SandboxId, SessionId, S
 use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{
     DiskQuota, DiskUsage, EgressControl, Limits, NodeApi, NodeError, PortStream, ProgressFn, Result, SandboxHandle,
-    SandboxStats, TemplateInfo,
+    SandboxStats, SnapshotExport, TemplateInfo,
 };
 use space_proto::client::AgentClient;
 use tokio::sync::Mutex;
@@ -357,6 +357,16 @@ impl NodeApi for RemoteNode {
 
     async fn delete_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<()> {
         self.call(&Call::DeleteSnapshot { session: session.clone(), snapshot: snapshot.clone() }).await
+    }
+
+    async fn export_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<SnapshotExport> {
+        self.call(&Call::ExportSnapshot { session: session.clone(), snapshot: snapshot.clone() }).await
+    }
+
+    async fn import_snapshot(&self, session: &SessionId, snapshot: &SnapshotId, export: &SnapshotExport) -> Result<()> {
+        let call =
+            Call::ImportSnapshot { session: session.clone(), snapshot: snapshot.clone(), export: export.clone() };
+        self.call(&call).await
     }
 
     async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize> {

@@ -32,6 +32,12 @@ impl From<NodeError> for api::NodeError {
                 };
                 api::NodeError::Port { failure, source: Box::new(e) }
             }
+            NodeError::NoBlobStore => api::NodeError::NoBlobStore,
+            // An object that is not what its export recorded, or is gone: that export cannot
+            // be restored from, whatever is retried.
+            NodeError::Volume(space_volume::VolumeError::Blob(
+                bad @ (space_blob::BlobError::Corrupt { .. } | space_blob::BlobError::Missing { .. }),
+            )) => api::NodeError::Corrupt(bad.to_string()),
             other => match other.out_of_space() {
                 Some(which) => api::NodeError::OutOfSpace { which, source: Box::new(other) },
                 None => api::NodeError::Failed(Box::new(other)),
@@ -245,6 +251,19 @@ impl NodeApi for Node {
 
     async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize> {
         Ok(Node::sweep_snapshots(self, keep).await?)
+    }
+
+    async fn export_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<api::SnapshotExport> {
+        Ok(Node::export_snapshot(self, session, snapshot).await?)
+    }
+
+    async fn import_snapshot(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        export: &api::SnapshotExport,
+    ) -> Result<()> {
+        Ok(Node::import_snapshot(self, session, snapshot, export).await?)
     }
 
     async fn join_session_network(&self, sandbox: &SandboxId, session: &SessionId) -> Result<()> {

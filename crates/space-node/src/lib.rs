@@ -8,6 +8,7 @@ mod api;
 mod checkpoint;
 mod disk;
 pub mod doctor;
+mod durable;
 pub(crate) use disk::charge;
 mod egress;
 mod images;
@@ -55,6 +56,9 @@ pub struct NodeConfig {
     pub warm: WarmSettings,
     pub gateway: GatewayConfig,
     pub vm: VmConfig,
+    /// Where snapshots are exported to (a directory or `s3://…`, see `space_blob::BlobStore`);
+    /// `None`: they stay on this node's disk.
+    pub blob_store: Option<String>,
     /// The node's id (set by [`NodeConfig::owned_by`]).
     pub id: String,
 }
@@ -101,6 +105,11 @@ pub enum NodeError {
     Port(#[from] ports::PortError),
     #[error("sandbox {0} is not running on this node")]
     NotRunning(SandboxId),
+    #[error(transparent)]
+    Volume(#[from] space_volume::VolumeError),
+    /// Export or import asked of a node started without `--blob-store`.
+    #[error("this node has no blob store")]
+    NoBlobStore,
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -128,6 +137,8 @@ pub struct Node {
     connect_gates: Mutex<HashMap<SandboxId, tokio::sync::watch::Receiver<()>>>,
     /// The pool's copy of the node's `spaced`, which sandboxes run (see checkpoint.rs).
     kept_spaced: PathBuf,
+    /// Snapshots to and from the blob store, if the node has one.
+    volumes: Option<space_volume::Volumes>,
     template_builds: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     warm: warm::WarmPool,
     pod_templates: pod_templates::PodTemplates,
@@ -195,14 +206,23 @@ impl Node {
         for runtime in runtimes.support() {
             tracing::info!(runtime = %runtime.runtime, available = runtime.available, detail = %runtime.detail, "runtime");
         }
+        let pool = Arc::new(pool);
+        let volumes = match &config.blob_store {
+            Some(url) => {
+                let blobs = space_blob::BlobStore::open(url).map_err(space_volume::VolumeError::from)?;
+                Some(space_volume::Volumes::new(pool.clone(), blobs, config.data_dir.join("transfers")))
+            }
+            None => None,
+        };
         let (audit, audit_events) = tokio::sync::mpsc::unbounded_channel();
         let gateway = Gateway::new(config.gateway.clone(), audit).map_err(|e| NodeError::Internal(e.to_string()))?;
         Ok(Node {
-            pool: Arc::new(pool),
+            pool,
             runtimes,
             agents: Mutex::new(HashMap::new()),
             connect_gates: Mutex::new(HashMap::new()),
             kept_spaced,
+            volumes,
             template_builds: tokio::sync::Mutex::new(HashMap::new()),
             warm: warm::WarmPool::new(&config.warm),
             pod_templates: Default::default(),

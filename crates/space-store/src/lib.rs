@@ -43,7 +43,7 @@ pub use ports::PortRecord;
 pub use quotas::{Demand, QuotaExceeded, QuotaLimit, counts_sandbox, counts_session};
 pub use sealed::{SealedOwner, SealedValue};
 pub use sessions::{NewSandbox, NewSession, SandboxRecord, SessionFilter, SessionMeta, SessionRecord};
-pub use snapshots::NewSnapshot;
+pub use snapshots::{NewSnapshot, SnapshotPlace};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -1,6 +1,7 @@
 //! Snapshot rows. A row is written in `creating` before the snapshot is taken and becomes
 //! `ready` once every artifact is on disk; only ready snapshots are listed or restorable.
 
+use space_api::durable::SnapshotExport;
 use space_api::{SessionId, Snapshot, SnapshotId, SnapshotKind, TenantId};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -15,9 +16,20 @@ pub struct NewSnapshot {
     pub tenant_id: TenantId,
     pub kind: SnapshotKind,
     pub name: Option<String>,
+    /// The node it is taken on.
+    pub node_id: String,
 }
 
-const COLUMNS: &str = "id, session_id, kind, name, parent, size_bytes, created_at";
+/// Where a snapshot is: the node it was taken on (`None` for one taken before snapshots
+/// recorded it: its session's node), and its export if it is durable.
+#[derive(Debug, Clone)]
+pub struct SnapshotPlace {
+    pub node_id: Option<String>,
+    pub export: Option<SnapshotExport>,
+}
+
+/// The last column is `durable`, as a number both backends decode alike.
+const COLUMNS: &str = "id, session_id, kind, name, parent, size_bytes, created_at, CAST(CASE WHEN export IS NULL THEN 0 ELSE 1 END AS BIGINT)";
 /// `size_bytes` of a snapshot not measured yet.
 const UNMEASURED: i64 = -1;
 
@@ -33,6 +45,7 @@ fn snapshot_from_row(row: &AnyRow) -> Result<Snapshot> {
         size_bytes: u64::try_from(row.get::<i64, _>(5)).ok(),
         exclusive_bytes: None,
         created_at: row.get(6),
+        durable: row.get::<i64, _>(7) != 0,
     })
 }
 
@@ -47,8 +60,8 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         sqlx::query(
-            "INSERT INTO snapshots (id, session_id, tenant_id, kind, name, parent, state, size_bytes, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, 'creating', 0, $7)",
+            "INSERT INTO snapshots (id, session_id, tenant_id, kind, name, parent, state, size_bytes, created_at, node_id)
+             VALUES ($1, $2, $3, $4, $5, $6, 'creating', 0, $7, $8)",
         )
         .bind(new.id.as_str())
         .bind(new.session_id.as_str())
@@ -57,6 +70,7 @@ impl Store {
         .bind(&new.name)
         .bind(parent)
         .bind(now_ms())
+        .bind(&new.node_id)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -81,6 +95,32 @@ impl Store {
             .execute(&self.writer)
             .await?;
         Ok(())
+    }
+
+    /// Records that the snapshot is durable: every part of it is in the blob store.
+    pub async fn set_snapshot_export(&self, id: &SnapshotId, export: &SnapshotExport) -> Result<()> {
+        let json = serde_json::to_string(export).map_err(|e| StoreError::Corrupt(format!("snapshot export: {e}")))?;
+        sqlx::query("UPDATE snapshots SET export = $1 WHERE id = $2")
+            .bind(json)
+            .bind(id.as_str())
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// Where a ready snapshot is, if it exists.
+    pub async fn snapshot_place(&self, id: &SnapshotId) -> Result<Option<SnapshotPlace>> {
+        let row = sqlx::query("SELECT node_id, export FROM snapshots WHERE id = $1 AND state = 'ready'")
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let export = row
+            .get::<Option<&str>, _>(1)
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("export of snapshot {id}: {e}")))?;
+        Ok(Some(SnapshotPlace { node_id: row.get(0), export }))
     }
 
     pub async fn delete_snapshot_row(&self, id: &SnapshotId) -> Result<()> {
@@ -155,6 +195,7 @@ mod tests {
             tenant_id: tenant.clone(),
             kind: SnapshotKind::Disk,
             name: name.map(str::to_owned),
+            node_id: "node-a".into(),
         };
         let first = snap(Some("before"));
         store.insert_snapshot(&first).await.unwrap();

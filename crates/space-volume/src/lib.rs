@@ -1,27 +1,22 @@
-//! The volume manager: a snapshot's root leaves its node as a `btrfs send` stream stored in
-//! the blob store, and arrives on any node by the same stream, checked, then `btrfs
-//! receive`d (docs/storage.md, "Durable snapshots").
+//! The volume manager: a snapshot leaves its node as objects in the blob store — its root as
+//! a `btrfs send` stream, a full snapshot's process images file by file and the `spaced` its
+//! processes ran — and arrives on any node from them, each checked, then `btrfs receive`d
+//! (docs/storage.md, "Durable snapshots").
 //!
-//! A snapshot whose parent was exported already goes as a stream against that parent, so
+//! A snapshot whose parent was exported already can go as a stream against that parent, so
 //! only what changed travels; importing it needs the parent imported first. What an export
-//! returns, the control plane records: the stream's hash is what the import checks against,
-//! so the blob store cannot substitute other bytes.
+//! returns, the control plane records: the hashes are what the import checks against, so the
+//! blob store cannot substitute other bytes.
+
+mod snapshot;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+pub use space_api::durable::{DiskExport, ExportedFile, SnapshotExport};
 use space_api::{SessionId, SnapshotId};
 use space_blob::{BlobError, BlobRef, BlobStore};
 use space_storage::{Pool, StorageError};
-
-/// What is kept of an exported snapshot's root: its stream, and the snapshot (of the same
-/// session) it was sent against, if any.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DiskExport {
-    pub stream: BlobRef,
-    pub parent: Option<SnapshotId>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
@@ -33,6 +28,10 @@ pub enum VolumeError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("the pool's work stopped before it finished")]
     Interrupted(#[from] tokio::task::JoinError),
+    /// A full snapshot's images hold something other than plain files, or an export names a
+    /// file that is not a plain name.
+    #[error("{}: {reason}", path.display())]
+    NotPlain { path: PathBuf, reason: &'static str },
 }
 
 pub type Result<T, E = VolumeError> = std::result::Result<T, E>;

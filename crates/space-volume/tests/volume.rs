@@ -128,3 +128,56 @@ async fn a_corrupted_stream_is_refused_and_nothing_is_received() {
     assert!(to.pool().list_snapshots().unwrap().is_empty());
     blobs.delete(&export.stream).await.unwrap();
 }
+
+/// Makes `snapshot` a full one as the node does: process images beside the root, then the
+/// binary its processes ran (written last: a full snapshot with it is complete).
+fn make_full(pool: &Pool, session: &SessionId, snapshot: &SnapshotId, dir: &std::path::Path) {
+    let images = pool.snapshot_images_dir(session, snapshot);
+    std::fs::create_dir_all(&images).unwrap();
+    std::fs::write(images.join("pages-1.img"), vec![3u8; 300_000]).unwrap();
+    std::fs::write(images.join("core-1.img"), "registers").unwrap();
+    let binary = dir.join("spaced");
+    std::fs::write(&binary, "a static spaced").unwrap();
+    let kept = pool.keep_binary(&binary).unwrap();
+    pool.link_snapshot_binary(session, snapshot, &kept).unwrap();
+}
+
+#[tokio::test]
+async fn a_full_snapshot_moves_whole_and_a_corrupt_image_leaves_nothing() {
+    let (from, to) = (TestPool::new("full-from"), TestPool::new("full-to"));
+    let blob_dir = tempfile::tempdir().unwrap();
+    let blobs = space_blob::store_under_test(blob_dir.path());
+    let (session, first, _) = two_snapshots(from.pool());
+    make_full(from.pool(), &session, &first, from.dir.path());
+
+    let export = from.volumes(&blobs).export_snapshot(&session, &first, None).await.unwrap();
+    let names: Vec<&str> = export.images.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["core-1.img", "pages-1.img"]);
+    assert!(export.is_full());
+    let importer = to.volumes(&blobs);
+    importer.import_snapshot(&session, &first, &export).await.unwrap();
+    let dst = to.pool();
+    assert!(dst.snapshot_has_images(&session, &first), "the binary arrived last");
+    assert_eq!(std::fs::read(dst.snapshot_binary(&session, &first)).unwrap(), b"a static spaced");
+    let images = dst.snapshot_images_dir(&session, &first);
+    assert_eq!(std::fs::read(images.join("pages-1.img")).unwrap(), vec![3u8; 300_000]);
+    assert_eq!(std::fs::read_to_string(snapshot_file(dst, &session, &first, "tmp/first")).unwrap(), "one");
+    assert!(importer.holds(&session, &first, &export));
+    importer.import_snapshot(&session, &first, &export).await.expect("a second import finds it there");
+
+    // Into a third pool, with one image's bytes changed: refused, and nothing of it stays.
+    let third = TestPool::new("full-corrupt");
+    let pages = export.images.iter().find(|f| f.name == "pages-1.img").unwrap();
+    blobs.replace_object(&pages.blob, vec![4u8; 300_000]).await.unwrap();
+    let err = third.volumes(&blobs).import_snapshot(&session, &first, &export).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Blob(BlobError::Corrupt { .. })), "{err:?}");
+    assert!(!third.pool().snapshot_images_dir(&session, &first).exists());
+    assert!(!third.pool().snapshot_has_images(&session, &first));
+    assert!(third.pool().list_snapshots().unwrap().is_empty(), "the received root is removed too");
+
+    // An export naming a file outside the images directory is refused before anything is read.
+    let mut escaping = export.clone();
+    escaping.images[0].name = "../escaped".into();
+    let err = third.volumes(&blobs).import_snapshot(&session, &first, &escaping).await.unwrap_err();
+    assert!(matches!(err, VolumeError::NotPlain { .. }), "{err:?}");
+}

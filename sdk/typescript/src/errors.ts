@@ -59,6 +59,9 @@ export class SandboxUnavailableError extends SpaceError {}
  * after a few seconds (the response's `Retry-After`); calls that change something are safe to
  * retry with the same `Idempotency-Key`. */
 export class DatabaseUnavailableError extends SpaceError {}
+/** The blob store could not take a snapshot, which stays on its node only: retry, or suspend
+ * with `force` to keep it there. */
+export class BlobStoreUnavailableError extends SpaceError {}
 export class TimeoutError extends SpaceError {}
 export class InsufficientStorageError extends SpaceError {}
 
@@ -86,6 +89,9 @@ export class InvalidStateError extends ConflictError {}
 export class SessionSuspendedError extends InvalidStateError {}
 export class IdempotencyConflictError extends ConflictError {}
 export class FileExistsError extends ConflictError {}
+/** The snapshot's copy in the blob store failed its checksum and was not restored: the
+ * message names an older durable snapshot to use instead. */
+export class SnapshotCorruptError extends ConflictError {}
 // 429
 export class LimitExceededError extends TooManyRequestsError {}
 export class QuotaExceededError extends TooManyRequestsError {}
@@ -163,6 +169,8 @@ export const ERROR_CLASSES = {
   port_not_listening: PortNotListeningError,
   sandbox_unavailable: SandboxUnavailableError,
   database_unavailable: DatabaseUnavailableError,
+  blob_store_unavailable: BlobStoreUnavailableError,
+  snapshot_corrupt: SnapshotCorruptError,
   timeout: TimeoutError,
   storage_full: StorageFullError,
   disk_quota_exceeded: DiskQuotaExceededError,
@@ -177,10 +185,11 @@ export const ERROR_STATUS: Record<string, number> = {
   not_found: 404, file_not_found: 404, no_such_process: 404, snapshot_not_found: 404, credential_not_found: 404,
   method_not_allowed: 405, request_timeout: 408,
   conflict: 409, invalid_state: 409, session_suspended: 409, idempotency_conflict: 409, file_exists: 409,
+  snapshot_corrupt: 409,
   payload_too_large: 413, uri_too_long: 414, headers_too_large: 431,
   limit_exceeded: 429, quota_exceeded: 429,
   internal: 500, feature_unavailable: 501, port_not_listening: 502, sandbox_unavailable: 503,
-  database_unavailable: 503, timeout: 504,
+  database_unavailable: 503, blob_store_unavailable: 503, timeout: 504,
   storage_full: 507, disk_quota_exceeded: 507,
 };
 

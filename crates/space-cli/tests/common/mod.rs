@@ -76,6 +76,7 @@ const NODE_FLAGS: &[&str] = &[
     "--vm-jailer",
     "--vm-guest-dir",
     "--uid-base",
+    "--blob-store",
 ];
 
 /// `args` split into the node's flags and the control plane's, each flag with its value.

@@ -22,6 +22,11 @@ impl ExtraNode {
     /// Starts node `suffix` (named after `server`'s own node) in `server`'s cluster, with the
     /// default warm pool of busybox, and waits until its API listens.
     pub fn start(server: &Server, suffix: &str) -> ExtraNode {
+        ExtraNode::start_with(server, suffix, &[])
+    }
+
+    /// [`ExtraNode::start`] with more flags of `space node run`.
+    pub fn start_with(server: &Server, suffix: &str, extra_args: &[&str]) -> ExtraNode {
         let tag = server.data_dir.file_name().unwrap().to_str().unwrap().trim_start_matches("space-test-");
         let name = format!("node-{tag}-{suffix}");
         let cluster = server.cluster_dir();
@@ -47,7 +52,8 @@ impl ExtraNode {
                 .arg("--data-dir")
                 .arg(&data_dir)
                 .arg("--spaced")
-                .arg(spaced_bin()),
+                .arg(spaced_bin())
+                .args(extra_args),
         );
         let node =
             ExtraNode { name, address: format!("127.0.0.1:{port}"), data_dir, cgroup_parent, child: Some(child) };

@@ -184,7 +184,14 @@ pub(crate) async fn snapshot_locked(
     name: Option<String>,
 ) -> AppResult<Snapshot> {
     let (id, sandbox, node) = (&session.id, sandbox_of(session)?, state.nodes.of(session)?);
-    let new = NewSnapshot { id: SnapshotId::generate(), session_id: id.clone(), tenant_id: tenant.clone(), kind, name };
+    let new = NewSnapshot {
+        id: SnapshotId::generate(),
+        session_id: id.clone(),
+        tenant_id: tenant.clone(),
+        kind,
+        name,
+        node_id: node.node_id(),
+    };
     state.store.insert_snapshot(&new).await?;
     let began = Instant::now();
     let taken = match kind {

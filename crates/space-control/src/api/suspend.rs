@@ -3,7 +3,7 @@
 
 use axum::Extension;
 use axum::extract::State;
-use space_api::{ErrorBody, ErrorCode, SandboxId, Session, SessionId, SessionState, SnapshotKind, TenantId};
+use space_api::{ErrorBody, ErrorCode, SandboxId, Session, SessionId, SessionState, Snapshot, SnapshotKind, TenantId};
 
 use super::find_session;
 use super::lifecycle::{
@@ -11,27 +11,39 @@ use super::lifecycle::{
 };
 use crate::AppState;
 use crate::auth::Caller;
-use crate::error::{ApiJson, ApiPath, AppError, AppResult};
+use crate::error::{ApiJson, ApiPath, ApiQuery, AppError, AppResult};
 use crate::reconciler::{RestoreInput, remove_sandbox};
 
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SuspendParams {
+    /// Suspend also when the snapshot cannot be stored in the blob store: it then stays on
+    /// the session's node only (not durable), and the session cannot resume elsewhere.
+    #[serde(default)]
+    pub force: bool,
+}
+
 /// Suspends a running or paused session: its processes, memory and files go into a full
-/// snapshot and its sandbox is freed. Idempotent on a suspended one.
-#[utoipa::path(post, path = "/v1/sessions/{id}/suspend", params(("id" = String, Path)),
+/// snapshot and its sandbox is freed. With a blob store, the snapshot is stored there first
+/// (durable), so the session can resume on any node; if that fails, the session keeps running
+/// (503 `blob_store_unavailable`) unless `force`. Idempotent on a suspended one.
+#[utoipa::path(post, path = "/v1/sessions/{id}/suspend", params(("id" = String, Path), SuspendParams),
     responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
-        (status = 501, body = ErrorBody)))]
+        (status = 501, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn suspend(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
+    ApiQuery(params): ApiQuery<SuspendParams>,
 ) -> AppResult<ApiJson<Session>> {
     let session = live_session(&state, &caller, &id).await?;
-    suspend_session(&state, &caller.tenant_id, &session.id).await?;
+    suspend_session(&state, &caller.tenant_id, &session.id, params.force).await?;
     Ok(ApiJson(find_session(&state, &caller, &id).await?))
 }
 
 /// Suspends the session (see [`suspend`]); also used by the idle timeout. On failure the
 /// session returns to the state it was in, with the error recorded, and keeps its sandbox.
-pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &SessionId) -> AppResult<()> {
+pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &SessionId, force: bool) -> AppResult<()> {
     let _guard = state.session_lock(id).await;
     let session = state.store.session(tenant, id).await?.ok_or_else(|| AppError::session_not_found(id.as_str()))?;
     require_checkpoints(state, session.runtime)?;
@@ -46,7 +58,7 @@ pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &Se
     if !state.store.transition(id, &[was], SessionState::Suspending, None).await? {
         return Err(AppError::new(ErrorCode::Conflict, format!("session {id} changed state meanwhile; try again")));
     }
-    match snapshot_locked(state, tenant, &session, paused, SnapshotKind::Full, None).await {
+    match snapshot_durably(state, tenant, &session, paused, force).await {
         Ok(snapshot) => {
             note_snapshot(state, &snapshot, " to suspend").await;
             remove_sandbox(state.nodes.of(&session)?.as_ref(), state, &sandbox).await?;
@@ -57,6 +69,33 @@ pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &Se
             let message = format!("suspend failed, the session kept its sandbox: {}", e.0.message);
             state.store.transition(id, &[SessionState::Suspending], was, Some(&message)).await?;
             Err(e)
+        }
+    }
+}
+
+/// The full snapshot a suspend keeps, exported to the blob store if the node has one. An
+/// export that fails fails the suspend (the snapshot stays, as an ordinary local one) unless
+/// `force`, which suspends with the snapshot on the node only and says so in an event.
+async fn snapshot_durably(
+    state: &AppState,
+    tenant: &TenantId,
+    session: &Session,
+    paused: bool,
+    force: bool,
+) -> AppResult<Snapshot> {
+    let snapshot = snapshot_locked(state, tenant, session, paused, SnapshotKind::Full, None).await?;
+    let node = state.nodes.of(session)?;
+    match crate::durable::export(state, node.as_ref(), &session.id, &snapshot.id).await {
+        Ok(durable) => Ok(Snapshot { durable, ..snapshot }),
+        Err(e) if force => {
+            let message =
+                format!("suspended with snapshot {} on node {} only: {}", snapshot.id, node.node_id(), e.0.message);
+            state.store.record_event(&session.id, "not_durable", &message).await?;
+            Ok(snapshot)
+        }
+        Err(e) => {
+            let message = format!("{}; retry, or suspend with force=true to keep it on that node only", e.0.message);
+            Err(AppError::new(ErrorCode::BlobStoreUnavailable, message))
         }
     }
 }

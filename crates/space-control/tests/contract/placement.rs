@@ -124,7 +124,7 @@ async fn a_restart_recovers_the_sessions_of_every_node() {
 
 /// Polls `GET /v1/nodes` until node `id` is in `state` (lost: its lease of 15 s ran out,
 /// which heartbeats every 5 s renew). The bound only keeps a broken run from hanging.
-async fn wait_node_state(server: &Server, id: &str, state: &str) -> Value {
+pub(crate) async fn wait_node_state(server: &Server, id: &str, state: &str) -> Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
     loop {
         let (_, list) = server.call("GET", "/v1/nodes", None).await;

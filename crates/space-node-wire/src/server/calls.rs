@@ -49,6 +49,10 @@ pub(super) async fn answer(served: &Served, call: Call) -> Response<Body> {
         Call::SnapshotDiskSize { session, snapshot } => result(node.snapshot_disk_size(&session, &snapshot).await),
         Call::DeleteSnapshot { session, snapshot } => result(node.delete_snapshot(&session, &snapshot).await),
         Call::SweepSnapshots { keep } => result(node.sweep_snapshots(&keep.into_iter().collect()).await),
+        Call::ExportSnapshot { session, snapshot } => result(node.export_snapshot(&session, &snapshot).await),
+        Call::ImportSnapshot { session, snapshot, export } => {
+            result(node.import_snapshot(&session, &snapshot, &export).await)
+        }
         Call::LimitDisk { sandbox, disk } => result(node.limit_disk(&sandbox, &disk).await),
         Call::DiskUsage { session } => result(node.disk_usage(&session).await),
         Call::SnapshotExclusiveSize { session, snapshot } => {

@@ -30,6 +30,7 @@ __all__ = [
     "InvalidStateError",
     "SessionSuspendedError",
     "PathExistsError",
+    "SnapshotCorruptError",
     "RequestTooLargeError",
     "RateLimitError",
     "QuotaExceededError",
@@ -39,6 +40,7 @@ __all__ = [
     "PortNotListeningError",
     "SandboxUnavailableError",
     "DatabaseUnavailableError",
+    "BlobStoreUnavailableError",
     "InternalServerError",
     "TimeoutError",
     "CommandExitError",
@@ -137,6 +139,11 @@ class PathExistsError(ConflictError):
     pass
 
 
+class SnapshotCorruptError(ConflictError):
+    """409 ``snapshot_corrupt``: the snapshot's copy in the blob store failed its checksum and
+    was not restored; the message names an older durable snapshot to use instead."""
+
+
 class RequestTooLargeError(SpaceError):
     """413, 414 or 431: the body, URL or headers are larger than the server accepts."""
 
@@ -173,6 +180,11 @@ class DatabaseUnavailableError(SpaceError):
     """503: the server's database could not be reached, or was too busy to answer in time.
     Retry after a few seconds (the response's ``Retry-After``); calls that change something
     are safe to retry with the same ``Idempotency-Key``."""
+
+
+class BlobStoreUnavailableError(SpaceError):
+    """503 ``blob_store_unavailable``: the blob store could not take a snapshot, which stays on
+    its node only. Retry, or suspend with ``force=True`` to keep it there."""
 
 
 class InternalServerError(SpaceError):
@@ -235,6 +247,7 @@ CODE_CLASSES: Dict[str, Tuple[Type[SpaceError], int]] = {
     "session_suspended": (SessionSuspendedError, 409),
     "idempotency_conflict": (ConflictError, 409),
     "file_exists": (PathExistsError, 409),
+    "snapshot_corrupt": (SnapshotCorruptError, 409),
     "payload_too_large": (RequestTooLargeError, 413),
     "uri_too_long": (RequestTooLargeError, 414),
     "headers_too_large": (RequestTooLargeError, 431),
@@ -244,6 +257,7 @@ CODE_CLASSES: Dict[str, Tuple[Type[SpaceError], int]] = {
     "port_not_listening": (PortNotListeningError, 502),
     "sandbox_unavailable": (SandboxUnavailableError, 503),
     "database_unavailable": (DatabaseUnavailableError, 503),
+    "blob_store_unavailable": (BlobStoreUnavailableError, 503),
     "storage_full": (StorageFullError, 507),
     "disk_quota_exceeded": (DiskQuotaExceededError, 507),
     "timeout": (TimeoutError, 504),

@@ -231,6 +231,7 @@ class SessionInfo(Model):
     metadata: Dict[str, str] = field(default_factory=dict)
     auto_resume: bool = False
     tenant: Optional[str] = None
+    node: Optional[str] = None
 
 
 @dataclass
@@ -244,6 +245,7 @@ class Snapshot(Model):
     size_bytes: Optional[int] = None
     exclusive_bytes: Optional[int] = None
     created_at: int = 0
+    durable: bool = False
 
 
 @dataclass

@@ -744,7 +744,9 @@ export interface paths {
         put?: never;
         /**
          * Suspends a running or paused session: its processes, memory and files go into a full
-         *     snapshot and its sandbox is freed. Idempotent on a suspended one.
+         *     snapshot and its sandbox is freed. With a blob store, the snapshot is stored there first
+         *     (durable), so the session can resume on any node; if that fails, the session keeps running
+         *     (503 `blob_store_unavailable`) unless `force`. Idempotent on a suspended one.
          */
         post: operations["suspend"];
         delete?: never;
@@ -1142,10 +1144,10 @@ export interface components {
             error: components["schemas"]["ErrorDetail"];
         };
         /**
-         * @description Stable machine-readable error codes; never renamed once released. Each is answered with one HTTP status: 400: bad_request, unknown_template, runtime_unavailable, not_a_directory, is_a_directory, directory_not_empty, port_reserved; 401: unauthorized, key_revoked, key_expired; 403: forbidden, permission_denied; 404: not_found, snapshot_not_found, credential_not_found, file_not_found, no_such_process; 405: method_not_allowed; 408: request_timeout; 409: conflict, invalid_state, session_suspended, idempotency_conflict, file_exists; 413: payload_too_large; 414: uri_too_long; 429: limit_exceeded, quota_exceeded; 431: headers_too_large; 500: internal; 501: feature_unavailable; 502: port_not_listening; 503: sandbox_unavailable, database_unavailable; 504: timeout; 507: storage_full, disk_quota_exceeded.
+         * @description Stable machine-readable error codes; never renamed once released. Each is answered with one HTTP status: 400: bad_request, unknown_template, runtime_unavailable, not_a_directory, is_a_directory, directory_not_empty, port_reserved; 401: unauthorized, key_revoked, key_expired; 403: forbidden, permission_denied; 404: not_found, snapshot_not_found, credential_not_found, file_not_found, no_such_process; 405: method_not_allowed; 408: request_timeout; 409: conflict, invalid_state, session_suspended, idempotency_conflict, snapshot_corrupt, file_exists; 413: payload_too_large; 414: uri_too_long; 429: limit_exceeded, quota_exceeded; 431: headers_too_large; 500: internal; 501: feature_unavailable; 502: port_not_listening; 503: blob_store_unavailable, sandbox_unavailable, database_unavailable; 504: timeout; 507: storage_full, disk_quota_exceeded.
          * @enum {string}
          */
-        ErrorCode: "bad_request" | "unauthorized" | "key_revoked" | "key_expired" | "forbidden" | "not_found" | "conflict" | "invalid_state" | "session_suspended" | "idempotency_conflict" | "payload_too_large" | "unknown_template" | "runtime_unavailable" | "snapshot_not_found" | "credential_not_found" | "feature_unavailable" | "sandbox_unavailable" | "database_unavailable" | "file_not_found" | "file_exists" | "not_a_directory" | "is_a_directory" | "directory_not_empty" | "permission_denied" | "no_such_process" | "timeout" | "internal" | "method_not_allowed" | "request_timeout" | "uri_too_long" | "headers_too_large" | "limit_exceeded" | "storage_full" | "disk_quota_exceeded" | "port_not_listening" | "port_reserved" | "quota_exceeded";
+        ErrorCode: "bad_request" | "unauthorized" | "key_revoked" | "key_expired" | "forbidden" | "not_found" | "conflict" | "invalid_state" | "session_suspended" | "idempotency_conflict" | "payload_too_large" | "unknown_template" | "runtime_unavailable" | "snapshot_not_found" | "snapshot_corrupt" | "blob_store_unavailable" | "credential_not_found" | "feature_unavailable" | "sandbox_unavailable" | "database_unavailable" | "file_not_found" | "file_exists" | "not_a_directory" | "is_a_directory" | "directory_not_empty" | "permission_denied" | "no_such_process" | "timeout" | "internal" | "method_not_allowed" | "request_timeout" | "uri_too_long" | "headers_too_large" | "limit_exceeded" | "storage_full" | "disk_quota_exceeded" | "port_not_listening" | "port_reserved" | "quota_exceeded";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
@@ -1760,6 +1762,12 @@ export interface components {
              */
             created_at: number;
             /**
+             * @description Every part of it is in the blob store, so any node can restore it, also once the node
+             *     it was taken on is gone. `false`: it lives on that node's disk only (no blob store is
+             *     configured, or exporting it failed).
+             */
+            durable?: boolean;
+            /**
              * Format: int64
              * @description Bytes on disk that only this snapshot holds: what deleting it frees (files the session
              *     deleted since stay here). Measured when one snapshot is read
@@ -2126,7 +2134,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2567,7 +2575,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2656,7 +2664,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2745,7 +2753,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3310,7 +3318,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3319,7 +3327,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -3866,7 +3874,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3917,7 +3925,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3926,7 +3934,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -4005,7 +4013,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4039,7 +4047,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4048,7 +4056,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -4147,7 +4155,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4181,7 +4189,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4190,7 +4198,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -4291,7 +4299,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4325,7 +4333,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4334,7 +4342,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -4456,7 +4464,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4490,7 +4498,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4499,7 +4507,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -4616,7 +4624,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4650,7 +4658,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4659,7 +4667,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -4763,7 +4771,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4797,7 +4805,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4806,7 +4814,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -4928,7 +4936,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4962,7 +4970,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4971,7 +4979,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -5088,7 +5096,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5122,7 +5130,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5131,7 +5139,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -5220,7 +5228,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5288,7 +5296,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5297,7 +5305,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -5420,7 +5428,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5429,7 +5437,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -5510,7 +5518,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5519,7 +5527,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -5702,7 +5710,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5711,7 +5719,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -5774,7 +5782,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5808,7 +5816,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5817,7 +5825,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -6064,7 +6072,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6073,7 +6081,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -6152,7 +6160,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6161,7 +6169,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -6226,7 +6234,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6332,7 +6340,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6366,7 +6374,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6375,7 +6383,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -6455,7 +6463,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6489,7 +6497,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6498,7 +6506,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -6586,7 +6594,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6620,7 +6628,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6629,7 +6637,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -6718,7 +6726,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6769,7 +6777,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6778,7 +6786,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -6858,7 +6866,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6909,7 +6917,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6918,7 +6926,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -7097,7 +7105,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -7148,7 +7156,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7157,7 +7165,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -7326,7 +7334,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7335,7 +7343,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -7415,7 +7423,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7424,7 +7432,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -7436,7 +7444,13 @@ export interface operations {
     };
     suspend: {
         parameters: {
-            query?: never;
+            query?: {
+                /**
+                 * @description Suspend also when the snapshot cannot be stored in the blob store: it then stays on
+                 *     the session's node only (not durable), and the session cannot resume elsewhere.
+                 */
+                force?: boolean;
+            };
             header?: never;
             path: {
                 id: string;
@@ -7451,6 +7465,23 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Session"];
+                };
+            };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
@@ -7487,7 +7518,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -7538,7 +7569,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7547,7 +7578,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
@@ -7718,7 +7749,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `file_exists`; `error.message` says what to do. */
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -7769,7 +7800,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7778,7 +7809,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "code": "sandbox_unavailable",
+                     *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }

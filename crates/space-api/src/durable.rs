@@ -1,0 +1,75 @@
+//! What a snapshot becomes in the blob store: the parts a node exports, which the control
+//! plane records and hands to another node to import (docs/storage.md, "Durable snapshots").
+//! Every part is named by its content, so what comes back is checked against what left.
+
+use serde::{Deserialize, Serialize};
+
+use crate::SnapshotId;
+
+/// An object by its content.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BlobRef {
+    /// Lower-case hex SHA-256 of the bytes.
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// A snapshot's root as a `btrfs send` stream, and the snapshot (of the same session) it was
+/// sent against, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskExport {
+    pub stream: BlobRef,
+    pub parent: Option<SnapshotId>,
+}
+
+/// One file of a full snapshot's process images.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportedFile {
+    /// A plain file name (no directory part).
+    pub name: String,
+    pub blob: BlobRef,
+}
+
+/// Every part of an exported snapshot: its root, and for a full snapshot its process images
+/// and the `spaced` its processes ran (a restore needs that very binary).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotExport {
+    pub disk: DiskExport,
+    #[serde(default)]
+    pub images: Vec<ExportedFile>,
+    #[serde(default)]
+    pub spaced: Option<BlobRef>,
+}
+
+impl SnapshotExport {
+    /// Whether it holds processes (a full snapshot's export).
+    pub fn is_full(&self) -> bool {
+        self.spaced.is_some()
+    }
+
+    /// Bytes in the blob store, counting shared objects once per reference.
+    pub fn size(&self) -> u64 {
+        let images: u64 = self.images.iter().map(|f| f.blob.size).sum();
+        self.disk.stream.size + images + self.spaced.as_ref().map_or(0, |b| b.size)
+    }
+}
+
+/// Whether `name` is a file name an export may carry: one path component, not `.` or `..`.
+pub fn plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_names_are_file_names() {
+        for good in ["pages-1.img", "core-42.img", ".hidden"] {
+            assert!(plain_file_name(good), "{good}");
+        }
+        for bad in ["", ".", "..", "../x", "a/b", "/etc/passwd", "a\0b"] {
+            assert!(!plain_file_name(bad), "{bad:?}");
+        }
+    }
+}

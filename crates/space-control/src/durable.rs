@@ -1,0 +1,125 @@
+//! Durable snapshots (docs/control-plane.md, "Durable snapshots"): the node that took a
+//! snapshot exports it to the blob store, and the export is recorded with the snapshot, so a
+//! session resumes, restores or forks on any node, also once the node it ran on is lost.
+
+use std::sync::Arc;
+
+use space_api::error::ErrorCode;
+use space_api::{Session, SessionId, SnapshotId};
+use space_node_api::{NodeApi, NodeError};
+
+use crate::AppState;
+use crate::error::{AppError, AppResult};
+
+/// Exports `snapshot` of `session` from `node` and records it durable. `Ok(false)`: the node
+/// has no blob store, so the snapshot stays on its disk (as with one node and no
+/// `--blob-store`); any other failure is `blob_store_unavailable`.
+pub async fn export(
+    state: &AppState,
+    node: &dyn NodeApi,
+    session: &SessionId,
+    snapshot: &SnapshotId,
+) -> AppResult<bool> {
+    match node.export_snapshot(session, snapshot).await {
+        Ok(export) => {
+            state.store.set_snapshot_export(snapshot, &export).await?;
+            tracing::info!(%session, %snapshot, bytes = export.size(), "snapshot exported to the blob store");
+            Ok(true)
+        }
+        Err(NodeError::NoBlobStore) => Ok(false),
+        Err(e) => Err(AppError::new(
+            ErrorCode::BlobStoreUnavailable,
+            format!(
+                "snapshot {snapshot} could not be stored in the blob store, so it is on node {} only: {e}",
+                node.node_id()
+            ),
+        )),
+    }
+}
+
+/// The node a sandbox of `session` starts on from `snapshot` (taken of `origin`: the session
+/// itself, or the parent of a fork), with the snapshot there.
+///
+/// The session's own node, if it is placed and that node is not lost; a fork goes where the
+/// snapshot is; otherwise placement picks one. A node that does not hold the snapshot imports
+/// it from its export, so only a durable snapshot can start elsewhere.
+pub async fn node_for_snapshot(
+    state: &AppState,
+    session: &Session,
+    origin: &Session,
+    snapshot: &SnapshotId,
+) -> AppResult<Arc<dyn NodeApi>> {
+    let place = state.store.snapshot_place(snapshot).await?.ok_or_else(|| {
+        AppError::new(
+            ErrorCode::SnapshotNotFound,
+            format!("snapshot {snapshot} was deleted before the sandbox started"),
+        )
+    })?;
+    let lost = crate::placement::lost_nodes(state).await?;
+    let usable = |id: &String| state.nodes.find(id).filter(|_| !lost.contains(id)).cloned();
+    let kept_on = place.node_id.clone().or_else(|| origin.node.clone());
+    let target = match (session.node.as_ref().and_then(usable), kept_on.as_ref().and_then(usable)) {
+        (Some(own), _) => own,
+        (None, Some(keeper)) if session.node.is_none() => keeper,
+        _ => crate::placement::place(state, session).await?,
+    };
+    let target_id = target.node_id();
+    if kept_on.as_deref() == Some(target_id.as_str()) {
+        return Ok(target);
+    }
+    let Some(export) = place.export else {
+        return Err(not_durable(snapshot, kept_on.as_deref(), &lost, &target_id, session));
+    };
+    match target.import_snapshot(&origin.id, snapshot, &export).await {
+        Ok(()) => Ok(target),
+        Err(NodeError::Corrupt(why)) => Err(corrupt(state, origin, snapshot, &why).await),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Why a snapshot that lives on one node's disk only cannot start on `target`.
+fn not_durable(
+    snapshot: &SnapshotId,
+    kept_on: Option<&str>,
+    lost: &std::collections::HashSet<String>,
+    target: &str,
+    session: &Session,
+) -> AppError {
+    let kept_on = kept_on.unwrap_or("(unknown)");
+    if lost.contains(kept_on) {
+        return AppError::new(
+            ErrorCode::SandboxUnavailable,
+            format!(
+                "snapshot {snapshot} is on node {kept_on}, which is lost (`space node list`), and is not durable (its \
+                 node has no blob store): it can be used again once node {kept_on} is back"
+            ),
+        );
+    }
+    AppError::new(
+        ErrorCode::Conflict,
+        format!(
+            "snapshot {snapshot} is kept on node {kept_on} and session {} runs on node {target}, and it is not \
+             durable (no blob store): restore one of the session's own snapshots, or fork a new session from this one",
+            session.id
+        ),
+    )
+}
+
+/// `snapshot_corrupt`, naming the newest older durable snapshot of the session to use instead.
+async fn corrupt(state: &AppState, origin: &Session, snapshot: &SnapshotId, why: &str) -> AppError {
+    let older = match state.store.list_snapshots(&origin.id).await {
+        Ok(list) => {
+            let before = list.iter().position(|s| s.id == *snapshot).unwrap_or(list.len());
+            list[..before].iter().rev().find(|s| s.durable).map(|s| s.id.clone())
+        }
+        Err(_) => None,
+    };
+    let instead = match older {
+        Some(id) => format!("restore the older durable snapshot {id} instead"),
+        None => "the session has no older durable snapshot".to_owned(),
+    };
+    AppError::new(
+        ErrorCode::SnapshotCorrupt,
+        format!("snapshot {snapshot} was not restored: its copy in the blob store is corrupt ({why}); {instead}"),
+    )
+}

@@ -1,0 +1,67 @@
+//! The simulated blob store: one per test, shared by its simulated nodes as one object
+//! store is by real ones, so a snapshot one node exports another can import.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use space_api::durable::{BlobRef, DiskExport, SnapshotExport};
+
+use crate::SimError;
+use crate::agent::Contents;
+
+/// What the simulated nodes export to ([`crate::SimConfig::blobs`]).
+#[derive(Debug, Clone, Default)]
+pub struct SimBlobs(Arc<Mutex<Objects>>);
+
+#[derive(Debug, Default)]
+struct Objects {
+    stored: HashMap<String, Stored>,
+    next: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Stored {
+    full: bool,
+    contents: Contents,
+    corrupt: bool,
+}
+
+impl SimBlobs {
+    fn objects(&self) -> MutexGuard<'_, Objects> {
+        // Plain data, never left half-changed by a panic: keep going.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many snapshots were exported to it.
+    pub fn len(&self) -> usize {
+        self.objects().stored.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every object stored so far changes its bytes: importing it fails as corrupt.
+    pub fn corrupt_all(&self) {
+        self.objects().stored.values_mut().for_each(|s| s.corrupt = true);
+    }
+
+    pub(crate) fn put(&self, full: bool, contents: Contents) -> SnapshotExport {
+        let mut objects = self.objects();
+        objects.next += 1;
+        let stream = BlobRef { sha256: format!("{:064x}", objects.next), size: contents.size() };
+        objects.stored.insert(stream.sha256.clone(), Stored { full, contents, corrupt: false });
+        let spaced = full.then(|| BlobRef { sha256: "5".repeat(64), size: 1 });
+        SnapshotExport { disk: DiskExport { stream, parent: None }, images: Vec::new(), spaced }
+    }
+
+    /// What `export` holds: whether it is full, and its contents.
+    pub(crate) fn get(&self, export: &SnapshotExport) -> Result<(bool, Contents), SimError> {
+        let key = &export.disk.stream.sha256;
+        match self.objects().stored.get(key) {
+            Some(s) if s.corrupt => Err(SimError::CorruptBlob(key.clone())),
+            Some(s) => Ok((s.full, s.contents.clone())),
+            None => Err(SimError::CorruptBlob(format!("{key} is missing"))),
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! Snapshots to and from the node's blob store (the volume manager, `space-volume`). A
+//! snapshot is exported while its session runs on: nothing of it changes once taken.
+
+use space_api::{SessionId, SnapshotId};
+use space_node_api::SnapshotExport;
+
+use crate::{Node, NodeError, Result};
+
+impl Node {
+    /// Stores the snapshot whole in the blob store; says what it became.
+    pub async fn export_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<SnapshotExport> {
+        let volumes = self.volumes.as_ref().ok_or(NodeError::NoBlobStore)?;
+        Ok(volumes.export_snapshot(session, snapshot, None).await?)
+    }
+
+    /// Makes the snapshot here from its export, unless it is here already.
+    pub async fn import_snapshot(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        export: &SnapshotExport,
+    ) -> Result<()> {
+        let volumes = self.volumes.as_ref().ok_or(NodeError::NoBlobStore)?;
+        volumes.import_snapshot(session, snapshot, export).await?;
+        tracing::info!(%session, %snapshot, bytes = export.size(), "snapshot imported from the blob store");
+        Ok(())
+    }
+}

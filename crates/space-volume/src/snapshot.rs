@@ -1,0 +1,115 @@
+//! Whole snapshots: the root's stream (lib.rs) and, for a full snapshot, its process images
+//! and the `spaced` its processes ran. A full snapshot is complete in a pool once its binary
+//! is there (space-storage writes it last), so an import writes it last too.
+
+use std::path::Path;
+
+use space_api::durable::plain_file_name;
+use space_api::{SessionId, SnapshotId};
+
+use crate::{ExportedFile, Result, SnapshotExport, VolumeError, Volumes};
+
+impl Volumes {
+    /// Stores the snapshot in the blob store: its root (against `parent`, a snapshot of the
+    /// same session exported before, when given) and, for a full snapshot, every file of its
+    /// process images and its binary.
+    pub async fn export_snapshot(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        parent: Option<&SnapshotId>,
+    ) -> Result<SnapshotExport> {
+        let disk = self.export_disk(session, snapshot, parent).await?;
+        if !self.pool.snapshot_has_images(session, snapshot) {
+            return Ok(SnapshotExport { disk, images: Vec::new(), spaced: None });
+        }
+        let dir = self.pool.snapshot_images_dir(session, snapshot);
+        let mut images = Vec::new();
+        for name in plain_files(&dir)? {
+            let path = dir.join(&name);
+            let blob = self.blobs.put_file(&path).await?;
+            images.push(ExportedFile { blob, name });
+        }
+        let binary = self.pool.snapshot_binary(session, snapshot);
+        let spaced = self.blobs.put_file(&binary).await?;
+        Ok(SnapshotExport { disk, images, spaced: Some(spaced) })
+    }
+
+    /// Whether the pool holds the snapshot whole, as `export` describes it.
+    pub fn holds(&self, session: &SessionId, snapshot: &SnapshotId, export: &SnapshotExport) -> bool {
+        let root = self.pool.snapshot_dir(session, snapshot).join("rootfs");
+        root.is_dir() && (!export.is_full() || self.pool.snapshot_has_images(session, snapshot))
+    }
+
+    /// Makes the snapshot in this pool from its export, every part checked against its hash
+    /// ([`space_blob::BlobError::Corrupt`] if one does not match). A snapshot the pool holds
+    /// whole already is left as it is; on failure nothing of it stays.
+    pub async fn import_snapshot(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        export: &SnapshotExport,
+    ) -> Result<()> {
+        if self.holds(session, snapshot, export) {
+            return Ok(());
+        }
+        let imported = self.import_parts(session, snapshot, export).await;
+        if imported.is_err() {
+            let (pool, session, snapshot) = (self.pool.clone(), session.clone(), snapshot.clone());
+            let _ = tokio::task::spawn_blocking(move || pool.delete_snapshot(&session, &snapshot)).await;
+        }
+        imported
+    }
+
+    async fn import_parts(&self, session: &SessionId, snapshot: &SnapshotId, export: &SnapshotExport) -> Result<()> {
+        let dir = self.pool.snapshot_images_dir(session, snapshot);
+        if let Some(bad) = export.images.iter().find(|f| !plain_file_name(&f.name)) {
+            return Err(VolumeError::NotPlain { path: dir.join(&bad.name), reason: "not a plain file name" });
+        }
+        self.import_disk(session, snapshot, &export.disk).await?;
+        let Some(spaced) = &export.spaced else { return Ok(()) };
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&dir, e)),
+            _ => {}
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+        for file in &export.images {
+            self.blobs.get_to_file(&file.blob, &dir.join(&file.name)).await?;
+        }
+        let binary = self.scratch_file(snapshot, "spaced")?;
+        let fetched = self.blobs.get_to_file(spaced, &binary).await;
+        let kept = match fetched {
+            Ok(()) => {
+                let (pool, path) = (self.pool.clone(), binary.clone());
+                tokio::task::spawn_blocking(move || pool.keep_binary(&path)).await?.map_err(VolumeError::from)
+            }
+            Err(e) => Err(e.into()),
+        };
+        let _ = std::fs::remove_file(&binary);
+        let (pool, session, snapshot, kept) = (self.pool.clone(), session.clone(), snapshot.clone(), kept?);
+        tokio::task::spawn_blocking(move || pool.link_snapshot_binary(&session, &snapshot, &kept)).await??;
+        Ok(())
+    }
+}
+
+fn io(path: &Path, source: std::io::Error) -> VolumeError {
+    VolumeError::Io { path: path.to_owned(), source }
+}
+
+/// The names of the files in `dir`, which must hold plain files only (what CRIU writes).
+fn plain_files(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+        let entry = entry.map_err(|e| io(dir, e))?;
+        let path = entry.path();
+        if !entry.file_type().map_err(|e| io(&path, e))?.is_file() {
+            return Err(VolumeError::NotPlain { path, reason: "not a regular file" });
+        }
+        match entry.file_name().into_string() {
+            Ok(name) if plain_file_name(&name) => names.push(name),
+            _ => return Err(VolumeError::NotPlain { path, reason: "not a plain file name" }),
+        }
+    }
+    names.sort();
+    Ok(names)
+}
