@@ -40,6 +40,10 @@ pub struct Node {
     pub sessions: u64,
     /// Its warm pool, per template and runtime.
     pub pool: Vec<TemplatePool>,
+    /// Takes no new sessions (`space node cordon`); resumes and forks from durable snapshots
+    /// kept on it start on another node.
+    #[serde(default)]
+    pub cordoned: bool,
     /// Unix times in milliseconds: when it first joined, its last heartbeat, and when its
     /// lease runs out unless it beats again.
     pub joined_at: i64,
@@ -50,4 +54,25 @@ pub struct Node {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct NodeList {
     pub nodes: Vec<Node>,
+}
+
+/// A session a drain could not move off its node, and why (it is where it was, or suspended
+/// with its processes in a durable snapshot).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DrainFailure {
+    pub session: crate::SessionId,
+    pub code: crate::ErrorCode,
+    pub message: String,
+}
+
+/// What `POST /v1/nodes/{id}/drain` did: the node is cordoned, every session in `moved` runs
+/// (or is paused) on another node now, every one in `durable` is suspended with its newest
+/// full snapshot in the blob store (it resumes on another node), and the ones in `failed`
+/// are still on the node. A drain can be repeated: it moves what is left.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DrainReport {
+    pub node: Node,
+    pub moved: Vec<crate::SessionId>,
+    pub durable: Vec<crate::SessionId>,
+    pub failed: Vec<DrainFailure>,
 }

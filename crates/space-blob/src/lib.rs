@@ -39,6 +39,10 @@ pub enum BlobError {
     Corrupt { key: String, expected: BlobRef, actual_sha256: String, actual_size: u64 },
     #[error("object {key} is not in the blob store")]
     Missing { key: String },
+    /// An export names an object by something that is not a SHA-256 (64 lower-case hex
+    /// digits): it names no object, and is never made into a key.
+    #[error("{sha256:?} is not a SHA-256 (64 lower-case hex digits), so it names no object")]
+    BadRef { sha256: String },
     /// A file changed while it was being stored; nothing was kept.
     #[error("{} changed while it was being stored", path.display())]
     Changed { path: PathBuf },
@@ -93,16 +97,21 @@ impl BlobStore {
         Ok(BlobStore { store: location::open(url, credentials)? })
     }
 
-    /// Where the object of `blob` lives in the store.
-    pub fn key(blob: &BlobRef) -> Key {
-        Key::from(format!("sha256/{}/{}", &blob.sha256[..2.min(blob.sha256.len())], blob.sha256))
+    /// Where the object of `blob` lives in the store. The hash comes from a recorded export,
+    /// so it is checked before it becomes part of a key.
+    pub fn key(blob: &BlobRef) -> Result<Key> {
+        let hex = &blob.sha256;
+        if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(BlobError::BadRef { sha256: space_api::error::clip(hex) });
+        }
+        Ok(Key::from(format!("sha256/{}/{hex}", &hex[..2])))
     }
 
     /// Stores `data`; already stored bytes are not sent again.
     pub async fn put_bytes(&self, data: Bytes) -> Result<BlobRef> {
         let blob = BlobRef { sha256: hex::encode(Sha256::digest(&data)), size: data.len() as u64 };
         if !self.exists(&blob).await? {
-            self.store.put(&Self::key(&blob), PutPayload::from(data)).await?;
+            self.store.put(&Self::key(&blob)?, PutPayload::from(data)).await?;
         }
         Ok(blob)
     }
@@ -113,7 +122,7 @@ impl BlobStore {
         if self.exists(&blob).await? {
             return Ok(blob);
         }
-        let key = Self::key(&blob);
+        let key = Self::key(&blob)?;
         let mut upload = WriteMultipart::new_with_chunk_size(self.store.put_multipart(&key).await?, CHUNK);
         let sent = read_hashed(path, Some(&mut upload)).await;
         if !matches!(&sent, Ok(sent) if *sent == blob) {
@@ -127,7 +136,7 @@ impl BlobStore {
     /// Whether the store holds `blob` (an object of its key and size; its bytes are checked
     /// when read).
     pub async fn exists(&self, blob: &BlobRef) -> Result<bool> {
-        match self.store.head(&Self::key(blob)).await {
+        match self.store.head(&Self::key(blob)?).await {
             Ok(meta) => Ok(meta.size == blob.size),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(e.into()),
@@ -136,14 +145,15 @@ impl BlobStore {
 
     /// The bytes of `blob`, checked.
     pub async fn get_bytes(&self, blob: &BlobRef) -> Result<Bytes> {
-        let key = Self::key(blob);
+        let key = Self::key(blob)?;
         let data = self.store.get(&key).await.map_err(|e| missing(e, &key))?.bytes().await?;
         let actual = BlobRef { sha256: hex::encode(Sha256::digest(&data)), size: data.len() as u64 };
         check(&key, blob, actual)?;
         Ok(data)
     }
 
-    /// Writes the bytes of `blob` to `dest`, which appears only once they are checked.
+    /// Writes the bytes of `blob` to `dest`, which appears only once they are checked, readable
+    /// by its owner only (an object may hold a sandbox's memory).
     pub async fn get_to_file(&self, blob: &BlobRef, dest: &Path) -> Result<()> {
         let partial = dest.with_extension("partial");
         let result = self.download(blob, &partial).await;
@@ -157,9 +167,20 @@ impl BlobStore {
     }
 
     async fn download(&self, blob: &BlobRef, partial: &Path) -> Result<()> {
-        let key = Self::key(blob);
+        let key = Self::key(blob)?;
         let mut stream = self.store.get(&key).await.map_err(|e| missing(e, &key))?.into_stream();
-        let mut file = tokio::fs::File::create(partial).await.map_err(io(partial))?;
+        // Made anew, so it gets this mode whatever a stale one had.
+        match tokio::fs::remove_file(partial).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(partial)(e)),
+            _ => {}
+        }
+        let mut file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(partial)
+            .await
+            .map_err(io(partial))?;
         let mut hasher = Sha256::new();
         let mut size = 0u64;
         while let Some(chunk) = stream.next().await {
@@ -181,13 +202,13 @@ impl BlobStore {
     /// would: for tests of what reads then do.
     #[cfg(any(test, feature = "testing"))]
     pub async fn replace_object(&self, blob: &BlobRef, data: Vec<u8>) -> Result<()> {
-        self.store.put(&Self::key(blob), PutPayload::from(data)).await?;
+        self.store.put(&Self::key(blob)?, PutPayload::from(data)).await?;
         Ok(())
     }
 
     /// Deletes `blob`'s object; one already gone is fine.
     pub async fn delete(&self, blob: &BlobRef) -> Result<()> {
-        match self.store.delete(&Self::key(blob)).await {
+        match self.store.delete(&Self::key(blob)?).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }

@@ -141,3 +141,36 @@ async fn a_store_nobody_answers_for_is_an_error_of_the_store() {
     let err = blobs.put_bytes(Bytes::from_static(b"data")).await.unwrap_err();
     assert!(matches!(err, BlobError::Store(_)), "{err:?}");
 }
+
+#[tokio::test]
+async fn a_hash_that_is_not_64_hex_digits_names_no_object_and_panics_nothing() {
+    let t = test_store();
+    let dir = tempfile::tempdir().unwrap();
+    let too_long = "a".repeat(65);
+    // A multi-byte character across the key's two-digit prefix, a path, upper case, short.
+    for bad in ["éa", "../../../../etc/passwd", &"A".repeat(64), "ab", "", &too_long] {
+        let blob = BlobRef { sha256: bad.into(), size: 1 };
+        assert!(matches!(BlobStore::key(&blob), Err(BlobError::BadRef { .. })), "{bad:?}");
+        assert!(matches!(t.blobs.exists(&blob).await, Err(BlobError::BadRef { .. })), "{bad:?}");
+        let got = t.blobs.get_to_file(&blob, &dir.path().join("x")).await;
+        assert!(matches!(got, Err(BlobError::BadRef { .. })), "{bad:?}: {got:?}");
+        assert!(matches!(t.blobs.delete(&blob).await, Err(BlobError::BadRef { .. })), "{bad:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_fetched_file_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = test_store();
+    let blob = t.blobs.put_bytes(Bytes::from_static(b"memory of a sandbox")).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("pages-1.img");
+    // A stale partial download of another mode is not reused.
+    std::fs::write(dir.path().join("pages-1.partial"), "stale").unwrap();
+    std::fs::set_permissions(dir.path().join("pages-1.partial"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    t.blobs.get_to_file(&blob, &dest).await.unwrap();
+    let mode = std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert_eq!(std::fs::read(&dest).unwrap(), b"memory of a sandbox");
+    t.blobs.delete(&blob).await.unwrap();
+}

@@ -126,6 +126,24 @@ enum NodeCommand {
     /// Run a node only: sandboxes, warm pool and gateway, driven by `space control` over the
     /// node API (mutual TLS with the cluster's certificates; needs root, no key).
     Run(Box<roles::NodeRoleArgs>),
+    /// Stop placing new sessions on NODE; resumes and forks from durable snapshots kept on it
+    /// start on another node.
+    Cordon {
+        /// Node id (`space node list`).
+        node: String,
+    },
+    /// Let NODE take new sessions again.
+    Uncordon {
+        /// Node id (`space node list`).
+        node: String,
+    },
+    /// Cordon NODE and move every session off it: running and paused ones are suspended into
+    /// the blob store and resumed on other nodes, suspended ones are stored there. Lists what
+    /// it could not move, and why; run it again to move what is left.
+    Drain {
+        /// Node id (`space node list`).
+        node: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -248,6 +266,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Node(NodeCommand::List) => {
             output::print_nodes(&client.get_json("/v1/nodes").await?, json)?;
+        }
+        Command::Node(NodeCommand::Cordon { node }) => {
+            let path = format!("/v1/nodes/{}/cordon", client::encode(&node));
+            output::print_node(&client.post_json(&path, &serde_json::json!({})).await?, json)?;
+        }
+        Command::Node(NodeCommand::Uncordon { node }) => {
+            let path = format!("/v1/nodes/{}/uncordon", client::encode(&node));
+            output::print_node(&client.post_json(&path, &serde_json::json!({})).await?, json)?;
+        }
+        Command::Node(NodeCommand::Drain { node }) => {
+            let path = format!("/v1/nodes/{}/drain", client::encode(&node));
+            let report: space_api::DrainReport = client.post_json(&path, &serde_json::json!({})).await?;
+            output::print_drain(&report, json)?;
+            if !report.failed.is_empty() {
+                return Ok(ExitCode::FAILURE);
+            }
         }
         Command::Status => {
             let status: space_api::Status = client.get_json("/v1/status").await?;

@@ -242,7 +242,7 @@ pub fn print_nodes(list: &space_api::NodeList, json: bool) -> anyhow::Result<()>
                 n.pool.iter().map(|p| format!("{}:{} {}/{}", p.template, p.runtime, p.ready, p.size)).collect();
             vec![
                 n.id.clone(),
-                serde_json::to_value(n.state).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+                node_state(n),
                 n.address.clone().unwrap_or_else(|| "(in process)".into()),
                 n.capacity.cpus.to_string(),
                 format!("{} MiB", n.capacity.memory_mib),
@@ -253,6 +253,43 @@ pub fn print_nodes(list: &space_api::NodeList, json: bool) -> anyhow::Result<()>
         })
         .collect();
     print_table(&["ID", "STATE", "ADDRESS", "CPUS", "MEMORY", "SESSIONS", "POOL (READY/SIZE)", "HEARTBEAT"], &rows);
+    Ok(())
+}
+
+/// `ready` or `lost`, with `,cordoned` when it takes no new sessions.
+fn node_state(node: &space_api::Node) -> String {
+    let state = serde_json::to_value(node.state).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+    if node.cordoned { format!("{state},cordoned") } else { state }
+}
+
+/// One node after a cordon or uncordon.
+pub fn print_node(node: &space_api::Node, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(node);
+    }
+    println!("node {} is {}", node.id, node_state(node));
+    Ok(())
+}
+
+/// What a drain moved, and the sessions it left on the node with why.
+pub fn print_drain(report: &space_api::DrainReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(report);
+    }
+    let node = &report.node;
+    println!(
+        "node {} ({}): {} moved, {} suspended durably, {} left on it",
+        node.id,
+        node_state(node),
+        report.moved.len(),
+        report.durable.len(),
+        report.failed.len()
+    );
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    rows.extend(report.moved.iter().map(|s| vec![s.to_string(), "moved".into(), String::new()]));
+    rows.extend(report.durable.iter().map(|s| vec![s.to_string(), "durable".into(), String::new()]));
+    rows.extend(report.failed.iter().map(|f| vec![f.session.to_string(), "left".into(), f.message.clone()]));
+    print_table(&["SESSION", "RESULT", "WHY"], &rows);
     Ok(())
 }
 

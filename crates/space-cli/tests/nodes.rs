@@ -205,3 +205,54 @@ fn a_counter_suspended_on_a_lost_node_resumes_on_the_other_and_keeps_counting() 
     wait_node_state(&server, &placed, "ready");
     assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
 }
+
+/// Two nodes sharing a blob store: `space node drain` of the node a counter session runs on
+/// moves it to the other (suspended into the blob store, resumed there by CRIU), its counter
+/// counting on; the drained node is cordoned and runs nothing of it, and new sessions go to
+/// the other node until `space node uncordon`.
+#[test]
+fn a_drain_moves_a_counting_session_to_the_other_node_and_nothing_is_lost() {
+    require_root!();
+    let blobs = tempfile::Builder::new().prefix("space-test-blobs-").tempdir_in("/var/tmp").unwrap();
+    let store = blobs.path().to_str().unwrap().to_owned();
+    let mut server = Server::start_split(&["--blob-store", &store]);
+    let second = ExtraNode::start_with(&server, "2", &["--blob-store", &store]);
+    server.add_node(&second);
+    let id = server.create_session(json!({}));
+    let session = get(&server, &id);
+    let placed = session["node"].as_str().unwrap().to_owned();
+    let other = if placed == second.name { server.node_id() } else { second.name.clone() };
+    let old_cgroup = cgroup_of(&server, &second, &session);
+    let body = json!({ "cmd": ["sh", "-c", COUNTER], "background": true });
+    let (status, started) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    assert_eq!(status, 200, "{started}");
+    server.exec(&id, &["sh", "-c", "echo kept > /root/note"]);
+    let before = counter_above(&server, &id, 3);
+
+    let out = server.cli(&["--json", "node", "drain", &placed]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert!(out.status.success(), "{report}\n{}\n{}", String::from_utf8_lossy(&out.stderr), server.log_text());
+    assert_eq!((report["moved"].clone(), report["failed"].clone()), (json!([id]), json!([])), "{report}");
+    assert_eq!(report["node"]["cordoned"], true, "{report}");
+
+    let moved = get(&server, &id);
+    assert_eq!((moved["state"].as_str(), moved["node"].as_str()), (Some("running"), Some(other.as_str())));
+    assert!(!old_cgroup.exists(), "nothing of it runs on the drained node: {}", old_cgroup.display());
+    assert!(cgroup_of(&server, &second, &moved).exists());
+    let after = counter(&server, &id);
+    assert!(after >= before, "the counter went back from {before} to {after}");
+    counter_above(&server, &id, after);
+    assert_eq!(server.exec(&id, &["cat", "/root/note"])["stdout"], "kept\n");
+
+    // Cordoned: new sessions go to the other node, until the cordon is lifted.
+    let next = server.create_session(json!({}));
+    assert_eq!(get(&server, &next)["node"], other.as_str());
+    let out = server.cli(&["node", "uncordon", &placed]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = server.cli(&["node", "list"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(!table.contains("cordoned"), "{table}");
+    for id in [&id, &next] {
+        assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
+    }
+}

@@ -23,6 +23,14 @@ pub struct Caller {
     pub admin: bool,
 }
 
+impl Caller {
+    /// The platform acting on a tenant's sessions for the operator (a drain): it sees and
+    /// touches what that tenant may, nothing more.
+    pub(crate) fn acting_for(tenant_id: TenantId) -> Caller {
+        Caller { tenant_id, tenant: "(drain)".into(), admin: false }
+    }
+}
+
 pub const ADMIN_TENANT: &str = "admin";
 
 /// The caller of an admin-only endpoint. Extracting it refuses other callers with 403, and

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use space_api::error::ErrorCode;
-use space_api::{Session, SessionId, SnapshotId};
+use space_api::{Session, SessionId, SessionState, SnapshotId};
 use space_node_api::{NodeApi, NodeError};
 
 use crate::AppState;
@@ -40,14 +40,17 @@ pub async fn export(
 /// The node a sandbox of `session` starts on from `snapshot` (taken of `origin`: the session
 /// itself, or the parent of a fork), with the snapshot there.
 ///
-/// The session's own node, if it is placed and that node is not lost; a fork goes where the
-/// snapshot is; otherwise placement picks one. A node that does not hold the snapshot imports
-/// it from its export, so only a durable snapshot can start elsewhere.
+/// The session's own node, if it is placed and that node is not lost; else where the snapshot
+/// is kept; otherwise placement picks one. With `leave_cordoned` (a resume or a fork: no
+/// sandbox of the session is left behind), a durable snapshot does not start on a cordoned
+/// node either. A node that does not hold the snapshot imports it from its export, so only a
+/// durable snapshot can start elsewhere.
 pub async fn node_for_snapshot(
     state: &AppState,
     session: &Session,
     origin: &Session,
     snapshot: &SnapshotId,
+    leave_cordoned: bool,
 ) -> AppResult<Arc<dyn NodeApi>> {
     let place = state.store.snapshot_place(snapshot).await?.ok_or_else(|| {
         AppError::new(
@@ -56,12 +59,16 @@ pub async fn node_for_snapshot(
         )
     })?;
     let lost = crate::placement::lost_nodes(state).await?;
-    let usable = |id: &String| state.nodes.find(id).filter(|_| !lost.contains(id)).cloned();
+    // A cordoned node keeps what cannot leave it; a durable snapshot leaves it (a drain).
+    let cordoned = match leave_cordoned && place.export.is_some() {
+        true => crate::placement::cordoned_nodes(state).await?,
+        false => Default::default(),
+    };
+    let usable = |id: &String| state.nodes.find(id).filter(|_| !lost.contains(id) && !cordoned.contains(id)).cloned();
     let kept_on = place.node_id.clone().or_else(|| origin.node.clone());
-    let target = match (session.node.as_ref().and_then(usable), kept_on.as_ref().and_then(usable)) {
-        (Some(own), _) => own,
-        (None, Some(keeper)) if session.node.is_none() => keeper,
-        _ => crate::placement::place(state, session).await?,
+    let target = match start_on(session.node.as_ref().and_then(usable), kept_on.as_ref().and_then(usable)) {
+        Some(node) => node,
+        None => crate::placement::place(state, session).await?,
     };
     let target_id = target.node_id();
     if kept_on.as_deref() == Some(target_id.as_str()) {
@@ -75,6 +82,35 @@ pub async fn node_for_snapshot(
         Err(NodeError::Corrupt(why)) => Err(corrupt(state, origin, snapshot, &why).await),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Of the nodes that can be reached, the one a sandbox starts on from a snapshot: the
+/// session's own (its other snapshots are there), else the one that keeps the snapshot (so
+/// nothing is imported; also when the session's own node is lost), else none: placement
+/// picks one, which imports the snapshot.
+fn start_on<N>(own: Option<N>, keeper: Option<N>) -> Option<N> {
+    own.or(keeper)
+}
+
+/// 503 `sandbox_unavailable` if `session` has a sandbox (it is running or paused) on a node
+/// that is lost: a lease that ran out does not prove that sandbox is dead, and starting the
+/// session elsewhere could leave two copies of it running. It waits for its node instead.
+pub async fn refuse_if_on_lost_node(state: &AppState, session: &Session) -> AppResult<()> {
+    let has_sandbox = matches!(session.state, SessionState::Running | SessionState::Paused);
+    let Some(node) = session.node.as_ref().filter(|_| has_sandbox) else { return Ok(()) };
+    if !crate::placement::lost_nodes(state).await?.contains(node) {
+        return Ok(());
+    }
+    Err(AppError::new(
+        ErrorCode::SandboxUnavailable,
+        format!(
+            "session {} is {} on node {node}, which is lost (`space node list`): its sandbox may still run there, \
+             so it is not started elsewhere; try again once node {node} is back, or fork a new session from one of \
+             its durable snapshots",
+            session.id,
+            session.state.as_str()
+        ),
+    ))
 }
 
 /// Why a snapshot that lives on one node's disk only cannot start on `target`.
@@ -122,4 +158,19 @@ async fn corrupt(state: &AppState, origin: &Session, snapshot: &SnapshotId, why:
         ErrorCode::SnapshotCorrupt,
         format!("snapshot {snapshot} was not restored: its copy in the blob store is corrupt ({why}); {instead}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::start_on;
+
+    #[test]
+    fn a_sandbox_starts_on_its_own_node_else_where_the_snapshot_is_else_where_placed() {
+        assert_eq!(start_on(Some("own"), Some("keeper")), Some("own"));
+        // A fork (never placed), and a session whose own node is lost, go where the snapshot
+        // is kept while that node can be reached: nothing has to be imported.
+        assert_eq!(start_on(None, Some("keeper")), Some("keeper"));
+        assert_eq!(start_on(Some("own"), None), Some("own"));
+        assert_eq!(start_on::<&str>(None, None), None);
+    }
 }

@@ -8,6 +8,7 @@ pub mod activity;
 pub mod api;
 pub mod auth;
 pub mod datadir;
+pub mod drain;
 pub mod durable;
 pub mod egress;
 pub mod error;

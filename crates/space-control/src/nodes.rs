@@ -2,7 +2,7 @@
 //! heartbeat, and one whose lease ran out is `lost` (docs/control-plane.md, "Nodes").
 //! `space serve` has one node, in its own process; its heartbeats come from this process too.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -153,25 +153,32 @@ pub fn spawn_heartbeats(state: AppState) {
 pub async fn list(state: &AppState, now: i64) -> Result<NodeList, StoreError> {
     let sessions = state.store.sessions_per_node().await?;
     let nodes = state.store.nodes().await?;
-    let view = |record: NodeRecord| {
-        let state = if record.lost(now) { NodeState::Lost } else { NodeState::Ready };
-        let sessions = sessions.get(&record.heartbeat.id).copied().unwrap_or(0);
-        let pool: Vec<TemplatePool> = serde_json::from_str(&record.heartbeat.pool).unwrap_or_default();
-        let beat = record.heartbeat;
-        Node {
-            capacity: NodeCapacity { cpus: beat.cpus, memory_mib: beat.memory_mib },
-            id: beat.id,
-            state,
-            address: beat.address,
-            version: beat.version,
-            sessions,
-            pool,
-            joined_at: record.joined_at,
-            heartbeat_at: record.heartbeat_at,
-            lease_expires_at: record.lease_expires_at,
-        }
-    };
-    Ok(NodeList { nodes: nodes.into_iter().map(view).collect() })
+    Ok(NodeList { nodes: nodes.into_iter().map(|record| view(record, &sessions, now)).collect() })
+}
+
+/// Node `id` as the API shows it at `now`, if it ever joined.
+pub async fn one(state: &AppState, id: &str, now: i64) -> Result<Option<Node>, StoreError> {
+    Ok(list(state, now).await?.nodes.into_iter().find(|n| n.id == id))
+}
+
+fn view(record: NodeRecord, sessions: &HashMap<String, u64>, now: i64) -> Node {
+    let state = if record.lost(now) { NodeState::Lost } else { NodeState::Ready };
+    let sessions = sessions.get(&record.heartbeat.id).copied().unwrap_or(0);
+    let pool: Vec<TemplatePool> = serde_json::from_str(&record.heartbeat.pool).unwrap_or_default();
+    let beat = record.heartbeat;
+    Node {
+        capacity: NodeCapacity { cpus: beat.cpus, memory_mib: beat.memory_mib },
+        id: beat.id,
+        state,
+        address: beat.address,
+        version: beat.version,
+        sessions,
+        pool,
+        cordoned: record.cordoned,
+        joined_at: record.joined_at,
+        heartbeat_at: record.heartbeat_at,
+        lease_expires_at: record.lease_expires_at,
+    }
 }
 
 #[cfg(test)]

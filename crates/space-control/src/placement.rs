@@ -35,9 +35,9 @@ impl Candidate {
     }
 }
 
-/// The node a new session from a template goes to: one whose lease holds and whose memory
-/// fits the session, at the lowest [`Candidate::cost`] (ties: by id). A control plane with
-/// one node places there without asking anything.
+/// The node a new session from a template goes to: one whose lease holds, that is not
+/// cordoned and whose memory fits the session, at the lowest [`Candidate::cost`] (ties: by
+/// id). A control plane with one node places there without asking anything.
 pub async fn place(state: &AppState, session: &Session) -> AppResult<Arc<dyn NodeApi>> {
     if state.nodes.len() == 1 {
         return Ok(state.nodes.first().clone());
@@ -46,7 +46,7 @@ pub async fn place(state: &AppState, session: &Session) -> AppResult<Arc<dyn Nod
     let records = state.store.nodes().await?;
     let sessions = state.store.sessions_per_node().await?;
     let mut candidates = Vec::new();
-    for record in records.iter().filter(|r| !r.lost(now)) {
+    for record in records.iter().filter(|r| !r.lost(now) && !r.cordoned) {
         let Ok(node) = state.nodes.get(&record.heartbeat.id) else { continue };
         candidates.push((record, node));
     }
@@ -77,6 +77,11 @@ pub async fn lost_nodes(state: &AppState) -> AppResult<HashSet<String>> {
     Ok(state.store.nodes().await?.into_iter().filter(|r| r.lost(now)).map(|r| r.heartbeat.id).collect())
 }
 
+/// The nodes cordoned (`space node cordon`): they take no new sessions.
+pub async fn cordoned_nodes(state: &AppState) -> AppResult<HashSet<String>> {
+    Ok(state.store.nodes().await?.into_iter().filter(|r| r.cordoned).map(|r| r.heartbeat.id).collect())
+}
+
 /// How long placement waits for a node: one that does not answer meanwhile (it stalled, and
 /// is not lost yet) is passed over.
 const ASK: Duration = Duration::from_secs(2);
@@ -104,7 +109,9 @@ fn best(candidates: &[Candidate], memory_mib: u64) -> Option<&Candidate> {
 
 fn no_node(session: &Session, ready: usize) -> AppError {
     let why = if ready == 0 {
-        "no node is ready (each node's lease ran out, or it did not answer): `space node list` shows them".to_owned()
+        "no node is ready (each node's lease ran out, it is cordoned, or it did not answer): `space node list` \
+         shows them"
+            .to_owned()
     } else {
         format!(
             "none of the {ready} ready nodes has {} MiB of memory: ask for less memory, or add a larger node",

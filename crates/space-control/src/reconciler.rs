@@ -248,7 +248,10 @@ async fn start_from_snapshot(
     })?;
     let session = &record.session;
     let began = Instant::now();
-    let started = start_snapshot_sandbox(state, session, &found.session_id, snapshot, sandbox).await;
+    // A restore leaves the session's running sandbox where it is until the new one runs, and
+    // retires it on that node: it stays on a cordoned node. Resumes and forks leave nothing.
+    let leave_cordoned = reason != RestoreReason::Restore;
+    let started = start_snapshot_sandbox(state, session, &found.session_id, snapshot, sandbox, leave_cordoned).await;
     let elapsed = began.elapsed();
     space_metrics::restored(found.kind, session.runtime, reason, started.is_ok(), elapsed, found.size_bytes);
     started
@@ -262,10 +265,11 @@ async fn start_snapshot_sandbox(
     origin: &SessionId,
     snapshot: &SnapshotId,
     sandbox: SandboxId,
+    leave_cordoned: bool,
 ) -> AppResult<Started> {
     let origin_session =
         state.store.session_any(origin).await?.ok_or_else(|| AppError::session_not_found(origin.as_str()))?.session;
-    let node = crate::durable::node_for_snapshot(state, session, &origin_session, snapshot).await?;
+    let node = crate::durable::node_for_snapshot(state, session, &origin_session, snapshot, leave_cordoned).await?;
     let node_id = node.node_id();
     let new = NewSandbox {
         id: &sandbox,
@@ -275,9 +279,14 @@ async fn start_snapshot_sandbox(
         running_pid: None,
     };
     state.store.insert_sandbox(&new).await?;
-    // Placed now, or moved to another node (its own was lost): its egress goes there too.
+    // Placed now, or moved to another node (its own was lost): its egress goes there too, and
+    // leaves the node that had it (a fork's is handed to its parent's node before it is placed).
     if session.node.as_deref() != Some(node_id.as_str()) {
         crate::egress::push_placed(state, &session.id).await?;
+    }
+    let held_by = session.node.as_ref().or(origin_session.node.as_ref().filter(|_| session.id != *origin));
+    if let Some(held_by) = held_by.filter(|held_by| **held_by != node_id) {
+        crate::egress::forget_on(state, held_by, &session.id).await;
     }
     let limits = Limits::from(&session.resources);
     let disk = disk_quota(session);

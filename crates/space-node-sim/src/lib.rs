@@ -195,6 +195,8 @@ struct State {
     ports: HashMap<(SandboxId, u16), std::net::SocketAddr>,
     background: bool,
     next_pid: u32,
+    /// Snapshots exported while a sandbox of their session ran (not frozen).
+    exported_while_running: Vec<SnapshotId>,
 }
 
 /// What a test sees of one simulated sandbox.
@@ -235,6 +237,7 @@ impl SimNode {
             ports: HashMap::new(),
             background: false,
             next_pid: 1000,
+            exported_while_running: Vec::new(),
         };
         Arc::new(SimNode { state: Mutex::new(state), audit, audit_events: Mutex::new(Some(audit_events)) })
     }
@@ -366,6 +369,12 @@ impl SimNode {
 
     pub fn has_egress(&self, session: &SessionId) -> bool {
         self.state().egress.contains_key(session)
+    }
+
+    /// The snapshots exported while a sandbox of their session ran, so it could change after
+    /// the snapshot and before the export was done.
+    pub fn exported_while_running(&self) -> Vec<SnapshotId> {
+        self.state().exported_while_running.clone()
     }
 }
 

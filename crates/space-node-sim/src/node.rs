@@ -307,7 +307,12 @@ impl NodeApi for SimNode {
         state.injected(Op::ExportSnapshot)?;
         let found = state.snapshots.get(snapshot).filter(|s| &s.session == session);
         let snap = found.ok_or_else(|| SimError::NoSnapshot(snapshot.clone()))?;
-        Ok(blobs.put(snap.full, snap.contents.clone()))
+        let export = blobs.put(snap.full, snap.contents.clone());
+        let ran = |s: &crate::Sandbox| s.session.as_ref() == Some(session) && s.alive() && !s.inside.is_frozen();
+        if state.sandboxes.values().any(ran) {
+            state.exported_while_running.push(snapshot.clone());
+        }
+        Ok(export)
     }
 
     async fn import_snapshot(&self, session: &SessionId, snapshot: &SnapshotId, export: &SnapshotExport) -> Result<()> {

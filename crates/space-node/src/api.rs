@@ -33,10 +33,12 @@ impl From<NodeError> for api::NodeError {
                 api::NodeError::Port { failure, source: Box::new(e) }
             }
             NodeError::NoBlobStore => api::NodeError::NoBlobStore,
-            // An object that is not what its export recorded, or is gone: that export cannot
-            // be restored from, whatever is retried.
+            // An object that is not what its export recorded, is gone, or is named by no hash:
+            // that export cannot be restored from, whatever is retried.
             NodeError::Volume(space_volume::VolumeError::Blob(
-                bad @ (space_blob::BlobError::Corrupt { .. } | space_blob::BlobError::Missing { .. }),
+                bad @ (space_blob::BlobError::Corrupt { .. }
+                | space_blob::BlobError::Missing { .. }
+                | space_blob::BlobError::BadRef { .. }),
             )) => api::NodeError::Corrupt(bad.to_string()),
             other => match other.out_of_space() {
                 Some(which) => api::NodeError::OutOfSpace { which, source: Box::new(other) },

@@ -28,6 +28,8 @@ pub struct NodeRecord {
     pub joined_at: i64,
     pub heartbeat_at: i64,
     pub lease_expires_at: i64,
+    /// Takes no new sessions (`space node cordon`).
+    pub cordoned: bool,
 }
 
 impl NodeRecord {
@@ -53,6 +55,7 @@ fn node_from_row(row: &sqlx::any::AnyRow) -> Result<NodeRecord> {
         joined_at: row.get(6),
         heartbeat_at: row.get(7),
         lease_expires_at: row.get(8),
+        cordoned: row.get::<i64, _>(9) != 0,
     })
 }
 
@@ -83,12 +86,23 @@ impl Store {
     /// Every node that ever joined, by id.
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
         let rows = sqlx::query(
-            "SELECT id, address, version, cpus, memory_mib, pool, joined_at, heartbeat_at, lease_expires_at
+            "SELECT id, address, version, cpus, memory_mib, pool, joined_at, heartbeat_at, lease_expires_at, cordoned
              FROM nodes ORDER BY id",
         )
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(node_from_row).collect()
+    }
+
+    /// Cordons node `id` (or lifts it); `false` if no such node ever joined. A heartbeat
+    /// leaves it as it is.
+    pub async fn set_node_cordoned(&self, id: &str, cordoned: bool) -> Result<bool> {
+        let done = sqlx::query("UPDATE nodes SET cordoned = $1 WHERE id = $2")
+            .bind(i64::from(cordoned))
+            .bind(id)
+            .execute(&self.writer)
+            .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     /// How many sessions (not destroyed) have their sandbox on each node.
@@ -133,5 +147,18 @@ mod tests {
         assert_eq!((b.heartbeat.cpus, b.joined_at, b.heartbeat_at, b.lease_expires_at), (8, 1_000, 10_000, 25_000));
         assert!(!a.lost(15_999) && a.lost(16_000));
         assert!(!b.lost(16_000));
+    }
+
+    #[tokio::test]
+    async fn a_cordon_holds_across_heartbeats_until_it_is_lifted() {
+        let (store, _dir) = test_store().await;
+        store.heartbeat_node(&heartbeat("nod_a", 2), 1_000, 15_000).await.unwrap();
+        assert!(!store.nodes().await.unwrap()[0].cordoned);
+        assert!(store.set_node_cordoned("nod_a", true).await.unwrap());
+        store.heartbeat_node(&heartbeat("nod_a", 2), 2_000, 15_000).await.unwrap();
+        assert!(store.nodes().await.unwrap()[0].cordoned, "a heartbeat keeps the cordon");
+        assert!(store.set_node_cordoned("nod_a", false).await.unwrap());
+        assert!(!store.nodes().await.unwrap()[0].cordoned);
+        assert!(!store.set_node_cordoned("nod_unknown", true).await.unwrap(), "no such node");
     }
 }

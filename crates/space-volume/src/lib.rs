@@ -42,11 +42,16 @@ pub struct Volumes {
     pool: Arc<Pool>,
     blobs: BlobStore,
     scratch: PathBuf,
+    /// Held by each import: forks started together import one snapshot at once, and each
+    /// would otherwise write the same scratch files and directories, or delete what another
+    /// received when its own attempt failed. Imports are moves between nodes, rare enough to
+    /// take one at a time; the ones that waited find the snapshot there.
+    imports: tokio::sync::Mutex<()>,
 }
 
 impl Volumes {
     pub fn new(pool: Arc<Pool>, blobs: BlobStore, scratch: PathBuf) -> Volumes {
-        Volumes { pool, blobs, scratch }
+        Volumes { pool, blobs, scratch, imports: tokio::sync::Mutex::new(()) }
     }
 
     /// Stores the snapshot's root in the blob store, against `parent` (a snapshot of the same

@@ -2,12 +2,17 @@
 //! and the `spaced` its processes ran. A full snapshot is complete in a pool once its binary
 //! is there (space-storage writes it last), so an import writes it last too.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use space_api::durable::plain_file_name;
 use space_api::{SessionId, SnapshotId};
 
 use crate::{ExportedFile, Result, SnapshotExport, VolumeError, Volumes};
+
+/// The mode CRIU gives the image files it writes (its `CR_FD_PERM`, less the umask's write
+/// bit for the group).
+const IMAGE_MODE: u32 = 0o644;
 
 impl Volumes {
     /// Stores the snapshot in the blob store: its root (against `parent`, a snapshot of the
@@ -50,6 +55,7 @@ impl Volumes {
         snapshot: &SnapshotId,
         export: &SnapshotExport,
     ) -> Result<()> {
+        let _one_at_a_time = self.imports.lock().await;
         if self.holds(session, snapshot, export) {
             return Ok(());
         }
@@ -74,7 +80,11 @@ impl Volumes {
         }
         std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
         for file in &export.images {
-            self.blobs.get_to_file(&file.blob, &dir.join(&file.name)).await?;
+            let path = dir.join(&file.name);
+            self.blobs.get_to_file(&file.blob, &path).await?;
+            // As CRIU writes its own: the restored tasks read them from inside the sandbox's
+            // user namespace. The images root (0700, root's) keeps everyone else out.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(IMAGE_MODE)).map_err(|e| io(&path, e))?;
         }
         let binary = self.scratch_file(snapshot, "spaced")?;
         let fetched = self.blobs.get_to_file(spaced, &binary).await;

@@ -181,3 +181,33 @@ async fn a_full_snapshot_moves_whole_and_a_corrupt_image_leaves_nothing() {
     let err = third.volumes(&blobs).import_snapshot(&session, &first, &escaping).await.unwrap_err();
     assert!(matches!(err, VolumeError::NotPlain { .. }), "{err:?}");
 }
+
+#[tokio::test]
+async fn imports_of_one_snapshot_started_together_all_find_it_whole() {
+    let (from, to) = (TestPool::new("together-from"), TestPool::new("together-to"));
+    let blob_dir = tempfile::tempdir().unwrap();
+    let blobs = space_blob::store_under_test(blob_dir.path());
+    let (session, first, _) = two_snapshots(from.pool());
+    make_full(from.pool(), &session, &first, from.dir.path());
+    let export = from.volumes(&blobs).export_snapshot(&session, &first, None).await.unwrap();
+
+    // As forks ×4 of one snapshot placed on a node that does not hold it.
+    let importer = to.volumes(&blobs);
+    let imports = (0..4).map(|_| importer.import_snapshot(&session, &first, &export));
+    for (i, imported) in futures::future::join_all(imports).await.into_iter().enumerate() {
+        imported.unwrap_or_else(|e| panic!("import {i}: {e:?}"));
+    }
+    let dst = to.pool();
+    assert!(importer.holds(&session, &first, &export));
+    assert_eq!(std::fs::read_to_string(snapshot_file(dst, &session, &first, "tmp/first")).unwrap(), "one");
+    let images = dst.snapshot_images_dir(&session, &first);
+    assert_eq!(std::fs::read(images.join("pages-1.img")).unwrap(), vec![3u8; 300_000]);
+    let mode = |path: &std::path::Path| {
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(path).unwrap().permissions()) & 0o777
+    };
+    // What CRIU gives its own images (restored tasks read them inside the sandbox's user
+    // namespace), under a root only root may enter.
+    assert_eq!(mode(&images.join("pages-1.img")), 0o644);
+    assert_eq!(mode(images.ancestors().nth(2).unwrap()), 0o700, "the images root");
+    assert_eq!(dst.list_snapshots().unwrap().len(), 1);
+}

@@ -75,7 +75,7 @@ pub async fn resume(
 
 /// Pause (`frozen`) or resume: the sandbox first, then the recorded state (recovery makes the
 /// sandbox follow the record if a crash comes in between).
-async fn set_frozen(state: &AppState, caller: &Caller, id: &str, frozen: bool) -> AppResult<Session> {
+pub(crate) async fn set_frozen(state: &AppState, caller: &Caller, id: &str, frozen: bool) -> AppResult<Session> {
     let (from, to, action) = match frozen {
         true => (SessionState::Running, SessionState::Paused, "be paused"),
         false => (SessionState::Paused, SessionState::Running, "be resumed"),
@@ -323,6 +323,8 @@ pub async fn restore(
     let session = live_session(&state, &caller, &id).await?;
     let snapshot = find_snapshot(&state, &caller, &session.id, request.snapshot.as_str()).await?;
     let _guard = state.session_lock(&session.id).await;
+    let session = find_session(&state, &caller, &id).await?;
+    crate::durable::refuse_if_on_lost_node(&state, &session).await?;
     let from_suspended = session.state == SessionState::Suspended;
     let input = RestoreInput { snapshot: snapshot.id, sandbox: space_api::SandboxId::generate(), from_suspended };
     // A failed session too: one whose sandbox died comes back from its snapshots.

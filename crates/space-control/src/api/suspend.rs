@@ -4,6 +4,7 @@
 use axum::Extension;
 use axum::extract::State;
 use space_api::{ErrorBody, ErrorCode, SandboxId, Session, SessionId, SessionState, Snapshot, SnapshotKind, TenantId};
+use space_node_api::NodeApi;
 
 use super::find_session;
 use super::lifecycle::{
@@ -58,14 +59,28 @@ pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &Se
     if !state.store.transition(id, &[was], SessionState::Suspending, None).await? {
         return Err(AppError::new(ErrorCode::Conflict, format!("session {id} changed state meanwhile; try again")));
     }
-    match snapshot_durably(state, tenant, &session, paused, force).await {
+    let node = state.nodes.of(&session)?;
+    // Frozen from here on, so that nothing it does while its snapshot is exported is lost
+    // when its sandbox is removed; thawed again if the suspend fails.
+    let frozen = match paused {
+        true => Ok(()),
+        false => node.pause_sandbox(&sandbox).await.map_err(AppError::from),
+    };
+    let suspended = match frozen {
+        Ok(()) => snapshot_durably(state, tenant, &session, node.as_ref(), force).await,
+        Err(e) => Err(e),
+    };
+    match suspended {
         Ok(snapshot) => {
             note_snapshot(state, &snapshot, " to suspend").await;
-            remove_sandbox(state.nodes.of(&session)?.as_ref(), state, &sandbox).await?;
+            remove_sandbox(node.as_ref(), state, &sandbox).await?;
             state.store.transition(id, &[SessionState::Suspending], SessionState::Suspended, None).await?;
             Ok(())
         }
         Err(e) => {
+            if !paused && let Err(thaw) = node.resume_sandbox(&sandbox).await {
+                tracing::warn!(session = %id, error = %thaw, "the sandbox of a failed suspend could not be thawed");
+            }
             let message = format!("suspend failed, the session kept its sandbox: {}", e.0.message);
             state.store.transition(id, &[SessionState::Suspending], was, Some(&message)).await?;
             Err(e)
@@ -73,19 +88,19 @@ pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &Se
     }
 }
 
-/// The full snapshot a suspend keeps, exported to the blob store if the node has one. An
-/// export that fails fails the suspend (the snapshot stays, as an ordinary local one) unless
-/// `force`, which suspends with the snapshot on the node only and says so in an event.
+/// The full snapshot a suspend keeps, of the session's paused sandbox on `node`, exported to
+/// the blob store if the node has one. An export that fails fails the suspend, and the
+/// snapshot is deleted (it was taken only to suspend), unless `force`, which suspends with
+/// the snapshot on the node only and says so in an event.
 async fn snapshot_durably(
     state: &AppState,
     tenant: &TenantId,
     session: &Session,
-    paused: bool,
+    node: &dyn NodeApi,
     force: bool,
 ) -> AppResult<Snapshot> {
-    let snapshot = snapshot_locked(state, tenant, session, paused, SnapshotKind::Full, None).await?;
-    let node = state.nodes.of(session)?;
-    match crate::durable::export(state, node.as_ref(), &session.id, &snapshot.id).await {
+    let snapshot = snapshot_locked(state, tenant, session, true, SnapshotKind::Full, None).await?;
+    match crate::durable::export(state, node, &session.id, &snapshot.id).await {
         Ok(durable) => Ok(Snapshot { durable, ..snapshot }),
         Err(e) if force => {
             let message =
@@ -94,6 +109,8 @@ async fn snapshot_durably(
             Ok(snapshot)
         }
         Err(e) => {
+            state.store.delete_snapshot_row(&snapshot.id).await?;
+            node.delete_snapshot(&session.id, &snapshot.id).await?;
             let message = format!("{}; retry, or suspend with force=true to keep it on that node only", e.0.message);
             Err(AppError::new(ErrorCode::BlobStoreUnavailable, message))
         }

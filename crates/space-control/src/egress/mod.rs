@@ -577,6 +577,19 @@ pub async fn forget_session(state: &AppState, session: &Session) {
     forget_quietly(state.nodes.gateway(session.node.as_deref()), &session.id).await;
 }
 
+/// Tells node `node`'s gateway to forget `session`, which has moved to another node. That
+/// node may be lost (its lease ran out, yet it may still run): it is told all the same, for a
+/// bounded time; one that does not hear it forgets the session when it restarts.
+pub async fn forget_on(state: &AppState, node: &str, session: &SessionId) {
+    let told = tokio::time::timeout(FORGET_ELSEWHERE, forget_quietly(state.nodes.gateway(Some(node)), session));
+    if told.await.is_err() {
+        tracing::warn!(%session, node, "a node the session moved away from did not answer; it keeps the session's egress until it restarts");
+    }
+}
+
+/// How long [`forget_on`] waits for a node the session left.
+const FORGET_ELSEWHERE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Tells `gateway` to forget `session` where nothing can be done if it cannot be told (the
 /// session is gone either way): logged. A remote node that did not hear it keeps the
 /// session's egress until it restarts.

@@ -43,6 +43,7 @@ async fn a_suspended_session_resumes_on_another_node_once_its_own_is_lost() {
     let taken = snapshots(&server, &id).await;
     assert_eq!(taken.last().unwrap()["durable"], true, "a suspend exports its snapshot: {taken:?}");
     assert_eq!(blobs.len(), 1);
+    assert_eq!(server.sims[0].exported_while_running(), [], "the sandbox is frozen while its snapshot is exported");
     lose_node_a(&server).await;
 
     let (status, resumed) = server.act(&id, "resume", json!({})).await;
@@ -99,6 +100,9 @@ async fn a_suspend_whose_export_fails_keeps_the_session_running_unless_forced() 
     let (status, out) = server.exec(&id, &["true"]).await;
     assert_eq!(status, 200, "the session kept its sandbox: {out}");
 
+    assert!(snapshots(&server, &id).await.is_empty(), "the snapshot taken to suspend is deleted again");
+    assert!(server.sims[0].snapshots().is_empty(), "also on the node");
+
     let (status, body) = server.call("POST", &format!("/v1/sessions/{id}/suspend?force=true"), None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["state"], "suspended");
@@ -107,4 +111,45 @@ async fn a_suspend_whose_export_fails_keeps_the_session_running_unless_forced() 
     assert!(events.to_string().contains("not_durable"), "the forced suspend says so: {events}");
     let (status, resumed) = server.act(&id, "resume", json!({})).await;
     assert_eq!(status, 200, "its own node still resumes it: {resumed}");
+}
+
+#[tokio::test]
+async fn a_running_session_whose_node_is_lost_is_not_restored_elsewhere() {
+    let server = two_nodes(Some(SimBlobs::default())).await;
+    let id = suspended_on_a(&server).await;
+    let (status, resumed) = server.act(&id, "resume", json!({})).await;
+    assert_eq!((status, resumed["node"].as_str()), (200, Some("node-a")), "{resumed}");
+    let durable = snapshots(&server, &id).await.last().unwrap()["id"].as_str().unwrap().to_owned();
+    lose_node_a(&server).await;
+
+    // Its sandbox may still run on node-a: a second copy elsewhere would be two of it.
+    let reply = server.act(&id, "restore", json!({ "snapshot": durable })).await;
+    assert_error(&reply, 503, "sandbox_unavailable");
+    let (_, message) = error_of(&reply.1);
+    assert!(message.contains("node-a, which is lost") && message.contains("once node node-a is back"), "{message}");
+    let session = server.get(&id).await;
+    assert_eq!((session["state"].as_str(), session["node"].as_str()), (Some("running"), Some("node-a")));
+    assert!(server.sims[1].sandboxes().is_empty(), "nothing started on node-b");
+
+    // A new session from that durable snapshot is no second copy: it starts on node-b.
+    let (status, forks) = server.act(&id, "fork", json!({ "from": durable })).await;
+    assert_eq!(status, 201, "{forks}");
+    assert_eq!(forks["sessions"][0]["node"], "node-b");
+}
+
+#[tokio::test]
+async fn a_fork_placed_away_from_its_parents_node_leaves_no_egress_there() {
+    let server = two_nodes(Some(SimBlobs::default())).await;
+    let id = suspended_on_a(&server).await;
+    let durable = snapshots(&server, &id).await.last().unwrap()["id"].as_str().unwrap().to_owned();
+    lose_node_a(&server).await;
+
+    let (status, forks) = server.act(&id, "fork", json!({ "from": durable })).await;
+    assert_eq!(status, 201, "{forks}");
+    let fork: space_api::SessionId = forks["sessions"][0]["id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(forks["sessions"][0]["node"], "node-b");
+    assert!(server.sims[1].has_egress(&fork), "its egress went with it");
+    // Handed to the parent's node before it was placed, then taken back: node-a (lost by its
+    // lease, yet answering) holds none of its policy, CA or credentials.
+    assert!(!server.sims[0].has_egress(&fork), "node-a forgot it");
 }

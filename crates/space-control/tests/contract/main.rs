@@ -6,6 +6,7 @@
 mod auto_resume;
 mod database;
 mod disk;
+mod drain;
 mod durable;
 mod errors;
 mod exec_files;

@@ -144,6 +144,67 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/nodes/{id}/cordon": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cordons a node: it takes no new sessions, and resumes and forks from durable snapshots
+         *     kept on it start on another node. Sessions on it run on. Idempotent (admin only; 409 on a
+         *     control plane with one node).
+         */
+        post: operations["cordon"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/nodes/{id}/drain": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cordons a node and moves every session off it with nothing lost: a running or paused
+         *     session is suspended into a durable snapshot and resumed (paused again if it was) on
+         *     another node; a suspended one gets its newest full snapshot stored in the blob store, so
+         *     it resumes elsewhere. Sessions that could not be moved are listed with why; repeat the
+         *     drain to move what is left (admin only; 503 if the node is lost).
+         */
+        post: operations["drain"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/nodes/{id}/uncordon": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Lifts a node's cordon: it takes new sessions again (admin only). */
+        post: operations["uncordon"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/operations/{id}": {
         parameters: {
             query?: never;
@@ -1139,6 +1200,27 @@ export interface components {
              */
             used_bytes: number;
         };
+        /**
+         * @description A session a drain could not move off its node, and why (it is where it was, or suspended
+         *     with its processes in a durable snapshot).
+         */
+        DrainFailure: {
+            code: components["schemas"]["ErrorCode"];
+            message: string;
+            session: components["schemas"]["SessionId"];
+        };
+        /**
+         * @description What `POST /v1/nodes/{id}/drain` did: the node is cordoned, every session in `moved` runs
+         *     (or is paused) on another node now, every one in `durable` is suspended with its newest
+         *     full snapshot in the blob store (it resumes on another node), and the ones in `failed`
+         *     are still on the node. A drain can be repeated: it moves what is left.
+         */
+        DrainReport: {
+            durable: components["schemas"]["SessionId"][];
+            failed: components["schemas"]["DrainFailure"][];
+            moved: components["schemas"]["SessionId"][];
+            node: components["schemas"]["Node"];
+        };
         /** @description JSON body of every error response. */
         ErrorBody: {
             error: components["schemas"]["ErrorDetail"];
@@ -1350,6 +1432,11 @@ export interface components {
              */
             address?: string | null;
             capacity: components["schemas"]["NodeCapacity"];
+            /**
+             * @description Takes no new sessions (`space node cordon`); resumes and forks from durable snapshots
+             *     kept on it start on another node.
+             */
+            cordoned?: boolean;
             /** Format: int64 */
             heartbeat_at: number;
             id: string;
@@ -2834,6 +2921,341 @@ export interface operations {
                      *       "error": {
                      *         "code": "forbidden",
                      *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    cordon: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Node"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    drain: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DrainReport"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "blob_store_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    uncordon: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Node"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
                      *       }
                      *     }
                      */
