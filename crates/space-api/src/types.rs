@@ -27,6 +27,10 @@ pub enum SessionState {
     /// Creation failed, or the sandbox exited on its own; `error` says why. `destroy` is
     /// allowed, and `restore` from one of its snapshots.
     Failed,
+    /// Its node was lost while it ran (or was paused); its sandbox may still run there, and
+    /// `error` says when its newest durable full snapshot was taken. `resume` continues it:
+    /// on its sandbox if the node is back, else from that snapshot on another node.
+    Interrupted,
 }
 
 impl SessionState {
@@ -41,6 +45,7 @@ impl SessionState {
             SessionState::Destroying => "destroying",
             SessionState::Destroyed => "destroyed",
             SessionState::Failed => "failed",
+            SessionState::Interrupted => "interrupted",
         }
     }
 
@@ -55,6 +60,7 @@ impl SessionState {
             "destroying" => SessionState::Destroying,
             "destroyed" => SessionState::Destroyed,
             "failed" => SessionState::Failed,
+            "interrupted" => SessionState::Interrupted,
             _ => return None,
         })
     }

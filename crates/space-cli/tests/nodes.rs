@@ -256,3 +256,73 @@ fn a_drain_moves_a_counting_session_to_the_other_node_and_nothing_is_lost() {
         assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
     }
 }
+
+/// Two nodes sharing a blob store: a counting session with a durable full snapshot, then
+/// `kill -9` of its node's process and of its sandbox's processes. The node is lost, the
+/// session `interrupted`; resumed, it runs on the other node from that snapshot (CRIU), its
+/// counter going on from where the snapshot had it, and what it wrote after is gone.
+#[test]
+fn a_session_whose_node_is_killed_resumes_on_the_other_from_its_durable_snapshot() {
+    require_root!();
+    let blobs = tempfile::Builder::new().prefix("space-test-blobs-").tempdir_in("/var/tmp").unwrap();
+    let store = blobs.path().to_str().unwrap().to_owned();
+    let mut server = Server::start_split(&["--blob-store", &store]);
+    let second = ExtraNode::start_with(&server, "2", &["--blob-store", &store]);
+    server.add_node(&second);
+    let id = server.create_session(json!({}));
+    let session = get(&server, &id);
+    let placed = session["node"].as_str().unwrap().to_owned();
+    let (pid, other) =
+        if placed == second.name { (second.pid(), server.node_id()) } else { (server.node_pid(), second.name.clone()) };
+    let body = json!({ "cmd": ["sh", "-c", COUNTER], "background": true });
+    let (status, started) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    assert_eq!(status, 200, "{started}");
+    counter_above(&server, &id, 3);
+
+    let (status, snapshot) =
+        server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(json!({ "kind": "full" })));
+    assert_eq!(status, 201, "{snapshot}");
+    let snapshot = snapshot["id"].as_str().unwrap().to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (_, shown) = server.call("GET", &format!("/v1/sessions/{id}/snapshots/{snapshot}"), None);
+        if shown["durable"] == true {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never durable: {shown}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    server.exec(&id, &["sh", "-c", "echo after > /root/after"]);
+
+    // The node and everything of the sandbox, as a machine that dies.
+    let procs = cgroup_of(&server, &second, &session).join("cgroup.procs");
+    signal(pid, libc::SIGKILL);
+    for line in std::fs::read_to_string(&procs).unwrap_or_default().lines() {
+        if let Ok(sandboxed) = line.trim().parse::<u32>() {
+            // SAFETY: kill(2) of a process of the sandbox this test made.
+            unsafe { libc::kill(sandboxed as i32, libc::SIGKILL) };
+        }
+    }
+    wait_node_state(&server, &placed, "lost");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let interrupted = loop {
+        let session = get(&server, &id);
+        if session["state"] == "interrupted" {
+            break session;
+        }
+        assert!(std::time::Instant::now() < deadline, "never interrupted: {session}");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    };
+    assert!(interrupted["error"].as_str().unwrap().contains(&snapshot), "{interrupted}");
+
+    let (status, resumed) = server.call("POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
+    assert_eq!(status, 200, "{resumed}\n{}", server.log_text());
+    assert_eq!((resumed["state"].as_str(), resumed["node"].as_str()), (Some("running"), Some(other.as_str())));
+    // The counting process itself came back (it goes on from its count, not from 0).
+    let at_resume = counter(&server, &id);
+    assert!(at_resume > 3, "the counter started again: {at_resume}");
+    counter_above(&server, &id, at_resume);
+    let after = server.exec(&id, &["sh", "-c", "cat /root/after 2>/dev/null || echo gone"]);
+    assert_eq!(after["stdout"], "gone\n", "written after the snapshot: lost with the node");
+    assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
+}

@@ -75,7 +75,7 @@ enum Moved {
 /// The sessions (not destroyed) whose newest sandbox is on node `id`, oldest first.
 async fn sessions_on(state: &AppState, id: &str) -> AppResult<Vec<SessionRecord>> {
     use SessionState::*;
-    let states = [Creating, Running, Paused, Restoring, Suspending, Suspended, Destroying, Failed];
+    let states = [Creating, Running, Paused, Restoring, Suspending, Suspended, Destroying, Failed, Interrupted];
     let records = state.store.sessions_in_states(&states).await?;
     Ok(records.into_iter().filter(|r| r.session.node.as_deref() == Some(id)).collect())
 }

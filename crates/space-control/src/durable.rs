@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use space_api::error::ErrorCode;
-use space_api::{Session, SessionId, SessionState, SnapshotId};
+use space_api::{Session, SessionId, SnapshotId};
 use space_node_api::{NodeApi, NodeError};
 
 use crate::AppState;
@@ -35,6 +35,20 @@ pub async fn export(
             ),
         )),
     }
+}
+
+/// Exports a full snapshot off the call that took it (a scheduled one, one asked for, one to
+/// fork from): the session runs on meanwhile, since nothing of a snapshot changes once taken,
+/// and the snapshot shows `durable` once every object has landed. A node without a blob store
+/// has nothing to do; a failure is logged and the snapshot stays on its node only (the next
+/// full snapshot tries again).
+pub fn export_in_background(state: &AppState, node: Arc<dyn NodeApi>, session: &SessionId, snapshot: &SnapshotId) {
+    let (state, session, snapshot) = (state.clone(), session.clone(), snapshot.clone());
+    tokio::spawn(async move {
+        if let Err(e) = export(&state, node.as_ref(), &session, &snapshot).await {
+            tracing::warn!(%session, %snapshot, error = %e.0.message, "a full snapshot stays on its node only");
+        }
+    });
 }
 
 /// The node a sandbox of `session` starts on from `snapshot` (taken of `origin`: the session
@@ -90,27 +104,6 @@ pub async fn node_for_snapshot(
 /// picks one, which imports the snapshot.
 fn start_on<N>(own: Option<N>, keeper: Option<N>) -> Option<N> {
     own.or(keeper)
-}
-
-/// 503 `sandbox_unavailable` if `session` has a sandbox (it is running or paused) on a node
-/// that is lost: a lease that ran out does not prove that sandbox is dead, and starting the
-/// session elsewhere could leave two copies of it running. It waits for its node instead.
-pub async fn refuse_if_on_lost_node(state: &AppState, session: &Session) -> AppResult<()> {
-    let has_sandbox = matches!(session.state, SessionState::Running | SessionState::Paused);
-    let Some(node) = session.node.as_ref().filter(|_| has_sandbox) else { return Ok(()) };
-    if !crate::placement::lost_nodes(state).await?.contains(node) {
-        return Ok(());
-    }
-    Err(AppError::new(
-        ErrorCode::SandboxUnavailable,
-        format!(
-            "session {} is {} on node {node}, which is lost (`space node list`): its sandbox may still run there, \
-             so it is not started elsewhere; try again once node {node} is back, or fork a new session from one of \
-             its durable snapshots",
-            session.id,
-            session.state.as_str()
-        ),
-    ))
 }
 
 /// Why a snapshot that lives on one node's disk only cannot start on `target`.

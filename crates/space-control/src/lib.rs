@@ -13,6 +13,7 @@ pub mod durable;
 pub mod egress;
 pub mod error;
 pub mod idempotency;
+pub mod interrupt;
 pub mod keys;
 pub mod metrics;
 pub mod nodes;
@@ -190,6 +191,7 @@ pub async fn start(
     // The node is there from the start: its first heartbeat is written before the API serves.
     nodes::heartbeat(&state).await.map_err(context("recording the node's heartbeat"))?;
     nodes::spawn_heartbeats(state.clone());
+    interrupt::spawn(state.clone());
     // Only after recovery: its sweep destroys every sandbox no session owns (a node's own
     // pods are spared, but the sweep must not race their making). A replica that does not
     // keep a node leaves it to its keeper, and starts it when it takes the node over.

@@ -305,6 +305,9 @@ pub struct RestoreInput {
     /// Resuming a suspended session: a failure leaves it suspended.
     #[serde(default)]
     pub from_suspended: bool,
+    /// Resuming (or restoring) an interrupted session: a failure leaves it interrupted.
+    #[serde(default)]
+    pub from_interrupted: bool,
 }
 
 async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()> {
@@ -321,7 +324,9 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
     if let Some(node) = reachable_node(state, &id).await? {
         remove_sandbox(node.as_ref(), state, &input.sandbox).await?;
     }
-    let reason = if input.from_suspended { RestoreReason::Resume } else { RestoreReason::Restore };
+    // An interrupted session's sandbox is on a lost node: nothing of it stays on a cordoned one.
+    let resumed = input.from_suspended || input.from_interrupted;
+    let reason = if resumed { RestoreReason::Resume } else { RestoreReason::Restore };
     match start_from_snapshot(state, &record, &input.snapshot, input.sandbox.clone(), reason).await {
         Ok((node, handle)) => {
             let retired: Vec<SandboxId> = state
@@ -338,7 +343,7 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
                 let _ = node.pause_sandbox(sandbox).await;
             }
             state.store.transition(&id, &[SessionState::Restoring], SessionState::Running, None).await?;
-            let (kind, verb) = if input.from_suspended { ("resume", "resumed") } else { ("restore", "restored") };
+            let (kind, verb) = if resumed { ("resume", "resumed") } else { ("restore", "restored") };
             let message = format!("{verb} from snapshot {}", input.snapshot);
             crate::api::note(state, &id, kind, message).await;
             watch_exit(state.clone(), node.clone(), id, handle);
@@ -351,12 +356,14 @@ async fn restore_session(state: &AppState, op: &OperationRecord) -> AppResult<()
             if let Some(node) = &node {
                 remove_sandbox(node.as_ref(), state, &input.sandbox).await?;
             }
-            if input.from_suspended {
+            let back = match (input.from_suspended, input.from_interrupted) {
+                (true, _) => Some(SessionState::Suspended),
+                (_, true) => Some(SessionState::Interrupted),
+                _ => None,
+            };
+            if let Some(back) = back {
                 let message = format!("resume failed: {}", e.0.message);
-                state
-                    .store
-                    .transition(&id, &[SessionState::Restoring], SessionState::Suspended, Some(&message))
-                    .await?;
+                state.store.transition(&id, &[SessionState::Restoring], back, Some(&message)).await?;
             } else {
                 roll_back_restore(state, node, &id, previous, &e.0.message).await?;
             }

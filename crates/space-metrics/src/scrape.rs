@@ -12,7 +12,7 @@ use crate::METRICS;
 
 /// Every state but `destroyed` (whose count only grows) is shown, 0 when no session is in it,
 /// so each series exists from the first scrape.
-const STATES: [SessionState; 8] = [
+const STATES: [SessionState; 9] = [
     SessionState::Creating,
     SessionState::Running,
     SessionState::Paused,
@@ -21,6 +21,7 @@ const STATES: [SessionState; 8] = [
     SessionState::Suspended,
     SessionState::Destroying,
     SessionState::Failed,
+    SessionState::Interrupted,
 ];
 
 /// What the scrape reads from the store and the node.

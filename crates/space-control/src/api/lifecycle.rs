@@ -57,7 +57,8 @@ pub async fn pause(
 }
 
 /// Thaws a paused session, or brings a suspended one back from its full snapshot (processes
-/// continue where they were). Idempotent on a running one.
+/// continue where they were), or an interrupted one back on its sandbox if its node is back,
+/// else from its newest durable full snapshot on another node. Idempotent on a running one.
 #[utoipa::path(post, path = "/v1/sessions/{id}/resume", params(("id" = String, Path)),
     responses((status = 200, body = Session), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
         (status = 429, body = ErrorBody), (status = 507, body = ErrorBody)))]
@@ -67,8 +68,12 @@ pub async fn resume(
     ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<Session>> {
     let session = live_session(&state, &caller, &id).await?;
-    if session.state == SessionState::Suspended {
-        return Ok(ApiJson(super::suspend::resume_suspended(&state, &caller, &session).await?));
+    match session.state {
+        SessionState::Suspended => {
+            return Ok(ApiJson(super::suspend::resume_suspended(&state, &caller, &session).await?));
+        }
+        SessionState::Interrupted => return Ok(ApiJson(crate::interrupt::resume(&state, &caller, &session).await?)),
+        _ => {}
     }
     Ok(ApiJson(set_frozen(&state, &caller, &id, false).await?))
 }
@@ -165,11 +170,13 @@ pub(crate) async fn take_snapshot(
     }
     check_room_for_images(state, &session).await?;
     let snapshot = snapshot_locked(state, tenant, &session, paused, kind, name).await?;
+    let node = state.nodes.of(&session)?;
     if let Err(e) = check_room_for_images(state, &session).await {
         state.store.delete_snapshot_row(&snapshot.id).await?;
-        state.nodes.of(&session)?.delete_snapshot(&session.id, &snapshot.id).await?;
+        node.delete_snapshot(&session.id, &snapshot.id).await?;
         return Err(e);
     }
+    crate::durable::export_in_background(state, node, &session.id, &snapshot.id);
     Ok(snapshot)
 }
 
@@ -324,11 +331,17 @@ pub async fn restore(
     let snapshot = find_snapshot(&state, &caller, &session.id, request.snapshot.as_str()).await?;
     let _guard = state.session_lock(&session.id).await;
     let session = find_session(&state, &caller, &id).await?;
-    crate::durable::refuse_if_on_lost_node(&state, &session).await?;
-    let from_suspended = session.state == SessionState::Suspended;
-    let input = RestoreInput { snapshot: snapshot.id, sandbox: space_api::SandboxId::generate(), from_suspended };
-    // A failed session too: one whose sandbox died comes back from its snapshots.
-    let from = [SessionState::Running, SessionState::Paused, SessionState::Suspended, SessionState::Failed];
+    let session = crate::interrupt::if_node_lost(&state, &caller, &session).await?;
+    let input = RestoreInput {
+        snapshot: snapshot.id,
+        sandbox: space_api::SandboxId::generate(),
+        from_suspended: session.state == SessionState::Suspended,
+        from_interrupted: session.state == SessionState::Interrupted,
+    };
+    // A failed session too: one whose sandbox died comes back from its snapshots; and an
+    // interrupted one, whose node is lost.
+    use SessionState::*;
+    let from = [Running, Paused, Suspended, Failed, Interrupted];
     Ok(ApiJson(run_restore(&state, &caller, &session.id, input, &from, "be restored").await?))
 }
 

@@ -8,7 +8,7 @@ mod lifecycle;
 mod network;
 mod nodes;
 mod openapi;
-pub(crate) use lifecycle::{note, set_frozen, take_snapshot};
+pub(crate) use lifecycle::{invalid_state, note, run_restore, set_frozen, take_snapshot};
 pub(crate) use suspend::{resume_suspended, suspend_session};
 pub(crate) mod pool;
 mod ports;

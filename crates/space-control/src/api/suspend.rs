@@ -138,7 +138,12 @@ async fn resume_locked(state: &AppState, caller: &Caller, session: &Session) -> 
             format!("session {} has no full snapshot to resume from; restore a disk snapshot instead", session.id),
         ));
     };
-    let input = RestoreInput { snapshot: latest.id.clone(), sandbox: SandboxId::generate(), from_suspended: true };
+    let input = RestoreInput {
+        snapshot: latest.id.clone(),
+        sandbox: SandboxId::generate(),
+        from_suspended: true,
+        from_interrupted: false,
+    };
     run_restore(state, caller, &session.id, input, &[SessionState::Suspended], "be resumed").await
 }
 

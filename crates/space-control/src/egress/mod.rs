@@ -611,6 +611,7 @@ pub async fn push_all(state: &AppState) {
         SessionState::Restoring,
         SessionState::Destroying,
         SessionState::Failed,
+        SessionState::Interrupted,
     ];
     let sessions = match state.store.sessions_in_states(&states).await {
         Ok(sessions) => sessions,

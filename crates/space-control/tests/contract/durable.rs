@@ -114,7 +114,7 @@ async fn a_suspend_whose_export_fails_keeps_the_session_running_unless_forced() 
 }
 
 #[tokio::test]
-async fn a_running_session_whose_node_is_lost_is_not_restored_elsewhere() {
+async fn a_running_session_whose_node_is_lost_is_interrupted_and_started_elsewhere_only_when_asked() {
     let server = two_nodes(Some(SimBlobs::default())).await;
     let id = suspended_on_a(&server).await;
     let (status, resumed) = server.act(&id, "resume", json!({})).await;
@@ -122,16 +122,22 @@ async fn a_running_session_whose_node_is_lost_is_not_restored_elsewhere() {
     let durable = snapshots(&server, &id).await.last().unwrap()["id"].as_str().unwrap().to_owned();
     lose_node_a(&server).await;
 
-    // Its sandbox may still run on node-a: a second copy elsewhere would be two of it.
-    let reply = server.act(&id, "restore", json!({ "snapshot": durable })).await;
-    assert_error(&reply, 503, "sandbox_unavailable");
-    let (_, message) = error_of(&reply.1);
-    assert!(message.contains("node-a, which is lost") && message.contains("once node node-a is back"), "{message}");
-    let session = server.get(&id).await;
-    assert_eq!((session["state"].as_str(), session["node"].as_str()), (Some("running"), Some("node-a")));
+    // Its sandbox may still run on node-a: nothing starts elsewhere by itself.
+    let mut session = server.get(&id).await;
+    for _ in 0..100 {
+        if session["state"] == "interrupted" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        session = server.get(&id).await;
+    }
+    assert_eq!((session["state"].as_str(), session["node"].as_str()), (Some("interrupted"), Some("node-a")));
     assert!(server.sims[1].sandboxes().is_empty(), "nothing started on node-b");
 
-    // A new session from that durable snapshot is no second copy: it starts on node-b.
+    // Asked to, it restores there from its durable snapshot; a fork from it starts there too.
+    let (status, restored) = server.act(&id, "restore", json!({ "snapshot": durable })).await;
+    assert_eq!((status, restored["state"].as_str(), restored["node"].as_str()), (200, Some("running"), Some("node-b")));
+    assert_eq!(server.read_file(&id, "/note").await, "kept");
     let (status, forks) = server.act(&id, "fork", json!({ "from": durable })).await;
     assert_eq!(status, 201, "{forks}");
     assert_eq!(forks["sessions"][0]["node"], "node-b");

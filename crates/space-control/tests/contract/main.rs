@@ -13,6 +13,7 @@ mod exec_files;
 mod failures;
 mod harness;
 mod idempotency;
+mod interrupted;
 mod keys;
 mod lifecycle;
 mod nodes;

@@ -59,6 +59,8 @@ class SessionState(str, enum.Enum):
     DESTROYING = "destroying"
     DESTROYED = "destroyed"
     FAILED = "failed"
+    #: Its node was lost while it ran; ``resume()`` continues it (see ``Session.error``).
+    INTERRUPTED = "interrupted"
 
     def __str__(self) -> str:
         return self.value

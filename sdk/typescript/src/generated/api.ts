@@ -725,7 +725,8 @@ export interface paths {
         put?: never;
         /**
          * Thaws a paused session, or brings a suspended one back from its full snapshot (processes
-         *     continue where they were). Idempotent on a running one.
+         *     continue where they were), or an interrupted one back on its sandbox if its node is back,
+         *     else from its newest durable full snapshot on another node. Idempotent on a running one.
          */
         post: operations["resume"];
         delete?: never;
@@ -1819,7 +1820,7 @@ export interface components {
          * @description Where a session is in its life. Transitional states (`creating`, `destroying`) always end.
          * @enum {string}
          */
-        SessionState: "creating" | "running" | "paused" | "restoring" | "suspending" | "suspended" | "destroying" | "destroyed" | "failed";
+        SessionState: "creating" | "running" | "paused" | "restoring" | "suspending" | "suspended" | "destroying" | "destroyed" | "failed" | "interrupted";
         /** @description What a session uses now (`GET /v1/sessions/{id}/stats`). */
         SessionStats: {
             disk: components["schemas"]["DiskStats"];
