@@ -3,8 +3,9 @@
 //! ran out does not prove a node dead), so nothing is started elsewhere on its own unless the
 //! session asks for it (`auto_resume`). `resume` continues it on its sandbox if the node is
 //! back, else from its newest durable full snapshot on another node. When a lost node
-//! answers again, its interrupted sessions whose sandbox lives run on, and the sandboxes of
-//! sessions that moved away meanwhile are removed from it.
+//! answers again, its interrupted sessions whose sandbox lives run on, the sandboxes of
+//! sessions that moved away meanwhile are removed from it, and it is handed its sessions'
+//! egress again.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -191,7 +192,23 @@ async fn returned(state: &AppState, node_id: &str) -> AppResult<()> {
         }
     }
     let node = state.nodes.get(node_id)?;
-    remove_moved(state, node.as_ref()).await
+    remove_moved(state, node.as_ref()).await?;
+    push_egress(state, node_id).await
+}
+
+/// Hands the egress of every session placed on `node_id` to it again: a node that restarted
+/// while it was lost has forgotten what it was given (its gateway keeps it in memory).
+async fn push_egress(state: &AppState, node_id: &str) -> AppResult<()> {
+    use SessionState::*;
+    let placed = [Creating, Running, Paused, Restoring, Suspending, Suspended, Failed, Interrupted];
+    for record in state.store.sessions_in_states(&placed).await? {
+        if record.session.node.as_deref() == Some(node_id)
+            && let Err(e) = crate::egress::push_session(state, &record.session.id).await
+        {
+            tracing::warn!(session = %record.session.id, error = %e.0.message, "cannot hand a session's egress to its node again");
+        }
+    }
+    Ok(())
 }
 
 /// Removes from `node` the sandboxes of sessions whose newest sandbox is on another node

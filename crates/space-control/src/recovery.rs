@@ -87,7 +87,8 @@ pub async fn recover_node(state: &AppState, id: &str, mode: Mode) -> AppResult<(
             finish_suspend(state, node.as_ref(), &current.session, &sandboxes).await?;
         }
     }
-    for record in placed_on(state, id, &[SessionState::Running, SessionState::Paused]).await? {
+    let with_sandbox = [SessionState::Running, SessionState::Paused, SessionState::Interrupted];
+    for record in placed_on(state, id, &with_sandbox).await? {
         if let Some(kept) = recover_session(state, &node, &record.session.id, &sandboxes, mode).await? {
             keep.insert(kept);
         }
@@ -126,7 +127,8 @@ async fn recover_session(
 ) -> AppResult<Option<SandboxId>> {
     let _guard = state.session_lock(id).await;
     let Some(record) = state.store.session_any(id).await? else { return Ok(None) };
-    if !matches!(record.session.state, SessionState::Running | SessionState::Paused) {
+    let was = record.session.state;
+    if !matches!(was, SessionState::Running | SessionState::Paused | SessionState::Interrupted) {
         return Ok(None);
     }
     let sandbox = record.session.sandbox_id.as_ref();
@@ -140,6 +142,10 @@ async fn recover_session(
         sandboxes
     };
     let Some(handle) = alive_handle(node.as_ref(), sandboxes, sandbox).await else {
+        if was == SessionState::Interrupted {
+            // Its node was lost and its sandbox is gone: it resumes from its durable snapshot.
+            return Ok(None);
+        }
         let message = "the sandbox stopped while the server was down; destroy the session and create a new one";
         let from = [SessionState::Running, SessionState::Paused];
         state.store.transition(id, &from, SessionState::Failed, Some(message)).await?;
@@ -170,6 +176,13 @@ async fn recover_session(
     // The gateway's listeners died with the previous process.
     if let Err(e) = node.reattach_gateway(&handle, id).await {
         tracing::warn!(session = %id, error = %e, "the sandbox has no egress until it is restored");
+    }
+    // Interrupted while its node was lost, and the node is back with its sandbox: it runs on.
+    if was == SessionState::Interrupted {
+        let message = format!("node {} is back: the session runs on its sandbox there", node.node_id());
+        if state.store.transition(id, &[was], SessionState::Running, None).await? {
+            crate::api::note(state, id, "resume", message).await;
+        }
     }
     let kept = handle.id.clone();
     watch_exit(state.clone(), node.clone(), id.clone(), handle);

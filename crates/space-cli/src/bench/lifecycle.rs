@@ -19,7 +19,7 @@ use crate::client::Client;
 /// busybox has no python) and waits until it is built, which is when awk starts its `sleep`
 /// child (its resident size passes 100 MiB earlier, while the string is still being copied,
 /// and a snapshot then holds up to 185 MiB); prints the resident size in KiB.
-const HOLD_100_MIB: &str = r#"
+pub(super) const HOLD_100_MIB: &str = r#"
 awk 'BEGIN { s = sprintf("%104857600s", ""); while (1) system("sleep 100000") }' >/dev/null 2>&1 &
 pid=$!
 for _ in $(seq 200); do
@@ -33,7 +33,7 @@ echo "the memory holder did not finish building its 100 MiB in 10 s" >&2
 exit 1
 "#;
 
-async fn quiet_session(client: &Client, template: &str) -> anyhow::Result<Session> {
+pub(super) async fn quiet_session(client: &Client, template: &str) -> anyhow::Result<Session> {
     let request = CreateSessionRequest {
         template: Some(template.to_owned()),
         snapshot_policy: Some(SnapshotPolicy::off()),
@@ -117,7 +117,7 @@ async fn round_trips(
 }
 
 /// Deletes the full snapshots each suspend leaves behind, so they do not pile up.
-async fn delete_full_snapshots(client: &Client, id: &str) -> anyhow::Result<()> {
+pub(super) async fn delete_full_snapshots(client: &Client, id: &str) -> anyhow::Result<()> {
     let list: SnapshotList = client.get_json(&format!("/v1/sessions/{id}/snapshots")).await?;
     for snapshot in list.snapshots.iter().filter(|s| s.kind == SnapshotKind::Full) {
         delete_snapshot(client, id, snapshot).await?;

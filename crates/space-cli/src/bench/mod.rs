@@ -7,6 +7,7 @@ mod api;
 mod density;
 mod gateway;
 mod lifecycle;
+mod moves;
 mod peers;
 mod ports;
 mod report;
@@ -40,6 +41,10 @@ pub struct BenchArgs {
     /// Samples of the lifecycle measures (0 skips them).
     #[arg(long, default_value_t = 50)]
     lifecycle_n: usize,
+    /// Suspend-to-the-blob-store and resume-on-another-node rounds of a session holding 100
+    /// MiB (0 skips them; needs two nodes or more sharing a blob store, and the admin key).
+    #[arg(long, default_value_t = 0)]
+    move_n: usize,
     /// Template the sessions and the peers start from.
     #[arg(long, default_value = "busybox")]
     template: String,
@@ -124,6 +129,11 @@ async fn measure_all(client: &Client, args: &BenchArgs, data_dir: &Path, report:
         eprintln!("lifecycle: pause/resume, snapshots, restore, fork, full snapshots ({} samples)", args.lifecycle_n);
         api::set_pool(client, template, 0).await?;
         lifecycle::measure(client, template, args.lifecycle_n, report).await?;
+    }
+    if args.move_n > 0 {
+        eprintln!("moves: suspend to the blob store, resume on another node ({} samples)", args.move_n);
+        api::set_pool(client, template, 0).await?;
+        moves::measure(client, template, args.move_n, report).await?;
     }
     if args.burst > 0 {
         burst_measures(client, args, report).await?;

@@ -119,3 +119,21 @@ async fn an_interrupted_session_without_a_durable_snapshot_waits_for_its_node_an
     let (_, events) = server.call("GET", &format!("/v1/sessions/{id}/events"), None).await;
     assert!(events.to_string().contains("node node-a is back"), "{events}");
 }
+
+#[tokio::test]
+async fn an_interrupted_session_whose_node_is_back_when_the_server_restarts_runs_on_its_sandbox() {
+    let server = two_nodes(None).await;
+    let id = session_on_a(&server, json!({})).await;
+    server.write_file(&id, "/note", "kept").await;
+    let sandbox = server.get(&id).await["sandbox_id"].clone();
+    server.sims[0].fail_next(Op::Capacity, u32::MAX);
+    wait_node_state(&server, "node-a", "lost").await;
+    wait_until(&server, &id, "was interrupted", |s| s["state"] == "interrupted").await;
+
+    // A new server process; node-a answers it (its sandboxes outlived everything).
+    let server = server.stop().start().await;
+    let session = server.get(&id).await;
+    assert_eq!((session["state"].as_str(), session["node"].as_str()), (Some("running"), Some("node-a")));
+    assert_eq!(session["sandbox_id"], sandbox, "recovery kept its sandbox");
+    assert_eq!(server.read_file(&id, "/note").await, "kept");
+}
