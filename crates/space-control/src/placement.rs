@@ -84,7 +84,7 @@ pub async fn cordoned_nodes(state: &AppState) -> AppResult<HashSet<String>> {
 
 /// How long placement waits for a node: one that does not answer meanwhile (it stalled, and
 /// is not lost yet) is passed over.
-const ASK: Duration = Duration::from_secs(2);
+pub(crate) const ASK: Duration = Duration::from_secs(2);
 
 /// A node's capacity and pool now, if it answers: one that died since its last heartbeat
 /// fails the capacity call and is passed over.

@@ -113,6 +113,7 @@ impl NodeApi for SimNode {
     }
 
     async fn pool_status(&self) -> PoolStatus {
+        self.maybe_hang(Op::PoolStatus).await;
         self.state().pool.status()
     }
 

@@ -15,11 +15,19 @@ pub async fn get_pool(State(state): State<AppState>) -> AppResult<ApiJson<PoolSt
     Ok(ApiJson(pool_status(&state).await))
 }
 
-/// Every node's pool, summed (per template and runtime for the templates).
+/// Every node's pool, summed (per template and runtime for the templates), asked of all at
+/// once: a node that does not answer within [`crate::placement::ASK`] (stalled, or lost) is
+/// left out rather than holding the call.
 pub(crate) async fn pool_status(state: &AppState) -> PoolStatus {
+    let asked = state.nodes.iter().map(|(id, node)| async move {
+        let answer = tokio::time::timeout(crate::placement::ASK, node.pool_status()).await;
+        if answer.is_err() {
+            tracing::warn!(node = %id, "the node did not say how its pool is: left out of the sum");
+        }
+        answer.ok()
+    });
     let mut sum = PoolStatus::default();
-    for (_, node) in state.nodes.iter() {
-        let one = node.pool_status().await;
+    for one in futures::future::join_all(asked).await.into_iter().flatten() {
         sum.max_filling += one.max_filling;
         sum.filling += one.filling;
         sum.peak_filling += one.peak_filling;

@@ -39,3 +39,20 @@ async fn creates_take_ready_pods_and_the_admin_resizes_the_pool() {
     let cold = server.session().await;
     assert_eq!(busybox_pool(&server).await["misses"], 1, "{cold} started cold");
 }
+
+#[tokio::test]
+async fn a_node_that_does_not_say_how_its_pool_is_is_left_out_of_the_sum() {
+    let pool = BTreeMap::from([(("busybox".to_owned(), RuntimeKind::Linux), 2)]);
+    let node = |id: &str| SimConfig { node_id: id.into(), pool: pool.clone(), ..SimConfig::default() };
+    let server = Server::start_with_nodes(vec![node("node-a"), node("node-b")]).await;
+    // node-b's next answer never comes: the sum is node-a's alone, not a call that hangs.
+    server.sims[1].hang_next(space_node_sim::Op::PoolStatus);
+    let (status, pool) = server.call("GET", "/v1/pool", None).await;
+    assert_eq!(status, 200, "{pool}");
+    let busybox = pool["templates"].as_array().unwrap().iter().find(|p| p["template"] == "busybox").cloned();
+    assert_eq!(busybox.map(|p| p["size"].clone()), Some(json!(2)), "{pool}");
+    let (status, pool) = server.call("GET", "/v1/pool", None).await;
+    assert_eq!(status, 200, "{pool}");
+    let busybox = pool["templates"].as_array().unwrap().iter().find(|p| p["template"] == "busybox").cloned();
+    assert_eq!(busybox.map(|p| p["size"].clone()), Some(json!(4)), "both nodes again: {pool}");
+}
