@@ -11,6 +11,7 @@
 //! recovers the node's sessions ([`recovery::Mode::TakeOver`]).
 
 use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use space_store::{StoreError, now_ms};
@@ -52,22 +53,34 @@ pub async fn run_schedule(state: &AppState, tick: Duration) -> Result<bool, Stor
 /// its nodes (taking one over when its keeper died). `kept` are the nodes this replica keeps
 /// now. A beat the database cannot answer is logged; the next tries again.
 pub fn spawn_beats(state: AppState, kept: Vec<String>) {
-    let mut kept: BTreeSet<String> = kept.into_iter().collect();
+    let nodes = Arc::new(Mutex::new(Kept { kept: kept.into_iter().collect(), taking: BTreeSet::new() }));
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT_EVERY, HEARTBEAT_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            if let Err(e) = beat(&state, &mut kept).await {
+            if let Err(e) = beat(&state, &nodes).await {
                 tracing::warn!(error = %e.0.message, "replica heartbeat");
             }
         }
     });
 }
 
-/// One beat; updates `kept` to the nodes this replica keeps after it. A takeover that failed
-/// is tried again at the next beat.
-async fn beat(state: &AppState, kept: &mut BTreeSet<String>) -> AppResult<()> {
+/// The nodes this replica keeps, and those it is taking over (their recovery runs).
+struct Kept {
+    kept: BTreeSet<String>,
+    taking: BTreeSet<String>,
+}
+
+fn locked(nodes: &Mutex<Kept>) -> MutexGuard<'_, Kept> {
+    // Two sets, each changed in one call: never left half-changed by a panic.
+    nodes.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One beat. A node whose keeper died is taken over on a task of its own: its recovery may
+/// wait minutes for a node that does not answer, and the beats (this replica's leases)
+/// must go on meanwhile. A takeover that failed is tried again at a later beat.
+async fn beat(state: &AppState, nodes: &Arc<Mutex<Kept>>) -> AppResult<()> {
     announce(state).await?;
     let now = now_ms();
     state.store.renew_operation_leases(now.saturating_add(lease_ms(LEASE))).await?;
@@ -75,18 +88,36 @@ async fn beat(state: &AppState, kept: &mut BTreeSet<String>) -> AppResult<()> {
     if interrupted > 0 {
         tracing::info!(interrupted, "idempotent requests of a replica that stopped are interrupted");
     }
-    for (id, node) in state.nodes.iter() {
+    for (id, _) in state.nodes.iter() {
         let keeps = keep_node(state, id).await?;
-        let keeping = kept.contains(id);
+        let mut set = locked(nodes);
+        let keeping = set.kept.contains(id) || set.taking.contains(id);
         if keeps && !keeping {
             tracing::info!(node = %id, "the node's keeper stopped: this replica takes the node over");
-            recovery::recover_node(state, id, recovery::Mode::TakeOver).await?;
-            node.clone().start_background();
-            kept.insert(id.to_owned());
-        } else if keeping && !keeps {
+            set.taking.insert(id.to_owned());
+            take_over(state.clone(), nodes.clone(), id.to_owned());
+        } else if !keeps && set.kept.remove(id) {
             tracing::warn!(node = %id, "another replica took the node over (this one stalled past its lease)");
-            kept.remove(id);
         }
     }
     Ok(())
+}
+
+/// Recovers node `id`'s sessions and starts its background work; the node is kept from then
+/// on, or, if that failed, left for a later beat to try again.
+fn take_over(state: AppState, nodes: Arc<Mutex<Kept>>, id: String) {
+    tokio::spawn(async move {
+        let recovered = recovery::recover_node(&state, &id, recovery::Mode::TakeOver).await;
+        let mut set = locked(&nodes);
+        set.taking.remove(&id);
+        match (recovered, state.nodes.get(&id)) {
+            (Ok(()), Ok(node)) => {
+                node.clone().start_background();
+                set.kept.insert(id);
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(node = %id, error = %e.0.message, "taking the node over failed; a later beat tries again")
+            }
+        }
+    });
 }
