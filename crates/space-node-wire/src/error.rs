@@ -31,6 +31,14 @@ pub enum WireError {
         theirs.map_or("(none given)".to_string(), |v| v.to_string())
     )]
     VersionMismatch { ours: u32, theirs: Option<u32> },
+    /// The node's clock is further from this side's than [`crate::clock::MAX_SKEW`].
+    #[error(
+        "the node's clock is {} s {} this control plane's (at most {max_s} s apart are taken): \
+         set both clocks right (NTP) and start the node again",
+        skew_ms.unsigned_abs() / 1000,
+        if *skew_ms > 0 { "ahead of" } else { "behind" }
+    )]
+    ClockSkew { skew_ms: i64, max_s: u64 },
     /// The node refused the call.
     #[error("the node refused the call ({status}, {code}): {message}")]
     Refused { status: u16, code: String, message: String },

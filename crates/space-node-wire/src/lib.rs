@@ -11,6 +11,7 @@
 //! plane's end.
 
 mod client;
+pub mod clock;
 pub mod cluster;
 mod error;
 pub mod ops;
@@ -46,6 +47,10 @@ pub struct NodeInfo {
     pub builtin_templates: Vec<String>,
     pub checkpoints: Vec<CheckpointSupport>,
     pub capacity: NodeCapacity,
+    /// The node's clock when it answered, in milliseconds since the Unix epoch (absent from
+    /// releases before it was checked).
+    #[serde(default)]
+    pub now_ms: Option<i64>,
 }
 
 /// Whether a runtime's sandboxes can take full snapshots on the node.

@@ -53,7 +53,9 @@ pub struct RemoteNode {
 impl RemoteNode {
     /// Connects to the node `client` reaches and learns what it is.
     pub async fn connect(client: NodeClient) -> Result<Arc<RemoteNode>, WireError> {
+        let before = crate::clock::now_ms();
         let info = client.info().await?;
+        crate::clock::check(info.now_ms, before, crate::clock::now_ms())?;
         Ok(Arc::new(RemoteNode {
             client: Arc::new(client),
             info,

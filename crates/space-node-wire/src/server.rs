@@ -155,6 +155,7 @@ async fn info(node: &dyn NodeApi) -> NodeInfo {
             .map(|runtime| CheckpointSupport { runtime, support: node.checkpoint_support(runtime) })
             .collect(),
         capacity: node.capacity().await.unwrap_or_default(),
+        now_ms: Some(crate::clock::now_ms()),
     }
 }
 

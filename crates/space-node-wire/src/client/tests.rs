@@ -66,6 +66,10 @@ async fn a_control_replica_of_the_cluster_learns_what_the_node_is() {
     assert_eq!(info.api_version, NODE_API_VERSION);
     assert_eq!(info.runtimes, space_node_api::NodeApi::runtimes(&*SimNode::new(SimConfig::default())));
     assert_eq!(info.checkpoints.len(), space_api::RuntimeKind::ALL.len());
+    // It says its clock, which is this one's here: the check lets it in.
+    let said = info.now_ms.expect("a node says its clock");
+    assert!(crate::clock::check(Some(said), said - 1000, said + 1000).is_ok());
+    crate::RemoteNode::connect(cluster.client(&address, &cluster.control)).await.expect("a node on the same clock");
     // The connection is kept and used again.
     let client = cluster.client(&address, &cluster.control);
     for _ in 0..3 {
