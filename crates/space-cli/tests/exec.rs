@@ -58,7 +58,11 @@ fn background_processes_outlive_the_exec_that_started_them() {
     // busybox has no `nohup`; a plain `&` and `setsid` are the same pattern for spaced.
     let r = server.exec(&id, &["sh", "-c", "sleep 1000 >/dev/null 2>&1 & setsid sleep 1001 & echo started"]);
     assert_eq!(r["stdout"], "started\n", "{r}");
-    let r = server.exec(&id, &["sh", "-c", "ps -o args | grep -c '^sleep 100[01]'"]);
+    // A background child may not have exec'd `sleep` yet when the first exec returns: look a
+    // few times (bounded) rather than once.
+    let count = "for _ in $(seq 50); do n=$(ps -o args | grep -c '^sleep 100[01]'); [ \"$n\" = 2 ] && break; \
+                 sleep 0.1; done; echo $n";
+    let r = server.exec(&id, &["sh", "-c", count]);
     assert_eq!(r["stdout"], "2\n", "the background sleeps should still run: {r}");
 
     let (status, r) = server.call(
