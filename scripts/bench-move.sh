@@ -16,17 +16,9 @@ WORK=$(mktemp -d /var/tmp/space-bench-move.XXXXXX)
 # Sandboxes' mapped root must be able to reach their roots below it.
 chmod 755 "$WORK"
 PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    for dir in "$WORK"/serve "$WORK"/node-a "$WORK"/node-b; do
-        [ -d "$dir/pool/sandboxes" ] && for s in "$dir"/pool/sandboxes/*/rootfs; do
-            btrfs subvolume delete -c "$s" >/dev/null 2>&1 || true
-        done
-        umount -l "$dir/pool" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
+# shellcheck source=scripts/bench-common.sh
+. scripts/bench-common.sh
+cleanup() { stop_servers "$WORK"/serve "$WORK"/node-a "$WORK"/node-b; }
 trap cleanup EXIT
 common=(--default-template busybox --default-runtime linux --pool busybox=0 --pool-size-gib 8)
 "$SPACE" serve --listen 127.0.0.1:7191 --data-dir "$WORK/serve" --cgroup-parent space-bench-move-serve \
@@ -47,16 +39,6 @@ done
 "$SPACE" control --listen 127.0.0.1:7192 "${nodes[@]}" --name bench-control --cluster-dir "$WORK/cluster" \
     --data-dir "$WORK/control" --default-template busybox --prepare-templates busybox 2>"$WORK/control.log" &
 PIDS+=($!)
-wait_for() { # URL KEYFILE
-    for _ in $(seq 600); do
-        if [ -s "$2" ] && curl -sf -H "Authorization: Bearer $(cat "$2")" "$1/v1/templates" | grep -q busybox; then
-            return 0
-        fi
-        sleep 0.2
-    done
-    echo "no server at $1" >&2
-    exit 1
-}
 wait_for http://127.0.0.1:7191 "$WORK/serve/admin.key"
 wait_for http://127.0.0.1:7192 "$WORK/control/admin.key"
 measure() { # NAME URL KEYFILE

@@ -164,6 +164,39 @@ fn counter_above(server: &Server, id: &str, value: u64) -> u64 {
     }
 }
 
+/// Two nodes sharing a blob store (a directory), and a session running the counter on one of
+/// them (`placed`, whose process is `pid`; the other is `other`). Fields drop in this order:
+/// the servers before the store's directory.
+struct Counting {
+    server: Server,
+    second: ExtraNode,
+    id: String,
+    placed: String,
+    other: String,
+    pid: u32,
+    _blobs: tempfile::TempDir,
+}
+
+impl Counting {
+    fn start() -> Counting {
+        let blobs = tempfile::Builder::new().prefix("space-test-blobs-").tempdir_in("/var/tmp").unwrap();
+        let store = blobs.path().to_str().unwrap().to_owned();
+        let mut server = Server::start_split(&["--blob-store", &store]);
+        let second = ExtraNode::start_with(&server, "2", &["--blob-store", &store]);
+        server.add_node(&second);
+        let id = server.create_session(json!({}));
+        let placed = get(&server, &id)["node"].as_str().unwrap().to_owned();
+        let (pid, other) = match placed == second.name {
+            true => (second.pid(), server.node_id()),
+            false => (server.node_pid(), second.name.clone()),
+        };
+        let body = json!({ "cmd": ["sh", "-c", COUNTER], "background": true });
+        let (status, started) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+        assert_eq!(status, 200, "{started}");
+        Counting { server, second, id, placed, other, pid, _blobs: blobs }
+    }
+}
+
 /// Two nodes sharing a blob store (a directory): a session suspended on one is exported, its
 /// node is lost (stopped), and it resumes on the other from the blob store (its root
 /// received, its process images checked and restored by CRIU), its counter process counting
@@ -171,19 +204,9 @@ fn counter_above(server: &Server, id: &str, value: u64) -> u64 {
 #[test]
 fn a_counter_suspended_on_a_lost_node_resumes_on_the_other_and_keeps_counting() {
     require_root!();
-    let blobs = tempfile::Builder::new().prefix("space-test-blobs-").tempdir_in("/var/tmp").unwrap();
-    let store = blobs.path().to_str().unwrap().to_owned();
-    let mut server = Server::start_split(&["--blob-store", &store]);
-    let second = ExtraNode::start_with(&server, "2", &["--blob-store", &store]);
-    server.add_node(&second);
-    let id = server.create_session(json!({}));
-    let placed = get(&server, &id)["node"].as_str().unwrap().to_owned();
-    let (pid, other) =
-        if placed == second.name { (second.pid(), server.node_id()) } else { (server.node_pid(), second.name.clone()) };
-    let body = json!({ "cmd": ["sh", "-c", COUNTER], "background": true });
-    let (status, started) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
-    assert_eq!(status, 200, "{started}");
-    let before = counter_above(&server, &id, 3);
+    let c = Counting::start();
+    let (server, id, placed, other, pid) = (&c.server, &c.id, &c.placed, &c.other, c.pid);
+    let before = counter_above(server, id, 3);
 
     let (status, suspended) = server.call("POST", &format!("/v1/sessions/{id}/suspend"), Some(json!({})));
     assert_eq!((status, suspended["state"].as_str()), (200, Some("suspended")), "{suspended}");
@@ -193,16 +216,16 @@ fn a_counter_suspended_on_a_lost_node_resumes_on_the_other_and_keeps_counting() 
 
     signal(pid, libc::SIGSTOP);
     let stopped = Stopped(pid);
-    wait_node_state(&server, &placed, "lost");
+    wait_node_state(server, placed, "lost");
     let (status, resumed) = server.call("POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
     assert_eq!(status, 200, "{resumed}\n{}", server.log_text());
     assert_eq!((resumed["state"].as_str(), resumed["node"].as_str()), (Some("running"), Some(other.as_str())));
-    let at_resume = counter(&server, &id);
+    let at_resume = counter(server, id);
     assert!(at_resume >= before, "the counter went back from {before} to {at_resume}");
-    counter_above(&server, &id, at_resume);
+    counter_above(server, id, at_resume);
 
     drop(stopped);
-    wait_node_state(&server, &placed, "ready");
+    wait_node_state(server, placed, "ready");
     assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
 }
 
@@ -213,46 +236,36 @@ fn a_counter_suspended_on_a_lost_node_resumes_on_the_other_and_keeps_counting() 
 #[test]
 fn a_drain_moves_a_counting_session_to_the_other_node_and_nothing_is_lost() {
     require_root!();
-    let blobs = tempfile::Builder::new().prefix("space-test-blobs-").tempdir_in("/var/tmp").unwrap();
-    let store = blobs.path().to_str().unwrap().to_owned();
-    let mut server = Server::start_split(&["--blob-store", &store]);
-    let second = ExtraNode::start_with(&server, "2", &["--blob-store", &store]);
-    server.add_node(&second);
-    let id = server.create_session(json!({}));
-    let session = get(&server, &id);
-    let placed = session["node"].as_str().unwrap().to_owned();
-    let other = if placed == second.name { server.node_id() } else { second.name.clone() };
-    let old_cgroup = cgroup_of(&server, &second, &session);
-    let body = json!({ "cmd": ["sh", "-c", COUNTER], "background": true });
-    let (status, started) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
-    assert_eq!(status, 200, "{started}");
-    server.exec(&id, &["sh", "-c", "echo kept > /root/note"]);
-    let before = counter_above(&server, &id, 3);
+    let c = Counting::start();
+    let (server, second, id, placed, other) = (&c.server, &c.second, &c.id, &c.placed, &c.other);
+    let old_cgroup = cgroup_of(server, second, &get(server, id));
+    server.exec(id, &["sh", "-c", "echo kept > /root/note"]);
+    let before = counter_above(server, id, 3);
 
-    let out = server.cli(&["--json", "node", "drain", &placed]);
+    let out = server.cli(&["--json", "node", "drain", placed]);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert!(out.status.success(), "{report}\n{}\n{}", String::from_utf8_lossy(&out.stderr), server.log_text());
     assert_eq!((report["moved"].clone(), report["failed"].clone()), (json!([id]), json!([])), "{report}");
     assert_eq!(report["node"]["cordoned"], true, "{report}");
 
-    let moved = get(&server, &id);
+    let moved = get(server, id);
     assert_eq!((moved["state"].as_str(), moved["node"].as_str()), (Some("running"), Some(other.as_str())));
     assert!(!old_cgroup.exists(), "nothing of it runs on the drained node: {}", old_cgroup.display());
-    assert!(cgroup_of(&server, &second, &moved).exists());
-    let after = counter(&server, &id);
+    assert!(cgroup_of(server, second, &moved).exists());
+    let after = counter(server, id);
     assert!(after >= before, "the counter went back from {before} to {after}");
-    counter_above(&server, &id, after);
-    assert_eq!(server.exec(&id, &["cat", "/root/note"])["stdout"], "kept\n");
+    counter_above(server, id, after);
+    assert_eq!(server.exec(id, &["cat", "/root/note"])["stdout"], "kept\n");
 
     // Cordoned: new sessions go to the other node, until the cordon is lifted.
     let next = server.create_session(json!({}));
-    assert_eq!(get(&server, &next)["node"], other.as_str());
-    let out = server.cli(&["node", "uncordon", &placed]);
+    assert_eq!(get(server, &next)["node"], other.as_str());
+    let out = server.cli(&["node", "uncordon", placed]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = server.cli(&["node", "list"]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(!table.contains("cordoned"), "{table}");
-    for id in [&id, &next] {
+    for id in [id, &next] {
         assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
     }
 }
@@ -264,20 +277,10 @@ fn a_drain_moves_a_counting_session_to_the_other_node_and_nothing_is_lost() {
 #[test]
 fn a_session_whose_node_is_killed_resumes_on_the_other_from_its_durable_snapshot() {
     require_root!();
-    let blobs = tempfile::Builder::new().prefix("space-test-blobs-").tempdir_in("/var/tmp").unwrap();
-    let store = blobs.path().to_str().unwrap().to_owned();
-    let mut server = Server::start_split(&["--blob-store", &store]);
-    let second = ExtraNode::start_with(&server, "2", &["--blob-store", &store]);
-    server.add_node(&second);
-    let id = server.create_session(json!({}));
-    let session = get(&server, &id);
-    let placed = session["node"].as_str().unwrap().to_owned();
-    let (pid, other) =
-        if placed == second.name { (second.pid(), server.node_id()) } else { (server.node_pid(), second.name.clone()) };
-    let body = json!({ "cmd": ["sh", "-c", COUNTER], "background": true });
-    let (status, started) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
-    assert_eq!(status, 200, "{started}");
-    counter_above(&server, &id, 3);
+    let c = Counting::start();
+    let (server, second, id, placed, other, pid) = (&c.server, &c.second, &c.id, &c.placed, &c.other, c.pid);
+    let session = get(server, id);
+    counter_above(server, id, 3);
 
     let (status, snapshot) =
         server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(json!({ "kind": "full" })));
@@ -292,10 +295,10 @@ fn a_session_whose_node_is_killed_resumes_on_the_other_from_its_durable_snapshot
         assert!(std::time::Instant::now() < deadline, "never durable: {shown}");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    server.exec(&id, &["sh", "-c", "echo after > /root/after"]);
+    server.exec(id, &["sh", "-c", "echo after > /root/after"]);
 
     // The node and everything of the sandbox, as a machine that dies.
-    let procs = cgroup_of(&server, &second, &session).join("cgroup.procs");
+    let procs = cgroup_of(server, second, &session).join("cgroup.procs");
     signal(pid, libc::SIGKILL);
     for line in std::fs::read_to_string(&procs).unwrap_or_default().lines() {
         if let Ok(sandboxed) = line.trim().parse::<u32>() {
@@ -303,10 +306,10 @@ fn a_session_whose_node_is_killed_resumes_on_the_other_from_its_durable_snapshot
             unsafe { libc::kill(sandboxed as i32, libc::SIGKILL) };
         }
     }
-    wait_node_state(&server, &placed, "lost");
+    wait_node_state(server, placed, "lost");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let interrupted = loop {
-        let session = get(&server, &id);
+        let session = get(server, id);
         if session["state"] == "interrupted" {
             break session;
         }
@@ -319,10 +322,10 @@ fn a_session_whose_node_is_killed_resumes_on_the_other_from_its_durable_snapshot
     assert_eq!(status, 200, "{resumed}\n{}", server.log_text());
     assert_eq!((resumed["state"].as_str(), resumed["node"].as_str()), (Some("running"), Some(other.as_str())));
     // The counting process itself came back (it goes on from its count, not from 0).
-    let at_resume = counter(&server, &id);
+    let at_resume = counter(server, id);
     assert!(at_resume > 3, "the counter started again: {at_resume}");
-    counter_above(&server, &id, at_resume);
-    let after = server.exec(&id, &["sh", "-c", "cat /root/after 2>/dev/null || echo gone"]);
+    counter_above(server, id, at_resume);
+    let after = server.exec(id, &["sh", "-c", "cat /root/after 2>/dev/null || echo gone"]);
     assert_eq!(after["stdout"], "gone\n", "written after the snapshot: lost with the node");
     assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
 }

@@ -1,0 +1,28 @@
+# Shared by the benchmark scripts that start servers of their own (bench-split.sh,
+# bench-move.sh): source it after setting WORK and PIDS.
+
+# Stops the servers in PIDS, deletes the sandbox roots left in each data dir given, unmounts
+# their pools and removes WORK.
+stop_servers() { # DATA_DIR...
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    for dir in "$@"; do
+        [ -d "$dir/pool/sandboxes" ] && for s in "$dir"/pool/sandboxes/*/rootfs; do
+            btrfs subvolume delete -c "$s" >/dev/null 2>&1 || true
+        done
+        umount -l "$dir/pool" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+
+# Waits until the server at URL answers with the busybox template, with the key in KEYFILE.
+wait_for() { # URL KEYFILE
+    for _ in $(seq 600); do
+        if [ -s "$2" ] && curl -sf -H "Authorization: Bearer $(cat "$2")" "$1/v1/templates" | grep -q busybox; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    echo "no server at $1" >&2
+    exit 1
+}
