@@ -44,7 +44,7 @@ wait_for http://127.0.0.1:7192 "$WORK/control/admin.key"
 measure() { # NAME URL KEYFILE
     echo "== $1"
     "$SPACE" --url "$2" --api-key "$(cat "$3")" bench --no-peers --burst 0 --density 0 --lifecycle-n 0 \
-        --gateway-n 0 --ports-n 0 --n 2 --exec-n 1 --pool 0 --move-n "$SAMPLES" --out "$WORK/results"
+        --gateway-n 0 --ports-n 0 --n 2 --exec-n 1 --pool 1 --move-n "$SAMPLES" --out "$WORK/results"
 }
 for round in $(seq "$ROUNDS"); do
     echo "# round $round"

@@ -486,3 +486,30 @@ fn a_connection_to_the_gateway_does_not_stop_suspend_resume_or_fork() {
     let child = forked["sessions"][0]["id"].as_str().unwrap().to_owned();
     assert_eq!(stdout(&server, &child, "echo forked"), "forked");
 }
+
+/// A session restored from a full snapshot that is deleted after (and its trash reclaimed)
+/// is checkpointed again: its `/dev/.spaced` is bound from the pool's kept binary, not from the
+/// snapshot's own link, whose path the reclaim removes (CRIU would then find the binary
+/// deleted and refuse the dump: "Can't create link remap for /dev/.spaced").
+#[test]
+fn a_session_restored_from_a_full_snapshot_deleted_since_is_checkpointed_again() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    let full = json!({ "kind": "full" });
+    let (status, snapshot) = server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(full.clone()));
+    assert_eq!(status, 201, "{snapshot}");
+    let snapshot = snapshot["id"].as_str().unwrap().to_owned();
+    let (status, restored) =
+        server.call("POST", &format!("/v1/sessions/{id}/restore"), Some(json!({ "snapshot": snapshot })));
+    assert_eq!(status, 200, "{restored}");
+    let (status, body) = server.call("DELETE", &format!("/v1/sessions/{id}/snapshots/{snapshot}"), None);
+    assert_eq!(status, 204, "{body}");
+    eventually("the deleted snapshot's trash is reclaimed", || {
+        let (_, status) = server.call("GET", "/v1/status", None);
+        (status["pool"]["pending_deletions"] == 0).then_some(())
+    });
+    let (status, again) = server.call("POST", &format!("/v1/sessions/{id}/snapshots"), Some(full));
+    assert_eq!(status, 201, "{again}\n{}", server.log_text());
+    assert_eq!(server.exec(&id, &["echo", "ok"])["stdout"], "ok\n");
+}

@@ -108,7 +108,12 @@ impl Node {
         // Charged before a single process is restored: they continue at once.
         let root = self.root_from_snapshot(id, session, snapshot, rt.root_disk(), None, disk).await?;
         let spec = SandboxSpec { id: id.clone(), root, hostname: String::new(), limits };
-        let artifacts = self.checkpoint_artifacts(runtime, session, snapshot);
+        let artifacts = match self.checkpoint_artifacts(runtime, session, snapshot) {
+            CheckpointArtifacts::Criu { images, spaced } => {
+                CheckpointArtifacts::Criu { images, spaced: self.restore_binary(spaced).await? }
+            }
+            other => other,
+        };
         self.runtimes.record(id, runtime);
         let handle = rt
             .restore(&spec, &artifacts)
@@ -118,6 +123,22 @@ impl Node {
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
         self.connect_to_gateway_or_destroy(&handle).await?;
         Ok(handle)
+    }
+
+    /// The `spaced` a restore binds at `/dev/.spaced`: the pool's kept copy that the snapshot's
+    /// `link` is a hard link of, never the link itself. A bind mount holds the path it was made
+    /// from; once the snapshot is deleted and its trash reclaimed that path is gone, and the
+    /// restored sandbox's next checkpoint would fail (CRIU finds `/dev/.spaced` deleted and
+    /// asks for a link remap). The node's own binary is known by its inode; another (an older
+    /// build's snapshot) is found by its content.
+    async fn restore_binary(&self, link: std::path::PathBuf) -> Result<std::path::PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let inode = |path: &std::path::Path| std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok();
+        if inode(&link).is_some() && inode(&link) == inode(&self.kept_spaced) {
+            return Ok(self.kept_spaced.clone());
+        }
+        let pool = self.pool.clone();
+        blocking(move || Ok(pool.keep_binary(&link)?)).await
     }
 
     /// Where `runtime`'s checkpoint of `snapshot` lives.
