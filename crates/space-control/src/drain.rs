@@ -76,8 +76,7 @@ enum Moved {
 async fn sessions_on(state: &AppState, id: &str) -> AppResult<Vec<SessionRecord>> {
     use SessionState::*;
     let states = [Creating, Running, Paused, Restoring, Suspending, Suspended, Destroying, Failed, Interrupted];
-    let records = state.store.sessions_in_states(&states).await?;
-    Ok(records.into_iter().filter(|r| r.session.node.as_deref() == Some(id)).collect())
+    crate::recovery::placed_on(state, id, &states).await
 }
 
 async fn move_off(state: &AppState, node: &str, record: SessionRecord) -> AppResult<Moved> {

@@ -20,6 +20,7 @@ use crate::api::{find_session, note, run_restore};
 use crate::auth::Caller;
 use crate::error::{AppError, AppResult};
 use crate::reconciler::{RestoreInput, alive_handle, remove_sandbox};
+use crate::recovery::placed_on;
 
 /// How often the lost nodes are looked at: as often as nodes beat.
 const EVERY: Duration = crate::nodes::HEARTBEAT_EVERY;
@@ -180,10 +181,7 @@ async fn reattach(state: &AppState, session: &Session) -> AppResult<bool> {
 /// and the sandboxes of sessions that moved to another node meanwhile are removed from it.
 async fn returned(state: &AppState, node_id: &str) -> AppResult<()> {
     tracing::info!(node = node_id, "a lost node is back");
-    for record in state.store.sessions_in_states(&[SessionState::Interrupted]).await? {
-        if record.session.node.as_deref() != Some(node_id) {
-            continue;
-        }
+    for record in placed_on(state, node_id, &[SessionState::Interrupted]).await? {
         let _guard = state.session_lock(&record.session.id).await;
         if let Some(current) = state.store.session_any(&record.session.id).await?
             && current.session.state == SessionState::Interrupted
@@ -201,10 +199,8 @@ async fn returned(state: &AppState, node_id: &str) -> AppResult<()> {
 async fn push_egress(state: &AppState, node_id: &str) -> AppResult<()> {
     use SessionState::*;
     let placed = [Creating, Running, Paused, Restoring, Suspending, Suspended, Failed, Interrupted];
-    for record in state.store.sessions_in_states(&placed).await? {
-        if record.session.node.as_deref() == Some(node_id)
-            && let Err(e) = crate::egress::push_session(state, &record.session.id).await
-        {
+    for record in placed_on(state, node_id, &placed).await? {
+        if let Err(e) = crate::egress::push_session(state, &record.session.id).await {
             tracing::warn!(session = %record.session.id, error = %e.0.message, "cannot hand a session's egress to its node again");
         }
     }

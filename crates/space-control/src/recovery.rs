@@ -64,7 +64,7 @@ pub async fn recover(state: &AppState) -> AppResult<Vec<String>> {
 }
 
 /// The sessions in `states` placed on node `id`.
-async fn placed_on(state: &AppState, id: &str, states: &[SessionState]) -> AppResult<Vec<SessionRecord>> {
+pub(crate) async fn placed_on(state: &AppState, id: &str, states: &[SessionState]) -> AppResult<Vec<SessionRecord>> {
     let records = state.store.sessions_in_states(states).await?;
     Ok(records.into_iter().filter(|r| r.session.node.as_deref() == Some(id)).collect())
 }
