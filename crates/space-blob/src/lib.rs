@@ -9,17 +9,17 @@
 //! One interface over two backends, both `object_store`'s: a local directory (the default)
 //! and S3-compatible storage ([`BlobStore::open`]).
 
+mod download;
 mod location;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::StreamExt;
 use object_store::path::Path as Key;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use object_store::{GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 /// How much of a file is read, hashed and uploaded at a time.
 const CHUNK: usize = 8 << 20;
@@ -168,34 +168,15 @@ impl BlobStore {
 
     async fn download(&self, blob: &BlobRef, partial: &Path) -> Result<()> {
         let key = Self::key(blob)?;
-        let mut stream = self.store.get(&key).await.map_err(|e| missing(e, &key))?.into_stream();
-        // Made anew, so it gets this mode whatever a stale one had.
-        match tokio::fs::remove_file(partial).await {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(partial)(e)),
-            _ => {}
-        }
-        let mut file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(partial)
-            .await
-            .map_err(io(partial))?;
-        let mut hasher = Sha256::new();
-        let mut size = 0u64;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
-            size += chunk.len() as u64;
-            if size > blob.size {
-                // More than it should hold: corrupt whatever the rest is; stop reading.
-                let actual = BlobRef { sha256: "(not read to the end)".into(), size };
-                return check(&key, blob, actual);
+        let got = self.store.get(&key).await.map_err(|e| missing(e, &key))?;
+        let file = download::create(partial).await?;
+        let actual = match got.payload {
+            GetResultPayload::File(source, _) => {
+                download::copy_file(source, got.range, file, blob.size, partial).await?
             }
-            hasher.update(&chunk);
-            file.write_all(&chunk).await.map_err(io(partial))?;
-        }
-        file.sync_all().await.map_err(io(partial))?;
-        check(&key, blob, BlobRef { sha256: hex::encode(hasher.finalize()), size })
+            GetResultPayload::Stream(stream) => download::copy_stream(stream, file, blob.size, partial).await?,
+        };
+        check(&key, blob, actual)
     }
 
     /// Puts `data` under `blob`'s key whatever it hashes to, as a disk fault or an intruder

@@ -97,6 +97,19 @@ impl Pool {
         Ok(kept)
     }
 
+    /// The binary kept by [`Pool::keep_binary`] under `sha256`, if the pool has it intact: an
+    /// import need not fetch a `spaced` the pool already runs. Anything but 64 lower-case hex
+    /// digits names none (it would otherwise become part of a path).
+    pub fn kept_binary(&self, sha256: &str) -> Option<PathBuf> {
+        use sha2::Digest;
+        if sha256.len() != 64 || !sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return None;
+        }
+        let kept = self.root().join("binaries").join(sha256);
+        let content = std::fs::read(&kept).ok()?;
+        (hex::encode(sha2::Sha256::digest(&content)) == sha256).then_some(kept)
+    }
+
     /// A new sandbox root from a snapshot; `identity` as for a template (`None` keeps the
     /// snapshot's, as a restored process tree needs).
     pub fn create_sandbox_root_from_snapshot(

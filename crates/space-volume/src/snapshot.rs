@@ -3,10 +3,11 @@
 //! is there (space-storage writes it last), so an import writes it last too.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use space_api::durable::plain_file_name;
 use space_api::{SessionId, SnapshotId};
+use space_blob::{BlobRef, BlobStore};
 
 use crate::{ExportedFile, Result, SnapshotExport, VolumeError, Volumes};
 
@@ -86,8 +87,22 @@ impl Volumes {
             // user namespace. The images root (0700, root's) keeps everyone else out.
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(IMAGE_MODE)).map_err(|e| io(&path, e))?;
         }
+        let kept = self.keep_binary(snapshot, spaced).await;
+        let (pool, session, snapshot, kept) = (self.pool.clone(), session.clone(), snapshot.clone(), kept?);
+        tokio::task::spawn_blocking(move || pool.link_snapshot_binary(&session, &snapshot, &kept)).await??;
+        Ok(())
+    }
+
+    /// The pool's copy of the `spaced` of `blob`: the one it keeps already when it has one of
+    /// that hash, else fetched (checked) and kept.
+    async fn keep_binary(&self, snapshot: &SnapshotId, blob: &BlobRef) -> Result<PathBuf> {
+        BlobStore::key(blob)?;
+        let (pool, sha256) = (self.pool.clone(), blob.sha256.clone());
+        if let Some(kept) = tokio::task::spawn_blocking(move || pool.kept_binary(&sha256)).await? {
+            return Ok(kept);
+        }
         let binary = self.scratch_file(snapshot, "spaced")?;
-        let fetched = self.blobs.get_to_file(spaced, &binary).await;
+        let fetched = self.blobs.get_to_file(blob, &binary).await;
         let kept = match fetched {
             Ok(()) => {
                 let (pool, path) = (self.pool.clone(), binary.clone());
@@ -96,9 +111,7 @@ impl Volumes {
             Err(e) => Err(e.into()),
         };
         let _ = std::fs::remove_file(&binary);
-        let (pool, session, snapshot, kept) = (self.pool.clone(), session.clone(), snapshot.clone(), kept?);
-        tokio::task::spawn_blocking(move || pool.link_snapshot_binary(&session, &snapshot, &kept)).await??;
-        Ok(())
+        kept
     }
 }
 

@@ -211,3 +211,36 @@ async fn imports_of_one_snapshot_started_together_all_find_it_whole() {
     assert_eq!(mode(images.ancestors().nth(2).unwrap()), 0o700, "the images root");
     assert_eq!(dst.list_snapshots().unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn an_import_uses_the_spaced_its_pool_keeps_and_fetches_one_it_does_not() {
+    let (from, to) = (TestPool::new("kept-from"), TestPool::new("kept-to"));
+    let blob_dir = tempfile::tempdir().unwrap();
+    let blobs = space_blob::store_under_test(blob_dir.path());
+    let (session, first, second) = two_snapshots(from.pool());
+    make_full(from.pool(), &session, &first, from.dir.path());
+    make_full(from.pool(), &session, &second, from.dir.path());
+    let export = from.volumes(&blobs).export_snapshot(&session, &first, None).await.unwrap();
+    let second_export = from.volumes(&blobs).export_snapshot(&session, &second, None).await.unwrap();
+    let spaced = export.spaced.clone().unwrap();
+
+    // The object is gone, but `to` keeps a binary of that hash: nothing to fetch.
+    let binary = to.dir.path().join("spaced");
+    std::fs::write(&binary, "a static spaced").unwrap();
+    to.pool().keep_binary(&binary).unwrap();
+    blobs.delete(&spaced).await.unwrap();
+    to.volumes(&blobs).import_snapshot(&session, &first, &export).await.expect("the kept binary serves");
+    assert_eq!(std::fs::read(to.pool().snapshot_binary(&session, &first)).unwrap(), b"a static spaced");
+
+    // A kept copy whose bytes no longer match its name is not used: the object is fetched,
+    // and here it is gone, so the import fails whole.
+    let kept = to.pool().kept_binary(&spaced.sha256).unwrap();
+    std::fs::remove_file(to.pool().snapshot_binary(&session, &first)).unwrap();
+    std::fs::remove_file(&kept).unwrap();
+    std::fs::write(&kept, "something else").unwrap();
+    assert_eq!(to.pool().kept_binary(&spaced.sha256), None);
+    let err = to.volumes(&blobs).import_snapshot(&session, &second, &second_export).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Blob(BlobError::Missing { .. })), "{err:?}");
+    assert!(!to.pool().snapshot_has_images(&session, &second));
+    assert_eq!(to.pool().kept_binary("../binaries/x"), None, "not a hash: names no file");
+}

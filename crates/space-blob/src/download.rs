@@ -1,0 +1,97 @@
+//! An object's bytes into a file, hashed on the way, in large pieces. `object_store` hands a
+//! local object back as its open file and streams it 8 KiB at a time, each piece a trip to
+//! the blocking pool (and tokio's file writes are another each): for a memory image of
+//! hundreds of megabytes that was most of an import. A local object is copied in one
+//! blocking task instead, and a remote stream is written through a large buffer.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::ops::Range;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::{BlobError, BlobRef, CHUNK, Result, io};
+
+/// What a read that went past the size it expected reports as its hash: the rest is not
+/// read, as the object is corrupt whatever it holds.
+const NOT_READ_TO_THE_END: &str = "(not read to the end)";
+
+/// Makes the file a download goes to anew, readable by its owner only, so it gets that mode
+/// whatever a stale one had.
+pub(crate) async fn create(partial: &Path) -> Result<std::fs::File> {
+    match tokio::fs::remove_file(partial).await {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(partial)(e)),
+        _ => {}
+    }
+    let path = partial.to_owned();
+    let opened = tokio::task::spawn_blocking(move || {
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)
+    })
+    .await
+    .map_err(|e| io(partial)(std::io::Error::other(e)))?;
+    opened.map_err(io(partial))
+}
+
+/// Copies `range` of the local object's `source` into `dest`, hashing it; reads no further
+/// than one byte past `expected` bytes.
+pub(crate) async fn copy_file(
+    mut source: std::fs::File,
+    range: Range<u64>,
+    mut dest: std::fs::File,
+    expected: u64,
+    partial: &Path,
+) -> Result<BlobRef> {
+    let path = partial.to_owned();
+    let copied = tokio::task::spawn_blocking(move || -> std::io::Result<BlobRef> {
+        source.seek(SeekFrom::Start(range.start))?;
+        let len = range.end.saturating_sub(range.start).min(expected + 1);
+        let mut source = source.take(len);
+        let (mut hasher, mut size, mut buf) = (Sha256::new(), 0u64, vec![0; CHUNK]);
+        loop {
+            let n = source.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            size += n as u64;
+            if size > expected {
+                return Ok(BlobRef { sha256: NOT_READ_TO_THE_END.into(), size });
+            }
+            hasher.update(&buf[..n]);
+            dest.write_all(&buf[..n])?;
+        }
+        dest.sync_all()?;
+        Ok(BlobRef { sha256: hex::encode(hasher.finalize()), size })
+    })
+    .await
+    .map_err(|e| io(&path)(std::io::Error::other(e)))?;
+    copied.map_err(io(partial))
+}
+
+/// Writes `stream` into `dest` through a buffer of [`CHUNK`] bytes, hashing it; stops at the
+/// first piece past `expected` bytes.
+pub(crate) async fn copy_stream(
+    mut stream: BoxStream<'static, object_store::Result<Bytes>>,
+    dest: std::fs::File,
+    expected: u64,
+    partial: &Path,
+) -> Result<BlobRef> {
+    let mut file = tokio::io::BufWriter::with_capacity(CHUNK, tokio::fs::File::from_std(dest));
+    let (mut hasher, mut size) = (Sha256::new(), 0u64);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(BlobError::from)?;
+        size += chunk.len() as u64;
+        if size > expected {
+            return Ok(BlobRef { sha256: NOT_READ_TO_THE_END.into(), size });
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await.map_err(io(partial))?;
+    }
+    file.flush().await.map_err(io(partial))?;
+    file.get_ref().sync_all().await.map_err(io(partial))?;
+    Ok(BlobRef { sha256: hex::encode(hasher.finalize()), size })
+}
