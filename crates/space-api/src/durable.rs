@@ -47,11 +47,41 @@ impl SnapshotExport {
         self.spaced.is_some()
     }
 
+    /// Every object it names: what the blob store keeps while the export is recorded. (An
+    /// incremental export also needs its parent's stream: the parent snapshot's own export
+    /// names it, so the parent must be kept while a child needs it.)
+    pub fn blobs(&self) -> impl Iterator<Item = &BlobRef> {
+        std::iter::once(&self.disk.stream).chain(self.images.iter().map(|f| &f.blob)).chain(self.spaced.as_ref())
+    }
+
     /// Bytes in the blob store, counting shared objects once per reference.
     pub fn size(&self) -> u64 {
         let images: u64 = self.images.iter().map(|f| f.blob.size).sum();
         self.disk.stream.size + images + self.spaced.as_ref().map_or(0, |b| b.size)
     }
+}
+
+/// What a sweep of the blob store did: objects no recorded export names, and older than the
+/// sweep's minimum age, are deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BlobSweep {
+    pub deleted_objects: u64,
+    pub deleted_bytes: u64,
+    /// Objects kept: named by an export, or too young to judge (an export may be storing them).
+    pub kept_objects: u64,
+    /// Whether it went through the whole store; one that ran out of time stopped early, and
+    /// the next sweep goes on.
+    pub complete: bool,
+}
+
+/// `POST /v1/blobs/sweep`: whether the sweep ran, and what it did. It is put off (`swept`
+/// false, with why) while an export is under way or another replica sweeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BlobSweepReport {
+    pub swept: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub put_off: Option<String>,
+    pub objects: BlobSweep,
 }
 
 /// Whether `name` is a file name an export may carry: one path component, not `.` or `..`.

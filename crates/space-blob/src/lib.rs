@@ -12,10 +12,13 @@
 mod download;
 mod location;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures::StreamExt;
 use object_store::path::Path as Key;
 use object_store::{GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use sha2::{Digest, Sha256};
@@ -25,7 +28,7 @@ use tokio::io::AsyncReadExt;
 const CHUNK: usize = 8 << 20;
 
 /// An object by its content: what a snapshot's export records of each of its parts.
-pub use space_api::durable::BlobRef;
+pub use space_api::durable::{BlobRef, BlobSweep};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlobError {
@@ -185,6 +188,41 @@ impl BlobStore {
     pub async fn replace_object(&self, blob: &BlobRef, data: Vec<u8>) -> Result<()> {
         self.store.put(&Self::key(blob)?, PutPayload::from(data)).await?;
         Ok(())
+    }
+
+    /// Deletes every object not named in `keep` (SHA-256s) that is at least `min_age` old.
+    /// A younger one may belong to an export not yet recorded; the next sweep judges it.
+    /// Only keys of this layout (`sha256/XX/` and a SHA-256) are deleted. Stops deleting once
+    /// `budget` has passed (`complete: false`).
+    pub async fn sweep(&self, keep: &HashSet<String>, min_age: Duration, budget: Duration) -> Result<BlobSweep> {
+        let started = std::time::Instant::now();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as i64;
+        let cutoff = now.saturating_sub(min_age.as_millis() as i64);
+        let mut listed = self.store.list(Some(&Key::from("sha256")));
+        let mut report = BlobSweep::default();
+        while let Some(meta) = listed.next().await.transpose()? {
+            if started.elapsed() > budget {
+                return Ok(report);
+            }
+            let Some(sha256) = meta.location.filename().map(str::to_owned) else { continue };
+            let ours =
+                BlobStore::key(&BlobRef { sha256: sha256.clone(), size: meta.size }).is_ok_and(|k| k == meta.location);
+            if !ours {
+                continue;
+            }
+            if keep.contains(&sha256) || meta.last_modified.timestamp_millis() > cutoff {
+                report.kept_objects += 1;
+                continue;
+            }
+            match self.store.delete(&meta.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            report.deleted_objects += 1;
+            report.deleted_bytes += meta.size;
+        }
+        report.complete = true;
+        Ok(report)
     }
 
     /// Deletes `blob`'s object; one already gone is fine.

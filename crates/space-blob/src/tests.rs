@@ -174,3 +174,32 @@ async fn a_fetched_file_is_readable_by_its_owner_only() {
     assert_eq!(std::fs::read(&dest).unwrap(), b"memory of a sandbox");
     t.blobs.delete(&blob).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_sweep_deletes_old_objects_no_export_names_and_keeps_the_rest() {
+    let t = test_store();
+    let (kept, dropped) = (random_bytes(1000), random_bytes(3000));
+    let kept = t.blobs.put_bytes(Bytes::from(kept)).await.unwrap();
+    let dropped = t.blobs.put_bytes(Bytes::from(dropped)).await.unwrap();
+    let keep: std::collections::HashSet<String> = [kept.sha256.clone()].into();
+
+    // Too young to judge: an export may be storing it and not yet recorded.
+    let (hour, zero) = (std::time::Duration::from_secs(3600), std::time::Duration::ZERO);
+    let young = t.blobs.sweep(&keep, hour, hour).await.unwrap();
+    assert_eq!(young, BlobSweep { deleted_objects: 0, deleted_bytes: 0, kept_objects: 2, complete: true });
+    assert!(t.blobs.exists(&dropped).await.unwrap());
+
+    let out_of_time = t.blobs.sweep(&keep, zero, zero).await.unwrap();
+    assert_eq!(out_of_time, BlobSweep::default(), "no time: nothing looked at");
+    assert!(t.blobs.exists(&dropped).await.unwrap());
+
+    // An object's age is the store's clock against this host's: a store a few seconds ahead
+    // must not make the test flaky, so age zero is judged a little later.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let swept = t.blobs.sweep(&keep, zero, hour).await.unwrap();
+    assert_eq!(swept, BlobSweep { deleted_objects: 1, deleted_bytes: 3000, kept_objects: 1, complete: true });
+    assert!(!t.blobs.exists(&dropped).await.unwrap());
+    assert!(t.blobs.exists(&kept).await.unwrap());
+    t.blobs.get_bytes(&kept).await.expect("what is kept reads back whole");
+    t.blobs.delete(&kept).await.unwrap();
+}

@@ -110,6 +110,9 @@ enum Command {
     /// The nodes that run sandboxes (needs the admin key).
     #[command(subcommand)]
     Node(NodeCommand),
+    /// The blob store durable snapshots are kept in (needs the admin key).
+    #[command(subcommand)]
+    Blobs(BlobsCommand),
     /// The certificate authority control replicas and nodes authenticate each other with.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
@@ -144,6 +147,14 @@ enum NodeCommand {
         /// Node id (`space node list`).
         node: String,
     },
+}
+
+#[derive(Subcommand)]
+enum BlobsCommand {
+    /// Delete the objects no snapshot names any more (those of deleted snapshots and
+    /// destroyed sessions) and at least 15 minutes old. Put off while a snapshot is being
+    /// exported; the control plane also sweeps hourly.
+    Sweep,
 }
 
 #[derive(Subcommand)]
@@ -282,6 +293,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if !report.failed.is_empty() {
                 return Ok(ExitCode::FAILURE);
             }
+        }
+        Command::Blobs(BlobsCommand::Sweep) => {
+            let report = client.post_json("/v1/blobs/sweep", &serde_json::json!({})).await?;
+            output::print_blob_sweep(&report, json)?;
         }
         Command::Status => {
             let status: space_api::Status = client.get_json("/v1/status").await?;

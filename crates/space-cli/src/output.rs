@@ -293,6 +293,21 @@ pub fn print_drain(report: &space_api::DrainReport, json: bool) -> anyhow::Resul
     Ok(())
 }
 
+/// What a sweep of the blob store deleted, or why it was put off.
+pub fn print_blob_sweep(report: &space_api::durable::BlobSweepReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(report);
+    }
+    match &report.put_off {
+        Some(why) => println!("blob store not swept: {why}"),
+        None => println!(
+            "blob store swept: {} objects ({} bytes) deleted, {} kept",
+            report.objects.deleted_objects, report.objects.deleted_bytes, report.objects.kept_objects
+        ),
+    }
+    Ok(())
+}
+
 pub fn print_pool(pool: &PoolStatus, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(pool);

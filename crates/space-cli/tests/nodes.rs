@@ -268,6 +268,17 @@ fn a_drain_moves_a_counting_session_to_the_other_node_and_nothing_is_lost() {
     for id in [id, &next] {
         assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
     }
+
+    // The drain's export is no snapshot's any more, but its objects are too young to judge.
+    let out = server.cli(&["--json", "blobs", "sweep"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert!(out.status.success(), "{report}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        (report["swept"].as_bool(), report["objects"]["deleted_objects"].as_u64()),
+        (Some(true), Some(0)),
+        "{report}"
+    );
+    assert!(report["objects"]["kept_objects"].as_u64() >= Some(3), "root stream, images, spaced: {report}");
 }
 
 /// Two nodes sharing a blob store: a counting session with a durable full snapshot, then

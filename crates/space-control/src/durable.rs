@@ -20,6 +20,18 @@ pub async fn export(
     session: &SessionId,
     snapshot: &SnapshotId,
 ) -> AppResult<bool> {
+    let exporting = crate::retention::exporting(state, snapshot).await?;
+    let exported = export_held(state, node, session, snapshot).await;
+    exporting.end().await;
+    exported
+}
+
+async fn export_held(
+    state: &AppState,
+    node: &dyn NodeApi,
+    session: &SessionId,
+    snapshot: &SnapshotId,
+) -> AppResult<bool> {
     match node.export_snapshot(session, snapshot).await {
         Ok(export) => {
             state.store.set_snapshot_export(snapshot, &export).await?;

@@ -23,6 +23,7 @@ mod proxy;
 pub mod reconciler;
 pub mod recovery;
 pub mod replicas;
+pub mod retention;
 pub mod scheduler;
 pub mod server;
 pub mod watches;
@@ -192,6 +193,7 @@ pub async fn start(
     nodes::heartbeat(&state).await.map_err(context("recording the node's heartbeat"))?;
     nodes::spawn_heartbeats(state.clone());
     interrupt::spawn(state.clone());
+    retention::spawn(state.clone());
     // Only after recovery: its sweep destroys every sandbox no session owns (a node's own
     // pods are spared, but the sweep must not race their making). A replica that does not
     // keep a node leaves it to its keeper, and starts it when it takes the node over.

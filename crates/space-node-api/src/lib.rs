@@ -20,6 +20,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use space_api::egress::AuditEvent;
@@ -29,7 +30,7 @@ use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 pub use space_api::TemplateInfo;
-pub use space_api::durable::SnapshotExport;
+pub use space_api::durable::{BlobSweep, SnapshotExport};
 pub use space_runtime::{Limits, SandboxHandle, SandboxStats};
 
 /// Largest warm pool one template may have.
@@ -298,6 +299,11 @@ pub trait NodeApi: EgressControl + 'static {
     /// ([`NodeError::Corrupt`] if one does not match). Idempotent: a snapshot the node holds
     /// already is left as it is.
     async fn import_snapshot(&self, session: &SessionId, snapshot: &SnapshotId, export: &SnapshotExport) -> Result<()>;
+    /// Deletes every object of the node's blob store that `keep` (SHA-256s) does not name and
+    /// that is at least `min_age` old, for at most `budget`; [`NodeError::NoBlobStore`] on a
+    /// node without one. The caller makes sure no export is under way meanwhile
+    /// (docs/control-plane.md, "Retention of exported objects").
+    async fn sweep_blobs(&self, keep: &HashSet<String>, min_age: Duration, budget: Duration) -> Result<BlobSweep>;
 
     // Disk.
 

@@ -1,10 +1,10 @@
 //! The simulated blob store: one per test, shared by its simulated nodes as one object
 //! store is by real ones, so a snapshot one node exports another can import.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use space_api::durable::{BlobRef, DiskExport, SnapshotExport};
+use space_api::durable::{BlobRef, BlobSweep, DiskExport, SnapshotExport};
 
 use crate::SimError;
 use crate::agent::Contents;
@@ -53,6 +53,26 @@ impl SimBlobs {
         objects.stored.insert(stream.sha256.clone(), Stored { full, contents, corrupt: false });
         let spaced = full.then(|| BlobRef { sha256: "5".repeat(64), size: 1 });
         SnapshotExport { disk: DiskExport { stream, parent: None }, images: Vec::new(), spaced }
+    }
+
+    /// Deletes every object `keep` does not name, whatever its age (the simulated store keeps
+    /// no times) and in no time: the control plane alone must keep a sweep from racing an
+    /// export.
+    pub(crate) fn sweep(&self, keep: &HashSet<String>) -> BlobSweep {
+        let mut objects = self.objects();
+        let mut swept = BlobSweep::default();
+        objects.stored.retain(|key, stored| {
+            let kept = keep.contains(key);
+            if kept {
+                swept.kept_objects += 1;
+            } else {
+                swept.deleted_objects += 1;
+                swept.deleted_bytes += stored.contents.size();
+            }
+            kept
+        });
+        swept.complete = true;
+        swept
     }
 
     /// What `export` holds: whether it is full, and its contents.

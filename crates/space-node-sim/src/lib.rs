@@ -53,6 +53,7 @@ pub enum Op {
     Capacity,
     ExportSnapshot,
     ImportSnapshot,
+    SweepBlobs,
     PoolStatus,
 }
 

@@ -9,8 +9,8 @@ use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, Progress, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{
-    DiskQuota, DiskUsage, EgressControl, Limits, NodeApi, NodeError, PortStream, ProgressFn, Result, SandboxHandle,
-    SandboxStats, SnapshotExport,
+    BlobSweep, DiskQuota, DiskUsage, EgressControl, Limits, NodeApi, NodeError, PortStream, ProgressFn, Result,
+    SandboxHandle, SandboxStats, SnapshotExport,
 };
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -326,6 +326,18 @@ impl NodeApi for SimNode {
         let (full, contents) = blobs.get(export)?;
         state.snapshots.insert(snapshot.clone(), Snapshot { session: session.clone(), full, contents });
         Ok(())
+    }
+
+    async fn sweep_blobs(
+        &self,
+        keep: &HashSet<String>,
+        _min_age: std::time::Duration,
+        _budget: std::time::Duration,
+    ) -> Result<BlobSweep> {
+        let mut state = self.state();
+        let blobs = state.config.blobs.clone().ok_or(SimError::NoBlobStore)?;
+        state.injected(Op::SweepBlobs)?;
+        Ok(blobs.sweep(keep))
     }
 
     async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize> {

@@ -129,6 +129,11 @@ pub enum Call {
         snapshot: SnapshotId,
         export: SnapshotExport,
     },
+    SweepBlobs {
+        keep: Vec<String>,
+        min_age_ms: u64,
+        budget_ms: u64,
+    },
     LimitDisk {
         sandbox: SandboxId,
         disk: DiskQuota,

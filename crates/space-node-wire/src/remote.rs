@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
+use space_api::durable::BlobSweep;
 use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId};
 use space_gateway::{SessionEgress, SessionTraffic};
@@ -369,6 +370,12 @@ impl NodeApi for RemoteNode {
         let call =
             Call::ImportSnapshot { session: session.clone(), snapshot: snapshot.clone(), export: export.clone() };
         self.call(&call).await
+    }
+
+    async fn sweep_blobs(&self, keep: &HashSet<String>, min_age: Duration, budget: Duration) -> Result<BlobSweep> {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let (min_age_ms, budget_ms) = (ms(min_age), ms(budget));
+        self.call(&Call::SweepBlobs { keep: keep.iter().cloned().collect(), min_age_ms, budget_ms }).await
     }
 
     async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize> {

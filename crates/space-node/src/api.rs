@@ -268,6 +268,15 @@ impl NodeApi for Node {
         Ok(Node::import_snapshot(self, session, snapshot, export).await?)
     }
 
+    async fn sweep_blobs(
+        &self,
+        keep: &HashSet<String>,
+        min_age: std::time::Duration,
+        budget: std::time::Duration,
+    ) -> Result<api::BlobSweep> {
+        Ok(Node::sweep_blobs(self, keep, min_age, budget).await?)
+    }
+
     async fn join_session_network(&self, sandbox: &SandboxId, session: &SessionId) -> Result<()> {
         Ok(Node::join_session_network(self, sandbox, session).await?)
     }

@@ -37,6 +37,30 @@ impl Store {
             .await?)
     }
 
+    /// Gives up lease `name` if this handle's replica holds it, so others need not wait for
+    /// its expiry.
+    pub async fn release_lease(&self, name: &str) -> Result<()> {
+        sqlx::query("DELETE FROM leases WHERE name = $1 AND holder = $2")
+            .bind(name)
+            .bind(&*self.replica)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// How many leases whose names start with `prefix` are held unexpired at `now`, by any
+    /// replica.
+    pub async fn leases_held(&self, prefix: &str, now: i64) -> Result<u64> {
+        let escaped = prefix.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_");
+        let held: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM leases WHERE name LIKE $1 ESCAPE '\\' AND expires_at > $2")
+                .bind(format!("{escaped}%"))
+                .bind(now)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(held as u64)
+    }
+
     /// Records this handle's replica as alive until `now + lease_ms`, whatever the lease
     /// says: a replica starting under a name takes it over from the earlier process of that
     /// name, which is dead (names are unique among live replicas).
@@ -73,5 +97,23 @@ mod tests {
         assert!(!a.acquire_lease("node:n", 26_000, 15_000).await.unwrap());
         assert_eq!(a.lease_holder("node:n", 26_000).await.unwrap().as_deref(), Some("b"));
         assert_eq!(a.lease_holder("node:n", 40_000).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_released_lease_is_free_at_once_and_leases_are_counted_by_prefix() {
+        let (store, _dir) = test_store().await;
+        let a = store.clone().as_replica("a");
+        let b = store.as_replica("b");
+        assert!(a.acquire_lease("export:x_1", 1_000, 15_000).await.unwrap());
+        assert!(b.acquire_lease("export:y", 1_000, 15_000).await.unwrap());
+        assert!(a.acquire_lease("exportxy", 1_000, 15_000).await.unwrap());
+        assert_eq!(a.leases_held("export:", 2_000).await.unwrap(), 2);
+        assert_eq!(a.leases_held("export:x_", 2_000).await.unwrap(), 1, "_ is itself, not any character");
+        assert_eq!(a.leases_held("export:", 16_000).await.unwrap(), 0, "expired ones are not held");
+        b.release_lease("export:x_1").await.unwrap();
+        assert_eq!(a.leases_held("export:", 2_000).await.unwrap(), 2, "only its holder releases a lease");
+        a.release_lease("export:x_1").await.unwrap();
+        assert_eq!(a.leases_held("export:", 2_000).await.unwrap(), 1);
+        assert!(b.acquire_lease("export:x_1", 2_000, 15_000).await.unwrap(), "free at once");
     }
 }

@@ -153,6 +153,15 @@ impl Store {
         session.map(|s| parse("session id", &s)).transpose()
     }
 
+    /// Every recorded export, of any snapshot in any state: what the blob store must keep.
+    pub async fn all_snapshot_exports(&self) -> Result<Vec<SnapshotExport>> {
+        let rows: Vec<String> =
+            sqlx::query_scalar("SELECT export FROM snapshots WHERE export IS NOT NULL").fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|json| serde_json::from_str(json).map_err(|e| StoreError::Corrupt(format!("snapshot export: {e}"))))
+            .collect()
+    }
+
     /// Snapshots of any state, for the start-up sweep: (session, snapshot, ready).
     pub async fn all_snapshots(&self) -> Result<Vec<(SessionId, SnapshotId, bool)>> {
         let rows = sqlx::query("SELECT session_id, id, state FROM snapshots").fetch_all(&self.pool).await?;
@@ -214,7 +223,17 @@ mod tests {
         assert_eq!((listed(&first.id).name.as_deref(), listed(&first.id).size_bytes), (Some("before"), Some(42)));
         let other = store.ensure_tenant("b").await.unwrap();
         assert!(store.snapshot(&other, &first.id).await.unwrap().is_none(), "another tenant sees it");
+        let blob = |b: u8| space_api::durable::BlobRef { sha256: format!("{b:02x}").repeat(32), size: 1 };
+        let export = SnapshotExport {
+            disk: space_api::durable::DiskExport { stream: blob(1), parent: None },
+            images: Vec::new(),
+            spaced: Some(blob(2)),
+        };
+        store.set_snapshot_export(&second.id, &export).await.unwrap();
+        assert_eq!(store.all_snapshot_exports().await.unwrap(), [export]);
         store.delete_snapshot_row(&first.id).await.unwrap();
         assert_eq!(store.all_snapshots().await.unwrap().len(), 1);
+        store.delete_snapshot_row(&second.id).await.unwrap();
+        assert!(store.all_snapshot_exports().await.unwrap().is_empty(), "a deleted snapshot keeps nothing");
     }
 }

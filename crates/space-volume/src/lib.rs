@@ -10,12 +10,14 @@
 
 mod snapshot;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use space_api::durable::{DiskExport, ExportedFile, SnapshotExport};
 use space_api::{SessionId, SnapshotId};
-use space_blob::{BlobError, BlobRef, BlobStore};
+use space_blob::{BlobError, BlobRef, BlobStore, BlobSweep};
 use space_storage::{Pool, StorageError};
 
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +108,12 @@ impl Volumes {
         let (session, snapshot) = (session.clone(), snapshot.clone());
         tokio::task::spawn_blocking(move || pool.receive_snapshot(&session, &snapshot, &input)).await??;
         Ok(())
+    }
+
+    /// Deletes the blob store's objects that `keep` (SHA-256s) does not name, once `min_age`
+    /// old, for at most `budget` ([`BlobStore::sweep`]).
+    pub async fn sweep_blobs(&self, keep: &HashSet<String>, min_age: Duration, budget: Duration) -> Result<BlobSweep> {
+        Ok(self.blobs.sweep(keep, min_age, budget).await?)
     }
 
     fn scratch_file(&self, snapshot: &SnapshotId, what: &str) -> Result<PathBuf> {

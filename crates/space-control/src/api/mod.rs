@@ -54,7 +54,7 @@ pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
         files::download, files::upload, files::list, files::stat, files::mkdir, files::move_path,
         files::remove, files::watch_ws,
         templates::list_templates, templates::import_template, templates::build_template,
-        pool::get_pool, pool::set_pool_size, nodes::list_nodes, nodes::cordon, nodes::uncordon, nodes::drain,
+        pool::get_pool, pool::set_pool_size, nodes::list_nodes, nodes::cordon, nodes::uncordon, nodes::drain, nodes::sweep_blobs,
         lifecycle::pause, lifecycle::resume, lifecycle::create_snapshot, lifecycle::list_snapshots,
         lifecycle::delete_snapshot, usage::get_snapshot, usage::session_stats, lifecycle::restore, lifecycle::fork, suspend::suspend,
         credentials::create_credential, credentials::list_credentials, credentials::get_credential,
@@ -98,6 +98,7 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes/{id}/cordon", post(nodes::cordon))
         .route("/nodes/{id}/uncordon", post(nodes::uncordon))
         .route("/nodes/{id}/drain", post(nodes::drain))
+        .route("/blobs/sweep", post(nodes::sweep_blobs))
         .route("/tenants/{tenant}/quota", axum::routing::put(tenants::set_quota))
         .route("/pool/{template}", axum::routing::put(pool::set_pool_size))
         .route("/templates/import", post(templates::import_template))

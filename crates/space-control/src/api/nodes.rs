@@ -2,6 +2,7 @@
 //! (admin only).
 
 use axum::extract::State;
+use space_api::durable::BlobSweepReport;
 use space_api::{DrainReport, ErrorBody, Node, NodeList};
 use space_store::now_ms;
 
@@ -56,4 +57,14 @@ pub async fn drain(
     ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<DrainReport>> {
     Ok(ApiJson(crate::drain::drain(&state, &id).await?))
+}
+
+/// Deletes the objects of the blob store that no recorded export names and that are at least
+/// 15 minutes old: what deleted snapshots (and destroyed sessions) left there. Each replica
+/// also does it hourly. Put off, with why, while a snapshot is being exported or another
+/// replica sweeps (admin only; 503 if the blob store fails).
+#[utoipa::path(post, path = "/v1/blobs/sweep",
+    responses((status = 200, body = BlobSweepReport), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn sweep_blobs(State(state): State<AppState>, _admin: Admin) -> AppResult<ApiJson<BlobSweepReport>> {
+    Ok(ApiJson(crate::retention::sweep(&state).await?))
 }

@@ -171,6 +171,16 @@ impl Server {
         self.dir.path()
     }
 
+    /// The server's database, as a control replica named `name` sees it: for what another
+    /// replica would be doing meanwhile.
+    pub async fn store_as(&self, name: &str) -> space_store::Store {
+        let store = match std::fs::read_to_string(self.data_dir().join("database-url")) {
+            Ok(url) => space_store::Store::open(&url).await,
+            Err(_) => space_store::Store::open_sqlite(&self.data_dir().join("space.db")).await,
+        };
+        store.expect("the server's database").as_replica(name)
+    }
+
     /// A new key of tenant `name`.
     pub async fn tenant_key(&self, name: &str) -> String {
         let (status, body) = self.call("POST", "/v1/keys", Some(json!({ "tenant": name }))).await;

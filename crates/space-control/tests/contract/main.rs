@@ -23,6 +23,7 @@ mod pool;
 mod ports;
 mod quotas;
 mod recovery;
+mod retention;
 mod runtimes;
 mod session_meta;
 mod tenancy;

@@ -1,5 +1,7 @@
 //! Answers the operations that answer once.
 
+use std::time::Duration;
+
 use hyper::{Response, StatusCode};
 use serde::Serialize;
 use space_node_api::NodeError;
@@ -52,6 +54,10 @@ pub(super) async fn answer(served: &Served, call: Call) -> Response<Body> {
         Call::ExportSnapshot { session, snapshot } => result(node.export_snapshot(&session, &snapshot).await),
         Call::ImportSnapshot { session, snapshot, export } => {
             result(node.import_snapshot(&session, &snapshot, &export).await)
+        }
+        Call::SweepBlobs { keep, min_age_ms, budget_ms } => {
+            let (min_age, budget) = (Duration::from_millis(min_age_ms), Duration::from_millis(budget_ms));
+            result(node.sweep_blobs(&keep.into_iter().collect(), min_age, budget).await)
         }
         Call::LimitDisk { sandbox, disk } => result(node.limit_disk(&sandbox, &disk).await),
         Call::DiskUsage { session } => result(node.disk_usage(&session).await),

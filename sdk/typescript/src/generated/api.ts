@@ -2,6 +2,28 @@
 // `npm run check:types` (and the test suite) fail when this file and the document differ.
 
 export interface paths {
+    "/v1/blobs/sweep": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Deletes the objects of the blob store that no recorded export names and that are at least
+         *     15 minutes old: what deleted snapshots (and destroyed sessions) left there. Each replica
+         *     also does it hourly. Put off, with why, while a snapshot is being exported or another
+         *     replica sweeps (admin only; 503 if the blob store fails).
+         */
+        post: operations["sweep_blobs"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/credentials": {
         parameters: {
             query?: never;
@@ -1022,6 +1044,35 @@ export interface components {
         };
         AuditList: {
             events: components["schemas"]["AuditEvent"][];
+        };
+        /**
+         * @description What a sweep of the blob store did: objects no recorded export names, and older than the
+         *     sweep's minimum age, are deleted.
+         */
+        BlobSweep: {
+            /**
+             * @description Whether it went through the whole store; one that ran out of time stopped early, and
+             *     the next sweep goes on.
+             */
+            complete: boolean;
+            /** Format: int64 */
+            deleted_bytes: number;
+            /** Format: int64 */
+            deleted_objects: number;
+            /**
+             * Format: int64
+             * @description Objects kept: named by an export, or too young to judge (an export may be storing them).
+             */
+            kept_objects: number;
+        };
+        /**
+         * @description `POST /v1/blobs/sweep`: whether the sweep ran, and what it did. It is put off (`swept`
+         *     false, with why) while an export is under way or another replica sweeps.
+         */
+        BlobSweepReport: {
+            objects: components["schemas"]["BlobSweep"];
+            put_off?: string | null;
+            swept: boolean;
         };
         BuildTemplateRequest: {
             /** @description A built-in template: `debian` or `busybox`. */
@@ -2103,6 +2154,93 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    sweep_blobs: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BlobSweepReport"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "blob_store_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     list_credentials: {
         parameters: {
             query?: never;
