@@ -26,3 +26,10 @@ wait_for() { # URL KEYFILE
     echo "no server at $1" >&2
     exit 1
 }
+
+# Removes the (empty, once its servers stopped) cgroups named PREFIX* under every v1 controller.
+remove_cgroups() { # PREFIX
+    for dir in /sys/fs/cgroup/*/"$1"*; do
+        [ -d "$dir" ] && find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    done
+}

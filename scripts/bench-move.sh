@@ -18,7 +18,10 @@ chmod 755 "$WORK"
 PIDS=()
 # shellcheck source=scripts/bench-common.sh
 . scripts/bench-common.sh
-cleanup() { stop_servers "$WORK"/serve "$WORK"/node-a "$WORK"/node-b; }
+cleanup() {
+    stop_servers "$WORK"/serve "$WORK"/node-a "$WORK"/node-b
+    remove_cgroups space-bench-move-
+}
 trap cleanup EXIT
 common=(--default-template busybox --default-runtime linux --pool busybox=0 --pool-size-gib 8)
 "$SPACE" serve --listen 127.0.0.1:7191 --data-dir "$WORK/serve" --cgroup-parent space-bench-move-serve \
