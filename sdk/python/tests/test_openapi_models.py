@@ -80,12 +80,13 @@ OPERATIONS = {
     ("DELETE", "/v1/sessions/{id}/ports/{port}"): "Ports.close",
 }
 
-# Paths the SDK leaves to the CLI and operators on purpose (server set-up, credentials, the
+# Paths the SDK leaves to the CLI and operators on purpose (server set-up, the blob store, credentials, the
 # raw proxy and tunnel, metrics).
 NOT_IN_THE_SDK = (
     "/v1/operations/",
     "/v1/pool",
     "/v1/nodes",
+    "/v1/blobs/",
     "/v1/templates/import",
     "/v1/templates/build",
     "/v1/credentials",
