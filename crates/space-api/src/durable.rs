@@ -84,6 +84,12 @@ pub struct BlobSweepReport {
     pub objects: BlobSweep,
 }
 
+/// Whether `s` is written as a SHA-256 is: 64 lower-case hex digits. Only such a string names
+/// an object (or a kept binary), and only it may become part of a key or a path.
+pub fn is_sha256(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// Whether `name` is a file name an export may carry: one path component, not `.` or `..`.
 pub fn plain_file_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')

@@ -104,7 +104,7 @@ impl BlobStore {
     /// so it is checked before it becomes part of a key.
     pub fn key(blob: &BlobRef) -> Result<Key> {
         let hex = &blob.sha256;
-        if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        if !space_api::durable::is_sha256(hex) {
             return Err(BlobError::BadRef { sha256: space_api::error::clip(hex) });
         }
         Ok(Key::from(format!("sha256/{}/{hex}", &hex[..2])))

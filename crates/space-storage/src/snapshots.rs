@@ -86,8 +86,7 @@ impl Pool {
         let dir = self.root().join("binaries");
         std::fs::create_dir_all(&dir).ctx("create directory", &dir)?;
         let kept = dir.join(&name);
-        let intact = std::fs::read(&kept).is_ok_and(|kept| hex::encode(sha2::Sha256::digest(&kept)) == name);
-        if !intact {
+        if self.kept_binary(&name).is_none() {
             let partial = dir.join(format!(".partial-{}", std::process::id()));
             std::fs::write(&partial, &content).ctx("write", &partial)?;
             std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o555))
@@ -102,7 +101,7 @@ impl Pool {
     /// digits names none (it would otherwise become part of a path).
     pub fn kept_binary(&self, sha256: &str) -> Option<PathBuf> {
         use sha2::Digest;
-        if sha256.len() != 64 || !sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        if !space_api::durable::is_sha256(sha256) {
             return None;
         }
         let kept = self.root().join("binaries").join(sha256);

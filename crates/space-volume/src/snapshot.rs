@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use space_api::durable::plain_file_name;
 use space_api::{SessionId, SnapshotId};
-use space_blob::{BlobRef, BlobStore};
+use space_blob::BlobRef;
 
 use crate::{ExportedFile, Result, SnapshotExport, VolumeError, Volumes};
 
@@ -94,9 +94,8 @@ impl Volumes {
     }
 
     /// The pool's copy of the `spaced` of `blob`: the one it keeps already when it has one of
-    /// that hash, else fetched (checked) and kept.
+    /// that hash, else fetched (checked, so a hash that names no object is `BadRef`) and kept.
     async fn keep_binary(&self, snapshot: &SnapshotId, blob: &BlobRef) -> Result<PathBuf> {
-        BlobStore::key(blob)?;
         let (pool, sha256) = (self.pool.clone(), blob.sha256.clone());
         if let Some(kept) = tokio::task::spawn_blocking(move || pool.kept_binary(&sha256)).await? {
             return Ok(kept);
