@@ -102,35 +102,42 @@ fn wait_node_state(server: &Server, id: &str, state: &str) {
     }
 }
 
-/// A node that stops answering (its process is stopped: `SIGSTOP`) gets no heartbeat, is
-/// `lost` when its lease runs out, and no session is placed on it; once it answers again it
-/// is `ready` again.
+/// A node that stops answering (its process is stopped: `SIGSTOP`) is passed over at once by
+/// what asks any node (the templates, the check of a new session's template) and by
+/// placement; it gets no heartbeat and is `lost` when its lease runs out, and no session is
+/// placed on it; once it answers again it is `ready` again. The node stopped is the first by
+/// id, the one asked first.
 #[test]
-fn a_node_that_stops_answering_is_lost_and_passed_over() {
+fn a_node_that_stops_answering_is_passed_over_then_lost() {
     require_root!();
     let mut server = Server::start_split(&[]);
     let second = ExtraNode::start(&server, "2");
     server.add_node(&second);
     let first = server.node_id();
+    assert!(first < second.name, "{first} is asked first");
 
-    signal(second.pid(), libc::SIGSTOP);
-    wait_node_state(&server, &second.name, "lost");
-    let (_, list) = server.call("GET", "/v1/nodes", None);
-    assert!(list["nodes"].as_array().unwrap().iter().any(|n| n["id"] == first.as_str() && n["state"] == "ready"));
-    let mut placed = Vec::new();
-    for _ in 0..3 {
-        let id = server.create_session(json!({}));
-        let session = get(&server, &id);
-        assert_eq!(session["node"], first.as_str(), "nothing is placed on a lost node: {session}");
-        assert_eq!(server.exec(&id, &["echo", "ok"])["stdout"], "ok\n");
-        placed.push(id);
+    signal(server.node_pid(), libc::SIGSTOP);
+    let stopped = Stopped(server.node_pid());
+    let (status, templates) = server.call("GET", "/v1/templates", None);
+    assert_eq!(status, 200, "the other node answers: {templates}");
+    let built = templates["templates"].as_array().unwrap();
+    assert!(built.iter().any(|t| t["name"] == "busybox"), "the other node's built templates: {templates}");
+    let (status, unknown) = server.call("POST", "/v1/sessions", Some(json!({"template": "no-such"})));
+    assert_eq!((status, unknown["error"]["code"].as_str()), (400, Some("unknown_template")), "{unknown}");
+    let mut placed = vec![server.create_session(json!({}))];
+    wait_node_state(&server, &first, "lost");
+    placed.push(server.create_session(json!({})));
+    for id in &placed {
+        let session = get(&server, id);
+        assert_eq!(session["node"], second.name.as_str(), "nothing is placed on a stopped node: {session}");
+        assert_eq!(server.exec(id, &["echo", "ok"])["stdout"], "ok\n");
     }
 
-    signal(second.pid(), libc::SIGCONT);
-    wait_node_state(&server, &second.name, "ready");
+    drop(stopped);
+    wait_node_state(&server, &first, "ready");
     // The least loaded now by far: the next session goes there.
     let id = server.create_session(json!({}));
-    assert_eq!(get(&server, &id)["node"], second.name.as_str());
+    assert_eq!(get(&server, &id)["node"], first.as_str());
     assert_eq!(server.exec(&id, &["echo", "back"])["stdout"], "back\n");
 }
 

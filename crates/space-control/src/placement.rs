@@ -86,6 +86,30 @@ pub async fn cordoned_nodes(state: &AppState) -> AppResult<HashSet<String>> {
 /// is not lost yet) is passed over.
 pub(crate) const ASK: Duration = Duration::from_secs(2);
 
+/// What the first node to answer says to `question`: the nodes whose lease holds are asked in
+/// turn by id, each for at most [`ASK`], so one that stalled (and is not lost yet) costs a
+/// caller seconds, not its request. For what every node answers alike (its templates).
+pub(crate) async fn first_answer<T, F>(state: &AppState, question: impl Fn(Arc<dyn NodeApi>) -> F) -> AppResult<T>
+where
+    F: std::future::Future<Output = T>,
+{
+    let lost = lost_nodes(state).await?;
+    for (id, node) in state.nodes.iter().filter(|(id, _)| !lost.contains(*id)) {
+        match tokio::time::timeout(ASK, question(node.clone())).await {
+            Ok(answer) => return Ok(answer),
+            Err(_) => tracing::warn!(node = %id, "the node did not answer within {} s: asking the next", ASK.as_secs()),
+        }
+    }
+    Err(AppError::new(
+        ErrorCode::SandboxUnavailable,
+        format!(
+            "none of this control plane's {} nodes answered within {} s: `space node list` shows them; try again",
+            state.nodes.len(),
+            ASK.as_secs()
+        ),
+    ))
+}
+
 /// A node's capacity and pool now, if it answers: one that died since its last heartbeat
 /// fails the capacity call and is passed over.
 async fn ask(node: &dyn NodeApi) -> Option<(NodeCapacity, PoolStatus)> {

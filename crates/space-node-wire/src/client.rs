@@ -1,7 +1,9 @@
 //! A control plane's end of the wire: one node, over kept-alive connections made again
 //! when they end.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -27,7 +29,21 @@ const IDLE_CONNECTIONS: usize = 16;
 const MAX_ANSWER: usize = 64 << 20;
 /// How long making a connection (TCP and the TLS handshake) may take: a node that does not
 /// answer fails the call instead of holding it for ever.
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How a call waiting on a node finds the node gone quiet (stopped, cut off, its host dead:
+/// none of which closes our connection): it asks for the node's info on another connection
+/// every [`Watch::every`], and gives up once [`Watch::misses`] asks in a row got no answer
+/// within [`Watch::within`]. A node that answers keeps a long call (a checkpoint, an export)
+/// going for as long as it takes. Three misses five seconds apart is about a node's lease.
+const WATCH: Watch = Watch { every: Duration::from_secs(5), within: Duration::from_secs(5), misses: 3 };
+
+/// How calls watch that their node still answers (see [`WATCH`]).
+#[derive(Clone, Copy, Debug)]
+struct Watch {
+    every: Duration,
+    within: Duration,
+    misses: u32,
+}
 
 /// An upgraded connection to a node: an agent's protocol or a port's bytes.
 pub type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
@@ -40,7 +56,8 @@ pub struct NodeClient {
     server_name: ServerName<'static>,
     connector: TlsConnector,
     api_version: u32,
-    connect_timeout: std::time::Duration,
+    connect_timeout: Duration,
+    watch: Watch,
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
 }
 
@@ -59,6 +76,7 @@ impl NodeClient {
             connector: TlsConnector::from(tls),
             api_version: NODE_API_VERSION,
             connect_timeout: CONNECT_TIMEOUT,
+            watch: WATCH,
             idle: Mutex::new(Vec::new()),
         })
     }
@@ -86,7 +104,7 @@ impl NodeClient {
     pub async fn open(&self, method: Method, path: &str, request: &impl Serialize) -> Result<Incoming, WireError> {
         let request = self.request(method, path, Bytes::from(serde_json::to_vec(request)?))?;
         let mut sender = self.connect().await?;
-        let response = sender.send_request(request).await?;
+        let response = self.while_answering(async { Ok(sender.send_request(request).await?) }).await?;
         Ok(self.check(response, StatusCode::OK).await?.into_body())
     }
 
@@ -97,7 +115,7 @@ impl NodeClient {
         headers.insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("upgrade"));
         headers.insert(hyper::header::UPGRADE, hyper::header::HeaderValue::from_static(UPGRADE_PROTOCOL));
         let mut sender = self.connect().await?;
-        let response = sender.send_request(request).await?;
+        let response = self.while_answering(async { Ok(sender.send_request(request).await?) }).await?;
         let response = self.check(response, StatusCode::SWITCHING_PROTOCOLS).await?;
         Ok(TokioIo::new(hyper::upgrade::on(response).await?))
     }
@@ -112,8 +130,36 @@ impl NodeClient {
             .body(Full::new(body))?)
     }
 
-    /// Sends one request and returns the body of a successful answer.
+    /// Sends one request and returns the body of a successful answer; fails once the node
+    /// stops answering.
     async fn call(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes, WireError> {
+        self.while_answering(self.call_unwatched(method, path, body)).await
+    }
+
+    /// `work`'s outcome, or [`WireError::Unresponsive`] once the node has not answered
+    /// [`Watch::misses`] asks in a row while `work` waited on it.
+    async fn while_answering<T>(&self, work: impl Future<Output = Result<T, WireError>>) -> Result<T, WireError> {
+        let watch = async {
+            let (mut missed, mut answered) = (0, tokio::time::Instant::now());
+            loop {
+                tokio::time::sleep(self.watch.every).await;
+                let ask = self.call_unwatched(Method::GET, paths::INFO, Bytes::new());
+                match tokio::time::timeout(self.watch.within, ask).await {
+                    Ok(Ok(_)) => (missed, answered) = (0, tokio::time::Instant::now()),
+                    _ => missed += 1,
+                }
+                if missed >= self.watch.misses {
+                    return WireError::Unresponsive { address: self.address.clone(), quiet: answered.elapsed() };
+                }
+            }
+        };
+        tokio::select! {
+            done = work => done,
+            gone = watch => Err(gone),
+        }
+    }
+
+    async fn call_unwatched(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes, WireError> {
         let request = self.request(method, path, body)?;
         let mut sender = self.sender().await?;
         let response = sender.send_request(request).await?;

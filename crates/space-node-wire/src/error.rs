@@ -20,6 +20,13 @@ pub enum WireError {
     Exists { what: &'static str, path: PathBuf },
     #[error("connecting to node {address}")]
     Connect { address: String, source: std::io::Error },
+    /// A call waited on a node that stopped answering (see the client's `WATCH`).
+    #[error(
+        "node {address} stopped answering (nothing for about {} s) while a call waited on it: \
+         `space node list` shows whether its lease ran out",
+        quiet.as_secs()
+    )]
+    Unresponsive { address: String, quiet: std::time::Duration },
     #[error("talking HTTP to the node")]
     Http(#[from] hyper::Error),
     #[error("building a request to the node")]

@@ -1,5 +1,6 @@
 //! Sessions: create, list, show, destroy, events.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Extension;
@@ -11,6 +12,7 @@ use space_api::{
     CreateSessionRequest, ErrorBody, ErrorCode, EventList, OperationId, OperationState, Resources, Session, SessionId,
     SessionLifetime, SessionList, UpdateSessionRequest,
 };
+use space_node_api::NodeApi;
 use space_store::{NewSession, SessionMeta};
 use utoipa::IntoParams;
 
@@ -96,16 +98,16 @@ pub(super) fn check_runtime(state: &AppState, runtime: space_api::RuntimeKind) -
 }
 
 pub(super) async fn check_template(state: &AppState, name: &str) -> AppResult<()> {
-    if state.nodes.first().resolve_template(name).await.is_some() || state.nodes.first().is_builtin(name) {
-        return Ok(());
-    }
+    let known = |node: Arc<dyn NodeApi>| async move {
+        match node.resolve_template(name).await.is_some() || node.is_builtin(name) {
+            true => None,
+            false => Some(node.available_templates().await),
+        }
+    };
+    let Some(available) = crate::placement::first_answer(state, known).await? else { return Ok(()) };
     Err(AppError::new(
         ErrorCode::UnknownTemplate,
-        format!(
-            "unknown template {}; available: {}",
-            echo(name),
-            state.nodes.first().available_templates().await.join(", ")
-        ),
+        format!("unknown template {}; available: {}", echo(name), available.join(", ")),
     ))
 }
 

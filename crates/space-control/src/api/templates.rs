@@ -24,13 +24,14 @@ pub(crate) fn template_view(info: &TemplateInfo) -> Template {
     }
 }
 
-#[utoipa::path(get, path = "/v1/templates", responses((status = 200, body = TemplateList)))]
-pub async fn list_templates(State(state): State<AppState>) -> ApiJson<TemplateList> {
-    ApiJson(TemplateList {
-        templates: state.nodes.first().templates().await.iter().map(template_view).collect(),
+#[utoipa::path(get, path = "/v1/templates", responses((status = 200, body = TemplateList), (status = 503, body = ErrorBody)))]
+pub async fn list_templates(State(state): State<AppState>) -> AppResult<ApiJson<TemplateList>> {
+    let templates = crate::placement::first_answer(&state, |node| async move { node.templates().await }).await?;
+    Ok(ApiJson(TemplateList {
+        templates: templates.iter().map(template_view).collect(),
         builtin: state.nodes.first().builtin_templates(),
         default_template: state.default_template.clone(),
-    })
+    }))
 }
 
 /// Queues a template operation for the admin `caller`.

@@ -282,3 +282,6 @@ async fn an_endless_answer_fails_the_call() {
     let err = cluster.client(&address, &cluster.control).info().await.unwrap_err();
     assert!(matches!(err, WireError::AnswerTooLarge), "{err:?}");
 }
+
+#[path = "watch_tests.rs"]
+mod watch_tests;
