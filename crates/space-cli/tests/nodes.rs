@@ -7,6 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::Server;
+use common::counter::{Stopped, counter_above_at, counter_at, start_counter};
 use common::nodes::ExtraNode;
 use serde_json::{Value, json};
 
@@ -116,8 +117,7 @@ fn a_node_that_stops_answering_is_passed_over_then_lost() {
     let first = server.node_id();
     assert!(first < second.name, "{first} is asked first");
 
-    signal(server.node_pid(), libc::SIGSTOP);
-    let stopped = Stopped(server.node_pid());
+    let stopped = Stopped::stop(server.node_pid());
     let (status, templates) = server.call("GET", "/v1/templates", None);
     assert_eq!(status, 200, "the other node answers: {templates}");
     let built = templates["templates"].as_array().unwrap();
@@ -141,34 +141,12 @@ fn a_node_that_stops_answering_is_passed_over_then_lost() {
     assert_eq!(server.exec(&id, &["echo", "back"])["stdout"], "back\n");
 }
 
-/// Sends `SIGCONT` to a stopped node when dropped, so a failing test leaves nothing stopped.
-struct Stopped(u32);
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) of the node process this test started and stopped.
-        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
-    }
-}
-
-const COUNTER: &str = "n=0; while :; do n=$((n+1)); echo $n > /root/c.new; mv /root/c.new /root/c; sleep 0.05; done";
-
 fn counter(server: &Server, id: &str) -> u64 {
-    let out = server.exec(id, &["sh", "-c", "cat /root/c 2>/dev/null || echo 0"]);
-    out["stdout"].as_str().unwrap().trim().parse().unwrap_or(0)
+    counter_at(server, &server.url, id)
 }
 
-/// Polls the counter of `id` until it passes `value`; returns what it read.
 fn counter_above(server: &Server, id: &str, value: u64) -> u64 {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let now = counter(server, id);
-        if now > value {
-            return now;
-        }
-        assert!(std::time::Instant::now() < deadline, "the counter of {id} stays at {now}");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    counter_above_at(server, &server.url, id, value)
 }
 
 /// Two nodes sharing a blob store (a directory), and a session running the counter on one of
@@ -197,9 +175,7 @@ impl Counting {
             true => (second.pid(), server.node_id()),
             false => (server.node_pid(), second.name.clone()),
         };
-        let body = json!({ "cmd": ["sh", "-c", COUNTER], "background": true });
-        let (status, started) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
-        assert_eq!(status, 200, "{started}");
+        start_counter(&server, &server.url, &id);
         Counting { server, second, id, placed, other, pid, _blobs: blobs }
     }
 }
@@ -221,8 +197,7 @@ fn a_counter_suspended_on_a_lost_node_resumes_on_the_other_and_keeps_counting() 
     let snapshot = list["snapshots"].as_array().unwrap().last().cloned().unwrap();
     assert_eq!((snapshot["kind"].as_str(), snapshot["durable"].as_bool()), (Some("full"), Some(true)), "{list}");
 
-    signal(pid, libc::SIGSTOP);
-    let stopped = Stopped(pid);
+    let stopped = Stopped::stop(pid);
     wait_node_state(server, placed, "lost");
     let (status, resumed) = server.call("POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
     assert_eq!(status, 200, "{resumed}\n{}", server.log_text());

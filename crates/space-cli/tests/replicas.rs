@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::Server;
+use common::counter::{Stopped, counter_above_at, counter_at, start_counter};
 use common::replicas::{Replica, create_database, postgres_server, psql};
 use serde_json::{Value, json};
 
@@ -112,5 +113,83 @@ fn a_replica_killed_mid_operation_leaves_it_and_its_node_to_the_other() {
     let (status, body) = b.call(&server, "DELETE", &format!("/v1/sessions/{first}"), None);
     assert_eq!(status, 200, "{body}");
     assert!(!first_cgroup.exists(), "the failed session's cgroup remains");
+    b.kill9();
+}
+
+/// The state of session `id` as the database has it.
+fn session_state(database: &str, id: &str) -> String {
+    psql(database, &format!("SELECT state FROM sessions WHERE id = '{id}'"))
+}
+
+/// Polls the database until `what` says `expected`.
+fn wait_db(what: impl Fn() -> String, expected: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = what();
+        if now == expected {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the database says {now:?}, not {expected:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Calls `path` on replica A on a thread of its own: A blocks on its stopped node, and is
+/// killed before it answers.
+fn call_a_in_background(server: &Server, path: String) -> std::thread::JoinHandle<()> {
+    let (url, auth) = (server.url.clone(), server.auth());
+    std::thread::spawn(move || {
+        let _ = std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-X", "POST", "-H", &auth, "-H", "Content-Type: application/json"])
+            .args(["-d", "{}", &format!("{url}{path}")])
+            .output();
+    })
+}
+
+/// A is killed in the middle of a suspend, then of a resume, each waiting on the node
+/// (stopped meanwhile); B, which runs all along, finishes each: the suspend is given up once
+/// its lease runs out (no full snapshot was taken: the session runs on, thawed), and the
+/// resume is B's operation once A's lease ran out. A counter process in the session counts
+/// on through both and never goes back.
+#[test]
+fn a_replica_killed_mid_suspend_or_resume_leaves_it_to_the_other() {
+    require_root!();
+    let database = create_database(&postgres_server());
+    let mut server = Server::start_split(&["--database", &database, "--pool", "busybox=0"]);
+    let id = server.create_session(json!({}));
+    let mut b = Replica::start(&server, "control-2", &database);
+    start_counter(&server, &b.url, &id);
+    let before = counter_above_at(&server, &b.url, &id, 3);
+
+    // The suspend: A freezes the sandbox's processes through its node, which is stopped.
+    let stopped = Stopped::stop(server.node_pid());
+    let call = call_a_in_background(&server, format!("/v1/sessions/{id}/suspend"));
+    wait_db(|| session_state(&database, &id), "suspending");
+    server.kill9_control();
+    call.join().unwrap();
+    drop(stopped);
+    let session = wait_state(&server, &b, &id, "running");
+    assert!(session["error"].as_str().is_some_and(|e| e.contains("kept running")), "{session}");
+    let after = counter_above_at(&server, &b.url, &id, before);
+
+    // The resume: A's restore waits on the stopped node.
+    server.spawn();
+    let (status, suspended) = b.call(&server, "POST", &format!("/v1/sessions/{id}/suspend"), None);
+    assert_eq!((status, suspended["state"].as_str()), (200, Some("suspended")), "{suspended}");
+    let stopped = Stopped::stop(server.node_pid());
+    let call = call_a_in_background(&server, format!("/v1/sessions/{id}/resume"));
+    wait_db(|| operation(&database, &id, "restore_session"), "running control-1");
+    server.kill9_control();
+    call.join().unwrap();
+    drop(stopped);
+    wait_state(&server, &b, &id, "running");
+    assert_eq!(operation(&database, &id, "restore_session"), "succeeded control-2");
+    let resumed = counter_at(&server, &b.url, &id);
+    assert!(resumed >= after, "the counter went back from {after} to {resumed}");
+    counter_above_at(&server, &b.url, &id, resumed);
+
+    let (status, body) = b.call(&server, "DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(status, 200, "{body}");
+    assert!(server.sandbox_cgroups().is_empty(), "nothing is left on the node: {:?}", server.sandbox_cgroups());
     b.kill9();
 }

@@ -25,8 +25,8 @@ use crate::recovery::placed_on;
 /// How often the lost nodes are looked at: as often as nodes beat.
 const EVERY: Duration = crate::nodes::HEARTBEAT_EVERY;
 
-/// Looks at the lost nodes every [`EVERY`], on a task of its own (what it does may wait for a
-/// session's lock, which must not hold up heartbeats).
+/// Looks at the lost nodes, and at suspends whose replica stopped, every [`EVERY`], on a task
+/// of its own (what it does may wait for a session's lock, which must not hold up heartbeats).
 pub fn spawn(state: AppState) {
     tokio::spawn(async move {
         let mut lost_before: HashSet<String> = HashSet::new();
@@ -35,6 +35,11 @@ pub fn spawn(state: AppState) {
             match round(&state, &lost_before).await {
                 Ok(lost) => lost_before = lost,
                 Err(e) => tracing::warn!(error = %e.0.message, "sessions of lost nodes"),
+            }
+            // As often, and for the same reason (a replica, not a node, stopped): suspends
+            // left half done.
+            if let Err(e) = crate::recovery::finish_abandoned_suspends(&state).await {
+                tracing::warn!(error = %e.0.message, "abandoned suspends");
             }
         }
     });

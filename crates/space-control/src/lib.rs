@@ -12,6 +12,7 @@ pub mod drain;
 pub mod durable;
 pub mod egress;
 pub mod error;
+mod held;
 pub mod idempotency;
 pub mod interrupt;
 pub mod keys;

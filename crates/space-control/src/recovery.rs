@@ -30,7 +30,9 @@ use space_node_api::NodeApi;
 use space_store::{SandboxRecord, SessionRecord, now_ms};
 
 use crate::AppState;
+use crate::api::suspend::{SUSPEND_LEASE, SUSPEND_LEASE_MS};
 use crate::error::AppResult;
+use crate::held::Held;
 use crate::reconciler::{alive_handle, remove_sandbox, watch_exit};
 use crate::replicas;
 
@@ -79,9 +81,13 @@ pub async fn recover_node(state: &AppState, id: &str, mode: Mode) -> AppResult<(
     };
     let mut keep: HashSet<SandboxId> = HashSet::new();
     let sandboxes = state.store.live_sandboxes(id).await?;
+    // Taking over, a suspend is finished once its lease runs out (see
+    // `finish_abandoned_suspends`); it may be another live replica's.
     for record in placed_on(state, id, &[SessionState::Suspending]).await? {
         let _guard = state.session_lock(&record.session.id).await;
-        if let Some(current) = state.store.session_any(&record.session.id).await?
+        if mode == Mode::Start
+            && abandoned_at_start(state, &record.session.id).await?
+            && let Some(current) = state.store.session_any(&record.session.id).await?
             && current.session.state == SessionState::Suspending
         {
             finish_suspend(state, node.as_ref(), &current.session, &sandboxes).await?;
@@ -189,15 +195,62 @@ async fn recover_session(
     Ok(Some(kept))
 }
 
+/// Whether a `suspending` session's suspend was abandoned, at this replica's start: nobody
+/// holds its lease, or this replica's earlier process did (it is dead: this one starts).
+async fn abandoned_at_start(state: &AppState, id: &SessionId) -> AppResult<bool> {
+    let holder = state.store.lease_holder(&format!("{SUSPEND_LEASE}{id}"), now_ms()).await?;
+    Ok(holder.is_none_or(|h| h.split_once('#').map(|(replica, _)| replica) == Some(state.store.replica())))
+}
+
+/// Finishes every suspend abandoned while replicas serve: a session `suspending` whose
+/// suspend's lease ran out (its replica died, or its request was dropped). Each is taken
+/// under that lease and the session's lock, so one replica finishes it.
+pub async fn finish_abandoned_suspends(state: &AppState) -> AppResult<()> {
+    for record in state.store.sessions_in_states(&[SessionState::Suspending]).await? {
+        let id = &record.session.id;
+        let Some(held) = Held::take(state, &format!("{SUSPEND_LEASE}{id}"), SUSPEND_LEASE_MS).await? else { continue };
+        let finished = finish_abandoned(state, id).await;
+        held.release().await;
+        finished?;
+    }
+    Ok(())
+}
+
+/// [`finish_suspend`] of session `id` if it is still `suspending`, then its sandbox removed
+/// (suspended) or thawed (running again).
+async fn finish_abandoned(state: &AppState, id: &SessionId) -> AppResult<()> {
+    let _guard = state.session_lock(id).await;
+    let Some(record) = state.store.session_any(id).await? else { return Ok(()) };
+    if record.session.state != SessionState::Suspending {
+        return Ok(());
+    }
+    let node = state.nodes.of(&record.session)?;
+    let sandboxes = state.store.live_sandboxes(&node.node_id()).await?;
+    let to = finish_suspend(state, node.as_ref(), &record.session, &sandboxes).await?;
+    tracing::info!(session = %id, to = ?to, "finished a suspend whose replica stopped");
+    let Some(sandbox) = record.session.sandbox_id.as_ref() else { return Ok(()) };
+    match to {
+        SessionState::Suspended => remove_sandbox(node.as_ref(), state, sandbox).await?,
+        SessionState::Running => {
+            if let Err(e) = node.resume_sandbox(sandbox).await {
+                tracing::warn!(session = %id, error = %e, "cannot thaw the sandbox of an abandoned suspend");
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// A suspend the crash interrupted: if its full snapshot was completed, the session is
-/// suspended (the sandbox is removed below with the other unkept ones); otherwise it goes back
-/// to running on its sandbox, or fails if that is gone too.
+/// suspended (at a replica's start, the sandbox is removed below with the other unkept ones);
+/// otherwise it goes back to running on its sandbox, or fails if that is gone too. Returns the
+/// state it is in now.
 async fn finish_suspend(
     state: &AppState,
     node: &dyn NodeApi,
     session: &Session,
     sandboxes: &[SandboxRecord],
-) -> AppResult<()> {
+) -> AppResult<SessionState> {
     let id = &session.id;
     let snapshots = state.store.list_snapshots(id).await?;
     let suspended_at =
@@ -210,7 +263,7 @@ async fn finish_suspend(
         (false, false) => (SessionState::Failed, Some("the server stopped during a suspend and the sandbox is gone")),
     };
     state.store.transition(id, &[SessionState::Suspending], to, message).await?;
-    Ok(())
+    Ok(to)
 }
 
 /// Snapshots a crash interrupted on node `id` are deleted (they were never listed); snapshot

@@ -19,11 +19,11 @@ use space_api::SnapshotId;
 use space_api::durable::{BlobSweep, BlobSweepReport};
 use space_api::error::ErrorCode;
 use space_node_api::NodeError;
-use space_store::{Store, now_ms};
-use tokio::task::JoinHandle;
+use space_store::now_ms;
 
 use crate::AppState;
 use crate::error::{AppError, AppResult};
+use crate::held::Held;
 
 /// The lease a sweep holds, one for the cluster.
 const SWEEP_LEASE: &str = "blob-sweep";
@@ -46,50 +46,6 @@ const MIN_AGE: Duration = Duration::from_secs(15 * 60);
 const EVERY: Duration = Duration::from_secs(60 * 60);
 /// How often an export waiting for a sweep looks again.
 const WAIT_STEP: Duration = Duration::from_millis(200);
-
-/// A lease held under a holder name of its own, renewed every third of its length until it
-/// is released. Dropped unreleased (its task cancelled), it stops being renewed and runs out.
-struct Held {
-    store: Store,
-    name: String,
-    renewing: JoinHandle<()>,
-}
-
-impl Held {
-    /// Takes lease `name`; `None` if another holder has it.
-    async fn take(state: &AppState, name: &str, lease_ms: i64) -> AppResult<Option<Held>> {
-        let holder = format!("{}#{}", state.store.replica(), hex::encode(rand::random::<[u8; 8]>()));
-        let store = state.store.clone().as_replica(&holder);
-        if !store.acquire_lease(name, now_ms(), lease_ms).await? {
-            return Ok(None);
-        }
-        let (renewer, lease) = (store.clone(), name.to_owned());
-        let renewing = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(lease_ms as u64 / 3)).await;
-                match renewer.acquire_lease(&lease, now_ms(), lease_ms).await {
-                    Ok(true) => {}
-                    Ok(false) => tracing::warn!(%lease, "a lease ran out before it was renewed"),
-                    Err(e) => tracing::warn!(%lease, error = %e, "a lease could not be renewed"),
-                }
-            }
-        });
-        Ok(Some(Held { store, name: name.to_owned(), renewing }))
-    }
-
-    async fn release(self) {
-        self.renewing.abort();
-        if let Err(e) = self.store.release_lease(&self.name).await {
-            tracing::warn!(lease = %self.name, error = %e, "a lease stays until it runs out");
-        }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.renewing.abort();
-    }
-}
 
 /// An export under way: held from before the node stores anything until the export is
 /// recorded (or failed). [`Exporting::end`] gives it up.

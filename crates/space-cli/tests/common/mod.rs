@@ -2,6 +2,7 @@
 //! (its own loop-mounted btrfs pool and cgroup parent), torn down even when a test fails.
 #![allow(dead_code)]
 
+pub mod counter;
 pub mod nodes;
 pub mod replicas;
 pub mod upstream;

@@ -14,7 +14,7 @@ pub(crate) mod pool;
 mod ports;
 mod session_meta;
 mod sessions;
-mod suspend;
+pub(crate) mod suspend;
 mod system;
 mod templates;
 mod tenants;

@@ -98,10 +98,14 @@ pub(super) fn check_runtime(state: &AppState, runtime: space_api::RuntimeKind) -
 }
 
 pub(super) async fn check_template(state: &AppState, name: &str) -> AppResult<()> {
+    // A built-in template is known without asking a node (every node builds it on first use).
+    if state.nodes.first().is_builtin(name) {
+        return Ok(());
+    }
     let known = |node: Arc<dyn NodeApi>| async move {
-        match node.resolve_template(name).await.is_some() || node.is_builtin(name) {
-            true => None,
-            false => Some(node.available_templates().await),
+        match node.resolve_template(name).await {
+            Some(_) => None,
+            None => Some(node.available_templates().await),
         }
     };
     let Some(available) = crate::placement::first_answer(state, known).await? else { return Ok(()) };

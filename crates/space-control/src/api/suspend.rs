@@ -13,6 +13,7 @@ use super::lifecycle::{
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiPath, ApiQuery, AppError, AppResult};
+use crate::held::Held;
 use crate::reconciler::{RestoreInput, remove_sandbox};
 
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
@@ -42,24 +43,48 @@ pub async fn suspend(
     Ok(ApiJson(find_session(&state, &caller, &id).await?))
 }
 
+/// What the lease a suspend holds while it runs is named after (it adds the session). A
+/// suspend whose replica died, or whose request was dropped, leaves its session `suspending`
+/// with this lease running out; any replica then finishes it
+/// ([`crate::recovery::finish_abandoned_suspends`]).
+pub(crate) const SUSPEND_LEASE: &str = "suspend:";
+/// How long a suspend's lease lasts unrenewed.
+pub(crate) const SUSPEND_LEASE_MS: i64 = 30_000;
+
 /// Suspends the session (see [`suspend`]); also used by the idle timeout. On failure the
 /// session returns to the state it was in, with the error recorded, and keeps its sandbox.
 pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &SessionId, force: bool) -> AppResult<()> {
     let _guard = state.session_lock(id).await;
     let session = state.store.session(tenant, id).await?.ok_or_else(|| AppError::session_not_found(id.as_str()))?;
     require_checkpoints(state, session.runtime)?;
-    let was = session.state;
-    let paused = match was {
+    let paused = match session.state {
         SessionState::Suspended => return Ok(()),
         SessionState::Running => false,
         SessionState::Paused => true,
         _ => return Err(invalid_state(&session, "be suspended")),
     };
-    let sandbox = sandbox_of(&session)?;
+    let Some(held) = Held::take(state, &format!("{SUSPEND_LEASE}{id}"), SUSPEND_LEASE_MS).await? else {
+        return Err(AppError::new(ErrorCode::Conflict, format!("session {id} is being suspended already; try again")));
+    };
+    let suspended = suspend_held(state, tenant, &session, paused, force).await;
+    held.release().await;
+    suspended
+}
+
+/// [`suspend_session`] of `session` (running, or `paused`) with its lock and lease held.
+async fn suspend_held(
+    state: &AppState,
+    tenant: &TenantId,
+    session: &Session,
+    paused: bool,
+    force: bool,
+) -> AppResult<()> {
+    let (id, was) = (&session.id, session.state);
+    let sandbox = sandbox_of(session)?;
     if !state.store.transition(id, &[was], SessionState::Suspending, None).await? {
         return Err(AppError::new(ErrorCode::Conflict, format!("session {id} changed state meanwhile; try again")));
     }
-    let node = state.nodes.of(&session)?;
+    let node = state.nodes.of(session)?;
     // Frozen from here on, so that nothing it does while its snapshot is exported is lost
     // when its sandbox is removed; thawed again if the suspend fails.
     let frozen = match paused {
@@ -67,7 +92,7 @@ pub(crate) async fn suspend_session(state: &AppState, tenant: &TenantId, id: &Se
         false => node.pause_sandbox(&sandbox).await.map_err(AppError::from),
     };
     let suspended = match frozen {
-        Ok(()) => snapshot_durably(state, tenant, &session, node.as_ref(), force).await,
+        Ok(()) => snapshot_durably(state, tenant, session, node.as_ref(), force).await,
         Err(e) => Err(e),
     };
     match suspended {

@@ -63,3 +63,38 @@ async fn a_suspended_session_resumes_after_a_restart() {
     assert_eq!(server.act(&id, "resume", json!({})).await.1["state"], "running");
     assert_eq!(server.read_file(&id, "/tmp/f").await, "suspended");
 }
+
+/// A suspend whose replica stopped (here: another replica's, begun with the sandbox frozen,
+/// whose lease runs out) is finished by a replica that serves: no full snapshot was taken, so
+/// the session runs on, thawed. One whose lease is still renewed is left to its replica.
+#[tokio::test]
+async fn a_suspend_whose_replica_stopped_is_finished_by_one_that_serves() {
+    use space_api::{SandboxId, SessionId, SessionState};
+    use space_node_api::NodeApi;
+    let server = Server::start().await;
+    let (abandoned, held) = (server.session().await, server.session().await);
+    let now = space_store::now_ms();
+    for (id, holder, lease_ms) in [(&abandoned, "control-dead#1", 500), (&held, "control-live#1", 10 * 60 * 1000)] {
+        let sandbox: SandboxId = sandbox_of(&server.get(id).await).parse().unwrap();
+        server.sim.pause_sandbox(&sandbox).await.unwrap();
+        let store = server.store_as(holder).await;
+        let session: SessionId = id.parse().unwrap();
+        assert!(store.transition(&session, &[SessionState::Running], SessionState::Suspending, None).await.unwrap());
+        assert!(store.acquire_lease(&format!("suspend:{id}"), now, lease_ms).await.unwrap());
+    }
+
+    let mut session = server.get(&abandoned).await;
+    for _ in 0..300 {
+        if session["state"] != "suspending" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        session = server.get(&abandoned).await;
+    }
+    assert_eq!(session["state"], "running", "{session}");
+    assert!(session["error"].as_str().is_some_and(|e| e.contains("kept running")), "{session}");
+    let sandbox = sandbox_of(&session);
+    assert!(server.sim.sandboxes().iter().any(|s| s.id.as_str() == sandbox && !s.paused), "thawed");
+    assert_eq!(server.exec(&abandoned, &["echo", "on"]).await.1["stdout"], "on\n");
+    assert_eq!(server.get(&held).await["state"], "suspending", "its replica holds the suspend's lease");
+}
