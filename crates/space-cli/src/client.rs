@@ -25,6 +25,12 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client of the server at `url` (another control replica over the same database)
+    /// with this one's key.
+    pub fn at(&self, url: &str) -> Client {
+        Client { base: url.trim_end_matches('/').to_owned(), ..self.clone() }
+    }
+
     pub fn new(url: &str, key: Option<String>, data_dir: &Path) -> anyhow::Result<Client> {
         let key = match key {
             Some(k) => k,

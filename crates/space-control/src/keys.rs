@@ -30,9 +30,9 @@ impl fmt::Display for SealedCount {
 #[derive(Debug, thiserror::Error)]
 pub enum KeyCheckError {
     #[error(
-        "the key file {path} is missing, but the database holds {sealed} sealed with a key; restore the key \
-         file they were sealed with to {path} (or point --key-file at it): a new key cannot open them, \
-         so none is created"
+        "the key file {path} is missing, but the database was set up with a key (it holds {sealed} sealed \
+         with it); restore that key file to {path}, or point --key-file at it (every control replica over \
+         one database uses the same key file): a new key cannot open what it sealed, so none is created"
     )]
     Missing { path: PathBuf, sealed: SealedCount },
     #[error(
@@ -40,21 +40,36 @@ pub enum KeyCheckError {
          with: restore that key file (or point --key-file at it)"
     )]
     WrongKey { key: String, sealed: SealedCount },
+    #[error(
+        "{key} is not the key this database was set up with: every control replica over one database \
+         must use the same key file; copy the first replica's (its DATA_DIR/keys/master.key) and point \
+         --key-file at it"
+    )]
+    NotTheDatabasesKey { key: String },
     #[error(transparent)]
     Key(#[from] KeyError),
     #[error("reading the sealed data: {0}")]
     Store(#[from] StoreError),
 }
 
+/// What the database's key canary is stored under in `meta`: a value sealed by the first key
+/// the database was opened with, which every later key must open. Without it, replicas that
+/// start over a new database before anything is sealed would each make a key of their own.
+const CANARY: &str = "key_canary";
+/// The owner the canary is sealed for.
+const CANARY_OWNER: &str = "key-canary";
+
 /// The sealer over the key file at `path`, checked against what `store` holds sealed.
 ///
 /// With nothing sealed the key file is created if missing. With sealed data the key file
 /// must exist and open at least one value; values it cannot open (e.g. sealed while another
-/// key was in place) are logged and reported by each request that needs them.
+/// key was in place) are logged and reported by each request that needs them. Either way the
+/// key must open the database's canary, which the first key to open the database sealed.
 pub async fn open_sealer(path: &Path, store: &Store) -> Result<Sealer, KeyCheckError> {
     let values = store.sealed_values().await?;
     let sealed = count(&values);
-    let key = if values.is_empty() {
+    let canary = store.meta(CANARY).await?;
+    let key = if values.is_empty() && canary.is_none() {
         LocalKeyFile::open_or_create(path)?
     } else {
         match LocalKeyFile::open(path) {
@@ -83,7 +98,20 @@ pub async fn open_sealer(path: &Path, store: &Store) -> Result<Sealer, KeyCheckE
     for (value, e) in unreadable {
         tracing::warn!(sealed = %describe(&value.owner), error = %e, "sealed data the key cannot open");
     }
+    check_canary(&sealer, store).await?;
     Ok(sealer)
+}
+
+/// The database's canary, sealed by `sealer` if the database has none yet, must open.
+async fn check_canary(sealer: &Sealer, store: &Store) -> Result<(), KeyCheckError> {
+    let ours = hex::encode(sealer.seal(b"space", CANARY_OWNER)?);
+    let stored = store.meta_get_or_insert(CANARY, &ours).await?;
+    let opened = hex::decode(&stored).map(|sealed| sealer.open(&sealed, CANARY_OWNER));
+    match opened {
+        // The key unwrapped the canary's data key: it is the right key, the canary is damaged.
+        Ok(Ok(_) | Err(KeyError::Corrupt { .. })) => Ok(()),
+        Ok(Err(_)) | Err(_) => Err(KeyCheckError::NotTheDatabasesKey { key: sealer.describe() }),
+    }
 }
 
 fn count(values: &[SealedValue]) -> SealedCount {
@@ -140,6 +168,29 @@ mod tests {
             placeholder_env: None,
         };
         store.insert_credential(&new).await.unwrap().unwrap();
+    }
+
+    /// Two replicas started over a new database before anything is sealed: the second, with a
+    /// key of its own, is refused; with the first's key it starts.
+    #[tokio::test]
+    async fn a_second_replica_with_another_key_is_refused_even_before_anything_is_sealed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path()).await;
+        let (first, second) = (dir.path().join("a/master.key"), dir.path().join("b/master.key"));
+        open_sealer(&first, &store).await.unwrap();
+        assert!(store.sealed_values().await.unwrap().is_empty(), "nothing sealed but the canary");
+        // Without a key file, none is made.
+        let err = open_sealer(&second, &store).await.unwrap_err();
+        assert!(matches!(err, KeyCheckError::Missing { .. }), "{err}");
+        assert!(err.to_string().contains("every control replica over one database"), "{err}");
+        assert!(!second.exists());
+        // A key of its own (made over another database) does not open the canary.
+        let other = tempfile::tempdir().unwrap();
+        open_sealer(&second, &self::store(other.path()).await).await.unwrap();
+        let err = open_sealer(&second, &store).await.unwrap_err();
+        assert!(matches!(err, KeyCheckError::NotTheDatabasesKey { .. }), "{err}");
+        assert!(err.to_string().contains("--key-file"), "{err}");
+        open_sealer(&first, &store).await.unwrap();
     }
 
     #[tokio::test]

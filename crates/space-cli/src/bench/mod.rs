@@ -11,6 +11,7 @@ mod moves;
 mod peers;
 mod ports;
 mod report;
+mod spread;
 
 use std::path::{Path, PathBuf};
 
@@ -45,6 +46,19 @@ pub struct BenchArgs {
     /// MiB (0 skips them; needs two nodes or more sharing a blob store, and the admin key).
     #[arg(long, default_value_t = 0)]
     move_n: usize,
+    /// Creates of the spread measure: through this replica, then through it and every
+    /// `--spread-via` replica in turn (0 skips it).
+    #[arg(long, default_value_t = 0)]
+    spread: usize,
+    /// Another control replica (its URL) over the same database, for the spread measure.
+    #[arg(long)]
+    spread_via: Vec<String>,
+    /// Creates of the spread measure in flight at once.
+    #[arg(long, default_value_t = 32)]
+    spread_concurrency: usize,
+    /// Only the spread measure.
+    #[arg(long)]
+    spread_only: bool,
     /// Template the sessions and the peers start from.
     #[arg(long, default_value = "busybox")]
     template: String,
@@ -98,7 +112,10 @@ pub async fn run(client: &Client, args: BenchArgs, data_dir: &Path) -> anyhow::R
     let initial = api::pool(client).await?;
     let size_before = initial.templates.iter().find(|t| t.template == args.template).map_or(0, |t| t.size);
     let mut report = Report::default();
-    let result = measure_all(client, &args, data_dir, &mut report).await;
+    let result = match args.spread_only {
+        true => spread_measure(client, &args, &mut report).await,
+        false => measure_all(client, &args, data_dir, &mut report).await,
+    };
     if let Err(e) = api::set_pool(client, &args.template, size_before).await {
         eprintln!("warning: restoring the pool size of {}: {e:#}", args.template);
     }
@@ -137,6 +154,9 @@ async fn measure_all(client: &Client, args: &BenchArgs, data_dir: &Path, report:
     }
     if args.burst > 0 {
         burst_measures(client, args, report).await?;
+    }
+    if args.spread > 0 {
+        spread_measure(client, args, report).await?;
     }
     if args.density > 0 {
         eprintln!("density: {} idle sessions", args.density);
@@ -198,6 +218,13 @@ async fn template_rootfs(client: &Client, template: &str, data_dir: &Path) -> an
         path.display()
     );
     Ok(path)
+}
+
+async fn spread_measure(client: &Client, args: &BenchArgs, report: &mut Report) -> anyhow::Result<()> {
+    anyhow::ensure!(args.spread > 0, "--spread-only needs --spread N");
+    let mut replicas = vec![client.clone()];
+    replicas.extend(args.spread_via.iter().map(|url| client.at(url)));
+    spread::measure(&replicas, &args.template, args.spread, args.spread_concurrency, report).await
 }
 
 async fn burst_measures(client: &Client, args: &BenchArgs, report: &mut Report) -> anyhow::Result<()> {
