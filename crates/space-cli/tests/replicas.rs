@@ -193,3 +193,120 @@ fn a_replica_killed_mid_suspend_or_resume_leaves_it_to_the_other() {
     assert!(server.sandbox_cgroups().is_empty(), "nothing is left on the node: {:?}", server.sandbox_cgroups());
     b.kill9();
 }
+
+/// The newest operation of `kind`: its session, state and claimant.
+fn newest_operation(database: &str, kind: &str) -> Option<(String, String)> {
+    let row = psql(
+        database,
+        &format!(
+            "SELECT session_id || ' ' || state || ' ' || COALESCE(claimed_by, '-') FROM operations \
+             WHERE kind = '{kind}' ORDER BY created_at DESC, id DESC LIMIT 1"
+        ),
+    );
+    row.split_once(' ').map(|(session, rest)| (session.to_owned(), rest.to_owned()))
+}
+
+/// Runs `start` (it queues a `create_session` operation through A) and stops the node as soon
+/// as the operation is recorded; returns its session and the stopped node once A holds the
+/// operation, running, waiting on the node. The stop races the operation: one that finished
+/// first (or that B claimed) is left to end, and `start` runs again.
+fn caught_mid_create(server: &Server, database: &str, start: &dyn Fn() -> Option<String>) -> (String, Stopped) {
+    for _ in 0..10 {
+        let before = newest_operation(database, "create_session").map(|(session, _)| session);
+        let known = start();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let session = loop {
+            if let Some(id) = &known {
+                break id.clone();
+            }
+            match newest_operation(database, "create_session") {
+                Some((session, _)) if Some(&session) != before.as_ref() => break session,
+                _ => assert!(Instant::now() < deadline, "no create was recorded"),
+            }
+        };
+        let stopped = Stopped::stop(server.node_pid());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match operation(database, &session, "create_session").as_str() {
+                "running control-1" => return (session, stopped),
+                state if state.starts_with("pending") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => break,
+            }
+        }
+        drop(stopped);
+        eprintln!(
+            "the create of {session} was not caught held by A: {}",
+            operation(database, &session, "create_session")
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !operation(database, &session, "create_session").starts_with("succeeded") {
+            assert!(Instant::now() < deadline, "the create of {session} did not end");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    panic!("the node never stopped while A held a create");
+}
+
+/// A is killed while it runs a create, then while it runs the start of a fork, each waiting
+/// on the node (stopped just after the operation was recorded): B completes each once A's
+/// lease ran out. The fork is a real one (from a full snapshot: its counter counts on from
+/// where the snapshot had it). Once every session is destroyed, nothing is left on the node.
+#[test]
+fn a_replica_killed_mid_create_or_fork_leaves_it_to_the_other() {
+    require_root!();
+    let database = create_database(&postgres_server());
+    let mut server = Server::start_split(&["--database", &database, "--pool", "busybox=0"]);
+    let mut b = Replica::start(&server, "control-2", &database);
+
+    let create = || {
+        let (status, body) = server.call("POST", "/v1/sessions?wait=false", Some(json!({})));
+        assert_eq!(status, 202, "{body}");
+        body["id"].as_str().map(str::to_owned)
+    };
+    let (created, stopped) = caught_mid_create(&server, &database, &create);
+    server.kill9_control();
+    drop(stopped);
+    wait_state(&server, &b, &created, "running");
+    assert_eq!(operation(&database, &created, "create_session"), "succeeded control-2");
+    let (status, out) =
+        b.call(&server, "POST", &format!("/v1/sessions/{created}/exec"), Some(json!({ "cmd": ["echo", "made"] })));
+    assert_eq!((status, out["stdout"].as_str()), (200, Some("made\n")), "{out}");
+
+    server.spawn();
+    start_counter(&server, &b.url, &created);
+    let at_snapshot = counter_above_at(&server, &b.url, &created, 3);
+    let (status, snapshot) =
+        b.call(&server, "POST", &format!("/v1/sessions/{created}/snapshots"), Some(json!({ "kind": "full" })));
+    assert_eq!(status, 201, "{snapshot}");
+    let fork_path = format!("/v1/sessions/{created}/fork");
+    let body = json!({ "from": snapshot["id"] }).to_string();
+    let fork = || {
+        let (url, auth, path, body) = (server.url.clone(), server.auth(), fork_path.clone(), body.clone());
+        std::thread::spawn(move || {
+            let _ = std::process::Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-X", "POST", "-H", &auth, "-H", "Content-Type: application/json"])
+                .args(["-d", &body, &format!("{url}{path}")])
+                .output();
+        });
+        None
+    };
+    let (forked, stopped) = caught_mid_create(&server, &database, &fork);
+    server.kill9_control();
+    drop(stopped);
+    wait_state(&server, &b, &forked, "running");
+    assert_eq!(operation(&database, &forked, "create_session"), "succeeded control-2");
+    let resumed = counter_at(&server, &b.url, &forked);
+    assert!(resumed >= at_snapshot, "the fork's counter went back from {at_snapshot} to {resumed}");
+    counter_above_at(&server, &b.url, &forked, resumed);
+
+    let (_, list) = b.call(&server, "GET", "/v1/sessions", None);
+    for session in list["sessions"].as_array().unwrap() {
+        let id = session["id"].as_str().unwrap();
+        let (status, body) = b.call(&server, "DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 200, "{body}");
+    }
+    assert!(server.sandbox_cgroups().is_empty(), "nothing is left on the node: {:?}", server.sandbox_cgroups());
+    b.kill9();
+}
