@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::Server;
 use common::counter::{Stopped, counter_above_at, counter_at, start_counter};
+use common::nodes::ExtraNode;
 use common::replicas::{Replica, create_database, postgres_server, psql};
 use serde_json::{Value, json};
 
@@ -309,4 +310,40 @@ fn a_replica_killed_mid_create_or_fork_leaves_it_to_the_other() {
     }
     assert!(server.sandbox_cgroups().is_empty(), "nothing is left on the node: {:?}", server.sandbox_cgroups());
     b.kill9();
+}
+
+/// Two replicas over three nodes: sessions created through either are spread over all three,
+/// and each answers for every session, wherever it was created and whichever node runs it.
+#[test]
+fn two_replicas_over_three_nodes_spread_sessions_and_answer_for_all() {
+    require_root!();
+    let database = create_database(&postgres_server());
+    let mut server = Server::start_split(&["--database", &database, "--pool", "busybox=1"]);
+    let (second, third) = (ExtraNode::start(&server, "2"), ExtraNode::start(&server, "3"));
+    server.add_node(&second);
+    server.add_node(&third);
+    let b = Replica::start(&server, "control-2", &database);
+    let replicas = [server.url.clone(), b.url.clone()];
+
+    let mut sessions = Vec::new();
+    for i in 0..6 {
+        let (status, session) = server.call_at(&replicas[i % 2], "POST", "/v1/sessions", Some(json!({})));
+        assert_eq!(status, 201, "{session}");
+        sessions.push((session["id"].as_str().unwrap().to_owned(), session["node"].as_str().unwrap().to_owned()));
+    }
+    let nodes: std::collections::BTreeSet<&str> = sessions.iter().map(|(_, node)| node.as_str()).collect();
+    let all = [server.node_id(), second.name.clone(), third.name.clone()];
+    assert_eq!(nodes, all.iter().map(String::as_str).collect(), "sessions on every node: {sessions:?}");
+    for (i, (id, node)) in sessions.iter().enumerate() {
+        // Through the replica that did not create it.
+        let base = &replicas[(i + 1) % 2];
+        let cmd = json!({ "cmd": ["sh", "-c", "echo $HOSTNAME-ok"] });
+        let (status, out) = server.call_at(base, "POST", &format!("/v1/sessions/{id}/exec"), Some(cmd));
+        assert_eq!(status, 200, "{out}");
+        assert!(out["stdout"].as_str().unwrap().ends_with("-ok\n"), "{out}");
+        let (_, session) = server.call_at(base, "GET", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(session["node"], node.as_str(), "{session}");
+        let (status, body) = server.call_at(base, "DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 200, "{body}");
+    }
 }

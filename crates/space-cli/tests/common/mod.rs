@@ -117,7 +117,7 @@ pub struct Server {
     /// `<cgroup_parent>/<node id>`, and only those are removed on drop.
     node: Option<String>,
     /// `split`: the addresses of more nodes its control plane drives ([`nodes::ExtraNode`]).
-    extra_nodes: Vec<String>,
+    pub(crate) extra_nodes: Vec<String>,
 }
 
 impl Server {

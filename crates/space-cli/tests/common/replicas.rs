@@ -33,8 +33,9 @@ pub fn psql(url: &str, sql: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-/// Another `space control` over a split server's database and node, with a data dir and a
-/// certificate of its own and the server's key file. Killed when dropped.
+/// Another `space control` over a split server's database and nodes (its own and those
+/// added), with a data dir and a certificate of its own and the server's key file. Killed
+/// when dropped.
 pub struct Replica {
     pub name: String,
     pub url: String,
@@ -61,6 +62,7 @@ impl Replica {
             Command::new(SPACE)
                 .args(["control", "--listen", &format!("127.0.0.1:{port}")])
                 .args(["--node", &server.node_address(), "--name", name, "--database", database])
+                .args(server.extra_nodes.iter().flat_map(|address| ["--node", address]))
                 .arg("--cluster-dir")
                 .arg(&cluster)
                 .arg("--key-file")
