@@ -779,7 +779,8 @@ fn policy_changes_apply_to_new_connections() {
 
 /// (9) A sandbox that outlives a `kill -9` of the server keeps its egress (the new process
 /// opens the gateway in it again and reloads the credentials), and so does one restored by a
-/// suspend and resume.
+/// suspend and resume. Split, so does one whose node process alone was killed and started
+/// again under the running control plane.
 #[test]
 fn egress_survives_a_server_restart_and_a_suspend() {
     require_root!();
@@ -802,6 +803,19 @@ fn egress_survives_a_server_restart_and_a_suspend() {
     env.server.kill9();
     env.server.spawn();
     works(&env, "after-restart");
+
+    if env.server.topology == common::Topology::Split {
+        // The node process alone, started again under the control plane that runs on: its
+        // keeper takes it back at a heartbeat (the gateway's listeners and sessions went with
+        // the old process).
+        env.server.restart_node();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while env.curl(&id, "", "http://api.allowed.test/node-back").0 != "200" {
+            assert!(Instant::now() < deadline, "no egress after the node process started again");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        works(&env, "after-node-restart");
+    }
 
     for action in ["suspend", "resume"] {
         let (status, r) = env.server.call("POST", &format!("/v1/sessions/{id}/{action}"), None);

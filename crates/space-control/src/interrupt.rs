@@ -201,7 +201,7 @@ async fn returned(state: &AppState, node_id: &str) -> AppResult<()> {
 
 /// Hands the egress of every session placed on `node_id` to it again: a node that restarted
 /// while it was lost has forgotten what it was given (its gateway keeps it in memory).
-async fn push_egress(state: &AppState, node_id: &str) -> AppResult<()> {
+pub(crate) async fn push_egress(state: &AppState, node_id: &str) -> AppResult<()> {
     use SessionState::*;
     let placed = [Creating, Running, Paused, Restoring, Suspending, Suspended, Failed, Interrupted];
     for record in placed_on(state, node_id, &placed).await? {

@@ -198,7 +198,7 @@ pub async fn start(
     // Only after recovery: its sweep destroys every sandbox no session owns (a node's own
     // pods are spared, but the sweep must not race their making). A replica that does not
     // keep a node leaves it to its keeper, and starts it when it takes the node over.
-    for id in &kept {
+    for (id, _) in &kept {
         if let Ok(node) = state.nodes.get(id) {
             node.start_background();
         }

@@ -46,8 +46,9 @@ pub enum Mode {
     TakeOver,
 }
 
-/// A replica's start-up recovery. Returns the nodes this replica keeps (and recovered).
-pub async fn recover(state: &AppState) -> AppResult<Vec<String>> {
+/// A replica's start-up recovery. Returns the nodes this replica keeps (and recovered), each
+/// with the incarnation it answered before its recovery (`None`: it did not answer).
+pub async fn recover(state: &AppState) -> AppResult<Vec<(String, Option<String>)>> {
     let requeued = state.store.requeue_running_operations().await?;
     state.store.idempotency_interrupt_unfinished(true, now_ms()).await?;
     state.store.idempotency_expire(now_ms() - crate::idempotency::RETENTION_MS).await?;
@@ -59,8 +60,9 @@ pub async fn recover(state: &AppState) -> AppResult<Vec<String>> {
             tracing::info!(node = %id, keeper = ?keeper, "another replica keeps the node; this one takes it over if that one dies");
             continue;
         }
+        let asked = tokio::time::timeout(crate::placement::ASK, state.nodes.get(id)?.incarnation()).await;
         recover_node(state, id, Mode::Start).await?;
-        kept.push(id.to_owned());
+        kept.push((id.to_owned(), asked.ok().and_then(Result::ok)));
     }
     Ok(kept)
 }

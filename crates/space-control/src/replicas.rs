@@ -8,9 +8,10 @@
 //! The work that must not run twice at once has a lease of its own: each node's (its
 //! recovery, the start of its background work) and the snapshot scheduler's. The replica
 //! that holds a node's lease keeps the node; when it dies, the next to take the lease
-//! recovers the node's sessions ([`recovery::Mode::TakeOver`]).
+//! recovers the node's sessions ([`recovery::Mode::TakeOver`]). A node whose process was
+//! started again (it answers another incarnation) is taken back the same way by its keeper.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -50,10 +51,13 @@ pub async fn run_schedule(state: &AppState, tick: Duration) -> Result<bool, Stor
 
 /// Beats every [`HEARTBEAT_EVERY`] from now on: renews this replica's liveness and its
 /// operations' leases, interrupts the idempotent requests of replicas that died, and keeps
-/// its nodes (taking one over when its keeper died). `kept` are the nodes this replica keeps
-/// now. A beat the database cannot answer is logged; the next tries again.
-pub fn spawn_beats(state: AppState, kept: Vec<String>) {
-    let nodes = Arc::new(Mutex::new(Kept { kept: kept.into_iter().collect(), taking: BTreeSet::new() }));
+/// its nodes (taking one over when its keeper died, or taking it back when its process was
+/// started again). `kept` are the nodes this replica keeps now, with their incarnations. A
+/// beat the database cannot answer is logged; the next tries again.
+pub fn spawn_beats(state: AppState, kept: Vec<(String, Option<String>)>) {
+    let incarnations = kept.iter().filter_map(|(id, incarnation)| Some((id.clone(), incarnation.clone()?))).collect();
+    let kept = Kept { kept: kept.into_iter().map(|(id, _)| id).collect(), taking: BTreeSet::new(), incarnations };
+    let nodes = Arc::new(Mutex::new(kept));
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT_EVERY, HEARTBEAT_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -70,6 +74,8 @@ pub fn spawn_beats(state: AppState, kept: Vec<String>) {
 struct Kept {
     kept: BTreeSet<String>,
     taking: BTreeSet<String>,
+    /// The incarnation each kept node answered when it was last asked.
+    incarnations: HashMap<String, String>,
 }
 
 fn locked(nodes: &Mutex<Kept>) -> MutexGuard<'_, Kept> {
@@ -100,14 +106,49 @@ async fn beat(state: &AppState, nodes: &Arc<Mutex<Kept>>) -> AppResult<()> {
             tracing::warn!(node = %id, "another replica took the node over (this one stalled past its lease)");
         }
     }
+    take_back_restarted(state, nodes).await;
     Ok(())
+}
+
+/// Asks each kept node its incarnation, all at once and each for at most
+/// [`crate::placement::ASK`]: one whose process was started again since it was last asked is
+/// recovered as in a takeover (its sandboxes' listeners, its gateway's sessions and its
+/// background work went with the old process).
+async fn take_back_restarted(state: &AppState, nodes: &Arc<Mutex<Kept>>) {
+    let kept: Vec<String> = locked(nodes).kept.iter().cloned().collect();
+    let asks = kept.iter().filter_map(|id| Some((id, state.nodes.find(id)?.clone()))).map(|(id, node)| async move {
+        let answer = tokio::time::timeout(crate::placement::ASK, node.incarnation()).await;
+        (id, answer.ok().and_then(Result::ok))
+    });
+    for (id, answer) in futures::future::join_all(asks).await {
+        let Some(incarnation) = answer else { continue };
+        let mut set = locked(nodes);
+        let before = set.incarnations.insert(id.clone(), incarnation.clone());
+        if before.is_some_and(|before| before != incarnation) && set.kept.remove(id) {
+            tracing::info!(node = %id, "the node's process was started again: this replica takes it back");
+            set.taking.insert(id.clone());
+            take_over(state.clone(), nodes.clone(), id.clone());
+        }
+    }
 }
 
 /// Recovers node `id`'s sessions and starts its background work; the node is kept from then
 /// on, or, if that failed, left for a later beat to try again.
 fn take_over(state: AppState, nodes: Arc<Mutex<Kept>>, id: String) {
     tokio::spawn(async move {
-        let recovered = recovery::recover_node(&state, &id, recovery::Mode::TakeOver).await;
+        // Asked before the recovery: a process started again after it is taken back at a
+        // later beat.
+        if let Some(node) = state.nodes.find(&id)
+            && let Ok(Ok(incarnation)) = tokio::time::timeout(crate::placement::ASK, node.incarnation()).await
+        {
+            locked(&nodes).incarnations.insert(id.clone(), incarnation);
+        }
+        let recovered = match recovery::recover_node(&state, &id, recovery::Mode::TakeOver).await {
+            // The node may be a process started again, which has forgotten every session's
+            // egress: it is handed them again.
+            Ok(()) => crate::interrupt::push_egress(&state, &id).await,
+            Err(e) => Err(e),
+        };
         let mut set = locked(&nodes);
         set.taking.remove(&id);
         match (recovered, state.nodes.get(&id)) {

@@ -155,6 +155,14 @@ pub trait NodeApi: EgressControl + 'static {
     /// The node's id: what its sandboxes are recorded under, and what its cgroups are named by.
     fn node_id(&self) -> String;
 
+    /// Names the node's process now: a node in another process that was started again since
+    /// answers another one, and has forgotten what it held in memory (its background work,
+    /// its gateway's sessions and listeners). A node in this process lives as long as its
+    /// caller and always answers the same.
+    async fn incarnation(&self) -> Result<String> {
+        Ok(String::new())
+    }
+
     // Templates.
 
     /// Every built template, every version.

@@ -51,6 +51,10 @@ pub struct NodeInfo {
     /// releases before it was checked).
     #[serde(default)]
     pub now_ms: Option<i64>,
+    /// Names the node's process: another after every start (absent from releases before it
+    /// was asked for).
+    #[serde(default)]
+    pub incarnation: Option<String>,
 }
 
 /// Whether a runtime's sandboxes can take full snapshots on the node.

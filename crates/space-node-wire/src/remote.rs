@@ -159,6 +159,11 @@ impl NodeApi for RemoteNode {
         self.info.id.clone()
     }
 
+    async fn incarnation(&self) -> Result<String> {
+        let info = self.client.info().await.map_err(node_error)?;
+        Ok(info.incarnation.unwrap_or_default())
+    }
+
     async fn templates(&self) -> Vec<TemplateInfo> {
         self.ask(&Call::Templates, Vec::new()).await
     }

@@ -37,6 +37,8 @@ struct Served {
     node: Arc<dyn NodeApi>,
     audit: streams::AuditSlot,
     background: std::sync::Once,
+    /// This process's incarnation (see [`NodeInfo::incarnation`]).
+    incarnation: String,
 }
 
 /// Serves `node` on `listener` until the listener fails. Each connection must complete the
@@ -44,7 +46,8 @@ struct Served {
 pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, node: Arc<dyn NodeApi>) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(tls);
     let audit = streams::AuditSlot::new(node.take_audit_events());
-    let served = Arc::new(Served { node, audit, background: std::sync::Once::new() });
+    let incarnation = hex_token();
+    let served = Arc::new(Served { node, audit, background: std::sync::Once::new(), incarnation });
     loop {
         let (tcp, peer) = listener.accept().await?;
         let _ = tcp.set_nodelay(true);
@@ -87,7 +90,7 @@ async fn answer(served: Arc<Served>, mut request: Request<Incoming>) -> Result<R
     let body = body.to_bytes();
     let node = served.node.clone();
     Ok(match (parts.method, parts.uri.path()) {
-        (Method::GET, paths::INFO) => json(StatusCode::OK, &info(node.as_ref()).await),
+        (Method::GET, paths::INFO) => json(StatusCode::OK, &info(node.as_ref(), &served.incarnation).await),
         (Method::POST, paths::CALL) => match parse(&body) {
             Ok(call) => calls::answer(&served, call).await,
             Err(e) => bad_request(e),
@@ -143,7 +146,12 @@ fn version_refusal(request: &Request<Incoming>) -> Option<Response<Body>> {
     ))
 }
 
-async fn info(node: &dyn NodeApi) -> NodeInfo {
+/// 16 random hex digits.
+fn hex_token() -> String {
+    rand::random::<[u8; 8]>().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn info(node: &dyn NodeApi, incarnation: &str) -> NodeInfo {
     NodeInfo {
         id: node.node_id(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -156,6 +164,7 @@ async fn info(node: &dyn NodeApi) -> NodeInfo {
             .collect(),
         capacity: node.capacity().await.unwrap_or_default(),
         now_ms: Some(crate::clock::now_ms()),
+        incarnation: Some(incarnation.to_owned()),
     }
 }
 

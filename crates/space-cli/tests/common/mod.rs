@@ -267,6 +267,10 @@ impl Server {
         if self.node_child.is_none() {
             self.spawn_node(&cluster, &name, &node_flags);
         }
+        // A control plane left running (only the node was killed) is not started again.
+        if self.child.is_some() {
+            return Ok(());
+        }
         let control = self.launch(
             "space control",
             Command::new(SPACE)
@@ -354,6 +358,17 @@ impl Server {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// `split`: `kill -9` of the node process alone (its sandboxes' `spaced` run on), then
+    /// the node started again on its data dir; the control plane keeps running.
+    pub fn restart_node(&mut self) {
+        assert_eq!(self.topology, Topology::Split, "only a split server has a node process of its own");
+        if let Some(mut child) = self.node_child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.try_spawn_split().unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// `split`: the node's process id.
