@@ -61,13 +61,29 @@ pub fn spawn_beats(state: AppState, kept: Vec<(String, Option<String>)>) {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT_EVERY, HEARTBEAT_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
+        for beats in 1u64.. {
             ticks.tick().await;
             if let Err(e) = beat(&state, &nodes).await {
                 tracing::warn!(error = %e.0.message, "replica heartbeat");
             }
+            if beats.is_multiple_of(SWEEP_LEASES_EVERY) {
+                sweep_leases(&state).await;
+            }
         }
     });
+}
+
+/// Every how many beats the leases that ran out an hour ago are deleted (about hourly).
+const SWEEP_LEASES_EVERY: u64 = 3600 / HEARTBEAT_EVERY.as_secs();
+
+/// Deletes the leases that ran out more than an hour ago (see
+/// [`space_store::Store::delete_expired_leases`]).
+async fn sweep_leases(state: &AppState) {
+    match state.store.delete_expired_leases(now_ms() - 3_600_000).await {
+        Ok(0) => {}
+        Ok(deleted) => tracing::info!(deleted, "deleted leases that ran out an hour ago"),
+        Err(e) => tracing::warn!(error = %e, "deleting leases that ran out"),
+    }
 }
 
 /// The nodes this replica keeps, and those it is taking over (their recovery runs).

@@ -61,6 +61,16 @@ impl Store {
         Ok(held as u64)
     }
 
+    /// Deletes the leases that ran out before `before`: nobody holds them (a lease that ran
+    /// out is free to take, and one taken again is written anew). Leases named per piece of
+    /// work (an export, a suspend) would otherwise stay for ever when their holder died.
+    /// Returns how many were deleted.
+    pub async fn delete_expired_leases(&self, before: i64) -> Result<u64> {
+        let deleted =
+            sqlx::query("DELETE FROM leases WHERE expires_at < $1").bind(before).execute(&self.writer).await?;
+        Ok(deleted.rows_affected())
+    }
+
     /// Records this handle's replica as alive until `now + lease_ms`, whatever the lease
     /// says: a replica starting under a name takes it over from the earlier process of that
     /// name, which is dead (names are unique among live replicas).
@@ -97,6 +107,17 @@ mod tests {
         assert!(!a.acquire_lease("node:n", 26_000, 15_000).await.unwrap());
         assert_eq!(a.lease_holder("node:n", 26_000).await.unwrap().as_deref(), Some("b"));
         assert_eq!(a.lease_holder("node:n", 40_000).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn leases_that_ran_out_long_ago_are_deleted_and_held_ones_stay() {
+        let (store, _dir) = test_store().await;
+        let a = store.clone().as_replica("a");
+        assert!(a.acquire_lease("export:old", 1_000, 15_000).await.unwrap());
+        assert!(a.acquire_lease("node:n", 50_000, 15_000).await.unwrap());
+        assert_eq!(a.delete_expired_leases(60_000).await.unwrap(), 1);
+        assert_eq!(a.lease_holder("node:n", 60_000).await.unwrap().as_deref(), Some("a"));
+        assert!(store.as_replica("b").acquire_lease("export:old", 60_000, 15_000).await.unwrap(), "free to take");
     }
 
     #[tokio::test]
