@@ -135,14 +135,14 @@ fn wait_db(what: impl Fn() -> String, expected: &str) {
     }
 }
 
-/// Calls `path` on replica A on a thread of its own: A blocks on its stopped node, and is
-/// killed before it answers.
-fn call_a_in_background(server: &Server, path: String) -> std::thread::JoinHandle<()> {
+/// `POST`s `body` to `path` on replica A on a thread of its own: A blocks on its stopped
+/// node, and is killed before it answers.
+fn call_a_in_background(server: &Server, path: String, body: String) -> std::thread::JoinHandle<()> {
     let (url, auth) = (server.url.clone(), server.auth());
     std::thread::spawn(move || {
         let _ = std::process::Command::new("curl")
             .args(["-s", "-o", "/dev/null", "-X", "POST", "-H", &auth, "-H", "Content-Type: application/json"])
-            .args(["-d", "{}", &format!("{url}{path}")])
+            .args(["-d", &body, &format!("{url}{path}")])
             .output();
     })
 }
@@ -164,7 +164,7 @@ fn a_replica_killed_mid_suspend_or_resume_leaves_it_to_the_other() {
 
     // The suspend: A freezes the sandbox's processes through its node, which is stopped.
     let stopped = Stopped::stop(server.node_pid());
-    let call = call_a_in_background(&server, format!("/v1/sessions/{id}/suspend"));
+    let call = call_a_in_background(&server, format!("/v1/sessions/{id}/suspend"), "{}".into());
     wait_db(|| session_state(&database, &id), "suspending");
     server.kill9_control();
     call.join().unwrap();
@@ -178,7 +178,7 @@ fn a_replica_killed_mid_suspend_or_resume_leaves_it_to_the_other() {
     let (status, suspended) = b.call(&server, "POST", &format!("/v1/sessions/{id}/suspend"), None);
     assert_eq!((status, suspended["state"].as_str()), (200, Some("suspended")), "{suspended}");
     let stopped = Stopped::stop(server.node_pid());
-    let call = call_a_in_background(&server, format!("/v1/sessions/{id}/resume"));
+    let call = call_a_in_background(&server, format!("/v1/sessions/{id}/resume"), "{}".into());
     wait_db(|| operation(&database, &id, "restore_session"), "running control-1");
     server.kill9_control();
     call.join().unwrap();
@@ -284,13 +284,7 @@ fn a_replica_killed_mid_create_or_fork_leaves_it_to_the_other() {
     let fork_path = format!("/v1/sessions/{created}/fork");
     let body = json!({ "from": snapshot["id"] }).to_string();
     let fork = || {
-        let (url, auth, path, body) = (server.url.clone(), server.auth(), fork_path.clone(), body.clone());
-        std::thread::spawn(move || {
-            let _ = std::process::Command::new("curl")
-                .args(["-s", "-o", "/dev/null", "-X", "POST", "-H", &auth, "-H", "Content-Type: application/json"])
-                .args(["-d", &body, &format!("{url}{path}")])
-                .output();
-        });
+        call_a_in_background(&server, fork_path.clone(), body.clone());
         None
     };
     let (forked, stopped) = caught_mid_create(&server, &database, &fork);
