@@ -211,9 +211,11 @@ pub async fn finish_abandoned_suspends(state: &AppState) -> AppResult<()> {
     for record in state.store.sessions_in_states(&[SessionState::Suspending]).await? {
         let id = &record.session.id;
         let Some(held) = Held::take(state, &format!("{SUSPEND_LEASE}{id}"), SUSPEND_LEASE_MS).await? else { continue };
-        let finished = finish_abandoned(state, id).await;
+        // One that cannot be finished now (its node does not answer) does not hold the others.
+        if let Err(e) = finish_abandoned(state, id).await {
+            tracing::warn!(session = %id, error = %e.0.message, "cannot finish an abandoned suspend; trying again later");
+        }
         held.release().await;
-        finished?;
     }
     Ok(())
 }

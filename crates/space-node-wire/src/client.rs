@@ -31,11 +31,22 @@ const MAX_ANSWER: usize = 64 << 20;
 /// answer fails the call instead of holding it for ever.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How a call waiting on a node finds the node gone quiet (stopped, cut off, its host dead:
-/// none of which closes our connection): it asks for the node's info on another connection
-/// every [`Watch::every`], and gives up once [`Watch::misses`] asks in a row got no answer
-/// within [`Watch::within`]. A node that answers keeps a long call (a checkpoint, an export)
-/// going for as long as it takes. Three misses five seconds apart is about a node's lease.
+/// none of which closes our connection): every [`Watch::every`] it checks that the node
+/// answered something meanwhile (any call, or an ask for its info on another connection,
+/// which one call makes for all of them), and gives up once [`Watch::misses`] checks in a row
+/// found nothing within [`Watch::within`]. A node that answers keeps a long call (a
+/// checkpoint, an export) going for as long as it takes. Three misses five seconds apart is
+/// about a node's lease.
 const WATCH: Watch = Watch { every: Duration::from_secs(5), within: Duration::from_secs(5), misses: 3 };
+
+/// What the calls to one node last heard of it; shared, so that however many calls wait on
+/// the node, it is asked about once per [`Watch::every`].
+struct Liveness {
+    /// When the node last answered a call.
+    answered: tokio::time::Instant,
+    /// When the last ask ended, and whether the node answered it.
+    asked: Option<(tokio::time::Instant, bool)>,
+}
 
 /// How calls watch that their node still answers (see [`WATCH`]).
 #[derive(Clone, Copy, Debug)]
@@ -58,6 +69,9 @@ pub struct NodeClient {
     api_version: u32,
     connect_timeout: Duration,
     watch: Watch,
+    liveness: std::sync::Mutex<Liveness>,
+    /// Held by the one call asking the node its info for all of them.
+    asking: Mutex<()>,
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
 }
 
@@ -77,6 +91,8 @@ impl NodeClient {
             api_version: NODE_API_VERSION,
             connect_timeout: CONNECT_TIMEOUT,
             watch: WATCH,
+            liveness: std::sync::Mutex::new(Liveness { answered: tokio::time::Instant::now(), asked: None }),
+            asking: Mutex::new(()),
             idle: Mutex::new(Vec::new()),
         })
     }
@@ -140,16 +156,13 @@ impl NodeClient {
     /// [`Watch::misses`] asks in a row while `work` waited on it.
     async fn while_answering<T>(&self, work: impl Future<Output = Result<T, WireError>>) -> Result<T, WireError> {
         let watch = async {
-            let (mut missed, mut answered) = (0, tokio::time::Instant::now());
+            let mut missed = 0;
             loop {
                 tokio::time::sleep(self.watch.every).await;
-                let ask = self.call_unwatched(Method::GET, paths::INFO, Bytes::new());
-                match tokio::time::timeout(self.watch.within, ask).await {
-                    Ok(Ok(_)) => (missed, answered) = (0, tokio::time::Instant::now()),
-                    _ => missed += 1,
-                }
+                missed = if self.still_answers().await { 0 } else { missed + 1 };
                 if missed >= self.watch.misses {
-                    return WireError::Unresponsive { address: self.address.clone(), quiet: answered.elapsed() };
+                    let quiet = self.liveness().answered.elapsed();
+                    return WireError::Unresponsive { address: self.address.clone(), quiet };
                 }
             }
         };
@@ -159,10 +172,38 @@ impl NodeClient {
         }
     }
 
+    /// Whether the node answered anything within the last [`Watch::every`]; if not, asks it
+    /// its info. One call asks at a time, and an ask that ended within [`Watch::every`]
+    /// answers for every call that comes after it.
+    async fn still_answers(&self) -> bool {
+        let _asking = self.asking.lock().await;
+        {
+            let liveness = self.liveness();
+            if liveness.answered.elapsed() < self.watch.every {
+                return true;
+            }
+            if let Some((at, answered)) = liveness.asked
+                && at.elapsed() < self.watch.every
+            {
+                return answered;
+            }
+        }
+        let ask = self.call_unwatched(Method::GET, paths::INFO, Bytes::new());
+        let answered = matches!(tokio::time::timeout(self.watch.within, ask).await, Ok(Ok(_)));
+        self.liveness().asked = Some((tokio::time::Instant::now(), answered));
+        answered
+    }
+
+    fn liveness(&self) -> std::sync::MutexGuard<'_, Liveness> {
+        // Two instants, each written in one statement: never left half-changed by a panic.
+        self.liveness.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     async fn call_unwatched(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes, WireError> {
         let request = self.request(method, path, body)?;
         let mut sender = self.sender().await?;
         let response = sender.send_request(request).await?;
+        self.liveness().answered = tokio::time::Instant::now();
         let response = self.check(response, StatusCode::OK).await;
         let body = read_whole(response?.into_body()).await?;
         // Keep the connection only once it has answered in full: one another call is waiting

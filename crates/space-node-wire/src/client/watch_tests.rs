@@ -14,6 +14,8 @@ use super::*;
 /// A TCP relay to a node whose connections can be frozen: bytes stop crossing them, both ways.
 struct Relay {
     address: String,
+    /// Connections accepted so far.
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
     /// One per connection, `true` while frozen; and whether connections to come start frozen.
     connections: Arc<Mutex<(Vec<watch::Sender<bool>>, bool)>>,
 }
@@ -23,10 +25,12 @@ impl Relay {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let connections: Arc<Mutex<(Vec<watch::Sender<bool>>, bool)>> = Arc::default();
-        let shared = connections.clone();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (shared, counted) = (connections.clone(), accepted.clone());
         tokio::spawn(async move {
             loop {
                 let (client, _) = listener.accept().await.unwrap();
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let node = TcpStream::connect(&target).await.unwrap();
                 let thawed = {
                     let mut connections = shared.lock().unwrap();
@@ -40,7 +44,7 @@ impl Relay {
                 tokio::spawn(pump(node_read, client_write, thawed));
             }
         });
-        Relay { address, connections }
+        Relay { address, accepted, connections }
     }
 
     /// Freezes the connections open now; `new`: those to come too.
@@ -116,4 +120,25 @@ async fn a_call_to_a_slow_node_that_still_answers_waits_for_its_answer() {
     };
     let (answer, ()) = tokio::join!(client.info(), thaw);
     answer.expect("the node answered every ask meanwhile");
+}
+
+#[tokio::test]
+async fn calls_waiting_on_a_node_gone_quiet_share_their_asks() {
+    let (client, relay) = client_behind_relay().await;
+    // Ten kept connections: the ten calls below go over them, and every connection opened
+    // after the freeze is an ask.
+    for answer in futures::future::join_all((0..10).map(|_| client.info())).await {
+        answer.unwrap();
+    }
+    relay.freeze(true);
+    let before = relay.accepted.load(std::sync::atomic::Ordering::SeqCst);
+    let calls = (0..10).map(|_| tokio::time::timeout(Duration::from_secs(60), client.info()));
+    for call in futures::future::join_all(calls).await {
+        let error = call.expect("the call ends without the node's answer").unwrap_err();
+        assert!(matches!(error, WireError::Unresponsive { .. }), "{error:?}");
+    }
+    // One ask per check for all ten calls (three checks), with room for a check or two more;
+    // ten calls asking for themselves would open thirty.
+    let asks = relay.accepted.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert!((3..=6).contains(&asks), "{asks} asks for ten calls");
 }
