@@ -8484,6 +8484,23 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "blob_store_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     build_template: {
