@@ -27,6 +27,16 @@ wait_for() { # URL KEYFILE
     exit 1
 }
 
+# SIGKILLs every process in the pids cgroups below PARENT: the sandboxes and warm pods a
+# stopped node left running (`spaced` outlives it).
+kill_cgroup() { # PARENT
+    local dir=/sys/fs/cgroup/pids/$1
+    [ -d "$dir" ] || return 0
+    find "$dir" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do
+        kill -9 "$pid" 2>/dev/null || true
+    done
+}
+
 # Removes the (empty, once its servers stopped) cgroups named PREFIX* under every v1 controller.
 remove_cgroups() { # PREFIX
     for dir in /sys/fs/cgroup/*/"$1"*; do

@@ -27,15 +27,6 @@ trap cleanup EXIT
 URL=http://127.0.0.1:7201
 declare -A NODE_PID NODE_PORT=([a]=7202 [b]=7203)
 
-# SIGKILLs every process in the pids cgroups below PARENT.
-kill_cgroup() { # PARENT
-    local dir=/sys/fs/cgroup/pids/$1
-    [ -d "$dir" ] || return 0
-    find "$dir" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do
-        kill -9 "$pid" 2>/dev/null || true
-    done
-}
-
 start_node() { # NAME
     "$SPACE" node run --listen "127.0.0.1:${NODE_PORT[$1]}" --name "bench-$1" --cluster-dir "$WORK/cluster" \
         --data-dir "$WORK/node-$1" --cgroup-parent "space-bench-failover-$1" --spaced "$SPACED" \

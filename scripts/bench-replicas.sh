@@ -22,6 +22,9 @@ PIDS=()
 . scripts/bench-common.sh
 cleanup() {
     stop_servers "$WORK"/node-a "$WORK"/node-b "$WORK"/node-c
+    # The nodes' warm pods outlive them.
+    for node in a b c; do kill_cgroup "space-bench-replicas-$node"; done
+    sleep 1
     remove_cgroups space-bench-replicas-
 }
 trap cleanup EXIT
