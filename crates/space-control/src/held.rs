@@ -11,6 +11,14 @@ use tokio::task::JoinHandle;
 use crate::AppState;
 use crate::error::AppResult;
 
+/// What separates the replica from the token in a holder name (`REPLICA#TOKEN`).
+const HOLDER_SEPARATOR: char = '#';
+
+/// The replica a [`Held`] lease's holder name was made by, if it is one.
+pub(crate) fn replica_of(holder: &str) -> Option<&str> {
+    holder.split_once(HOLDER_SEPARATOR).map(|(replica, _)| replica)
+}
+
 /// A lease held under a holder name of its own, renewed every third of its length until it
 /// is released. Dropped unreleased (its task cancelled), it stops being renewed and runs out.
 pub(crate) struct Held {
@@ -22,7 +30,7 @@ pub(crate) struct Held {
 impl Held {
     /// Takes lease `name`; `None` if another holder has it.
     pub(crate) async fn take(state: &AppState, name: &str, lease_ms: i64) -> AppResult<Option<Held>> {
-        let holder = format!("{}#{}", state.store.replica(), hex::encode(rand::random::<[u8; 8]>()));
+        let holder = format!("{}{HOLDER_SEPARATOR}{}", state.store.replica(), hex::encode(rand::random::<[u8; 8]>()));
         let store = state.store.clone().as_replica(&holder);
         if !store.acquire_lease(name, now_ms(), lease_ms).await? {
             return Ok(None);

@@ -201,7 +201,7 @@ async fn recover_session(
 /// holds its lease, or this replica's earlier process did (it is dead: this one starts).
 async fn abandoned_at_start(state: &AppState, id: &SessionId) -> AppResult<bool> {
     let holder = state.store.lease_holder(&format!("{SUSPEND_LEASE}{id}"), now_ms()).await?;
-    Ok(holder.is_none_or(|h| h.split_once('#').map(|(replica, _)| replica) == Some(state.store.replica())))
+    Ok(holder.is_none_or(|h| crate::held::replica_of(&h) == Some(state.store.replica())))
 }
 
 /// Finishes every suspend abandoned while replicas serve: a session `suspending` whose
