@@ -122,6 +122,8 @@ pub struct CreateSessionRequest {
     pub idle_timeout_secs: Option<u64>,
     /// Destroy the session this many seconds after it was created. Default: never.
     pub max_age_secs: Option<u64>,
+    /// `suspend`: reaching `max_age_secs` suspends the session instead of destroying it.
+    pub on_max_age: Option<MaxAgeAction>,
     /// Where the session may connect to; default: nowhere (deny all).
     pub network: Option<crate::egress::NetworkPolicy>,
     /// Names of credentials to grant to the session (see `POST /v1/credentials`).
@@ -150,6 +152,7 @@ pub struct UpdateSessionRequest {
     pub idle_timeout_secs: Option<u64>,
     /// As at creation; 0 turns it off.
     pub max_age_secs: Option<u64>,
+    pub on_max_age: Option<MaxAgeAction>,
     /// A new name; `""` removes it.
     pub name: Option<String>,
     /// Replaces all the labels (`{}` removes them).
@@ -164,8 +167,29 @@ pub struct UpdateSessionRequest {
 pub struct SessionLifetime {
     /// Suspended after this many idle seconds.
     pub idle_timeout_secs: Option<u64>,
-    /// Destroyed this many seconds after creation.
+    /// Destroyed (or, with `on_max_age: suspend`, suspended) this many seconds after creation.
     pub max_age_secs: Option<u64>,
+    /// What reaching `max_age_secs` does (default `destroy`).
+    #[serde(default, skip_serializing_if = "MaxAgeAction::is_destroy")]
+    pub on_max_age: MaxAgeAction,
+}
+
+/// What a session's maximum age does to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MaxAgeAction {
+    /// The session is destroyed.
+    #[default]
+    Destroy,
+    /// The session is suspended (memory and files kept) and its maximum age cleared; it
+    /// resumes as any suspended session does. Needs full snapshots (CRIU or the vm runtime).
+    Suspend,
+}
+
+impl MaxAgeAction {
+    pub fn is_destroy(&self) -> bool {
+        *self == MaxAgeAction::Destroy
+    }
 }
 
 impl SessionLifetime {
@@ -173,7 +197,12 @@ impl SessionLifetime {
     pub const MAX_SECS: u64 = 366 * 24 * 3600;
 
     /// Applies an update where `Some(0)` turns a setting off.
-    pub fn updated(self, idle_timeout_secs: Option<u64>, max_age_secs: Option<u64>) -> SessionLifetime {
+    pub fn updated(
+        self,
+        idle_timeout_secs: Option<u64>,
+        max_age_secs: Option<u64>,
+        on_max_age: Option<MaxAgeAction>,
+    ) -> SessionLifetime {
         let pick = |new: Option<u64>, old| match new {
             Some(0) => None,
             Some(n) => Some(n),
@@ -182,6 +211,7 @@ impl SessionLifetime {
         SessionLifetime {
             idle_timeout_secs: pick(idle_timeout_secs, self.idle_timeout_secs),
             max_age_secs: pick(max_age_secs, self.max_age_secs),
+            on_max_age: on_max_age.unwrap_or(self.on_max_age),
         }
     }
 

@@ -53,6 +53,10 @@ pub struct Settings {
     /// (default: never; `update --max-age 0` turns it off).
     #[arg(long, value_name = "DURATION", value_parser = units::parse_secs)]
     max_age: Option<u64>,
+    /// What reaching the maximum age does: `destroy` (the default) or `suspend` (memory and
+    /// files kept; resume it as any suspended session).
+    #[arg(long, value_name = "ACTION", value_parser = parse_max_age_action)]
+    on_max_age: Option<space_api::MaxAgeAction>,
     /// A name to recognise the session by (`update --name ''` removes it).
     #[arg(long)]
     name: Option<String>,
@@ -266,6 +270,7 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
                 snapshot_policy: settings.snapshot_policy,
                 idle_timeout_secs: settings.idle_timeout,
                 max_age_secs: settings.max_age,
+                on_max_age: settings.on_max_age,
                 network: (!network.is_empty()).then_some(NetworkPolicy {
                     allow: network.allow,
                     deny: network.deny,
@@ -306,6 +311,7 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
                 snapshot_policy: settings.snapshot_policy,
                 idle_timeout_secs: settings.idle_timeout,
                 max_age_secs: settings.max_age,
+                on_max_age: settings.on_max_age,
                 labels: (!settings.labels.is_empty()).then(|| parse_pairs("label", &settings.labels)).transpose()?,
                 metadata: (!settings.metadata.is_empty())
                     .then(|| parse_pairs("metadata", &settings.metadata))
@@ -440,4 +446,12 @@ fn print_audit(audit: &AuditList, json: bool) -> anyhow::Result<()> {
         ["TIME", "DECISION", "PROTOCOL", "DESTINATION", "METHOD", "PATH", "CREDENTIAL", "SENT/RECEIVED", "REASON"];
     print_table(&header, &rows);
     Ok(())
+}
+
+fn parse_max_age_action(value: &str) -> Result<space_api::MaxAgeAction, String> {
+    match value {
+        "destroy" => Ok(space_api::MaxAgeAction::Destroy),
+        "suspend" => Ok(space_api::MaxAgeAction::Suspend),
+        other => Err(format!("{other:?} is not destroy or suspend")),
+    }
 }

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use space_api::policy::{Candidate, next_due, prune};
-use space_api::{Session, SessionState, Snapshot, SnapshotKind, SnapshotPolicy, TenantId};
+use space_api::{MaxAgeAction, Session, SessionState, Snapshot, SnapshotKind, SnapshotPolicy, TenantId};
 use space_store::now_ms;
 
 use crate::AppState;
@@ -79,11 +79,15 @@ async fn run_once(state: &AppState, full_unavailable_logged: &mut bool) -> AppRe
     Ok(())
 }
 
-/// Destroys the session if it is past its maximum age; returns whether it did.
+/// Destroys (or suspends, as its lifetime says) the session if it is past its maximum age;
+/// returns whether it did.
 async fn expire(state: &AppState, tenant: &TenantId, session: &Session, now: i64) -> AppResult<bool> {
     let Some(max_age) = session.lifetime.max_age_secs else { return Ok(false) };
     if now - session.created_at < (max_age as i64).saturating_mul(1000) {
         return Ok(false);
+    }
+    if session.lifetime.on_max_age == MaxAgeAction::Suspend {
+        return suspend_at_max_age(state, tenant, session, max_age).await;
     }
     let message = format!("destroyed: the session reached its maximum age of {max_age} s");
     if state.store.begin_destroy(tenant, &session.id).await?.is_some() {
@@ -91,6 +95,24 @@ async fn expire(state: &AppState, tenant: &TenantId, session: &Session, now: i64
         state.activity.forget(&session.id);
         state.reconciler.wake();
     }
+    Ok(true)
+}
+
+/// Suspends a session that reached its maximum age, then clears that age, so that it lives
+/// on once resumed (a caller resuming it sets a new one, as E2B's `connect` does). Forced, as
+/// the idle timeout's suspend is.
+async fn suspend_at_max_age(state: &AppState, tenant: &TenantId, session: &Session, max_age: u64) -> AppResult<bool> {
+    if session.state != SessionState::Suspended
+        && let Err(e) = suspend_session(state, tenant, &session.id, true).await
+    {
+        // Tried again at the next tick; the other sessions' turn is not lost.
+        tracing::warn!(session = %session.id, error = %e.0.message, "suspend at maximum age");
+        return Ok(true);
+    }
+    let lifetime = session.lifetime.updated(None, Some(0), None);
+    state.store.set_settings(&session.id, &session.snapshot_policy, &lifetime).await?;
+    let message = format!("suspended: the session reached its maximum age of {max_age} s");
+    state.store.record_event(&session.id, "max_age", &message).await?;
     Ok(true)
 }
 

@@ -9,8 +9,8 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use space_api::error::echo;
 use space_api::{
-    CreateSessionRequest, ErrorBody, ErrorCode, EventList, OperationId, OperationState, Resources, Session, SessionId,
-    SessionLifetime, SessionList, UpdateSessionRequest,
+    CreateSessionRequest, ErrorBody, ErrorCode, EventList, MaxAgeAction, OperationId, OperationState, Resources,
+    Session, SessionId, SessionLifetime, SessionList, UpdateSessionRequest,
 };
 use space_node_api::NodeApi;
 use space_store::{NewSession, SessionMeta};
@@ -87,6 +87,15 @@ fn check_env(request: &CreateSessionRequest) -> AppResult<()> {
     Ok(())
 }
 
+/// A lifetime the session can have: `on_max_age: suspend` needs full snapshots.
+fn check_lifetime(state: &AppState, runtime: space_api::RuntimeKind, lifetime: &SessionLifetime) -> AppResult<()> {
+    lifetime.validate().map_err(AppError::bad_request)?;
+    if lifetime.on_max_age == MaxAgeAction::Suspend {
+        super::lifecycle::require_checkpoints(state, runtime)?;
+    }
+    Ok(())
+}
+
 /// The node runs `runtime`, or a 400 saying why not.
 pub(super) fn check_runtime(state: &AppState, runtime: space_api::RuntimeKind) -> AppResult<()> {
     state.nodes.first().runtime_available(runtime).map_err(|why| {
@@ -141,8 +150,12 @@ pub async fn create_session(
     check_env(&request)?;
     let snapshot_policy = request.snapshot_policy.clone().unwrap_or_else(|| state.snapshot_policy.clone());
     snapshot_policy.validate().map_err(|e| AppError::bad_request(format!("snapshot_policy: {e}")))?;
-    let lifetime = SessionLifetime { idle_timeout_secs: request.idle_timeout_secs, max_age_secs: request.max_age_secs };
-    lifetime.validate().map_err(AppError::bad_request)?;
+    let lifetime = SessionLifetime {
+        idle_timeout_secs: request.idle_timeout_secs,
+        max_age_secs: request.max_age_secs,
+        on_max_age: request.on_max_age.unwrap_or_default(),
+    };
+    check_lifetime(&state, runtime, &lifetime)?;
     let meta = create_meta(&request)?;
     let mut new = NewSession {
         id: SessionId::generate(),
@@ -258,8 +271,10 @@ pub async fn update_session(
     ApiJson(request): ApiJson<UpdateSessionRequest>,
 ) -> AppResult<ApiJson<Session>> {
     let session = find_session(&state, &caller, &id).await?;
-    let lifetime = session.lifetime.updated(request.idle_timeout_secs, request.max_age_secs);
-    lifetime.validate().map_err(AppError::bad_request)?;
+    let lifetime = session.lifetime.updated(request.idle_timeout_secs, request.max_age_secs, request.on_max_age);
+    if lifetime != session.lifetime {
+        check_lifetime(&state, session.runtime, &lifetime)?;
+    }
     if let Some(policy) = &request.snapshot_policy {
         policy.validate().map_err(|e| AppError::bad_request(format!("snapshot_policy: {e}")))?;
     }

@@ -1161,6 +1161,7 @@ export interface components {
             /** @description A name for people to recognise it by (at most 128 characters; need not be unique). */
             name?: string | null;
             network?: null | components["schemas"]["NetworkPolicy"];
+            on_max_age?: null | components["schemas"]["MaxAgeAction"];
             /** Format: int32 */
             pids?: number | null;
             runtime?: null | components["schemas"]["RuntimeKind"];
@@ -1419,6 +1420,11 @@ export interface components {
         KeyList: {
             keys: components["schemas"]["ApiKey"][];
         };
+        /**
+         * @description What a session's maximum age does to it.
+         * @enum {string}
+         */
+        MaxAgeAction: "destroy" | "suspend";
         MoveRequest: {
             from: string;
             to: string;
@@ -1848,9 +1854,11 @@ export interface components {
             idle_timeout_secs?: number | null;
             /**
              * Format: int64
-             * @description Destroyed this many seconds after creation.
+             * @description Destroyed (or, with `on_max_age: suspend`, suspended) this many seconds after creation.
              */
             max_age_secs?: number | null;
+            /** @description What reaching `max_age_secs` does (default `destroy`). */
+            on_max_age?: components["schemas"]["MaxAgeAction"];
         };
         SessionList: {
             sessions: components["schemas"]["Session"][];
@@ -2095,6 +2103,7 @@ export interface components {
             } | null;
             /** @description A new name; `""` removes it. */
             name?: string | null;
+            on_max_age?: null | components["schemas"]["MaxAgeAction"];
             snapshot_policy?: null | components["schemas"]["SnapshotPolicy"];
         };
         /** @description One filesystem change, sent as a text frame on `GET /v1/sessions/{id}/watch`. */
