@@ -122,7 +122,7 @@ pub async fn run_control(args: ControlRoleArgs, data_dir: PathBuf) -> anyhow::Re
         nodes.push(remote);
     }
     let open_nodes = async move |_: &str| -> Result<Vec<Arc<dyn NodeApi>>, space_node_api::NodeError> { Ok(nodes) };
-    serve_control(config, args.control.metrics_listen, open_nodes).await
+    serve_control(config, crate::serve::Listeners::of(&args.control), open_nodes).await
 }
 
 /// The node at `address`, once it answers. A node that refuses us (another authority,

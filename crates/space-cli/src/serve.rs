@@ -90,6 +90,10 @@ pub struct ControlArgs {
     /// Off by default.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve an E2B-compatible API on this address too (e.g. 127.0.0.1:3000): point E2B's
+    /// SDKs at it with `E2B_API_URL` and `E2B_SANDBOX_URL` (docs/e2b.md). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub e2b_listen: Option<SocketAddr>,
 }
 
 /// What a node is told: its host tools, storage, warm pool and gateway.
@@ -300,7 +304,7 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         let node: Arc<dyn NodeApi> = Arc::new(Node::open(node.owned_by(node_id)).await?);
         Ok(vec![node])
     };
-    serve_control(config, args.control.metrics_listen, open_nodes).await
+    serve_control(config, Listeners::of(&args.control), open_nodes).await
 }
 
 /// Refuses to go on unless root: sandboxes need namespaces, cgroups and btrfs subvolumes.
@@ -360,22 +364,38 @@ pub fn node_config(
     })
 }
 
+/// The listeners besides the API's.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Listeners {
+    pub metrics: Option<SocketAddr>,
+    pub e2b: Option<SocketAddr>,
+}
+
+impl Listeners {
+    pub fn of(args: &ControlArgs) -> Listeners {
+        Listeners { metrics: args.metrics_listen, e2b: args.e2b_listen }
+    }
+}
+
+async fn bind(addr: Option<SocketAddr>, flag: &str) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    match addr {
+        Some(addr) => Ok(Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("{flag} {addr}"))?)),
+        None => Ok(None),
+    }
+}
+
 /// Opens the nodes (`open_nodes`), starts the control plane over them and serves its API
-/// (and metrics, with `metrics_listen`) until a shutdown signal.
+/// (and metrics and the E2B endpoint, if `listeners` say) until a shutdown signal.
 pub async fn serve_control(
     config: ServerConfig,
-    metrics_listen: Option<SocketAddr>,
+    listeners: Listeners,
     open_nodes: impl AsyncFnOnce(&str) -> Result<Vec<Arc<dyn NodeApi>>, space_node_api::NodeError>,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
-    let metrics_listener = match metrics_listen {
-        Some(addr) => {
-            Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}"))?)
-        }
-        None => None,
-    };
+    let metrics_listener = bind(listeners.metrics, "--metrics-listen").await?;
+    let e2b_listener = bind(listeners.e2b, "--e2b-listen").await?;
     let state = space_control::start(&config, open_nodes).await?;
     if let Err(why) = state.nodes.first().runtime_available(config.default_runtime) {
         bail!("--default-runtime {}: that runtime is unavailable here: {why}", config.default_runtime);
@@ -394,6 +414,16 @@ pub async fn serve_control(
         tokio::spawn(async move {
             if let Err(e) = metrics.await {
                 tracing::error!(error = %e, "the metrics listener stopped");
+            }
+        });
+    }
+    if let Some(listener) = e2b_listener {
+        tracing::info!(listen = %listener.local_addr()?, "serving the E2B-compatible API");
+        // Ends with the process, as the metrics listener does.
+        let e2b = space_control::serve_e2b(state.clone(), listener, std::future::pending());
+        tokio::spawn(async move {
+            if let Err(e) = e2b.await {
+                tracing::error!(error = %e, "the E2B listener stopped");
             }
         });
     }

@@ -95,6 +95,13 @@ impl Idempotency {
         Ok(Idempotency { store, key: Arc::new(key) })
     }
 
+    /// A keyed token for `subject` under `purpose` (an E2B sandbox's envd access token):
+    /// every replica derives the same one; nobody without the database's key can. Two parts
+    /// where fingerprints have three, so a token is never some request's fingerprint.
+    pub(crate) fn token(&self, purpose: &str, subject: &str) -> String {
+        hex::encode(self.key.digest(&[purpose.as_bytes(), subject.as_bytes()]))
+    }
+
     /// Keyed fingerprint of a request.
     fn fingerprint(&self, method: &Method, path: &str, body: &[u8]) -> String {
         hex::encode(self.key.digest(&[method.as_str().as_bytes(), path.as_bytes(), body]))

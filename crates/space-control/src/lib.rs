@@ -10,6 +10,7 @@ pub mod auth;
 pub mod datadir;
 pub mod drain;
 pub mod durable;
+pub mod e2b;
 pub mod egress;
 pub mod error;
 mod held;
@@ -220,4 +221,14 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let limits = state.http.clone();
     server::serve_router(api::router(state), listener, limits, shutdown).await
+}
+
+/// Serves the E2B-compatible endpoint ([`e2b`]) until `shutdown` resolves.
+pub async fn serve_e2b(
+    state: AppState,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let limits = state.http.clone();
+    server::serve_router(e2b::router(state), listener, limits, shutdown).await
 }

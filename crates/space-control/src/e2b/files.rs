@@ -1,0 +1,174 @@
+//! envd's `/files`: downloads, and uploads as `multipart/form-data` (one `file` part per file,
+//! named by its path) or as the raw bytes of one file.
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::{FromRequest, Multipart, Request, State};
+use axum::http::{HeaderMap, header};
+use axum::response::Response;
+use futures::{Stream, TryStreamExt};
+use serde::{Deserialize, Serialize};
+
+use super::envd::{Envd, EnvdState};
+use super::errors::{E2bError, E2bResult};
+use crate::AppState;
+use crate::error::ApiQuery;
+
+#[derive(Debug, Deserialize)]
+pub struct FileQuery {
+    path: Option<String>,
+    username: Option<String>,
+}
+
+/// What an upload answers for each file written.
+#[derive(Debug, Serialize)]
+pub struct Written {
+    name: String,
+    path: String,
+    #[serde(rename = "type")]
+    file_type: &'static str,
+}
+
+/// The agent, and `path` made absolute: relative to the home of `username`.
+async fn resolve(
+    state: &AppState,
+    envd_state: &EnvdState,
+    envd: &Envd,
+    username: Option<&str>,
+    path: &str,
+) -> E2bResult<(space_proto::client::AgentClient, String)> {
+    if path.is_empty() || path.contains('\0') || path.len() > 4096 {
+        return Err(E2bError::bad_request("path must be 1 to 4096 bytes without NUL"));
+    }
+    let (_, agent) = envd.agent(state).await.map_err(rpc_to_rest)?;
+    if path.starts_with('/') {
+        return Ok((agent, path.to_owned()));
+    }
+    let user = envd_state.users.resolve(&envd.id, &agent, username).await.map_err(rpc_to_rest)?;
+    Ok((agent, format!("{}/{path}", user.home.trim_end_matches('/'))))
+}
+
+/// envd's REST errors carry the HTTP status and `{"code", "message"}` as the control calls do.
+fn rpc_to_rest(error: super::connect::RpcError) -> E2bError {
+    use super::connect::Code;
+    let status = match error.code {
+        Code::InvalidArgument => 400,
+        Code::Unauthenticated => 401,
+        Code::PermissionDenied => 403,
+        Code::NotFound => 404,
+        Code::AlreadyExists | Code::FailedPrecondition => 409,
+        Code::ResourceExhausted => 507,
+        Code::Unavailable => 502,
+        Code::DeadlineExceeded => 504,
+        Code::Unimplemented => 501,
+        _ => 500,
+    };
+    E2bError::new(status, error.message)
+}
+
+fn agent_error(error: space_proto::client::AgentError) -> E2bError {
+    rpc_to_rest(error.into())
+}
+
+pub async fn download(
+    State(state): State<AppState>,
+    Extension(envd_state): Extension<Arc<EnvdState>>,
+    envd: Envd,
+    ApiQuery(query): ApiQuery<FileQuery>,
+) -> E2bResult<Response> {
+    let path = query.path.unwrap_or_default();
+    let (agent, path) = resolve(&state, &envd_state, &envd, query.username.as_deref(), &path).await?;
+    let (size, chunks) = agent.read_file(&path).await.map_err(agent_error)?;
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, size)
+        .body(Body::from_stream(chunks.map_err(std::io::Error::other)))
+        .map_err(|e| E2bError::new(500, e.to_string()))
+}
+
+pub async fn upload(
+    State(state): State<AppState>,
+    Extension(envd_state): Extension<Arc<EnvdState>>,
+    envd: Envd,
+    ApiQuery(query): ApiQuery<FileQuery>,
+    headers: HeaderMap,
+    request: Request,
+) -> E2bResult<axum::Json<Vec<Written>>> {
+    let is_multipart = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("multipart/form-data"));
+    if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v != "identity") {
+        return Err(E2bError::bad_request("compressed uploads are not supported; send the file uncompressed"));
+    }
+    let user = query.username.as_deref();
+    if !is_multipart {
+        let path = query.path.as_deref().ok_or_else(|| E2bError::bad_request("an upload needs ?path="))?;
+        let (agent, path) = resolve(&state, &envd_state, &envd, user, path).await?;
+        let body = request.into_body().into_data_stream().map_err(std::io::Error::other);
+        return Ok(axum::Json(vec![write(&agent, path, body).await?]));
+    }
+    let mut parts = Multipart::from_request(request, &()).await.map_err(|e| E2bError::bad_request(e.body_text()))?;
+    let mut written = Vec::new();
+    while let Some(field) = parts.next_field().await.map_err(|e| E2bError::bad_request(e.body_text()))? {
+        if field.name() != Some("file") {
+            continue;
+        }
+        // The query's path names a lone file; otherwise each part's file name is its path.
+        let path = match (&query.path, field.file_name()) {
+            (Some(path), _) if written.is_empty() => path.clone(),
+            (_, Some(name)) => name.to_owned(),
+            _ => return Err(E2bError::bad_request("each file part needs its path as its file name")),
+        };
+        let (agent, path) = resolve(&state, &envd_state, &envd, user, &path).await?;
+        written.push(write_part(&agent, path, field).await?);
+    }
+    if written.is_empty() {
+        return Err(E2bError::bad_request("the upload holds no part named \"file\""));
+    }
+    Ok(axum::Json(written))
+}
+
+async fn write(
+    agent: &space_proto::client::AgentClient,
+    path: String,
+    data: impl Stream<Item = std::io::Result<bytes::Bytes>> + Send + Unpin + 'static,
+) -> E2bResult<Written> {
+    agent.write_file(&path, None, data).await.map_err(agent_error)?;
+    let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+    Ok(Written { name, path, file_type: "file" })
+}
+
+/// A part borrows the whole request's body, so it is handed to the agent through a channel
+/// while it is read (never buffered whole).
+async fn write_part(
+    agent: &space_proto::client::AgentClient,
+    path: String,
+    mut field: axum::extract::multipart::Field<'_>,
+) -> E2bResult<Written> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
+    let feed = async move {
+        loop {
+            let chunk = match field.chunk().await {
+                Ok(Some(chunk)) => Ok(chunk),
+                Ok(None) => break,
+                Err(e) => Err(std::io::Error::other(e.body_text())),
+            };
+            let failed = chunk.is_err();
+            if tx.send(chunk).await.is_err() || failed {
+                break;
+            }
+        }
+    };
+    let data = tokio_stream_of(rx);
+    let (written, ()) = tokio::join!(write(agent, path, data), feed);
+    written
+}
+
+fn tokio_stream_of<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl Stream<Item = T> + Send + Unpin + 'static {
+    Box::pin(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+}

@@ -1,0 +1,131 @@
+//! An E2B-compatible endpoint (`space serve --e2b-listen ADDR`): programs written with E2B's
+//! SDKs run unchanged against space with `E2B_API_URL` and `E2B_SANDBOX_URL` pointing here.
+//!
+//! It is a translation in front of the native API, not a second implementation: the control
+//! calls (`/sandboxes…`) become session calls, made through the same handlers, checks and
+//! store as `/v1`; envd's calls (Connect RPC `process.Process`, `filesystem.Filesystem`, and
+//! `/files`) go to the sandbox's agent, spaced, like the native exec and file calls do. No
+//! E2B code runs inside a sandbox.
+//!
+//! One listener serves both: a request naming a sandbox (E2B's `E2b-Sandbox-Id` header, or
+//! the host `49983-{id}.{preview domain}`) is an envd call; any other is a control call.
+//! Control calls authenticate with an API key (`X-API-Key`, as E2B's SDKs send it); envd
+//! calls with the sandbox's access token (`X-Access-Token`), a keyed digest of its id that
+//! the create and connect answers hand out.
+
+mod connect;
+mod envd;
+mod errors;
+mod files;
+mod filesystem;
+mod messages;
+mod network;
+mod process;
+mod sandboxes;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::http::header::HOST;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use space_api::SessionId;
+use tower::ServiceExt;
+
+use crate::AppState;
+use crate::auth::{Caller, caller_of_key};
+pub use errors::E2bError;
+
+/// The port envd listens on in an E2B sandbox; its host names start with it.
+pub const ENVD_PORT: u16 = 49983;
+/// The envd version reported to the SDKs, which enable features by it: the highest whose
+/// features are all served here.
+pub const ENVD_VERSION: &str = "0.5.7";
+/// What envd access tokens are derived for (see [`crate::idempotency::Idempotency::token`]).
+const TOKEN_PURPOSE: &str = "e2b-envd-access-token";
+
+/// The E2B endpoint's routes over the control plane's `state`.
+pub fn router(state: AppState) -> Router {
+    let control = sandboxes::routes()
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        .with_state(state.clone());
+    let envd = envd::routes()
+        .route_layer(middleware::from_fn_with_state(state.clone(), envd::require_access_token))
+        .with_state(state.clone());
+    let health = Router::new().route("/health", get(|| async { axum::http::StatusCode::NO_CONTENT }));
+    let control = health.merge(control).fallback(|| async { E2bError::not_found("no such E2B API endpoint") });
+    let app = Router::new()
+        .fallback(move |State(state): State<AppState>, request: Request| {
+            let (control, envd) = (control.clone(), envd.clone());
+            async move {
+                let service = if sandbox_of_request(&state, request.headers()).is_some() { envd } else { control };
+                service.oneshot(request).await.into_response()
+            }
+        })
+        .layer(middleware::from_fn_with_state(state.clone(), other_ports))
+        .with_state(state);
+    crate::api::harden(app)
+}
+
+/// The id of the sandbox an envd call is for: E2B's `E2b-Sandbox-Id` header, or the host
+/// `49983-{id}.{domain}` under `--preview-domain`.
+fn sandbox_of_request(state: &AppState, headers: &HeaderMap) -> Option<String> {
+    if let Some(id) = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) {
+        return Some(id.to_owned());
+    }
+    match preview_host(state, headers)? {
+        (id, ENVD_PORT) => Some(id.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+fn preview_host(state: &AppState, headers: &HeaderMap) -> Option<(SessionId, u16)> {
+    let domain = state.preview_domain.as_deref()?;
+    let host = headers.get(HOST)?.to_str().ok()?;
+    let host = host.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h);
+    let domain = domain.rsplit_once(':').map_or(domain, |(d, _)| d);
+    let label = host.strip_suffix(domain)?.strip_suffix('.')?;
+    space_api::ports::parse_preview_label(label)
+}
+
+/// A host `{port}-{id}.{domain}` for any port but envd's is the session's port, served as the
+/// native listener serves it (E2B's `get_host(port)`).
+async fn other_ports(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    match preview_host(&state, request.headers()) {
+        Some((_, port)) if port != ENVD_PORT => crate::api::ports::preview_host(State(state), request, next).await,
+        _ => next.run(request).await,
+    }
+}
+
+/// Middleware of the control calls: `X-API-Key` (E2B's header) or `Authorization: Bearer`
+/// names a space API key.
+async fn require_api_key(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, E2bError> {
+    let key = request
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .or_else(|| crate::auth::bearer_key(request.headers()))
+        .ok_or_else(|| {
+            E2bError::new(401, "missing API key: set E2B_API_KEY to a space API key (`space key create --tenant NAME`)")
+        })?
+        .to_owned();
+    let caller = caller_of_key(&state, &key).await?;
+    request.extensions_mut().insert(caller);
+    Ok(next.run(request).await)
+}
+
+/// The access token of sandbox `id`'s envd.
+pub(crate) fn access_token(state: &AppState, id: &SessionId) -> String {
+    state.idempotency.token(TOKEN_PURPOSE, id.as_str())
+}
+
+/// The caller an envd call acts as: the sandbox's tenant, no more.
+fn sandbox_caller(tenant_id: space_api::TenantId) -> Caller {
+    Caller { tenant_id, tenant: "(e2b sandbox token)".into(), admin: false }
+}
