@@ -36,6 +36,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// What the names of the temporary files an upload is written to (then renamed into place)
+/// start with: watchers that speak for another API may leave them out.
+pub const UPLOAD_TEMP_PREFIX: &str = ".spaced-upload-";
+
 /// The first message on every stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]

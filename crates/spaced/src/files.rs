@@ -246,7 +246,7 @@ fn create_temp(target: &Path, mode: u32) -> Result<(File, TempFile), Reply> {
     }
     loop {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp = parent.join(format!(".spaced-upload-{}-{n}.tmp", std::process::id()));
+        let tmp = parent.join(format!("{}{}-{n}.tmp", space_proto::UPLOAD_TEMP_PREFIX, std::process::id()));
         match fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp) {
             Ok(file) => {
                 let guard = TempFile { path: Some(tmp) };

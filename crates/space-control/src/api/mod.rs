@@ -18,7 +18,7 @@ pub(crate) mod suspend;
 mod system;
 mod templates;
 mod tenants;
-mod usage;
+pub(crate) mod usage;
 mod ws;
 
 use std::collections::HashMap;

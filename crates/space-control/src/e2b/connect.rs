@@ -366,10 +366,19 @@ fn check_uncompressed(headers: &HeaderMap, name: &str) -> Result<(), RpcError> {
     }
 }
 
+/// 415, as the protocol answers a codec the server does not speak (with Connect's error
+/// body, so that clients show the message).
 fn unsupported_codec() -> Response {
-    let message = "this server speaks Connect's JSON codec only; set useBinaryFormat: false";
-    (StatusCode::UNSUPPORTED_MEDIA_TYPE, [("accept-post", "application/json, application/connect+json")], message)
-        .into_response()
+    let error = RpcError::new(
+        Code::InvalidArgument,
+        "this server speaks Connect's JSON codec only: send application/json (useBinaryFormat: false)",
+    );
+    let mut response = error.into_response();
+    *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+    response
+        .headers_mut()
+        .insert("accept-post", axum::http::HeaderValue::from_static("application/json, application/connect+json"));
+    response
 }
 
 fn too_large() -> Response {

@@ -204,6 +204,7 @@ fn passwd_entry(passwd: &str, name: &str) -> Option<User> {
 pub struct EnvdState {
     pub users: Users,
     pub tags: super::process::Tags,
+    pub inputs: super::process::Inputs,
 }
 
 #[cfg(test)]

@@ -2,7 +2,10 @@
 //! "message": …}` in the body, which the SDKs turn into their exceptions.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::body::to_bytes;
+use axum::extract::Request;
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use space_api::ErrorCode;
@@ -68,3 +71,43 @@ impl IntoResponse for E2bError {
 }
 
 pub type E2bResult<T> = Result<T, E2bError>;
+
+/// Largest error body read to be rewritten.
+const MAX_ERROR_BODY: usize = 4096;
+
+/// Middleware around the whole endpoint: an error answered by the framework or by the
+/// native layers it shares (a size limit, a 405) gets E2B's shape, which the SDKs parse
+/// (they fail on any other). Connect's own errors (`code` a string) pass as they are.
+pub async fn envelope(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    // A sandbox's own answer through a port is the sandbox's to shape.
+    let proxied = response.extensions().get::<crate::proxy::Proxied>().is_some();
+    if proxied || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let bytes = to_bytes(body, MAX_ERROR_BODY).await.unwrap_or_default();
+    let json: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
+    let message = match &json {
+        Some(value) if value.get("code").is_some() => return Response::from_parts(parts, bytes.into()),
+        Some(value) => value.pointer("/error/message").and_then(|m| m.as_str()).map(str::to_owned),
+        None => None,
+    };
+    let message = message.unwrap_or_else(|| {
+        let text = String::from_utf8_lossy(&bytes).trim().to_owned();
+        if text.is_empty() {
+            status.canonical_reason().unwrap_or("error").to_owned()
+        } else {
+            space_api::error::clip(&text).to_owned()
+        }
+    });
+    let mut response = E2bError::new(status.as_u16(), message).into_response();
+    *response.status_mut() = status;
+    for name in [header::ALLOW, header::RETRY_AFTER] {
+        if let Some(value) = parts.headers.get(&name) {
+            response.headers_mut().insert(name, value.clone());
+        }
+    }
+    response
+}

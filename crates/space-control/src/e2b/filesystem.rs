@@ -188,16 +188,22 @@ async fn remove(
     Ok(Reply(Empty {}))
 }
 
-/// envd's event for one of spaced's (`None` for an overflow, which envd has no word for).
+/// envd's event for one of spaced's, as envd (fsnotify) names them: a file moved in is
+/// created, one moved away renamed. `None` for an overflow, which envd has no word for, and
+/// for the temporary file an upload is written to before it is renamed into place.
 fn event(watched: &str, event: space_proto::WatchEvent) -> Option<FilesystemEvent> {
     let event_type = match event.kind {
-        WatchKind::Create => EVENT_TYPES[1],
+        WatchKind::Create | WatchKind::MovedTo => EVENT_TYPES[1],
         WatchKind::Modify => EVENT_TYPES[2],
         WatchKind::Remove => EVENT_TYPES[3],
-        WatchKind::MovedFrom | WatchKind::MovedTo => EVENT_TYPES[4],
+        WatchKind::MovedFrom => EVENT_TYPES[4],
         WatchKind::Overflow => return None,
     };
     let name = event.path.strip_prefix(watched).unwrap_or(&event.path).trim_start_matches('/').to_owned();
+    let file = name.rsplit('/').next().unwrap_or_default();
+    if file.starts_with(space_proto::UPLOAD_TEMP_PREFIX) {
+        return None;
+    }
     Some(FilesystemEvent { name, event_type, entry: None })
 }
 

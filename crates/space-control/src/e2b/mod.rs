@@ -19,9 +19,11 @@ mod errors;
 mod files;
 mod filesystem;
 mod messages;
+mod metrics;
 mod network;
 mod process;
 mod sandboxes;
+mod snapshots;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -65,7 +67,11 @@ pub fn router(state: AppState) -> Router {
         })
         .layer(middleware::from_fn_with_state(state.clone(), other_ports))
         .with_state(state);
-    crate::api::harden(app)
+    let service = tower::ServiceBuilder::new()
+        .layer(middleware::from_fn(errors::envelope))
+        .layer(middleware::from_fn(crate::server::limit_request_size))
+        .service(app);
+    Router::new().fallback_service(service)
 }
 
 /// The id of the sandbox an envd call is for: E2B's `E2b-Sandbox-Id` header, or the host

@@ -6,14 +6,23 @@
 //! (`0.0.0.0/0`, or `allow_internet_access: false`) is what space does anyway. What cannot
 //! be expressed is refused with a message, never dropped.
 
+use axum::Extension;
+use axum::extract::State;
+use axum::http::StatusCode;
 use serde::Deserialize;
 use space_api::egress::{Cidr, NetworkPolicy};
 
 use super::errors::{E2bError, E2bResult};
+use super::sandboxes::{E2bJson, sandbox};
+use crate::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiPath, AppError};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkConfig {
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
     #[serde(default)]
     allow_out: Vec<String>,
     #[serde(default)]
@@ -23,17 +32,31 @@ pub struct NetworkConfig {
     other: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
+/// `PUT /sandboxes/{id}/network`: the policy is replaced by what the request says (what it
+/// leaves out is cleared, as in E2B), for new connections at once.
+pub async fn update(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    E2bJson(request): E2bJson<NetworkConfig>,
+) -> E2bResult<StatusCode> {
+    let session = sandbox(&state, &caller, &id).await?;
+    let policy = policy(request.allow_internet_access, Some(&request))?.unwrap_or_default();
+    let replaced = state.store.update_network_policy(&session.id, |_| Ok(policy)).await.map_err(AppError::from)?;
+    replaced.ok_or_else(|| E2bError::no_sandbox(&id))?.map_err(E2bError::bad_request)?;
+    crate::egress::push_session(&state, &session.id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// Ranges meaning "every address".
 const EVERYWHERE: [&str; 2] = ["0.0.0.0/0", "::/0"];
 
 /// The native policy for a create's network options (`None`: space's default, deny all).
 pub fn policy(allow_internet: Option<bool>, config: Option<&NetworkConfig>) -> E2bResult<Option<NetworkPolicy>> {
-    let Some(config) = config else {
-        return match allow_internet {
-            Some(true) => Err(everything_refused()),
-            _ => Ok(None),
-        };
-    };
+    if allow_internet == Some(true) && config.is_none_or(|c| c.allow_out.is_empty()) {
+        return Err(everything_refused());
+    }
+    let Some(config) = config else { return Ok(None) };
     if !config.other.is_empty() {
         let fields: Vec<&str> = config.other.keys().map(String::as_str).collect();
         tracing::warn!(?fields, "E2B network fields space does not know were ignored");

@@ -6,6 +6,7 @@
 //! followed by attaching to it; input goes through an attach stream too.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use axum::routing::post;
 use bytes::Bytes;
 use futures::Stream;
 use space_api::SessionId;
-use space_proto::client::{AgentClient, ExecEvent, ExecSession};
+use space_proto::client::{AgentClient, ExecEvent, ExecInputHandle, ExecSession};
 use space_proto::{ExecSpec, ExitStatus, PtySize};
 
 use super::connect::{Code, Envelopes, Reply, RpcError, StreamError, Unary, UnaryResult, stream_response};
@@ -82,6 +83,63 @@ impl Tags {
     }
 }
 
+/// Input channels to processes: the attach stream of a `Start` or `Connect` call while it
+/// lasts, or one opened for input alone. Input sent on a stream that is then closed may be
+/// lost, so a channel stays open for as long as its process runs.
+#[derive(Default)]
+pub struct Inputs(Mutex<HashMap<(SessionId, u32), (u64, ExecInputHandle)>>);
+
+/// Removes its channel from [`Inputs`] when dropped (with the stream it belongs to).
+struct Registered {
+    envd_state: Arc<EnvdState>,
+    key: (SessionId, u32),
+    generation: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let mut inputs = self.envd_state.inputs.0.lock().unwrap_or_else(|e| e.into_inner());
+        if inputs.get(&self.key).is_some_and(|(g, _)| *g == self.generation) {
+            inputs.remove(&self.key);
+        }
+    }
+}
+
+fn register(envd_state: &Arc<EnvdState>, id: &SessionId, process: &ExecSession) -> Registered {
+    static GENERATION: AtomicU64 = AtomicU64::new(0);
+    let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+    let key = (id.clone(), process.pid());
+    let mut inputs = envd_state.inputs.0.lock().unwrap_or_else(|e| e.into_inner());
+    inputs.insert(key.clone(), (generation, process.input()));
+    Registered { envd_state: envd_state.clone(), key, generation }
+}
+
+/// The input channel of process `pid`: a stream's that is open, or a new attach kept open
+/// (its output drained) until the process ends.
+async fn input_of(
+    envd_state: &Arc<EnvdState>,
+    envd: &Envd,
+    agent: &AgentClient,
+    pid: u32,
+) -> Result<ExecInputHandle, RpcError> {
+    let key = (envd.id.clone(), pid);
+    if let Some((_, handle)) = envd_state.inputs.0.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(handle.clone());
+    }
+    let mut process = agent.attach(pid).await?;
+    let registered = register(envd_state, &envd.id, &process);
+    let handle = process.input();
+    tokio::spawn(async move {
+        let _registered = registered;
+        while let Ok(Some(event)) = process.next_event().await {
+            if matches!(event, ExecEvent::Exit(_)) {
+                break;
+            }
+        }
+    });
+    Ok(handle)
+}
+
 fn pid_of(envd_state: &EnvdState, envd: &Envd, selector: &ProcessSelector) -> Result<u32, RpcError> {
     if let Some(pid) = selector.pid {
         return Ok(pid);
@@ -120,7 +178,10 @@ async fn start(
     mut request: Envelopes,
 ) -> Response {
     match started(&state, &envd_state, &envd, &headers, &mut request).await {
-        Ok((process, tty)) => event_stream(follow(process, tty), &headers),
+        Ok((process, tty)) => {
+            let registered = register(&envd_state, &envd.id, &process);
+            event_stream(follow(process, tty, registered), &headers)
+        }
         Err(error) => StreamError(error).into_response(),
     }
 }
@@ -168,15 +229,21 @@ fn clamp(n: u32) -> u16 {
 }
 
 /// The events of a process from its `Start` (or `Connect`) to its end.
-fn follow(process: ExecSession, tty: bool) -> impl Stream<Item = Result<ProcessEvent, RpcError>> + Send {
+fn follow(
+    process: ExecSession,
+    tty: bool,
+    registered: Registered,
+) -> impl Stream<Item = Result<ProcessEvent, RpcError>> + Send {
     let pid = process.pid();
     let stdout = if tty { DataEvent::Pty } else { DataEvent::Stdout };
     let first = futures::stream::once(async move { Ok(ProcessEvent::Start { pid }) });
-    let rest = futures::stream::unfold(Some(process), move |process| async move {
-        let mut process = process?;
+    let rest = futures::stream::unfold(Some((process, registered)), move |process| async move {
+        let (mut process, registered) = process?;
         match process.next_event().await {
-            Ok(Some(ExecEvent::Stdout(bytes))) => Some((Ok(data(stdout, bytes)), Some(process))),
-            Ok(Some(ExecEvent::Stderr(bytes))) => Some((Ok(data(DataEvent::Stderr, bytes)), Some(process))),
+            Ok(Some(ExecEvent::Stdout(bytes))) => Some((Ok(data(stdout, bytes)), Some((process, registered)))),
+            Ok(Some(ExecEvent::Stderr(bytes))) => {
+                Some((Ok(data(DataEvent::Stderr, bytes)), Some((process, registered))))
+            }
             Ok(Some(ExecEvent::Exit(status))) => Some((Ok(ProcessEvent::End(end_event(status))), None)),
             Ok(None) => None,
             Err(e) => Some((Err(RpcError::new(Code::Unavailable, format!("the sandbox agent: {e}"))), None)),
@@ -219,7 +286,10 @@ async fn connect(
         Ok::<_, RpcError>((agent.attach(pid).await?, tty))
     };
     match attached.await {
-        Ok((process, tty)) => event_stream(follow(process, tty), &headers),
+        Ok((process, tty)) => {
+            let registered = register(&envd_state, &envd.id, &process);
+            event_stream(follow(process, tty, registered), &headers)
+        }
         Err(error) => StreamError(error).into_response(),
     }
 }
@@ -249,15 +319,10 @@ async fn list(
     Ok(Reply(ListResponse { processes }))
 }
 
-/// An input handle of process `pid`: an attach stream, whose end only detaches.
-async fn attached(agent: &AgentClient, pid: u32) -> Result<ExecSession, RpcError> {
-    Ok(agent.attach(pid).await?)
-}
-
-async fn write_input(process: &ExecSession, input: ProcessInput) -> Result<(), RpcError> {
-    let bytes = input.stdin.or(input.pty).map(|b| b.0).unwrap_or_default();
+async fn write_input(input: &ExecInputHandle, data: ProcessInput) -> Result<(), RpcError> {
+    let bytes = data.stdin.or(data.pty).map(|b| b.0).unwrap_or_default();
     if !bytes.is_empty() {
-        process.input().send_stdin(Bytes::from(bytes)).await?;
+        input.send_stdin(Bytes::from(bytes)).await?;
     }
     Ok(())
 }
@@ -270,8 +335,8 @@ async fn send_input(
 ) -> UnaryResult<Empty> {
     let pid = pid_of(&envd_state, &envd, &request.process)?;
     let (_, agent) = envd.agent(&state).await?;
-    let process = attached(&agent, pid).await?;
-    write_input(&process, request.input).await?;
+    let input = input_of(&envd_state, &envd, &agent, pid).await?;
+    write_input(&input, request.input).await?;
     Ok(Reply(Empty {}))
 }
 
@@ -288,7 +353,7 @@ async fn stream_input(
             if let Some(start) = message.start {
                 let pid = pid_of(&envd_state, &envd, &start.process)?;
                 let (_, agent) = envd.agent(&state).await?;
-                process = Some(attached(&agent, pid).await?);
+                process = Some(input_of(&envd_state, &envd, &agent, pid).await?);
             } else if let Some(data) = message.data {
                 let process = process.as_ref().ok_or_else(|| RpcError::invalid("the first message must be start"))?;
                 write_input(process, data.input).await?;
@@ -324,7 +389,7 @@ async fn close_stdin(
 ) -> UnaryResult<Empty> {
     let pid = pid_of(&envd_state, &envd, &request.process)?;
     let (_, agent) = envd.agent(&state).await?;
-    attached(&agent, pid).await?.input().close_stdin().await?;
+    input_of(&envd_state, &envd, &agent, pid).await?.close_stdin().await?;
     Ok(Reply(Empty {}))
 }
 
@@ -338,6 +403,9 @@ async fn update(
     let pid = pid_of(&envd_state, &envd, &request.process)?;
     let Some(size) = request.pty.and_then(|p| p.size) else { return Ok(Reply(Empty {})) };
     let (_, agent) = envd.agent(&state).await?;
-    attached(&agent, pid).await?.input().resize(PtySize { rows: clamp(size.rows), cols: clamp(size.cols) }).await?;
+    input_of(&envd_state, &envd, &agent, pid)
+        .await?
+        .resize(PtySize { rows: clamp(size.rows), cols: clamp(size.cols) })
+        .await?;
     Ok(Reply(Empty {}))
 }

@@ -27,7 +27,7 @@ use crate::auth::Caller;
 use crate::error::{ApiJson, ApiPath, ApiQuery};
 
 /// E2B's default timeout when a create names none.
-const DEFAULT_TIMEOUT_SECS: u64 = 15;
+pub(super) const DEFAULT_TIMEOUT_SECS: u64 = 15;
 /// Most sandboxes one list page holds.
 const MAX_PAGE: usize = 100;
 
@@ -42,6 +42,12 @@ pub fn routes() -> Router<AppState> {
         .route("/sandboxes/{id}/resume", post(resume))
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/fork", post(super::snapshots::fork))
+        .route("/sandboxes/{id}/snapshots", post(super::snapshots::create))
+        .route("/snapshots", get(super::snapshots::list))
+        .route("/templates/{id}", axum::routing::delete(super::snapshots::delete))
+        .route("/sandboxes/{id}/network", axum::routing::put(super::network::update))
+        .route("/sandboxes/{id}/metrics", get(super::metrics::metrics))
         .route("/volumes", any(|| async { volumes() }))
         .route("/volumes/{*rest}", any(|| async { volumes() }))
 }
@@ -55,7 +61,7 @@ fn volumes() -> E2bError {
 
 /// A JSON body, refused in E2B's error shape when malformed. Unknown fields are kept by the
 /// request types (`other`) so they can be logged, never refused.
-pub struct E2bJson<T>(pub T);
+pub(super) struct E2bJson<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for E2bJson<T> {
     type Rejection = E2bError;
@@ -174,6 +180,16 @@ async fn create(
         network,
         ..CreateSessionRequest::default()
     };
+    if let Some(snapshot) = super::snapshots::as_template(&state, &caller, &request.template_id).await? {
+        if !native.env.is_empty() || native.network.is_some() || native.on_max_age.is_some() || native.auto_resume {
+            return Err(E2bError::bad_request(
+                "a sandbox from a snapshot keeps its source's envVars, network, lifecycle and autoResume; \
+                 send only timeout and metadata",
+            ));
+        }
+        let session = super::snapshots::create_from(&state, &caller, snapshot, timeout, native.metadata).await?;
+        return Ok((StatusCode::CREATED, Json(SandboxOut::of(&state, &session, &request.template_id))));
+    }
     let wait = ApiQuery(WaitParam { wait: true });
     let (_, ApiJson(session)) =
         sessions::create_session(State(state.clone()), Extension(caller), wait, None, ApiJson(native)).await?;
@@ -183,7 +199,7 @@ async fn create(
 /// E2B's `Sandbox`: what a create, resume and connect answer.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-struct SandboxOut {
+pub(super) struct SandboxOut {
     #[serde(rename = "sandboxID")]
     sandbox_id: String,
     #[serde(rename = "templateID")]
@@ -198,7 +214,7 @@ struct SandboxOut {
 }
 
 impl SandboxOut {
-    fn of(state: &AppState, session: &Session, alias: &str) -> SandboxOut {
+    pub(super) fn of(state: &AppState, session: &Session, alias: &str) -> SandboxOut {
         SandboxOut {
             sandbox_id: session.id.to_string(),
             template_id: session.template.clone(),
@@ -306,7 +322,7 @@ impl Listed {
 }
 
 /// A session of the caller that E2B would call a sandbox: not destroyed, not being destroyed.
-async fn sandbox(state: &AppState, caller: &Caller, id: &str) -> E2bResult<Session> {
+pub(super) async fn sandbox(state: &AppState, caller: &Caller, id: &str) -> E2bResult<Session> {
     let session = find_session(state, caller, id).await.map_err(|_| E2bError::no_sandbox(id))?;
     match session.state {
         SessionState::Destroyed | SessionState::Destroying => Err(E2bError::no_sandbox(id)),
@@ -342,7 +358,7 @@ struct TimeoutRequest {
 }
 
 /// Sets the session to end `timeout` seconds from now (its maximum age counts from creation).
-async fn end_in(state: &AppState, caller: &Caller, session: &Session, timeout: u64) -> E2bResult<Session> {
+pub(super) async fn end_in(state: &AppState, caller: &Caller, session: &Session, timeout: u64) -> E2bResult<Session> {
     let timeout = check_timeout(timeout)?;
     let lived = (now_ms() - session.created_at).max(0) as u64 / 1000;
     let update = UpdateSessionRequest { max_age_secs: Some(lived + timeout), ..UpdateSessionRequest::default() };
@@ -444,9 +460,21 @@ async fn connect(
     Ok((StatusCode::OK, Json(SandboxOut::of(&state, &session, ""))))
 }
 
+/// The session once a suspend under way has finished: E2B calls it paused already, so a
+/// resume may come while it runs.
+async fn settled(state: &AppState, caller: &Caller, mut session: Session) -> E2bResult<Session> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    while session.state == SessionState::Suspending && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        session = sandbox(state, caller, session.id.as_str()).await?;
+    }
+    Ok(session)
+}
+
 /// Resumes the session and sets its end; the end is set first, so a session whose maximum
 /// age already passed is not suspended again at the next tick.
 async fn wake(state: &AppState, caller: &Caller, session: &Session, timeout: Option<u64>) -> E2bResult<Session> {
+    let session = &settled(state, caller, session.clone()).await?;
     end_in(state, caller, session, timeout.unwrap_or(DEFAULT_TIMEOUT_SECS)).await?;
     let path = ApiPath(session.id.to_string());
     let ApiJson(session) = lifecycle::resume(State(state.clone()), Extension(caller.clone()), path).await?;
@@ -470,9 +498,16 @@ fn metadata_filter(query: Option<&str>) -> Vec<(String, String)> {
     pairs.map(|pair| pair.split_once('=').unwrap_or((pair, ""))).map(|(k, v)| (decode(k), decode(v))).collect()
 }
 
-async fn matching(state: &AppState, caller: &Caller, query: &ListQuery, states: &[&str]) -> E2bResult<Vec<Session>> {
+/// The caller's sandboxes in `states` whose metadata has every pair of the `metadata` filter,
+/// newest first.
+pub(super) async fn matching(
+    state: &AppState,
+    caller: &Caller,
+    metadata: Option<&str>,
+    states: &[&str],
+) -> E2bResult<Vec<Session>> {
     let filter = crate::api::session_meta::list_filter(caller, &[])?;
-    let wanted = metadata_filter(query.metadata.as_deref());
+    let wanted = metadata_filter(metadata);
     let mut sessions: Vec<Session> = state
         .store
         .list_sessions(&filter)
@@ -493,7 +528,7 @@ async fn list_v1(
     Extension(caller): Extension<Caller>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> E2bResult<Json<Vec<Listed>>> {
-    let sessions = matching(&state, &caller, &query, &["running"]).await?;
+    let sessions = matching(&state, &caller, query.metadata.as_deref(), &["running"]).await?;
     Ok(Json(sessions.iter().map(|s| Listed::of(&state, s, false)).collect()))
 }
 
@@ -511,7 +546,7 @@ async fn list_v2(
     if let Some(bad) = states.iter().find(|s| !["running", "paused"].contains(s)) {
         return Err(E2bError::bad_request(format!("state {} is not running or paused", space_api::error::echo(bad))));
     }
-    let sessions = matching(&state, &caller, &query, &states).await?;
+    let sessions = matching(&state, &caller, query.metadata.as_deref(), &states).await?;
     let start = match &query.next_token {
         Some(token) => sessions.iter().position(|s| s.id.as_str() == token).ok_or_else(|| {
             E2bError::bad_request("nextToken names no sandbox of this list; start from the first page")
