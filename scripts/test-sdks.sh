@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The SDKs' test suites against a live server: starts `space serve` (busybox default template)
-# on a free loopback port with a data dir and cgroup parent of its own, runs the Python SDK's
-# pytest suite and, when sdk/typescript/package.json exists, the TypeScript SDK's `npm test`
-# (both read SPACE_URL and SPACE_API_KEY), then stops the server and removes what it made,
+# The SDKs' test suites against a live server: starts `space serve` (busybox default template,
+# E2B endpoint on a second port) on a free loopback port with a data dir and cgroup parent of
+# its own, runs the Python SDK's pytest suite, the MCP server's, E2B's Python and JS SDKs
+# against the E2B endpoint (tests/e2b) and, when sdk/typescript/package.json exists, the
+# TypeScript SDK's `npm test` (all read SPACE_URL and SPACE_API_KEY), then stops the server
+# and removes what it made,
 # also when a suite fails or the script is interrupted. Fails if any suite failed.
 #
 # Run as root from the repository root (scripts/test.sh calls it after the Rust tests).
@@ -35,7 +37,9 @@ CGROUP_PARENT=space-sdk-tests
 DATA_DIR=$(mktemp -d /var/tmp/space-sdk-tests-XXXXXX)
 chmod 755 "$DATA_DIR" # sandboxes run as mapped uids: every parent of their roots must be searchable
 LOG="$DATA_DIR.log"
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+PORT=$(free_port)
+E2B_PORT=$(free_port)
 SERVER_PID=
 
 # Stops the server, kills what is left in its cgroups, unmounts its pool and removes its data
@@ -77,8 +81,11 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "== starting space serve on 127.0.0.1:$PORT (data $DATA_DIR)"
-"$SPACE_BIN" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA_DIR" --cgroup-parent "$CGROUP_PARENT" \
-  --default-template busybox --prepare-templates busybox --pool-size-gib 8 \
+# debian too: E2B's SDKs run commands under /bin/bash, which busybox lacks. A fast schedule
+# tick, so that E2B timeouts are enforced within a second.
+"$SPACE_BIN" serve --listen "127.0.0.1:$PORT" --e2b-listen "127.0.0.1:$E2B_PORT" --data-dir "$DATA_DIR" \
+  --cgroup-parent "$CGROUP_PARENT" --snapshot-tick-ms 500 \
+  --default-template busybox --prepare-templates busybox,debian --pool-size-gib 8 \
   --default-runtime "${SPACE_TEST_RUNTIME:-linux}" --spaced "$SPACED" </dev/null >/dev/null 2>"$LOG" &
 SERVER_PID=$!
 
@@ -92,7 +99,8 @@ for _ in $(seq 1 1200); do
   fi
   if [ -s "$DATA_DIR/admin.key" ]; then
     SPACE_API_KEY=$(cat "$DATA_DIR/admin.key")
-    if curl -sf -H "Authorization: Bearer $SPACE_API_KEY" "$SPACE_URL/v1/templates" | grep -q '"name":"busybox"'; then
+    templates=$(curl -sf -H "Authorization: Bearer $SPACE_API_KEY" "$SPACE_URL/v1/templates" || true)
+    if grep -q '"name":"busybox"' <<<"$templates" && grep -q '"name":"debian"' <<<"$templates"; then
       ready=1
       break
     fi
@@ -135,6 +143,22 @@ if ! cmp -s tests/mcp/requirements.txt "$MCP_VENV/requirements.txt"; then
 fi
 echo "== MCP server tests"
 SPACE_BIN="$SPACE_BIN" "$MCP_VENV/bin/pytest" -q -p no:cacheprovider tests/mcp || failed=1
+
+# E2B's own SDKs (PyPI and npm `e2b`, pinned) against the E2B endpoint, unchanged.
+E2B_VENV=${E2B_VENV:-/var/cache/space/e2b-venv}
+if ! cmp -s tests/e2b/requirements.txt "$E2B_VENV/requirements.txt"; then
+  echo "== making the venv $E2B_VENV"
+  rm -rf "$E2B_VENV" && python3 -m venv "$E2B_VENV"
+  "$E2B_VENV/bin/pip" install -q -r tests/e2b/requirements.txt
+  cp tests/e2b/requirements.txt "$E2B_VENV/requirements.txt"
+fi
+export E2B_API_URL="http://127.0.0.1:$E2B_PORT" E2B_SANDBOX_URL="http://127.0.0.1:$E2B_PORT"
+echo "== E2B Python SDK tests"
+"$E2B_VENV/bin/pytest" -q -p no:cacheprovider tests/e2b || failed=1
+echo "== E2B JS SDK tests"
+E2B_API_KEY=$(curl -sf -X POST -H "Authorization: Bearer $SPACE_API_KEY" -H 'content-type: application/json' \
+  -d '{"tenant":"e2b-js"}' "$SPACE_URL/v1/keys" | python3 -c 'import json, sys; print(json.load(sys.stdin)["key"])')
+(cd tests/e2b/js && npm ci --no-audit --no-fund && E2B_API_KEY="$E2B_API_KEY" npm test) || failed=1
 
 if [ -f sdk/typescript/package.json ]; then
   echo "== TypeScript SDK tests"

@@ -174,6 +174,8 @@ class SessionLifetime(Model):
     __schema__: ClassVar[str] = "SessionLifetime"
     idle_timeout_secs: Optional[int] = None
     max_age_secs: Optional[int] = None
+    #: ``"destroy"`` (default) or ``"suspend"``: what reaching ``max_age_secs`` does.
+    on_max_age: str = "destroy"
 
 
 @dataclass

@@ -269,6 +269,7 @@ class Session:
         env: Optional[Mapping[str, str]] = None,
         idle_timeout: Duration = None,
         max_age: Duration = None,
+        on_max_age: Optional[str] = None,
         cpus: Optional[float] = None,
         memory_mib: Optional[int] = None,
         pids: Optional[int] = None,
@@ -299,6 +300,7 @@ class Session:
             env=env,
             idle_timeout=idle_timeout,
             max_age=max_age,
+            on_max_age=on_max_age,
             cpus=cpus,
             memory_mib=memory_mib,
             pids=pids,
@@ -401,16 +403,19 @@ class Session:
         *,
         idle_timeout: Union[Duration, int] = None,
         max_age: Union[Duration, int] = None,
+        on_max_age: Optional[str] = None,
         snapshot_policy: Union[SnapshotPolicy, Mapping[str, Any], None] = None,
         name: Optional[str] = None,
         labels: Optional[Mapping[str, str]] = None,
         metadata: Optional[Mapping[str, str]] = None,
         auto_resume: Optional[bool] = None,
     ) -> SessionInfo:
-        """Changes settings; ``idle_timeout=0`` or ``max_age=0`` turns that one off."""
+        """Changes settings; ``idle_timeout=0`` or ``max_age=0`` turns that one off;
+        ``on_max_age="suspend"`` suspends the session at its maximum age instead of destroying it."""
         body = rq.update_body(
             idle_timeout=idle_timeout,
             max_age=max_age,
+            on_max_age=on_max_age,
             snapshot_policy=snapshot_policy,
             name=name,
             labels=labels,
