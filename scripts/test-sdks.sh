@@ -82,9 +82,10 @@ trap 'exit 130' INT TERM
 
 echo "== starting space serve on 127.0.0.1:$PORT (data $DATA_DIR)"
 # debian too: E2B's SDKs run commands under /bin/bash, which busybox lacks. A fast schedule
-# tick, so that E2B timeouts are enforced within a second.
+# tick, so that E2B timeouts are enforced within a second. A preview domain for get_host (its
+# hosts are sent to the endpoint by their Host header; nothing resolves them).
 "$SPACE_BIN" serve --listen "127.0.0.1:$PORT" --e2b-listen "127.0.0.1:$E2B_PORT" --data-dir "$DATA_DIR" \
-  --cgroup-parent "$CGROUP_PARENT" --snapshot-tick-ms 500 \
+  --cgroup-parent "$CGROUP_PARENT" --snapshot-tick-ms 500 --preview-domain e2b.test \
   --default-template busybox --prepare-templates busybox,debian --pool-size-gib 8 \
   --default-runtime "${SPACE_TEST_RUNTIME:-linux}" --spaced "$SPACED" </dev/null >/dev/null 2>"$LOG" &
 SERVER_PID=$!
@@ -152,7 +153,7 @@ if ! cmp -s tests/e2b/requirements.txt "$E2B_VENV/requirements.txt"; then
   "$E2B_VENV/bin/pip" install -q -r tests/e2b/requirements.txt
   cp tests/e2b/requirements.txt "$E2B_VENV/requirements.txt"
 fi
-export E2B_API_URL="http://127.0.0.1:$E2B_PORT" E2B_SANDBOX_URL="http://127.0.0.1:$E2B_PORT"
+export E2B_API_URL="http://127.0.0.1:$E2B_PORT" E2B_SANDBOX_URL="http://127.0.0.1:$E2B_PORT" E2B_TEST_DOMAIN=e2b.test
 echo "== E2B Python SDK tests"
 "$E2B_VENV/bin/pytest" -q -p no:cacheprovider tests/e2b || failed=1
 echo "== E2B JS SDK tests"

@@ -354,3 +354,38 @@ def test_bad_input_gets_e2b_and_connect_errors_never_a_crash(sbx, tenant_key):
     assert stream_error(b"\x00\x00\x00\x00\x02{}") == "invalid_argument"  # no command
     # The sandbox still answers.
     assert sbx.commands.run("echo alive").stdout == "alive\n"
+
+
+SERVER = (
+    "perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalPort => 8000, Listen => 5, ReuseAddr => 1)"
+    ' or die; while ($c = $s->accept) { while (<$c>) { last if /^\\r?\\n$/ }'
+    ' print $c "HTTP/1.0 200 OK\\r\\nContent-Length: 5\\r\\n\\r\\nhello"; close $c }\''
+)
+
+
+def through_host(host, headers=None):
+    """A request to `host` (E2B's get_host) sent to the endpoint, as DNS would route it."""
+    import httpx
+
+    return httpx.get(os.environ["E2B_API_URL"] + "/", headers={"Host": host, **(headers or {})})
+
+
+def test_get_host_reaches_a_server_in_the_sandbox(sbx):
+    sbx.commands.run(SERVER, background=True)
+    host = sbx.get_host(8000)
+    assert host == f"8000-{sbx.sandbox_id}.{os.environ['E2B_TEST_DOMAIN']}"
+    wait_until(lambda: through_host(host).text == "hello", "the server behind get_host")
+
+
+def test_ports_of_a_sandbox_without_public_traffic_need_its_traffic_token():
+    sandbox = Sandbox.create(template=TEMPLATE, network={"allow_public_traffic": False})
+    try:
+        sandbox.commands.run(SERVER, background=True)
+        host = sandbox.get_host(8000)
+        token = {"e2b-traffic-access-token": sandbox.traffic_access_token}
+        wait_until(lambda: through_host(host, token).text == "hello", "the server behind get_host")
+        refused = through_host(host)
+        assert refused.status_code == 401
+        assert through_host(host, {"e2b-traffic-access-token": "0" * 64}).status_code == 401
+    finally:
+        sandbox.kill()

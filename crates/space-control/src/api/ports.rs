@@ -246,6 +246,18 @@ async fn forward(
 }
 
 /// The proxy's own refusals in the API's envelope; a sandbox server's answers as they are.
+/// A preview-host request to `port` of `session` let in by a rule other than the port's own:
+/// the E2B endpoint's (an E2B sandbox's ports are public unless it was made with
+/// `allowPublicTraffic: false`, and then take its traffic token).
+pub(crate) async fn preview_admitted(state: AppState, session: Session, port: u16, request: Request) -> Response {
+    let forwarded = async {
+        valid_port(port)?;
+        let uri = upstream_uri(request.uri().path(), request.uri().query())?;
+        forward(&state, session, None, request, Upstream { uri, port, prefix: None }).await
+    };
+    respond(forwarded.await)
+}
+
 fn respond(result: AppResult<Response>) -> Response {
     result.unwrap_or_else(IntoResponse::into_response)
 }

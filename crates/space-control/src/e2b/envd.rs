@@ -105,7 +105,7 @@ async fn authorize(state: &AppState, headers: &HeaderMap) -> Result<Envd, RpcErr
     Ok(Envd { caller, id })
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

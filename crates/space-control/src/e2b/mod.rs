@@ -95,13 +95,45 @@ fn preview_host(state: &AppState, headers: &HeaderMap) -> Option<(SessionId, u16
     space_api::ports::parse_preview_label(label)
 }
 
-/// A host `{port}-{id}.{domain}` for any port but envd's is the session's port, served as the
-/// native listener serves it (E2B's `get_host(port)`).
+/// A host `{port}-{id}.{domain}` for any port but envd's is the session's port (E2B's
+/// `get_host(port)`): open to anyone for a sandbox made public by its create, to holders of
+/// its traffic token for one made with `allowPublicTraffic: false`, and otherwise as the
+/// native listener serves ports (a port's token, or the tenant's key).
 async fn other_ports(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    match preview_host(&state, request.headers()) {
-        Some((_, port)) if port != ENVD_PORT => crate::api::ports::preview_host(State(state), request, next).await,
-        _ => next.run(request).await,
+    let Some((id, port)) = preview_host(&state, request.headers()).filter(|(_, port)| *port != ENVD_PORT) else {
+        return next.run(request).await;
+    };
+    match admitted(&state, &id, request.headers()).await {
+        Some(session) => crate::api::ports::preview_admitted(state, session, port, request).await,
+        None => crate::api::ports::preview_host(State(state), request, next).await,
     }
+}
+
+/// The label an E2B create puts on its session: how its ports may be reached.
+pub(crate) const TRAFFIC_LABEL: &str = "e2b/traffic";
+/// Its values: anyone, or holders of the sandbox's traffic token.
+pub(crate) const TRAFFIC_PUBLIC: &str = "public";
+pub(crate) const TRAFFIC_TOKEN: &str = "token";
+const TRAFFIC_TOKEN_PURPOSE: &str = "e2b-traffic-access-token";
+
+/// The session, if its E2B traffic rule lets this request in.
+async fn admitted(state: &AppState, id: &SessionId, headers: &HeaderMap) -> Option<space_api::Session> {
+    let record = state.store.session_any(id).await.ok()??;
+    let rule = record.session.labels.get(TRAFFIC_LABEL)?;
+    let token = headers.get("e2b-traffic-access-token").and_then(|v| v.to_str().ok());
+    let allowed = match rule.as_str() {
+        TRAFFIC_PUBLIC => true,
+        TRAFFIC_TOKEN => {
+            token.is_some_and(|t| envd::constant_time_eq(t.as_bytes(), traffic_token(state, id).as_bytes()))
+        }
+        _ => false,
+    };
+    allowed.then_some(record.session)
+}
+
+/// The token that reaches the ports of a sandbox made with `allowPublicTraffic: false`.
+pub(crate) fn traffic_token(state: &AppState, id: &SessionId) -> String {
+    state.idempotency.token(TRAFFIC_TOKEN_PURPOSE, id.as_str())
 }
 
 /// Middleware of the control calls: `X-API-Key` (E2B's header) or `Authorization: Bearer`

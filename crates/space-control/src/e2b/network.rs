@@ -32,6 +32,14 @@ pub struct NetworkConfig {
     other: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
+impl NetworkConfig {
+    /// Whether the sandbox's ports are open to anyone (E2B's default) rather than to holders
+    /// of its traffic token.
+    pub fn public_traffic(&self) -> bool {
+        self.allow_public_traffic != Some(false)
+    }
+}
+
 /// `PUT /sandboxes/{id}/network`: the policy is replaced by what the request says (what it
 /// leaves out is cleared, as in E2B), for new connections at once.
 pub async fn update(
@@ -60,9 +68,6 @@ pub fn policy(allow_internet: Option<bool>, config: Option<&NetworkConfig>) -> E
     if !config.other.is_empty() {
         let fields: Vec<&str> = config.other.keys().map(String::as_str).collect();
         tracing::warn!(?fields, "E2B network fields space does not know were ignored");
-    }
-    if config.allow_public_traffic == Some(false) {
-        tracing::info!("allowPublicTraffic: false is space's behaviour: ports need a token unless made public");
     }
     let mut policy = NetworkPolicy::default();
     for entry in &config.allow_out {

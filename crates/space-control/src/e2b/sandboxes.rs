@@ -170,7 +170,10 @@ async fn create(
     request.refuse_unsupported()?;
     let timeout = check_timeout(request.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
     let network = super::network::policy(request.allow_internet_access, request.network.as_ref())?;
+    let public = request.network.as_ref().is_none_or(|n| n.public_traffic());
+    let traffic = if public { super::TRAFFIC_PUBLIC } else { super::TRAFFIC_TOKEN };
     let native = CreateSessionRequest {
+        labels: BTreeMap::from([(super::TRAFFIC_LABEL.to_owned(), traffic.to_owned())]),
         template: Some(template_of(&state, &request.template_id)),
         env: request.env_vars.unwrap_or_default(),
         metadata: request.metadata.unwrap_or_default(),
@@ -210,6 +213,8 @@ pub(super) struct SandboxOut {
     client_id: String,
     envd_version: &'static str,
     envd_access_token: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traffic_access_token: Option<String>,
     domain: Option<String>,
 }
 
@@ -222,6 +227,9 @@ impl SandboxOut {
             client_id: client_id(session),
             envd_version: ENVD_VERSION,
             envd_access_token: access_token(state, &session.id),
+            traffic_access_token: (session.labels.get(super::TRAFFIC_LABEL).map(String::as_str)
+                == Some(super::TRAFFIC_TOKEN))
+            .then(|| super::traffic_token(state, &session.id)),
             domain: state.preview_domain.clone(),
         }
     }
