@@ -299,6 +299,16 @@ def test_what_space_cannot_honour_fails_with_a_clear_error():
     with pytest.raises(Exception) as missing:
         Sandbox.connect("ses_doesnotexist00000000")
     assert "not found" in str(missing.value)
+    sandbox = Sandbox.create(template=TEMPLATE)
+    try:
+        with pytest.raises(SandboxException) as no_memory:
+            sandbox.pause(mode="filesystem")
+        assert "501" in str(no_memory.value) and "keeps memory" in str(no_memory.value)
+        with pytest.raises(SandboxException) as volumes:
+            Sandbox.create(template=TEMPLATE, volume_mounts={"/data": "vol"})
+        assert "volumes" in str(volumes.value)
+    finally:
+        sandbox.kill()
 
 
 def test_metrics_report_memory(sbx):

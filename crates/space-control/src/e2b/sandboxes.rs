@@ -409,13 +409,28 @@ async fn refresh(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[derive(Debug, Default, Deserialize)]
+struct PauseRequest {
+    memory: Option<bool>,
+    #[serde(flatten)]
+    other: BTreeMap<String, serde_json::Value>,
+}
+
 /// E2B's pause keeps memory and processes: a suspend.
 async fn pause(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
+    E2bJson(request): E2bJson<PauseRequest>,
 ) -> E2bResult<StatusCode> {
+    warn_unknown("pause", &request.other);
     let session = sandbox(&state, &caller, &id).await?;
+    if request.memory == Some(false) {
+        return Err(E2bError::unsupported(
+            "pausing without memory (mode=\"filesystem\")",
+            "a pause keeps memory and processes; snapshot with mode=\"filesystem\" and kill the sandbox instead",
+        ));
+    }
     if e2b_state(session.state) == "paused" {
         return Err(E2bError::new(409, format!("sandbox {id} is already paused")));
     }
