@@ -134,25 +134,25 @@ failed=0
 echo "== Python SDK tests"
 (cd sdk/python && "$VENV/bin/python" -m pytest -p no:cacheprovider "$@") || failed=1
 
+# A venv at DIR holding REQUIREMENTS (pinned), made again only when they change.
+pinned_venv() { # REQUIREMENTS DIR
+  if ! cmp -s "$1" "$2/requirements.txt"; then
+    echo "== making the venv $2"
+    rm -rf "$2" && python3 -m venv "$2"
+    "$2/bin/pip" install -q -r "$1"
+    cp "$1" "$2/requirements.txt"
+  fi
+}
+
 # The MCP server: the official MCP client SDK (PyPI `mcp`, pinned) drives `space mcp`.
 MCP_VENV=${MCP_VENV:-/var/cache/space/mcp-venv}
-if ! cmp -s tests/mcp/requirements.txt "$MCP_VENV/requirements.txt"; then
-  echo "== making the venv $MCP_VENV"
-  rm -rf "$MCP_VENV" && python3 -m venv "$MCP_VENV"
-  "$MCP_VENV/bin/pip" install -q -r tests/mcp/requirements.txt
-  cp tests/mcp/requirements.txt "$MCP_VENV/requirements.txt"
-fi
+pinned_venv tests/mcp/requirements.txt "$MCP_VENV"
 echo "== MCP server tests"
 SPACE_BIN="$SPACE_BIN" "$MCP_VENV/bin/pytest" -q -p no:cacheprovider tests/mcp || failed=1
 
 # E2B's own SDKs (PyPI and npm `e2b`, pinned) against the E2B endpoint, unchanged.
 E2B_VENV=${E2B_VENV:-/var/cache/space/e2b-venv}
-if ! cmp -s tests/e2b/requirements.txt "$E2B_VENV/requirements.txt"; then
-  echo "== making the venv $E2B_VENV"
-  rm -rf "$E2B_VENV" && python3 -m venv "$E2B_VENV"
-  "$E2B_VENV/bin/pip" install -q -r tests/e2b/requirements.txt
-  cp tests/e2b/requirements.txt "$E2B_VENV/requirements.txt"
-fi
+pinned_venv tests/e2b/requirements.txt "$E2B_VENV"
 export E2B_API_URL="http://127.0.0.1:$E2B_PORT" E2B_SANDBOX_URL="http://127.0.0.1:$E2B_PORT" E2B_TEST_DOMAIN=e2b.test
 echo "== E2B Python SDK tests"
 "$E2B_VENV/bin/pytest" -q -p no:cacheprovider tests/e2b || failed=1

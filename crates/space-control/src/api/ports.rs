@@ -291,7 +291,8 @@ fn valid_port(port: u16) -> AppResult<()> {
 }
 
 /// The session and port a preview host names, when the server has a preview domain.
-fn preview_target(state: &AppState, headers: &HeaderMap) -> Option<(SessionId, u16)> {
+/// The session and port a preview host (`{port}-{session}.{preview domain}`) names.
+pub(crate) fn preview_target(state: &AppState, headers: &HeaderMap) -> Option<(SessionId, u16)> {
     let domain = state.preview_domain.as_deref()?;
     let host = headers.get(HOST)?.to_str().ok()?;
     let host = host.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h);

@@ -28,7 +28,6 @@ mod snapshots;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::HeaderMap;
-use axum::http::header::HOST;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -80,19 +79,10 @@ fn sandbox_of_request(state: &AppState, headers: &HeaderMap) -> Option<String> {
     if let Some(id) = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) {
         return Some(id.to_owned());
     }
-    match preview_host(state, headers)? {
+    match crate::api::ports::preview_target(state, headers)? {
         (id, ENVD_PORT) => Some(id.as_str().to_owned()),
         _ => None,
     }
-}
-
-fn preview_host(state: &AppState, headers: &HeaderMap) -> Option<(SessionId, u16)> {
-    let domain = state.preview_domain.as_deref()?;
-    let host = headers.get(HOST)?.to_str().ok()?;
-    let host = host.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h);
-    let domain = domain.rsplit_once(':').map_or(domain, |(d, _)| d);
-    let label = host.strip_suffix(domain)?.strip_suffix('.')?;
-    space_api::ports::parse_preview_label(label)
 }
 
 /// A host `{port}-{id}.{domain}` for any port but envd's is the session's port (E2B's
@@ -100,7 +90,9 @@ fn preview_host(state: &AppState, headers: &HeaderMap) -> Option<(SessionId, u16
 /// its traffic token for one made with `allowPublicTraffic: false`, and otherwise as the
 /// native listener serves ports (a port's token, or the tenant's key).
 async fn other_ports(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let Some((id, port)) = preview_host(&state, request.headers()).filter(|(_, port)| *port != ENVD_PORT) else {
+    let Some((id, port)) =
+        crate::api::ports::preview_target(&state, request.headers()).filter(|(_, port)| *port != ENVD_PORT)
+    else {
         return next.run(request).await;
     };
     match admitted(&state, &id, request.headers()).await {
