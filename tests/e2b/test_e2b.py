@@ -148,6 +148,12 @@ def test_background_commands_wait_kill_connect_and_stdin(sbx):
     assert cat.wait().stdout == "abc"
     assert not sbx.commands.kill(999_999)
 
+    # StreamInput: a client stream of input messages.
+    streamed = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.stream_input(streamed.pid, iter(["one ", "two ", b"three"]))
+    sbx.commands.close_stdin(streamed.pid)
+    assert streamed.wait().stdout == "one two three"
+
 
 def test_pty_create_resize_and_input(sbx):
     data = []
@@ -343,8 +349,19 @@ def test_bad_input_gets_e2b_and_connect_errors_never_a_crash(sbx, tenant_key):
 
     ls = b'{"path": "/"}'
     assert envd("/filesystem.Filesystem/ListDir", ls, "application/json").status_code == 200
+    # E2B's host scheme names the sandbox instead of the header.
+    by_host = httpx.post(
+        f"{envd_url}/filesystem.Filesystem/Stat",
+        headers={
+            "Host": f"49983-{sbx.sandbox_id}.{os.environ['E2B_TEST_DOMAIN']}",
+            "X-Access-Token": sbx._envd_access_token,
+            "Content-Type": "application/json",
+        },
+        content=b'{"path": "/etc"}',
+    )
+    assert by_host.status_code == 200 and by_host.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY"
     wrong = envd("/filesystem.Filesystem/ListDir", ls, "application/json", token="0" * 64)
-    assert (wrong.status_code, wrong.json()["code"]) == (401, "unauthenticated")
+    assert (wrong.status_code, wrong.json()["code"]) == (404, "not_found")  # as for no sandbox
     missing = envd("/filesystem.Filesystem/ListDir", ls, "application/json", sandbox="ses_doesnotexist00000000")
     assert (missing.status_code, missing.json()["code"]) == (404, "not_found")
     bad_json = envd("/filesystem.Filesystem/ListDir", b"{no", "application/json")

@@ -109,8 +109,10 @@ async fn suspend_at_max_age(state: &AppState, tenant: &TenantId, session: &Sessi
         tracing::warn!(session = %session.id, error = %e.0.message, "suspend at maximum age");
         return Ok(true);
     }
-    let lifetime = session.lifetime.updated(None, Some(0), None);
-    state.store.set_settings(&session.id, &session.snapshot_policy, &lifetime).await?;
+    // Read again: the suspend took a while, and a setting may have changed meanwhile.
+    let Some(now) = state.store.session(tenant, &session.id).await? else { return Ok(true) };
+    let lifetime = now.lifetime.updated(None, Some(0), None);
+    state.store.set_settings(&now.id, &now.snapshot_policy, &lifetime).await?;
     let message = format!("suspended: the session reached its maximum age of {max_age} s");
     state.store.record_event(&session.id, "max_age", &message).await?;
     Ok(true)

@@ -26,6 +26,17 @@ test('commands, files, list and kill through the JS SDK', async () => {
     assert.deepEqual((await sbx.files.list('/tmp/js')).map((e) => e.name), ['a.txt'])
     assert.equal(await sbx.files.exists('/tmp/js/none'), false)
 
+    // WatchDir: the JS SDK's watch is a server stream.
+    await sbx.files.makeDir('/tmp/watched')
+    const events = []
+    const watch = await sbx.files.watchDir('/tmp/watched', (e) => events.push(e))
+    await sbx.files.write('/tmp/watched/new.txt', 'x')
+    for (let i = 0; i < 100 && !events.some((e) => e.name === 'new.txt' && e.type === 'create'); i++) {
+      await new Promise((r) => setTimeout(r, 100))
+    }
+    await watch.stop()
+    assert.ok(events.some((e) => e.name === 'new.txt' && e.type === 'create'), JSON.stringify(events))
+
     const listed = await Sandbox.list({ query: { metadata: { suite: tag } } }).nextItems()
     assert.deepEqual(listed.map((s) => s.sandboxId), [sbx.sandboxId])
     const info = await sbx.getInfo()

@@ -184,6 +184,8 @@ pub type UnaryResult<T> = Result<Reply<T>, RpcError>;
 pub struct Envelopes {
     body: axum::body::BodyDataStream,
     buffer: Vec<u8>,
+    /// Where the next envelope starts in `buffer` (what is before it was read).
+    start: usize,
     ended: bool,
 }
 
@@ -205,7 +207,7 @@ impl<S: Send + Sync> FromRequest<S> for Envelopes {
         if let Err(e) = check_uncompressed(request.headers(), "connect-content-encoding") {
             return Err(StreamError(e).into_response());
         }
-        Ok(Envelopes { body: request.into_body().into_data_stream(), buffer: Vec::new(), ended: false })
+        Ok(Envelopes { body: request.into_body().into_data_stream(), buffer: Vec::new(), start: 0, ended: false })
     }
 }
 
@@ -214,16 +216,24 @@ impl Envelopes {
     pub async fn next<T: DeserializeOwned>(&mut self) -> Result<Option<T>, RpcError> {
         loop {
             if let Some(frame) = self.take_frame()? {
+                // Many small messages in one chunk must not hold the thread for all of them.
+                tokio::task::coop::consume_budget().await;
                 return decode(&frame).map(Some);
             }
             if self.ended {
-                if !self.buffer.is_empty() {
+                if self.start < self.buffer.len() {
                     return Err(RpcError::invalid("the request ended inside an envelope"));
                 }
                 return Ok(None);
             }
             match self.body.next().await {
-                Some(Ok(chunk)) => self.buffer.extend_from_slice(&chunk),
+                Some(Ok(chunk)) => {
+                    // What was read goes before more is added: the buffer holds at most one
+                    // envelope and a chunk.
+                    self.buffer.drain(..self.start);
+                    self.start = 0;
+                    self.buffer.extend_from_slice(&chunk);
+                }
                 Some(Err(e)) => {
                     return Err(RpcError::new(
                         Code::Canceled,
@@ -241,7 +251,7 @@ impl Envelopes {
     }
 
     fn take_frame(&mut self) -> Result<Option<Vec<u8>>, RpcError> {
-        let Some(header) = self.buffer.get(..5) else { return Ok(None) };
+        let Some(header) = self.buffer.get(self.start..self.start + 5) else { return Ok(None) };
         let flags = header[0];
         let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
         if flags & FLAG_COMPRESSED != 0 {
@@ -253,11 +263,12 @@ impl Envelopes {
                 format!("a message is at most {MAX_MESSAGE} bytes; this one says {length}"),
             ));
         }
-        if self.buffer.len() < 5 + length {
+        let body = self.start + 5;
+        if self.buffer.len() < body + length {
             return Ok(None);
         }
-        let frame = self.buffer[5..5 + length].to_vec();
-        self.buffer.drain(..5 + length);
+        let frame = self.buffer[body..body + length].to_vec();
+        self.start = body + length;
         if flags & FLAG_END != 0 {
             return Err(RpcError::invalid("a client may not send an end-of-stream message"));
         }
@@ -391,7 +402,7 @@ mod tests {
 
     fn envelopes(bytes: Vec<u8>) -> Envelopes {
         let body = Body::from(bytes).into_data_stream();
-        Envelopes { body, buffer: Vec::new(), ended: false }
+        Envelopes { body, buffer: Vec::new(), start: 0, ended: false }
     }
 
     #[tokio::test]
@@ -401,6 +412,17 @@ mod tests {
         let mut reader = envelopes(bytes);
         assert_eq!(reader.next::<serde_json::Value>().await.unwrap().unwrap()["a"], 1);
         assert_eq!(reader.next::<serde_json::Value>().await.unwrap().unwrap()["a"], 2);
+        assert!(reader.next::<serde_json::Value>().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn many_small_messages_in_one_chunk_are_read_in_order() {
+        let bytes: Vec<u8> =
+            (0..2000).flat_map(|i| envelope(0, format!("{{\"a\":{i}}}").as_bytes()).to_vec()).collect();
+        let mut reader = envelopes(bytes);
+        for i in 0..2000 {
+            assert_eq!(reader.next::<serde_json::Value>().await.unwrap().unwrap()["a"], i);
+        }
         assert!(reader.next::<serde_json::Value>().await.unwrap().is_none());
     }
 
@@ -423,10 +445,11 @@ mod tests {
         let items = futures::stream::iter([Ok(serde_json::json!({"x": 1})), Err(RpcError::invalid("bad"))]);
         let response = stream_response(items, None);
         let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
-        let mut reader = Envelopes { body: Body::empty().into_data_stream(), buffer: body.to_vec(), ended: true };
+        let mut reader =
+            Envelopes { body: Body::empty().into_data_stream(), buffer: body.to_vec(), start: 0, ended: true };
         assert_eq!(reader.take_frame().unwrap().unwrap(), br#"{"x":1}"#);
-        assert_eq!(reader.buffer[0], FLAG_END);
-        let end: serde_json::Value = serde_json::from_slice(&reader.buffer[5..]).unwrap();
+        assert_eq!(reader.buffer[reader.start], FLAG_END);
+        let end: serde_json::Value = serde_json::from_slice(&reader.buffer[reader.start + 5..]).unwrap();
         assert_eq!(end["error"]["code"], "invalid_argument");
     }
 }

@@ -86,8 +86,12 @@ async fn authorize(state: &AppState, headers: &HeaderMap) -> Result<Envd, RpcErr
     let record = state.store.session_any(&id).await.map_err(crate::error::AppError::from)?.ok_or_else(missing)?;
     let token = headers.get("x-access-token").and_then(|v| v.to_str().ok());
     if let Some(token) = token {
+        // A wrong token is answered as an unknown sandbox: nobody learns which ids exist.
         if !constant_time_eq(token.as_bytes(), access_token(state, &id).as_bytes()) {
-            return Err(RpcError::new(Code::Unauthenticated, "wrong X-Access-Token for this sandbox"));
+            return Err(RpcError::new(
+                Code::NotFound,
+                format!("sandbox {id} not found, or X-Access-Token is not its access token"),
+            ));
         }
         return Ok(Envd { caller: sandbox_caller(record.tenant_id), id });
     }
@@ -182,10 +186,19 @@ impl Users {
     }
 }
 
+/// Most of a sandbox's `/etc/passwd` read: the file is the sandbox's to make huge.
+const MAX_PASSWD: usize = 1 << 20;
+
 async fn lookup(agent: &AgentClient, name: &str) -> Option<User> {
-    use futures::TryStreamExt;
-    let (_, chunks) = agent.read_file("/etc/passwd").await.ok()?;
-    let bytes: Vec<u8> = chunks.map_ok(|c| c.to_vec()).try_concat().await.ok()?;
+    use futures::StreamExt;
+    let (_, mut chunks) = agent.read_file("/etc/passwd").await.ok()?;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = chunks.next().await {
+        bytes.extend_from_slice(&chunk.ok()?);
+        if bytes.len() > MAX_PASSWD {
+            return None;
+        }
+    }
     passwd_entry(&String::from_utf8_lossy(&bytes), name)
 }
 

@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::{HeaderMap, header};
 use axum::response::Response;
-use futures::{Stream, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use super::envd::{Envd, EnvdState};
@@ -110,6 +110,7 @@ pub async fn upload(
         let body = request.into_body().into_data_stream().map_err(std::io::Error::other);
         return Ok(axum::Json(vec![write(&agent, path, body).await?]));
     }
+    let request = bounded_preamble(request)?;
     let mut parts = Multipart::from_request(request, &()).await.map_err(|e| E2bError::bad_request(e.body_text()))?;
     let mut written = Vec::new();
     while let Some(field) = parts.next_field().await.map_err(|e| E2bError::bad_request(e.body_text()))? {
@@ -171,4 +172,64 @@ fn tokio_stream_of<T: Send + 'static>(
     mut rx: tokio::sync::mpsc::Receiver<T>,
 ) -> impl Stream<Item = T> + Send + Unpin + 'static {
     Box::pin(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+}
+
+/// How far into a multipart body its first boundary must come: the parser keeps in memory
+/// what comes before it.
+const MAX_PREAMBLE: usize = 64 << 10;
+
+/// The request, its body failing if no boundary comes within [`MAX_PREAMBLE`] bytes.
+fn bounded_preamble(request: Request) -> E2bResult<Request> {
+    let boundary = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').find_map(|p| p.trim().strip_prefix("boundary=")))
+        .map(|b| b.trim_matches('"').to_owned())
+        .filter(|b| !b.is_empty())
+        .ok_or_else(|| E2bError::bad_request("a multipart upload needs a boundary in its Content-Type"))?;
+    let marker = format!("--{boundary}").into_bytes();
+    let (parts, body) = request.into_parts();
+    let mut seen = Some(Vec::new());
+    let checked = body.into_data_stream().map(move |chunk| {
+        let chunk = chunk.map_err(std::io::Error::other)?;
+        if let Some(prefix) = seen.as_mut() {
+            prefix.extend_from_slice(&chunk);
+            if prefix.windows(marker.len()).any(|w| w == marker.as_slice()) {
+                seen = None;
+            } else if prefix.len() > MAX_PREAMBLE {
+                return Err(std::io::Error::other("no multipart boundary in the upload's first 64 KiB"));
+            }
+        }
+        Ok(chunk)
+    });
+    Ok(Request::from_parts(parts, Body::from_stream(checked)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn read(request: Request) -> Result<Vec<u8>, String> {
+        let body = request.into_body();
+        axum::body::to_bytes(body, usize::MAX).await.map(|b| b.to_vec()).map_err(|e| e.to_string())
+    }
+
+    fn upload(body: Vec<u8>) -> Request {
+        Request::post("/files")
+            .header(header::CONTENT_TYPE, "multipart/form-data; boundary=XyZ")
+            .body(Body::from(body))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_multipart_body_must_show_its_boundary_early() {
+        let good = b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nhi\r\n--XyZ--\r\n".to_vec();
+        assert_eq!(read(bounded_preamble(upload(good.clone())).unwrap()).await.unwrap(), good);
+        let endless = vec![b'x'; MAX_PREAMBLE + 1];
+        assert!(read(bounded_preamble(upload(endless)).unwrap()).await.unwrap_err().contains("boundary"));
+        let no_boundary =
+            Request::post("/files").header(header::CONTENT_TYPE, "multipart/form-data").body(Body::empty());
+        assert!(bounded_preamble(no_boundary.unwrap()).is_err());
+    }
 }

@@ -25,7 +25,9 @@ use crate::AppState;
 const SERVICE: &str = "/filesystem.Filesystem/";
 /// Most entries one `ListDir` answers, whatever its depth.
 const MAX_ENTRIES: usize = 10_000;
-/// Events a polled watcher keeps between polls; older ones are dropped.
+/// Deepest a `ListDir` goes.
+const MAX_DEPTH: u32 = 64;
+/// Events a polled watcher keeps between polls; later ones are dropped.
 const MAX_PENDING_EVENTS: usize = 4096;
 /// Polled watchers open at once on this server.
 const MAX_WATCHERS: usize = 1024;
@@ -81,10 +83,7 @@ pub fn entry(stat: FileStat) -> EntryInfo {
         permissions: permissions(stat.kind, stat.mode),
         owner: owner(stat.uid),
         group: owner(stat.gid),
-        modified_time: humantime::format_rfc3339_millis(
-            std::time::UNIX_EPOCH + std::time::Duration::from_millis(stat.modified_ms.max(0) as u64),
-        )
-        .to_string(),
+        modified_time: super::rfc3339(stat.modified_ms),
         symlink_target: stat.symlink_target,
     }
 }
@@ -155,7 +154,10 @@ async fn list_dir(
     let (agent, path) = resolve(&state, &envd_state, &envd, &headers, &request.path).await?;
     let mut entries = Vec::new();
     let mut level = vec![path];
-    for _ in 0..request.depth.max(1) {
+    for _ in 0..request.depth.clamp(1, MAX_DEPTH) {
+        if level.is_empty() {
+            break;
+        }
         let mut next = Vec::new();
         for dir in level {
             for stat in agent.list_dir(&dir).await? {
@@ -237,13 +239,14 @@ async fn watch_dir(
 ) -> Response {
     let started = async {
         let request: WatchDirRequest = request.first().await?;
-        start_watch(&state, &envd_state, &envd, &headers, &request).await
+        let slot = state.watches.acquire(&envd.caller.tenant_id, &envd.id)?;
+        Ok::<_, RpcError>((slot, start_watch(&state, &envd_state, &envd, &headers, &request).await?))
     };
-    let (path, events) = match started.await {
+    let (slot, (path, events)) = match started.await {
         Ok(watch) => watch,
         Err(error) => return StreamError(error).into_response(),
     };
-    let busy = state.activity.busy(&envd.id);
+    let busy = (state.activity.busy(&envd.id), slot);
     let changes = events
         .take_while(|e| std::future::ready(e.is_ok()))
         .filter_map(move |e| std::future::ready(e.ok().and_then(|e| event(&path, e))))
@@ -263,7 +266,13 @@ struct Watcher {
     session: SessionId,
     events: Arc<Mutex<Vec<FilesystemEvent>>>,
     task: tokio::task::JoinHandle<()>,
+    /// Counts against the session's and tenant's watch limits, as a native watch does.
+    _slot: crate::watches::WatchSlot,
+    polled: std::time::Instant,
 }
+
+/// A watcher nobody polled for this long is removed (its client went away).
+const WATCHER_IDLE: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl Drop for Watcher {
     fn drop(&mut self) {
@@ -279,9 +288,14 @@ async fn create_watcher(
     headers: HeaderMap,
     Unary(request): Unary<WatchDirRequest>,
 ) -> UnaryResult<CreateWatcherResponse> {
-    if watchers.0.lock().unwrap_or_else(|e| e.into_inner()).len() >= MAX_WATCHERS {
-        return Err(RpcError::new(Code::ResourceExhausted, "too many watchers; remove some first"));
+    {
+        let mut all = watchers.0.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|_, w| w.polled.elapsed() < WATCHER_IDLE);
+        if all.len() >= MAX_WATCHERS {
+            return Err(RpcError::new(Code::ResourceExhausted, "too many watchers; remove some first"));
+        }
     }
+    let slot = state.watches.acquire(&envd.caller.tenant_id, &envd.id)?;
     let (path, mut events) = start_watch(&state, &envd_state, &envd, &headers, &request).await?;
     let pending = Arc::new(Mutex::new(Vec::new()));
     let sink = pending.clone();
@@ -295,7 +309,8 @@ async fn create_watcher(
         }
     });
     let id = format!("w{}", hex::encode(rand::random::<[u8; 12]>()));
-    let watcher = Watcher { session: envd.id.clone(), events: pending, task };
+    let polled = std::time::Instant::now();
+    let watcher = Watcher { session: envd.id.clone(), events: pending, task, _slot: slot, polled };
     watchers.0.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), watcher);
     Ok(Reply(CreateWatcherResponse { watcher_id: id }))
 }
@@ -309,9 +324,12 @@ async fn get_watcher_events(
     envd: Envd,
     Unary(request): Unary<WatcherRequest>,
 ) -> UnaryResult<WatcherEvents> {
-    let all = watchers.0.lock().unwrap_or_else(|e| e.into_inner());
-    let watcher =
-        all.get(&request.watcher_id).filter(|w| w.session == envd.id).ok_or_else(|| no_watcher(&request.watcher_id))?;
+    let mut all = watchers.0.lock().unwrap_or_else(|e| e.into_inner());
+    let watcher = all
+        .get_mut(&request.watcher_id)
+        .filter(|w| w.session == envd.id)
+        .ok_or_else(|| no_watcher(&request.watcher_id))?;
+    watcher.polled = std::time::Instant::now();
     let events = std::mem::take(&mut *watcher.events.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(Reply(WatcherEvents { events }))
 }

@@ -39,10 +39,7 @@ pub async fn metrics(
     let cpus = session.resources.cpus.max(0.01);
     let lived_ns = ((now - session.updated_at).max(1) as f64) * 1e6;
     Ok(Json(vec![Metric {
-        timestamp: humantime::format_rfc3339_millis(
-            std::time::UNIX_EPOCH + std::time::Duration::from_millis(now as u64),
-        )
-        .to_string(),
+        timestamp: super::rfc3339(now),
         timestamp_unix: now / 1000,
         cpu_count: cpus.ceil() as u32,
         cpu_used_pct: (usage.cpu_usage_ns as f64 / lived_ns / cpus * 100.0).clamp(0.0, 100.0),

@@ -95,7 +95,13 @@ async fn other_ports(State(state): State<AppState>, request: Request, next: Next
     else {
         return next.run(request).await;
     };
-    match admitted(&state, &id, request.headers()).await {
+    let session = admitted(&state, &id, request.headers()).await;
+    // E2B's credentials are for space, never for the sandbox's servers.
+    let mut request = request;
+    for name in ["x-access-token", "e2b-traffic-access-token", "e2b-sandbox-id", "e2b-sandbox-port"] {
+        request.headers_mut().remove(name);
+    }
+    match session {
         Some(session) => crate::api::ports::preview_admitted(state, session, port, request).await,
         None => crate::api::ports::preview_host(State(state), request, next).await,
     }
@@ -153,6 +159,14 @@ async fn require_api_key(
 /// The access token of sandbox `id`'s envd.
 pub(crate) fn access_token(state: &AppState, id: &SessionId) -> String {
     state.idempotency.token(TOKEN_PURPOSE, id.as_str())
+}
+
+/// A time (Unix milliseconds) as RFC 3339, clamped to what it can write (years 1970-9999):
+/// file times come from the sandbox.
+pub(crate) fn rfc3339(ms: i64) -> String {
+    const LAST_MS: i64 = 253_402_300_799_999;
+    let ms = ms.clamp(0, LAST_MS) as u64;
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string()
 }
 
 /// The caller an envd call acts as: the sandbox's tenant, no more.

@@ -54,17 +54,29 @@ pub struct Tags(Mutex<HashMap<SessionId, BTreeMap<u32, Started>>>);
 #[derive(Clone)]
 struct Started {
     tag: Option<String>,
-    config: ProcessConfig,
+    /// `None` when too large to keep.
+    config: Option<ProcessConfig>,
     /// Its output is a terminal's (`pty` events, not `stdout`).
     tty: bool,
 }
 
 /// Processes remembered per session; the oldest are forgotten beyond this.
 const MAX_REMEMBERED: usize = 1024;
+/// Sessions whose processes are remembered; all are forgotten beyond this (tags then no
+/// longer name processes; pids still do).
+const MAX_SESSIONS: usize = 4096;
+/// Longest tag.
+const MAX_TAG: usize = 256;
+/// A start's command line and environment are remembered for `List` up to this size; a
+/// larger one is listed as spaced reports it (its argv).
+const MAX_REMEMBERED_CONFIG: usize = 16 << 10;
 
 impl Tags {
     fn remember(&self, id: &SessionId, pid: u32, started: Started) {
         let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if all.len() >= MAX_SESSIONS && !all.contains_key(id) {
+            all.clear();
+        }
         let processes = all.entry(id.clone()).or_default();
         while processes.len() >= MAX_REMEMBERED {
             processes.pop_first();
@@ -198,6 +210,9 @@ async fn started(
     if config.cmd.is_empty() {
         return Err(RpcError::invalid("process.cmd must name a program"));
     }
+    if request.tag.as_ref().is_some_and(|t| t.len() > MAX_TAG) {
+        return Err(RpcError::invalid(format!("a tag is at most {MAX_TAG} bytes")));
+    }
     let (session, agent) = envd.agent(state).await?;
     let user = envd_state.users.resolve(&envd.id, &agent, username(headers).as_deref()).await?;
     let mut env = space_gateway::sandbox_env();
@@ -220,6 +235,10 @@ async fn started(
     state.activity.touch(&session.id);
     let tty = spec.tty.is_some();
     let pid = agent.exec(spec).await?.pid();
+    let size = config.cmd.len()
+        + config.args.iter().map(String::len).sum::<usize>()
+        + config.envs.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    let config = (size <= MAX_REMEMBERED_CONFIG).then_some(config);
     envd_state.tags.remember(&envd.id, pid, Started { tag: request.tag, config, tty });
     Ok((agent.attach(pid).await?, tty))
 }
@@ -308,7 +327,7 @@ async fn list(
         .filter(|p| p.exit.is_none() && p.pid != 0)
         .map(|p| {
             let known = envd_state.tags.get(&envd.id, p.pid);
-            let config = known.as_ref().map(|k| k.config.clone()).unwrap_or_else(|| ProcessConfig {
+            let config = known.as_ref().and_then(|k| k.config.clone()).unwrap_or_else(|| ProcessConfig {
                 cmd: p.argv.first().cloned().unwrap_or_default(),
                 args: p.argv.iter().skip(1).cloned().collect(),
                 ..ProcessConfig::default()

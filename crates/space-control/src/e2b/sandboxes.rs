@@ -7,7 +7,7 @@
 //! end, so time spent paused never counts against the timeout.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -239,10 +239,6 @@ fn client_id(session: &Session) -> String {
     session.node.clone().unwrap_or_else(|| "space".into())
 }
 
-fn rfc3339(ms: i64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)).to_string()
-}
-
 /// E2B's sandbox states: a suspended (or suspending) session is `paused`, as E2B's pause
 /// keeps memory as a suspend does; a paused (frozen) one too.
 fn e2b_state(state: SessionState) -> &'static str {
@@ -306,8 +302,8 @@ impl Listed {
             template_id: session.template.clone(),
             alias: session.template.clone(),
             client_id: client_id(session),
-            started_at: rfc3339(session.created_at),
-            end_at: rfc3339(end_at(session)),
+            started_at: super::rfc3339(session.created_at),
+            end_at: super::rfc3339(end_at(session)),
             cpu_count: resources.cpus.ceil().max(1.0) as u32,
             memory_mb: resources.memory_mib,
             disk_size_mb: resources.disk_mib,
@@ -401,10 +397,10 @@ async fn refresh(
     ApiPath(id): ApiPath<String>,
     E2bJson(request): E2bJson<RefreshRequest>,
 ) -> E2bResult<StatusCode> {
+    let duration = check_timeout(request.duration.unwrap_or(60))?;
     let session = sandbox(&state, &caller, &id).await?;
-    let wanted = now_ms() + (request.duration.unwrap_or(60) as i64) * 1000;
-    if wanted > end_at(&session) {
-        end_in(&state, &caller, &session, request.duration.unwrap_or(60)).await?;
+    if now_ms().saturating_add(duration as i64 * 1000) > end_at(&session) {
+        end_in(&state, &caller, &session, duration).await?;
     }
     Ok(StatusCode::NO_CONTENT)
 }
