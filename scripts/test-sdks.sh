@@ -82,10 +82,11 @@ trap 'exit 130' INT TERM
 
 echo "== starting space serve on 127.0.0.1:$PORT (data $DATA_DIR)"
 # debian too: E2B's SDKs run commands under /bin/bash, which busybox lacks. A fast schedule
-# tick, so that E2B timeouts are enforced within a second. A preview domain for get_host (its
-# hosts are sent to the endpoint by their Host header; nothing resolves them).
+# tick, so that E2B timeouts are enforced within a second. A domain for E2B's get_host (its
+# hosts are sent to the endpoint by their Host header; nothing resolves them); no preview
+# domain, which the other suites do not expect.
 "$SPACE_BIN" serve --listen "127.0.0.1:$PORT" --e2b-listen "127.0.0.1:$E2B_PORT" --data-dir "$DATA_DIR" \
-  --cgroup-parent "$CGROUP_PARENT" --snapshot-tick-ms 500 --preview-domain e2b.test \
+  --cgroup-parent "$CGROUP_PARENT" --snapshot-tick-ms 500 --e2b-domain e2b.test \
   --default-template busybox --prepare-templates busybox,debian --pool-size-gib 8 \
   --default-runtime "${SPACE_TEST_RUNTIME:-linux}" --spaced "$SPACED" </dev/null >/dev/null 2>"$LOG" &
 SERVER_PID=$!

@@ -94,6 +94,10 @@ pub struct ControlArgs {
     /// SDKs at it with `E2B_API_URL` and `E2B_SANDBOX_URL` (docs/e2b.md). Off by default.
     #[arg(long, value_name = "ADDR")]
     pub e2b_listen: Option<SocketAddr>,
+    /// The domain the E2B endpoint gives E2B's SDKs: `get_host(port)` is `{port}-{id}.DOMAIN`,
+    /// served by the E2B listener (default: --preview-domain).
+    #[arg(long, value_name = "DOMAIN", value_parser = parse_preview_domain)]
+    pub e2b_domain: Option<String>,
 }
 
 /// What a node is told: its host tools, storage, warm pool and gateway.
@@ -325,6 +329,7 @@ pub fn server_config(args: &ControlArgs, data_dir: &Path) -> ServerConfig {
         audit_retention: args.audit_retention.0,
         allow_wildcard_credential_hosts: args.allow_wildcard_credential_hosts,
         preview_domain: args.preview_domain.clone(),
+        e2b_domain: args.e2b_domain.clone().or_else(|| args.preview_domain.clone()),
         replica: space_control::DEFAULT_REPLICA.into(),
         prepare_templates: args.prepare_templates.clone().unwrap_or_else(|| vec![args.default_template.clone()]),
         default_template: args.default_template.clone(),

@@ -77,6 +77,10 @@ pub struct ServerConfig {
     /// The domain under which `{port}-{session}.{domain}` reaches a session's port (`None`:
     /// ports only through `/v1/sessions/{id}/ports/{port}/`).
     pub preview_domain: Option<String>,
+    /// The domain the E2B endpoint reports to E2B's SDKs and whose hosts
+    /// `{port}-{session}.{domain}` it serves (`None`: none; `space serve` defaults it to the
+    /// preview domain).
+    pub e2b_domain: Option<String>,
     /// This replica's name, unique among those sharing the database (`space serve`:
     /// [`space_store::DEFAULT_REPLICA`]).
     pub replica: String,
@@ -112,6 +116,8 @@ pub struct AppState {
     pub http: HttpLimits,
     /// See [`ServerConfig::preview_domain`].
     pub preview_domain: Option<String>,
+    /// See [`ServerConfig::e2b_domain`].
+    pub e2b_domain: Option<String>,
     /// `DATA_DIR/admin.key`: a rotation of the admin key it holds writes the new key there.
     pub admin_key_file: PathBuf,
 }
@@ -181,6 +187,7 @@ pub async fn start(
         watches: Default::default(),
         http: config.http.clone(),
         preview_domain: config.preview_domain.clone(),
+        e2b_domain: config.e2b_domain.clone(),
         admin_key_file,
     };
     egress::spawn_audit_writers(&state);

@@ -135,6 +135,11 @@ pub async fn preview_host(State(state): State<AppState>, request: Request, next:
     respond(preview(state, id, port, request).await)
 }
 
+/// A request to `port` of session `id` named by a host, let in by the ports' own rules.
+pub(crate) async fn preview_named(state: AppState, id: SessionId, port: u16, request: Request) -> Response {
+    respond(preview(state, id, port, request).await)
+}
+
 async fn preview(state: AppState, id: SessionId, port: u16, request: Request) -> AppResult<Response> {
     let (session, caller) = authorize(&state, request.headers(), request.uri(), id.as_str(), port).await?;
     let uri = upstream_uri(request.uri().path(), request.uri().query())?;
@@ -291,9 +296,12 @@ fn valid_port(port: u16) -> AppResult<()> {
 }
 
 /// The session and port a preview host names, when the server has a preview domain.
-/// The session and port a preview host (`{port}-{session}.{preview domain}`) names.
-pub(crate) fn preview_target(state: &AppState, headers: &HeaderMap) -> Option<(SessionId, u16)> {
-    let domain = state.preview_domain.as_deref()?;
+fn preview_target(state: &AppState, headers: &HeaderMap) -> Option<(SessionId, u16)> {
+    host_target(state.preview_domain.as_deref()?, headers)
+}
+
+/// The session and port a host `{port}-{session}.{domain}` names.
+pub(crate) fn host_target(domain: &str, headers: &HeaderMap) -> Option<(SessionId, u16)> {
     let host = headers.get(HOST)?.to_str().ok()?;
     let host = host.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h);
     let domain = domain.rsplit_once(':').map_or(domain, |(d, _)| d);

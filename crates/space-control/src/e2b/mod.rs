@@ -74,12 +74,12 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// The id of the sandbox an envd call is for: E2B's `E2b-Sandbox-Id` header, or the host
-/// `49983-{id}.{domain}` under `--preview-domain`.
+/// `49983-{id}.{domain}` under the E2B domain (`--e2b-domain`, default `--preview-domain`).
 fn sandbox_of_request(state: &AppState, headers: &HeaderMap) -> Option<String> {
     if let Some(id) = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) {
         return Some(id.to_owned());
     }
-    match crate::api::ports::preview_target(state, headers)? {
+    match e2b_host(state, headers)? {
         (id, ENVD_PORT) => Some(id.as_str().to_owned()),
         _ => None,
     }
@@ -90,9 +90,7 @@ fn sandbox_of_request(state: &AppState, headers: &HeaderMap) -> Option<String> {
 /// its traffic token for one made with `allowPublicTraffic: false`, and otherwise as the
 /// native listener serves ports (a port's token, or the tenant's key).
 async fn other_ports(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let Some((id, port)) =
-        crate::api::ports::preview_target(&state, request.headers()).filter(|(_, port)| *port != ENVD_PORT)
-    else {
+    let Some((id, port)) = e2b_host(&state, request.headers()).filter(|(_, port)| *port != ENVD_PORT) else {
         return next.run(request).await;
     };
     let session = admitted(&state, &id, request.headers()).await;
@@ -103,8 +101,13 @@ async fn other_ports(State(state): State<AppState>, request: Request, next: Next
     }
     match session {
         Some(session) => crate::api::ports::preview_admitted(state, session, port, request).await,
-        None => crate::api::ports::preview_host(State(state), request, next).await,
+        None => crate::api::ports::preview_named(state, id, port, request).await,
     }
+}
+
+/// The session and port a host `{port}-{id}.{E2B domain}` names.
+fn e2b_host(state: &AppState, headers: &HeaderMap) -> Option<(SessionId, u16)> {
+    crate::api::ports::host_target(state.e2b_domain.as_deref()?, headers)
 }
 
 /// The label an E2B create puts on its session: how its ports may be reached.

@@ -230,7 +230,7 @@ impl SandboxOut {
             traffic_access_token: (session.labels.get(super::TRAFFIC_LABEL).map(String::as_str)
                 == Some(super::TRAFFIC_TOKEN))
             .then(|| super::traffic_token(state, &session.id)),
-            domain: state.preview_domain.clone(),
+            domain: state.e2b_domain.clone(),
         }
     }
 }
@@ -312,7 +312,7 @@ impl Listed {
             envd_version: ENVD_VERSION,
             detail: detail.then(|| Detail {
                 envd_access_token: access_token(state, &session.id),
-                domain: state.preview_domain.clone(),
+                domain: state.e2b_domain.clone(),
                 lifecycle: Lifecycle {
                     auto_resume: session.auto_resume,
                     on_timeout: match session.lifetime.on_max_age {

@@ -309,6 +309,7 @@ async fn serve(data_dir: std::path::PathBuf, nodes: Vec<Arc<dyn space_node_api::
         http: HttpLimits::default(),
         default_disk_mib: DEFAULT_DISK_MIB,
         preview_domain: Some(PREVIEW_DOMAIN.into()),
+        e2b_domain: None,
         replica: space_store::DEFAULT_REPLICA.into(),
     };
     let state =
