@@ -161,6 +161,8 @@ async fn on_a_cordoned_node_a_restore_stays_and_a_resume_from_a_durable_snapshot
     // Its running sandbox is retired where it runs: the restore stays on node-a.
     let (status, restored) = server.act(&id, "restore", json!({ "snapshot": durable })).await;
     assert_eq!((status, restored["node"].as_str()), (200, Some("node-a")), "{restored}");
+    // The replaced sandbox is removed after the restore answers.
+    crate::lifecycle::wait_until(|| sessions_held(&server, 0).len() == 1).await;
     assert_eq!(sessions_held(&server, 0), std::slice::from_ref(&id), "one sandbox of it, on node-a");
 
     // Suspended, nothing of it runs: it resumes on node-b from the blob store.
