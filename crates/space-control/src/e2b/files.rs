@@ -42,12 +42,7 @@ async fn resolve(
     if path.is_empty() || path.contains('\0') || path.len() > 4096 {
         return Err(E2bError::bad_request("path must be 1 to 4096 bytes without NUL"));
     }
-    let (_, agent) = envd.agent(state).await.map_err(rpc_to_rest)?;
-    if path.starts_with('/') {
-        return Ok((agent, path.to_owned()));
-    }
-    let user = envd_state.users.resolve(&envd.id, &agent, username).await.map_err(rpc_to_rest)?;
-    Ok((agent, format!("{}/{path}", user.home.trim_end_matches('/'))))
+    super::filesystem::resolve_as(state, envd_state, envd, username, path).await.map_err(rpc_to_rest)
 }
 
 /// envd's REST errors carry the HTTP status and `{"code", "message"}` as the control calls do.

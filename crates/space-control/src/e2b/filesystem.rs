@@ -55,6 +55,18 @@ async fn resolve(
     headers: &HeaderMap,
     path: &str,
 ) -> Result<(AgentClient, String), RpcError> {
+    resolve_as(state, envd_state, envd, username(headers).as_deref(), path).await
+}
+
+/// [`resolve`] for a user named otherwise than by the request's headers (`/files` takes it in
+/// its query).
+pub(super) async fn resolve_as(
+    state: &AppState,
+    envd_state: &EnvdState,
+    envd: &Envd,
+    username: Option<&str>,
+    path: &str,
+) -> Result<(AgentClient, String), RpcError> {
     if path.contains('\0') || path.len() > 4096 {
         return Err(RpcError::invalid("path must be at most 4096 bytes without NUL"));
     }
@@ -62,7 +74,7 @@ async fn resolve(
     if path.starts_with('/') {
         return Ok((agent, path.to_owned()));
     }
-    let user = envd_state.users.resolve(&envd.id, &agent, username(headers).as_deref()).await?;
+    let user = envd_state.users.resolve(&envd.id, &agent, username).await?;
     let path = if path.is_empty() { user.home } else { format!("{}/{path}", user.home.trim_end_matches('/')) };
     Ok((agent, path))
 }
