@@ -1,0 +1,163 @@
+//! The file system calls layer extraction makes, all relative to directory descriptors and
+//! resolved inside the root (`openat2(RESOLVE_IN_ROOT)`), so no path in a layer and no
+//! symlink an earlier layer planted can reach outside the root being filled.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat, openat2};
+use nix::sys::stat::{FchmodatFlags, FileStat, Mode, SFlag, fchmodat, fstatat, mkdirat, mknodat};
+use nix::unistd::{Gid, Uid, UnlinkatFlags, fchownat, linkat, symlinkat, unlinkat};
+
+/// Opens directory `rel` of `root`, resolving every component (symlinks included) inside
+/// the root. `rel` empty means the root itself.
+pub fn open_dir_in_root(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<OwnedFd> {
+    let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    openat2(root, rel, how)
+}
+
+/// Like [`open_dir_in_root`], creating missing directories (mode 0755, owned by root) on the
+/// way, as a tar without explicit directory entries needs.
+pub fn make_dir_in_root(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<OwnedFd> {
+    match open_dir_in_root(root, rel) {
+        Err(Errno::ENOENT) => {}
+        other => return other,
+    }
+    let mut prefix = std::path::PathBuf::new();
+    let mut dir = open_dir_in_root(root, &prefix)?;
+    for component in rel.components() {
+        prefix.push(component);
+        dir = match open_dir_in_root(root, &prefix) {
+            Err(Errno::ENOENT) => {
+                mkdirat(&dir, component.as_os_str(), Mode::from_bits_truncate(0o755))?;
+                open_dir_in_root(root, &prefix)?
+            }
+            other => other?,
+        };
+    }
+    Ok(dir)
+}
+
+/// `lstat` of `name` in `dir`; `None` when it does not exist.
+pub fn lstat(dir: BorrowedFd<'_>, name: &OsStr) -> nix::Result<Option<FileStat>> {
+    match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(stat) => Ok(Some(stat)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn is_dir(stat: &FileStat) -> bool {
+    SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR
+}
+
+/// Removes `name` from `dir` whatever it is (a directory with everything in it), never
+/// following a symlink. Missing is fine.
+pub fn remove_all(dir: BorrowedFd<'_>, name: &OsStr) -> nix::Result<()> {
+    let Some(stat) = lstat(dir, name)? else { return Ok(()) };
+    if is_dir(&stat) {
+        let child = openat(
+            dir,
+            name,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        for entry in children(child.as_fd())? {
+            remove_all(child.as_fd(), &entry)?;
+        }
+        unlinkat(dir, name, UnlinkatFlags::RemoveDir)
+    } else {
+        unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)
+    }
+}
+
+/// Names in directory `dir` (without `.` and `..`).
+pub fn children(dir: BorrowedFd<'_>) -> nix::Result<Vec<OsString>> {
+    let fd = openat(dir, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
+    let mut listing = nix::dir::Dir::from_fd(fd)?;
+    let mut names = Vec::new();
+    for entry in listing.iter() {
+        let name = OsStr::from_bytes(entry?.file_name().to_bytes()).to_os_string();
+        if name != "." && name != ".." {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+/// Makes `name` in `dir` a directory: an existing directory is kept (a later layer only
+/// updates its metadata), anything else there is replaced.
+pub fn ensure_dir(dir: BorrowedFd<'_>, name: &OsStr) -> nix::Result<()> {
+    match lstat(dir, name)? {
+        Some(stat) if is_dir(&stat) => Ok(()),
+        Some(_) => {
+            remove_all(dir, name)?;
+            mkdirat(dir, name, Mode::from_bits_truncate(0o700))
+        }
+        None => mkdirat(dir, name, Mode::from_bits_truncate(0o700)),
+    }
+}
+
+/// Creates regular file `name` in `dir` for writing, replacing whatever was there.
+pub fn create_file(dir: BorrowedFd<'_>, name: &OsStr) -> nix::Result<File> {
+    remove_all(dir, name)?;
+    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = openat(dir, name, flags, Mode::from_bits_truncate(0o600))?;
+    Ok(File::from(fd))
+}
+
+pub fn symlink(dir: BorrowedFd<'_>, name: &OsStr, target: &Path) -> nix::Result<()> {
+    remove_all(dir, name)?;
+    symlinkat(target, dir, name)
+}
+
+pub fn fifo(dir: BorrowedFd<'_>, name: &OsStr) -> nix::Result<()> {
+    remove_all(dir, name)?;
+    mknodat(dir, name, SFlag::S_IFIFO, Mode::from_bits_truncate(0o600), 0)
+}
+
+/// Hard-links `name` in `dir` to `source_name` in `source_dir` (a symlink source is linked
+/// itself, never followed).
+pub fn hard_link(
+    source_dir: BorrowedFd<'_>,
+    source_name: &OsStr,
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+) -> nix::Result<()> {
+    if source_dir.as_raw_fd() != dir.as_raw_fd() || source_name != name {
+        remove_all(dir, name)?;
+    }
+    linkat(source_dir, source_name, dir, name, AtFlags::empty())
+}
+
+/// Owner and permission bits of `name` in `dir` (the mode after the owner: `chown` clears
+/// setuid bits). Symlinks get only their owner.
+pub fn set_owner_mode(dir: BorrowedFd<'_>, name: &OsStr, uid: u32, gid: u32, mode: Option<u32>) -> nix::Result<()> {
+    fchownat(dir, name, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)), AtFlags::AT_SYMLINK_NOFOLLOW)?;
+    if let Some(mode) = mode {
+        fchmodat(dir, name, Mode::from_bits_truncate(mode & 0o7777), FchmodatFlags::FollowSymlink)?;
+    }
+    Ok(())
+}
+
+/// Sets the modification (and access) time of `name` in `dir`, not following a symlink.
+pub fn set_mtime(dir: BorrowedFd<'_>, name: &OsStr, seconds: u64) -> nix::Result<()> {
+    let time = nix::sys::time::TimeSpec::new(seconds.min(i64::MAX as u64) as i64, 0);
+    nix::sys::stat::utimensat(dir, name, &time, &time, nix::sys::stat::UtimensatFlags::NoFollowSymlink)
+}
+
+/// Sets extended attribute `key` on an open file.
+pub fn set_xattr(file: &File, key: &OsStr, value: &[u8]) -> nix::Result<()> {
+    let key = std::ffi::CString::new(key.as_bytes()).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: `key` is a NUL-terminated string and `value` a valid buffer of the given length,
+    // both alive for the call; the descriptor is open.
+    let rc = unsafe { libc::fsetxattr(file.as_raw_fd(), key.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    Errno::result(rc).map(drop)
+}

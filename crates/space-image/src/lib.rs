@@ -1,0 +1,18 @@
+//! OCI images for templates: read an image layout, a `docker save` archive or a registry
+//! pull, verify every digest, and apply the layers to a root filesystem without anything in
+//! the image reaching outside it.
+
+mod archive;
+mod at;
+mod digest;
+mod error;
+mod image;
+mod layout;
+mod unpack;
+
+pub use archive::open_docker_archive;
+pub use digest::{Digest, Hashing};
+pub use error::{ImageError, Result};
+pub use image::{Blob, Defaults, Image, Layer, Report};
+pub use layout::open_layout;
+pub use unpack::{Budget, Limits};
