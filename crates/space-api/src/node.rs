@@ -1,5 +1,7 @@
 //! What a node reports to the control plane that is not itself part of the HTTP API.
 
+use std::path::{Path, PathBuf};
+
 use serde::{Deserialize, Serialize};
 
 /// A template: a named, versioned, read-only root filesystem. Built and kept by a node's
@@ -15,4 +17,86 @@ pub struct TemplateInfo {
     pub source: String,
     /// Apparent size of the template's regular files (hard links counted once).
     pub size_bytes: u64,
+    /// The image's digest, for templates imported from an OCI image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// What the image's config says commands run with, for templates imported from one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<crate::types::TemplateDefaults>,
+}
+
+/// Where a template import reads from: a path on the importing node's host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TemplateSource {
+    /// A directory tree or a (plain, gzip, xz, zstd or bzip2) tarball of a root filesystem.
+    Path { path: PathBuf },
+    /// An OCI image layout directory, and the tag of the image in it (needed when it holds several).
+    OciLayout { dir: PathBuf, tag: Option<String> },
+    /// A `docker save` archive.
+    DockerArchive { file: PathBuf },
+}
+
+impl TemplateSource {
+    /// Parses `oci:DIR[:TAG]`, `docker-archive:FILE` or a plain path.
+    pub fn parse(text: &str) -> Self {
+        if let Some(rest) = text.strip_prefix("oci:") {
+            return match rest.rsplit_once(':') {
+                Some((dir, tag)) if !tag.contains('/') => {
+                    TemplateSource::OciLayout { dir: dir.into(), tag: Some(tag.to_owned()) }
+                }
+                _ => TemplateSource::OciLayout { dir: rest.into(), tag: None },
+            };
+        }
+        if let Some(file) = text.strip_prefix("docker-archive:") {
+            return TemplateSource::DockerArchive { file: file.into() };
+        }
+        TemplateSource::Path { path: text.into() }
+    }
+
+    /// The file or directory on the host it reads.
+    pub fn host_path(&self) -> &Path {
+        match self {
+            TemplateSource::Path { path } => path,
+            TemplateSource::OciLayout { dir, .. } => dir,
+            TemplateSource::DockerArchive { file } => file,
+        }
+    }
+
+    /// The same source with its host path replaced (a CLI makes relative paths absolute).
+    pub fn with_host_path(self, path: PathBuf) -> Self {
+        match self {
+            TemplateSource::Path { .. } => TemplateSource::Path { path },
+            TemplateSource::OciLayout { tag, .. } => TemplateSource::OciLayout { dir: path, tag },
+            TemplateSource::DockerArchive { .. } => TemplateSource::DockerArchive { file: path },
+        }
+    }
+}
+
+impl std::fmt::Display for TemplateSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TemplateSource::Path { path } => write!(f, "{}", path.display()),
+            TemplateSource::OciLayout { dir, tag: Some(tag) } => write!(f, "oci:{}:{tag}", dir.display()),
+            TemplateSource::OciLayout { dir, tag: None } => write!(f, "oci:{}", dir.display()),
+            TemplateSource::DockerArchive { file } => write!(f, "docker-archive:{}", file.display()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_parse_and_print_back() {
+        for text in ["/srv/root.tar", "oci:/srv/img:v1", "oci:/srv/img", "docker-archive:/srv/img.tar", "rel/dir"] {
+            assert_eq!(TemplateSource::parse(text).to_string(), text);
+        }
+        assert_eq!(
+            TemplateSource::parse("oci:/srv/img:latest"),
+            TemplateSource::OciLayout { dir: "/srv/img".into(), tag: Some("latest".into()) }
+        );
+        assert_eq!(TemplateSource::parse("oci:a:b/c"), TemplateSource::OciLayout { dir: "a:b/c".into(), tag: None });
+    }
 }

@@ -506,6 +506,31 @@ pub struct Template {
     pub created_at: i64,
     pub size_bytes: u64,
     pub source: String,
+    /// The image's digest, for templates imported from an OCI image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// The image config's defaults, for templates imported from an OCI image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<TemplateDefaults>,
+}
+
+/// What an image's config gives the commands run from a template. `env`, `working_dir` and
+/// `user` apply to every command of every session (under the session's and the request's
+/// own); `entrypoint` and `cmd` are recorded for the caller to run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TemplateDefaults {
+    /// `NAME=value` entries, in the image's order.
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// As the image gives it: `user`, `uid`, `user:group` or `uid:gid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entrypoint: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cmd: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -516,11 +541,13 @@ pub struct TemplateList {
     pub default_template: String,
 }
 
-/// Import a root filesystem from a directory or tarball on the server's host.
+/// Import a template from the server's host: a root filesystem (directory or tarball) or an
+/// OCI image (`oci:DIR[:TAG]`, `docker-archive:FILE`).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImportTemplateRequest {
     pub name: String,
+    /// An absolute path, optionally after `oci:` or `docker-archive:`.
     pub path: String,
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
-use space_api::{BuildTemplateRequest, ImportTemplateRequest, Operation, OperationState, TemplateList};
+use space_api::{BuildTemplateRequest, ImportTemplateRequest, Operation, OperationState, TemplateList, TemplateSource};
 
 use crate::client::Client;
 use crate::output::{ago, bytes, print_json, print_table};
@@ -14,12 +14,14 @@ use crate::output::{ago, bytes, print_json, print_table};
 pub enum TemplateCommand {
     /// List templates.
     List,
-    /// Import a root filesystem (directory or tarball on the server's host) as NAME.
+    /// Import a root filesystem or an OCI image on the server's host as NAME.
     Import {
         /// Template name.
         name: String,
-        /// Root filesystem to import: a directory or tarball on the server's host.
-        path: std::path::PathBuf,
+        /// What to import, on the server's host: a directory or tarball of a root filesystem,
+        /// an OCI image layout (`oci:DIR[:TAG]`) or a `docker save` archive
+        /// (`docker-archive:FILE`).
+        image: String,
     },
     /// Build a built-in template (`debian`, `busybox`).
     Build {
@@ -51,9 +53,11 @@ pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyho
             print_table(&["NAME", "VERSION", "SIZE", "CREATED", "SOURCE"], &rows);
             println!("built-in: {} (default: {})", list.builtin.join(", "), list.default_template);
         }
-        TemplateCommand::Import { name, path } => {
-            let path = std::fs::canonicalize(&path).unwrap_or(path);
-            let request = ImportTemplateRequest { name, path: path.to_string_lossy().into_owned() };
+        TemplateCommand::Import { name, image } => {
+            let source = TemplateSource::parse(&image);
+            let path = source.host_path().to_path_buf();
+            let source = source.with_host_path(std::fs::canonicalize(&path).unwrap_or(path));
+            let request = ImportTemplateRequest { name, path: source.to_string() };
             let op: Operation = client.post_json("/v1/templates/import", &request).await?;
             follow(client, op, json).await?;
         }
@@ -68,16 +72,32 @@ pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyho
 /// Polls an operation to its end, drawing its progress.
 async fn follow(client: &Client, mut op: Operation, json: bool) -> anyhow::Result<()> {
     let bar = if json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
-    bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_msg}")?);
+    let spinner = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_msg}")?;
+    let bytes_bar =
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg} [{bar:30}] {bytes}/{total_bytes}")?;
+    bar.set_style(spinner.clone());
     bar.enable_steady_tick(Duration::from_millis(120));
     while matches!(op.state, OperationState::Pending | OperationState::Running) {
         if let Some(p) = &op.progress {
-            let count = match p.total {
-                Some(total) => format!(" ({}/{total})", p.done),
-                None if p.done > 0 => format!(" ({})", p.done),
-                None => String::new(),
-            };
-            bar.set_message(format!("{}{count}", p.phase));
+            // Phases that count bytes of a known total get a bar; the rest a spinner and a count.
+            let in_bytes = p.phase.starts_with("extracting") || p.phase.starts_with("downloading");
+            match p.total {
+                Some(total) if in_bytes => {
+                    bar.set_style(bytes_bar.clone());
+                    bar.set_length(total);
+                    bar.set_position(p.done);
+                    bar.set_message(p.phase.clone());
+                }
+                total => {
+                    let count = match total {
+                        Some(total) => format!(" ({}/{total})", p.done),
+                        None if p.done > 0 => format!(" ({})", p.done),
+                        None => String::new(),
+                    };
+                    bar.set_style(spinner.clone());
+                    bar.set_message(format!("{}{count}", p.phase));
+                }
+            }
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         op = client.get_json(&format!("/v1/operations/{}", op.id)).await?;

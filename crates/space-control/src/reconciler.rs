@@ -548,7 +548,8 @@ async fn build_template(state: &AppState, op: &OperationRecord) -> AppResult<()>
                         let _ = store.set_operation_progress(&id, &p).await;
                     });
                 };
-                node.import_template(&input.name, std::path::Path::new(path), Box::new(progress)).await?;
+                let source = space_api::TemplateSource::parse(path);
+                node.import_template(&input.name, &source, Box::new(progress)).await?;
             }
             None => {
                 ensure_template(state, node.as_ref(), &op.operation.id, &input.name).await?;

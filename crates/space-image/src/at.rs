@@ -161,3 +161,38 @@ pub fn set_xattr(file: &File, key: &OsStr, value: &[u8]) -> nix::Result<()> {
     let rc = unsafe { libc::fsetxattr(file.as_raw_fd(), key.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
     Errno::result(rc).map(drop)
 }
+
+/// Reads file `rel` of `root` (resolved inside the root), at most `max` bytes; `None` when it
+/// does not exist.
+pub fn read_in_root(root: &Path, rel: &Path, max: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let root = File::open(root)?;
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let file = match openat2(root.as_fd(), rel, how) {
+        Err(Errno::ENOENT) => return Ok(None),
+        other => File::from(other?),
+    };
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(std::io::Error::other(format!("{} is larger than {max} bytes", rel.display())));
+    }
+    Ok(Some(bytes))
+}
+
+/// Writes file `rel` of `root` (mode 0644, its directories made as needed), all resolved
+/// inside the root, replacing what was there.
+pub fn write_in_root(root: &Path, rel: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let root = File::open(root)?;
+    let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    };
+    let dir = make_dir_in_root(root.as_fd(), parent)?;
+    let mut file = create_file(dir.as_fd(), name)?;
+    file.write_all(bytes)?;
+    fchmodat(dir.as_fd(), name, Mode::from_bits_truncate(0o644), FchmodatFlags::FollowSymlink)?;
+    Ok(())
+}

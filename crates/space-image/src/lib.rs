@@ -11,6 +11,7 @@ mod layout;
 mod unpack;
 
 pub use archive::open_docker_archive;
+pub use at::{read_in_root, write_in_root};
 pub use digest::{Digest, Hashing};
 pub use error::{ImageError, Result};
 pub use image::{Blob, Defaults, Image, Layer, Report};

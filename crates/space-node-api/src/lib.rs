@@ -18,7 +18,6 @@
 //! (checkpoint windows, freezing its root) stays the node's own.
 
 use std::collections::HashSet;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,8 +28,8 @@ use space_gateway::{Gateway, SessionEgress, SessionTraffic};
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-pub use space_api::TemplateInfo;
 pub use space_api::durable::{BlobSweep, SnapshotExport};
+pub use space_api::{TemplateInfo, TemplateSource};
 pub use space_runtime::{Limits, SandboxHandle, SandboxStats};
 
 /// Largest warm pool one template may have.
@@ -175,7 +174,7 @@ pub trait NodeApi: EgressControl + 'static {
     /// `UnknownTemplate` otherwise.
     async fn ensure_template(&self, name: &str, report: ProgressFn) -> Result<TemplateInfo>;
     /// Imports a directory or tarball on the node's host as a new version of `name`.
-    async fn import_template(&self, name: &str, path: &Path, report: ProgressFn) -> Result<TemplateInfo>;
+    async fn import_template(&self, name: &str, source: &TemplateSource, report: ProgressFn) -> Result<TemplateInfo>;
 
     fn is_builtin(&self, name: &str) -> bool {
         self.builtin_templates().iter().any(|b| b == name)

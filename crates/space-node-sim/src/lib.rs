@@ -438,7 +438,15 @@ impl State {
 
     fn add_template(&mut self, name: &str, source: String) -> TemplateInfo {
         let version = self.newest_template(name).map_or(1, |t| t.version + 1);
-        let info = TemplateInfo { name: name.to_owned(), version, created_at_ms: 0, source, size_bytes: 0 };
+        let info = TemplateInfo {
+            name: name.to_owned(),
+            version,
+            created_at_ms: 0,
+            source,
+            size_bytes: 0,
+            digest: None,
+            defaults: None,
+        };
         self.templates.push(info.clone());
         self.refill();
         info

@@ -1,7 +1,7 @@
 //! [`NodeApi`] of the simulated node.
 
+use space_api::TemplateSource;
 use std::collections::HashSet;
-use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -77,12 +77,13 @@ impl NodeApi for SimNode {
         })
     }
 
-    async fn import_template(&self, name: &str, path: &Path, _report: ProgressFn) -> Result<TemplateInfo> {
+    async fn import_template(&self, name: &str, source: &TemplateSource, _report: ProgressFn) -> Result<TemplateInfo> {
         self.state().injected(Op::ImportTemplate)?;
         // The node's host is this host: what the import would read must exist.
+        let path = source.host_path();
         std::fs::symlink_metadata(path)
-            .map_err(|source| SimError::Import { path: path.display().to_string(), source })?;
-        Ok(self.state().add_template(name, format!("imported from {} (simulated)", path.display())))
+            .map_err(|error| SimError::Import { path: path.display().to_string(), source: error })?;
+        Ok(self.state().add_template(name, format!("imported from {source} (simulated)")))
     }
 
     fn node_id(&self) -> String {

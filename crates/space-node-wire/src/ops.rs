@@ -6,7 +6,7 @@
 //! left unanswered. Operations that stream (template builds with their progress, audit
 //! events, agent connections and port tunnels) have paths of their own (see [`paths`]).
 
-use std::path::PathBuf;
+use space_api::TemplateSource;
 
 use serde::{Deserialize, Serialize};
 use space_api::{Progress, RuntimeKind, SandboxId, SessionId, SnapshotId, TemplateInfo};
@@ -172,10 +172,10 @@ pub enum TemplateCall {
     Ensure {
         name: String,
     },
-    /// `path` is on the node's host.
+    /// `source` is on the node's host.
     Import {
         name: String,
-        path: PathBuf,
+        source: TemplateSource,
     },
 }
 

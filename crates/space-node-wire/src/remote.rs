@@ -9,8 +9,8 @@
 //! (for as long as `space control` waits for its node at start; then the sandbox is treated
 //! as gone, as the in-process node's would be after a reboot).
 
+use space_api::TemplateSource;
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -185,8 +185,8 @@ impl NodeApi for RemoteNode {
         self.template(TemplateCall::Ensure { name: name.into() }, report).await
     }
 
-    async fn import_template(&self, name: &str, path: &Path, report: ProgressFn) -> Result<TemplateInfo> {
-        self.template(TemplateCall::Import { name: name.into(), path: path.into() }, report).await
+    async fn import_template(&self, name: &str, source: &TemplateSource, report: ProgressFn) -> Result<TemplateInfo> {
+        self.template(TemplateCall::Import { name: name.into(), source: source.clone() }, report).await
     }
 
     async fn capacity(&self) -> Result<space_api::NodeCapacity> {

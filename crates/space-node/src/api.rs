@@ -2,8 +2,8 @@
 //! operation is the node's own method, with the node's errors sorted into the classes the
 //! control plane tells apart.
 
+use space_api::TemplateSource;
 use std::collections::HashSet;
-use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -92,8 +92,8 @@ impl NodeApi for Node {
         Ok(Node::ensure_template(self, name, report).await?)
     }
 
-    async fn import_template(&self, name: &str, path: &Path, report: ProgressFn) -> Result<TemplateInfo> {
-        Ok(Node::import_template(self, name, path, report).await?)
+    async fn import_template(&self, name: &str, source: &TemplateSource, report: ProgressFn) -> Result<TemplateInfo> {
+        Ok(Node::import_template(self, name, source, report).await?)
     }
 
     fn node_id(&self) -> String {

@@ -1,9 +1,7 @@
 //! Template management: resolve, build built-ins on first use (once, even when many sessions
 //! ask at the same time), import.
 
-use std::path::Path;
-
-use space_api::Progress;
+use space_api::{Progress, TemplateSource};
 use space_storage::{BUILTINS, TemplateInfo};
 
 use crate::{Node, NodeError, Result, blocking, progress_channel};
@@ -72,27 +70,22 @@ impl Node {
         .await
     }
 
-    /// Imports a directory or tarball on this host as a new version of template `name`.
+    /// Imports a root filesystem or an OCI image on this host as a new version of template
+    /// `name`.
     pub async fn import_template(
         &self,
         name: &str,
-        path: &Path,
+        source: &TemplateSource,
         report: impl Fn(Progress) + Send + 'static,
     ) -> Result<TemplateInfo> {
         let pool = self.pool.clone();
-        let (name, path) = (name.to_owned(), path.to_owned());
+        let (name, source) = (name.to_owned(), source.clone());
         let tx = progress_channel(report);
         blocking(move || {
             let progress = move |p: space_storage::Progress| {
                 let _ = tx.send(to_api(p));
             };
-            let store = pool.templates();
-            let info = if path.is_dir() {
-                store.import_dir(&name, &path, &progress)?
-            } else {
-                store.import_tar(&name, &path, &progress)?
-            };
-            Ok(info)
+            Ok(pool.templates().import(&name, &source, &progress)?)
         })
         .await
     }

@@ -363,7 +363,15 @@ mod tests {
     }
 
     fn template(name: &str, version: u64) -> TemplateInfo {
-        TemplateInfo { name: name.into(), version, created_at_ms: 0, source: String::new(), size_bytes: 0 }
+        TemplateInfo {
+            name: name.into(),
+            version,
+            created_at_ms: 0,
+            source: String::new(),
+            size_bytes: 0,
+            digest: None,
+            defaults: None,
+        }
     }
 
     fn built(names: &[&str]) -> HashSet<String> {

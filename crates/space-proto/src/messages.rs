@@ -40,6 +40,26 @@ use serde::{Deserialize, Serialize};
 /// start with: watchers that speak for another API may leave them out.
 pub const UPLOAD_TEMP_PREFIX: &str = ".spaced-upload-";
 
+/// Where a template keeps the defaults of the commands run in it (an image config's `Env`,
+/// `WorkingDir` and `User`). spaced reads it once, when it starts.
+pub const EXEC_DEFAULTS_PATH: &str = "/etc/space/exec-defaults.json";
+
+/// The defaults a template gives every command, under what the session and the request say.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecDefaults {
+    /// Environment under the session's and the request's.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory when the request gives none.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// User and group when the request gives no user.
+    #[serde(default)]
+    pub uid: Option<u32>,
+    #[serde(default)]
+    pub gid: Option<u32>,
+}
+
 /// The first message on every stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]

@@ -8,7 +8,7 @@ use std::process::Command;
 use crate::cmd;
 use crate::error::{IoContext, Result, StorageError};
 use crate::progress::{Progress, ProgressFn};
-use crate::template::{TemplateInfo, TemplateStore};
+use crate::template::{Origin, TemplateInfo, TemplateStore};
 
 /// Where finished built-in trees are cached unless told otherwise.
 pub const DEFAULT_TEMPLATE_CACHE_DIR: &str = "/var/cache/space/templates";
@@ -48,7 +48,7 @@ impl TemplateStore {
         match name {
             "busybox" => {
                 let source = busybox_source()?;
-                self.build(name, source, progress, |staging| fill_busybox(staging, progress))
+                self.build(name, Origin::described(source), progress, |staging| fill_busybox(staging, progress))
             }
             "debian" => crate::debian::build(self, &cache_dir, progress),
             _ => Err(StorageError::UnknownBuiltin { name: name.to_owned() }),

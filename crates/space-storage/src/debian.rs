@@ -22,10 +22,12 @@ pub fn build(store: &TemplateStore, cache_dir: &Path, progress: ProgressFn) -> R
     let cache = cache_dir.join(CACHE_FILE);
     if cache.is_file() {
         let source = format!("builtin debian {SUITE} minbase (from cache {})", cache.display());
-        return store.build("debian", source, progress, |staging| extract_tar(&cache, staging, progress));
+        return store.build("debian", crate::template::Origin::described(source), progress, |staging| {
+            extract_tar(&cache, staging, progress)
+        });
     }
     let source = format!("builtin debian {SUITE} minbase (debootstrap from {MIRROR})");
-    store.build("debian", source, progress, |staging| {
+    store.build("debian", crate::template::Origin::described(source), progress, |staging| {
         debootstrap(staging, progress)?;
         tidy(staging)?;
         if let Err(e) = write_cache(staging, cache_dir, &cache, progress) {

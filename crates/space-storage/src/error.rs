@@ -74,6 +74,9 @@ pub enum StorageError {
 
     #[error("{path}: {reason}")]
     BadTemplateContent { path: PathBuf, reason: String },
+
+    #[error(transparent)]
+    Image(#[from] space_image::ImageError),
 }
 
 impl StorageError {

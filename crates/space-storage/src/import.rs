@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use crate::cmd;
 use crate::error::{IoContext, Result, StorageError};
 use crate::progress::{Progress, ProgressFn};
-use crate::template::{TemplateInfo, TemplateStore};
+use crate::template::{Origin, TemplateInfo, TemplateStore};
 
 const CHUNK: usize = 1 << 20;
 const PROGRESS_BYTES: u64 = 8 << 20;
@@ -55,7 +55,7 @@ impl TemplateStore {
             return Err(StorageError::io("import", src, std::io::Error::from(ErrorKind::NotADirectory)));
         }
         let source = format!("directory {}", src.display());
-        self.build(name, source, progress, |staging| {
+        self.build(name, Origin::described(source), progress, |staging| {
             progress(Progress::new("copying", 0, None));
             let mut cp = Command::new("cp");
             cp.args(["-a", "--reflink=auto"]).arg(src.join(".")).arg(staging.join(""));
@@ -68,7 +68,7 @@ impl TemplateStore {
     /// version of template `name`. Numeric owners and permissions are kept.
     pub fn import_tar(&self, name: &str, tarball: &Path, progress: ProgressFn) -> Result<TemplateInfo> {
         let source = format!("tarball {}", tarball.display());
-        self.build(name, source, progress, |staging| extract_tar(tarball, staging, progress))
+        self.build(name, Origin::described(source), progress, |staging| extract_tar(tarball, staging, progress))
     }
 }
 

@@ -24,6 +24,7 @@ mod error;
 mod identity;
 mod import;
 pub mod mount;
+mod oci;
 mod pool;
 mod progress;
 pub mod quota;

@@ -63,6 +63,22 @@ pub fn parse_metadata(path: &Path, text: &str) -> Result<TemplateInfo> {
     }
 }
 
+/// Where a template's content came from, recorded in its metadata.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Origin {
+    /// For humans: a path, a built-in's recipe, an image reference.
+    pub source: String,
+    /// The image's digest, for templates made from an OCI image.
+    pub digest: Option<String>,
+    pub defaults: Option<space_api::TemplateDefaults>,
+}
+
+impl Origin {
+    pub fn described(source: String) -> Self {
+        Origin { source, ..Origin::default() }
+    }
+}
+
 /// The templates of one pool.
 #[derive(Debug, Clone)]
 pub struct TemplateStore {
@@ -73,6 +89,11 @@ pub struct TemplateStore {
 impl TemplateStore {
     pub(crate) fn new(dir: PathBuf, id_map: IdMap) -> Self {
         TemplateStore { dir, id_map }
+    }
+
+    /// The id range template files are shifted into.
+    pub fn id_map(&self) -> IdMap {
+        self.id_map
     }
 
     /// The directory holding the templates.
@@ -199,7 +220,7 @@ impl TemplateStore {
     pub(crate) fn build(
         &self,
         name: &str,
-        source: String,
+        origin: Origin,
         progress: ProgressFn,
         fill: impl FnOnce(&Path) -> Result<()>,
     ) -> Result<TemplateInfo> {
@@ -216,8 +237,10 @@ impl TemplateStore {
             name: name.to_owned(),
             version,
             created_at_ms: now_ms(),
-            source,
+            source: origin.source,
             size_bytes: stats.size_bytes,
+            digest: origin.digest,
+            defaults: origin.defaults,
         };
         if let Err(e) = self.publish(&info) {
             let _ = remove_any(&self.dir.join(format!("{name}@{version}")));
@@ -316,6 +339,8 @@ mod tests {
             created_at_ms: 1_700_000_000_000,
             source: "test".into(),
             size_bytes: 42,
+            digest: None,
+            defaults: None,
         };
         let text = serde_json::to_string(&info).unwrap();
         let ok = parse_metadata(Path::new("/p/templates/busybox@2.json"), &text).unwrap();

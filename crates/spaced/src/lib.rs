@@ -74,6 +74,9 @@ pub enum Mode {
 /// dumps and re-creates: with two workers and a lingering blocking thread, restoring an idle
 /// sandbox took ~19 ms longer (126 vs 107 ms p50), and exec round trips were no faster.
 pub fn run(listener: UnixListener, mode: Mode) -> Result<(), SpacedError> {
+    if mode == Mode::Init {
+        spawn::load_defaults();
+    }
     runtime()?.block_on(server::run(listener, mode))
 }
 
@@ -89,6 +92,7 @@ pub fn run_guest(port_name: &str) -> Result<(), SpacedError> {
              until it is. Give the VM an entropy source: -device virtio-rng-device, or a CPU with RDRAND"
         );
     }
+    spawn::load_defaults();
     let port = port::Port::open(Path::new(port::SYSFS_PORTS), Path::new(port::DEV), port_name, port::FIND_TIMEOUT)?;
     runtime()?.block_on(server::run_port(port, Mode::Init))
 }

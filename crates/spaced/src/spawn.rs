@@ -13,13 +13,49 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use nix::unistd::{Gid, Pid, Uid};
-use space_proto::{ExecSpec, ExitStatus};
+use space_proto::{EXEC_DEFAULTS_PATH, ExecDefaults, ExecSpec, ExitStatus};
 use tokio::sync::oneshot;
 
 use crate::pty;
 use crate::reaper::Reaper;
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Larger defaults files are ignored (they are a template's, a few hundred bytes).
+const MAX_DEFAULTS: u64 = 64 << 10;
+
+static DEFAULTS: std::sync::OnceLock<ExecDefaults> = std::sync::OnceLock::new();
+
+/// Reads the template's command defaults ([`EXEC_DEFAULTS_PATH`]), once, at start: after
+/// that the sandbox's own changes to the file do not matter. A missing file means none; an
+/// unusable one is reported and ignored.
+pub fn load_defaults() {
+    let loaded = match read_defaults(Path::new(EXEC_DEFAULTS_PATH)) {
+        Ok(defaults) => defaults,
+        Err(e) => {
+            eprintln!("spaced: warning: ignoring {EXEC_DEFAULTS_PATH}: {e}");
+            ExecDefaults::default()
+        }
+    };
+    let _ = DEFAULTS.set(loaded);
+}
+
+fn read_defaults(path: &Path) -> io::Result<ExecDefaults> {
+    use std::io::Read;
+    let file = match std::fs::File::open(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ExecDefaults::default()),
+        other => other?,
+    };
+    let mut text = Vec::new();
+    file.take(MAX_DEFAULTS + 1).read_to_end(&mut text)?;
+    if text.len() as u64 > MAX_DEFAULTS {
+        return Err(io::Error::other("larger than 64 KiB"));
+    }
+    serde_json::from_slice(&text).map_err(io::Error::other)
+}
+
+fn defaults() -> &'static ExecDefaults {
+    DEFAULTS.get_or_init(ExecDefaults::default)
+}
 
 /// A started process.
 pub struct Spawned {
@@ -61,13 +97,13 @@ pub enum SpawnError {
 /// Starts the process described by `spec`. Blocking (fork + exec).
 pub fn spawn(reaper: &Reaper, spec: &ExecSpec) -> Result<Spawned, SpawnError> {
     validate(spec)?;
-    let cwd = working_dir(spec.cwd.as_deref())?;
+    let cwd = working_dir(spec.cwd.as_deref().or(defaults().cwd.as_deref()))?;
     let cwd_c =
         CString::new(cwd.as_os_str().as_bytes()).map_err(|_| SpawnError::Invalid("cwd contains a NUL byte".into()))?;
     let mut cmd = command(spec);
     let (io, child_ends) = stdio(spec)?;
     child_ends.install(&mut cmd);
-    let creds = Credentials::from_spec(spec);
+    let creds = Credentials::from_spec(spec, defaults());
     let tty = spec.tty.is_some();
     // SAFETY: the hook runs in the forked child before exec. It only makes
     // async-signal-safe system calls on values captured before the fork (no allocation,
@@ -125,6 +161,7 @@ fn command(spec: &ExecSpec) -> Command {
     if spec.tty.is_some() {
         cmd.env("TERM", "xterm-256color");
     }
+    cmd.envs(&defaults().env);
     cmd.envs(&spec.env);
     cmd
 }
@@ -188,8 +225,12 @@ struct Credentials {
 }
 
 impl Credentials {
-    fn from_spec(spec: &ExecSpec) -> Self {
-        Credentials { uid: spec.uid, gid: spec.gid.or(spec.uid) }
+    /// The request's user, else the template's.
+    fn from_spec(spec: &ExecSpec, defaults: &ExecDefaults) -> Self {
+        match spec.uid {
+            Some(uid) => Credentials { uid: Some(uid), gid: spec.gid.or(Some(uid)) },
+            None => Credentials { uid: defaults.uid, gid: spec.gid.or(defaults.gid).or(defaults.uid) },
+        }
     }
 }
 

@@ -5,7 +5,10 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::StatusCode;
 use space_api::error::echo;
-use space_api::{BuildTemplateRequest, ErrorBody, ErrorCode, ImportTemplateRequest, Operation, Template, TemplateList};
+use space_api::{
+    BuildTemplateRequest, ErrorBody, ErrorCode, ImportTemplateRequest, Operation, Template, TemplateList,
+    TemplateSource,
+};
 use space_node_api::TemplateInfo;
 use space_store::{NewOperation, OperationKind};
 
@@ -21,6 +24,8 @@ pub(crate) fn template_view(info: &TemplateInfo) -> Template {
         created_at: info.created_at_ms as i64,
         size_bytes: info.size_bytes,
         source: info.source.clone(),
+        digest: info.digest.clone(),
+        defaults: info.defaults.clone(),
     }
 }
 
@@ -67,17 +72,24 @@ fn import_input(caller: &Caller, request: ImportTemplateRequest) -> AppResult<Te
         return Err(AppError::new(ErrorCode::Forbidden, "only the admin key can import templates"));
     }
     check_name(&request.name)?;
-    if !std::path::Path::new(&request.path).is_absolute() {
-        return Err(AppError::bad_request("path must be an absolute path on the server's host"));
+    let source = TemplateSource::parse(&request.path);
+    let path = source.host_path();
+    if !path.is_absolute() {
+        return Err(AppError::bad_request(
+            "path must be an absolute path on the server's host, optionally after oci: or docker-archive:",
+        ));
     }
-    if !std::path::Path::new(&request.path).exists() {
-        return Err(AppError::bad_request(format!("{} does not exist on the server's host", echo(&request.path))));
+    if !path.exists() {
+        return Err(AppError::bad_request(format!(
+            "{} does not exist on the server's host",
+            echo(&path.to_string_lossy())
+        )));
     }
     Ok(TemplateInput { name: request.name, path: Some(request.path) })
 }
 
-/// Imports a root filesystem (directory or tarball on the server's host) as a new template
-/// version. Returns the operation; follow it with `GET /v1/operations/{id}`.
+/// Imports a root filesystem (directory or tarball) or an OCI image (`oci:DIR[:TAG]`,
+/// `docker-archive:FILE`) on the server's host as a new template version. Returns the operation; follow it with `GET /v1/operations/{id}`.
 #[utoipa::path(post, path = "/v1/templates/import", request_body = ImportTemplateRequest,
     responses((status = 202, body = Operation), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
 pub async fn import_template(

@@ -26,7 +26,7 @@ pub(super) fn template(node: Arc<dyn NodeApi>, call: TemplateCall) -> Response<B
     tokio::spawn(async move {
         let outcome = match call {
             TemplateCall::Ensure { name } => node.ensure_template(&name, report).await,
-            TemplateCall::Import { name, path } => node.import_template(&name, &path, report).await,
+            TemplateCall::Import { name, source } => node.import_template(&name, &source, report).await,
         };
         let _ = tx.send(TemplateLine::Done(outcome.map_err(|e| NodeFailure::from(&e))));
     });

@@ -32,6 +32,7 @@ __all__ = [
     "WriteInfo",
     "WatchEvent",
     "Template",
+    "TemplateDefaults",
     "SandboxUsage",
     "DiskStats",
     "NetworkUsage",
@@ -320,6 +321,18 @@ class WatchEvent(Model):
 
 
 @dataclass
+class TemplateDefaults(Model):
+    """What an OCI image's config gives the commands run from a template."""
+
+    __schema__: ClassVar[str] = "TemplateDefaults"
+    env: List[str] = field(default_factory=list)
+    working_dir: Optional[str] = None
+    user: Optional[str] = None
+    entrypoint: List[str] = field(default_factory=list)
+    cmd: List[str] = field(default_factory=list)
+
+
+@dataclass
 class Template(Model):
     __schema__: ClassVar[str] = "Template"
     name: str = ""
@@ -327,6 +340,9 @@ class Template(Model):
     created_at: int = 0
     size_bytes: int = 0
     source: str = ""
+    digest: Optional[str] = None
+    """The image's digest, for templates imported from an OCI image."""
+    defaults: Optional[TemplateDefaults] = None
 
 
 @dataclass
@@ -468,6 +484,7 @@ MODELS: List[Type[Model]] = [
     WriteInfo,
     WatchEvent,
     Template,
+    TemplateDefaults,
     SandboxUsage,
     DiskStats,
     SessionStats,

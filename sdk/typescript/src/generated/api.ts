@@ -936,8 +936,8 @@ export interface paths {
         get?: never;
         put?: never;
         /**
-         * Imports a root filesystem (directory or tarball on the server's host) as a new template
-         *     version. Returns the operation; follow it with `GET /v1/operations/{id}`.
+         * Imports a root filesystem (directory or tarball) or an OCI image (`oci:DIR[:TAG]`,
+         *     `docker-archive:FILE`) on the server's host as a new template version. Returns the operation; follow it with `GET /v1/operations/{id}`.
          */
         post: operations["import_template"];
         delete?: never;
@@ -1410,9 +1410,13 @@ export interface components {
         GrantRequest: {
             credential: string;
         };
-        /** @description Import a root filesystem from a directory or tarball on the server's host. */
+        /**
+         * @description Import a template from the server's host: a root filesystem (directory or tarball) or an
+         *     OCI image (`oci:DIR[:TAG]`, `docker-archive:FILE`).
+         */
         ImportTemplateRequest: {
             name: string;
+            /** @description An absolute path, optionally after `oci:` or `docker-archive:`. */
             path: string;
         };
         /** @description A API key id. */
@@ -1997,12 +2001,29 @@ export interface components {
         Template: {
             /** Format: int64 */
             created_at: number;
+            defaults?: null | components["schemas"]["TemplateDefaults"];
+            /** @description The image's digest, for templates imported from an OCI image. */
+            digest?: string | null;
             name: string;
             /** Format: int64 */
             size_bytes: number;
             source: string;
             /** Format: int32 */
             version: number;
+        };
+        /**
+         * @description What an image's config gives the commands run from a template. `env`, `working_dir` and
+         *     `user` apply to every command of every session (under the session's and the request's
+         *     own); `entrypoint` and `cmd` are recorded for the caller to run.
+         */
+        TemplateDefaults: {
+            cmd?: string[];
+            entrypoint?: string[];
+            /** @description `NAME=value` entries, in the image's order. */
+            env?: string[];
+            /** @description As the image gives it: `user`, `uid`, `user:group` or `uid:gid`. */
+            user?: string | null;
+            working_dir?: string | null;
         };
         TemplateList: {
             /** @description Built-in templates that can be built on demand. */

@@ -1,0 +1,141 @@
+//! Templates from OCI images made by real tools: umoci builds a two-layer image (the second
+//! layer deletes a file, so it holds a whiteout) with an Env, WorkingDir and User in its
+//! config; skopeo converts it to a `docker save` archive. Both import, sessions from them run
+//! with the image's defaults, a repeated import is not unpacked again, and a hostile image
+//! fails leaving nothing behind.
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::process::Command;
+
+use common::Server;
+use serde_json::{Value, json};
+
+fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e} (scripts/install-deps.sh installs it)"));
+    assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A busybox root with an account `app` (1000:1000) and files the second layer changes.
+fn fill_rootfs(rootfs: &Path) {
+    for dir in ["bin", "etc", "tmp", "proc", "dev", "sys", "root", "srv", "home/app", "a"] {
+        std::fs::create_dir_all(rootfs.join(dir)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
+    for applet in ["sh", "cat", "echo", "id", "pwd", "test", "ls"] {
+        symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+    }
+    std::fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n")
+        .unwrap();
+    std::fs::write(rootfs.join("etc/group"), "root:x:0:\napp:x:1000:\n").unwrap();
+    std::fs::write(rootfs.join("a/gone"), "lower layer\n").unwrap();
+    std::fs::write(rootfs.join("a/kept"), "lower layer\n").unwrap();
+}
+
+/// Makes `oci:<dir>/oci:v1` with umoci and `<dir>/image.tar` from it with skopeo.
+fn make_image(dir: &Path) {
+    let layout = dir.join("oci");
+    let (image, bundle) = (format!("{}:v1", layout.display()), dir.join("bundle"));
+    run("umoci", &["init", "--layout", layout.to_str().unwrap()]);
+    run("umoci", &["new", "--image", &image]);
+    run("umoci", &["unpack", "--image", &image, bundle.to_str().unwrap()]);
+    fill_rootfs(&bundle.join("rootfs"));
+    run("umoci", &["repack", "--refresh-bundle", "--image", &image, bundle.to_str().unwrap()]);
+    std::fs::remove_file(bundle.join("rootfs/a/gone")).unwrap();
+    std::fs::write(bundle.join("rootfs/srv/upper"), "upper layer\n").unwrap();
+    run("umoci", &["repack", "--image", &image, bundle.to_str().unwrap()]);
+    let config =
+        ["--config.env", "GREETING=hello from the image", "--config.workingdir", "/srv", "--config.user", "app"];
+    run("umoci", &[&["config", "--image", &image][..], &config, &["--config.cmd", "sh"]].concat());
+    let archive = format!("docker-archive:{}:space/test:v1", dir.join("image.tar").display());
+    run("skopeo", &["copy", "--quiet", &format!("oci:{image}"), &archive]);
+}
+
+fn import(server: &Server, name: &str, image: &str) -> std::process::Output {
+    server.cli(&["template", "import", name, image])
+}
+
+fn templates(server: &Server, name: &str) -> Vec<Value> {
+    let out = server.cli(&["template", "list", "--json"]);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    list["templates"].as_array().unwrap().iter().filter(|t| t["name"] == name).cloned().collect()
+}
+
+#[test]
+fn images_from_a_layout_and_a_docker_archive_run_with_their_config() {
+    require_root!();
+    let server = Server::start();
+    let dir = server.data_dir.join("image-src");
+    make_image(&dir);
+    let layout = format!("oci:{}:v1", dir.join("oci").display());
+    let archive = format!("docker-archive:{}", dir.join("image.tar").display());
+    for (name, image) in [("from-layout", &layout), ("from-archive", &archive)] {
+        let out = import(&server, name, image);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let id = server.create_session(json!({ "template": name }));
+        let r = server.exec(&id, &["sh", "-c", "echo $GREETING; pwd; id -u; id -g; echo $HOME"]);
+        assert_eq!(r["stdout"], "hello from the image\n/srv\n1000\n1000\n/home/app\n", "{name}: {r}");
+        let r = server.exec(&id, &["sh", "-c", "cat /a/kept /srv/upper; test -e /a/gone || echo whited out"]);
+        assert_eq!(r["stdout"], "lower layer\nupper layer\nwhited out\n", "{name}: {r}");
+        // What the request says wins over the image's defaults.
+        let (status, r) = server.call(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(json!({"cmd": ["sh", "-c", "pwd; id -u"], "cwd": "/tmp", "uid": 0})),
+        );
+        assert_eq!((status, r["stdout"].as_str()), (200, Some("/tmp\n0\n")), "{name}: {r}");
+        let versions = templates(&server, name);
+        assert_eq!(versions.len(), 1, "{versions:?}");
+        let t = &versions[0];
+        assert!(t["digest"].as_str().unwrap().starts_with("sha256:"), "{t}");
+        assert_eq!(t["defaults"]["user"], "app", "{t}");
+        assert_eq!(t["defaults"]["cmd"], json!(["sh"]), "{t}");
+    }
+    // The same image again is not unpacked again: no new version.
+    let out = import(&server, "from-layout", &layout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(templates(&server, "from-layout").len(), 1);
+}
+
+#[test]
+fn a_hostile_image_fails_and_leaves_nothing_behind() {
+    require_root!();
+    let server = Server::start();
+    let dir = server.data_dir.join("image-src");
+    make_image(&dir);
+    // Replace the archive's second layer with one that climbs out of the root: the digests
+    // in the manifest no longer hold, and the path would escape even if they did.
+    let archive = dir.join("image.tar");
+    let bad = dir.join("bad.tar");
+    let unpacked = dir.join("unpacked");
+    std::fs::create_dir(&unpacked).unwrap();
+    run("tar", &["-xf", archive.to_str().unwrap(), "-C", unpacked.to_str().unwrap()]);
+    let manifest: Value = serde_json::from_slice(&std::fs::read(unpacked.join("manifest.json")).unwrap()).unwrap();
+    let layer = unpacked.join(manifest[0]["Layers"][1].as_str().unwrap());
+    let mut header = tar::Header::new_old();
+    header.as_old_mut().name[..9].copy_from_slice(b"../escape");
+    header.set_size(0);
+    header.set_mode(0o644);
+    header.set_cksum();
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.append(&header, &[][..]).unwrap();
+    std::fs::write(&layer, builder.into_inner().unwrap()).unwrap();
+    run("tar", &["-cf", bad.to_str().unwrap(), "-C", unpacked.to_str().unwrap(), "."]);
+
+    let out = import(&server, "hostile", &format!("docker-archive:{}", bad.display()));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("does not match its digest") || stderr.contains("escape the root"), "{stderr}");
+    assert!(templates(&server, "hostile").is_empty());
+    let leftovers: Vec<_> = std::fs::read_dir(server.data_dir.join("pool/templates"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".staging-") || n.starts_with("hostile"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
