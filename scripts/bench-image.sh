@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 N=${1:-3}
 SPACE=${SPACE:-target/release/space}
 SPACED=${SPACED_BIN:-target/x86_64-unknown-linux-gnu/release/spaced}
-ROOT_TAR=/var/cache/space/templates/debian-bookworm.tar
+ROOT_TAR=$(ls -t /var/cache/space/templates/debian-*.tar 2>/dev/null | head -1)
 CACHE=/var/cache/space/bench-image
 WORK=$(mktemp -d /var/tmp/space-bench-image.XXXXXX)
 PIDS=()
@@ -23,7 +23,7 @@ cleanup() {
     remove_cgroups space-bench-image
 }
 trap cleanup EXIT
-[ -f "$ROOT_TAR" ] || { echo "$ROOT_TAR is missing: build the debian template once (space template build debian)" >&2; exit 1; }
+[ -n "$ROOT_TAR" ] || { echo "no debian tree in /var/cache/space/templates: build the debian template once (space template build debian)" >&2; exit 1; }
 
 if [ ! -f "$CACHE/oci/index.json" ]; then
     rm -rf "$CACHE" && mkdir -p "$CACHE/oci/blobs/sha256"

@@ -30,9 +30,10 @@ install_missing --no-install-recommends -- qemu-system-x86 lz4 cpio binutils
 # PostgreSQL for the tests that run against it (scripts/with-postgres.sh starts a server of
 # their own; `space serve` needs none: SQLite is its default).
 install_missing --no-install-recommends -- postgresql
-# The image tests make OCI images with umoci and convert them to `docker save` archives with
-# skopeo (crates/space-cli/tests/images.rs).
-install_missing --no-install-recommends -- umoci skopeo
+# The image tests make OCI images with umoci, convert and push them with skopeo, and pull them
+# from a registry of their own (docker-registry; htpasswd makes its login) on loopback
+# (crates/space-cli/tests/images.rs).
+install_missing --no-install-recommends -- umoci skopeo docker-registry apache2-utils
 if ! command -v cargo >/dev/null; then
   echo "cargo is missing: install the Rust toolchain (https://rustup.rs), version from rust-toolchain.toml" >&2
   exit 1

@@ -35,11 +35,16 @@ pub enum TemplateSource {
     OciLayout { dir: PathBuf, tag: Option<String> },
     /// A `docker save` archive.
     DockerArchive { file: PathBuf },
+    /// An image in a registry (`host[:port]/repo[:tag][@digest]`), pulled by the node.
+    Registry { reference: String },
 }
 
 impl TemplateSource {
-    /// Parses `oci:DIR[:TAG]`, `docker-archive:FILE` or a plain path.
+    /// Parses `oci:DIR[:TAG]`, `docker-archive:FILE`, `docker://REFERENCE` or a plain path.
     pub fn parse(text: &str) -> Self {
+        if let Some(reference) = text.strip_prefix("docker://") {
+            return TemplateSource::Registry { reference: reference.to_owned() };
+        }
         if let Some(rest) = text.strip_prefix("oci:") {
             return match rest.rsplit_once(':') {
                 Some((dir, tag)) if !tag.contains('/') => {
@@ -54,12 +59,13 @@ impl TemplateSource {
         TemplateSource::Path { path: text.into() }
     }
 
-    /// The file or directory on the host it reads.
-    pub fn host_path(&self) -> &Path {
+    /// The file or directory on the host it reads (none for a registry).
+    pub fn host_path(&self) -> Option<&Path> {
         match self {
-            TemplateSource::Path { path } => path,
-            TemplateSource::OciLayout { dir, .. } => dir,
-            TemplateSource::DockerArchive { file } => file,
+            TemplateSource::Path { path } => Some(path),
+            TemplateSource::OciLayout { dir, .. } => Some(dir),
+            TemplateSource::DockerArchive { file } => Some(file),
+            TemplateSource::Registry { .. } => None,
         }
     }
 
@@ -69,6 +75,7 @@ impl TemplateSource {
             TemplateSource::Path { .. } => TemplateSource::Path { path },
             TemplateSource::OciLayout { tag, .. } => TemplateSource::OciLayout { dir: path, tag },
             TemplateSource::DockerArchive { .. } => TemplateSource::DockerArchive { file: path },
+            registry @ TemplateSource::Registry { .. } => registry,
         }
     }
 }
@@ -80,6 +87,7 @@ impl std::fmt::Display for TemplateSource {
             TemplateSource::OciLayout { dir, tag: Some(tag) } => write!(f, "oci:{}:{tag}", dir.display()),
             TemplateSource::OciLayout { dir, tag: None } => write!(f, "oci:{}", dir.display()),
             TemplateSource::DockerArchive { file } => write!(f, "docker-archive:{}", file.display()),
+            TemplateSource::Registry { reference } => write!(f, "docker://{reference}"),
         }
     }
 }
@@ -90,7 +98,15 @@ mod tests {
 
     #[test]
     fn sources_parse_and_print_back() {
-        for text in ["/srv/root.tar", "oci:/srv/img:v1", "oci:/srv/img", "docker-archive:/srv/img.tar", "rel/dir"] {
+        let texts = [
+            "/srv/root.tar",
+            "oci:/srv/img:v1",
+            "oci:/srv/img",
+            "docker-archive:/srv/img.tar",
+            "rel/dir",
+            "docker://h:5000/r:t",
+        ];
+        for text in texts {
             assert_eq!(TemplateSource::parse(text).to_string(), text);
         }
         assert_eq!(

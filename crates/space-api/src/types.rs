@@ -541,13 +541,15 @@ pub struct TemplateList {
     pub default_template: String,
 }
 
-/// Import a template from the server's host: a root filesystem (directory or tarball) or an
-/// OCI image (`oci:DIR[:TAG]`, `docker-archive:FILE`).
+/// Import a template: a root filesystem (directory or tarball) or an OCI image
+/// (`oci:DIR[:TAG]`, `docker-archive:FILE`) on the server's host, or an image in a registry
+/// (`docker://HOST[:PORT]/REPOSITORY[:TAG]`).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImportTemplateRequest {
     pub name: String,
-    /// An absolute path, optionally after `oci:` or `docker-archive:`.
+    /// An absolute path, optionally after `oci:` or `docker-archive:`; or `docker://` and a
+    /// registry reference.
     pub path: String,
 }
 

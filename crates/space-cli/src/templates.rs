@@ -18,9 +18,10 @@ pub enum TemplateCommand {
     Import {
         /// Template name.
         name: String,
-        /// What to import, on the server's host: a directory or tarball of a root filesystem,
+        /// What to import: on the server's host, a directory or tarball of a root filesystem,
         /// an OCI image layout (`oci:DIR[:TAG]`) or a `docker save` archive
-        /// (`docker-archive:FILE`).
+        /// (`docker-archive:FILE`); or an image in a registry (`docker://HOST/REPO:TAG`, pulled
+        /// by the server with the logins of its host's `skopeo login`/`docker login`).
         image: String,
     },
     /// Build a built-in template (`debian`, `busybox`).
@@ -54,9 +55,10 @@ pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyho
             println!("built-in: {} (default: {})", list.builtin.join(", "), list.default_template);
         }
         TemplateCommand::Import { name, image } => {
-            let source = TemplateSource::parse(&image);
-            let path = source.host_path().to_path_buf();
-            let source = source.with_host_path(std::fs::canonicalize(&path).unwrap_or(path));
+            let mut source = TemplateSource::parse(&image);
+            if let Some(path) = source.host_path().map(std::path::Path::to_path_buf) {
+                source = source.with_host_path(std::fs::canonicalize(&path).unwrap_or(path));
+            }
             let request = ImportTemplateRequest { name, path: source.to_string() };
             let op: Operation = client.post_json("/v1/templates/import", &request).await?;
             follow(client, op, json).await?;

@@ -2,13 +2,15 @@
 //! layer deletes a file, so it holds a whiteout) with an Env, WorkingDir and User in its
 //! config; skopeo converts it to a `docker save` archive. Both import, sessions from them run
 //! with the image's defaults, a repeated import is not unpacked again, and a hostile image
-//! fails leaving nothing behind.
+//! fails leaving nothing behind. A registry (Debian's `docker-registry`, on loopback) serves
+//! the same image to `docker://` imports, with and without a login.
 
 mod common;
 
 use std::os::unix::fs::symlink;
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 use common::Server;
 use serde_json::{Value, json};
@@ -138,4 +140,112 @@ fn a_hostile_image_fails_and_leaves_nothing_behind() {
         .filter(|n| n.starts_with(".staging-") || n.starts_with("hostile"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// A `docker-registry` of its own on a loopback port, storing under `dir`, stopped on drop.
+struct Registry {
+    child: Child,
+    address: String,
+}
+
+impl Registry {
+    /// Starts it; with `htpasswd`, every request needs that login (basic auth).
+    fn start(dir: &Path, htpasswd: Option<&Path>) -> Registry {
+        std::fs::create_dir_all(dir).unwrap();
+        let address = format!("127.0.0.1:{}", common::free_port());
+        let auth = htpasswd
+            .map(|f| format!("auth:\n  htpasswd:\n    realm: space-test\n    path: {}\n", f.display()))
+            .unwrap_or_default();
+        let config = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {address}\n{auth}",
+            dir.join("storage").display()
+        );
+        std::fs::write(dir.join("config.yml"), config).unwrap();
+        let log = std::fs::File::create(dir.join("registry.log")).unwrap();
+        // The registry reads REGISTRY_* variables as settings: REGISTRY_AUTH_FILE is not one.
+        let child = Command::new("docker-registry")
+            .env_remove("REGISTRY_AUTH_FILE")
+            .arg("serve")
+            .arg(dir.join("config.yml"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("docker-registry (scripts/install-deps.sh installs it)");
+        let registry = Registry { child, address };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&registry.address).is_err() {
+            assert!(Instant::now() < deadline, "docker-registry did not listen on {}", registry.address);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        registry
+    }
+
+    /// Pushes the image of `make_image(dir)` as `space/test:v1`, with `creds` if given.
+    fn push(&self, dir: &Path, creds: Option<&str>) -> String {
+        let target = format!("docker://{}/space/test:v1", self.address);
+        let mut args = vec!["copy", "--quiet", "--dest-tls-verify=false"];
+        if let Some(creds) = creds {
+            args.extend(["--dest-creds", creds]);
+        }
+        let source = format!("oci:{}:v1", dir.join("oci").display());
+        args.extend([source.as_str(), target.as_str()]);
+        run("skopeo", &args);
+        target
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn images_pull_from_a_registry_with_and_without_a_login() {
+    require_root!();
+    let work = tempfile::tempdir_in("/var/tmp").unwrap();
+    // The server reads registry logins from this file (as `skopeo login --authfile` writes it).
+    let auth_file: PathBuf = work.path().join("auth.json");
+    // SAFETY: nextest runs this test alone in its process, before any thread of ours reads
+    // the environment; the server started below inherits it.
+    unsafe { std::env::set_var("REGISTRY_AUTH_FILE", &auth_file) };
+    let server = Server::start();
+    let dir = server.data_dir.join("image-src");
+    make_image(&dir);
+
+    let open = Registry::start(&work.path().join("open"), None);
+    let reference = open.push(&dir, None);
+    let out = import(&server, "pulled", &reference);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = server.create_session(json!({ "template": "pulled" }));
+    let r = server.exec(&id, &["sh", "-c", "echo $GREETING; cat /srv/upper"]);
+    assert_eq!(r["stdout"], "hello from the image\nupper layer\n", "{r}");
+    // Pulled again: the same digest, so no new version (and no blob downloaded again).
+    let out = import(&server, "pulled", &reference);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(templates(&server, "pulled").len(), 1);
+
+    let htpasswd = work.path().join("htpasswd");
+    run("htpasswd", &["-Bbc", htpasswd.to_str().unwrap(), "agent", "s3cret"]);
+    let locked = Registry::start(&work.path().join("locked"), Some(&htpasswd));
+    let reference = locked.push(&dir, Some("agent:s3cret"));
+    let out = import(&server, "locked", &reference);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("registry {}", locked.address)), "the error names the registry: {stderr}");
+    assert!(templates(&server, "locked").is_empty());
+
+    let login = json!({"auths": {&locked.address: {"auth": "YWdlbnQ6czNjcmV0"}}});
+    std::fs::write(&auth_file, login.to_string()).unwrap();
+    let out = import(&server, "locked", &reference);
+    assert!(out.status.success(), "with a login: {}", String::from_utf8_lossy(&out.stderr));
+
+    let out = import(&server, "nowhere", &format!("docker://127.0.0.1:{}/space/test:v1", common::free_port()));
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("registry 127.0.0.1:"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -8,6 +8,7 @@ mod digest;
 mod error;
 mod image;
 mod layout;
+mod registry;
 mod unpack;
 
 pub use archive::open_docker_archive;
@@ -16,4 +17,5 @@ pub use digest::{Digest, Hashing};
 pub use error::{ImageError, Result};
 pub use image::{Blob, Defaults, Image, Layer, Report};
 pub use layout::open_layout;
+pub use registry::{PullReport, RegistryRef, pull};
 pub use unpack::{Budget, Limits};

@@ -80,9 +80,10 @@ impl NodeApi for SimNode {
     async fn import_template(&self, name: &str, source: &TemplateSource, _report: ProgressFn) -> Result<TemplateInfo> {
         self.state().injected(Op::ImportTemplate)?;
         // The node's host is this host: what the import would read must exist.
-        let path = source.host_path();
-        std::fs::symlink_metadata(path)
-            .map_err(|error| SimError::Import { path: path.display().to_string(), source: error })?;
+        if let Some(path) = source.host_path() {
+            std::fs::symlink_metadata(path)
+                .map_err(|error| SimError::Import { path: path.display().to_string(), source: error })?;
+        }
         Ok(self.state().add_template(name, format!("imported from {source} (simulated)")))
     }
 

@@ -81,11 +81,28 @@ impl Node {
         let pool = self.pool.clone();
         let (name, source) = (name.to_owned(), source.clone());
         let tx = progress_channel(report);
+        let pulled = match &source {
+            TemplateSource::Registry { reference } => {
+                let reference =
+                    space_image::RegistryRef::parse(reference).map_err(space_storage::StorageError::from)?;
+                let cache = self.config.template_cache_dir.join("images");
+                let sender = tx.clone();
+                let report = move |phase: String, done, total| {
+                    let _ = sender.send(Progress { phase, done, total });
+                };
+                Some(space_image::pull(&reference, &cache, &report).await.map_err(space_storage::StorageError::from)?)
+            }
+            _ => None,
+        };
         blocking(move || {
             let progress = move |p: space_storage::Progress| {
                 let _ = tx.send(to_api(p));
             };
-            Ok(pool.templates().import(&name, &source, &progress)?)
+            let store = pool.templates();
+            Ok(match pulled {
+                Some(image) => store.import_image(&name, &image, &source, &progress)?,
+                None => store.import(&name, &source, &progress)?,
+            })
         })
         .await
     }

@@ -13,13 +13,23 @@ use crate::util::ensure_dir;
 
 pub const SUITE: &str = "bookworm";
 pub const MIRROR: &str = "http://deb.debian.org/debian";
-pub const PACKAGES: &str = "bash,coreutils,python3,git,curl,ca-certificates,procps";
-pub const CACHE_FILE: &str = "debian-bookworm.tar";
+/// What an agent needs to work on a Python (or C) project: pip and venv, a compiler, git,
+/// curl, an editor and a pager.
+pub const PACKAGES: &str = "bash,coreutils,python3,python3-pip,python3-venv,python3-dev,build-essential,git,curl,\
+                            ca-certificates,procps,less,nano";
+
+/// The cache's file name: `debian-<suite>-<first 8 hex of sha256(PACKAGES)>.tar`, so a
+/// change of the package list builds (and caches) afresh instead of reusing an older tree.
+pub fn cache_file() -> String {
+    use sha2::{Digest, Sha256};
+    let hash = hex::encode(Sha256::digest(PACKAGES.as_bytes()));
+    format!("debian-{SUITE}-{}.tar", &hash[..8])
+}
 
 /// Builds the debian template from the cache if present, else with debootstrap (filling the
 /// cache).
 pub fn build(store: &TemplateStore, cache_dir: &Path, progress: ProgressFn) -> Result<TemplateInfo> {
-    let cache = cache_dir.join(CACHE_FILE);
+    let cache = cache_dir.join(cache_file());
     if cache.is_file() {
         let source = format!("builtin debian {SUITE} minbase (from cache {})", cache.display());
         return store.build("debian", crate::template::Origin::described(source), progress, |staging| {
@@ -64,7 +74,7 @@ fn debootstrap(target: &Path, progress: ProgressFn) -> Result<()> {
     crate::mount::unmount_tree(target)?;
     if !status.success() {
         let hint = "debootstrap needs network access to deb.debian.org; or place a prebuilt tree \
-                    at <cache_dir>/debian-bookworm.tar";
+                    at <cache_dir>/debian-bookworm-<hash>.tar (see docs/storage.md)";
         return Err(cmd::failed(&command, status, &tail.text(), hint));
     }
     Ok(())

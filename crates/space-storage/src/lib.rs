@@ -37,6 +37,7 @@ mod usage;
 mod util;
 
 pub use builtin::{BUILTINS, DEFAULT_TEMPLATE_CACHE_DIR};
+pub use debian::cache_file as debian_cache_file;
 pub use error::{Result, StorageError};
 pub use identity::{SandboxIdentity, validate_hostname, write_etc_dir_files};
 pub use import::Compression;

@@ -28,6 +28,10 @@ impl TemplateStore {
             TemplateSource::DockerArchive { file } => {
                 self.import_image(name, &space_image::open_docker_archive(file)?, source, progress)
             }
+            TemplateSource::Registry { reference } => Err(StorageError::BadTemplateContent {
+                path: reference.into(),
+                reason: "a registry image is pulled by the node first (space_image::pull), then imported".into(),
+            }),
         }
     }
 

@@ -22,7 +22,7 @@ fn debian_template_builds_caches_and_runs() {
         return;
     };
     let store = t.pool().templates();
-    let cache = Path::new(DEFAULT_TEMPLATE_CACHE_DIR).join("debian-bookworm.tar");
+    let cache = Path::new(DEFAULT_TEMPLATE_CACHE_DIR).join(space_storage::debian_cache_file());
     let cached = cache.exists();
     let reports = RefCell::new(Vec::<Progress>::new());
     let start = Instant::now();

@@ -95,7 +95,7 @@ fn split_flags(args: &[String]) -> (Vec<String>, Vec<String>) {
     (node, control)
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 

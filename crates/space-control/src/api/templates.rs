@@ -73,7 +73,12 @@ fn import_input(caller: &Caller, request: ImportTemplateRequest) -> AppResult<Te
     }
     check_name(&request.name)?;
     let source = TemplateSource::parse(&request.path);
-    let path = source.host_path();
+    let Some(path) = source.host_path() else {
+        // A registry reference: the node pulls it, so only its form is checked here.
+        space_image::RegistryRef::parse(&request.path)
+            .map_err(|e| AppError::bad_request(format!("{e}: write docker://HOST[:PORT]/REPOSITORY[:TAG]")))?;
+        return Ok(TemplateInput { name: request.name, path: Some(request.path) });
+    };
     if !path.is_absolute() {
         return Err(AppError::bad_request(
             "path must be an absolute path on the server's host, optionally after oci: or docker-archive:",
@@ -89,7 +94,8 @@ fn import_input(caller: &Caller, request: ImportTemplateRequest) -> AppResult<Te
 }
 
 /// Imports a root filesystem (directory or tarball) or an OCI image (`oci:DIR[:TAG]`,
-/// `docker-archive:FILE`) on the server's host as a new template version. Returns the operation; follow it with `GET /v1/operations/{id}`.
+/// `docker-archive:FILE` on the server's host, or `docker://REFERENCE` pulled from a registry)
+/// as a new template version. Returns the operation; follow it with `GET /v1/operations/{id}`.
 #[utoipa::path(post, path = "/v1/templates/import", request_body = ImportTemplateRequest,
     responses((status = 202, body = Operation), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
 pub async fn import_template(
