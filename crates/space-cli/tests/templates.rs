@@ -44,6 +44,14 @@ fn debian_template_runs_python() {
     assert_eq!(r["stdout"], "3f49dbbf\n", "{r}");
     let r = server.exec(&id, &["sh", "-c", "git --version && curl --version | head -1 && ps -p 1 -o comm="]);
     assert_eq!(r["exit_code"], 0, "{r}");
+    // An agent can set up a Python project and build a C extension: venv, pip, a compiler,
+    // make, Python's headers; and read and edit files with a pager and an editor.
+    let setup = "python3 -m venv /tmp/venv && /tmp/venv/bin/pip --version && \
+                 printf '#include <Python.h>\\nint main(void){return 0;}\\n' > /tmp/t.c && \
+                 gcc $(python3-config --includes) -o /tmp/t /tmp/t.c && /tmp/t && make --version && \
+                 command -v less && command -v nano";
+    let r = server.exec(&id, &["sh", "-c", setup]);
+    assert_eq!(r["exit_code"], 0, "{r}");
     let r = server.exec(&id, &["sh", "-c", "nohup sleep 1000 >/dev/null 2>&1 & echo started"]);
     assert_eq!(r["stdout"], "started\n", "{r}");
     let r = server.exec(&id, &["pgrep", "-c", "-x", "sleep"]);
