@@ -553,6 +553,17 @@ pub struct ImportTemplateRequest {
     pub path: String,
 }
 
+/// What `DELETE /v1/templates/{name}` removed.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateDeleted {
+    pub name: String,
+    /// The versions deleted.
+    pub versions: Vec<u32>,
+    /// Sessions that still used one of them (only when forced): they keep running, but one
+    /// that must start afresh from its template (it has no snapshot) can no longer.
+    pub in_use_by: Vec<String>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BuildTemplateRequest {

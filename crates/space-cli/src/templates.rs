@@ -1,11 +1,14 @@
-//! `space template list|import|build`
+//! `space template list|import|delete|build`
 
 use std::time::Duration;
 
 use anyhow::bail;
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
-use space_api::{BuildTemplateRequest, ImportTemplateRequest, Operation, OperationState, TemplateList, TemplateSource};
+use space_api::{
+    BuildTemplateRequest, ImportTemplateRequest, Operation, OperationState, TemplateDeleted, TemplateList,
+    TemplateSource,
+};
 
 use crate::client::Client;
 use crate::output::{ago, bytes, print_json, print_table};
@@ -23,6 +26,15 @@ pub enum TemplateCommand {
         /// (`docker-archive:FILE`); or an image in a registry (`docker://HOST/REPO:TAG`, pulled
         /// by the server with the logins of its host's `skopeo login`/`docker login`).
         image: String,
+    },
+    /// Delete a template's version (NAME@VERSION) or all its versions (NAME).
+    Delete {
+        /// NAME or NAME@VERSION.
+        template: String,
+        /// Delete even while sessions use it (they keep running, but one that must start afresh
+        /// from its template can no longer).
+        #[arg(long)]
+        force: bool,
     },
     /// Build a built-in template (`debian`, `busybox`).
     Build {
@@ -62,6 +74,25 @@ pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyho
             let request = ImportTemplateRequest { name, path: source.to_string() };
             let op: Operation = client.post_json("/v1/templates/import", &request).await?;
             follow(client, op, json).await?;
+        }
+        TemplateCommand::Delete { template, force } => {
+            let (name, version) = match template.split_once('@') {
+                Some((name, version)) => (name.to_owned(), Some(version.parse::<u32>()?)),
+                None => (template, None),
+            };
+            let mut path = format!("/v1/templates/{name}?force={force}");
+            if let Some(version) = version {
+                path.push_str(&format!("&version={version}"));
+            }
+            let deleted: TemplateDeleted = client.delete_json(&path).await?;
+            if json {
+                return print_json(&deleted);
+            }
+            let versions: Vec<String> = deleted.versions.iter().map(|v| format!("{}@{v}", deleted.name)).collect();
+            println!("deleted {}", versions.join(", "));
+            if !deleted.in_use_by.is_empty() {
+                println!("still used by: {}", deleted.in_use_by.join(", "));
+            }
         }
         TemplateCommand::Build { name } => {
             let op: Operation = client.post_json("/v1/templates/build", &BuildTemplateRequest { name }).await?;

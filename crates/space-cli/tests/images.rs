@@ -102,6 +102,19 @@ fn images_from_a_layout_and_a_docker_archive_run_with_their_config() {
     let out = import(&server, "from-layout", &layout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(templates(&server, "from-layout").len(), 1);
+
+    // Deleting a version a session uses is refused, unless forced; the session keeps working.
+    let out = server.cli(&["template", "delete", "from-archive@1"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("session(s) use this template"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = server.cli(&["template", "delete", "--force", "from-archive@1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(templates(&server, "from-archive").is_empty());
+    assert!(!server.data_dir.join("pool/templates/from-archive@1").exists());
 }
 
 #[test]

@@ -173,8 +173,11 @@ pub trait NodeApi: EgressControl + 'static {
     /// The newest version of `name`, building it first if it is a built-in not built yet;
     /// `UnknownTemplate` otherwise.
     async fn ensure_template(&self, name: &str, report: ProgressFn) -> Result<TemplateInfo>;
-    /// Imports a directory or tarball on the node's host as a new version of `name`.
+    /// Imports a root filesystem or an OCI image as a new version of `name`.
     async fn import_template(&self, name: &str, source: &TemplateSource, report: ProgressFn) -> Result<TemplateInfo>;
+    /// Deletes version `version` of `name`; whether it existed. Sandboxes made from it keep
+    /// working (their roots are independent snapshots).
+    async fn delete_template(&self, name: &str, version: u64) -> Result<bool>;
 
     fn is_builtin(&self, name: &str) -> bool {
         self.builtin_templates().iter().any(|b| b == name)

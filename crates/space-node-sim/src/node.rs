@@ -87,6 +87,13 @@ impl NodeApi for SimNode {
         Ok(self.state().add_template(name, format!("imported from {source} (simulated)")))
     }
 
+    async fn delete_template(&self, name: &str, version: u64) -> Result<bool> {
+        let mut state = self.state();
+        let before = state.templates.len();
+        state.templates.retain(|t| !(t.name == name && t.version == version));
+        Ok(state.templates.len() != before)
+    }
+
     fn node_id(&self) -> String {
         self.state().config.node_id.clone()
     }

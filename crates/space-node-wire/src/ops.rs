@@ -117,6 +117,10 @@ pub enum Call {
         session: SessionId,
         snapshot: SnapshotId,
     },
+    DeleteTemplate {
+        name: String,
+        version: u64,
+    },
     SweepSnapshots {
         keep: Vec<SnapshotId>,
     },

@@ -189,6 +189,10 @@ impl NodeApi for RemoteNode {
         self.template(TemplateCall::Import { name: name.into(), source: source.clone() }, report).await
     }
 
+    async fn delete_template(&self, name: &str, version: u64) -> Result<bool> {
+        self.call(&Call::DeleteTemplate { name: name.into(), version }).await
+    }
+
     async fn capacity(&self) -> Result<space_api::NodeCapacity> {
         self.call(&Call::Capacity).await
     }

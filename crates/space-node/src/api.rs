@@ -96,6 +96,10 @@ impl NodeApi for Node {
         Ok(Node::import_template(self, name, source, report).await?)
     }
 
+    async fn delete_template(&self, name: &str, version: u64) -> Result<bool> {
+        Ok(Node::delete_template(self, name, version).await?)
+    }
+
     fn node_id(&self) -> String {
         self.config.id.clone()
     }

@@ -70,6 +70,13 @@ impl Node {
         .await
     }
 
+    /// Deletes one version of template `name`; whether it existed.
+    pub async fn delete_template(&self, name: &str, version: u64) -> Result<bool> {
+        let pool = self.pool.clone();
+        let name = name.to_owned();
+        blocking(move || Ok(pool.templates().delete(&name, version)?)).await
+    }
+
     /// Imports a root filesystem or an OCI image on this host as a new version of template
     /// `name`.
     pub async fn import_template(

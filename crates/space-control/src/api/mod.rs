@@ -53,7 +53,7 @@ pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
         exec::exec, exec::exec_ws, exec::list_processes, exec::signal_process, exec::attach_ws,
         files::download, files::upload, files::list, files::stat, files::mkdir, files::move_path,
         files::remove, files::watch_ws,
-        templates::list_templates, templates::import_template, templates::build_template,
+        templates::list_templates, templates::import_template, templates::build_template, templates::delete_template,
         pool::get_pool, pool::set_pool_size, nodes::list_nodes, nodes::cordon, nodes::uncordon, nodes::drain, nodes::sweep_blobs,
         lifecycle::pause, lifecycle::resume, lifecycle::create_snapshot, lifecycle::list_snapshots,
         lifecycle::delete_snapshot, usage::get_snapshot, usage::session_stats, lifecycle::restore, lifecycle::fork, suspend::suspend,
@@ -103,6 +103,7 @@ pub fn router(state: AppState) -> Router {
         .route("/pool/{template}", axum::routing::put(pool::set_pool_size))
         .route("/templates/import", post(templates::import_template))
         .route("/templates/build", post(templates::build_template))
+        .route("/templates/{name}", axum::routing::delete(templates::delete_template))
         .route_layer(idempotent())
         .route_layer(middleware::from_fn(require_admin));
     // The admin may read and destroy any tenant's session; everything else is the owner's.

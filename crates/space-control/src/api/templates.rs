@@ -1,20 +1,22 @@
-//! Templates: list, import from the server's filesystem, build a built-in one.
+//! Templates: list, import (a root filesystem or an OCI image), build a built-in one, delete.
 
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use serde::Deserialize;
 use space_api::error::echo;
 use space_api::{
-    BuildTemplateRequest, ErrorBody, ErrorCode, ImportTemplateRequest, Operation, Template, TemplateList,
-    TemplateSource,
+    BuildTemplateRequest, ErrorBody, ErrorCode, ImportTemplateRequest, Operation, Template, TemplateDeleted,
+    TemplateList, TemplateSource,
 };
 use space_node_api::TemplateInfo;
-use space_store::{NewOperation, OperationKind};
+use space_store::{NewOperation, OperationKind, SessionFilter};
+use utoipa::IntoParams;
 
 use crate::AppState;
 use crate::auth::{Admin, Caller};
-use crate::error::{ApiJson, AppError, AppResult};
+use crate::error::{ApiJson, ApiPath, ApiQuery, AppError, AppResult};
 use crate::reconciler::TemplateInput;
 
 pub(crate) fn template_view(info: &TemplateInfo) -> Template {
@@ -106,6 +108,71 @@ pub async fn import_template(
     let input = import_input(&caller, request)?;
     let op = queue(&state, &caller, OperationKind::ImportTemplate, input).await?;
     Ok((StatusCode::ACCEPTED, ApiJson(op)))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteParams {
+    /// The version to delete; every version when absent.
+    pub version: Option<u32>,
+    /// Delete even while sessions use it.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// The sessions (not destroyed) that use one of `versions` of `name`: placed on one of them,
+/// or not placed yet when the newest is among them (they would take it).
+async fn sessions_using(state: &AppState, name: &str, versions: &[u32], newest: u32) -> AppResult<Vec<String>> {
+    let filter = SessionFilter { template: Some(name.to_owned()), ..SessionFilter::default() };
+    let sessions = state.store.list_sessions(&filter).await?;
+    let uses = |v: Option<u32>| v.map_or(versions.contains(&newest), |v| versions.contains(&v));
+    Ok(sessions.into_iter().filter(|s| uses(s.template_version)).map(|s| s.id.to_string()).collect())
+}
+
+/// Deletes a template's version (or all its versions) on every node. Refused with 409 while
+/// sessions use it, unless `force`.
+#[utoipa::path(delete, path = "/v1/templates/{name}", params(("name" = String, Path), DeleteParams),
+    responses((status = 200, body = TemplateDeleted), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody)))]
+pub async fn delete_template(
+    State(state): State<AppState>,
+    Admin(_admin): Admin,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(params): ApiQuery<DeleteParams>,
+) -> AppResult<ApiJson<TemplateDeleted>> {
+    check_name(&name)?;
+    let all = crate::placement::first_answer(&state, |node| async move { node.templates().await }).await?;
+    let existing: Vec<u32> = all.iter().filter(|t| t.name == name).map(|t| t.version as u32).collect();
+    let versions: Vec<u32> = existing.iter().copied().filter(|v| params.version.is_none_or(|w| w == *v)).collect();
+    let Some(&newest) = existing.iter().max().filter(|_| !versions.is_empty()) else {
+        let which = params.version.map(|v| format!("{name}@{v}")).unwrap_or_else(|| name.clone());
+        return Err(AppError::new(
+            ErrorCode::NotFound,
+            format!("there is no template {}: `space template list` shows them", echo(&which)),
+        ));
+    };
+    let in_use_by = sessions_using(&state, &name, &versions, newest).await?;
+    if !in_use_by.is_empty() && !params.force {
+        let shown: Vec<&str> = in_use_by.iter().take(5).map(String::as_str).collect();
+        return Err(AppError::new(
+            ErrorCode::Conflict,
+            format!(
+                "{} session(s) use this template ({}{}): destroy them first, or pass force=true \
+                 (`space template delete --force`); they keep running, but one that must start afresh \
+                 from its template can no longer",
+                in_use_by.len(),
+                shown.join(", "),
+                if in_use_by.len() > shown.len() { ", ..." } else { "" }
+            ),
+        ));
+    }
+    for (_, node) in state.nodes.iter() {
+        for version in &versions {
+            node.delete_template(&name, u64::from(*version)).await?;
+        }
+    }
+    tracing::info!(template = %name, ?versions, forced = !in_use_by.is_empty(), "deleted template");
+    Ok(ApiJson(TemplateDeleted { name, versions, in_use_by }))
 }
 
 /// Builds (or rebuilds from cache) a built-in template.

@@ -26,4 +26,5 @@ mod recovery;
 mod retention;
 mod runtimes;
 mod session_meta;
+mod templates;
 mod tenancy;

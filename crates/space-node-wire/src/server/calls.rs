@@ -50,6 +50,7 @@ pub(super) async fn answer(served: &Served, call: Call) -> Response<Body> {
         }
         Call::SnapshotDiskSize { session, snapshot } => result(node.snapshot_disk_size(&session, &snapshot).await),
         Call::DeleteSnapshot { session, snapshot } => result(node.delete_snapshot(&session, &snapshot).await),
+        Call::DeleteTemplate { name, version } => result(node.delete_template(&name, version).await),
         Call::SweepSnapshots { keep } => result(node.sweep_snapshots(&keep.into_iter().collect()).await),
         Call::ExportSnapshot { session, snapshot } => result(node.export_snapshot(&session, &snapshot).await),
         Call::ImportSnapshot { session, snapshot, export } => {

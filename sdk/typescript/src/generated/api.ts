@@ -937,10 +937,31 @@ export interface paths {
         put?: never;
         /**
          * Imports a root filesystem (directory or tarball) or an OCI image (`oci:DIR[:TAG]`,
-         *     `docker-archive:FILE`) on the server's host as a new template version. Returns the operation; follow it with `GET /v1/operations/{id}`.
+         *     `docker-archive:FILE` on the server's host, or `docker://REFERENCE` pulled from a registry)
+         *     as a new template version. Returns the operation; follow it with `GET /v1/operations/{id}`.
          */
         post: operations["import_template"];
         delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/templates/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Deletes a template's version (or all its versions) on every node. Refused with 409 while
+         *     sessions use it, unless `force`.
+         */
+        delete: operations["delete_template"];
         options?: never;
         head?: never;
         patch?: never;
@@ -1411,12 +1432,16 @@ export interface components {
             credential: string;
         };
         /**
-         * @description Import a template from the server's host: a root filesystem (directory or tarball) or an
-         *     OCI image (`oci:DIR[:TAG]`, `docker-archive:FILE`).
+         * @description Import a template: a root filesystem (directory or tarball) or an OCI image
+         *     (`oci:DIR[:TAG]`, `docker-archive:FILE`) on the server's host, or an image in a registry
+         *     (`docker://HOST[:PORT]/REPOSITORY[:TAG]`).
          */
         ImportTemplateRequest: {
             name: string;
-            /** @description An absolute path, optionally after `oci:` or `docker-archive:`. */
+            /**
+             * @description An absolute path, optionally after `oci:` or `docker-archive:`; or `docker://` and a
+             *     registry reference.
+             */
             path: string;
         };
         /** @description A API key id. */
@@ -2024,6 +2049,17 @@ export interface components {
             /** @description As the image gives it: `user`, `uid`, `user:group` or `uid:gid`. */
             user?: string | null;
             working_dir?: string | null;
+        };
+        /** @description What `DELETE /v1/templates/{name}` removed. */
+        TemplateDeleted: {
+            /**
+             * @description Sessions that still used one of them (only when forced): they keep running, but one
+             *     that must start afresh from its template (it has no snapshot) can no longer.
+             */
+            in_use_by: string[];
+            name: string;
+            /** @description The versions deleted. */
+            versions: number[];
         };
         TemplateList: {
             /** @description Built-in templates that can be built on demand. */
@@ -8701,6 +8737,134 @@ export interface operations {
                      *       "error": {
                      *         "code": "forbidden",
                      *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_template: {
+        parameters: {
+            query?: {
+                /** @description The version to delete; every version when absent. */
+                version?: number;
+                /** @description Delete even while sessions use it. */
+                force?: boolean;
+            };
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TemplateDeleted"];
+                };
+            };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict with the current state: `error.code` is `conflict` or `invalid_state` or `session_suspended` or `idempotency_conflict` or `snapshot_corrupt` or `file_exists`; `error.message` says what to do. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "invalid_state",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z is paused; only running sessions accept this call"
                      *       }
                      *     }
                      */
