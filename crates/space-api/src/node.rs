@@ -35,6 +35,8 @@ pub enum TemplateSource {
     OciLayout { dir: PathBuf, tag: Option<String> },
     /// A `docker save` archive.
     DockerArchive { file: PathBuf },
+    /// A tar of an OCI image layout, and the tag of the image in it.
+    OciArchive { file: PathBuf, tag: Option<String> },
     /// An image in a registry (`host[:port]/repo[:tag][@digest]`), pulled by the node.
     Registry { reference: String },
 }
@@ -46,12 +48,12 @@ impl TemplateSource {
             return TemplateSource::Registry { reference: reference.to_owned() };
         }
         if let Some(rest) = text.strip_prefix("oci:") {
-            return match rest.rsplit_once(':') {
-                Some((dir, tag)) if !tag.contains('/') => {
-                    TemplateSource::OciLayout { dir: dir.into(), tag: Some(tag.to_owned()) }
-                }
-                _ => TemplateSource::OciLayout { dir: rest.into(), tag: None },
-            };
+            let (dir, tag) = path_and_tag(rest);
+            return TemplateSource::OciLayout { dir, tag };
+        }
+        if let Some(rest) = text.strip_prefix("oci-archive:") {
+            let (file, tag) = path_and_tag(rest);
+            return TemplateSource::OciArchive { file, tag };
         }
         if let Some(file) = text.strip_prefix("docker-archive:") {
             return TemplateSource::DockerArchive { file: file.into() };
@@ -64,7 +66,7 @@ impl TemplateSource {
         match self {
             TemplateSource::Path { path } => Some(path),
             TemplateSource::OciLayout { dir, .. } => Some(dir),
-            TemplateSource::DockerArchive { file } => Some(file),
+            TemplateSource::DockerArchive { file } | TemplateSource::OciArchive { file, .. } => Some(file),
             TemplateSource::Registry { .. } => None,
         }
     }
@@ -75,8 +77,17 @@ impl TemplateSource {
             TemplateSource::Path { .. } => TemplateSource::Path { path },
             TemplateSource::OciLayout { tag, .. } => TemplateSource::OciLayout { dir: path, tag },
             TemplateSource::DockerArchive { .. } => TemplateSource::DockerArchive { file: path },
+            TemplateSource::OciArchive { tag, .. } => TemplateSource::OciArchive { file: path, tag },
             registry @ TemplateSource::Registry { .. } => registry,
         }
+    }
+}
+
+/// `PATH[:TAG]`: a last `:` followed by something without `/` is a tag.
+fn path_and_tag(text: &str) -> (PathBuf, Option<String>) {
+    match text.rsplit_once(':') {
+        Some((path, tag)) if !tag.contains('/') => (path.into(), Some(tag.to_owned())),
+        _ => (text.into(), None),
     }
 }
 
@@ -87,6 +98,8 @@ impl std::fmt::Display for TemplateSource {
             TemplateSource::OciLayout { dir, tag: Some(tag) } => write!(f, "oci:{}:{tag}", dir.display()),
             TemplateSource::OciLayout { dir, tag: None } => write!(f, "oci:{}", dir.display()),
             TemplateSource::DockerArchive { file } => write!(f, "docker-archive:{}", file.display()),
+            TemplateSource::OciArchive { file, tag: Some(tag) } => write!(f, "oci-archive:{}:{tag}", file.display()),
+            TemplateSource::OciArchive { file, tag: None } => write!(f, "oci-archive:{}", file.display()),
             TemplateSource::Registry { reference } => write!(f, "docker://{reference}"),
         }
     }
@@ -102,6 +115,7 @@ mod tests {
             "/srv/root.tar",
             "oci:/srv/img:v1",
             "oci:/srv/img",
+            "oci-archive:/srv/i.tar:v2",
             "docker-archive:/srv/img.tar",
             "rel/dir",
             "docker://h:5000/r:t",

@@ -75,6 +75,9 @@ pub struct ControlArgs {
     /// e.g. `5m` (pings count; `space exec` and `space files watch` send them).
     #[arg(long, default_value = "5m", value_parser = parse_idle)]
     pub ws_idle_timeout: std::time::Duration,
+    /// Largest template upload (`space template import --upload`) accepted, in GiB.
+    #[arg(long, default_value_t = 16)]
+    pub template_upload_max_gib: u64,
     /// Let credentials name hosts by wildcard (`*.example.com`). Off by default: the value then
     /// goes to every name under the domain, including ones a sandbox user may create or take
     /// over; credentials name each host exactly.
@@ -340,6 +343,7 @@ pub fn server_config(args: &ControlArgs, data_dir: &Path) -> ServerConfig {
         http: HttpLimits {
             max_connections: args.max_connections.max(1),
             ws_idle_timeout: args.ws_idle_timeout,
+            template_upload_max_bytes: args.template_upload_max_gib.saturating_mul(1 << 30),
             ..HttpLimits::default()
         },
     }

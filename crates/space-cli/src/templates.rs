@@ -26,6 +26,9 @@ pub enum TemplateCommand {
         /// (`docker-archive:FILE`); or an image in a registry (`docker://HOST/REPO:TAG`, pulled
         /// by the server with the logins of its host's `skopeo login`/`docker login`).
         image: String,
+        /// IMAGE is on this machine, not the server's host: send it to the server.
+        #[arg(long)]
+        upload: bool,
     },
     /// Delete a template's version (NAME@VERSION) or all its versions (NAME).
     Delete {
@@ -66,7 +69,11 @@ pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyho
             print_table(&["NAME", "VERSION", "SIZE", "CREATED", "SOURCE"], &rows);
             println!("built-in: {} (default: {})", list.builtin.join(", "), list.default_template);
         }
-        TemplateCommand::Import { name, image } => {
+        TemplateCommand::Import { name, image, upload: true } => {
+            let op = crate::template_upload::upload(client, &name, TemplateSource::parse(&image), json).await?;
+            follow(client, op, json).await?;
+        }
+        TemplateCommand::Import { name, image, upload: false } => {
             let mut source = TemplateSource::parse(&image);
             if let Some(path) = source.host_path().map(std::path::Path::to_path_buf) {
                 source = source.with_host_path(std::fs::canonicalize(&path).unwrap_or(path));

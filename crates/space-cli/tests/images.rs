@@ -68,20 +68,33 @@ fn templates(server: &Server, name: &str) -> Vec<Value> {
     list["templates"].as_array().unwrap().iter().filter(|t| t["name"] == name).cloned().collect()
 }
 
-#[test]
-fn images_from_a_layout_and_a_docker_archive_run_with_their_config() {
-    require_root!();
+/// A server, and the test image (made under its data dir) as an OCI layout reference and a
+/// `docker save` archive reference.
+fn server_with_image() -> (Server, String, String) {
     let server = Server::start();
     let dir = server.data_dir.join("image-src");
     make_image(&dir);
     let layout = format!("oci:{}:v1", dir.join("oci").display());
     let archive = format!("docker-archive:{}", dir.join("image.tar").display());
+    (server, layout, archive)
+}
+
+/// Starts a session from template `name` and checks its commands get the image's config.
+fn session_runs_with_image_config(server: &Server, name: &str) -> String {
+    let id = server.create_session(json!({ "template": name }));
+    let r = server.exec(&id, &["sh", "-c", "echo $GREETING; pwd; id -u; id -g; echo $HOME"]);
+    assert_eq!(r["stdout"], "hello from the image\n/srv\n1000\n1000\n/home/app\n", "{name}: {r}");
+    id
+}
+
+#[test]
+fn images_from_a_layout_and_a_docker_archive_run_with_their_config() {
+    require_root!();
+    let (server, layout, archive) = server_with_image();
     for (name, image) in [("from-layout", &layout), ("from-archive", &archive)] {
         let out = import(&server, name, image);
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
-        let id = server.create_session(json!({ "template": name }));
-        let r = server.exec(&id, &["sh", "-c", "echo $GREETING; pwd; id -u; id -g; echo $HOME"]);
-        assert_eq!(r["stdout"], "hello from the image\n/srv\n1000\n1000\n/home/app\n", "{name}: {r}");
+        let id = session_runs_with_image_config(&server, name);
         let r = server.exec(&id, &["sh", "-c", "cat /a/kept /srv/upper; test -e /a/gone || echo whited out"]);
         assert_eq!(r["stdout"], "lower layer\nupper layer\nwhited out\n", "{name}: {r}");
         // What the request says wins over the image's defaults.
@@ -261,4 +274,47 @@ fn images_pull_from_a_registry_with_and_without_a_login() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Files in the server's upload directory (imports remove theirs when they end).
+fn uploads_left(server: &Server) -> Vec<String> {
+    match std::fs::read_dir(server.data_dir.join("uploads")) {
+        Ok(entries) => entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+#[test]
+fn images_upload_over_the_api_checked_and_bounded() {
+    require_root!();
+    let (server, layout, archive) = server_with_image();
+    let dir = server.data_dir.join("image-src");
+    for (name, image) in [("up-archive", &archive), ("up-layout", &layout)] {
+        let out = server.cli(&["template", "import", "--upload", name, image]);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        session_runs_with_image_config(&server, name);
+    }
+    assert!(uploads_left(&server).is_empty(), "{:?}", uploads_left(&server));
+
+    // A body that does not match its checksum is refused, and nothing is kept.
+    let data = format!("@{}", dir.join("image.tar").display());
+    let wrong = "0".repeat(64);
+    let path = format!("/v1/templates/uploads?name=bad&format=docker-archive&sha256={wrong}");
+    assert_eq!(server.post_raw(&path, &["--data-binary", &data]), 400);
+    assert!(templates(&server, "bad").is_empty());
+    assert!(uploads_left(&server).is_empty(), "{:?}", uploads_left(&server));
+    // A tenant may not upload at all.
+    let tenant = server.tenant_key("acme");
+    let (status, _) = server.call_as(&tenant, "POST", &format!("/v1/templates/uploads?name=t&sha256={wrong}"), None);
+    assert_eq!(status, 403);
+
+    let small = Server::start_with(&["--template-upload-max-gib", "0"]);
+    let out = small.cli(&["template", "import", "--upload", "too-big", &archive]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("larger than 0 bytes"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(uploads_left(&small).is_empty(), "{:?}", uploads_left(&small));
 }

@@ -120,6 +120,8 @@ pub struct AppState {
     pub e2b_domain: Option<String>,
     /// `DATA_DIR/admin.key`: a rotation of the admin key it holds writes the new key there.
     pub admin_key_file: PathBuf,
+    /// The control plane's data dir (template uploads wait in `uploads/` there).
+    pub data_dir: PathBuf,
 }
 
 impl AppState {
@@ -189,7 +191,9 @@ pub async fn start(
         preview_domain: config.preview_domain.clone(),
         e2b_domain: config.e2b_domain.clone(),
         admin_key_file,
+        data_dir: config.data_dir.clone(),
     };
+    api::template_uploads::remove_partial_uploads(&api::template_uploads::upload_dir(&config.data_dir));
     egress::spawn_audit_writers(&state);
     if let Some(retention) = config.audit_retention {
         egress::spawn_audit_retention(&state, retention);

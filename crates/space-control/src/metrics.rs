@@ -32,6 +32,7 @@ fn limits() -> HttpLimits {
         header_read_timeout: Duration::from_secs(10),
         body_idle_timeout: Duration::from_secs(10),
         ws_idle_timeout: Duration::from_secs(10),
+        template_upload_max_bytes: 0,
     }
 }
 

@@ -529,13 +529,26 @@ pub fn watch_exit(state: AppState, node: Arc<dyn NodeApi>, session: SessionId, h
 pub struct TemplateInput {
     pub name: String,
     pub path: Option<String>,
+    /// An upload the import reads (`POST /v1/templates/uploads`), removed once the operation
+    /// ends, however it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uploaded: Option<std::path::PathBuf>,
+}
+
+/// Builds (or imports) the template on every node, then removes the upload it read, if any.
+async fn build_template(state: &AppState, op: &OperationRecord) -> AppResult<()> {
+    let input: TemplateInput = serde_json::from_str(op.input.as_deref().unwrap_or(""))
+        .map_err(|e| AppError::internal(format!("bad template operation input: {e}")))?;
+    let result = build_everywhere(state, op, &input).await;
+    if let Some(upload) = &input.uploaded {
+        crate::api::template_uploads::remove(upload);
+    }
+    result
 }
 
 /// Builds (or imports) the template on every node, one after the other: a session may be
 /// placed on any of them. An import's path is read on each node's host.
-async fn build_template(state: &AppState, op: &OperationRecord) -> AppResult<()> {
-    let input: TemplateInput = serde_json::from_str(op.input.as_deref().unwrap_or(""))
-        .map_err(|e| AppError::internal(format!("bad template operation input: {e}")))?;
+async fn build_everywhere(state: &AppState, op: &OperationRecord, input: &TemplateInput) -> AppResult<()> {
     for (_, node) in state.nodes.iter() {
         match &input.path {
             Some(path) => {
@@ -566,7 +579,8 @@ pub async fn prepare_templates(state: &AppState, names: &[String]) -> AppResult<
         if missing_nowhere(state, name).await {
             continue;
         }
-        let input = serde_json::to_string(&TemplateInput { name: name.clone(), path: None }).unwrap_or_default();
+        let input = TemplateInput { name: name.clone(), path: None, uploaded: None };
+        let input = serde_json::to_string(&input).unwrap_or_default();
         let new = NewOperation {
             tenant_id: tenant.clone(),
             session_id: None,

@@ -54,6 +54,8 @@ pub struct HttpLimits {
     /// Exec, attach and watch WebSockets with no traffic either way (output, input, pings)
     /// for this long are closed; an exec's command is then killed.
     pub ws_idle_timeout: Duration,
+    /// Largest template upload (`POST /v1/templates/uploads`) accepted, in bytes.
+    pub template_upload_max_bytes: u64,
 }
 
 impl Default for HttpLimits {
@@ -63,6 +65,7 @@ impl Default for HttpLimits {
             header_read_timeout: Duration::from_secs(30),
             body_idle_timeout: Duration::from_secs(60),
             ws_idle_timeout: Duration::from_secs(300),
+            template_upload_max_bytes: 16 << 30,
         }
     }
 }
@@ -245,6 +248,7 @@ pub(crate) mod testing {
             header_read_timeout: Duration::from_secs(60),
             body_idle_timeout: Duration::from_secs(60),
             ws_idle_timeout: Duration::from_secs(60),
+            ..HttpLimits::default()
         }
     }
 

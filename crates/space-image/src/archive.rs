@@ -1,5 +1,7 @@
-//! `docker save` archives (`docker-archive:FILE`): a tar holding `manifest.json`, the config
-//! and one tar per layer. Members are read in place (an index of offsets), never copied out.
+//! Images in one tar file, read in place (an index of member offsets), never copied out:
+//! `docker save` archives (`docker-archive:FILE`: `manifest.json`, the config, a tar per
+//! layer) and tars of OCI image layouts (`oci-archive:FILE[:TAG]`, what
+//! `skopeo copy … oci-archive:` writes).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -12,6 +14,7 @@ use serde::Deserialize;
 use crate::digest::Digest;
 use crate::error::{ImageError, IoContext, Result};
 use crate::image::{Blob, Image};
+use crate::layout::{Blobs, Files, open_index};
 
 /// More members than any real archive has.
 const MAX_MEMBERS: usize = 100_000;
@@ -48,6 +51,13 @@ pub fn open_docker_archive(file: &Path) -> Result<Image> {
         .map_err(|e| ImageError::malformed(&config_blob.what, e.to_string()))?;
     let layers = entry.layers.iter().map(|name| Ok((member(name)?, None))).collect::<Result<Vec<_>>>()?;
     Image::new(id, config, layers)
+}
+
+/// Opens the image tagged `tag` (or the only one) of the tar of an OCI layout at `file`.
+pub fn open_oci_archive(file: &Path, tag: Option<&str>) -> Result<Image> {
+    let what = format!("OCI archive {}", file.display());
+    let members = index(file, &what)?;
+    open_index(&Blobs { files: Files::Members(&members), what }, tag)
 }
 
 /// The digest a member's name carries (`<hex>.json`, `blobs/sha256/<hex>`), if any.

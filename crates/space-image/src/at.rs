@@ -24,25 +24,51 @@ pub fn open_dir_in_root(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<OwnedFd
 }
 
 /// Like [`open_dir_in_root`], creating missing directories (mode 0755, owned by root) on the
-/// way, as a tar without explicit directory entries needs.
-pub fn make_dir_in_root(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<OwnedFd> {
+/// way, as a tar without explicit directory entries needs. Also returns how many it made.
+pub fn make_dir_in_root(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<(OwnedFd, u64)> {
     match open_dir_in_root(root, rel) {
         Err(Errno::ENOENT) => {}
-        other => return other,
+        other => return other.map(|fd| (fd, 0)),
     }
     let mut prefix = std::path::PathBuf::new();
     let mut dir = open_dir_in_root(root, &prefix)?;
+    let mut made = 0;
     for component in rel.components() {
         prefix.push(component);
         dir = match open_dir_in_root(root, &prefix) {
             Err(Errno::ENOENT) => {
-                mkdirat(&dir, component.as_os_str(), Mode::from_bits_truncate(0o755))?;
+                let name = component.as_os_str();
+                plain_name(name)?;
+                mkdirat(&dir, name, Mode::from_bits_truncate(0o755))?;
+                made += 1;
                 open_dir_in_root(root, &prefix)?
             }
             other => other?,
         };
     }
-    Ok(dir)
+    Ok((dir, made))
+}
+
+/// Refuses `.`, `..` and empty names (and any with a `/`): every call below acts on one
+/// entry of one directory, never on the directory itself or its parent.
+fn plain_name(name: &OsStr) -> nix::Result<()> {
+    let bytes = name.as_bytes();
+    if matches!(bytes, b"" | b"." | b"..") || bytes.contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+/// Opens child directory `name` of `dir` without following a symlink; `None` when it is not
+/// a directory.
+pub fn open_child_dir(dir: BorrowedFd<'_>, name: &OsStr) -> nix::Result<Option<OwnedFd>> {
+    plain_name(name)?;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    match openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::ENOTDIR | Errno::ELOOP | Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// `lstat` of `name` in `dir`; `None` when it does not exist.
@@ -61,6 +87,7 @@ fn is_dir(stat: &FileStat) -> bool {
 /// Removes `name` from `dir` whatever it is (a directory with everything in it), never
 /// following a symlink. Missing is fine.
 pub fn remove_all(dir: BorrowedFd<'_>, name: &OsStr) -> nix::Result<()> {
+    plain_name(name)?;
     let Some(stat) = lstat(dir, name)? else { return Ok(()) };
     if is_dir(&stat) {
         let child = openat(
@@ -95,6 +122,7 @@ pub fn children(dir: BorrowedFd<'_>) -> nix::Result<Vec<OsString>> {
 /// Makes `name` in `dir` a directory: an existing directory is kept (a later layer only
 /// updates its metadata), anything else there is replaced.
 pub fn ensure_dir(dir: BorrowedFd<'_>, name: &OsStr) -> nix::Result<()> {
+    plain_name(name)?;
     match lstat(dir, name)? {
         Some(stat) if is_dir(&stat) => Ok(()),
         Some(_) => {
@@ -114,7 +142,7 @@ pub fn create_file(dir: BorrowedFd<'_>, name: &OsStr) -> nix::Result<File> {
 }
 
 pub fn symlink(dir: BorrowedFd<'_>, name: &OsStr, target: &Path) -> nix::Result<()> {
-    remove_all(dir, name)?;
+    remove_all(dir, name)?; // refuses `.` and `..`
     symlinkat(target, dir, name)
 }
 
@@ -131,9 +159,8 @@ pub fn hard_link(
     dir: BorrowedFd<'_>,
     name: &OsStr,
 ) -> nix::Result<()> {
-    if source_dir.as_raw_fd() != dir.as_raw_fd() || source_name != name {
-        remove_all(dir, name)?;
-    }
+    plain_name(source_name)?;
+    remove_all(dir, name)?;
     linkat(source_dir, source_name, dir, name, AtFlags::empty())
 }
 
@@ -145,6 +172,12 @@ pub fn set_owner_mode(dir: BorrowedFd<'_>, name: &OsStr, uid: u32, gid: u32, mod
         fchmodat(dir, name, Mode::from_bits_truncate(mode & 0o7777), FchmodatFlags::FollowSymlink)?;
     }
     Ok(())
+}
+
+/// Owner, then permission bits, of an open file (in that order: `chown` clears setuid bits).
+pub fn set_file_owner_mode(file: &File, uid: u32, gid: u32, mode: u32) -> nix::Result<()> {
+    nix::unistd::fchown(file, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))?;
+    nix::sys::stat::fchmod(file, Mode::from_bits_truncate(mode & 0o7777))
 }
 
 /// Sets the modification (and access) time of `name` in `dir`, not following a symlink.
@@ -167,13 +200,18 @@ pub fn set_xattr(file: &File, key: &OsStr, value: &[u8]) -> nix::Result<()> {
 pub fn read_in_root(root: &Path, rel: &Path, max: u64) -> std::io::Result<Option<Vec<u8>>> {
     use std::io::Read;
     let root = File::open(root)?;
+    // Non-blocking, so that a FIFO in its place cannot hang the import; then only a regular
+    // file is read.
     let how = OpenHow::new()
-        .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+        .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
         .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
     let file = match openat2(root.as_fd(), rel, how) {
         Err(Errno::ENOENT) => return Ok(None),
         other => File::from(other?),
     };
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!("{} is not a regular file", rel.display())));
+    }
     let mut bytes = Vec::new();
     file.take(max + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {
@@ -190,7 +228,7 @@ pub fn write_in_root(root: &Path, rel: &Path, bytes: &[u8]) -> std::io::Result<(
     let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
         return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
     };
-    let dir = make_dir_in_root(root.as_fd(), parent)?;
+    let (dir, _) = make_dir_in_root(root.as_fd(), parent)?;
     let mut file = create_file(dir.as_fd(), name)?;
     file.write_all(bytes)?;
     fchmodat(dir.as_fd(), name, Mode::from_bits_truncate(0o644), FchmodatFlags::FollowSymlink)?;

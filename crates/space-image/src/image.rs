@@ -7,9 +7,11 @@ use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use oci_spec::image::ImageConfiguration;
+use space_api::TemplateDefaults;
 
 use crate::digest::{Digest, Hashing};
 use crate::error::{ImageError, IoContext, Result};
+use crate::guard::TarGuard;
 use crate::unpack::{Budget, Limits, Unpacker};
 
 /// Largest manifest, index or config read into memory.
@@ -63,16 +65,6 @@ pub struct Layer {
     pub diff_id: Option<Digest>,
 }
 
-/// The defaults an image's config gives the commands run in it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Defaults {
-    pub env: Vec<String>,
-    pub working_dir: Option<String>,
-    pub user: Option<String>,
-    pub entrypoint: Vec<String>,
-    pub cmd: Vec<String>,
-}
-
 /// An image ready to unpack.
 #[derive(Debug, Clone)]
 pub struct Image {
@@ -101,9 +93,10 @@ impl Image {
         Ok(Image { id, config, layers })
     }
 
-    pub fn defaults(&self) -> Defaults {
-        let Some(config) = self.config.config() else { return Defaults::default() };
-        Defaults {
+    /// What the image's config gives the commands run in it.
+    pub fn defaults(&self) -> TemplateDefaults {
+        let Some(config) = self.config.config() else { return TemplateDefaults::default() };
+        TemplateDefaults {
             env: config.env().clone().unwrap_or_default(),
             working_dir: config.working_dir().clone().filter(|d| !d.is_empty()),
             user: config.user().clone().filter(|u| !u.is_empty()),
@@ -121,15 +114,21 @@ impl Image {
     /// digests as it streams. On error `root` is left half-filled for the caller to remove.
     pub fn unpack(&self, root: &Path, limits: Limits, report: Report<'_>) -> Result<Budget> {
         let mut budget = Budget::new(limits);
+        let mut streamed = 0u64;
         let count = self.layers.len();
         for (index, layer) in self.layers.iter().enumerate() {
             let phase = format!("extracting layer {}/{count}", index + 1);
             let read = Progressing { inner: layer.blob.open()?, done: 0, phase: &phase, total: layer.blob.len, report };
             let stored = BufReader::with_capacity(READ_BUFFER, Hashing::new(read));
-            let mut plain = Hashing::new(Decoder::new(stored).ctx("read", &layer.blob.file)?);
+            let decoder = Decoder::new(stored).ctx("read", &layer.blob.file)?;
+            let guard = TarGuard::new(decoder, budget.stream_limit().saturating_sub(streamed));
+            let mut plain = Hashing::new(guard);
             Unpacker::new(root, &mut budget)?.apply(index + 1, &mut plain)?;
-            let (decoder, diff_id, _) = plain.finish_into().ctx("read", &layer.blob.file)?;
-            let (digest, len) = decoder.into_inner().into_inner().finish().ctx("read", &layer.blob.file)?;
+            let (guard, diff_id, _) = plain
+                .finish_into()
+                .map_err(|e| ImageError::malformed(format!("layer {}", index + 1), e.to_string()))?;
+            streamed += guard.passed();
+            let (digest, len) = guard.into_inner().into_inner().into_inner().finish().ctx("read", &layer.blob.file)?;
             let what = format!("layer {} of the image ({})", index + 1, layer.blob.what);
             if let Some(expected) = &layer.diff_id {
                 expected.verify(format!("{what}, uncompressed"), &diff_id)?;

@@ -1,6 +1,8 @@
-//! OCI image layouts (`oci:DIR[:TAG]`): `oci-layout`, `index.json`, `blobs/sha256/<hex>`.
+//! OCI image layouts (`oci:DIR[:TAG]`): `oci-layout`, `index.json`, `blobs/sha256/<hex>`; as a
+//! directory, or as the members of a tar of one (`oci-archive:FILE[:TAG]`), read in place.
 
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::path::Path;
 
 use oci_spec::image::{Descriptor, ImageConfiguration, ImageIndex, ImageManifest, MediaType};
 
@@ -20,18 +22,35 @@ pub(crate) fn host_platform() -> (&'static str, &'static str) {
     ("linux", arch)
 }
 
-/// Blobs of a layout directory.
+/// Where a layout's files are.
+pub(crate) enum Files<'a> {
+    /// A directory.
+    Dir(&'a Path),
+    /// Members of a tar, by their path in it.
+    Members(&'a HashMap<String, Blob>),
+}
+
+/// The files of a layout, and what to call it in messages.
 pub(crate) struct Blobs<'a> {
-    pub dir: &'a Path,
+    pub files: Files<'a>,
     pub what: String,
 }
 
 impl Blobs<'_> {
+    /// File `rel` of the layout (`index.json`, `blobs/sha256/<hex>`).
+    fn file(&self, rel: &str) -> Result<Blob> {
+        match &self.files {
+            Files::Dir(dir) => Blob::whole(dir.join(rel), format!("{} {rel}", self.what)),
+            Files::Members(members) => {
+                members.get(rel).cloned().ok_or_else(|| ImageError::malformed(&self.what, format!("it has no {rel}")))
+            }
+        }
+    }
+
     /// The blob a descriptor points at, its size checked against the descriptor's.
     pub fn get(&self, descriptor: &Descriptor) -> Result<(Blob, Digest)> {
         let digest = Digest::parse(descriptor.digest().as_ref())?;
-        let path: PathBuf = self.dir.join("blobs/sha256").join(digest.hex());
-        let blob = Blob::whole(path, format!("{} blob {digest}", self.what))?;
+        let blob = self.file(&format!("blobs/sha256/{}", digest.hex()))?;
         if blob.len != descriptor.size() {
             let reason = format!("blob {digest} has {} bytes, its descriptor says {}", blob.len, descriptor.size());
             return Err(ImageError::malformed(&self.what, reason));
@@ -59,18 +78,20 @@ fn parse_config(bytes: &[u8]) -> oci_spec::Result<ImageConfiguration> {
 
 /// Opens the image tagged `tag` in the layout at `dir` (the only image when `tag` is `None`).
 pub fn open_layout(dir: &Path, tag: Option<&str>) -> Result<Image> {
-    let what = format!("OCI layout {}", dir.display());
-    let marker = dir.join("oci-layout");
-    if !marker.is_file() {
-        return Err(ImageError::malformed(&what, "it has no oci-layout file"));
+    open_index(&Blobs { files: Files::Dir(dir), what: format!("OCI layout {}", dir.display()) }, tag)
+}
+
+/// Opens the image tagged `tag` (or the only one) of a layout's files.
+pub(crate) fn open_index(blobs: &Blobs<'_>, tag: Option<&str>) -> Result<Image> {
+    let what = &blobs.what;
+    if blobs.file("oci-layout").is_err() {
+        return Err(ImageError::malformed(what, "it has no oci-layout file"));
     }
-    let index_path = dir.join("index.json");
-    let index = Blob::whole(index_path.clone(), format!("{}", index_path.display()))?.read_small(None)?;
-    let index = parse_index(&index).map_err(|e| ImageError::malformed(&what, format!("index.json: {e}")))?;
-    let blobs = Blobs { dir, what: what.clone() };
-    let descriptor = pick_tag(&index, tag, &what)?;
-    let (manifest, id) = resolve_manifest(&blobs, descriptor, &what)?;
-    from_manifest(&blobs, &manifest, id)
+    let index = blobs.file("index.json")?.read_small(None)?;
+    let index = parse_index(&index).map_err(|e| ImageError::malformed(what, format!("index.json: {e}")))?;
+    let descriptor = pick_tag(&index, tag, what)?;
+    let (manifest, id) = resolve_manifest(blobs, descriptor, what)?;
+    from_manifest(blobs, &manifest, id)
 }
 
 /// Builds the image a manifest describes, its blobs from `blobs`.

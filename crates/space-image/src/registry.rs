@@ -16,7 +16,7 @@ use tokio::io::AsyncWriteExt;
 use crate::digest::{Digest, Hashing};
 use crate::error::{ImageError, IoContext, Result};
 use crate::image::Image;
-use crate::layout::{Blobs, from_manifest};
+use crate::layout::{Blobs, Files, from_manifest};
 
 const MANIFEST_TYPES: [&str; 2] =
     ["application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"];
@@ -112,7 +112,7 @@ pub async fn pull(reference: &RegistryRef, cache: &Path, report: PullReport<'_>)
         store.fetch(layer, &format!("layer {}/{count}", index + 1), report).await?;
     }
     // Reads only the small config from disk: fine on this thread.
-    from_manifest(&Blobs { dir: cache, what }, &manifest, id)
+    from_manifest(&Blobs { files: Files::Dir(cache), what }, &manifest, id)
 }
 
 /// The blob cache and what fills it.
@@ -135,10 +135,12 @@ impl BlobCache<'_> {
             return Ok(());
         }
         tokio::fs::create_dir_all(&dir).await.ctx("create", &dir)?;
-        let partial = dir.join(format!("{}.partial-{}", digest.hex(), std::process::id()));
+        // Unique: imports run side by side and may fetch the same blob.
+        let nonce: u64 = rand::random();
+        let partial = dir.join(format!("{}.partial-{}-{nonce:016x}", digest.hex(), std::process::id()));
         let phase = format!("downloading {what}");
         report(phase.clone(), 0, Some(descriptor.size()));
-        let result = match self.download(&digest, &partial).await {
+        let result = match self.download(&digest, &partial, descriptor.size()).await {
             Ok(()) => {
                 let (file, digest, size) = (partial.clone(), digest.clone(), descriptor.size());
                 let verified = tokio::task::spawn_blocking(move || verify_file(&file, &digest, size)).await;
@@ -155,16 +157,57 @@ impl BlobCache<'_> {
         Ok(())
     }
 
-    async fn download(&self, digest: &Digest, partial: &Path) -> Result<()> {
-        let file = tokio::fs::File::create(partial).await.ctx("create", partial)?;
-        let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
+    /// Downloads the blob into `partial`, refusing more than `size` bytes (a registry that
+    /// sends more is not allowed to fill the disk).
+    async fn download(&self, digest: &Digest, partial: &Path, size: u64) -> Result<()> {
+        let file =
+            tokio::fs::OpenOptions::new().write(true).create_new(true).open(partial).await.ctx("create", partial)?;
+        let mut out = Bounded { inner: tokio::io::BufWriter::with_capacity(1 << 20, file), left: size };
         let name = digest.to_string();
         self.client.pull_blob(self.image, name.as_str(), &mut out).await.map_err(|e| ImageError::Registry {
             registry: self.registry.to_owned(),
             reason: format!("downloading {digest}: {e}"),
         })?;
-        out.flush().await.ctx("write", partial)?;
-        out.into_inner().sync_all().await.ctx("sync", partial)
+        out.inner.flush().await.ctx("write", partial)?;
+        out.inner.into_inner().sync_all().await.ctx("sync", partial)
+    }
+}
+
+/// A writer that fails once more than `left` bytes were written.
+struct Bounded<W> {
+    inner: W,
+    left: u64,
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Bounded<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if buf.len() as u64 > self.left {
+            let error = std::io::Error::other("the registry sent more bytes than the blob's descriptor says");
+            return std::task::Poll::Ready(Err(error));
+        }
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &polled {
+            self.left -= *n as u64;
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

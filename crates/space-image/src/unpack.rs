@@ -3,7 +3,8 @@
 //! its directory of what the layers below put there, hard links, symlinks, FIFOs, owners,
 //! modes, times and `user.*`/`security.capability` xattrs kept. Device nodes are refused
 //! (a template has no use for them and shifting would drop them anyway), as is any path
-//! with `..`; every path is resolved inside the root.
+//! with `..`; every path is resolved inside the root. Entries, bytes, implicitly created
+//! directories and the paths remembered per layer are all charged to a [`Budget`].
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
@@ -20,6 +21,11 @@ use crate::error::{ImageError, Result};
 const WHITEOUT: &str = ".wh.";
 const OPAQUE: &str = ".wh..wh..opq";
 const XATTR_PREFIX: &str = "SCHILY.xattr.";
+/// Longest path an entry may have, and most components (deeper trees are not images).
+const MAX_PATH_BYTES: usize = 4096;
+const MAX_DEPTH: usize = 256;
+/// Bytes of paths a layer's bookkeeping (what it wrote, for opaque directories) may hold.
+const MAX_REMEMBERED: u64 = 256 << 20;
 
 /// Bounds on what an image may unpack to (a tar bomb stops at the first entry beyond them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,15 +50,26 @@ pub struct Budget {
     limits: Limits,
     pub bytes: u64,
     pub entries: u64,
+    remembered: u64,
 }
 
 impl Budget {
     pub fn new(limits: Limits) -> Self {
-        Budget { limits, bytes: 0, entries: 0 }
+        Budget { limits, bytes: 0, entries: 0, remembered: 0 }
+    }
+
+    /// Most bytes the layers' uncompressed streams may hold in all: the files' content plus
+    /// a generous allowance for headers and padding.
+    pub fn stream_limit(&self) -> u64 {
+        self.limits.max_bytes.saturating_add(self.limits.max_entries.saturating_mul(2048))
     }
 
     fn charge(&mut self, bytes: u64) -> Result<()> {
-        self.entries += 1;
+        self.charge_entries(1, bytes)
+    }
+
+    fn charge_entries(&mut self, entries: u64, bytes: u64) -> Result<()> {
+        self.entries += entries;
         self.bytes = self.bytes.saturating_add(bytes);
         if self.entries > self.limits.max_entries {
             return Err(ImageError::TooLarge { what: "entries", limit: self.limits.max_entries });
@@ -62,11 +79,22 @@ impl Budget {
         }
         Ok(())
     }
+
+    fn charge_remembered(&mut self, bytes: u64) -> Result<()> {
+        self.remembered += bytes;
+        if self.remembered > MAX_REMEMBERED {
+            return Err(ImageError::TooLarge { what: "bytes of paths in one layer", limit: MAX_REMEMBERED });
+        }
+        Ok(())
+    }
 }
 
 /// A layer path split into its parent directory and name, both relative to the root.
 /// `None` for the root itself.
 fn split(path: &Path) -> std::result::Result<Option<(PathBuf, OsString)>, &'static str> {
+    if path.as_os_str().len() > MAX_PATH_BYTES || path.components().count() > MAX_DEPTH {
+        return Err("is longer or deeper than any image needs");
+    }
     let mut clean = PathBuf::new();
     for component in path.components() {
         match component {
@@ -146,8 +174,16 @@ impl<'a> Unpacker<'a> {
             return self.opaque(&place, written).map_err(|e| self.failed(index, &raw, e));
         }
         if let Some(hidden) = name_bytes.strip_prefix(WHITEOUT.as_bytes()) {
-            self.forget_under(&place.parent.join(OsStr::from_bytes(hidden)));
-            let dir = match self.dir(&place.parent, false) {
+            if matches!(hidden, b"" | b"." | b"..") {
+                return Err(refuse("is a whiteout of no file"));
+            }
+            let target = place.parent.join(OsStr::from_bytes(hidden));
+            // A whiteout hides what the layers below have, never what this layer wrote.
+            if written.contains(&target) {
+                return Ok(());
+            }
+            self.forget_under(&target);
+            let dir = match self.dir(&place.parent) {
                 Err(nix::errno::Errno::ENOENT) => return Ok(()),
                 other => other.map_err(|e| self.failed(index, &raw, e))?,
             };
@@ -156,11 +192,12 @@ impl<'a> Unpacker<'a> {
         let (uid, gid) = self.ids(entry, index, &raw)?;
         let mode = entry.header().mode().map_err(|e| self.bad_tar(index, e))?;
         let mtime = entry.header().mtime().unwrap_or(0);
-        let dir = self.dir(&place.parent, true).map_err(|e| self.failed(index, &raw, e))?;
+        let dir = self.dir_creating(&place.parent, index, &raw)?;
         let fd = dir.as_fd();
         let name = place.name.as_os_str();
+        let owner = Owner { uid, gid, mode };
         let result: io::Result<()> = match kind {
-            EntryType::Regular | EntryType::Continuous => self.file(fd, name, entry, index, &raw),
+            EntryType::Regular | EntryType::Continuous => self.file(fd, name, entry, owner, &raw),
             EntryType::Directory => at::ensure_dir(fd, name).map_err(io::Error::from),
             EntryType::Symlink => {
                 let target = entry.link_name().map_err(|e| self.bad_tar(index, e))?.unwrap_or_default();
@@ -172,13 +209,28 @@ impl<'a> Unpacker<'a> {
             other => return Err(refuse(&format!("has an unsupported tar entry type {:?}", other.as_byte() as char))),
         };
         result.map_err(|e| self.failed(index, &raw, e))?;
-        let mode = (kind != EntryType::Symlink).then_some(mode);
-        at::set_owner_mode(fd, name, uid, gid, mode).map_err(|e| self.failed(index, &raw, e))?;
+        if !kind.is_file() {
+            // A regular file got its owner and mode before its xattrs (chown drops capabilities).
+            let mode = (kind != EntryType::Symlink).then_some(mode);
+            at::set_owner_mode(fd, name, uid, gid, mode).map_err(|e| self.failed(index, &raw, e))?;
+        }
         if kind != EntryType::Directory {
             at::set_mtime(fd, name, mtime).map_err(|e| self.failed(index, &raw, e))?;
         }
-        remember(written, place.full);
-        Ok(())
+        let added = remember(written, place.full);
+        self.budget.charge_remembered(added)
+    }
+
+    /// The directory `rel`, made (with what is missing above it) if needed; each directory
+    /// made counts as an entry.
+    fn dir_creating(&mut self, rel: &Path, index: usize, raw: &Path) -> Result<OwnedFd> {
+        if let Some(fd) = self.cached_dir(rel).map_err(|e| self.failed(index, raw, e))? {
+            return Ok(fd);
+        }
+        let (fd, made) = at::make_dir_in_root(self.root.as_fd(), rel).map_err(|e| self.failed(index, raw, e))?;
+        self.budget.charge_entries(made, 0)?;
+        self.cache(rel, &fd).map_err(|e| self.failed(index, raw, e))?;
+        Ok(fd)
     }
 
     /// Drops the cached directory if `path` is it or holds it.
@@ -207,32 +259,42 @@ impl<'a> Unpacker<'a> {
         Ok((uid as u32, gid as u32))
     }
 
-    /// The directory `rel`, from the cache when it is the last one used.
-    fn dir(&mut self, rel: &Path, create: bool) -> nix::Result<OwnedFd> {
-        if let Some((path, fd)) = &self.cached
-            && path == rel
-        {
-            return fd.try_clone().map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)));
+    /// The existing directory `rel`.
+    fn dir(&mut self, rel: &Path) -> nix::Result<OwnedFd> {
+        if let Some(fd) = self.cached_dir(rel)? {
+            return Ok(fd);
         }
-        let root = self.root.as_fd();
-        let fd = if create { at::make_dir_in_root(root, rel)? } else { at::open_dir_in_root(root, rel)? };
-        let copy = fd.try_clone().map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
-        self.cached = Some((rel.to_path_buf(), copy));
+        let fd = at::open_dir_in_root(self.root.as_fd(), rel)?;
+        self.cache(rel, &fd)?;
         Ok(fd)
     }
 
+    fn cached_dir(&self, rel: &Path) -> nix::Result<Option<OwnedFd>> {
+        match &self.cached {
+            Some((path, fd)) if path == rel => Ok(Some(fd.try_clone().map_err(errno)?)),
+            _ => Ok(None),
+        }
+    }
+
+    fn cache(&mut self, rel: &Path, fd: &OwnedFd) -> nix::Result<()> {
+        self.cached = Some((rel.to_path_buf(), fd.try_clone().map_err(errno)?));
+        Ok(())
+    }
+
+    /// A regular file: content, then owner and mode, then xattrs (so that a later chown cannot
+    /// drop a file capability).
     fn file<R: Read>(
         &self,
         dir: BorrowedFd<'_>,
         name: &OsStr,
         entry: &mut tar::Entry<R>,
-        index: usize,
+        owner: Owner,
         raw: &Path,
     ) -> io::Result<()> {
         let mut file = at::create_file(dir, name)?;
         io::copy(entry, &mut file)?;
-        let extensions = entry.pax_extensions().map_err(|e| self.bad_tar(index, e)).map_err(io::Error::other)?;
-        for extension in extensions.into_iter().flatten() {
+        at::set_file_owner_mode(&file, owner.uid, owner.gid, owner.mode)?;
+        for extension in entry.pax_extensions()?.into_iter().flatten() {
             let extension = extension?;
             let Some(key) = extension.key_bytes().strip_prefix(XATTR_PREFIX.as_bytes()) else { continue };
             if key.starts_with(b"user.") || key == b"security.capability" {
@@ -263,34 +325,64 @@ impl<'a> Unpacker<'a> {
         else {
             return Err(refuse("is a hard link to the root"));
         };
+        if source_parent.join(&source_name) == full {
+            return Ok(()); // a link to itself: nothing to do
+        }
         let source = at::open_dir_in_root(self.root.as_fd(), &source_parent).map_err(|e| self.failed(index, raw, e))?;
         at::hard_link(source.as_fd(), &source_name, dir, name).map_err(|e| self.failed(index, raw, e))?;
-        remember(written, full.to_path_buf());
-        Ok(())
+        let added = remember(written, full.to_path_buf());
+        self.budget.charge_remembered(added)
     }
 
-    /// `.wh..wh..opq`: removes what lower layers put in the directory, keeping this layer's.
+    /// `.wh..wh..opq`: removes what lower layers put in the directory, keeping this layer's,
+    /// at every depth.
     fn opaque(&mut self, place: &Place, written: &HashSet<PathBuf>) -> nix::Result<()> {
         self.forget_under(&place.parent);
-        let dir = self.dir(&place.parent, true)?;
-        for child in at::children(dir.as_fd())? {
-            if !written.contains(&place.parent.join(&child)) {
-                at::remove_all(dir.as_fd(), &child)?;
-            }
-        }
-        Ok(())
+        let (dir, _) = at::make_dir_in_root(self.root.as_fd(), &place.parent)?;
+        prune(dir.as_fd(), &place.parent, written)
     }
 }
 
-/// Records that this layer wrote `path`, and so its directories.
-fn remember(written: &mut HashSet<PathBuf>, path: PathBuf) {
+/// Removes from `dir` (at `rel`) everything this layer did not write, descending into the
+/// directories it did write (they may hold lower layers' files too).
+fn prune(dir: BorrowedFd<'_>, rel: &Path, written: &HashSet<PathBuf>) -> nix::Result<()> {
+    for child in at::children(dir)? {
+        let path = rel.join(&child);
+        if !written.contains(&path) {
+            at::remove_all(dir, &child)?;
+        } else if let Some(sub) = at::open_child_dir(dir, &child)? {
+            prune(sub.as_fd(), &path, written)?;
+        }
+    }
+    Ok(())
+}
+
+fn errno(e: io::Error) -> nix::errno::Errno {
+    nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+/// Owner and permission bits an entry asks for.
+#[derive(Debug, Clone, Copy)]
+struct Owner {
+    uid: u32,
+    gid: u32,
+    mode: u32,
+}
+
+/// Records that this layer wrote `path`, and so its directories; returns the bytes of the
+/// paths added (charged to the budget).
+fn remember(written: &mut HashSet<PathBuf>, path: PathBuf) -> u64 {
+    let mut added = 0;
     let mut next = Some(path);
     while let Some(path) = next {
         next = path.parent().filter(|p| !p.as_os_str().is_empty()).map(Path::to_path_buf);
+        let len = path.as_os_str().len() as u64;
         if !written.insert(path) {
             break;
         }
+        added += len;
     }
+    added
 }
 
 #[cfg(test)]

@@ -64,10 +64,21 @@ impl Layer {
         self
     }
 
-    fn xattr_file(mut self, path: &str, key: &str, value: &str) -> Self {
+    /// A regular file whose (long) path goes in a GNU long-name entry.
+    fn raw_long(mut self, path: &str) -> Self {
+        let mut h = Self::header(tar::EntryType::Regular, 0o644, 0);
+        self.0.append_data(&mut h, path, &[][..]).unwrap();
+        self
+    }
+
+    fn xattr_file(self, path: &str, key: &str, value: &str) -> Self {
+        self.xattr_bytes(path, key, value.as_bytes())
+    }
+
+    fn xattr_bytes(mut self, path: &str, key: &str, value: &[u8]) -> Self {
         let key = format!("SCHILY.xattr.{key}");
-        self.0.append_pax_extensions([(key.as_str(), value.as_bytes())]).unwrap();
-        self.file(path, "with xattr")
+        self.0.append_pax_extensions([(key.as_str(), value)]).unwrap();
+        self.owned_file(path, "with xattr", 0o755, 0)
     }
 
     /// The uncompressed tar.
@@ -300,4 +311,55 @@ fn docker_archives_are_read_in_place() {
     std::fs::create_dir(&root2).unwrap();
     let error = swapped.unpack(&root2, Limits::default(), &|_, _, _| {}).unwrap_err();
     assert!(matches!(error, ImageError::DigestMismatch { .. }), "{error}");
+}
+
+/// A file capability (cap_net_raw, effective), as `setcap cap_net_raw+ep` writes it (v2).
+fn net_raw_capability() -> Vec<u8> {
+    let words: [u32; 5] = [0x0200_0001, 1 << 13, 0, 0, 0];
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+#[test]
+fn whiteouts_opaque_dirs_and_capabilities_follow_the_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let lower = Layer::new().dir("d").dir("d/sub").file("d/sub/old", "lower").file("keep", "lower").tar();
+    let upper = Layer::new()
+        .dir("d")
+        .dir("d/sub")
+        .file("d/sub/new", "upper")
+        .file("d/.wh..wh..opq", "")
+        .file("q", "this layer")
+        .file(".wh.q", "")
+        .raw(tar::EntryType::Link, "keep", "keep")
+        .xattr_bytes("ping", "security.capability", &net_raw_capability())
+        .tar();
+    let oci = layout(&dir.path().join("oci"), "v1", vec![lower, upper]);
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    unpack(&oci, &root, Limits::default()).unwrap();
+    assert!(!root.join("d/sub/old").exists(), "an opaque directory hides lower files at every depth");
+    assert_eq!(std::fs::read_to_string(root.join("d/sub/new")).unwrap(), "upper");
+    assert_eq!(std::fs::read_to_string(root.join("q")).unwrap(), "this layer", "a whiteout hides only lower layers");
+    assert_eq!(std::fs::read_to_string(root.join("keep")).unwrap(), "lower", "a hard link to itself is a no-op");
+    let caps = xattr_get(&root.join("ping"), "security.capability");
+    assert_eq!(caps.as_deref(), Some(&net_raw_capability()[..]), "the capability survives the chown");
+}
+
+#[test]
+fn whiteouts_and_paths_cannot_reach_outside_the_root() {
+    for name in [".wh...", ".wh..", "sub/.wh..."] {
+        let dir = tempfile::tempdir().unwrap();
+        let sibling = dir.path().join("sibling");
+        std::fs::write(&sibling, "outside").unwrap();
+        let oci = layout(&dir.path().join("oci"), "v1", vec![Layer::new().dir("sub").file(name, "").tar()]);
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("inside"), "kept").unwrap();
+        let error = unpack(&oci, &root, Limits::default()).unwrap_err();
+        assert!(error.to_string().contains("whiteout of no file"), "{name}: {error}");
+        assert!(sibling.exists() && root.join("inside").exists(), "{name}: nothing was removed");
+    }
+    let deep = vec!["a"; 300].join("/");
+    let error = refused(vec![Layer::new().raw_long(&deep).tar()], Limits::default());
+    assert!(error.to_string().contains("deeper than any image needs"), "{error}");
 }

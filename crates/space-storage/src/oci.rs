@@ -28,6 +28,9 @@ impl TemplateStore {
             TemplateSource::DockerArchive { file } => {
                 self.import_image(name, &space_image::open_docker_archive(file)?, source, progress)
             }
+            TemplateSource::OciArchive { file, tag } => {
+                self.import_image(name, &space_image::open_oci_archive(file, tag.as_deref())?, source, progress)
+            }
             TemplateSource::Registry { reference } => Err(StorageError::BadTemplateContent {
                 path: reference.into(),
                 reason: "a registry image is pulled by the node first (space_image::pull), then imported".into(),
@@ -51,28 +54,24 @@ impl TemplateStore {
             tracing::info!(template = %format!("{name}@{}", newest.version), %digest, "image already imported");
             return Ok(newest);
         }
-        let found = image.defaults();
-        let defaults = TemplateDefaults {
-            env: found.env,
-            working_dir: found.working_dir,
-            user: found.user,
-            entrypoint: found.entrypoint,
-            cmd: found.cmd,
-        };
+        let defaults = image.defaults();
         let limits = Limits { max_id: self.id_map().count - 1, ..Limits::default() };
         let origin = Origin { source: source.to_string(), digest: Some(digest), defaults: Some(defaults.clone()) };
         self.build(name, origin, progress, |staging| {
             let report = |phase: String, done, total| progress(Progress::new(phase, done, total));
             image.unpack(staging, limits, &report)?;
-            write_exec_defaults(staging, &defaults)
+            write_exec_defaults(staging, &defaults, limits.max_id)
         })
     }
 }
 
 /// Writes what spaced applies to every command: the image's environment, working directory
 /// and user (resolved to numbers with the image's own account files).
-fn write_exec_defaults(root: &Path, defaults: &TemplateDefaults) -> Result<()> {
+fn write_exec_defaults(root: &Path, defaults: &TemplateDefaults, max_id: u32) -> Result<()> {
     let bad = |reason: String| StorageError::BadTemplateContent { path: root.to_path_buf(), reason };
+    if defaults.working_dir.as_deref().is_some_and(|d| d.contains('\0')) {
+        return Err(bad("the image's WorkingDir contains a NUL byte".into()));
+    }
     let mut exec = ExecDefaults { env: BTreeMap::new(), cwd: defaults.working_dir.clone(), uid: None, gid: None };
     for entry in &defaults.env {
         let Some((key, value)) = entry.split_once('=') else { continue };
@@ -82,6 +81,13 @@ fn write_exec_defaults(root: &Path, defaults: &TemplateDefaults) -> Result<()> {
     }
     if let Some(user) = &defaults.user {
         let account = resolve_user(root, user).map_err(bad)?;
+        if account.uid > max_id || account.gid > max_id {
+            let reason = format!(
+                "the image's user {user:?} is {}:{}, outside the sandbox's ids 0-{max_id}",
+                account.uid, account.gid
+            );
+            return Err(bad(reason));
+        }
         exec.uid = Some(account.uid);
         exec.gid = Some(account.gid);
         if let Some(home) = account.home {

@@ -41,10 +41,16 @@ pub fn load_defaults() {
 
 fn read_defaults(path: &Path) -> io::Result<ExecDefaults> {
     use std::io::Read;
-    let file = match std::fs::File::open(path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking: a FIFO put there must not hang pid 1; then only a regular file is read.
+    let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path);
+    let file = match opened {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ExecDefaults::default()),
         other => other?,
     };
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
     let mut text = Vec::new();
     file.take(MAX_DEFAULTS + 1).read_to_end(&mut text)?;
     if text.len() as u64 > MAX_DEFAULTS {

@@ -16,6 +16,7 @@ pub(crate) mod session_meta;
 pub(crate) mod sessions;
 pub(crate) mod suspend;
 mod system;
+pub(crate) mod template_uploads;
 mod templates;
 mod tenants;
 pub(crate) mod usage;
@@ -54,6 +55,7 @@ pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
         files::download, files::upload, files::list, files::stat, files::mkdir, files::move_path,
         files::remove, files::watch_ws,
         templates::list_templates, templates::import_template, templates::build_template, templates::delete_template,
+        template_uploads::upload_template,
         pool::get_pool, pool::set_pool_size, nodes::list_nodes, nodes::cordon, nodes::uncordon, nodes::drain, nodes::sweep_blobs,
         lifecycle::pause, lifecycle::resume, lifecycle::create_snapshot, lifecycle::list_snapshots,
         lifecycle::delete_snapshot, usage::get_snapshot, usage::session_stats, lifecycle::restore, lifecycle::fork, suspend::suspend,
@@ -105,6 +107,11 @@ pub fn router(state: AppState) -> Router {
         .route("/templates/build", post(templates::build_template))
         .route("/templates/{name}", axum::routing::delete(templates::delete_template))
         .route_layer(idempotent())
+        .route_layer(middleware::from_fn(require_admin));
+    // Uploads stream to disk: no body limit, and no idempotency layer (it buffers bodies).
+    let uploads = Router::new()
+        .route("/templates/uploads", post(template_uploads::upload_template))
+        .layer(DefaultBodyLimit::disable())
         .route_layer(middleware::from_fn(require_admin));
     // The admin may read and destroy any tenant's session; everything else is the owner's.
     let session_root = Router::new()
@@ -158,6 +165,7 @@ pub fn router(state: AppState) -> Router {
         .route_layer(idempotent());
     let authed = tenant
         .merge(admin)
+        .merge(uploads)
         .merge(session_root)
         .merge(sessions)
         .layer(middleware::from_fn_with_state(state.clone(), require_key))

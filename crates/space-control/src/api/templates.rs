@@ -42,7 +42,12 @@ pub async fn list_templates(State(state): State<AppState>) -> AppResult<ApiJson<
 }
 
 /// Queues a template operation for the admin `caller`.
-async fn queue(state: &AppState, caller: &Caller, kind: OperationKind, input: TemplateInput) -> AppResult<Operation> {
+pub(crate) async fn queue(
+    state: &AppState,
+    caller: &Caller,
+    kind: OperationKind,
+    input: TemplateInput,
+) -> AppResult<Operation> {
     let new = NewOperation {
         tenant_id: caller.tenant_id.clone(),
         session_id: None,
@@ -55,7 +60,7 @@ async fn queue(state: &AppState, caller: &Caller, kind: OperationKind, input: Te
     state.reconciler.wait(state, &caller.tenant_id, &id, Duration::from_millis(200)).await
 }
 
-fn check_name(name: &str) -> AppResult<()> {
+pub(crate) fn check_name(name: &str) -> AppResult<()> {
     let valid = !name.is_empty()
         && name.len() <= 63
         && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
@@ -79,7 +84,7 @@ fn import_input(caller: &Caller, request: ImportTemplateRequest) -> AppResult<Te
         // A registry reference: the node pulls it, so only its form is checked here.
         space_image::RegistryRef::parse(&request.path)
             .map_err(|e| AppError::bad_request(format!("{e}: write docker://HOST[:PORT]/REPOSITORY[:TAG]")))?;
-        return Ok(TemplateInput { name: request.name, path: Some(request.path) });
+        return Ok(TemplateInput { name: request.name, path: Some(request.path), uploaded: None });
     };
     if !path.is_absolute() {
         return Err(AppError::bad_request(
@@ -92,7 +97,7 @@ fn import_input(caller: &Caller, request: ImportTemplateRequest) -> AppResult<Te
             echo(&path.to_string_lossy())
         )));
     }
-    Ok(TemplateInput { name: request.name, path: Some(request.path) })
+    Ok(TemplateInput { name: request.name, path: Some(request.path), uploaded: None })
 }
 
 /// Imports a root filesystem (directory or tarball) or an OCI image (`oci:DIR[:TAG]`,
@@ -193,7 +198,7 @@ pub async fn build_template(
             ),
         ));
     }
-    let input = TemplateInput { name: request.name, path: None };
+    let input = TemplateInput { name: request.name, path: None, uploaded: None };
     let op = queue(&state, &caller, OperationKind::BuildTemplate, input).await?;
     Ok((StatusCode::ACCEPTED, ApiJson(op)))
 }
