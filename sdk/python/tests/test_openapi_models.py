@@ -80,8 +80,8 @@ OPERATIONS = {
     ("DELETE", "/v1/sessions/{id}/ports/{port}"): "Ports.close",
 }
 
-# Paths the SDK leaves to the CLI and operators on purpose (server set-up, the blob store, credentials, the
-# raw proxy and tunnel, metrics).
+# Paths the SDK leaves to the CLI and operators on purpose (server set-up, making and deleting templates, the
+# blob store, credentials, the raw proxy and tunnel, metrics).
 NOT_IN_THE_SDK = (
     "/v1/operations/",
     "/v1/pool",
@@ -89,6 +89,8 @@ NOT_IN_THE_SDK = (
     "/v1/blobs/",
     "/v1/templates/import",
     "/v1/templates/build",
+    "/v1/templates/uploads",
+    "/v1/templates/{name}",
     "/v1/credentials",
     "/v1/openapi.json",
     "/metrics",
