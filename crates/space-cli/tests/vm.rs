@@ -102,6 +102,48 @@ fn the_vmm_runs_unprivileged_in_namespaces_of_its_own_under_seccomp() {
     assert_ne!(status_field(other, "Uid"), uid);
 }
 
+/// The first number of `text`'s line that starts with `label` (`MemTotal:       376808 kB`).
+fn number_after(text: &str, label: &str) -> u64 {
+    let line = text.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("no {label} in {text}"));
+    line[label.len()..].split_whitespace().next().and_then(|n| n.split('.').next()?.parse().ok()).expect(line)
+}
+
+/// A VM's own kernel answers `free`, `nproc`, `/proc/meminfo`, `/proc/cpuinfo`,
+/// `/proc/uptime` and `df /` from the session's memory, vCPUs, age and root disk: the host's
+/// figures (24 GiB, 2 CPUs, up for longer, a far larger disk) are nowhere to be seen.
+#[test]
+fn a_vm_sees_its_own_memory_cpus_age_and_disk() {
+    require_root!();
+    let server = Server::start_with(&["--pool", ""]);
+    let body = json!({ "runtime": "vm", "memory_mib": 384, "cpus": 1 });
+    let (status, session) = server.call("POST", "/v1/sessions", Some(body));
+    assert_eq!(status, 201, "create failed: {session}\n{}", server.log_text());
+    let id = session["id"].as_str().unwrap();
+    let script = "cat /proc/meminfo; echo nproc: $(nproc); echo processors: $(grep -c ^processor /proc/cpuinfo); \
+                  echo uptime: $(cut -d' ' -f1 /proc/uptime); free -k | sed -n 's/^Mem:/free:/p'; \
+                  df -k / | awk 'NR==2 {print \"df: \" $2}'";
+    let seen = stdout(&sh(&server, id, script));
+
+    // The guest's RAM is the session's, less what its kernel keeps for itself.
+    let mem_total_kib = number_after(&seen, "MemTotal:");
+    assert!((256 << 10..=384 << 10).contains(&mem_total_kib), "MemTotal {mem_total_kib} kB:\n{seen}");
+    assert_eq!(number_after(&seen, "free:"), mem_total_kib, "free reads the guest's meminfo:\n{seen}");
+    assert_eq!(number_after(&seen, "nproc:"), 1, "{seen}");
+    assert_eq!(number_after(&seen, "processors:"), 1, "{seen}");
+    let host = std::thread::available_parallelism().unwrap().get();
+    assert!(host > 1, "the host must have more CPUs than the session for this test to tell them apart");
+    // Its clock of uptime started with it, not with the host.
+    let host_uptime: f64 = std::fs::read_to_string("/proc/uptime").unwrap().split(' ').next().unwrap().parse().unwrap();
+    let guest_uptime = number_after(&seen, "uptime:") as f64;
+    assert!(guest_uptime < host_uptime, "guest up {guest_uptime} s, host {host_uptime} s");
+    // `df /` is the VM's own root disk.
+    let root_kib = number_after(&seen, "df:");
+    assert!(root_kib <= space_node::ROOT_IMAGE_BYTES >> 10, "df / says {root_kib} KiB:\n{seen}");
+    let host_root = nix::sys::statvfs::statvfs("/").unwrap();
+    let host_root_kib = host_root.blocks() * host_root.fragment_size() / 1024;
+    assert_ne!(root_kib, host_root_kib, "the guest's / is the host's");
+}
+
 #[test]
 fn a_disk_snapshot_of_a_vm_holds_what_the_guest_wrote_before_it() {
     require_root!();

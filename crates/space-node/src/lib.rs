@@ -33,6 +33,7 @@ use space_runtime_linux::{LinuxOptions, LinuxRuntime};
 use crate::runtimes::Runtimes;
 use space_storage::{IdMap, Pool, PoolOptions};
 
+pub use images::ROOT_IMAGE_BYTES;
 pub use space_gateway::{Gateway, GatewayConfig, SandboxLimits, certificates_from_pem, parse_dns_server};
 pub use space_node_api::NodeApi;
 pub use space_storage::{BUILTINS, TemplateInfo};
