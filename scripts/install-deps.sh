@@ -34,6 +34,10 @@ install_missing --no-install-recommends -- postgresql
 # from a registry of their own (docker-registry; htpasswd makes its login) on loopback
 # (crates/space-cli/tests/images.rs).
 install_missing --no-install-recommends -- umoci skopeo docker-registry apache2-utils
+# lxcfs: linux sandboxes' /proc/meminfo, uptime, … answer from their own cgroups (one daemon
+# for the host; see the script).
+install_missing --no-install-recommends -- lxcfs
+"$(dirname "$0")/start-lxcfs.sh"
 if ! command -v cargo >/dev/null; then
   echo "cargo is missing: install the Rust toolchain (https://rustup.rs), version from rust-toolchain.toml" >&2
   exit 1

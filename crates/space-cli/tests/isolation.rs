@@ -53,6 +53,48 @@ fn sandbox_sees_only_itself() {
     assert_ne!(r["exit_code"], 0, "mount must be denied: {r}");
 }
 
+/// The first number after `label` on its line of `text`.
+fn number_after(text: &str, label: &str) -> u64 {
+    let line = text.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("no {label} in {text}"));
+    line[label.len()..].split_whitespace().next().and_then(|n| n.split('.').next()?.parse().ok()).expect(line)
+}
+
+/// lxcfs (scripts/start-lxcfs.sh) answers a sandbox's `/proc/meminfo` and `/proc/uptime`
+/// from its own cgroup and pid namespace: the session's memory and the sandbox's age, not the
+/// host's; still so after a suspend and resume (CRIU binds the files again from the host's
+/// lxcfs, also for a process that holds one open).
+#[test]
+fn a_sandbox_sees_its_own_memory_and_age() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({ "memory_mib": 300 }));
+    let host_uptime =
+        || -> f64 { std::fs::read_to_string("/proc/uptime").unwrap().split(' ').next().unwrap().parse().unwrap() };
+    let check = |when: &str| {
+        let script = "grep MemTotal /proc/meminfo; echo uptime: $(cut -d' ' -f1 /proc/uptime)";
+        let r = server.exec(&id, &["sh", "-c", script]);
+        assert_eq!(r["exit_code"], 0, "{when}: {r}");
+        let seen = r["stdout"].as_str().unwrap();
+        assert_eq!(number_after(seen, "MemTotal:"), 300 << 10, "{when}: /proc/meminfo\n{seen}\n{}", server.log_text());
+        let uptime = number_after(seen, "uptime:") as f64;
+        assert!(uptime < host_uptime(), "{when}: the sandbox is up {uptime} s, as long as the host");
+    };
+    check("started");
+    // A process that holds one of lxcfs's files open is checkpointed and restored with it.
+    let body = json!({ "cmd": ["sh", "-c", "exec 3</proc/meminfo; exec sleep 100000"], "background": true });
+    let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    assert_eq!(status, 200, "{r}");
+    let holder = r["pid"].as_u64().unwrap();
+    for step in ["suspend", "resume"] {
+        let (status, s) = server.call("POST", &format!("/v1/sessions/{id}/{step}"), None);
+        assert_eq!(status, 200, "{step}: {s}\n{}", server.log_text());
+    }
+    check("resumed");
+    let r = server.exec(&id, &["sh", "-c", &format!("head -1 /proc/{holder}/fd/3")]);
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(number_after(r["stdout"].as_str().unwrap(), "MemTotal:"), 300 << 10, "{r}");
+}
+
 #[test]
 fn memory_bomb_is_killed_inside_its_cgroup() {
     require_root!();

@@ -38,7 +38,7 @@ fn debian_template_runs_python() {
     let server = Server::start();
     let out = server.cli(&["template", "build", "debian"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let id = server.create_session(json!({ "template": "debian" }));
+    let id = server.create_session(json!({ "template": "debian", "memory_mib": 400 }));
     let r =
         server.exec(&id, &["python3", "-c", "import hashlib, ssl; print(hashlib.sha256(b'space').hexdigest()[:8])"]);
     assert_eq!(r["stdout"], "3f49dbbf\n", "{r}");
@@ -52,6 +52,9 @@ fn debian_template_runs_python() {
                  command -v less && command -v nano";
     let r = server.exec(&id, &["sh", "-c", setup]);
     assert_eq!(r["exit_code"], 0, "{r}");
+    // procps's free and top read /proc/meminfo, which lxcfs answers from the session's cgroup.
+    let r = server.exec(&id, &["sh", "-c", "free -m | awk '/^Mem:/ {print $2}'"]);
+    assert_eq!(r["stdout"], "400\n", "free shows the session's memory: {r}");
     let r = server.exec(&id, &["sh", "-c", "nohup sleep 1000 >/dev/null 2>&1 & echo started"]);
     assert_eq!(r["stdout"], "started\n", "{r}");
     let r = server.exec(&id, &["pgrep", "-c", "-x", "sleep"]);

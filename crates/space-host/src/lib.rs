@@ -4,5 +4,6 @@
 
 pub mod cgroup;
 pub mod idmapped;
+pub mod lxcfs;
 pub mod process;
 pub mod ranges;

@@ -46,11 +46,31 @@ pub async fn probe(host: &HostConfig) -> std::io::Result<Vec<Finding>> {
             detail: full.unwrap_or_else(|why| format!("{why}; run scripts/install-criu.sh")),
         });
     }
+    findings.push(own_proc_figures());
     let parts =
         HostParts { spaced: &host.spaced, run_dir: &run_dir, cgroup_parent: &cgroup_parent, id_map: host.id_map };
     let vm = open_vm(&parts, &host.vm).await.map(|rt| rt.describe());
     findings.push(finding(RuntimeKind::Vm, vm.map_err(|why| format!("{why}; run scripts/install-vm.sh"))));
     Ok(findings)
+}
+
+/// Whether linux sandboxes get lxcfs's `/proc` files (their own memory and uptime).
+fn own_proc_figures() -> Finding {
+    let dir = std::path::Path::new(space_host::lxcfs::DEFAULT_DIR);
+    let files = space_host::lxcfs::proc_files(dir);
+    let names: Vec<String> = files.iter().filter_map(|f| Some(f.file_name()?.to_string_lossy().into_owned())).collect();
+    Finding {
+        what: "own /proc (linux)".into(),
+        ok: !files.is_empty(),
+        detail: if files.is_empty() {
+            format!(
+                "no working lxcfs at {}: sandboxes see the host's memory and uptime; run scripts/start-lxcfs.sh",
+                dir.display()
+            )
+        } else {
+            format!("lxcfs at {}: {}", dir.display(), names.join(", "))
+        },
+    }
 }
 
 fn finding(runtime: RuntimeKind, support: Result<String, String>) -> Finding {

@@ -20,7 +20,7 @@ mod templates;
 mod warm;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use space_api::{Progress, RuntimeKind, RuntimeSupport, SandboxId};
@@ -189,6 +189,8 @@ impl Node {
         let mut options = LinuxOptions::new(&kept_spaced, config.data_dir.join("run"), &config.cgroup_parent);
         options.id_map = config.id_map;
         options.criu = config.criu.clone();
+        options.proc_files = space_host::lxcfs::proc_files(Path::new(space_host::lxcfs::DEFAULT_DIR));
+        tracing::info!(files = options.proc_files.len(), "lxcfs /proc files for linux sandboxes");
         let linux: Arc<dyn Runtime> = Arc::new(LinuxRuntime::new(options)?);
         let run_dir = config.data_dir.join("run");
         let host = HostParts {

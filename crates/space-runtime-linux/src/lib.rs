@@ -73,6 +73,9 @@ pub struct LinuxOptions {
     pub criu: Option<PathBuf>,
     /// The most bytes a full snapshot's copies of deleted-but-open files may take together.
     pub ghost_total_limit: u64,
+    /// Host files bound over the same names in every sandbox's `/proc` (lxcfs's, see
+    /// [`space_host::lxcfs::proc_files`]); empty: the kernel's, which show the host's figures.
+    pub proc_files: Vec<PathBuf>,
 }
 
 impl LinuxOptions {
@@ -88,6 +91,7 @@ impl LinuxOptions {
             pid1_oom_score_adj: -1000,
             criu: None,
             ghost_total_limit: space_criu::GHOST_TOTAL_LIMIT,
+            proc_files: Vec::new(),
         }
     }
 }
@@ -308,6 +312,7 @@ impl LinuxRuntime {
         let config = InitConfig {
             exe: Some(self.opts.spaced.clone()),
             root_mount: true,
+            proc_files: self.opts.proc_files.clone(),
             ..InitConfig::new(rootfs_of(spec)?, &spec.hostname)
         };
         boot.send(&ToInit::Config(config)).await?;

@@ -56,6 +56,7 @@ pub(crate) fn prepare(config: &InitConfig, bind_self: bool, warnings: &mut Vec<S
         e => ctx(format!("mount rootfs {}", root.display()))(e),
     })?;
     mount_proc(root)?;
+    bind_proc_files(root, &config.proc_files, warnings);
     mount_sys(root, warnings)?;
     mount_dev(root, warnings)?;
     if bind_self {
@@ -104,6 +105,18 @@ fn mount_proc(root: &Path) -> Result<(), InitError> {
     let target = mount_point(root, "proc")?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mnt(Some("proc"), &target, Some("proc"), flags, None).map_err(ctx("mount /proc"))
+}
+
+/// Binds each of `files` over the `/proc` file of the same name. One that fails is left as
+/// the kernel's (the sandbox then sees the host's figure there) and reported.
+fn bind_proc_files(root: &Path, files: &[PathBuf], warnings: &mut Vec<String>) {
+    for file in files {
+        let Some(name) = file.file_name() else { continue };
+        let target = root.join("proc").join(name);
+        if let Err(e) = mount(Some(file.as_path()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>) {
+            warnings.push(format!("bind {} over /proc/{}: {e:?}", file.display(), name.to_string_lossy()));
+        }
+    }
 }
 
 fn mount_sys(root: &Path, warnings: &mut Vec<String>) -> Result<(), InitError> {

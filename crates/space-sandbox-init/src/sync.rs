@@ -72,6 +72,10 @@ pub struct InitConfig {
     /// attaches at `rootfs`; `false`: pid 1 binds `rootfs` itself.
     #[serde(default)]
     pub root_mount: bool,
+    /// Host files bound over the same names in the sandbox's `/proc` (lxcfs's `meminfo`,
+    /// `uptime`, …: see `space_host::lxcfs`), so they answer from the sandbox's cgroups.
+    #[serde(default)]
+    pub proc_files: Vec<PathBuf>,
 }
 
 impl InitConfig {
@@ -84,6 +88,7 @@ impl InitConfig {
             readonly_paths: DEFAULT_READONLY_PATHS.iter().map(|p| p.to_string()).collect(),
             exe: None,
             root_mount: false,
+            proc_files: Vec::new(),
         }
     }
 }
