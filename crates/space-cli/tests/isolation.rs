@@ -5,7 +5,7 @@ mod common;
 
 use std::net::TcpListener;
 
-use common::Server;
+use common::{Server, number_after};
 use serde_json::json;
 
 #[test]
@@ -51,12 +51,6 @@ fn sandbox_sees_only_itself() {
     assert!(r["stdout"].as_str().unwrap().contains('2'), "seccomp filter active: {r}");
     let r = server.exec(&id, &["mount", "-t", "tmpfs", "none", "/mnt"]);
     assert_ne!(r["exit_code"], 0, "mount must be denied: {r}");
-}
-
-/// The first number after `label` on its line of `text`.
-fn number_after(text: &str, label: &str) -> u64 {
-    let line = text.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("no {label} in {text}"));
-    line[label.len()..].split_whitespace().next().and_then(|n| n.split('.').next()?.parse().ok()).expect(line)
 }
 
 /// lxcfs (scripts/start-lxcfs.sh) answers a sandbox's `/proc/meminfo` and `/proc/uptime`

@@ -9,7 +9,7 @@ mod common;
 
 use std::path::Path;
 
-use common::Server;
+use common::{Server, number_after};
 use serde_json::{Value, json};
 
 fn vm_session(server: &Server) -> (String, String) {
@@ -100,12 +100,6 @@ fn the_vmm_runs_unprivileged_in_namespaces_of_its_own_under_seccomp() {
     // No two VMMs share a uid: one cannot signal or trace the other.
     let other = vmm_pid(&server, &other_sandbox);
     assert_ne!(status_field(other, "Uid"), uid);
-}
-
-/// The first number of `text`'s line that starts with `label` (`MemTotal:       376808 kB`).
-fn number_after(text: &str, label: &str) -> u64 {
-    let line = text.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("no {label} in {text}"));
-    line[label.len()..].split_whitespace().next().and_then(|n| n.split('.').next()?.parse().ok()).expect(line)
 }
 
 /// A VM's own kernel answers `free`, `nproc`, `/proc/meminfo`, `/proc/cpuinfo`,

@@ -702,3 +702,10 @@ impl Drop for Server {
         }
     }
 }
+
+/// The whole part of the first number after `label` on the first line of `text` that starts
+/// with it (`MemTotal:       376808 kB`, `uptime: 12.5`).
+pub fn number_after(text: &str, label: &str) -> u64 {
+    let line = text.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("no {label} in {text}"));
+    line[label.len()..].split_whitespace().next().and_then(|n| n.split('.').next()?.parse().ok()).expect(line)
+}
