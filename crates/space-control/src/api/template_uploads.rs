@@ -61,8 +61,8 @@ pub fn upload_dir(data_dir: &Path) -> PathBuf {
 struct Removal(Option<PathBuf>);
 
 impl Removal {
-    fn keep(mut self) -> PathBuf {
-        self.0.take().unwrap_or_default()
+    fn keep(mut self) {
+        self.0 = None;
     }
 }
 
@@ -84,10 +84,9 @@ pub fn remove_partial_uploads(dir: &Path) {
     }
 }
 
-/// Removes an upload (a file, or the directory an OCI archive was unpacked into).
+/// Removes an upload (always a file: archives are imported in place).
 pub fn remove(path: &Path) {
-    let result = if path.is_dir() { std::fs::remove_dir_all(path) } else { std::fs::remove_file(path) };
-    if let Err(e) = result
+    if let Err(e) = std::fs::remove_file(path)
         && e.kind() != std::io::ErrorKind::NotFound
     {
         tracing::warn!(path = %path.display(), error = %e, "could not remove a template upload");
@@ -117,11 +116,13 @@ pub async fn upload_template(
         .await
         .map_err(|e| AppError::internal(format!("creating {}: {e}", dir.display())))?;
     let id = hex::encode(rand::random::<[u8; 12]>());
-    let partial = Removal(Some(dir.join(format!("{id}.{PARTIAL}"))));
-    let partial_path = partial.0.clone().unwrap_or_default();
+    let partial_path = dir.join(format!("{id}.{PARTIAL}"));
+    let partial = Removal(Some(partial_path.clone()));
     receive(body, &partial_path, state.http.template_upload_max_bytes, &expected).await?;
     let file = dir.join(format!("{id}.upload"));
-    std::fs::rename(&partial_path, &file).map_err(|e| AppError::internal(format!("keeping the upload: {e}")))?;
+    tokio::fs::rename(&partial_path, &file)
+        .await
+        .map_err(|e| AppError::internal(format!("keeping the upload: {e}")))?;
     partial.keep();
     let upload = Removal(Some(file.clone()));
     let source = match params.format {
