@@ -56,7 +56,7 @@ fn sandbox_sees_only_itself() {
 /// lxcfs (scripts/start-lxcfs.sh) answers a sandbox's `/proc/meminfo` and `/proc/uptime`
 /// from its own cgroup and pid namespace: the session's memory and the sandbox's age, not the
 /// host's; still so after a suspend and resume (CRIU binds the files again from the host's
-/// lxcfs, also for a process that holds one open).
+/// lxcfs, also for a process that holds one open); nothing else of lxcfs is reachable.
 #[test]
 fn a_sandbox_sees_its_own_memory_and_age() {
     require_root!();
@@ -74,6 +74,16 @@ fn a_sandbox_sees_its_own_memory_and_age() {
         assert!(uptime < host_uptime(), "{when}: the sandbox is up {uptime} s, as long as the host");
     };
     check("started");
+    // Only those six files of lxcfs are in the sandbox: its cgroup and sys trees and its
+    // mount point are not.
+    let r = server.exec(&id, &["sh", "-c", "grep ' - fuse.lxcfs ' /proc/self/mountinfo | cut -d' ' -f5 | sort"]);
+    let mut expected: Vec<String> =
+        ["meminfo", "cpuinfo", "stat", "uptime", "swaps", "diskstats"].iter().map(|f| format!("/proc/{f}")).collect();
+    expected.sort();
+    assert_eq!(r["stdout"].as_str().unwrap().lines().collect::<Vec<_>>(), expected, "lxcfs mounts: {r}");
+    let r = server.exec(&id, &["ls", "/var/lib/lxcfs"]);
+    assert_ne!(r["exit_code"], 0, "{r}");
+    assert!(r["stderr"].as_str().unwrap().contains("No such file or directory"), "ENOENT expected: {r}");
     // A process that holds one of lxcfs's files open is checkpointed and restored with it.
     let body = json!({ "cmd": ["sh", "-c", "exec 3</proc/meminfo; exec sleep 100000"], "background": true });
     let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
