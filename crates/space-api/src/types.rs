@@ -539,6 +539,14 @@ pub struct TemplateList {
     /// Built-in templates that can be built on demand.
     pub builtin: Vec<String>,
     pub default_template: String,
+    /// Largest upload `POST /v1/templates/uploads` accepts, in bytes (`space serve
+    /// --template-upload-max-gib`): a client checks its file against it before sending.
+    pub upload_max_bytes: u64,
+}
+
+/// What a client is told when its template upload is past the server's limit.
+pub fn upload_too_large(limit: u64) -> String {
+    format!("the upload is larger than {limit} bytes (space serve --template-upload-max-gib)")
 }
 
 /// Import a template: a root filesystem (directory or tarball) or an OCI image

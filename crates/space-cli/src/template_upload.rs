@@ -10,7 +10,7 @@ use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::Method;
 use sha2::{Digest, Sha256};
-use space_api::{Operation, TemplateSource};
+use space_api::{Operation, TemplateList, TemplateSource};
 use tokio_util::io::ReaderStream;
 
 use crate::client::{Client, encode};
@@ -65,9 +65,13 @@ pub async fn upload(client: &Client, name: &str, source: TemplateSource, quiet: 
             )
         }
     };
+    let size = std::fs::metadata(&file).with_context(|| format!("reading {}", file.display()))?.len();
+    let limit = client.get_json::<TemplateList>("/v1/templates").await?.upload_max_bytes;
+    if size > limit {
+        bail!("{}", space_api::upload_too_large(limit));
+    }
     let hashed = file.clone();
     let sha256 = tokio::task::spawn_blocking(move || sha256_of(&hashed)).await??;
-    let size = std::fs::metadata(&file).with_context(|| format!("reading {}", file.display()))?.len();
     let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(size) };
     bar.set_style(ProgressStyle::with_template("uploading [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")?);
     let opened = tokio::fs::File::open(&file).await.with_context(|| format!("opening {}", file.display()))?;

@@ -316,5 +316,8 @@ fn images_upload_over_the_api_checked_and_bounded() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Other clients get the server's own 413 (a small body: sent whole before the answer).
+    let path = format!("/v1/templates/uploads?name=too-big&sha256={wrong}");
+    assert_eq!(small.post_raw(&path, &["--data-binary", "x"]), 413);
     assert!(uploads_left(&small).is_empty(), "{:?}", uploads_left(&small));
 }

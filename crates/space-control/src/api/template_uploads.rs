@@ -137,6 +137,13 @@ pub async fn upload_template(
     Ok((StatusCode::ACCEPTED, ApiJson(op)))
 }
 
+/// An upload past the server's limit. The connection closes with this answer while the client
+/// may still be sending, so a client can see a reset instead: the CLI checks the size first
+/// (`upload_max_bytes` in `GET /v1/templates`).
+fn too_large(limit: u64) -> AppError {
+    AppError::new(ErrorCode::PayloadTooLarge, space_api::upload_too_large(limit))
+}
+
 /// Streams `body` into `path`, at most `limit` bytes, and checks its sha256.
 async fn receive(body: Body, path: &Path, limit: u64, expected: &str) -> AppResult<()> {
     let internal = |e: std::io::Error| AppError::internal(format!("writing the upload {}: {e}", path.display()));
@@ -155,10 +162,7 @@ async fn receive(body: Body, path: &Path, limit: u64, expected: &str) -> AppResu
         };
         size += chunk.len() as u64;
         if size > limit {
-            return Err(AppError::new(
-                ErrorCode::PayloadTooLarge,
-                format!("the upload is larger than {limit} bytes (space serve --template-upload-max-gib)"),
-            ));
+            return Err(too_large(limit));
         }
         hasher.update(&chunk);
         file.write_all(&chunk).await.map_err(internal)?;

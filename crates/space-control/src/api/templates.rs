@@ -38,6 +38,7 @@ pub async fn list_templates(State(state): State<AppState>) -> AppResult<ApiJson<
         templates: templates.iter().map(template_view).collect(),
         builtin: state.nodes.first().builtin_templates(),
         default_template: state.default_template.clone(),
+        upload_max_bytes: state.http.template_upload_max_bytes,
     }))
 }
 

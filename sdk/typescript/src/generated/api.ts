@@ -2087,6 +2087,12 @@ export interface components {
             builtin: string[];
             default_template: string;
             templates: components["schemas"]["Template"][];
+            /**
+             * Format: int64
+             * @description Largest upload `POST /v1/templates/uploads` accepts, in bytes (`space serve
+             *     --template-upload-max-gib`): a client checks its file against it before sending.
+             */
+            upload_max_bytes: number;
         };
         TemplatePool: {
             /**
