@@ -25,6 +25,29 @@ pub struct TemplateInfo {
     pub defaults: Option<crate::types::TemplateDefaults>,
 }
 
+/// Entries of a build context under this directory are the CLI's, not the user's (a
+/// Dockerfile from outside the context): `COPY`/`ADD` never see them.
+pub const BUILD_CONTEXT_PRIVATE_DIR: &str = ".space-build";
+
+/// A Dockerfile build (`POST /v1/templates/builds`), as a node runs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateBuild {
+    /// The Dockerfile's text.
+    pub dockerfile: String,
+    /// A tar of the build context on the node's host, which `COPY`/`ADD` read; none: empty.
+    #[serde(default)]
+    pub context: Option<PathBuf>,
+    /// Host patterns `RUN` steps may reach through the gateway (as a session's `allow`).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// `--build-arg NAME=value`: values of the Dockerfile's `ARG`s.
+    #[serde(default)]
+    pub args: std::collections::BTreeMap<String, String>,
+    /// Run every step again instead of reusing cached layers.
+    #[serde(default)]
+    pub no_cache: bool,
+}
+
 /// Where a template import reads from: a path on the importing node's host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

@@ -544,6 +544,34 @@ pub struct TemplateList {
     pub upload_max_bytes: u64,
 }
 
+/// A Dockerfile build (`POST /v1/templates/builds`): an operation that makes a template.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateBuildView {
+    /// The build's operation (`GET /v1/operations/{id}`, its log at `…/logs`).
+    pub id: OperationId,
+    /// The template it makes a version of.
+    pub name: String,
+    pub state: OperationState,
+    pub error: Option<String>,
+    pub progress: Option<Progress>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateBuildList {
+    /// Newest first.
+    pub builds: Vec<TemplateBuildView>,
+}
+
+/// Lines of an operation's log (a Dockerfile build's steps and their output).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OperationLog {
+    pub lines: Vec<String>,
+    /// Pass as `after` to read the lines that follow.
+    pub next: i64,
+}
+
 /// What a client is told when its template upload is past the server's limit.
 pub fn upload_too_large(limit: u64) -> String {
     format!("the upload is larger than {limit} bytes (space serve --template-upload-max-gib)")

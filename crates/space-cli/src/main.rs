@@ -19,6 +19,7 @@ mod roles;
 mod serve;
 mod sessions;
 mod snapshots;
+mod template_build;
 mod template_upload;
 mod templates;
 mod tenants;

@@ -18,7 +18,7 @@ use crate::client::{Client, encode};
 const CHUNK: usize = 1 << 20;
 
 /// A tar this command made, removed when it is dropped.
-struct MadeTar(PathBuf);
+pub struct MadeTar(pub PathBuf);
 
 impl Drop for MadeTar {
     fn drop(&mut self) {
@@ -27,7 +27,7 @@ impl Drop for MadeTar {
 }
 
 /// Packs directory `dir` into a tar next to the system's temporary files.
-fn pack(dir: &Path) -> anyhow::Result<MadeTar> {
+pub fn pack(dir: &Path) -> anyhow::Result<MadeTar> {
     let tar = MadeTar(std::env::temp_dir().join(format!("space-upload-{}.tar", std::process::id())));
     let status = std::process::Command::new("tar")
         .args(["--create", "--numeric-owner", "--xattrs", "--file"])
@@ -65,32 +65,40 @@ pub async fn upload(client: &Client, name: &str, source: TemplateSource, quiet: 
             )
         }
     };
-    let size = std::fs::metadata(&file).with_context(|| format!("reading {}", file.display()))?.len();
+    let mut path = format!("/v1/templates/uploads?name={}&format={format}", encode(name));
+    if let Some(tag) = tag {
+        path.push_str(&format!("&tag={}", encode(&tag)));
+    }
+    let op = send_file(client, &file, &path, quiet).await;
+    drop(made);
+    op
+}
+
+/// Sends `file` as the body of `POST path` (which gets `&sha256=` added) with a progress
+/// bar; returns the operation the server answers with. A file past the server's upload
+/// limit is refused before anything is sent.
+pub async fn send_file(client: &Client, file: &Path, path: &str, quiet: bool) -> anyhow::Result<Operation> {
+    let size = std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?.len();
     let limit = client.get_json::<TemplateList>("/v1/templates").await?.upload_max_bytes;
     if size > limit {
         bail!("{}", space_api::upload_too_large(limit));
     }
-    let hashed = file.clone();
+    let hashed = file.to_path_buf();
     let sha256 = tokio::task::spawn_blocking(move || sha256_of(&hashed)).await??;
     let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(size) };
     bar.set_style(ProgressStyle::with_template("uploading [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")?);
-    let opened = tokio::fs::File::open(&file).await.with_context(|| format!("opening {}", file.display()))?;
+    let opened = tokio::fs::File::open(file).await.with_context(|| format!("opening {}", file.display()))?;
     let counted = bar.clone();
     let stream = ReaderStream::with_capacity(opened, CHUNK).inspect(move |chunk| {
         if let Ok(chunk) = chunk {
             counted.inc(chunk.len() as u64);
         }
     });
-    let mut path = format!("/v1/templates/uploads?name={}&format={format}&sha256={sha256}", encode(name));
-    if let Some(tag) = tag {
-        path.push_str(&format!("&tag={}", encode(&tag)));
-    }
     let request = client
-        .request(Method::POST, &path)
+        .request(Method::POST, &format!("{path}&sha256={sha256}"))
         .header("content-type", "application/octet-stream")
         .body(reqwest::Body::wrap_stream(stream));
     let response = client.send(request).await.with_context(|| format!("uploading {}", file.display()));
     bar.finish_and_clear();
-    drop(made);
     Ok(response?.json().await?)
 }

@@ -1,4 +1,4 @@
-//! `space template list|import|delete|build`
+//! `space template list|import|delete|build|builds`
 
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use space_api::{
 
 use crate::client::Client;
 use crate::output::{ago, bytes, print_json, print_table};
+use crate::template_build::BuildArgs;
 
 #[derive(Subcommand)]
 pub enum TemplateCommand {
@@ -39,11 +40,29 @@ pub enum TemplateCommand {
         #[arg(long)]
         force: bool,
     },
-    /// Build a built-in template (`debian`, `busybox`).
+    /// Build a template from a Dockerfile (`-f`, or a CONTEXT holding a `Dockerfile`), or
+    /// build a built-in template (`debian`, `busybox`) when given neither.
     Build {
-        /// Built-in template to build: `debian` or `busybox`.
+        /// The template to make a version of (or the built-in to build).
         name: String,
+        /// The Dockerfile (default: CONTEXT/Dockerfile).
+        #[arg(short = 'f', long = "file")]
+        file: Option<std::path::PathBuf>,
+        /// The directory COPY and ADD read from (sent to the server as a tar; default: `.`).
+        context: Option<std::path::PathBuf>,
+        /// A host RUN steps may reach (repeatable; `*.example.com` for a domain's hosts).
+        /// Without any, RUN steps have no network.
+        #[arg(long)]
+        allow: Vec<String>,
+        /// NAME=VALUE for an ARG of the Dockerfile (repeatable).
+        #[arg(long = "build-arg")]
+        build_arg: Vec<String>,
+        /// Run every step again instead of reusing cached layers.
+        #[arg(long)]
+        no_cache: bool,
     },
+    /// List Dockerfile builds, newest first.
+    Builds,
 }
 
 pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyhow::Result<()> {
@@ -101,10 +120,15 @@ pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyho
                 println!("still used by: {}", deleted.in_use_by.join(", "));
             }
         }
-        TemplateCommand::Build { name } => {
+        TemplateCommand::Build { name, file: None, context: None, .. } => {
             let op: Operation = client.post_json("/v1/templates/build", &BuildTemplateRequest { name }).await?;
             follow(client, op, json).await?;
         }
+        TemplateCommand::Build { name, file, context, allow, build_arg, no_cache } => {
+            let args = BuildArgs { name, file, context, allow, build_args: build_arg, no_cache };
+            crate::template_build::build(client, args, json).await?;
+        }
+        TemplateCommand::Builds => crate::template_build::list(client, json).await?,
     }
     Ok(())
 }

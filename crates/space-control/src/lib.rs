@@ -7,6 +7,7 @@
 pub mod activity;
 pub mod api;
 pub mod auth;
+mod build_logs;
 pub mod datadir;
 pub mod drain;
 pub mod durable;

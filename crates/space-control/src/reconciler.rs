@@ -118,7 +118,9 @@ async fn perform(state: &AppState, op: OperationRecord) -> AppResult<()> {
         OperationKind::CreateSession => create_session(state, &op).await,
         OperationKind::DestroySession => destroy_session(state, &op).await,
         OperationKind::RestoreSession => restore_session(state, &op).await,
-        OperationKind::BuildTemplate | OperationKind::ImportTemplate => build_template(state, &op).await,
+        OperationKind::BuildTemplate | OperationKind::ImportTemplate | OperationKind::BuildDockerfile => {
+            build_template(state, &op).await
+        }
     }
 }
 
@@ -533,6 +535,9 @@ pub struct TemplateInput {
     /// ends, however it ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uploaded: Option<std::path::PathBuf>,
+    /// A Dockerfile build (its context is the upload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<space_api::TemplateBuild>,
 }
 
 /// Builds (or imports) the template on every node, then removes the upload it read, if any.
@@ -550,6 +555,10 @@ async fn build_template(state: &AppState, op: &OperationRecord) -> AppResult<()>
 /// placed on any of them. An import's path is read on each node's host.
 async fn build_everywhere(state: &AppState, op: &OperationRecord, input: &TemplateInput) -> AppResult<()> {
     for (_, node) in state.nodes.iter() {
+        if let Some(build) = &input.build {
+            crate::build_logs::build(state, node.as_ref(), &op.operation.id, &input.name, build).await?;
+            continue;
+        }
         match &input.path {
             Some(path) => {
                 let store = state.store.clone();
@@ -579,7 +588,7 @@ pub async fn prepare_templates(state: &AppState, names: &[String]) -> AppResult<
         if missing_nowhere(state, name).await {
             continue;
         }
-        let input = TemplateInput { name: name.clone(), path: None, uploaded: None };
+        let input = TemplateInput { name: name.clone(), path: None, uploaded: None, build: None };
         let input = serde_json::to_string(&input).unwrap_or_default();
         let new = NewOperation {
             tenant_id: tenant.clone(),

@@ -23,9 +23,10 @@ pub fn open_dir_in_root(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<OwnedFd
     openat2(root, rel, how)
 }
 
-/// Like [`open_dir_in_root`], creating missing directories (mode 0755, owned by root) on the
-/// way, as a tar without explicit directory entries needs. Also returns how many it made.
-pub fn make_dir_in_root(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<(OwnedFd, u64)> {
+/// Like [`open_dir_in_root`], creating missing directories (mode 0755, owned by host id
+/// `owner`) on the way, as a tar without explicit directory entries needs. Also returns how
+/// many it made.
+pub fn make_dir_in_root(root: BorrowedFd<'_>, rel: &Path, owner: u32) -> nix::Result<(OwnedFd, u64)> {
     match open_dir_in_root(root, rel) {
         Err(Errno::ENOENT) => {}
         other => return other.map(|fd| (fd, 0)),
@@ -40,6 +41,9 @@ pub fn make_dir_in_root(root: BorrowedFd<'_>, rel: &Path) -> nix::Result<(OwnedF
                 let name = component.as_os_str();
                 plain_name(name)?;
                 mkdirat(&dir, name, Mode::from_bits_truncate(0o755))?;
+                if owner != 0 {
+                    set_owner_mode(dir.as_fd(), name, owner, owner, None)?;
+                }
                 made += 1;
                 open_dir_in_root(root, &prefix)?
             }
@@ -220,17 +224,30 @@ pub fn read_in_root(root: &Path, rel: &Path, max: u64) -> std::io::Result<Option
     Ok(Some(bytes))
 }
 
-/// Writes file `rel` of `root` (mode 0644, its directories made as needed), all resolved
-/// inside the root, replacing what was there.
-pub fn write_in_root(root: &Path, rel: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Whether `rel` of `root` is a directory, resolved inside the root.
+pub fn is_dir_in_root(root: &Path, rel: &Path) -> bool {
+    File::open(root).is_ok_and(|root| open_dir_in_root(root.as_fd(), rel).is_ok())
+}
+
+/// Makes directory `rel` of `root` and what is missing above it (mode 0755, owned by host id
+/// `owner`), all resolved inside the root.
+pub fn make_dirs_in_root(root: &Path, rel: &Path, owner: u32) -> std::io::Result<()> {
+    let root = File::open(root)?;
+    make_dir_in_root(root.as_fd(), rel, owner)?;
+    Ok(())
+}
+
+/// Writes file `rel` of `root` (mode 0644, owned by host id `owner`, its directories made as
+/// needed), all resolved inside the root, replacing what was there.
+pub fn write_in_root(root: &Path, rel: &Path, bytes: &[u8], owner: u32) -> std::io::Result<()> {
     use std::io::Write;
     let root = File::open(root)?;
     let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
         return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
     };
-    let (dir, _) = make_dir_in_root(root.as_fd(), parent)?;
+    let (dir, _) = make_dir_in_root(root.as_fd(), parent, owner)?;
     let mut file = create_file(dir.as_fd(), name)?;
     file.write_all(bytes)?;
-    fchmodat(dir.as_fd(), name, Mode::from_bits_truncate(0o644), FchmodatFlags::FollowSymlink)?;
+    set_file_owner_mode(&file, owner, owner, 0o644)?;
     Ok(())
 }

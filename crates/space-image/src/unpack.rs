@@ -36,11 +36,15 @@ pub struct Limits {
     pub max_entries: u64,
     /// Largest uid or gid an entry may have (the sandbox's id range).
     pub max_id: u32,
+    /// The host id an entry's id 0 is written as (and directories made on the way are owned
+    /// by): 0 for a tree shifted afterwards (an import), the pool's base id for a root that is
+    /// already shifted (a build's COPY into a layer).
+    pub id_base: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_bytes: 32 << 30, max_entries: 2_000_000, max_id: 65_535 }
+        Limits { max_bytes: 32 << 30, max_entries: 2_000_000, max_id: 65_535, id_base: 0 }
     }
 }
 
@@ -227,7 +231,8 @@ impl<'a> Unpacker<'a> {
         if let Some(fd) = self.cached_dir(rel).map_err(|e| self.failed(index, raw, e))? {
             return Ok(fd);
         }
-        let (fd, made) = at::make_dir_in_root(self.root.as_fd(), rel).map_err(|e| self.failed(index, raw, e))?;
+        let (fd, made) = at::make_dir_in_root(self.root.as_fd(), rel, self.budget.limits.id_base)
+            .map_err(|e| self.failed(index, raw, e))?;
         self.budget.charge_entries(made, 0)?;
         self.cache(rel, &fd).map_err(|e| self.failed(index, raw, e))?;
         Ok(fd)
@@ -256,7 +261,8 @@ impl<'a> Unpacker<'a> {
                 reason: format!("is owned by {uid}:{gid}, outside the sandbox's ids 0-{max}"),
             });
         }
-        Ok((uid as u32, gid as u32))
+        let base = self.budget.limits.id_base;
+        Ok((base + uid as u32, base + gid as u32))
     }
 
     /// The existing directory `rel`.
@@ -338,7 +344,7 @@ impl<'a> Unpacker<'a> {
     /// at every depth.
     fn opaque(&mut self, place: &Place, written: &HashSet<PathBuf>) -> nix::Result<()> {
         self.forget_under(&place.parent);
-        let (dir, _) = at::make_dir_in_root(self.root.as_fd(), &place.parent)?;
+        let (dir, _) = at::make_dir_in_root(self.root.as_fd(), &place.parent, self.budget.limits.id_base)?;
         prune(dir.as_fd(), &place.parent, written)
     }
 }

@@ -29,7 +29,7 @@ use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 pub use space_api::durable::{BlobSweep, SnapshotExport};
-pub use space_api::{TemplateInfo, TemplateSource};
+pub use space_api::{TemplateBuild, TemplateInfo, TemplateSource};
 pub use space_runtime::{Limits, SandboxHandle, SandboxStats};
 
 /// Largest warm pool one template may have.
@@ -112,6 +112,9 @@ pub struct DiskUsage {
 /// Called with the progress of long node work (template builds and imports).
 pub type ProgressFn = Box<dyn Fn(Progress) + Send + Sync + 'static>;
 
+/// Called with each line of a build's log (step headers and the steps' output).
+pub type LogFn = Box<dyn Fn(String) + Send + Sync + 'static>;
+
 /// What the control plane tells the node's egress gateway about sessions. Apart from
 /// [`NodeApi`] so the control plane's egress logic can be tested against a bare [`Gateway`].
 #[async_trait]
@@ -175,6 +178,14 @@ pub trait NodeApi: EgressControl + 'static {
     async fn ensure_template(&self, name: &str, report: ProgressFn) -> Result<TemplateInfo>;
     /// Imports a root filesystem or an OCI image as a new version of `name`.
     async fn import_template(&self, name: &str, source: &TemplateSource, report: ProgressFn) -> Result<TemplateInfo>;
+    /// Builds a Dockerfile as a new version of `name`, reusing the node's cached layers.
+    async fn build_template(
+        &self,
+        name: &str,
+        build: &TemplateBuild,
+        report: ProgressFn,
+        log: LogFn,
+    ) -> Result<TemplateInfo>;
     /// Deletes version `version` of `name`; whether it existed. Sandboxes made from it keep
     /// working (their roots are independent snapshots).
     async fn delete_template(&self, name: &str, version: u64) -> Result<bool>;

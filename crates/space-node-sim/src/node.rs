@@ -1,6 +1,6 @@
 //! [`NodeApi`] of the simulated node.
 
-use space_api::TemplateSource;
+use space_api::{TemplateBuild, TemplateSource};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, Progress, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{
-    BlobSweep, DiskQuota, DiskUsage, EgressControl, Limits, NodeApi, NodeError, PortStream, ProgressFn, Result,
+    BlobSweep, DiskQuota, DiskUsage, EgressControl, Limits, LogFn, NodeApi, NodeError, PortStream, ProgressFn, Result,
     SandboxHandle, SandboxStats, SnapshotExport,
 };
 use space_proto::client::AgentClient;
@@ -85,6 +85,22 @@ impl NodeApi for SimNode {
                 .map_err(|error| SimError::Import { path: path.display().to_string(), source: error })?;
         }
         Ok(self.state().add_template(name, format!("imported from {source} (simulated)")))
+    }
+
+    async fn build_template(
+        &self,
+        name: &str,
+        build: &TemplateBuild,
+        _report: ProgressFn,
+        log: LogFn,
+    ) -> Result<TemplateInfo> {
+        self.state().injected(Op::ImportTemplate)?;
+        // What the real node checks before any step: the Dockerfile parses.
+        let file = space_dockerfile::parse(&build.dockerfile).map_err(|e| NodeError::Failed(Box::new(e)))?;
+        for (i, instruction) in file.instructions.iter().enumerate() {
+            log(format!("Step {}/{} : {} (simulated)", i + 1, file.instructions.len(), instruction.text));
+        }
+        Ok(self.state().add_template(name, "dockerfile (simulated)".into()))
     }
 
     async fn delete_template(&self, name: &str, version: u64) -> Result<bool> {

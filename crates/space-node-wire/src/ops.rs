@@ -6,7 +6,7 @@
 //! left unanswered. Operations that stream (template builds with their progress, audit
 //! events, agent connections and port tunnels) have paths of their own (see [`paths`]).
 
-use space_api::TemplateSource;
+use space_api::{TemplateBuild, TemplateSource};
 
 use serde::{Deserialize, Serialize};
 use space_api::{Progress, RuntimeKind, SandboxId, SessionId, SnapshotId, TemplateInfo};
@@ -181,6 +181,11 @@ pub enum TemplateCall {
         name: String,
         source: TemplateSource,
     },
+    /// A Dockerfile build; its context is on the node's host.
+    Build {
+        name: String,
+        build: TemplateBuild,
+    },
 }
 
 /// One line of a template operation's answer: progress, then exactly one `done`.
@@ -188,6 +193,8 @@ pub enum TemplateCall {
 #[serde(rename_all = "snake_case")]
 pub enum TemplateLine {
     Progress(Progress),
+    /// A line of a build's log.
+    Log(String),
     Done(Result<TemplateInfo, NodeFailure>),
 }
 

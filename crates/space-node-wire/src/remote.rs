@@ -9,7 +9,7 @@
 //! (for as long as `space control` waits for its node at start; then the sandbox is treated
 //! as gone, as the in-process node's would be after a reboot).
 
-use space_api::TemplateSource;
+use space_api::{TemplateBuild, TemplateSource};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,8 +22,8 @@ use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId};
 use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{
-    DiskQuota, DiskUsage, EgressControl, Limits, NodeApi, NodeError, PortStream, ProgressFn, Result, SandboxHandle,
-    SandboxStats, SnapshotExport, TemplateInfo,
+    DiskQuota, DiskUsage, EgressControl, Limits, LogFn, NodeApi, NodeError, PortStream, ProgressFn, Result,
+    SandboxHandle, SandboxStats, SnapshotExport, TemplateInfo,
 };
 use space_proto::client::AgentClient;
 use tokio::sync::Mutex;
@@ -90,12 +90,17 @@ impl RemoteNode {
         }
     }
 
-    async fn template(&self, call: TemplateCall, report: ProgressFn) -> Result<TemplateInfo> {
+    async fn template(&self, call: TemplateCall, report: ProgressFn, log: Option<LogFn>) -> Result<TemplateInfo> {
         let body = self.client.open(hyper::Method::POST, paths::TEMPLATE, &call).await.map_err(node_error)?;
         let mut lines = Lines::new(body);
         while let Some(line) = lines.next::<TemplateLine>().await.map_err(node_error)? {
             match line {
                 TemplateLine::Progress(progress) => report(progress),
+                TemplateLine::Log(line) => {
+                    if let Some(log) = &log {
+                        log(line);
+                    }
+                }
                 TemplateLine::Done(outcome) => return outcome.map_err(NodeError::from),
             }
         }
@@ -182,11 +187,21 @@ impl NodeApi for RemoteNode {
         if let Ok(Some(built)) = self.call(&Call::ResolveTemplate { name: name.into() }).await {
             return Ok(built);
         }
-        self.template(TemplateCall::Ensure { name: name.into() }, report).await
+        self.template(TemplateCall::Ensure { name: name.into() }, report, None).await
     }
 
     async fn import_template(&self, name: &str, source: &TemplateSource, report: ProgressFn) -> Result<TemplateInfo> {
-        self.template(TemplateCall::Import { name: name.into(), source: source.clone() }, report).await
+        self.template(TemplateCall::Import { name: name.into(), source: source.clone() }, report, None).await
+    }
+
+    async fn build_template(
+        &self,
+        name: &str,
+        build: &TemplateBuild,
+        report: ProgressFn,
+        log: LogFn,
+    ) -> Result<TemplateInfo> {
+        self.template(TemplateCall::Build { name: name.into(), build: build.clone() }, report, Some(log)).await
     }
 
     async fn delete_template(&self, name: &str, version: u64) -> Result<bool> {

@@ -2,7 +2,7 @@
 //! operation is the node's own method, with the node's errors sorted into the classes the
 //! control plane tells apart.
 
-use space_api::TemplateSource;
+use space_api::{TemplateBuild, TemplateSource};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId};
 use space_gateway::SessionEgress;
-use space_node_api::{self as api, DiskQuota, EgressControl, NodeApi, ProgressFn};
+use space_node_api::{self as api, DiskQuota, EgressControl, LogFn, NodeApi, ProgressFn};
 use space_proto::client::AgentClient;
 use space_runtime::{Limits, RuntimeError, SandboxHandle};
 use space_storage::TemplateInfo;
@@ -94,6 +94,16 @@ impl NodeApi for Node {
 
     async fn import_template(&self, name: &str, source: &TemplateSource, report: ProgressFn) -> Result<TemplateInfo> {
         Ok(Node::import_template(self, name, source, report).await?)
+    }
+
+    async fn build_template(
+        &self,
+        name: &str,
+        build: &TemplateBuild,
+        report: ProgressFn,
+        log: LogFn,
+    ) -> Result<TemplateInfo> {
+        Ok(Node::build_template(self, name, build, report, log).await?)
     }
 
     async fn delete_template(&self, name: &str, version: u64) -> Result<bool> {

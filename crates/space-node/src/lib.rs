@@ -5,6 +5,7 @@
 //! Storage calls block on disk I/O, so they run on the blocking pool.
 
 mod api;
+mod builds;
 mod checkpoint;
 mod disk;
 pub mod doctor;
@@ -33,6 +34,7 @@ use space_runtime_linux::{LinuxOptions, LinuxRuntime};
 use crate::runtimes::Runtimes;
 use space_storage::{IdMap, Pool, PoolOptions};
 
+pub use builds::BuildError;
 pub use images::ROOT_IMAGE_BYTES;
 pub use space_gateway::{Gateway, GatewayConfig, SandboxLimits, certificates_from_pem, parse_dns_server};
 pub use space_node_api::NodeApi;
@@ -111,6 +113,8 @@ pub enum NodeError {
     /// Export or import asked of a node started without `--blob-store`.
     #[error("this node has no blob store")]
     NoBlobStore,
+    #[error(transparent)]
+    Build(#[from] builds::BuildError),
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -294,6 +298,16 @@ impl Node {
     /// Kills the sandbox and removes everything it had on this node. Idempotent. The root
     /// only moves to the trash here; [`Node::start_background`] deletes it off the hot path.
     pub async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()> {
+        self.stop_sandbox(id).await?;
+        let pool = self.pool.clone();
+        let sid = id.clone();
+        blocking(move || Ok(pool.retire_sandbox_root(&sid)?)).await?;
+        self.reclaim.notify_one();
+        Ok(())
+    }
+
+    /// Kills the sandbox and forgets it, leaving its root where it is. Idempotent.
+    pub(crate) async fn stop_sandbox(&self, id: &SandboxId) -> Result<()> {
         self.agents.lock().map_err(poisoned)?.remove(id);
         self.disconnect_from_gateway(id);
         match self.runtimes.of(id) {
@@ -306,10 +320,6 @@ impl Node {
             }
         }
         self.runtimes.forget(id);
-        let pool = self.pool.clone();
-        let sid = id.clone();
-        blocking(move || Ok(pool.retire_sandbox_root(&sid)?)).await?;
-        self.reclaim.notify_one();
         Ok(())
     }
 

@@ -89,15 +89,12 @@ impl Node {
         let (name, source) = (name.to_owned(), source.clone());
         let tx = progress_channel(report);
         let pulled = match &source {
-            TemplateSource::Registry { reference } => {
-                let reference =
-                    space_image::RegistryRef::parse(reference).map_err(space_storage::StorageError::from)?;
-                let cache = self.config.template_cache_dir.join("images");
+            TemplateSource::Registry { .. } => {
                 let sender = tx.clone();
                 let report = move |phase: String, done, total| {
                     let _ = sender.send(Progress { phase, done, total });
                 };
-                Some(space_image::pull(&reference, &cache, &report).await.map_err(space_storage::StorageError::from)?)
+                Some(self.open_image(&source, report).await?)
             }
             _ => None,
         };
@@ -112,5 +109,36 @@ impl Node {
             })
         })
         .await
+    }
+
+    /// The image `source` names: pulled (blobs cached by digest) from a registry, or opened
+    /// on this host.
+    pub(crate) async fn open_image(
+        &self,
+        source: &TemplateSource,
+        report: impl Fn(String, u64, Option<u64>) + Send + Sync,
+    ) -> Result<space_image::Image> {
+        let opened = match source {
+            TemplateSource::Registry { reference } => {
+                let reference =
+                    space_image::RegistryRef::parse(reference).map_err(space_storage::StorageError::from)?;
+                let cache = self.config.template_cache_dir.join("images");
+                return Ok(space_image::pull(&reference, &cache, &report)
+                    .await
+                    .map_err(space_storage::StorageError::from)?);
+            }
+            TemplateSource::OciLayout { dir, tag } => space_image::open_layout(dir, tag.as_deref()),
+            TemplateSource::DockerArchive { file } => space_image::open_docker_archive(file),
+            TemplateSource::OciArchive { file, tag } => space_image::open_oci_archive(file, tag.as_deref()),
+            TemplateSource::Path { path } => {
+                let reason = "FROM takes a template name or an image (docker://, oci:, docker-archive:, oci-archive:)";
+                return Err(space_storage::StorageError::BadTemplateContent {
+                    path: path.clone(),
+                    reason: reason.into(),
+                }
+                .into());
+            }
+        };
+        Ok(opened.map_err(space_storage::StorageError::from)?)
     }
 }

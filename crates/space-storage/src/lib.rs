@@ -11,6 +11,7 @@
 //! snapshots/                        session snapshots
 //! pods/                             warm-pool slots
 //! trash/<sandbox id>[.<n>]/rootfs   retired sandbox roots, deleted in the background
+//! build-cache/<key>                 read-only layers of Dockerfile builds
 //! ```
 //!
 //! Everything here blocks on disk I/O and needs root; async callers use `spawn_blocking`.
@@ -23,6 +24,7 @@ mod disk;
 mod error;
 mod identity;
 mod import;
+mod layers;
 pub mod mount;
 mod oci;
 mod pool;
@@ -41,6 +43,8 @@ pub use debian::cache_file as debian_cache_file;
 pub use error::{Result, StorageError};
 pub use identity::{SandboxIdentity, validate_hostname, write_etc_dir_files};
 pub use import::Compression;
+pub use layers::{Layers, StagedLayer};
+pub use oci::{Account, resolve_user};
 pub use pool::{Backing, Pool, PoolOptions, ROOT_IMAGE};
 pub use progress::{Progress, ProgressFn, no_progress};
 pub use reflink::reflink;

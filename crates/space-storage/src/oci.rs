@@ -60,14 +60,15 @@ impl TemplateStore {
         self.build(name, origin, progress, |staging| {
             let report = |phase: String, done, total| progress(Progress::new(phase, done, total));
             image.unpack(staging, limits, &report)?;
-            write_exec_defaults(staging, &defaults, limits.max_id)
+            write_exec_defaults(staging, &defaults, limits.max_id, 0)
         })
     }
 }
 
 /// Writes what spaced applies to every command: the image's environment, working directory
-/// and user (resolved to numbers with the image's own account files).
-fn write_exec_defaults(root: &Path, defaults: &TemplateDefaults, max_id: u32) -> Result<()> {
+/// and user (resolved to numbers with the image's own account files), owned by host id
+/// `owner` (0 in a tree shifted afterwards, the pool's base in a shifted one).
+pub(crate) fn write_exec_defaults(root: &Path, defaults: &TemplateDefaults, max_id: u32, owner: u32) -> Result<()> {
     let bad = |reason: String| StorageError::BadTemplateContent { path: root.to_path_buf(), reason };
     if defaults.working_dir.as_deref().is_some_and(|d| d.contains('\0')) {
         return Err(bad("the image's WorkingDir contains a NUL byte".into()));
@@ -96,18 +97,20 @@ fn write_exec_defaults(root: &Path, defaults: &TemplateDefaults, max_id: u32) ->
     }
     let json = serde_json::to_vec_pretty(&exec).map_err(|e| bad(e.to_string()))?;
     let rel = EXEC_DEFAULTS_PATH.trim_start_matches('/');
-    space_image::write_in_root(root, Path::new(rel), &json).map_err(|e| StorageError::io("write", root.join(rel), e))
+    space_image::write_in_root(root, Path::new(rel), &json, owner)
+        .map_err(|e| StorageError::io("write", root.join(rel), e))
 }
 
+/// A user as ids in the sandbox.
 #[derive(Debug, PartialEq, Eq)]
-struct Account {
-    uid: u32,
-    gid: u32,
-    home: Option<String>,
+pub struct Account {
+    pub uid: u32,
+    pub gid: u32,
+    pub home: Option<String>,
 }
 
 /// `user`, `uid`, `user:group`, `uid:gid` (any mix), as Docker reads an image's `User`.
-fn resolve_user(root: &Path, spec: &str) -> std::result::Result<Account, String> {
+pub fn resolve_user(root: &Path, spec: &str) -> std::result::Result<Account, String> {
     let (user, group) = match spec.split_once(':') {
         Some((user, group)) => (user, Some(group)),
         None => (spec, None),

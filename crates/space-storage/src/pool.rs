@@ -24,8 +24,14 @@ use space_api::IdMap;
 /// which the sandboxes' mapped root uids must traverse (`0711`: nothing listable), and so must
 /// `snapshots`: CRIU binds a full snapshot's `spaced` from inside the restored sandbox's user
 /// namespace. The trash is reached by root alone.
-const LAYOUT: [(&str, u32); 5] =
-    [("templates", DIR_MODE), ("sandboxes", DIR_MODE), ("snapshots", DIR_MODE), ("pods", DIR_MODE), ("trash", 0o700)];
+const LAYOUT: [(&str, u32); 6] = [
+    ("templates", DIR_MODE),
+    ("sandboxes", DIR_MODE),
+    ("snapshots", DIR_MODE),
+    ("pods", DIR_MODE),
+    ("trash", 0o700),
+    (crate::layers::LAYERS_DIR, 0o700),
+];
 const DIR_MODE: u32 = 0o711;
 /// The disk image in the root subvolume of a sandbox that boots from one (`vm`).
 pub const ROOT_IMAGE: &str = "disk.img";
@@ -101,6 +107,7 @@ impl Pool {
         ensure_dir(&data_dir.join("images"), 0o700)?;
         let templates = TemplateStore::new(root.join("templates"), options.id_map);
         templates.cleanup()?;
+        crate::layers::Layers::new(root.join(crate::layers::LAYERS_DIR)).clear_staging()?;
         let quotas = crate::disk::open_quotas(&root, &backing)?;
         tracing::info!(root = %root.display(), ?backing, disk_limits = quotas.is_some(), "storage pool open");
         let id_map = options.id_map;
@@ -198,6 +205,12 @@ impl Pool {
         })?;
         tracing::debug!(sandbox = %id, template = %format!("{}@{}", template.name, template.version), "sandbox root created");
         Ok(rootfs)
+    }
+
+    /// The root of a sandbox that runs a build step: a writable snapshot of build layer
+    /// `layer` with identity files of its own.
+    pub fn create_build_root(&self, id: &SandboxId, layer: &Path, identity: SandboxIdentity) -> Result<PathBuf> {
+        self.create_root_from(id, layer, Some(&identity))
     }
 
     /// Creates the root of a sandbox that boots from a disk image: a fresh subvolume (so

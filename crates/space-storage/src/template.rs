@@ -17,7 +17,7 @@ use crate::error::{IoContext, Result, StorageError};
 use crate::progress::{Progress, ProgressFn};
 use crate::shift::shift_tree;
 use crate::util::{now_ms, remove_any, write_atomic};
-use space_api::IdMap;
+use space_api::{IdMap, TemplateDefaults};
 
 const STAGING_PREFIX: &str = ".staging-";
 const MAX_NAME_LEN: usize = 63;
@@ -229,6 +229,37 @@ impl TemplateStore {
         fill(&staging.path)?;
         crate::mount::unmount_tree(&staging.path)?;
         let stats = shift_tree(&staging.path, self.id_map, progress)?;
+        self.finish(staging, name, origin, stats.size_bytes, progress)
+    }
+
+    /// Publishes a copy of `layer` (an id-shifted build layer, O(1)) as a new version of
+    /// `name`, with `defaults` as what every command runs with.
+    pub fn publish_layer(
+        &self,
+        name: &str,
+        layer: &Path,
+        source: String,
+        defaults: TemplateDefaults,
+        progress: ProgressFn,
+    ) -> Result<TemplateInfo> {
+        validate_template_name(name)?;
+        let staging = Staging::snapshot_of(&self.dir, name, layer)?;
+        let max_id = self.id_map.count - 1;
+        crate::oci::write_exec_defaults(&staging.path, &defaults, max_id, self.id_map.root())?;
+        let size = crate::usage::apparent_size(&staging.path)?;
+        let origin = Origin { source, digest: None, defaults: Some(defaults) };
+        self.finish(staging, name, origin, size, progress)
+    }
+
+    /// Makes a filled staging subvolume the next version of `name`.
+    fn finish(
+        &self,
+        staging: Staging,
+        name: &str,
+        origin: Origin,
+        size_bytes: u64,
+        progress: ProgressFn,
+    ) -> Result<TemplateInfo> {
         progress(Progress::new("finishing", 0, None));
         btrfs::set_readonly(&staging.path, true)?;
         let version = self.rename_into_place(&staging.path, name)?;
@@ -238,7 +269,7 @@ impl TemplateStore {
             version,
             created_at_ms: now_ms(),
             source: origin.source,
-            size_bytes: stats.size_bytes,
+            size_bytes,
             digest: origin.digest,
             defaults: origin.defaults,
         };
@@ -285,10 +316,21 @@ struct Staging {
 
 impl Staging {
     fn create(dir: &Path, name: &str) -> Result<Self> {
-        let suffix: u32 = rand::rng().random();
-        let path = dir.join(format!("{STAGING_PREFIX}{name}-{suffix:08x}"));
+        let path = Self::name(dir, name);
         btrfs::create_subvolume(&path)?;
         Ok(Staging { path, armed: true })
+    }
+
+    /// A writable snapshot of `source`.
+    fn snapshot_of(dir: &Path, name: &str, source: &Path) -> Result<Self> {
+        let path = Self::name(dir, name);
+        btrfs::snapshot(source, &path, false)?;
+        Ok(Staging { path, armed: true })
+    }
+
+    fn name(dir: &Path, name: &str) -> PathBuf {
+        let suffix: u32 = rand::rng().random();
+        dir.join(format!("{STAGING_PREFIX}{name}-{suffix:08x}"))
     }
 
     fn disarm(mut self) {

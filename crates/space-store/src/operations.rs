@@ -13,6 +13,8 @@ pub enum OperationKind {
     RestoreSession,
     BuildTemplate,
     ImportTemplate,
+    /// A Dockerfile build (`POST /v1/templates/builds`).
+    BuildDockerfile,
 }
 
 impl OperationKind {
@@ -23,6 +25,7 @@ impl OperationKind {
             OperationKind::RestoreSession => "restore_session",
             OperationKind::BuildTemplate => "build_template",
             OperationKind::ImportTemplate => "import_template",
+            OperationKind::BuildDockerfile => "build_dockerfile",
         }
     }
 
@@ -33,6 +36,7 @@ impl OperationKind {
             "restore_session" => OperationKind::RestoreSession,
             "build_template" => OperationKind::BuildTemplate,
             "import_template" => OperationKind::ImportTemplate,
+            "build_dockerfile" => OperationKind::BuildDockerfile,
             _ => return None,
         })
     }
@@ -129,6 +133,69 @@ impl Store {
         let sql = format!("SELECT {OP_COLUMNS} FROM operations WHERE id = $1 AND tenant_id = $2");
         let row = sqlx::query(&sql).bind(id.as_str()).bind(tenant.as_str()).fetch_optional(&self.pool).await?;
         row.map(|r| op_from_row(&r).map(|o| o.operation)).transpose()
+    }
+
+    /// The newest `limit` operations of `kind` that `tenant` made, newest first.
+    pub async fn list_operations(
+        &self,
+        tenant: &TenantId,
+        kind: OperationKind,
+        limit: i64,
+    ) -> Result<Vec<OperationRecord>> {
+        let sql = format!(
+            "SELECT {OP_COLUMNS} FROM operations WHERE tenant_id = $1 AND kind = $2 ORDER BY created_at DESC, id LIMIT $3"
+        );
+        let rows =
+            sqlx::query(&sql).bind(tenant.as_str()).bind(kind.as_str()).bind(limit).fetch_all(&self.pool).await?;
+        rows.iter().map(op_from_row).collect()
+    }
+
+    /// Appends `lines` to the log of operation `id`, numbered from `first`.
+    pub async fn append_operation_log(&self, id: &OperationId, first: i64, lines: &[String]) -> Result<()> {
+        let mut tx = self.writer.begin().await?;
+        for (i, line) in lines.iter().enumerate() {
+            sqlx::query("INSERT INTO operation_logs (operation_id, seq, line) VALUES ($1, $2, $3)")
+                .bind(id.as_str())
+                .bind(first + i as i64)
+                .bind(line)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The number the next line of operation `id`'s log gets (a re-run appends after the
+    /// lines of the run a crash cut short).
+    pub async fn next_operation_log_seq(&self, id: &OperationId) -> Result<i64> {
+        let row = sqlx::query("SELECT COALESCE(MAX(seq) + 1, 0) FROM operation_logs WHERE operation_id = $1")
+            .bind(id.as_str())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.get::<i64, _>(0))
+    }
+
+    /// Up to `limit` lines of the log of `tenant`'s operation `id`, from number `after`
+    /// on; `None` when the tenant has no such operation.
+    pub async fn operation_log(
+        &self,
+        tenant: &TenantId,
+        id: &OperationId,
+        after: i64,
+        limit: i64,
+    ) -> Result<Option<Vec<(i64, String)>>> {
+        if self.operation(tenant, id).await?.is_none() {
+            return Ok(None);
+        }
+        let rows = sqlx::query(
+            "SELECT seq, line FROM operation_logs WHERE operation_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(id.as_str())
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(Some(rows.iter().map(|r| (r.get::<i64, _>(0), r.get::<String, _>(1))).collect()))
     }
 
     /// Claims the oldest operation that is pending, or running under a lease that ran out at

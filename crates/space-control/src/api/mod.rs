@@ -16,6 +16,7 @@ pub(crate) mod session_meta;
 pub(crate) mod sessions;
 pub(crate) mod suspend;
 mod system;
+mod template_builds;
 pub(crate) mod template_uploads;
 mod templates;
 mod tenants;
@@ -55,7 +56,8 @@ pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
         files::download, files::upload, files::list, files::stat, files::mkdir, files::move_path,
         files::remove, files::watch_ws,
         templates::list_templates, templates::import_template, templates::build_template, templates::delete_template,
-        template_uploads::upload_template,
+        template_uploads::upload_template, template_builds::build_dockerfile, template_builds::list_builds,
+        system::operation_log,
         pool::get_pool, pool::set_pool_size, nodes::list_nodes, nodes::cordon, nodes::uncordon, nodes::drain, nodes::sweep_blobs,
         lifecycle::pause, lifecycle::resume, lifecycle::create_snapshot, lifecycle::list_snapshots,
         lifecycle::delete_snapshot, usage::get_snapshot, usage::session_stats, lifecycle::restore, lifecycle::fork, suspend::suspend,
@@ -111,6 +113,7 @@ pub fn router(state: AppState) -> Router {
     // Uploads stream to disk: no body limit, and no idempotency layer (it buffers bodies).
     let uploads = Router::new()
         .route("/templates/uploads", post(template_uploads::upload_template))
+        .route("/templates/builds", post(template_builds::build_dockerfile).get(template_builds::list_builds))
         .layer(DefaultBodyLimit::disable())
         .route_layer(middleware::from_fn(require_admin));
     // The admin may read and destroy any tenant's session; everything else is the owner's.
@@ -149,6 +152,7 @@ pub fn router(state: AppState) -> Router {
         .route("/status", get(system::status))
         .route("/pool", get(pool::get_pool))
         .route("/operations/{id}", get(system::get_operation))
+        .route("/operations/{id}/logs", get(system::operation_log))
         .route("/sessions", post(sessions::create_session).get(sessions::list_sessions))
         .route("/credentials", post(credentials::create_credential).get(credentials::list_credentials))
         .route(

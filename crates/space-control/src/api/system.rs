@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use space_api::{
     ApiKey, CreateKeyRequest, CreatedKey, ErrorBody, ErrorCode, FullSnapshotSupport, KeyId, KeyList, Operation,
-    OperationId, Status,
+    OperationId, OperationLog, Status,
 };
 use space_store::{KeyRecord, RevokeRefused};
 
@@ -19,7 +19,7 @@ use space_api::error::clip;
 use super::templates::template_view;
 use crate::AppState;
 use crate::auth::{Admin, Caller, KeySpec, create_key as make_key};
-use crate::error::{ApiJson, ApiPath, AppError, AppResult};
+use crate::error::{ApiJson, ApiPath, ApiQuery, AppError, AppResult};
 use crate::idempotency::CarriesSecret;
 
 /// Liveness probe; needs no key.
@@ -203,6 +203,35 @@ pub async fn rotate_key(
         crate::auth::follow_admin_rotation(&state.store, &state.admin_key_file, &old.id, &secret).await?;
     }
     Ok((StatusCode::CREATED, Extension(CarriesSecret), ApiJson(created_view(secret, &new))))
+}
+
+/// Which lines of an operation's log to read.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LogParams {
+    /// The number of the first line (`next` of the previous page); default 0.
+    #[serde(default)]
+    pub after: i64,
+    /// At most this many lines (default and maximum 1000).
+    pub limit: Option<i64>,
+}
+
+/// The log of an operation (a Dockerfile build's steps and their output), a page at a time.
+#[utoipa::path(get, path = "/v1/operations/{id}/logs", params(("id" = String, Path), LogParams),
+    responses((status = 200, body = OperationLog), (status = 404, body = ErrorBody)))]
+pub async fn operation_log(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(params): ApiQuery<LogParams>,
+) -> AppResult<ApiJson<OperationLog>> {
+    let not_found = || AppError::new(ErrorCode::NotFound, format!("operation {} not found", clip(&id)));
+    let parsed: OperationId = id.parse().map_err(|_| not_found())?;
+    let limit = params.limit.unwrap_or(1000).clamp(1, 1000);
+    let after = params.after.max(0);
+    let lines = state.store.operation_log(&caller.tenant_id, &parsed, after, limit).await?.ok_or_else(not_found)?;
+    let next = lines.last().map_or(after, |(seq, _)| seq + 1);
+    Ok(ApiJson(OperationLog { lines: lines.into_iter().map(|(_, line)| line).collect(), next }))
 }
 
 /// An operation: what the reconciler is doing or did for a request.

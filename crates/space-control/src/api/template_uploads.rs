@@ -58,11 +58,15 @@ pub fn upload_dir(data_dir: &Path) -> PathBuf {
 }
 
 /// A file removed when this is dropped (a request that fails or is abandoned), unless kept.
-struct Removal(Option<PathBuf>);
+pub(crate) struct Removal(Option<PathBuf>);
 
 impl Removal {
-    fn keep(mut self) {
+    pub(crate) fn keep(mut self) {
         self.0 = None;
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.0.as_deref().unwrap_or(Path::new(""))
     }
 }
 
@@ -107,7 +111,24 @@ pub async fn upload_template(
     body: Body,
 ) -> AppResult<(StatusCode, ApiJson<Operation>)> {
     check_name(&params.name)?;
-    let expected = params.sha256.to_ascii_lowercase();
+    let upload = receive_upload(&state, body, &params.sha256).await?;
+    let file = upload.path().to_path_buf();
+    let source = match params.format {
+        UploadFormat::Rootfs => TemplateSource::Path { path: file.clone() },
+        UploadFormat::DockerArchive => TemplateSource::DockerArchive { file: file.clone() },
+        UploadFormat::OciArchive => TemplateSource::OciArchive { file: file.clone(), tag: params.tag },
+    };
+    let input = TemplateInput { name: params.name, path: Some(source.to_string()), uploaded: Some(file), build: None };
+    let op = queue(&state, &caller, OperationKind::ImportTemplate, input).await?;
+    // The import owns the upload now, and removes it when it ends.
+    upload.keep();
+    Ok((StatusCode::ACCEPTED, ApiJson(op)))
+}
+
+/// Streams an upload into `<data dir>/uploads` (bounded by `--template-upload-max-gib`,
+/// checked against `sha256`); the file is removed when the guard drops, unless kept.
+pub(crate) async fn receive_upload(state: &AppState, body: Body, sha256: &str) -> AppResult<Removal> {
+    let expected = sha256.to_ascii_lowercase();
     if expected.len() != 64 || !expected.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(AppError::bad_request("sha256 must be the body's sha256 as 64 hex digits"));
     }
@@ -124,17 +145,7 @@ pub async fn upload_template(
         .await
         .map_err(|e| AppError::internal(format!("keeping the upload: {e}")))?;
     partial.keep();
-    let upload = Removal(Some(file.clone()));
-    let source = match params.format {
-        UploadFormat::Rootfs => TemplateSource::Path { path: file.clone() },
-        UploadFormat::DockerArchive => TemplateSource::DockerArchive { file: file.clone() },
-        UploadFormat::OciArchive => TemplateSource::OciArchive { file: file.clone(), tag: params.tag },
-    };
-    let input = TemplateInput { name: params.name, path: Some(source.to_string()), uploaded: Some(file) };
-    let op = queue(&state, &caller, OperationKind::ImportTemplate, input).await?;
-    // The import owns the upload now, and removes it when it ends.
-    upload.keep();
-    Ok((StatusCode::ACCEPTED, ApiJson(op)))
+    Ok(Removal(Some(file)))
 }
 
 /// An upload past the server's limit. The connection closes with this answer while the client

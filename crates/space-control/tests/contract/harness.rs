@@ -156,6 +156,15 @@ impl Server {
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)), headers)
     }
 
+    /// `POST path` with `key` and raw `body` (an upload).
+    pub async fn post_bytes(&self, key: &str, path: &str, body: Vec<u8>) -> Reply {
+        let request = self.http.post(format!("{}{path}", self.url)).bearer_auth(key);
+        let response = request.body(body).send().await.expect("the server answers");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("a body");
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
     pub async fn call_as(&self, key: &str, method: &str, path: &str, body: Option<Value>) -> Reply {
         let (status, body, _) = self.send(key, method, path, body.map(|b| b.to_string()), &[]).await;
         (status, body)

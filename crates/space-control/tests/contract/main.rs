@@ -4,6 +4,7 @@
 //! with real sandboxes and as root, by `crates/space-cli/tests`.
 
 mod auto_resume;
+mod builds;
 mod database;
 mod disk;
 mod drain;

@@ -23,10 +23,15 @@ pub(super) fn template(node: Arc<dyn NodeApi>, call: TemplateCall) -> Response<B
     let report = Box::new(move |p| {
         let _ = progress.send(TemplateLine::Progress(p));
     });
+    let logged = tx.clone();
+    let log = Box::new(move |line| {
+        let _ = logged.send(TemplateLine::Log(line));
+    });
     tokio::spawn(async move {
         let outcome = match call {
             TemplateCall::Ensure { name } => node.ensure_template(&name, report).await,
             TemplateCall::Import { name, source } => node.import_template(&name, &source, report).await,
+            TemplateCall::Build { name, build } => node.build_template(&name, &build, report, log).await,
         };
         let _ = tx.send(TemplateLine::Done(outcome.map_err(|e| NodeFailure::from(&e))));
     });

@@ -1,0 +1,70 @@
+//! Dockerfile builds over the API: the admin's alone (a tenant is refused before anything is
+//! read), a bad Dockerfile or bad parameters refused with what to fix before anything is
+//! queued, and a good one built on the node, its log readable page by page and the build
+//! listed.
+
+use sha2::{Digest, Sha256};
+
+use crate::harness::{Server, assert_error, error_of};
+
+/// A tar holding `files` (name, text).
+fn context(files: &[(&str, &str)]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (name, text) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(text.len() as u64);
+        header.set_mode(0o644);
+        builder.append_data(&mut header, name, text.as_bytes()).unwrap();
+    }
+    builder.into_inner().unwrap()
+}
+
+fn path(query: &str, body: &[u8]) -> String {
+    format!("/v1/templates/builds?name=web&sha256={}{query}", hex::encode(Sha256::digest(body)))
+}
+
+#[tokio::test]
+async fn builds_are_checked_then_run_with_their_log_kept() {
+    let server = Server::start().await;
+    server.wait_for_template("busybox").await;
+    let good = context(&[("Dockerfile", "FROM busybox\nRUN echo hi\n"), ("app.txt", "x")]);
+    let tenant = server.tenant_key("acme").await;
+    assert_error(&server.post_bytes(&tenant, &path("", &good), good.clone()).await, 403, "forbidden");
+    assert_error(&server.call_as(&tenant, "GET", "/v1/templates/builds", None).await, 403, "forbidden");
+
+    let admin = server.admin.clone();
+    for (files, query, says) in [
+        (vec![("Dockerfile", "FROM busybox\n\nEXPOSE 80\n")], "", "line 3: EXPOSE is not supported"),
+        (vec![("other", "FROM busybox\n")], "", "the build context has no Dockerfile"),
+        (vec![("Dockerfile", "FROM busybox\n")], "&allow=bad%20host", "allow:"),
+        (vec![("Dockerfile", "FROM busybox\n")], "&build_args=%5B1%5D", "build_args must be a JSON object"),
+    ] {
+        let body = context(&files);
+        let reply = server.post_bytes(&admin, &path(query, &body), body).await;
+        assert_error(&reply, 400, "bad_request");
+        assert!(error_of(&reply.1).1.contains(says), "{}", reply.1);
+    }
+    let wrong = format!("/v1/templates/builds?name=web&sha256={}", "0".repeat(64));
+    assert_error(&server.post_bytes(&admin, &wrong, good.clone()).await, 400, "bad_request");
+    let (_, list) = server.call("GET", "/v1/templates/builds", None).await;
+    assert_eq!(list["builds"], serde_json::json!([]), "nothing refused was queued: {list}");
+
+    let (status, op) = server.post_bytes(&admin, &path("&allow=pypi.org", &good), good.clone()).await;
+    assert_eq!(status, 202, "{op}");
+    let id = op["id"].as_str().unwrap().to_owned();
+    assert_eq!(server.wait_operation(&id).await["state"], "succeeded");
+    let (status, log) = server.call("GET", &format!("/v1/operations/{id}/logs"), None).await;
+    assert_eq!(status, 200, "{log}");
+    assert_eq!(log["lines"][0], "Step 1/2 : FROM busybox (simulated)", "{log}");
+    let (_, page) = server.call("GET", &format!("/v1/operations/{id}/logs?after=1&limit=1"), None).await;
+    assert_eq!(page["lines"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(page["next"], 2, "{page}");
+    let (_, list) = server.call("GET", "/v1/templates/builds", None).await;
+    assert_eq!(list["builds"][0]["id"], id.as_str(), "{list}");
+    assert_eq!(list["builds"][0]["name"], "web", "{list}");
+    // Another tenant cannot read the log of the admin's build.
+    let unknown = server.call_as(&tenant, "GET", &format!("/v1/operations/{id}/logs"), None).await;
+    assert_error(&unknown, 404, "not_found");
+    let (_, templates) = server.call("GET", "/v1/templates", None).await;
+    assert!(templates["templates"].as_array().unwrap().iter().any(|t| t["name"] == "web"), "{templates}");
+}
