@@ -321,3 +321,22 @@ fn images_upload_over_the_api_checked_and_bounded() {
     assert_eq!(small.post_raw(&path, &["--data-binary", "x"]), 413);
     assert!(uploads_left(&small).is_empty(), "{:?}", uploads_left(&small));
 }
+
+/// An OCI image serves as a Dockerfile's base: its layers, and its config as the starting
+/// point of the build's environment, working directory and user.
+#[test]
+fn images_serve_as_the_base_of_a_dockerfile_build() {
+    require_root!();
+    let (server, layout, _) = server_with_image();
+    let dir = server.data_dir.join("ctx");
+    std::fs::create_dir_all(&dir).unwrap();
+    let dockerfile = format!(
+        "FROM {layout}\nUSER root\nRUN cat /a/kept > kept && echo \"$GREETING\" > greeting && id -u > built-by\nUSER app\n"
+    );
+    std::fs::write(dir.join("Dockerfile"), dockerfile).unwrap();
+    let out = server.cli(&["template", "build", "on-image", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = session_runs_with_image_config(&server, "on-image");
+    let r = server.exec(&id, &["sh", "-c", "cat kept greeting built-by; test -e /a/gone || echo whited out"]);
+    assert_eq!(r["stdout"], "lower layer\nhello from the image\n0\nwhited out\n", "{r}");
+}
