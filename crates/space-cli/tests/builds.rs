@@ -83,10 +83,18 @@ fn dockerfile_builds_apply_every_instruction_and_reuse_their_cache() {
     let id = server.create_session(json!({ "template": "web" }));
     assert_eq!(server.exec(&id, &["cat", "app.txt"])["stdout"], "new content\n");
 
+    // --no-cache runs every step again, and its layers serve the next build.
+    let (ok, out, err) = build(&server, "web", &dir, &["--build-arg", "GREETING=hi", "--no-cache"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(!out.contains("Using cache") && out.contains("new content"), "{out}");
+    let (ok, out, err) = build(&server, "web", &dir, &["--build-arg", "GREETING=hi"]);
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(out.matches(" ---> Using cache").count(), 6, "{out}");
+
     let out = server.cli(&["template", "builds", "--json"]);
     let builds: Value = serde_json::from_slice(&out.stdout).unwrap();
     let builds = builds["builds"].as_array().unwrap();
-    assert_eq!(builds.len(), 3, "{builds:?}");
+    assert_eq!(builds.len(), 5, "{builds:?}");
     assert!(builds.iter().all(|b| b["name"] == "web" && b["state"] == "succeeded"), "{builds:?}");
 }
 

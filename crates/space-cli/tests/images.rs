@@ -322,16 +322,20 @@ fn images_upload_over_the_api_checked_and_bounded() {
     assert!(uploads_left(&small).is_empty(), "{:?}", uploads_left(&small));
 }
 
-/// An OCI image serves as a Dockerfile's base: its layers, and its config as the starting
-/// point of the build's environment, working directory and user.
+/// An image in a registry serves as a Dockerfile's base: its layers, and its config as the
+/// starting point of the build's environment, working directory and user. An image on the
+/// server's host does not: that is the admin's to import.
 #[test]
-fn images_serve_as_the_base_of_a_dockerfile_build() {
+fn registry_images_serve_as_the_base_of_a_dockerfile_build() {
     require_root!();
+    let work = tempfile::tempdir_in("/var/tmp").unwrap();
     let (server, layout, _) = server_with_image();
+    let registry = Registry::start(&work.path().join("open"), None);
+    let reference = registry.push(&server.data_dir.join("image-src"), None);
     let dir = server.data_dir.join("ctx");
     std::fs::create_dir_all(&dir).unwrap();
     let dockerfile = format!(
-        "FROM {layout}\nUSER root\nRUN cat /a/kept > kept && echo \"$GREETING\" > greeting && id -u > built-by\nUSER app\n"
+        "FROM {reference}\nUSER root\nRUN cat /a/kept > kept && echo \"$GREETING\" > greeting && id -u > built-by\nUSER app\n"
     );
     std::fs::write(dir.join("Dockerfile"), dockerfile).unwrap();
     let out = server.cli(&["template", "build", "on-image", dir.to_str().unwrap()]);
@@ -339,4 +343,10 @@ fn images_serve_as_the_base_of_a_dockerfile_build() {
     let id = session_runs_with_image_config(&server, "on-image");
     let r = server.exec(&id, &["sh", "-c", "cat kept greeting built-by; test -e /a/gone || echo whited out"]);
     assert_eq!(r["stdout"], "lower layer\nhello from the image\n0\nwhited out\n", "{r}");
+
+    std::fs::write(dir.join("Dockerfile"), format!("FROM {layout}\n")).unwrap();
+    let out = server.cli(&["template", "build", "on-host", dir.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("line 1: FROM takes a template name"), "{stderr}");
+    assert!(templates(&server, "on-host").is_empty());
 }

@@ -33,4 +33,7 @@ pub enum SubstituteError {
          ${{NAME:+alt}}, ${{NAME+alt}})"
     )]
     UnsupportedModifier { word: String, modifier: char },
+    /// The expansion grew past [`crate::MAX_EXPANDED`] bytes.
+    #[error("{word:?}… expands to more than 256 KiB")]
+    TooLong { word: String },
 }

@@ -19,7 +19,7 @@ mod substitute;
 mod words;
 
 pub use error::{ParseError, SubstituteError};
-pub use substitute::substitute;
+pub use substitute::{MAX_EXPANDED, substitute};
 
 /// Largest Dockerfile accepted; a real one is a few KiB, so this only stops runaway input.
 const MAX_FILE: usize = 1024 * 1024;

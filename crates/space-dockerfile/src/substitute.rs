@@ -10,6 +10,9 @@
 
 use crate::error::SubstituteError;
 
+/// Longest expansion of one word (an instruction is at most 256 KiB as written).
+pub const MAX_EXPANDED: usize = 256 << 10;
+
 /// Docker's variable substitution in a word: $NAME, ${NAME}, ${NAME:-default}, ${NAME:+alt},
 /// with `\$` an escaped dollar. Unset names become "". `lookup` answers a name's value.
 ///
@@ -70,6 +73,11 @@ impl Expander<'_> {
                 }
                 '$' => out.push_str(&self.dollar()?),
                 _ => out.push(c),
+            }
+            // Checked as it grows: a word of many references to a long value would otherwise
+            // take the memory of the whole product first.
+            if out.len() > MAX_EXPANDED {
+                return Err(SubstituteError::TooLong { word: self.word.chars().take(80).collect() });
             }
         }
         match stop {
@@ -183,6 +191,16 @@ mod tests {
         assert_eq!(sub("$Ab").unwrap(), "", "the name runs on through letters");
         assert_eq!(sub("/usr/${B}/$A:$UNSET").unwrap(), "/usr/bee/a:");
         assert_eq!(sub("no dollars").unwrap(), "no dollars");
+    }
+
+    #[test]
+    fn expansions_are_bounded() {
+        let big = "x".repeat(100 << 10);
+        let lookup = |name: &str| (name == "BIG").then(|| big.clone());
+        assert_eq!(substitute("$BIG$BIG", &lookup).unwrap().len(), 200 << 10);
+        let err = substitute("$BIG$BIG$BIG", &lookup).unwrap_err();
+        assert!(matches!(err, SubstituteError::TooLong { .. }), "{err}");
+        assert!(err.to_string().contains("more than 256 KiB"), "{err}");
     }
 
     #[test]

@@ -224,6 +224,22 @@ pub fn read_in_root(root: &Path, rel: &Path, max: u64) -> std::io::Result<Option
     Ok(Some(bytes))
 }
 
+/// Removes `rel` of `root` (and what it holds), resolved inside the root; missing is fine.
+pub fn remove_in_root(root: &Path, rel: &Path) -> std::io::Result<()> {
+    let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    };
+    let root = File::open(root)?;
+    match open_dir_in_root(root.as_fd(), parent) {
+        Err(Errno::ENOENT | Errno::ENOTDIR) => Ok(()),
+        Err(e) => Err(e.into()),
+        Ok(dir) => match remove_all(dir.as_fd(), name) {
+            Err(Errno::ENOENT) => Ok(()),
+            other => other.map_err(Into::into),
+        },
+    }
+}
+
 /// Whether `rel` of `root` is a directory, resolved inside the root.
 pub fn is_dir_in_root(root: &Path, rel: &Path) -> bool {
     File::open(root).is_ok_and(|root| open_dir_in_root(root.as_fd(), rel).is_ok())

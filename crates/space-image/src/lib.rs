@@ -13,9 +13,10 @@ mod registry;
 mod unpack;
 
 pub use archive::{open_docker_archive, open_oci_archive};
-pub use at::{is_dir_in_root, make_dirs_in_root, read_in_root, write_in_root};
+pub use at::{is_dir_in_root, make_dirs_in_root, read_in_root, remove_in_root, write_in_root};
 pub use digest::{Digest, Hashing};
 pub use error::{ImageError, Result};
+pub use guard::TarGuard;
 pub use image::{Blob, Image, Layer, Report};
 pub use layout::open_layout;
 pub use registry::{PullReport, RegistryRef, pull};

@@ -149,6 +149,8 @@ pub struct Node {
     pod_templates: pod_templates::PodTemplates,
     /// Wakes the deletion of destroyed roots.
     reclaim: tokio::sync::Notify,
+    /// Sandboxes running a build's step: no session knows them, and no sweep may take them.
+    build_sandboxes: Mutex<HashSet<SandboxId>>,
     gateway: Arc<Gateway>,
     /// Each started sandbox's trusted roots, read while it starts, for the session bundle.
     system_bundles: Mutex<HashMap<SandboxId, bytes::Bytes>>,
@@ -234,6 +236,7 @@ impl Node {
             warm: warm::WarmPool::new(&config.warm),
             pod_templates: Default::default(),
             reclaim: tokio::sync::Notify::new(),
+            build_sandboxes: Mutex::new(HashSet::new()),
             gateway,
             system_bundles: Mutex::new(HashMap::new()),
             audit_events: Mutex::new(Some(audit_events)),
@@ -433,8 +436,9 @@ impl Node {
         let pool = self.pool.clone();
         found.extend(blocking(move || Ok(pool.list_sandbox_roots()?)).await?);
         let pods = self.warm.ready_ids();
+        let building = self.build_sandboxes.lock().map_err(poisoned)?.clone();
         let mut removed = Vec::new();
-        for id in found.into_iter().filter(|id| !keep.contains(id) && !pods.contains(id)) {
+        for id in found.into_iter().filter(|id| !keep.contains(id) && !pods.contains(id) && !building.contains(id)) {
             tracing::info!(sandbox = %id, "removing orphaned sandbox");
             match self.destroy_sandbox(&id).await {
                 Ok(()) => removed.push(id),

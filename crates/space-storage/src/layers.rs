@@ -14,6 +14,7 @@ use crate::btrfs;
 use crate::error::{IoContext, Result, StorageError};
 use crate::pool::Pool;
 use crate::util::remove_any;
+use space_api::IdMap;
 
 /// The directory of the cache under the pool root.
 pub(crate) const LAYERS_DIR: &str = "build-cache";
@@ -83,28 +84,37 @@ impl Layers {
         Ok(StagedLayer { path, key: key.to_owned(), armed: true })
     }
 
-    /// An empty subvolume (its root directory owned by host id `owner`) to become layer `key`.
-    pub fn stage_empty(&self, key: &str, owner: u32) -> Result<StagedLayer> {
+    /// A subvolume `fill` writes as host root (ids unshifted, as an image unpacks), then
+    /// shifted into the pool's ids as an import's tree is (file capabilities included), to
+    /// become layer `key`.
+    pub fn stage_filled(
+        &self,
+        key: &str,
+        map: IdMap,
+        fill: impl FnOnce(&Path) -> Result<()>,
+    ) -> Result<StagedLayer> {
         self.path(key)?;
         let suffix: u32 = rand::rng().random();
         let path = self.dir.join(format!("{STAGING_PREFIX}{key}-{suffix:08x}"));
         btrfs::create_subvolume(&path)?;
         let staged = StagedLayer { path, key: key.to_owned(), armed: true };
-        let (uid, gid) = (Some(nix::unistd::Uid::from_raw(owner)), Some(nix::unistd::Gid::from_raw(owner)));
-        nix::unistd::chown(&staged.path, uid, gid).ctx("chown", &staged.path)?;
-        std::fs::set_permissions(&staged.path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .ctx("chmod", &staged.path)?;
+        fill(&staged.path)?;
+        crate::shift::shift_tree(&staged.path, map, &crate::progress::no_progress)?;
         Ok(staged)
     }
 
-    /// Makes `staged` the read-only layer of its key. Two builds making the same layer at once
-    /// both succeed: the second's copy is dropped and the first's kept.
-    pub fn commit(&self, mut staged: StagedLayer) -> Result<PathBuf> {
+    /// Makes `staged` the read-only layer of its key. When that layer exists already (two
+    /// builds made it at once, or a build ran without its cache), `replace` puts the new one
+    /// in its place and deletes the old; otherwise the new one is dropped.
+    pub fn commit(&self, mut staged: StagedLayer, replace: bool) -> Result<PathBuf> {
         btrfs::set_readonly(&staged.path, true)?;
         let target = self.path(&staged.key)?;
         match renameat2(AT_FDCWD, &staged.path, AT_FDCWD, &target, RenameFlags::RENAME_NOREPLACE) {
             Ok(()) => staged.armed = false,
-            Err(Errno::EEXIST) => {} // dropped: the other build's layer serves
+            // The old layer is then where the staged one was, and goes with it on drop.
+            Err(Errno::EEXIST) if replace => renameat2(AT_FDCWD, &staged.path, AT_FDCWD, &target, RenameFlags::RENAME_EXCHANGE)
+                .ctx("replace layer", &target)?,
+            Err(Errno::EEXIST) => {}
             Err(e) => return Err(e).ctx("rename layer into place", &target),
         }
         Ok(target)

@@ -75,6 +75,9 @@ pub async fn build_dockerfile(
         .await
         .map_err(|e| AppError::internal(format!("reading the context: {e}")))??
         .ok_or_else(|| AppError::bad_request(format!("the build context has no {entry}: name it with dockerfile=")))?;
+    if dockerfile.contains('\0') {
+        return Err(AppError::bad_request("the Dockerfile contains a NUL byte"));
+    }
     space_dockerfile::parse(&dockerfile).map_err(|e| AppError::bad_request(format!("Dockerfile {e}")))?;
     let build = TemplateBuild { dockerfile, context: Some(context.clone()), allow, args, no_cache: params.no_cache };
     let input = TemplateInput { name: params.name, path: None, uploaded: Some(context), build: Some(build) };
@@ -120,7 +123,9 @@ fn allow_list(text: Option<&str>) -> AppResult<Vec<String>> {
 fn read_entry(file: &Path, wanted: &str) -> AppResult<Option<String>> {
     let bad = |e: std::io::Error| AppError::bad_request(format!("the build context is not a readable tar: {e}"));
     let wanted = clean(Path::new(wanted));
-    let mut archive = tar::Archive::new(std::fs::File::open(file).map_err(bad)?);
+    let file = std::fs::File::open(file).map_err(bad)?;
+    // The guard bounds what the tar parser reads into memory (long names, pax headers).
+    let mut archive = tar::Archive::new(space_image::TarGuard::new(file, u64::MAX));
     for entry in archive.entries().map_err(bad)? {
         let entry = entry.map_err(bad)?;
         if clean(&entry.path().map_err(bad)?) != wanted || !entry.header().entry_type().is_file() {

@@ -49,7 +49,8 @@ pub fn select(context: Option<&Path>, spec: &CopySpec, scratch: &Path) -> Result
     let mut matched = vec![false; sources.len()];
     if let Some(context) = context {
         let file = std::fs::File::open(context).map_err(failed)?;
-        let mut archive = tar::Archive::new(file);
+        // The guard bounds what the tar parser reads into memory (long names, pax headers).
+        let mut archive = tar::Archive::new(space_image::TarGuard::new(file, u64::MAX));
         for entry in archive.entries().map_err(failed)? {
             let mut entry = entry.map_err(failed)?;
             let path = clean(&entry.path().map_err(failed)?);
@@ -128,15 +129,27 @@ fn append<R: Read>(
         let message = format!("{} is named like an image whiteout (.wh.*): rename it", to.display());
         return Err(BuildError::Step { line: spec.line, message });
     }
-    let mut header = entry.header().clone();
+    // A header of our own: a context's own (a sparse entry, a pax size that differs from
+    // the ustar one) would make what follows it read as something else.
+    let kind = entry.header().entry_type();
+    let supported = matches!(
+        kind,
+        tar::EntryType::Regular | tar::EntryType::Directory | tar::EntryType::Symlink | tar::EntryType::Link
+    );
+    if !supported {
+        let message = format!("{} is a {:?} tar entry; the build context holds files, directories and links", to.display(), kind);
+        return Err(BuildError::Step { line: spec.line, message });
+    }
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(kind);
+    header.set_size(if kind == tar::EntryType::Regular { entry.size() } else { 0 });
+    header.set_mode(spec.mode.unwrap_or(entry.header().mode().map_err(failed)?) & 0o7777);
+    header.set_mtime(entry.header().mtime().unwrap_or(0));
     header.set_uid(u64::from(spec.uid));
     header.set_gid(u64::from(spec.gid));
-    if let Some(mode) = spec.mode {
-        header.set_mode(mode);
-    }
     let rel = to.strip_prefix("/").unwrap_or(to);
     let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
-    match header.entry_type() {
+    match kind {
         tar::EntryType::Symlink => {
             let link = entry.link_name().map_err(failed)?.unwrap_or_default().into_owned();
             builder.append_link(&mut header, rel, link).map_err(failed)
@@ -238,6 +251,26 @@ mod tests {
         assert_eq!(paths, ["w", "w/app.py", "w/src", "w/src/a.py", "w/src/lib/b.py"], "the CLI's own entries stay out");
         let glob = select(Some(&ctx), &spec(&["src/*.py"], "/g/", true), dir.path()).unwrap();
         assert_eq!(copied(&glob), vec![("g/a.py".into(), 0)]);
+    }
+
+    #[test]
+    fn only_files_directories_and_links_are_copied() {
+        let dir = tempfile::tempdir().unwrap();
+        for kind in [tar::EntryType::Fifo, tar::EntryType::Char, tar::EntryType::GNUSparse] {
+            let ctx = dir.path().join("odd.tar");
+            let mut builder = tar::Builder::new(std::fs::File::create(&ctx).unwrap());
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            header.set_size(0);
+            builder.append_data(&mut header, "odd", std::io::empty()).unwrap();
+            builder.finish().unwrap();
+            let err = select(Some(&ctx), &spec(&["."], "/x", true), dir.path()).err().unwrap().to_string();
+            // A sparse entry (which would expand to its declared size) is refused by the tar
+            // reader already, or else here.
+            let refused = err.contains("the build context holds files, directories and links")
+                || (kind == tar::EntryType::GNUSparse && err.contains("reading the build context"));
+            assert!(refused, "{kind:?}: {err}");
+        }
     }
 
     #[test]

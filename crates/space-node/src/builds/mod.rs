@@ -19,6 +19,13 @@ use space_storage::TemplateInfo;
 use crate::{Node, NodeError, Result, blocking};
 use context::CopySpec;
 
+/// Most bytes of log a build sends on.
+const MAX_LOG_BYTES: usize = 32 << 20;
+
+/// Most bytes of `ENV` and `ARG` names and values in all (a command's environment holds
+/// little more than this anyway).
+const MAX_VARIABLES: usize = 1 << 20;
+
 /// Why a build failed, naming the Dockerfile line.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -60,6 +67,16 @@ impl State {
         }
     }
 
+    /// Refuses variables larger in all than a command's environment can be.
+    fn check_size(&self, line: usize) -> std::result::Result<(), BuildError> {
+        let size: usize = self.env.iter().chain(&self.args).map(|(k, v)| k.len() + v.len() + 2).sum();
+        if size > MAX_VARIABLES {
+            let message = format!("ENV and ARG values exceed {} KiB in all", MAX_VARIABLES >> 10);
+            return Err(BuildError::Step { line, message });
+        }
+        Ok(())
+    }
+
     /// Docker's substitution: `ENV` over `ARG`.
     fn substitute(&self, line: usize, word: &str) -> std::result::Result<String, BuildError> {
         let lookup = |name: &str| self.env.get(name).or_else(|| self.args.get(name)).cloned();
@@ -68,15 +85,51 @@ impl State {
     }
 }
 
-/// The cache key of a step: its parent's key and what it depends on.
+/// The cache key of a step: its parent's key and what it depends on, each part
+/// length-prefixed so that no two different lists of parts hash alike.
 fn key(parent: &str, parts: &[&str]) -> String {
     let mut hasher = Sha256::new();
-    hasher.update(parent.as_bytes());
-    for part in parts {
-        hasher.update([0]);
+    for part in std::iter::once(&parent).chain(parts) {
+        hasher.update((part.len() as u64).to_le_bytes());
         hasher.update(part.as_bytes());
     }
     hex::encode(hasher.finalize())
+}
+
+/// `text` with control characters (NUL, terminal escapes) replaced: a log line goes into
+/// the database (which may refuse NUL) and onto the terminal of whoever follows the build.
+fn printable(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() && c != '\t' { '\u{fffd}' } else { c }).collect()
+}
+
+/// A build's log on its way out: printable, and at most [`MAX_LOG_BYTES`] of it (a step can
+/// print without end; the rest is counted and said at the end).
+struct CappedLog<L> {
+    log: L,
+    bytes: std::sync::atomic::AtomicUsize,
+    dropped: std::sync::atomic::AtomicUsize,
+}
+
+impl<L: Fn(String)> CappedLog<L> {
+    fn new(log: L) -> Self {
+        CappedLog { log, bytes: 0.into(), dropped: 0.into() }
+    }
+
+    fn line(&self, text: String) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.bytes.fetch_add(text.len() + 1, Relaxed) > MAX_LOG_BYTES {
+            self.dropped.fetch_add(1, Relaxed);
+            return;
+        }
+        (self.log)(printable(&text));
+    }
+
+    fn finish(&self) {
+        let dropped = self.dropped.load(std::sync::atomic::Ordering::Relaxed);
+        if dropped > 0 {
+            (self.log)(format!("({dropped} more lines not logged: a build logs at most {} MiB)", MAX_LOG_BYTES >> 20));
+        }
+    }
 }
 
 /// `ARG`s before `FROM` (they serve `FROM` only), and the rest.
@@ -92,10 +145,19 @@ fn argv(command: &Command) -> Vec<String> {
     }
 }
 
-/// The image a `FROM` names: an OCI reference (`docker://…`, `oci:…`, `docker-archive:…`,
-/// `oci-archive:…`) or a space template (`NAME`, whose names hold none of `:/`).
-fn from_image(image: &str) -> Option<TemplateSource> {
-    image.contains([':', '/']).then(|| TemplateSource::parse(image))
+/// The image a `FROM` names: a registry image (`docker://…`) or a space template (`NAME`,
+/// whose names hold none of `:/`). Images on the node's host (`oci:`, `docker-archive:`) are
+/// refused: what is on the host is the admin's to import (`space template import`), not a
+/// Dockerfile's to read.
+fn from_image(image: &str) -> std::result::Result<Option<TemplateSource>, String> {
+    match TemplateSource::parse(image) {
+        source @ TemplateSource::Registry { .. } => Ok(Some(source)),
+        _ if !image.contains([':', '/']) => Ok(None),
+        _ => Err(format!(
+            "FROM takes a template name or a registry image (docker://HOST/REPO:TAG), not {image:?}: \
+             import an image on the server's host first (space template import NAME IMAGE), then FROM NAME"
+        )),
+    }
 }
 
 impl Node {
@@ -109,6 +171,20 @@ impl Node {
         log: impl Fn(String) + Send + Sync + 'static,
     ) -> Result<TemplateInfo> {
         space_storage::validate_template_name(name)?;
+        let capped = CappedLog::new(log);
+        let log = |line: String| capped.line(line);
+        let built = self.build_steps(name, build, report, &log).await;
+        capped.finish();
+        built
+    }
+
+    async fn build_steps(
+        &self,
+        name: &str,
+        build: &TemplateBuild,
+        report: impl Fn(Progress) + Send + Sync + 'static,
+        log: &(impl Fn(String) + Sync),
+    ) -> Result<TemplateInfo> {
         let file = space_dockerfile::parse(&build.dockerfile).map_err(BuildError::from)?;
         let (globals, steps) = split_at_from(&file.instructions);
         let mut global_args = BTreeMap::new();
@@ -124,8 +200,8 @@ impl Node {
             let phase = format!("step {}/{total}: line {}", i + 1, instruction.line);
             report(Progress { phase, done: i as u64, total: Some(total as u64) });
             state = Some(match state {
-                None => self.from(instruction, &global_args, build, &log).await?,
-                Some(state) => self.step(state, instruction, build, &log).await?,
+                None => self.from(instruction, &global_args, build, log).await?,
+                Some(state) => self.step(state, instruction, build, log).await?,
             });
         }
         let state = state.ok_or_else(|| BuildError::Step { line: 1, message: "the Dockerfile has no FROM".into() })?;
@@ -154,7 +230,8 @@ impl Node {
         let lookup = |name: &str| args.get(name).cloned();
         let image = space_dockerfile::substitute(image, &lookup)
             .map_err(|e| BuildError::Step { line: instruction.line, message: format!("{image:?}: {e}") })?;
-        let (key, layer, defaults) = match from_image(&image) {
+        let base = from_image(&image).map_err(|message| BuildError::Step { line: instruction.line, message })?;
+        let (key, layer, defaults) = match base {
             Some(source) => self.image_layer(&source, build.no_cache, log).await?,
             None => {
                 let base = self.ensure_template(&image, |_| {}).await?;
@@ -196,11 +273,13 @@ impl Node {
                     (None, None) => String::new(),
                 };
                 state.args.insert(name.clone(), value);
+                state.check_size(line)?;
             }
             Kind::Env { vars } => {
                 for (name, value) in vars {
                     let value = state.substitute(line, value)?;
                     state.env.insert(name.clone(), value);
+                    state.check_size(line)?;
                 }
             }
             Kind::User { user } => state.user = Some(state.substitute(line, user)?),
@@ -249,7 +328,7 @@ impl Node {
         state.layer = blocking(move || {
             let staged = layers.stage(&parent, &made)?;
             change(staged.path())?;
-            Ok(layers.commit(staged)?)
+            Ok(layers.commit(staged, no_cache)?)
         })
         .await?;
         state.key = key;
@@ -343,10 +422,12 @@ impl Node {
         let map = self.pool.id_map();
         let made = key.clone();
         let layer = blocking(move || {
-            let staged = layers.stage_empty(&made, map.root())?;
-            let limits = space_image::Limits { max_id: map.count - 1, id_base: map.root(), ..Default::default() };
-            image.unpack(staged.path(), limits, &|_, _, _| {}).map_err(space_storage::StorageError::from)?;
-            Ok(layers.commit(staged)?)
+            let limits = space_image::Limits { max_id: map.count - 1, ..Default::default() };
+            let staged = layers.stage_filled(&made, map, |root| {
+                image.unpack(root, limits, &|_, _, _| {})?;
+                Ok(())
+            })?;
+            Ok(layers.commit(staged, no_cache)?)
         })
         .await?;
         Ok((key, layer, defaults))
@@ -389,8 +470,10 @@ mod tests {
 
     #[test]
     fn from_names_a_template_or_an_image() {
-        assert_eq!(from_image("debian"), None);
-        assert!(matches!(from_image("docker://127.0.0.1:5000/app:1"), Some(TemplateSource::Registry { .. })));
-        assert!(matches!(from_image("oci:/tmp/layout:v1"), Some(TemplateSource::OciLayout { .. })));
+        assert_eq!(from_image("debian"), Ok(None));
+        assert!(matches!(from_image("docker://127.0.0.1:5000/app:1"), Ok(Some(TemplateSource::Registry { .. }))));
+        for host_path in ["oci:/tmp/layout:v1", "docker-archive:/etc/shadow", "/etc", "oci-archive:x.tar"] {
+            assert!(from_image(host_path).unwrap_err().contains("space template import"), "{host_path}");
+        }
     }
 }

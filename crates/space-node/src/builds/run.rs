@@ -15,7 +15,7 @@ use space_proto::client::ExecEvent;
 use space_runtime::{Limits, RootDisk};
 
 use super::{BuildError, State, key};
-use crate::{Node, NodeError, Result, blocking, hostname_for};
+use crate::{Node, NodeError, Result, blocking, hostname_for, poisoned};
 
 /// What a step's sandbox may use.
 const STEP_LIMITS: Limits = Limits { memory_mib: 4096, millicpus: 2000, pids: 4096 };
@@ -25,6 +25,18 @@ const STEP_TIMEOUT_MS: u64 = 60 * 60 * 1000;
 const TAIL_LINES: usize = 30;
 /// Longer output lines are cut (a progress bar without newlines is one line).
 const MAX_LINE: usize = 4096;
+/// How long past the step's own timeout the node waits for the sandbox to report its end.
+const STEP_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The step's session files (its CA, written when it joined the gateway), which every
+/// session writes afresh: a template keeps none of a build's.
+fn forget_session_files(root: &std::path::Path) -> Result<()> {
+    for path in [space_gateway::CA_CERT_PATH, space_gateway::CA_BUNDLE_PATH] {
+        let rel = std::path::Path::new(path.trim_start_matches('/'));
+        space_image::remove_in_root(root, rel).map_err(|e| NodeError::Internal(format!("removing {path}: {e}")))?;
+    }
+    Ok(())
+}
 
 /// A command of a step, resolved against the state.
 struct Command {
@@ -69,7 +81,7 @@ impl Node {
             env.insert("HOME".into(), home);
         }
         let command = Command { argv, env, cwd: state.workdir.clone(), uid: account.uid, gid: account.gid };
-        state.layer = self.run_in_sandbox(&state.layer, &key, command, instruction, &build.allow, log).await?;
+        state.layer = self.run_in_sandbox(&state.layer, &key, command, instruction, build, log).await?;
         state.key = key;
         Ok(state)
     }
@@ -82,35 +94,44 @@ impl Node {
         key: &str,
         command: Command,
         instruction: &Instruction,
-        allow: &[String],
+        build: &TemplateBuild,
         log: &(impl Fn(String) + Sync),
     ) -> Result<PathBuf> {
         let id = SandboxId::generate();
         let session = SessionId::generate();
-        let ran = self.run_step_sandbox(&id, &session, parent, command, allow, log).await;
+        self.build_sandboxes.lock().map_err(poisoned)?.insert(id.clone());
+        // spaced enforces the step's timeout; this bounds a step whose pid 1 was stopped too.
+        let deadline = std::time::Duration::from_millis(STEP_TIMEOUT_MS) + STEP_GRACE;
+        let ran = tokio::time::timeout(deadline, self.run_step_sandbox(&id, &session, parent, command, &build.allow, log))
+            .await
+            .unwrap_or_else(|_| Err(BuildError::Step { line: instruction.line, message: "the step outlived its timeout".into() }.into()));
         self.gateway.forget_session(&session);
-        self.stop_sandbox(&id).await?;
-        let outcome = match ran {
-            Ok((status, _)) if status.code == Some(0) => {
+        let stopped = self.stop_sandbox(&id).await;
+        let outcome = match (ran, stopped) {
+            (_, Err(e)) | (Err(e), _) => Err(e),
+            (Ok((status, _)), Ok(())) if status.code == Some(0) => {
                 let (pool, layers, key, sid) = (self.pool.clone(), self.pool.layers(), key.to_owned(), id.clone());
+                let replace = build.no_cache;
                 blocking(move || {
                     let staged = layers.stage(&pool.sandbox_root_path(&sid), &key)?;
-                    Ok(layers.commit(staged)?)
+                    forget_session_files(staged.path())?;
+                    Ok(layers.commit(staged, replace)?)
                 })
                 .await
             }
-            Ok((status, tail)) => Err(BuildError::Failed {
+            (Ok((status, tail)), Ok(())) => Err(BuildError::Failed {
                 line: instruction.line,
-                instruction: instruction.text.clone(),
+                instruction: super::printable(&instruction.text),
                 status: describe(&status),
                 output: Vec::from(tail).join("\n"),
             }
             .into()),
-            Err(e) => Err(e),
         };
         let (pool, sid) = (self.pool.clone(), id.clone());
-        blocking(move || Ok(pool.retire_sandbox_root(&sid)?)).await?;
+        let retired = blocking(move || Ok(pool.retire_sandbox_root(&sid)?)).await;
+        self.build_sandboxes.lock().map_err(poisoned)?.remove(&id);
         self.reclaim.notify_one();
+        retired?;
         outcome
     }
 
@@ -199,7 +220,7 @@ impl Lines {
     }
 
     fn emit(&mut self, log: &impl Fn(String)) {
-        let line = String::from_utf8_lossy(&self.partial).trim_end_matches('\r').to_owned();
+        let line = super::printable(String::from_utf8_lossy(&self.partial).trim_end_matches('\r'));
         self.partial.clear();
         if self.tail.len() == TAIL_LINES {
             self.tail.pop_front();
@@ -218,7 +239,7 @@ mod tests {
         let seen = std::sync::Mutex::new(Vec::new());
         let log = |l: String| seen.lock().unwrap().push(l);
         let mut lines = Lines::default();
-        lines.push(b"a\r\nb", &log);
+        lines.push(b"a\r\nb\x1b[2J\0", &log);
         lines.push(b"c\n", &log);
         for i in 0..40 {
             lines.push(format!("{i}\n").as_bytes(), &log);
@@ -226,7 +247,7 @@ mod tests {
         lines.push(b"end", &log);
         lines.flush(&log);
         let seen = seen.into_inner().unwrap();
-        assert_eq!(&seen[..2], ["a", "bc"]);
+        assert_eq!(&seen[..2], ["a", "b\u{fffd}[2J\u{fffd}c"]);
         assert_eq!(seen.last().unwrap(), "end");
         assert_eq!(lines.tail.len(), TAIL_LINES);
         assert_eq!(lines.tail.back().unwrap(), "end");
