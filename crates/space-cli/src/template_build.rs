@@ -93,7 +93,7 @@ async fn follow(client: &Client, mut op: Operation, json: bool) -> anyhow::Resul
             break;
         }
         if log.lines.is_empty() {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         op = client.get_json(&format!("/v1/operations/{}", op.id)).await?;
     }
