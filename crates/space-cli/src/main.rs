@@ -1,6 +1,7 @@
 //! `space`: one binary for the server and the client.
 
 mod bench;
+mod build_context;
 mod client;
 mod cluster;
 mod credentials;

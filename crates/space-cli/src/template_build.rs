@@ -1,6 +1,7 @@
 //! `space template build NAME -f Dockerfile [CONTEXT]` and `space template builds`: the
-//! context is sent as a tar (a Dockerfile from outside it rides along under
-//! `.space-build/`), the build's log is printed as the server writes it.
+//! context is sent as a tar less what its `.dockerignore` excludes (a Dockerfile from outside
+//! it, or one it excludes, rides along under `.space-build/`), and the build's log is printed
+//! as the server writes it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -8,9 +9,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use space_api::{BUILD_CONTEXT_PRIVATE_DIR, Operation, OperationLog, OperationState, TemplateBuildList};
 
+use crate::build_context::{Ignore, pack};
 use crate::client::{Client, encode};
 use crate::output::{ago, print_json, print_table};
-use crate::template_upload::{pack, send_file};
+use crate::template_upload::{MadeTar, send_file};
 
 /// What `space template build` was asked for.
 pub struct BuildArgs {
@@ -31,11 +33,19 @@ pub async fn build(client: &Client, args: BuildArgs, json: bool) -> anyhow::Resu
     }
     let file = args.file.unwrap_or_else(|| context.join("Dockerfile"));
     let file = std::fs::canonicalize(&file).with_context(|| format!("the Dockerfile {}", file.display()))?;
-    let tar = pack(&context)?;
-    let entry = match file.strip_prefix(&context) {
-        Ok(inside) => inside.display().to_string(),
-        Err(_) => append_outside(&tar.0, &file)?,
+    let ignore = Ignore::of(&context)?;
+    // A Dockerfile outside the context, or one it ignores, rides along where COPY never looks.
+    let (entry, extra) = match file.strip_prefix(&context) {
+        Ok(inside) if !ignore.excludes(inside) => (inside.display().to_string(), None),
+        _ => (format!("{BUILD_CONTEXT_PRIVATE_DIR}/Dockerfile"), Some(file.as_path())),
     };
+    let tar = MadeTar(std::env::temp_dir().join(format!("space-build-{}.tar", std::process::id())));
+    let packing = (context.clone(), tar.0.clone(), entry.clone(), extra.map(Path::to_path_buf));
+    tokio::task::spawn_blocking(move || {
+        let (context, tar, entry, extra) = packing;
+        pack(&context, &ignore, &tar, extra.as_deref().map(|p| (p, entry.as_str())))
+    })
+    .await??;
     let mut values = serde_json::Map::new();
     for arg in &args.build_args {
         let Some((name, value)) = arg.split_once('=') else {
@@ -56,25 +66,6 @@ pub async fn build(client: &Client, args: BuildArgs, json: bool) -> anyhow::Resu
     let op = send_file(client, &tar.0, &path, json).await?;
     drop(tar);
     follow(client, op, json).await
-}
-
-/// Adds `file` to the tar as `.space-build/Dockerfile`; returns that name.
-fn append_outside(tar: &Path, file: &Path) -> anyhow::Result<String> {
-    let entry = format!("{BUILD_CONTEXT_PRIVATE_DIR}/Dockerfile");
-    let (dir, name) = (file.parent().unwrap_or(Path::new("/")), file.file_name().unwrap_or_default());
-    let status = std::process::Command::new("tar")
-        .args(["--append", "--file"])
-        .arg(tar)
-        .arg(format!("--transform=s|.*|{entry}|"))
-        .arg("--directory")
-        .arg(dir)
-        .arg(name)
-        .status()
-        .context("running tar")?;
-    if !status.success() {
-        bail!("tar could not add {} to the build context ({status})", file.display());
-    }
-    Ok(entry)
 }
 
 /// Prints the build's log as it grows, until the build ends.

@@ -32,6 +32,8 @@ fn context(dir: &Path) {
     std::fs::create_dir_all(dir.join("src/pkg")).unwrap();
     std::fs::write(dir.join("app.txt"), "app content\n").unwrap();
     std::fs::write(dir.join("src/pkg/mod.py"), "x = 1\n").unwrap();
+    std::fs::write(dir.join("src/pkg/mod.pyc"), "compiled").unwrap();
+    std::fs::write(dir.join(".dockerignore"), "**/*.pyc\n").unwrap();
     std::fs::write(dir.join("Dockerfile"), DOCKERFILE).unwrap();
 }
 
@@ -60,9 +62,10 @@ fn dockerfile_builds_apply_every_instruction_and_reuse_their_cache() {
     assert!(out.contains("app content"), "the RUN step's output is shown: {out}");
 
     let id = server.create_session(json!({ "template": "web" }));
-    let script = "cat built.txt; pwd; id -u; echo $MODE; cat lib/pkg/mod.py whoami.txt; stat -c %u:%a app.txt";
+    let script = "cat built.txt; pwd; id -u; echo $MODE; cat lib/pkg/mod.py whoami.txt; stat -c %u:%a app.txt; \
+                  test -e lib/pkg/mod.pyc || echo ignored";
     let r = server.exec(&id, &["sh", "-c", script]);
-    assert_eq!(r["stdout"], "hi from /srv/app\n/srv/app\n1000\ntest\nx = 1\n1000\n0:644\n", "{r}");
+    assert_eq!(r["stdout"], "hi from /srv/app\n/srv/app\n1000\ntest\nx = 1\n1000\n0:644\nignored\n", "{r}");
     let t = &versions(&server, "web")[0];
     assert_eq!(t["defaults"]["cmd"], json!(["sh", "-c", "cat built.txt"]), "{t}");
     assert_eq!(t["defaults"]["user"], "app", "{t}");

@@ -87,12 +87,7 @@ impl Layers {
     /// A subvolume `fill` writes as host root (ids unshifted, as an image unpacks), then
     /// shifted into the pool's ids as an import's tree is (file capabilities included), to
     /// become layer `key`.
-    pub fn stage_filled(
-        &self,
-        key: &str,
-        map: IdMap,
-        fill: impl FnOnce(&Path) -> Result<()>,
-    ) -> Result<StagedLayer> {
+    pub fn stage_filled(&self, key: &str, map: IdMap, fill: impl FnOnce(&Path) -> Result<()>) -> Result<StagedLayer> {
         self.path(key)?;
         let suffix: u32 = rand::rng().random();
         let path = self.dir.join(format!("{STAGING_PREFIX}{key}-{suffix:08x}"));
@@ -112,8 +107,10 @@ impl Layers {
         match renameat2(AT_FDCWD, &staged.path, AT_FDCWD, &target, RenameFlags::RENAME_NOREPLACE) {
             Ok(()) => staged.armed = false,
             // The old layer is then where the staged one was, and goes with it on drop.
-            Err(Errno::EEXIST) if replace => renameat2(AT_FDCWD, &staged.path, AT_FDCWD, &target, RenameFlags::RENAME_EXCHANGE)
-                .ctx("replace layer", &target)?,
+            Err(Errno::EEXIST) if replace => {
+                renameat2(AT_FDCWD, &staged.path, AT_FDCWD, &target, RenameFlags::RENAME_EXCHANGE)
+                    .ctx("replace layer", &target)?
+            }
             Err(Errno::EEXIST) => {}
             Err(e) => return Err(e).ctx("rename layer into place", &target),
         }

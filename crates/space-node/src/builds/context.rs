@@ -137,7 +137,8 @@ fn append<R: Read>(
         tar::EntryType::Regular | tar::EntryType::Directory | tar::EntryType::Symlink | tar::EntryType::Link
     );
     if !supported {
-        let message = format!("{} is a {:?} tar entry; the build context holds files, directories and links", to.display(), kind);
+        let message =
+            format!("{} is a {:?} tar entry; the build context holds files, directories and links", to.display(), kind);
         return Err(BuildError::Step { line: spec.line, message });
     }
     let mut header = tar::Header::new_gnu();

@@ -102,9 +102,13 @@ impl Node {
         self.build_sandboxes.lock().map_err(poisoned)?.insert(id.clone());
         // spaced enforces the step's timeout; this bounds a step whose pid 1 was stopped too.
         let deadline = std::time::Duration::from_millis(STEP_TIMEOUT_MS) + STEP_GRACE;
-        let ran = tokio::time::timeout(deadline, self.run_step_sandbox(&id, &session, parent, command, &build.allow, log))
-            .await
-            .unwrap_or_else(|_| Err(BuildError::Step { line: instruction.line, message: "the step outlived its timeout".into() }.into()));
+        let ran =
+            tokio::time::timeout(deadline, self.run_step_sandbox(&id, &session, parent, command, &build.allow, log))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(BuildError::Step { line: instruction.line, message: "the step outlived its timeout".into() }
+                        .into())
+                });
         self.gateway.forget_session(&session);
         let stopped = self.stop_sandbox(&id).await;
         let outcome = match (ran, stopped) {
