@@ -72,6 +72,9 @@ pub enum ErrorCode {
     /// The tenant's quota (sessions, CPUs, memory or disk) would be exceeded (HTTP 429); the
     /// message names the limit, what is in use and what the request asked for.
     QuotaExceeded,
+    /// A Dockerfile build failed (HTTP 422): the message names the Dockerfile's line, and
+    /// for a `RUN` step its exit status and last output.
+    BuildFailed,
 }
 
 impl ErrorCode {
@@ -100,6 +103,7 @@ impl ErrorCode {
             | ErrorCode::SnapshotCorrupt
             | ErrorCode::FileExists => 409,
             ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::BuildFailed => 422,
             ErrorCode::UriTooLong => 414,
             ErrorCode::HeadersTooLarge => 431,
             ErrorCode::LimitExceeded | ErrorCode::QuotaExceeded => 429,

@@ -119,6 +119,9 @@ fn a_failing_step_fails_the_build_with_its_output_and_keeps_earlier_layers() {
     assert_eq!(out.matches(" ---> Using cache").count(), 1, "line 2's layer was kept: {out}");
     let out = server.cli(&["template", "builds"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("failed"), "{}", String::from_utf8_lossy(&out.stdout));
+    let (_, list) = server.call("GET", "/v1/templates/builds", None);
+    let (_, op) = server.call("GET", &format!("/v1/operations/{}", list["builds"][0]["id"].as_str().unwrap()), None);
+    assert_eq!((op["state"].as_str(), op["error_code"].as_str()), (Some("failed"), Some("build_failed")), "{op}");
 
     // Outside the subset: refused with its line before anything is queued.
     std::fs::write(&file, "FROM busybox\n\nEXPOSE 80\n").unwrap();

@@ -126,6 +126,7 @@ impl From<space_node_api::NodeError> for AppError {
                 ErrorCode::SnapshotCorrupt,
                 format!("the snapshot's copy in the blob store is corrupt ({why}); restore an older snapshot"),
             ),
+            NodeError::BuildFailed(message) => AppError::new(ErrorCode::BuildFailed, message),
             e => AppError::new(ErrorCode::SandboxUnavailable, format!("node: {e}")),
         }
     }

@@ -58,6 +58,9 @@ pub enum NodeError {
     /// A part of an exported snapshot did not match its hash: nothing of it was imported.
     #[error("the snapshot's export is corrupt: {0}")]
     Corrupt(String),
+    /// A Dockerfile build failed at one of its steps (the message names the line).
+    #[error("{0}")]
+    BuildFailed(String),
     /// Anything else: the node's own error, kept whole as the source.
     #[error(transparent)]
     Failed(Box<dyn std::error::Error + Send + Sync + 'static>),

@@ -96,7 +96,8 @@ impl NodeApi for SimNode {
     ) -> Result<TemplateInfo> {
         self.state().injected(Op::ImportTemplate)?;
         // What the real node checks before any step: the Dockerfile parses.
-        let file = space_dockerfile::parse(&build.dockerfile).map_err(|e| NodeError::Failed(Box::new(e)))?;
+        let file = space_dockerfile::parse(&build.dockerfile)
+            .map_err(|e| NodeError::BuildFailed(format!("Dockerfile {e}")))?;
         for (i, instruction) in file.instructions.iter().enumerate() {
             log(format!("Step {}/{} : {} (simulated)", i + 1, file.instructions.len(), instruction.text));
         }

@@ -220,6 +220,7 @@ pub enum NodeFailure {
     Port { failure: PortFailure, message: String },
     NoBlobStore,
     Corrupt { message: String },
+    BuildFailed { message: String },
     Failed { message: String },
 }
 
@@ -244,6 +245,7 @@ impl From<&NodeError> for NodeFailure {
             NodeError::Port { failure, source } => NodeFailure::Port { failure: *failure, message: chain(&**source) },
             NodeError::NoBlobStore => NodeFailure::NoBlobStore,
             NodeError::Corrupt(message) => NodeFailure::Corrupt { message: message.clone() },
+            NodeError::BuildFailed(message) => NodeFailure::BuildFailed { message: message.clone() },
             NodeError::Failed(source) => NodeFailure::Failed { message: chain(&**source) },
         }
     }
@@ -260,6 +262,7 @@ impl From<NodeFailure> for NodeError {
             NodeFailure::Port { failure, message } => NodeError::Port { failure, source: remote(message) },
             NodeFailure::NoBlobStore => NodeError::NoBlobStore,
             NodeFailure::Corrupt { message } => NodeError::Corrupt(message),
+            NodeFailure::BuildFailed { message } => NodeError::BuildFailed(message),
             NodeFailure::Failed { message } => NodeError::Failed(remote(message)),
         }
     }

@@ -33,6 +33,7 @@ impl From<NodeError> for api::NodeError {
                 api::NodeError::Port { failure, source: Box::new(e) }
             }
             NodeError::NoBlobStore => api::NodeError::NoBlobStore,
+            NodeError::Build(e) => api::NodeError::BuildFailed(e.to_string()),
             // An object that is not what its export recorded, is gone, or is named by no hash:
             // that export cannot be restored from, whatever is retried.
             NodeError::Volume(space_volume::VolumeError::Blob(

@@ -67,6 +67,8 @@ export class InsufficientStorageError extends SpaceError {}
 
 // 400
 export class UnknownTemplateError extends BadRequestError {}
+/** A Dockerfile build failed (422): the message names the line, and for a `RUN` its exit status and last output. */
+export class BuildFailedError extends BadRequestError {}
 export class RuntimeUnavailableError extends BadRequestError {}
 export class NotADirectoryError extends BadRequestError {}
 export class IsADirectoryError extends BadRequestError {}
@@ -174,6 +176,7 @@ export const ERROR_CLASSES = {
   timeout: TimeoutError,
   storage_full: StorageFullError,
   disk_quota_exceeded: DiskQuotaExceededError,
+  build_failed: BuildFailedError,
 } satisfies Record<ApiErrorCode, ErrorClass> & Record<string, ErrorClass>;
 
 /** The HTTP status each code maps to (as `ErrorCode::http_status` in space-api). */
@@ -186,7 +189,7 @@ export const ERROR_STATUS: Record<string, number> = {
   method_not_allowed: 405, request_timeout: 408,
   conflict: 409, invalid_state: 409, session_suspended: 409, idempotency_conflict: 409, file_exists: 409,
   snapshot_corrupt: 409,
-  payload_too_large: 413, uri_too_long: 414, headers_too_large: 431,
+  payload_too_large: 413, build_failed: 422, uri_too_long: 414, headers_too_large: 431,
   limit_exceeded: 429, quota_exceeded: 429,
   internal: 500, feature_unavailable: 501, port_not_listening: 502, sandbox_unavailable: 503,
   database_unavailable: 503, blob_store_unavailable: 503, timeout: 504,

@@ -253,6 +253,7 @@ CODE_CLASSES: Dict[str, Tuple[Type[SpaceError], int]] = {
     "headers_too_large": (RequestTooLargeError, 431),
     "limit_exceeded": (RateLimitError, 429),
     "quota_exceeded": (QuotaExceededError, 429),
+    "build_failed": (BadRequestError, 422),
     "feature_unavailable": (FeatureUnavailableError, 501),
     "port_not_listening": (PortNotListeningError, 502),
     "sandbox_unavailable": (SandboxUnavailableError, 503),
