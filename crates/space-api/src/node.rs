@@ -46,6 +46,13 @@ pub struct TemplateBuild {
     /// Run every step again instead of reusing cached layers.
     #[serde(default)]
     pub no_cache: bool,
+    /// The prefix of the builder's own template names on the node (a tenant's): `FROM NAME`
+    /// takes the builder's own `NAME` before the global one.
+    #[serde(default)]
+    pub own_prefix: Option<String>,
+    /// Whether `FROM docker://…` may pull from a registry (through the node's network).
+    #[serde(default)]
+    pub registry: bool,
 }
 
 /// Where a template import reads from: a path on the importing node's host.

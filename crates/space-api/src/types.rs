@@ -502,6 +502,7 @@ pub struct WatchEvent {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Template {
     pub name: String,
+    pub scope: TemplateScope,
     pub version: u32,
     pub created_at: i64,
     pub size_bytes: u64,
@@ -531,6 +532,17 @@ pub struct TemplateDefaults {
     pub entrypoint: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cmd: Vec<String>,
+}
+
+/// Whose a template is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateScope {
+    /// The operator's (made with the admin key): every tenant sees and uses it.
+    Global,
+    /// The caller's own, which no other tenant sees; it comes before a global template of the
+    /// same name.
+    Own,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -7,7 +7,7 @@ use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
 use space_api::{
     BuildTemplateRequest, ImportTemplateRequest, Operation, OperationState, TemplateDeleted, TemplateList,
-    TemplateSource,
+    TemplateScope, TemplateSource,
 };
 
 use crate::client::Client;
@@ -78,6 +78,7 @@ pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyho
                 .map(|t| {
                     vec![
                         t.name.clone(),
+                        if t.scope == TemplateScope::Global { "global" } else { "own" }.to_owned(),
                         t.version.to_string(),
                         bytes(t.size_bytes),
                         ago(t.created_at),
@@ -85,7 +86,7 @@ pub async fn run(client: &Client, command: TemplateCommand, json: bool) -> anyho
                     ]
                 })
                 .collect();
-            print_table(&["NAME", "VERSION", "SIZE", "CREATED", "SOURCE"], &rows);
+            print_table(&["NAME", "SCOPE", "VERSION", "SIZE", "CREATED", "SOURCE"], &rows);
             println!("built-in: {} (default: {})", list.builtin.join(", "), list.default_template);
         }
         TemplateCommand::Import { name, image, upload: true } => {

@@ -189,3 +189,49 @@ fn run_steps_reach_only_the_build_allow_list() {
         assert!(up.requests_to("/denied").is_empty(), "{:?}", up.requests());
     }
 }
+
+/// A tenant's build is a template of its own: `FROM` finds the tenant's templates first,
+/// sessions of the tenant use it, other tenants neither see nor use it, and a registry pull
+/// (through the node's network) is the operator's alone.
+#[test]
+fn a_tenants_build_is_its_own_template() {
+    require_root!();
+    let server = Server::start();
+    let (acme, other) = (server.tenant_key("acme"), server.tenant_key("other"));
+    let as_key = |key: &str, args: &[&str]| {
+        let out = std::process::Command::new(common::SPACE)
+            .args(args)
+            .env("SPACE_URL", &server.url)
+            .env("SPACE_API_KEY", key)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let dir = server.data_dir.join("ctx");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ctx = dir.to_str().unwrap();
+    std::fs::write(dir.join("Dockerfile"), "FROM busybox\nRUN echo acme > /owner\n").unwrap();
+    let (ok, out, err) = as_key(&acme, &["template", "build", "base", ctx]);
+    assert!(ok, "{out}\n{err}");
+    // FROM base: acme's own.
+    std::fs::write(dir.join("Dockerfile"), "FROM base\nRUN cat /owner > /from-base\n").unwrap();
+    let (ok, out, err) = as_key(&acme, &["template", "build", "app", ctx]);
+    assert!(ok, "{out}\n{err}");
+    let (ok, out, err) = as_key(&acme, &["session", "create", "--template", "app"]);
+    assert!(ok, "{out}\n{err}");
+    let id = out.trim().to_owned();
+    let (ok, out, _) = as_key(&acme, &["exec", &id, "--", "cat", "/from-base"]);
+    assert!(ok && out == "acme\n", "{out}");
+
+    let (ok, _, err) = as_key(&other, &["session", "create", "--template", "app"]);
+    assert!(!ok && err.contains("unknown template"), "{err}");
+    let (_, out, _) = as_key(&other, &["template", "list"]);
+    assert!(!out.contains("app") && !out.contains("base"), "{out}");
+    std::fs::write(dir.join("Dockerfile"), "FROM docker://127.0.0.1:1/x:y\n").unwrap();
+    let (ok, _, err) = as_key(&other, &["template", "build", "pulled", ctx]);
+    assert!(!ok && err.contains("line 1") && err.contains("only the operator"), "{err}");
+}

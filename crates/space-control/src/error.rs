@@ -101,7 +101,15 @@ impl From<space_node_api::NodeError> for AppError {
     fn from(e: space_node_api::NodeError) -> Self {
         use space_node_api::{NodeError, OutOfSpace, PortFailure};
         match e {
-            NodeError::UnknownTemplate { .. } => AppError::new(ErrorCode::UnknownTemplate, e.to_string()),
+            // Tenants' own templates (`scope..name`) are nobody else's to learn of.
+            NodeError::UnknownTemplate { name, available } => {
+                let global: Vec<&str> = available.split(", ").filter(|n| !n.contains("..")).collect();
+                let name = name.rsplit("..").next().unwrap_or_default();
+                AppError::new(
+                    ErrorCode::UnknownTemplate,
+                    format!("unknown template {name:?}; available: {}", global.join(", ")),
+                )
+            }
             NodeError::RuntimeUnavailable { .. } => AppError::new(ErrorCode::RuntimeUnavailable, e.to_string()),
             NodeError::CheckpointUnavailable(why) => AppError::new(
                 ErrorCode::FeatureUnavailable,

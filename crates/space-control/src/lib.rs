@@ -29,6 +29,7 @@ pub mod replicas;
 pub mod retention;
 pub mod scheduler;
 pub mod server;
+pub mod template_scope;
 pub mod watches;
 
 use std::net::SocketAddr;

@@ -194,7 +194,9 @@ async fn start_sandbox(
         Some(_) => state.nodes.of(session)?,
         None => crate::placement::place(state, session).await?,
     };
-    let template = ensure_template(state, node.as_ref(), &op.operation.id, &session.template).await?;
+    // The session's tenant's own template of that name, else the global one.
+    let name = crate::template_scope::resolve(node.as_ref(), &op.tenant_id, &session.template).await;
+    let template = ensure_template(state, node.as_ref(), &op.operation.id, &name).await?;
     let limits = Limits::from(&session.resources);
     let node_id = node.node_id();
     let mut sandbox = NewSandbox {

@@ -107,15 +107,14 @@ pub fn router(state: AppState) -> Router {
         .route("/pool/{template}", axum::routing::put(pool::set_pool_size))
         .route("/templates/import", post(templates::import_template))
         .route("/templates/build", post(templates::build_template))
-        .route("/templates/{name}", axum::routing::delete(templates::delete_template))
         .route_layer(idempotent())
         .route_layer(middleware::from_fn(require_admin));
     // Uploads stream to disk: no body limit, and no idempotency layer (it buffers bodies).
+    // Tenants make templates of their own this way; the admin's are global.
     let uploads = Router::new()
         .route("/templates/uploads", post(template_uploads::upload_template))
         .route("/templates/builds", post(template_builds::build_dockerfile).get(template_builds::list_builds))
-        .layer(DefaultBodyLimit::disable())
-        .route_layer(middleware::from_fn(require_admin));
+        .layer(DefaultBodyLimit::disable());
     // The admin may read and destroy any tenant's session; everything else is the owner's.
     let session_root = Router::new()
         .route("/sessions/{id}", get(sessions::get_session).delete(sessions::destroy_session))
@@ -162,6 +161,7 @@ pub fn router(state: AppState) -> Router {
                 .delete(credentials::delete_credential),
         )
         .route("/templates", get(templates::list_templates))
+        .route("/templates/{name}", axum::routing::delete(templates::delete_template))
         .route("/keys", get(system::list_keys))
         .route("/keys/{id}", axum::routing::delete(system::revoke_key))
         .route("/keys/{id}/rotate", post(system::rotate_key))

@@ -59,14 +59,14 @@ fn add_pool(sum: &mut Vec<TemplatePool>, pool: TemplatePool) {
     responses((status = 200, body = PoolStatus), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
 pub async fn set_pool_size(
     State(state): State<AppState>,
-    _admin: Admin,
+    Admin(admin): Admin,
     ApiPath(template): ApiPath<String>,
     ApiJson(request): ApiJson<SetPoolSizeRequest>,
 ) -> AppResult<ApiJson<PoolStatus>> {
     if request.size > MAX_POOL_SIZE {
         return Err(AppError::bad_request(format!("size must be at most {MAX_POOL_SIZE}")));
     }
-    super::sessions::check_template(&state, &template).await?;
+    super::sessions::check_template(&state, &admin.tenant_id, &template).await?;
     let runtime = request.runtime.unwrap_or(state.default_runtime);
     if request.size > 0 {
         super::sessions::check_runtime(&state, runtime)?;

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use space_api::error::echo;
 use space_api::{
     CreateSessionRequest, ErrorBody, ErrorCode, EventList, MaxAgeAction, OperationId, OperationState, Resources,
-    Session, SessionId, SessionLifetime, SessionList, UpdateSessionRequest,
+    Session, SessionId, SessionLifetime, SessionList, TenantId, UpdateSessionRequest,
 };
 use space_node_api::NodeApi;
 use space_store::{NewSession, SessionMeta};
@@ -106,15 +106,25 @@ pub(super) fn check_runtime(state: &AppState, runtime: space_api::RuntimeKind) -
     })
 }
 
-pub(super) async fn check_template(state: &AppState, name: &str) -> AppResult<()> {
+/// Whether `tenant` has a template `name` (its own, or a global one).
+pub(super) async fn check_template(state: &AppState, tenant: &TenantId, name: &str) -> AppResult<()> {
     // A built-in template is known without asking a node (every node builds it on first use).
     if state.nodes.first().is_builtin(name) {
         return Ok(());
     }
     let known = |node: Arc<dyn NodeApi>| async move {
-        match node.resolve_template(name).await {
+        let resolved = crate::template_scope::resolve(node.as_ref(), tenant, name).await;
+        match node.resolve_template(&resolved).await {
             Some(_) => None,
-            None => Some(node.available_templates().await),
+            None => {
+                let names = node.available_templates().await.into_iter();
+                Some(
+                    names
+                        .filter_map(|n| crate::template_scope::visible(tenant, &n))
+                        .map(|(n, _)| n)
+                        .collect::<Vec<_>>(),
+                )
+            }
         }
     };
     let Some(available) = crate::placement::first_answer(state, known).await? else { return Ok(()) };
@@ -143,7 +153,7 @@ pub async fn create_session(
         return created(&state, &caller, &id, op, params.wait).await;
     }
     let template = request.template.clone().unwrap_or_else(|| state.default_template.clone());
-    check_template(&state, &template).await?;
+    check_template(&state, &caller.tenant_id, &template).await?;
     let runtime = request.runtime.unwrap_or(state.default_runtime);
     check_runtime(&state, runtime)?;
     let resources = resources(&request, state.default_disk_mib)?;

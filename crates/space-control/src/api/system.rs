@@ -16,7 +16,7 @@ use space_store::{KeyRecord, RevokeRefused};
 
 use space_api::error::clip;
 
-use super::templates::template_view;
+use super::templates::visible_view;
 use crate::AppState;
 use crate::auth::{Admin, Caller, KeySpec, create_key as make_key};
 use crate::error::{ApiJson, ApiPath, ApiQuery, AppError, AppResult};
@@ -34,7 +34,7 @@ pub async fn status(State(state): State<AppState>, Extension(caller): Extension<
     let counts = state.store.count_sessions_by_state(&caller.tenant_id).await?;
     let sessions: BTreeMap<String, u64> = counts.into_iter().map(|(s, n)| (s, n as u64)).collect();
     let first = state.nodes.first();
-    let templates = first.templates().await.iter().map(template_view).collect();
+    let templates = first.templates().await.iter().filter_map(|t| visible_view(&caller.tenant_id, t)).collect();
     Ok(ApiJson(Status {
         version: env!("CARGO_PKG_VERSION").into(),
         node_id: first.node_id(),

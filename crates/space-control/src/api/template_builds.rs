@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use axum::Extension;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -19,8 +20,8 @@ use utoipa::IntoParams;
 
 use crate::AppState;
 use crate::api::template_uploads::receive_upload;
-use crate::api::templates::{check_name, queue};
-use crate::auth::Admin;
+use crate::api::templates::{own_name, queue};
+use crate::auth::Caller;
 use crate::error::{ApiJson, ApiQuery, AppError, AppResult};
 use crate::reconciler::TemplateInput;
 
@@ -56,11 +57,11 @@ pub struct BuildParams {
         (status = 413, body = ErrorBody)))]
 pub async fn build_dockerfile(
     State(state): State<AppState>,
-    Admin(caller): Admin,
+    Extension(caller): Extension<Caller>,
     ApiQuery(params): ApiQuery<BuildParams>,
     body: Body,
 ) -> AppResult<(StatusCode, ApiJson<Operation>)> {
-    check_name(&params.name)?;
+    let name = own_name(&caller, &params.name)?;
     let allow = allow_list(params.allow.as_deref())?;
     let args: BTreeMap<String, String> = match &params.build_args {
         Some(json) => serde_json::from_str(json)
@@ -79,18 +80,30 @@ pub async fn build_dockerfile(
         return Err(AppError::bad_request("the Dockerfile contains a NUL byte"));
     }
     space_dockerfile::parse(&dockerfile).map_err(|e| AppError::bad_request(format!("Dockerfile {e}")))?;
-    let build = TemplateBuild { dockerfile, context: Some(context.clone()), allow, args, no_cache: params.no_cache };
-    let input = TemplateInput { name: params.name, path: None, uploaded: Some(context), build: Some(build) };
+    let build = TemplateBuild {
+        dockerfile,
+        context: Some(context.clone()),
+        allow,
+        args,
+        no_cache: params.no_cache,
+        own_prefix: crate::template_scope::prefix(&caller),
+        // A pull reaches whatever the node's network does: the operator's to allow.
+        registry: caller.admin,
+    };
+    let input = TemplateInput { name, path: None, uploaded: Some(context), build: Some(build) };
     let op = queue(&state, &caller, OperationKind::BuildDockerfile, input).await?;
     // The build owns the context now, and removes it when it ends.
     upload.keep();
     Ok((StatusCode::ACCEPTED, ApiJson(op)))
 }
 
-/// The Dockerfile builds, newest first, with their state.
+/// The caller's Dockerfile builds, newest first, with their state.
 #[utoipa::path(get, path = "/v1/templates/builds",
     responses((status = 200, body = TemplateBuildList), (status = 403, body = ErrorBody)))]
-pub async fn list_builds(State(state): State<AppState>, Admin(caller): Admin) -> AppResult<ApiJson<TemplateBuildList>> {
+pub async fn list_builds(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> AppResult<ApiJson<TemplateBuildList>> {
     let records = state.store.list_operations(&caller.tenant_id, OperationKind::BuildDockerfile, LISTED).await?;
     let builds = records
         .into_iter()
@@ -99,7 +112,10 @@ pub async fn list_builds(State(state): State<AppState>, Admin(caller): Admin) ->
             let op = record.operation;
             TemplateBuildView {
                 id: op.id,
-                name: input.map(|i| i.name).unwrap_or_default(),
+                name: input
+                    .and_then(|i| crate::template_scope::visible(&caller.tenant_id, &i.name))
+                    .map(|(name, _)| name)
+                    .unwrap_or_default(),
                 state: op.state,
                 error: op.error,
                 progress: op.progress,

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use axum::Extension;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -18,8 +19,8 @@ use tokio::io::AsyncWriteExt;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::AppState;
-use crate::api::templates::{check_name, queue};
-use crate::auth::Admin;
+use crate::api::templates::{own_name, queue};
+use crate::auth::Caller;
 use crate::error::{ApiJson, ApiQuery, AppError, AppResult, body_timeout, is_body_timeout};
 use crate::reconciler::TemplateInput;
 
@@ -98,7 +99,7 @@ pub fn remove(path: &Path) {
 }
 
 /// Uploads a template and imports it; returns the import's operation (follow it with
-/// `GET /v1/operations/{id}`). The node that imports reads the upload from the control
+/// `GET /v1/operations/{id}`). A tenant's upload is its own template; the admin's is global. The node that imports reads the upload from the control
 /// plane's data dir: `space serve`, where both share the host.
 #[utoipa::path(post, path = "/v1/templates/uploads", params(UploadParams),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
@@ -106,11 +107,11 @@ pub fn remove(path: &Path) {
         (status = 413, body = ErrorBody)))]
 pub async fn upload_template(
     State(state): State<AppState>,
-    Admin(caller): Admin,
+    Extension(caller): Extension<Caller>,
     ApiQuery(params): ApiQuery<UploadParams>,
     body: Body,
 ) -> AppResult<(StatusCode, ApiJson<Operation>)> {
-    check_name(&params.name)?;
+    let name = own_name(&caller, &params.name)?;
     let upload = receive_upload(&state, body, &params.sha256).await?;
     let file = upload.path().to_path_buf();
     let source = match params.format {
@@ -118,7 +119,7 @@ pub async fn upload_template(
         UploadFormat::DockerArchive => TemplateSource::DockerArchive { file: file.clone() },
         UploadFormat::OciArchive => TemplateSource::OciArchive { file: file.clone(), tag: params.tag },
     };
-    let input = TemplateInput { name: params.name, path: Some(source.to_string()), uploaded: Some(file), build: None };
+    let input = TemplateInput { name, path: Some(source.to_string()), uploaded: Some(file), build: None };
     let op = queue(&state, &caller, OperationKind::ImportTemplate, input).await?;
     // The import owns the upload now, and removes it when it ends.
     upload.keep();

@@ -2,13 +2,14 @@
 
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
 use space_api::error::echo;
 use space_api::{
     BuildTemplateRequest, ErrorBody, ErrorCode, ImportTemplateRequest, Operation, Template, TemplateDeleted,
-    TemplateList, TemplateSource,
+    TemplateList, TemplateScope, TemplateSource,
 };
 use space_node_api::TemplateInfo;
 use space_store::{NewOperation, OperationKind, SessionFilter};
@@ -19,8 +20,16 @@ use crate::auth::{Admin, Caller};
 use crate::error::{ApiJson, ApiPath, ApiQuery, AppError, AppResult};
 use crate::reconciler::TemplateInput;
 
-pub(crate) fn template_view(info: &TemplateInfo) -> Template {
+/// `info` as `tenant` sees it (`None`: another tenant's).
+pub(crate) fn visible_view(tenant: &space_api::TenantId, info: &TemplateInfo) -> Option<Template> {
+    let (name, global) = crate::template_scope::visible(tenant, &info.name)?;
+    let scope = if global { TemplateScope::Global } else { TemplateScope::Own };
+    Some(Template { name, scope, ..template_view(info) })
+}
+
+fn template_view(info: &TemplateInfo) -> Template {
     Template {
+        scope: TemplateScope::Global,
         name: info.name.clone(),
         version: info.version as u32,
         created_at: info.created_at_ms as i64,
@@ -31,11 +40,15 @@ pub(crate) fn template_view(info: &TemplateInfo) -> Template {
     }
 }
 
+/// The global templates and the caller's own.
 #[utoipa::path(get, path = "/v1/templates", responses((status = 200, body = TemplateList), (status = 503, body = ErrorBody)))]
-pub async fn list_templates(State(state): State<AppState>) -> AppResult<ApiJson<TemplateList>> {
+pub async fn list_templates(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> AppResult<ApiJson<TemplateList>> {
     let templates = crate::placement::first_answer(&state, |node| async move { node.templates().await }).await?;
     Ok(ApiJson(TemplateList {
-        templates: templates.iter().map(template_view).collect(),
+        templates: templates.iter().filter_map(|t| visible_view(&caller.tenant_id, t)).collect(),
         builtin: state.nodes.first().builtin_templates(),
         default_template: state.default_template.clone(),
         upload_max_bytes: state.http.template_upload_max_bytes,
@@ -65,12 +78,27 @@ pub(crate) fn check_name(name: &str) -> AppResult<()> {
     let valid = !name.is_empty()
         && name.len() <= 63
         && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'));
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'))
+        && !name.contains("..");
     if valid {
         Ok(())
     } else {
-        Err(AppError::bad_request("template names are 1-63 characters: lowercase letters, digits, '-', '_', '.'"))
+        Err(AppError::bad_request(
+            "template names are 1-63 characters: lowercase letters, digits, '-', '_', '.' (no '..')",
+        ))
     }
+}
+
+/// The node name of the template `name` `caller` makes (its own: global for the admin), once
+/// `name` is checked.
+pub(crate) fn own_name(caller: &Caller, name: &str) -> AppResult<String> {
+    check_name(name)?;
+    let node_name = crate::template_scope::node_name(caller, name);
+    if node_name.len() > 63 {
+        let most = 63 - (node_name.len() - name.len());
+        return Err(AppError::bad_request(format!("a tenant's template names are at most {most} characters")));
+    }
+    Ok(node_name)
 }
 
 /// What an import of `request` by `caller` queues. The caller is checked first: what exists on
@@ -127,28 +155,42 @@ pub struct DeleteParams {
 }
 
 /// The sessions (not destroyed) that use one of `versions` of `name`: placed on one of them,
-/// or not placed yet when the newest is among them (they would take it).
-async fn sessions_using(state: &AppState, name: &str, versions: &[u32], newest: u32) -> AppResult<Vec<String>> {
-    let filter = SessionFilter { template: Some(name.to_owned()), ..SessionFilter::default() };
+/// or not placed yet when the newest is among them (they would take it). A tenant's template
+/// is only its own sessions'.
+async fn sessions_using(
+    state: &AppState,
+    caller: &Caller,
+    name: &str,
+    versions: &[u32],
+    newest: u32,
+) -> AppResult<Vec<String>> {
+    let tenant = (!caller.admin).then(|| caller.tenant_id.clone());
+    let filter = SessionFilter { tenant, template: Some(name.to_owned()), ..SessionFilter::default() };
     let sessions = state.store.list_sessions(&filter).await?;
     let uses = |v: Option<u32>| v.map_or(versions.contains(&newest), |v| versions.contains(&v));
     Ok(sessions.into_iter().filter(|s| uses(s.template_version)).map(|s| s.id.to_string()).collect())
 }
 
-/// Deletes a template's version (or all its versions) on every node. Refused with 409 while
-/// sessions use it, unless `force`.
+/// Deletes a template's version (or all its versions) on every node: a tenant its own, the
+/// admin the global ones. Refused with 409 while sessions use it, unless `force`.
 #[utoipa::path(delete, path = "/v1/templates/{name}", params(("name" = String, Path), DeleteParams),
     responses((status = 200, body = TemplateDeleted), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody)))]
 pub async fn delete_template(
     State(state): State<AppState>,
-    Admin(_admin): Admin,
+    Extension(caller): Extension<Caller>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(params): ApiQuery<DeleteParams>,
 ) -> AppResult<ApiJson<TemplateDeleted>> {
-    check_name(&name)?;
+    let node_name = own_name(&caller, &name)?;
     let all = crate::placement::first_answer(&state, |node| async move { node.templates().await }).await?;
-    let existing: Vec<u32> = all.iter().filter(|t| t.name == name).map(|t| t.version as u32).collect();
+    let existing: Vec<u32> = all.iter().filter(|t| t.name == node_name).map(|t| t.version as u32).collect();
+    if existing.is_empty() && !caller.admin && all.iter().any(|t| t.name == name) {
+        return Err(AppError::new(
+            ErrorCode::Forbidden,
+            format!("{} is a global template: only the operator (the admin key) deletes it", echo(&name)),
+        ));
+    }
     let versions: Vec<u32> = existing.iter().copied().filter(|v| params.version.is_none_or(|w| w == *v)).collect();
     let Some(&newest) = existing.iter().max().filter(|_| !versions.is_empty()) else {
         let which = params.version.map(|v| format!("{name}@{v}")).unwrap_or_else(|| name.clone());
@@ -157,7 +199,7 @@ pub async fn delete_template(
             format!("there is no template {}: `space template list` shows them", echo(&which)),
         ));
     };
-    let in_use_by = sessions_using(&state, &name, &versions, newest).await?;
+    let in_use_by = sessions_using(&state, &caller, &name, &versions, newest).await?;
     if !in_use_by.is_empty() && !params.force {
         let shown: Vec<&str> = in_use_by.iter().take(5).map(String::as_str).collect();
         return Err(AppError::new(
@@ -174,10 +216,10 @@ pub async fn delete_template(
     }
     for (_, node) in state.nodes.iter() {
         for version in &versions {
-            node.delete_template(&name, u64::from(*version)).await?;
+            node.delete_template(&node_name, u64::from(*version)).await?;
         }
     }
-    tracing::info!(template = %name, ?versions, forced = !in_use_by.is_empty(), "deleted template");
+    tracing::info!(template = %node_name, ?versions, forced = !in_use_by.is_empty(), "deleted template");
     Ok(ApiJson(TemplateDeleted { name, versions, in_use_by }))
 }
 

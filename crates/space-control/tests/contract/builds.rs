@@ -1,7 +1,6 @@
-//! Dockerfile builds over the API: the admin's alone (a tenant is refused before anything is
-//! read), a bad Dockerfile or bad parameters refused with what to fix before anything is
-//! queued, and a good one built on the node, its log readable page by page and the build
-//! listed.
+//! Dockerfile builds over the API: a bad Dockerfile or bad parameters refused with what to
+//! fix before anything is queued, and a good one built on the node, its log readable page by
+//! page and the build listed; a tenant's build is its own template, and its own to list.
 
 use sha2::{Digest, Sha256};
 
@@ -29,9 +28,6 @@ async fn builds_are_checked_then_run_with_their_log_kept() {
     server.wait_for_template("busybox").await;
     let good = context(&[("Dockerfile", "FROM busybox\nRUN echo hi\n"), ("app.txt", "x")]);
     let tenant = server.tenant_key("acme").await;
-    assert_error(&server.post_bytes(&tenant, &path("", &good), good.clone()).await, 403, "forbidden");
-    assert_error(&server.call_as(&tenant, "GET", "/v1/templates/builds", None).await, 403, "forbidden");
-
     let admin = server.admin.clone();
     for (files, query, says) in [
         (vec![("Dockerfile", "FROM busybox\n\nEXPOSE 80\n")], "", "line 3: EXPOSE is not supported"),
@@ -67,4 +63,24 @@ async fn builds_are_checked_then_run_with_their_log_kept() {
     assert_error(&unknown, 404, "not_found");
     let (_, templates) = server.call("GET", "/v1/templates", None).await;
     assert!(templates["templates"].as_array().unwrap().iter().any(|t| t["name"] == "web"), "{templates}");
+
+    // A tenant's build: its own template `web`, its own build to list.
+    let (status, op) = server.post_bytes(&tenant, &path("", &good), good.clone()).await;
+    assert_eq!(status, 202, "{op}");
+    let mine = op["id"].as_str().unwrap().to_owned();
+    assert_eq!(server.wait_operation_as(&tenant, &mine).await["state"], "succeeded");
+    let (_, list) = server.call_as(&tenant, "GET", "/v1/templates/builds", None).await;
+    assert_eq!(list["builds"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!((list["builds"][0]["id"].as_str(), list["builds"][0]["name"].as_str()), (Some(&*mine), Some("web")));
+    let (_, list) = server.call("GET", "/v1/templates/builds", None).await;
+    assert!(list["builds"].as_array().unwrap().iter().all(|b| b["id"] != mine.as_str()), "{list}");
+    let (_, templates) = server.call_as(&tenant, "GET", "/v1/templates", None).await;
+    let webs: Vec<&str> = templates["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["name"] == "web")
+        .map(|t| t["scope"].as_str().unwrap())
+        .collect();
+    assert_eq!(webs, ["global", "own"], "the admin's global web and the tenant's own: {templates}");
 }

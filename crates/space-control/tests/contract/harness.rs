@@ -263,8 +263,13 @@ impl Server {
 
     /// Waits for operation `id` (the admin's) to finish; returns it.
     pub async fn wait_operation(&self, id: &str) -> Value {
+        self.wait_operation_as(&self.admin.clone(), id).await
+    }
+
+    /// Waits for operation `id` of `key`'s tenant to end.
+    pub async fn wait_operation_as(&self, key: &str, id: &str) -> Value {
         for _ in 0..500 {
-            let (status, op) = self.call("GET", &format!("/v1/operations/{id}"), None).await;
+            let (status, op) = self.call_as(key, "GET", &format!("/v1/operations/{id}"), None).await;
             assert_eq!(status, 200, "{op}");
             if op["state"] == "succeeded" || op["state"] == "failed" {
                 return op;

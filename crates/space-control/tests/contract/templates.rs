@@ -1,5 +1,6 @@
-//! Deleting templates: the admin's alone, refused while a session uses the version unless
-//! forced, and gone from every node afterwards.
+//! Deleting templates: global ones the admin's alone, a tenant's its own; refused while a
+//! session uses the version unless forced, and gone from every node afterwards. Templates of
+//! a tenant's own: seen, used and deleted by it alone.
 
 use serde_json::json;
 
@@ -10,10 +11,8 @@ async fn a_template_in_use_is_deleted_only_when_forced() {
     let server = Server::start().await;
     server.wait_for_template("busybox").await;
     let tenant = server.tenant_key("acme").await;
-    // Authorization before validation: a tenant is refused whatever it names.
-    for path in ["/v1/templates/busybox", "/v1/templates/NOPE", "/v1/templates/busybox?version=x"] {
-        assert_error(&server.call_as(&tenant, "DELETE", path, None).await, 403, "forbidden");
-    }
+    // A global template is the operator's: a tenant is refused it.
+    assert_error(&server.call_as(&tenant, "DELETE", "/v1/templates/busybox", None).await, 403, "forbidden");
     assert_error(&server.call("DELETE", "/v1/templates/Bad%20Name", None).await, 400, "bad_request");
     assert_error(&server.call("DELETE", "/v1/templates/busybox?version=99", None).await, 404, "not_found");
 
@@ -33,4 +32,70 @@ async fn a_template_in_use_is_deleted_only_when_forced() {
     assert!(!list["templates"].as_array().unwrap().iter().any(|t| t["name"] == "busybox"), "{list}");
     assert_eq!(server.exec(&id, &["echo", "still running"]).await.1["stdout"], "still running\n");
     assert_error(&server.call("DELETE", "/v1/templates/busybox", None).await, 404, "not_found");
+}
+
+/// Uploads `name` as `key`'s template and waits for its import.
+async fn upload(server: &Server, key: &str, name: &str) {
+    use sha2::{Digest, Sha256};
+    let body = b"a root filesystem tarball (the simulated node only checks it exists)".to_vec();
+    let path = format!("/v1/templates/uploads?name={name}&sha256={}", hex::encode(Sha256::digest(&body)));
+    let (status, op) = server.post_bytes(key, &path, body).await;
+    assert_eq!(status, 202, "{op}");
+    assert_eq!(server.wait_operation_as(key, op["id"].as_str().unwrap()).await["state"], "succeeded");
+}
+
+fn names(list: &serde_json::Value) -> Vec<(String, bool)> {
+    let templates = list["templates"].as_array().unwrap();
+    templates.iter().map(|t| (t["name"].as_str().unwrap().to_owned(), t["scope"] == "global")).collect()
+}
+
+#[tokio::test]
+async fn tenants_have_templates_of_their_own() {
+    let server = Server::start().await;
+    server.wait_for_template("busybox").await;
+    let (acme, other) = (server.tenant_key("acme").await, server.tenant_key("other").await);
+    upload(&server, &acme, "web").await;
+
+    let (_, list) = server.call_as(&acme, "GET", "/v1/templates", None).await;
+    assert!(names(&list).contains(&("web".into(), false)), "{list}");
+    assert!(names(&list).contains(&("busybox".into(), true)), "{list}");
+    for key in [&other, &server.admin] {
+        let (_, list) = server.call_as(key, "GET", "/v1/templates", None).await;
+        assert!(names(&list).iter().all(|(n, _)| n != "web" && !n.contains("..")), "{list}");
+    }
+
+    let (status, session) = server.call_as(&acme, "POST", "/v1/sessions", Some(json!({"template": "web"}))).await;
+    assert_eq!(status, 201, "{session}");
+    assert_eq!(session["template"], "web");
+    let refused = server.call_as(&other, "POST", "/v1/sessions", Some(json!({"template": "web"}))).await;
+    assert_error(&refused, 400, "unknown_template");
+    assert!(!error_of(&refused.1).1.contains(".."), "another tenant's names stay hidden: {}", refused.1);
+    assert_error(&server.call_as(&other, "DELETE", "/v1/templates/web", None).await, 404, "not_found");
+
+    // A tenant's name of a global template is its own, and hides the global one from it alone.
+    upload(&server, &acme, "busybox").await;
+    let (_, list) = server.call_as(&acme, "GET", "/v1/templates", None).await;
+    assert!(names(&list).contains(&("busybox".into(), false)) && names(&list).contains(&("busybox".into(), true)));
+    let (_, list) = server.call_as(&other, "GET", "/v1/templates", None).await;
+    assert_eq!(names(&list).iter().filter(|(n, _)| n == "busybox").count(), 1, "{list}");
+
+    // Names: no '..' (what marks a tenant's on the nodes), and room for the tenant's scope.
+    for (name, says) in [("a..b", "no '..'"), (&*"x".repeat(50), "at most 49 characters")] {
+        let body = b"x".to_vec();
+        let path = format!("/v1/templates/uploads?name={name}&sha256={}", "0".repeat(64));
+        let reply = server.post_bytes(&acme, &path, body).await;
+        assert_error(&reply, 400, "bad_request");
+        assert!(error_of(&reply.1).1.contains(says), "{}", reply.1);
+    }
+    // What is on the server's host stays the admin's to import.
+    let import = json!({"name": "mine", "path": "/etc"});
+    assert_error(&server.call_as(&acme, "POST", "/v1/templates/import", Some(import)).await, 403, "forbidden");
+
+    let in_use = server.call_as(&acme, "DELETE", "/v1/templates/web", None).await;
+    assert_error(&in_use, 409, "conflict");
+    let (status, deleted) = server.call_as(&acme, "DELETE", "/v1/templates/web?force=true", None).await;
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(deleted["name"], "web", "{deleted}");
+    let (_, list) = server.call_as(&acme, "GET", "/v1/templates", None).await;
+    assert!(!names(&list).iter().any(|(n, _)| n == "web"), "{list}");
 }

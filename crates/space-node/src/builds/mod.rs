@@ -232,9 +232,21 @@ impl Node {
             .map_err(|e| BuildError::Step { line: instruction.line, message: format!("{image:?}: {e}") })?;
         let base = from_image(&image).map_err(|message| BuildError::Step { line: instruction.line, message })?;
         let (key, layer, defaults) = match base {
+            Some(_) if !build.registry => {
+                let message =
+                    "FROM docker://… pulls through the node's network, which only the operator's builds may: \
+                               upload the image (space template import --upload) and FROM its name"
+                        .to_owned();
+                return Err(BuildError::Step { line: instruction.line, message }.into());
+            }
             Some(source) => self.image_layer(&source, build.no_cache, log).await?,
             None => {
-                let base = self.ensure_template(&image, |_| {}).await?;
+                let own = build.own_prefix.as_ref().map(|prefix| format!("{prefix}{image}"));
+                let name = match own.as_deref().and_then(|own| self.resolve_template(own)) {
+                    Some(own) => own.name,
+                    None => image.clone(),
+                };
+                let base = self.ensure_template(&name, |_| {}).await?;
                 let key =
                     key("", &["template", &base.name, &base.version.to_string(), &base.created_at_ms.to_string()]);
                 (key, self.pool.templates().path(&base)?, base.defaults.unwrap_or_default())

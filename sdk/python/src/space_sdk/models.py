@@ -336,6 +336,8 @@ class TemplateDefaults(Model):
 class Template(Model):
     __schema__: ClassVar[str] = "Template"
     name: str = ""
+    scope: str = "global"
+    """``global`` (the operator's, every tenant's to use) or ``own`` (the caller's alone)."""
     version: int = 0
     created_at: int = 0
     size_bytes: int = 0

@@ -917,6 +917,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
+        /** The global templates and the caller's own. */
         get: operations["list_templates"];
         put?: never;
         post?: never;
@@ -950,7 +951,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The Dockerfile builds, newest first, with their state. */
+        /** The caller's Dockerfile builds, newest first, with their state. */
         get: operations["list_builds"];
         put?: never;
         /**
@@ -996,7 +997,7 @@ export interface paths {
         put?: never;
         /**
          * Uploads a template and imports it; returns the import's operation (follow it with
-         *     `GET /v1/operations/{id}`). The node that imports reads the upload from the control
+         *     `GET /v1/operations/{id}`). A tenant's upload is its own template; the admin's is global. The node that imports reads the upload from the control
          *     plane's data dir: `space serve`, where both share the host.
          */
         post: operations["upload_template"];
@@ -1017,8 +1018,8 @@ export interface paths {
         put?: never;
         post?: never;
         /**
-         * Deletes a template's version (or all its versions) on every node. Refused with 409 while
-         *     sessions use it, unless `force`.
+         * Deletes a template's version (or all its versions) on every node: a tenant its own, the
+         *     admin the global ones. Refused with 409 while sessions use it, unless `force`.
          */
         delete: operations["delete_template"];
         options?: never;
@@ -2098,6 +2099,7 @@ export interface components {
             /** @description The image's digest, for templates imported from an OCI image. */
             digest?: string | null;
             name: string;
+            scope: components["schemas"]["TemplateScope"];
             /** Format: int64 */
             size_bytes: number;
             source: string;
@@ -2189,6 +2191,11 @@ export interface components {
             size: number;
             template: string;
         };
+        /**
+         * @description Whose a template is.
+         * @enum {string}
+         */
+        TemplateScope: "global" | "own";
         /** @description A tenant id. */
         TenantId: string;
         /** @description A tenant's quota and what it uses of it (`GET /v1/tenants/{tenant}/quota`). */
