@@ -214,9 +214,21 @@ fn a_tenants_build_is_its_own_template() {
     let dir = server.data_dir.join("ctx");
     std::fs::create_dir_all(&dir).unwrap();
     let ctx = dir.to_str().unwrap();
+    // A global `base` (the admin's), and acme's own `base`, which comes first for acme alone.
+    std::fs::write(dir.join("Dockerfile"), "FROM busybox\nRUN echo global > /owner\n").unwrap();
+    let (ok, out, err) = as_key(&server.key, &["template", "build", "base", ctx]);
+    assert!(ok, "{out}\n{err}");
     std::fs::write(dir.join("Dockerfile"), "FROM busybox\nRUN echo acme > /owner\n").unwrap();
     let (ok, out, err) = as_key(&acme, &["template", "build", "base", ctx]);
     assert!(ok, "{out}\n{err}");
+    let (ok, out, err) = as_key(&other, &["session", "create", "--template", "base"]);
+    assert!(ok, "{out}\n{err}");
+    let (_, owner, _) = as_key(&other, &["exec", out.trim(), "--", "cat", "/owner"]);
+    assert_eq!(owner, "global\n", "another tenant gets the global base");
+    let (ok, out, err) = as_key(&acme, &["session", "create", "--template", "base"]);
+    assert!(ok, "{out}\n{err}");
+    let (_, owner, _) = as_key(&acme, &["exec", out.trim(), "--", "cat", "/owner"]);
+    assert_eq!(owner, "acme\n", "acme gets its own base");
     // FROM base: acme's own.
     std::fs::write(dir.join("Dockerfile"), "FROM base\nRUN cat /owner > /from-base\n").unwrap();
     let (ok, out, err) = as_key(&acme, &["template", "build", "app", ctx]);
@@ -230,7 +242,7 @@ fn a_tenants_build_is_its_own_template() {
     let (ok, _, err) = as_key(&other, &["session", "create", "--template", "app"]);
     assert!(!ok && err.contains("unknown template"), "{err}");
     let (_, out, _) = as_key(&other, &["template", "list"]);
-    assert!(!out.contains("app") && !out.contains("base"), "{out}");
+    assert!(!out.contains("app") && !out.contains("own"), "{out}");
     std::fs::write(dir.join("Dockerfile"), "FROM docker://127.0.0.1:1/x:y\n").unwrap();
     let (ok, _, err) = as_key(&other, &["template", "build", "pulled", ctx]);
     assert!(!ok && err.contains("line 1") && err.contains("only the operator"), "{err}");

@@ -205,6 +205,11 @@ pub async fn rotate_key(
     Ok((StatusCode::CREATED, Extension(CarriesSecret), ApiJson(created_view(secret, &new))))
 }
 
+/// 404 for operation `id`: unknown, another tenant's, or not an operation id at all.
+fn operation_not_found(id: &str) -> AppError {
+    AppError::new(ErrorCode::NotFound, format!("operation {} not found", clip(id)))
+}
+
 /// Which lines of an operation's log to read.
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -225,7 +230,7 @@ pub async fn operation_log(
     ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<LogParams>,
 ) -> AppResult<ApiJson<OperationLog>> {
-    let not_found = || AppError::new(ErrorCode::NotFound, format!("operation {} not found", clip(&id)));
+    let not_found = || operation_not_found(&id);
     let parsed: OperationId = id.parse().map_err(|_| not_found())?;
     let limit = params.limit.unwrap_or(1000).clamp(1, 1000);
     let after = params.after.max(0);
@@ -242,7 +247,7 @@ pub async fn get_operation(
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
 ) -> AppResult<ApiJson<Operation>> {
-    let not_found = || AppError::new(ErrorCode::NotFound, format!("operation {} not found", clip(&id)));
+    let not_found = || operation_not_found(&id);
     let parsed: OperationId = id.parse().map_err(|_| not_found())?;
     let op = state.store.operation(&caller.tenant_id, &parsed).await?.ok_or_else(not_found)?;
     Ok(ApiJson(op))
