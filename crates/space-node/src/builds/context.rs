@@ -275,6 +275,22 @@ mod tests {
     }
 
     #[test]
+    fn a_long_name_is_refused_before_the_tar_reader_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = dir.path().join("long.tar");
+        let mut builder = tar::Builder::new(std::fs::File::create(&ctx).unwrap());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(0);
+        // A GNU long-name entry of 2 MiB, which the tar reader would read whole into memory.
+        let name = format!("{}/f", "d".repeat(2 << 20));
+        builder.append_data(&mut header, &name, std::io::empty()).unwrap();
+        builder.finish().unwrap();
+        let err = select(Some(&ctx), &spec(&["."], "/x", true), dir.path()).err().unwrap();
+        let chain = format!("{err}: {}", std::error::Error::source(&err).map(|s| s.to_string()).unwrap_or_default());
+        assert!(chain.contains("reading the build context") && chain.contains("a tar metadata entry (L)"), "{chain}");
+    }
+
+    #[test]
     fn same_selection_same_digest_and_missing_sources_named() {
         let dir = tempfile::tempdir().unwrap();
         let ctx = context(dir.path());
