@@ -247,8 +247,11 @@ impl Node {
                     None => image.clone(),
                 };
                 let base = self.ensure_template(&name, |_| {}).await?;
-                let key =
-                    key("", &["template", &base.name, &base.version.to_string(), &base.created_at_ms.to_string()]);
+                // The builder's scope is part of the key: no tenant's build reuses (and so
+                // learns of) a layer another tenant's build made.
+                let owner = build.own_prefix.as_deref().unwrap_or_default();
+                let (version, created) = (base.version.to_string(), base.created_at_ms.to_string());
+                let key = key("", &["template", &base.name, &version, &created, owner]);
                 (key, self.pool.templates().path(&base)?, base.defaults.unwrap_or_default())
             }
         };
