@@ -7,7 +7,7 @@
 
 use sha2::{Digest, Sha256};
 use space_api::TenantId;
-use space_node_api::NodeApi;
+use space_node_api::{NodeApi, TemplateInfo};
 
 use crate::auth::Caller;
 
@@ -39,14 +39,24 @@ pub fn visible(tenant: &TenantId, node_name: &str) -> Option<(String, bool)> {
     }
 }
 
-/// The node template `tenant`'s `name` means on `node`: its own if it has one, else the
-/// global one of that name.
-pub async fn resolve(node: &dyn NodeApi, tenant: &TenantId, name: &str) -> String {
-    let own = format!("{}{SEPARATOR}{name}", scope(tenant));
-    match node.resolve_template(&own).await {
-        Some(_) => own,
-        None => name.to_owned(),
+/// `tenant`'s own template `name` on `node`, if it has one.
+async fn own(node: &dyn NodeApi, tenant: &TenantId, name: &str) -> Option<TemplateInfo> {
+    node.resolve_template(&format!("{}{SEPARATOR}{name}", scope(tenant))).await
+}
+
+/// The template `tenant`'s `name` means on `node`: its own if it has one, else the global one
+/// of that name (`None`: neither is there).
+pub async fn find(node: &dyn NodeApi, tenant: &TenantId, name: &str) -> Option<TemplateInfo> {
+    match own(node, tenant, name).await {
+        Some(info) => Some(info),
+        None => node.resolve_template(name).await,
     }
+}
+
+/// The node name `tenant`'s `name` means on `node`: its own, else the global name (which the
+/// caller builds if it is a built-in not built yet). One question to the node.
+pub async fn resolve(node: &dyn NodeApi, tenant: &TenantId, name: &str) -> String {
+    own(node, tenant, name).await.map_or_else(|| name.to_owned(), |info| info.name)
 }
 
 /// The prefix of `caller`'s own node names (none for the admin, whose names are global), for

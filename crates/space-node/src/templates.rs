@@ -89,12 +89,12 @@ impl Node {
         let (name, source) = (name.to_owned(), source.clone());
         let tx = progress_channel(report);
         let pulled = match &source {
-            TemplateSource::Registry { .. } => {
+            TemplateSource::Registry { reference } => {
                 let sender = tx.clone();
                 let report = move |phase: String, done, total| {
                     let _ = sender.send(Progress { phase, done, total });
                 };
-                Some(self.open_image(&source, report).await?)
+                Some(self.pull_image(reference, report).await?)
             }
             _ => None,
         };
@@ -111,34 +111,14 @@ impl Node {
         .await
     }
 
-    /// The image `source` names: pulled (blobs cached by digest) from a registry, or opened
-    /// on this host.
-    pub(crate) async fn open_image(
+    /// The image `reference` names in a registry, pulled (blobs cached by digest).
+    pub(crate) async fn pull_image(
         &self,
-        source: &TemplateSource,
+        reference: &str,
         report: impl Fn(String, u64, Option<u64>) + Send + Sync,
     ) -> Result<space_image::Image> {
-        let opened = match source {
-            TemplateSource::Registry { reference } => {
-                let reference =
-                    space_image::RegistryRef::parse(reference).map_err(space_storage::StorageError::from)?;
-                let cache = self.config.template_cache_dir.join("images");
-                return Ok(space_image::pull(&reference, &cache, &report)
-                    .await
-                    .map_err(space_storage::StorageError::from)?);
-            }
-            TemplateSource::OciLayout { dir, tag } => space_image::open_layout(dir, tag.as_deref()),
-            TemplateSource::DockerArchive { file } => space_image::open_docker_archive(file),
-            TemplateSource::OciArchive { file, tag } => space_image::open_oci_archive(file, tag.as_deref()),
-            TemplateSource::Path { path } => {
-                let reason = "FROM takes a template name or an image (docker://, oci:, docker-archive:, oci-archive:)";
-                return Err(space_storage::StorageError::BadTemplateContent {
-                    path: path.clone(),
-                    reason: reason.into(),
-                }
-                .into());
-            }
-        };
-        Ok(opened.map_err(space_storage::StorageError::from)?)
+        let reference = space_image::RegistryRef::parse(reference).map_err(space_storage::StorageError::from)?;
+        let cache = self.config.template_cache_dir.join("images");
+        Ok(space_image::pull(&reference, &cache, &report).await.map_err(space_storage::StorageError::from)?)
     }
 }

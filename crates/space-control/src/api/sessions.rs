@@ -113,8 +113,7 @@ pub(super) async fn check_template(state: &AppState, tenant: &TenantId, name: &s
         return Ok(());
     }
     let known = |node: Arc<dyn NodeApi>| async move {
-        let resolved = crate::template_scope::resolve(node.as_ref(), tenant, name).await;
-        match node.resolve_template(&resolved).await {
+        match crate::template_scope::find(node.as_ref(), tenant, name).await {
             Some(_) => None,
             None => {
                 let names = node.available_templates().await.into_iter();

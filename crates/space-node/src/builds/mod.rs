@@ -145,13 +145,13 @@ fn argv(command: &Command) -> Vec<String> {
     }
 }
 
-/// The image a `FROM` names: a registry image (`docker://…`) or a space template (`NAME`,
+/// The registry reference a `FROM` names (`docker://…`), or none for a space template (`NAME`,
 /// whose names hold none of `:/`). Images on the node's host (`oci:`, `docker-archive:`) are
 /// refused: what is on the host is the admin's to import (`space template import`), not a
 /// Dockerfile's to read.
-fn from_image(image: &str) -> std::result::Result<Option<TemplateSource>, String> {
+fn from_image(image: &str) -> std::result::Result<Option<String>, String> {
     match TemplateSource::parse(image) {
-        source @ TemplateSource::Registry { .. } => Ok(Some(source)),
+        TemplateSource::Registry { reference } => Ok(Some(reference)),
         _ if !image.contains([':', '/']) => Ok(None),
         _ => Err(format!(
             "FROM takes a template name or a registry image (docker://HOST/REPO:TAG), not {image:?}: \
@@ -239,7 +239,7 @@ impl Node {
                         .to_owned();
                 return Err(BuildError::Step { line: instruction.line, message }.into());
             }
-            Some(source) => self.image_layer(&source, build.no_cache, log).await?,
+            Some(reference) => self.image_layer(&reference, build.no_cache, log).await?,
             None => {
                 let own = build.own_prefix.as_ref().map(|prefix| format!("{prefix}{image}"));
                 let name = match own.as_deref().and_then(|own| self.resolve_template(own)) {
@@ -321,6 +321,15 @@ impl Node {
         Ok(state)
     }
 
+    /// The cached layer of `key`, unless the build runs without its cache; said in the log.
+    fn cached(&self, key: &str, no_cache: bool, log: &impl Fn(String)) -> Result<Option<PathBuf>> {
+        let layer = if no_cache { None } else { self.pool.layers().get(key)? };
+        if layer.is_some() {
+            log(" ---> Using cache".into());
+        }
+        Ok(layer)
+    }
+
     /// A step that changes files on the host side: `change` fills a writable copy of the
     /// parent layer, unless the layer of `key` is cached.
     async fn layer_step(
@@ -331,13 +340,12 @@ impl Node {
         log: &(impl Fn(String) + Sync),
         change: impl FnOnce(&Path) -> std::result::Result<(), BuildError> + Send + 'static,
     ) -> Result<State> {
-        let layers = self.pool.layers();
-        if !no_cache && let Some(layer) = layers.get(&key)? {
-            log(" ---> Using cache".into());
+        if let Some(layer) = self.cached(&key, no_cache, log)? {
             state.layer = layer;
             state.key = key;
             return Ok(state);
         }
+        let layers = self.pool.layers();
         let parent = state.layer.clone();
         let made = key.clone();
         state.layer = blocking(move || {
@@ -422,18 +430,17 @@ impl Node {
     /// A layer of an OCI image (`FROM docker://…`), unpacked once per image digest.
     async fn image_layer(
         &self,
-        source: &TemplateSource,
+        reference: &str,
         no_cache: bool,
         log: &(impl Fn(String) + Sync),
     ) -> Result<(String, PathBuf, TemplateDefaults)> {
-        let image = self.open_image(source, |_, _, _| {}).await?;
+        let image = self.pull_image(reference, |_, _, _| {}).await?;
         let key = key("", &["image", &image.id.to_string()]);
         let defaults = image.defaults();
-        let layers = self.pool.layers();
-        if !no_cache && let Some(layer) = layers.get(&key)? {
-            log(" ---> Using cache".into());
+        if let Some(layer) = self.cached(&key, no_cache, log)? {
             return Ok((key, layer, defaults));
         }
+        let layers = self.pool.layers();
         let map = self.pool.id_map();
         let made = key.clone();
         let layer = blocking(move || {
@@ -486,7 +493,7 @@ mod tests {
     #[test]
     fn from_names_a_template_or_an_image() {
         assert_eq!(from_image("debian"), Ok(None));
-        assert!(matches!(from_image("docker://127.0.0.1:5000/app:1"), Ok(Some(TemplateSource::Registry { .. }))));
+        assert_eq!(from_image("docker://127.0.0.1:5000/app:1"), Ok(Some("127.0.0.1:5000/app:1".into())));
         for host_path in ["oci:/tmp/layout:v1", "docker-archive:/etc/shadow", "/etc", "oci-archive:x.tar"] {
             assert!(from_image(host_path).unwrap_err().contains("space template import"), "{host_path}");
         }

@@ -65,11 +65,7 @@ impl Node {
         let allow = build.allow.join(",");
         let kind = format!("{:?}", instruction.kind);
         let key = key(&state.key, &["run", &kind, &env_text.join("\0"), &state.workdir, &user, &allow]);
-        let layers = self.pool.layers();
-        if !build.no_cache
-            && let Some(layer) = layers.get(&key)?
-        {
-            log(" ---> Using cache".into());
+        if let Some(layer) = self.cached(&key, build.no_cache, log)? {
             state.layer = layer;
             state.key = key;
             return Ok(state);
