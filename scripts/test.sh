@@ -24,8 +24,8 @@ if ! cargo nextest --version 2>/dev/null | grep -q "nextest $NEXTEST_VERSION"; t
 fi
 cargo build-spaced
 export SPACED_BIN="$PWD/target/x86_64-unknown-linux-gnu/release/spaced"
-# (tests/replicas.rs needs PostgreSQL: it runs in the next pass.)
-cargo nextest run --workspace -E 'not (package(space-cli) & binary(replicas))'
+# (tests/replicas.rs needs PostgreSQL and the BYOK tests need OpenBao: they run in later passes.)
+cargo nextest run --workspace -E 'not ((package(space-cli) & binary(replicas)) | binary(byok) | binary(openbao))'
 # The store's tests and the control plane's contract tests again, against PostgreSQL (a
 # server of their own, in a temporary directory) instead of SQLite; and two control replicas
 # sharing a PostgreSQL database and a node.
@@ -37,6 +37,8 @@ SPACE_CONTRACT_NODE=wire cargo nextest run -p space-control --test contract
 # The root suites that hold for both topologies, again with the control plane and its node in
 # processes of their own (`space control` driving `space node run` over mutual TLS).
 SPACE_TEST_TOPOLOGY=split cargo nextest run -p space-cli --test exec --test files --test lifecycle --test suspend --test egress --test ports --test recovery --test pool
+# Tenants' own keys (BYOK) against a real KMS: OpenBao, started in memory on a loopback port.
+scripts/with-openbao.sh cargo nextest run -E '(package(space-cli) & binary(byok)) | (package(space-keys) & binary(openbao))'
 # The blob store's and the volume manager's tests again, against S3-compatible storage
 # (SeaweedFS, started on loopback ports of its own) instead of a local directory.
 scripts/with-s3.sh cargo nextest run -p space-blob -p space-volume

@@ -75,6 +75,10 @@ pub enum ErrorCode {
     /// A Dockerfile build failed (HTTP 422): the message names the Dockerfile's line, and
     /// for a `RUN` step its exit status and last output.
     BuildFailed,
+    /// A tenant's key (BYOK) cannot be used (HTTP 503): its KMS refused (the key was
+    /// disabled, revoked, deleted, or space's access to it removed) or did not answer. The
+    /// message names the key; what was sealed with it opens again once the key is usable.
+    KeyUnavailable,
 }
 
 impl ErrorCode {
@@ -109,7 +113,10 @@ impl ErrorCode {
             ErrorCode::LimitExceeded | ErrorCode::QuotaExceeded => 429,
             ErrorCode::FeatureUnavailable => 501,
             ErrorCode::PortNotListening => 502,
-            ErrorCode::SandboxUnavailable | ErrorCode::DatabaseUnavailable | ErrorCode::BlobStoreUnavailable => 503,
+            ErrorCode::SandboxUnavailable
+            | ErrorCode::DatabaseUnavailable
+            | ErrorCode::BlobStoreUnavailable
+            | ErrorCode::KeyUnavailable => 503,
             ErrorCode::StorageFull | ErrorCode::DiskQuotaExceeded => 507,
             ErrorCode::Timeout => 504,
             ErrorCode::Internal => 500,

@@ -106,6 +106,7 @@ typed_id!(NodeId, "node_", "node");
 typed_id!(SnapshotId, "snap_", "snapshot");
 typed_id!(CredentialId, "cred_", "credential");
 typed_id!(KeyId, "key_", "API key");
+typed_id!(TenantKeyId, "tk_", "tenant key");
 
 #[cfg(test)]
 mod tests {

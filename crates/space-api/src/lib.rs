@@ -16,7 +16,9 @@ pub mod types;
 
 pub use error::{ApiError, ErrorBody, ErrorCode};
 pub use idmap::IdMap;
-pub use ids::{CredentialId, IdError, KeyId, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId};
+pub use ids::{
+    CredentialId, IdError, KeyId, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId, TenantKeyId,
+};
 pub use node::{BUILD_CONTEXT_PRIVATE_DIR, TemplateBuild, TemplateInfo, TemplateSource};
 pub use nodes::{DrainFailure, DrainReport, Node, NodeCapacity, NodeList, NodeState};
 pub use policy::{Retention, RetentionTier, SnapshotPolicy};

@@ -103,3 +103,67 @@ impl TenantQuota {
         }
     }
 }
+
+/// Who holds the key that protects what is sealed for a tenant (its credentials' values and
+/// its sessions' CA keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyProviderKind {
+    /// The server's local key file (the default).
+    Local,
+    /// A transit key in the tenant's OpenBao or HashiCorp Vault (BYOK).
+    Openbao,
+}
+
+/// Sets a tenant's key (`PUT /v1/tenants/{tenant}/key`). For `openbao`, `address` and `key`
+/// are required, and `token` must allow `update` on `MOUNT/encrypt/KEY`, `MOUNT/decrypt/KEY`
+/// and `MOUNT/rewrap/KEY`; it is stored sealed and never returned.
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetTenantKeyRequest {
+    pub provider: KeyProviderKind,
+    /// `http(s)://HOST[:PORT]` of the KMS.
+    #[serde(default)]
+    pub address: Option<String>,
+    /// Where the transit engine is mounted; default `transit`.
+    #[serde(default)]
+    pub mount: Option<String>,
+    /// The transit key's name.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// The token space uses for the key.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for SetTenantKeyRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SetTenantKeyRequest")
+            .field("provider", &self.provider)
+            .field("address", &self.address)
+            .field("mount", &self.mount)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tenant's key (never the token that lets space use it).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TenantKey {
+    pub tenant: String,
+    pub tenant_id: TenantId,
+    pub provider: KeyProviderKind,
+    /// `null` for the local key.
+    pub id: Option<crate::TenantKeyId>,
+    pub address: Option<String>,
+    pub mount: Option<String>,
+    pub key: Option<String>,
+    /// Unix time in milliseconds the key was set; `null` for the local key.
+    pub created_at: Option<i64>,
+    /// After a set or a rotation: how many sealed values now have their data keys wrapped
+    /// by this key (their data is not re-encrypted).
+    pub rewrapped: Option<u64>,
+    /// After a set or a rotation: sealed values that changed meanwhile and were left as they
+    /// were (still readable; set or rotate again to move them).
+    pub skipped: Option<u64>,
+}

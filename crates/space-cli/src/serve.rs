@@ -63,6 +63,11 @@ pub struct ControlArgs {
     /// copy: without it stored credentials are unreadable, and the server refuses to start.
     #[arg(long)]
     pub key_file: Option<PathBuf>,
+    /// How long a data key unwrapped by a tenant's own key (BYOK, `space tenant key set`)
+    /// is kept in memory, in seconds: a key revoked in the tenant's KMS stops opening data at
+    /// most this long after. 0 asks the KMS every time.
+    #[arg(long, default_value_t = 60)]
+    pub key_cache_ttl: u64,
     /// How long the gateway's audit events are kept, e.g. `30d` or `12h` (`off`: for ever).
     /// Older ones are deleted hourly.
     #[arg(long, default_value = "30d", value_parser = parse_retention)]
@@ -329,6 +334,7 @@ pub fn server_config(args: &ControlArgs, data_dir: &Path) -> ServerConfig {
         database: args.database.clone(),
         listen: args.listen,
         key_file: args.key_file.clone().unwrap_or_else(|| data_dir.join("keys/master.key")),
+        key_cache_ttl: std::time::Duration::from_secs(args.key_cache_ttl),
         audit_retention: args.audit_retention.0,
         allow_wildcard_credential_hosts: args.allow_wildcard_credential_hosts,
         preview_domain: args.preview_domain.clone(),

@@ -1,7 +1,11 @@
-//! `space tenant …`: tenants' quotas.
+//! `space tenant …`: tenants' quotas and keys.
 
-use clap::Subcommand;
-use space_api::{QuotaLimits, TenantQuota};
+use std::io::Read as _;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use clap::{Subcommand, ValueEnum};
+use space_api::{KeyProviderKind, QuotaLimits, SetTenantKeyRequest, TenantKey, TenantQuota};
 
 use crate::client::{Client, encode};
 use crate::output::print_json;
@@ -27,6 +31,47 @@ pub enum TenantCommand {
         #[arg(long, value_name = "SIZE|unlimited", value_parser = limit_mib)]
         max_disk: Option<Limit<u64>>,
     },
+    /// The key that protects what is sealed for a tenant: its credentials' values and its
+    /// sessions' CA keys (the admin any tenant's, a tenant its own; docs/byok.md).
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+#[derive(Subcommand)]
+pub enum KeyCommand {
+    /// Show the tenant's key (never its token).
+    Show { tenant: String },
+    /// Use a key of the tenant's KMS (or go back to the server's local key), and re-wrap the
+    /// data keys of everything already sealed for the tenant under it. The token is read from
+    /// stdin unless --token-file names a file; it is stored sealed and never shown again.
+    Set {
+        tenant: String,
+        #[arg(long, value_enum)]
+        provider: Provider,
+        /// The KMS: http(s)://HOST[:PORT].
+        #[arg(long)]
+        address: Option<String>,
+        /// The transit key's name.
+        #[arg(long)]
+        key: Option<String>,
+        /// Where the transit engine is mounted (default `transit`).
+        #[arg(long)]
+        mount: Option<String>,
+        /// A file holding the token (else stdin).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+    },
+    /// After rotating the key in the KMS: re-wrap every data key of the tenant under the
+    /// key's newest version, so that the KMS may retire the old versions.
+    Rotate { tenant: String },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Provider {
+    /// The server's local key file.
+    Local,
+    /// An OpenBao or HashiCorp Vault transit key.
+    Openbao,
 }
 
 /// A limit given on the command line: a value, or none for `unlimited`.
@@ -53,7 +98,12 @@ fn limit_mib(text: &str) -> Result<Limit<u64>, String> {
 }
 
 pub async fn run(client: &Client, command: TenantCommand, json: bool) -> anyhow::Result<()> {
-    let TenantCommand::Quota { tenant, max_sessions, max_cpus, max_memory, max_disk } = command;
+    let (tenant, max_sessions, max_cpus, max_memory, max_disk) = match command {
+        TenantCommand::Quota { tenant, max_sessions, max_cpus, max_memory, max_disk } => {
+            (tenant, max_sessions, max_cpus, max_memory, max_disk)
+        }
+        TenantCommand::Key(command) => return run_key(client, command, json).await,
+    };
     let path = format!("/v1/tenants/{}/quota", encode(&tenant));
     let mut quota: TenantQuota = client.get_json(&path).await.or_else(|e| {
         // A tenant without sessions or keys yet: the admin may still set its quota.
@@ -96,5 +146,69 @@ fn print_quota(quota: &TenantQuota, json: bool) -> anyhow::Result<()> {
     println!("cpus      {} of {}", u.cpus, limit(quota.max_cpus.map(|n| n.to_string())));
     println!("memory    {} MiB of {}", u.memory_mib, limit(quota.max_memory_mib.map(|n| format!("{n} MiB"))));
     println!("disk      {} MiB of {}", u.disk_mib, limit(quota.max_disk_mib.map(|n| format!("{n} MiB"))));
+    Ok(())
+}
+
+async fn run_key(client: &Client, command: KeyCommand, json: bool) -> anyhow::Result<()> {
+    let path = |tenant: &str| format!("/v1/tenants/{}/key", encode(tenant));
+    let key: TenantKey = match command {
+        KeyCommand::Show { tenant } => client.get_json(&path(&tenant)).await?,
+        KeyCommand::Rotate { tenant } => client.post_json(&format!("{}/rotate", path(&tenant)), &()).await?,
+        KeyCommand::Set { tenant, provider, address, key, mount, token_file } => {
+            let request = match provider {
+                Provider::Local => {
+                    SetTenantKeyRequest { provider: KeyProviderKind::Local, address, mount, key, token: None }
+                }
+                Provider::Openbao => {
+                    let token = Some(read_token(token_file.as_deref())?);
+                    SetTenantKeyRequest { provider: KeyProviderKind::Openbao, address, mount, key, token }
+                }
+            };
+            client.put_json(&path(&tenant), &request).await?
+        }
+    };
+    print_key(&key, json)
+}
+
+/// The KMS token from `file` or stdin, trimmed; refuses an empty one.
+fn read_token(file: Option<&std::path::Path>) -> anyhow::Result<String> {
+    let token = match file {
+        Some(file) => {
+            std::fs::read_to_string(file).with_context(|| format!("reading the token from {}", file.display()))?
+        }
+        None => {
+            let mut token = String::new();
+            std::io::stdin().read_to_string(&mut token).context("reading the token from stdin")?;
+            token
+        }
+    };
+    let token = token.trim().to_owned();
+    if token.is_empty() {
+        bail!("no token: pipe it in (`printf %s \"$TOKEN\" | space tenant key set …`) or give --token-file");
+    }
+    Ok(token)
+}
+
+fn print_key(key: &TenantKey, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(key);
+    }
+    println!("tenant    {}", key.tenant);
+    match key.provider {
+        KeyProviderKind::Local => println!("provider  local (the server's key file)"),
+        KeyProviderKind::Openbao => {
+            println!("provider  openbao");
+            let show = |v: &Option<String>| v.clone().unwrap_or_default();
+            println!("address   {}", show(&key.address));
+            println!("mount     {}", show(&key.mount));
+            println!("key       {}", show(&key.key));
+        }
+    }
+    if let Some(n) = key.rewrapped {
+        println!("rewrapped {n} sealed value(s)");
+    }
+    if let Some(n) = key.skipped.filter(|&n| n > 0) {
+        println!("skipped   {n} value(s) changed meanwhile (still readable; run it again to move them)");
+    }
     Ok(())
 }

@@ -74,11 +74,11 @@ impl Idempotency {
     /// records made with it are dropped: they could never match again.
     pub async fn load(store: Store, sealer: &Sealer) -> Result<Idempotency, IdempotencyKeyError> {
         let candidate = DigestKey::generate()?;
-        let sealed = store.idempotency_key_sealed(&candidate.seal(sealer, KEY_OWNER)?).await?;
-        let key = match DigestKey::open(sealer, &sealed, KEY_OWNER) {
+        let sealed = store.idempotency_key_sealed(&candidate.seal(sealer, KEY_OWNER).await?).await?;
+        let key = match DigestKey::open(sealer, &sealed, KEY_OWNER).await {
             Ok(key) => key,
             Err(KeyError::WrongKey { .. }) => {
-                if store.idempotency_replace_key(&sealed, &candidate.seal(sealer, KEY_OWNER)?).await? {
+                if store.idempotency_replace_key(&sealed, &candidate.seal(sealer, KEY_OWNER).await?).await? {
                     tracing::warn!(
                         "the key of idempotency fingerprints was sealed with another key file; replaced it \
                          and dropped the idempotency records"
@@ -86,8 +86,8 @@ impl Idempotency {
                     candidate
                 } else {
                     // Another replica replaced it first.
-                    let sealed = store.idempotency_key_sealed(&candidate.seal(sealer, KEY_OWNER)?).await?;
-                    DigestKey::open(sealer, &sealed, KEY_OWNER)?
+                    let sealed = store.idempotency_key_sealed(&candidate.seal(sealer, KEY_OWNER).await?).await?;
+                    DigestKey::open(sealer, &sealed, KEY_OWNER).await?
                 }
             }
             Err(e) => return Err(e.into()),

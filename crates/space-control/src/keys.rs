@@ -9,7 +9,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use space_keys::{KeyError, LocalKeyFile, Sealer};
+use space_keys::{KeyError, LOCAL_KEY_REF, LocalKeyFile, Sealer, key_ref_of};
 use space_store::{SealedOwner, SealedValue, Store, StoreError};
 
 use crate::egress::{ca_owner, credential_owner};
@@ -65,8 +65,12 @@ const CANARY_OWNER: &str = "key-canary";
 /// must exist and open at least one value; values it cannot open (e.g. sealed while another
 /// key was in place) are logged and reported by each request that needs them. Either way the
 /// key must open the database's canary, which the first key to open the database sealed.
+///
+/// Values sealed with a tenant's own key (BYOK) are not the local key's to open: they are
+/// left out here, and the server starts without asking any tenant's KMS.
 pub async fn open_sealer(path: &Path, store: &Store) -> Result<Sealer, KeyCheckError> {
-    let values = store.sealed_values().await?;
+    let mut values = store.sealed_values().await?;
+    values.retain(|value| key_ref_of(&value.sealed).map_or(true, |key_ref| key_ref == LOCAL_KEY_REF));
     let sealed = count(&values);
     let canary = store.meta(CANARY).await?;
     let key = if values.is_empty() && canary.is_none() {
@@ -78,11 +82,11 @@ pub async fn open_sealer(path: &Path, store: &Store) -> Result<Sealer, KeyCheckE
             Err(e) => return Err(e.into()),
         }
     };
-    let sealer = Sealer::new(Arc::new(key));
+    let sealer = Sealer::new(LOCAL_KEY_REF, Arc::new(key), std::time::Duration::ZERO)?;
     let mut opened = 0;
     let mut unreadable = Vec::new();
     for value in &values {
-        match sealer.open(&value.sealed, &owner(&value.owner)) {
+        match sealer.open(&value.sealed, &owner(&value.owner)).await {
             Ok(_) => opened += 1,
             // The key unwrapped the value's data key: it is the right key, the value is damaged.
             Err(e @ KeyError::Corrupt { .. }) => {
@@ -104,9 +108,12 @@ pub async fn open_sealer(path: &Path, store: &Store) -> Result<Sealer, KeyCheckE
 
 /// The database's canary, sealed by `sealer` if the database has none yet, must open.
 async fn check_canary(sealer: &Sealer, store: &Store) -> Result<(), KeyCheckError> {
-    let ours = hex::encode(sealer.seal(b"space", CANARY_OWNER)?);
+    let ours = hex::encode(sealer.seal(b"space", CANARY_OWNER).await?);
     let stored = store.meta_get_or_insert(CANARY, &ours).await?;
-    let opened = hex::decode(&stored).map(|sealed| sealer.open(&sealed, CANARY_OWNER));
+    let opened = match hex::decode(&stored) {
+        Ok(sealed) => Ok(sealer.open(&sealed, CANARY_OWNER).await),
+        Err(e) => Err(e),
+    };
     match opened {
         // The key unwrapped the canary's data key: it is the right key, the canary is damaged.
         Ok(Ok(_) | Err(KeyError::Corrupt { .. })) => Ok(()),
@@ -155,7 +162,7 @@ mod tests {
     async fn credential(store: &Store, sealer: &Sealer, name: &str) {
         let tenant: TenantId = store.ensure_tenant("t").await.unwrap();
         let id = CredentialId::generate();
-        let value_sealed = sealer.seal(b"ghp_secret", &credential_owner(&tenant, &id)).unwrap();
+        let value_sealed = sealer.seal(b"ghp_secret", &credential_owner(&tenant, &id)).await.unwrap();
         let new = NewCredential {
             id,
             tenant_id: tenant,

@@ -17,6 +17,7 @@ pub mod error;
 mod held;
 pub mod idempotency;
 pub mod interrupt;
+pub mod keyring;
 pub mod keys;
 pub mod metrics;
 pub mod nodes;
@@ -70,6 +71,9 @@ pub struct ServerConfig {
     /// keys, the idempotency fingerprint key). Created if missing only while the database
     /// holds nothing sealed; see [`keys::open_sealer`].
     pub key_file: PathBuf,
+    /// How long a data key unwrapped by a tenant's own key (BYOK) is kept in memory: a key
+    /// revoked in the tenant's KMS stops opening data at most this long after.
+    pub key_cache_ttl: std::time::Duration,
     /// How long audit events are kept (`None`: for ever).
     pub audit_retention: Option<std::time::Duration>,
     /// Whether credentials may name their hosts by wildcard (`*.example.com`).
@@ -105,8 +109,9 @@ pub struct AppState {
     session_locks: Arc<std::sync::Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>>,
     /// When each session was last used (idle timeouts).
     pub activity: Arc<activity::Activity>,
-    /// Seals credential values, session CA keys and the idempotency fingerprint key at rest.
-    pub sealer: Arc<space_keys::Sealer>,
+    /// Seals credential values and session CA keys (with their tenant's key) and the
+    /// idempotency fingerprint key (with the local key) at rest.
+    pub keys: Arc<keyring::Keyring>,
     /// State of the `Idempotency-Key` middleware.
     pub idempotency: idempotency::Idempotency,
     /// Whether credentials may name hosts by wildcard (see [`egress::validate_hosts`]).
@@ -176,7 +181,7 @@ pub async fn start(
     auth::bootstrap_admin_key(&store, &admin_key_file).await.map_err(context("creating the admin key"))?;
     let reconciler = Reconciler::new();
     let state = AppState {
-        store,
+        store: store.clone(),
         nodes,
         default_template: config.default_template.clone(),
         default_runtime: config.default_runtime,
@@ -185,7 +190,7 @@ pub async fn start(
         reconciler: reconciler.clone(),
         session_locks: Default::default(),
         activity: Default::default(),
-        sealer: Arc::new(sealer),
+        keys: Arc::new(keyring::Keyring::new(sealer, store.clone(), config.key_cache_ttl)),
         idempotency,
         allow_wildcard_credential_hosts: config.allow_wildcard_credential_hosts,
         watches: Default::default(),
@@ -197,6 +202,7 @@ pub async fn start(
     };
     api::template_uploads::remove_partial_uploads(&api::template_uploads::upload_dir(&config.data_dir));
     egress::spawn_audit_writers(&state);
+    keyring::spawn_forgetting(&state.keys);
     if let Some(retention) = config.audit_retention {
         egress::spawn_audit_retention(&state, retention);
     }

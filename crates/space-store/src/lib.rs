@@ -20,6 +20,7 @@ mod quotas;
 mod sealed;
 mod sessions;
 mod snapshots;
+mod tenant_keys;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
@@ -44,6 +45,7 @@ pub use quotas::{Demand, QuotaExceeded, QuotaLimit, counts_sandbox, counts_sessi
 pub use sealed::{SealedOwner, SealedValue};
 pub use sessions::{NewSandbox, NewSession, SandboxRecord, SessionFilter, SessionMeta, SessionRecord};
 pub use snapshots::{NewSnapshot, SnapshotPlace};
+pub use tenant_keys::TenantKeyRecord;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -62,6 +62,9 @@ export class DatabaseUnavailableError extends SpaceError {}
 /** The blob store could not take a snapshot, which stays on its node only: retry, or suspend
  * with `force` to keep it there. */
 export class BlobStoreUnavailableError extends SpaceError {}
+/** The tenant's own key (BYOK) cannot be used: its KMS refused (the key was disabled, revoked or
+ * deleted) or did not answer. The message names the key. */
+export class KeyUnavailableError extends SpaceError {}
 export class TimeoutError extends SpaceError {}
 export class InsufficientStorageError extends SpaceError {}
 
@@ -172,6 +175,7 @@ export const ERROR_CLASSES = {
   sandbox_unavailable: SandboxUnavailableError,
   database_unavailable: DatabaseUnavailableError,
   blob_store_unavailable: BlobStoreUnavailableError,
+  key_unavailable: KeyUnavailableError,
   snapshot_corrupt: SnapshotCorruptError,
   timeout: TimeoutError,
   storage_full: StorageFullError,
@@ -192,7 +196,7 @@ export const ERROR_STATUS: Record<string, number> = {
   payload_too_large: 413, build_failed: 422, uri_too_long: 414, headers_too_large: 431,
   limit_exceeded: 429, quota_exceeded: 429,
   internal: 500, feature_unavailable: 501, port_not_listening: 502, sandbox_unavailable: 503,
-  database_unavailable: 503, blob_store_unavailable: 503, timeout: 504,
+  database_unavailable: 503, blob_store_unavailable: 503, key_unavailable: 503, timeout: 504,
   storage_full: 507, disk_quota_exceeded: 507,
 };
 

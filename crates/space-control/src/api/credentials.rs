@@ -31,7 +31,8 @@ fn check_expiry(expires_at: i64) -> AppResult<()> {
 
 /// Stores a credential. Its value is sealed at rest and never shown again.
 #[utoipa::path(post, path = "/v1/credentials", request_body = CreateCredentialRequest,
-    responses((status = 201, body = Credential), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 201, body = Credential), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
 pub async fn create_credential(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -51,10 +52,8 @@ pub async fn create_credential(
         validate_env_name(name)?;
     }
     let id = CredentialId::generate();
-    let value_sealed = state
-        .sealer
-        .seal(request.value.as_bytes(), &credential_owner(&caller.tenant_id, &id))
-        .map_err(|e| AppError::internal(e.to_string()))?;
+    let value_sealed =
+        state.keys.seal(&caller.tenant_id, request.value.as_bytes(), &credential_owner(&caller.tenant_id, &id)).await?;
     let new = NewCredential {
         id,
         tenant_id: caller.tenant_id.clone(),
@@ -103,7 +102,8 @@ pub async fn get_credential(
 /// use the change from their next request.
 #[utoipa::path(patch, path = "/v1/credentials/{name}", params(("name" = String, Path)),
     request_body = UpdateCredentialRequest,
-    responses((status = 200, body = Credential), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = Credential), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
 pub async fn update_credential(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -122,8 +122,7 @@ pub async fn update_credential(
     if let Some(value) = &request.value {
         validate_value(value)?;
         let owner = credential_owner(&caller.tenant_id, &current.credential.id);
-        change.value_sealed =
-            Some(state.sealer.seal(value.as_bytes(), &owner).map_err(|e| AppError::internal(e.to_string()))?);
+        change.value_sealed = Some(state.keys.seal(&caller.tenant_id, value.as_bytes(), &owner).await?);
     }
     change.expires_at = match request.expires_at {
         Some(0) => Some(None),

@@ -19,6 +19,7 @@ mod system;
 mod template_builds;
 pub(crate) mod template_uploads;
 mod templates;
+mod tenant_keys;
 mod tenants;
 pub(crate) mod usage;
 mod ws;
@@ -50,6 +51,7 @@ pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
     paths(
         system::health, system::status, system::create_key, system::list_keys, system::revoke_key,
         system::rotate_key, system::get_operation, tenants::set_quota, tenants::get_quota,
+        tenant_keys::set_tenant_key, tenant_keys::get_tenant_key, tenant_keys::rotate_tenant_key,
         sessions::create_session, sessions::list_sessions, sessions::get_session,
         sessions::destroy_session, sessions::session_events, sessions::update_session,
         exec::exec, exec::exec_ws, exec::list_processes, exec::signal_process, exec::attach_ws,
@@ -166,6 +168,8 @@ pub fn router(state: AppState) -> Router {
         .route("/keys/{id}", axum::routing::delete(system::revoke_key))
         .route("/keys/{id}/rotate", post(system::rotate_key))
         .route("/tenants/{tenant}/quota", get(tenants::get_quota))
+        .route("/tenants/{tenant}/key", get(tenant_keys::get_tenant_key).put(tenant_keys::set_tenant_key))
+        .route("/tenants/{tenant}/key/rotate", post(tenant_keys::rotate_tenant_key))
         .route_layer(idempotent());
     let authed = tenant
         .merge(admin)

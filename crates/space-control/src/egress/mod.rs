@@ -12,12 +12,12 @@ use space_api::egress::{AuditEvent, NetworkPolicy};
 use space_api::error::echo;
 use space_api::{CredentialId, ErrorCode, Session, SessionId, SessionState, TenantId};
 use space_gateway::{Grant, SessionCa, SessionEgress, placeholder_for};
-use space_keys::Sealer;
 use space_node_api::EgressControl;
 use space_store::{CredentialRecord, NewSession, NewSessionEgress, SessionEgressRecord, Store};
 
 use crate::AppState;
 use crate::error::{AppError, AppResult};
+use crate::keyring::Keyring;
 
 /// Audit events written per transaction at most.
 const AUDIT_BATCH: usize = 512;
@@ -46,12 +46,12 @@ const RESERVED_HEADERS: [&str; 9] = [
     "proxy-connection",
 ];
 
-/// What pushing a session's egress needs: the store, the sealer and the nodes' gateways.
+/// What pushing a session's egress needs: the store, the keys and the nodes' gateways.
 /// Apart from [`AppState`] so that it works without a node.
 #[derive(Clone, Copy)]
 pub struct Egress<'a> {
     pub store: &'a Store,
-    pub sealer: &'a Sealer,
+    pub keys: &'a Keyring,
     pub gateways: &'a dyn Gateways,
 }
 
@@ -78,7 +78,7 @@ impl Gateways for crate::nodes::Nodes {
 
 impl AppState {
     pub fn egress(&self) -> Egress<'_> {
-        Egress { store: &self.store, sealer: &self.sealer, gateways: &self.nodes }
+        Egress { store: &self.store, keys: &self.keys, gateways: &self.nodes }
     }
 }
 
@@ -114,10 +114,6 @@ pub fn credential_not_found(name: &str) -> AppError {
             echo(name)
         ),
     )
-}
-
-fn key_error(e: space_keys::KeyError) -> AppError {
-    AppError::internal(e.to_string())
 }
 
 /// Letters, digits, `-`, `_`, `.`; starts with a letter or digit; at most 64.
@@ -286,12 +282,19 @@ fn render(credential: &space_api::egress::Credential, secret: &str) -> AppResult
     Ok((name, template.replace("{secret}", secret)))
 }
 
+/// `e` with what it was about in front, keeping its code (a key that is unavailable stays
+/// `key_unavailable`).
+fn about(what: &str, e: AppError) -> AppError {
+    AppError::new(e.0.code, format!("{what}: {}", e.0.message))
+}
+
 /// Unseals a credential into what the gateway injects.
-fn grant_of(sealer: &Sealer, record: &CredentialRecord) -> AppResult<Grant> {
+async fn grant_of(keys: &Keyring, record: &CredentialRecord) -> AppResult<Grant> {
     let c = &record.credential;
-    let value = sealer
+    let value = keys
         .open(&record.value_sealed, &credential_owner(&record.tenant_id, &c.id))
-        .map_err(|e| AppError::internal(format!("credential {:?}: {e}", c.name)))?;
+        .await
+        .map_err(|e| about(&format!("credential {:?}", c.name), e))?;
     let secret = String::from_utf8(value.to_vec())
         .map_err(|_| AppError::internal(format!("credential {:?}: the stored value is not text", c.name)))?;
     let (header_name, header_value) = render(c, &secret)?;
@@ -308,18 +311,28 @@ fn grant_of(sealer: &Sealer, record: &CredentialRecord) -> AppResult<Grant> {
     })
 }
 
-/// A new CA for `session`, and its key sealed for it.
-fn new_ca(sealer: &Sealer, session: &SessionId) -> AppResult<(SessionCa, Vec<u8>)> {
+/// Unseals every one of `records`, or fails with the first that does not open.
+async fn grants_of(keys: &Keyring, records: &[CredentialRecord]) -> AppResult<Vec<Grant>> {
+    let mut grants = Vec::with_capacity(records.len());
+    for record in records {
+        grants.push(grant_of(keys, record).await?);
+    }
+    Ok(grants)
+}
+
+/// A new CA for `session` of `tenant`, and its key sealed for it with the tenant's key.
+async fn new_ca(keys: &Keyring, tenant: &TenantId, session: &SessionId) -> AppResult<(SessionCa, Vec<u8>)> {
     let ca = SessionCa::generate(session)
         .map_err(|e| AppError::internal(format!("cannot create the session's certificate authority: {e}")))?;
-    let sealed = sealer.seal(ca.key_pem.as_bytes(), &ca_owner(session)).map_err(key_error)?;
+    let sealed = keys.seal(tenant, ca.key_pem.as_bytes(), &ca_owner(session)).await?;
     Ok((ca, sealed))
 }
 
-fn open_ca(sealer: &Sealer, session: &SessionId, cert: &str, key_sealed: &[u8]) -> AppResult<SessionCa> {
-    let key = sealer
+async fn open_ca(keys: &Keyring, session: &SessionId, cert: &str, key_sealed: &[u8]) -> AppResult<SessionCa> {
+    let key = keys
         .open(key_sealed, &ca_owner(session))
-        .map_err(|e| AppError::internal(format!("session {session}'s certificate authority: {e}")))?;
+        .await
+        .map_err(|e| about(&format!("session {session}'s certificate authority"), e))?;
     let key_pem = String::from_utf8(key.to_vec())
         .map_err(|_| AppError::internal(format!("session {session}'s CA key is not PEM")))?;
     Ok(SessionCa { cert_pem: cert.to_owned(), key_pem })
@@ -369,8 +382,8 @@ pub async fn insert_new_session(
     }
     let records = resolve_grants(state, &new.tenant_id, grants).await?;
     add_placeholders(&mut new.env, &records);
-    let (ca, key_sealed) = new_ca(&state.sealer, &new.id)?;
-    let gateway_grants = records.iter().map(|r| grant_of(&state.sealer, r)).collect::<AppResult<Vec<_>>>()?;
+    let (ca, key_sealed) = new_ca(&state.keys, &new.tenant_id, &new.id).await?;
+    let gateway_grants = grants_of(&state.keys, &records).await?;
     let stored = NewSessionEgress {
         egress: SessionEgressRecord {
             policy: policy.clone(),
@@ -420,14 +433,15 @@ impl Egress<'_> {
         let record =
             self.store.session_egress(parent).await?.ok_or_else(|| AppError::session_not_found(parent.as_str()))?;
         let ca = match (&record.ca_cert, &record.ca_key_sealed) {
-            (Some(cert), Some(key)) => open_ca(self.sealer, parent, cert, key)?,
-            _ => new_ca(self.sealer, parent)?.0,
+            (Some(cert), Some(key)) => open_ca(self.keys, parent, cert, key).await?,
+            _ => SessionCa::generate(parent)
+                .map_err(|e| AppError::internal(format!("cannot create the session's certificate authority: {e}")))?,
         };
         let grants = self.store.session_grants(parent).await?;
-        let gateway_grants = grants.iter().map(|r| grant_of(self.sealer, r)).collect::<AppResult<Vec<_>>>()?;
+        let gateway_grants = grants_of(self.keys, &grants).await?;
         let mut stored = Vec::new();
         for new in news {
-            let key_sealed = self.sealer.seal(ca.key_pem.as_bytes(), &ca_owner(&new.id)).map_err(key_error)?;
+            let key_sealed = self.keys.seal(&new.tenant_id, ca.key_pem.as_bytes(), &ca_owner(&new.id)).await?;
             stored.push(NewSessionEgress {
                 egress: SessionEgressRecord {
                     policy: record.policy.clone(),
@@ -509,11 +523,11 @@ impl Egress<'_> {
         }
         let egress =
             self.store.session_egress(session).await?.ok_or_else(|| AppError::session_not_found(session.as_str()))?;
-        let ca = self.ca(session, &egress).await?;
+        let ca = self.ca(&record.tenant_id, session, &egress).await?;
         let mut grants = Vec::new();
         let mut left_out = Vec::new();
         for record in self.store.session_grants(session).await? {
-            match grant_of(self.sealer, &record) {
+            match grant_of(self.keys, &record).await {
                 Ok(grant) => grants.push(grant),
                 Err(e) => {
                     tracing::warn!(%session, credential = %record.credential.name, error = %e, "credential left out of the session's egress");
@@ -526,13 +540,13 @@ impl Egress<'_> {
     }
 
     /// The session's CA, unsealed; sessions made before egress existed get theirs now.
-    async fn ca(self, session: &SessionId, egress: &SessionEgressRecord) -> AppResult<SessionCa> {
+    async fn ca(self, tenant: &TenantId, session: &SessionId, egress: &SessionEgressRecord) -> AppResult<SessionCa> {
         if let (Some(cert), Some(key)) = (&egress.ca_cert, &egress.ca_key_sealed) {
-            return open_ca(self.sealer, session, cert, key);
+            return open_ca(self.keys, session, cert, key).await;
         }
-        let (ca, sealed) = new_ca(self.sealer, session)?;
+        let (ca, sealed) = new_ca(self.keys, tenant, session).await?;
         match self.store.set_session_ca_if_missing(session, &ca.cert_pem, &sealed).await? {
-            Some((cert, key)) if cert != ca.cert_pem => open_ca(self.sealer, session, &cert, &key),
+            Some((cert, key)) if cert != ca.cert_pem => open_ca(self.keys, session, &cert, &key).await,
             _ => Ok(ca),
         }
     }
@@ -543,10 +557,10 @@ impl Egress<'_> {
     /// session that cannot be unsealed are left out as always (and logged): they do not undo
     /// this one, which is in effect.
     pub async fn grant(self, session: &SessionId, record: &CredentialRecord) -> AppResult<()> {
-        grant_of(self.sealer, record)?;
+        grant_of(self.keys, record).await?;
         let egress =
             self.store.session_egress(session).await?.ok_or_else(|| AppError::session_not_found(session.as_str()))?;
-        self.ca(session, &egress).await?;
+        self.ca(&record.tenant_id, session, &egress).await?;
         self.store.grant(session, &record.credential).await?;
         self.push(session).await?;
         Ok(())

@@ -1,6 +1,7 @@
 //! The egress control plane without a node: stores, sealers and a gateway in-process.
 
 use space_gateway::Gateway;
+use space_keys::Sealer;
 
 use super::*;
 
@@ -99,6 +100,8 @@ impl Gateways for Gateway {
 struct Fixture {
     _dir: tempfile::TempDir,
     store: Store,
+    keys: Keyring,
+    /// The server's local key (in `keys`).
     sealer: Sealer,
     /// Another key file: what it sealed the server's key cannot open.
     lost: Sealer,
@@ -115,16 +118,17 @@ impl Fixture {
         let (audit, _) = tokio::sync::mpsc::unbounded_channel();
         let gateway = Gateway::new(Default::default(), audit).unwrap();
         let tenant = store.ensure_tenant("t").await.unwrap();
-        Fixture { _dir: dir, store, sealer, lost, gateway, tenant }
+        let keys = Keyring::new(sealer.clone(), store.clone(), std::time::Duration::ZERO);
+        Fixture { _dir: dir, store, keys, sealer, lost, gateway, tenant }
     }
 
     fn egress(&self) -> Egress<'_> {
-        Egress { store: &self.store, sealer: &self.sealer, gateways: &*self.gateway }
+        Egress { store: &self.store, keys: &self.keys, gateways: &*self.gateway }
     }
 
     async fn credential(&self, sealer: &Sealer, name: &str) -> CredentialRecord {
         let id = CredentialId::generate();
-        let value_sealed = sealer.seal(b"ghp_secret", &credential_owner(&self.tenant, &id)).unwrap();
+        let value_sealed = sealer.seal(b"ghp_secret", &credential_owner(&self.tenant, &id)).await.unwrap();
         let new = space_store::NewCredential {
             id,
             tenant_id: self.tenant.clone(),
@@ -159,7 +163,8 @@ impl Fixture {
     async fn session(&self, ca_sealer: &Sealer) -> SessionId {
         let new = self.new_session();
         let id = new.id.clone();
-        let (ca, ca_key_sealed) = new_ca(ca_sealer, &id).unwrap();
+        let ca = SessionCa::generate(&id).unwrap();
+        let ca_key_sealed = ca_sealer.seal(ca.key_pem.as_bytes(), &ca_owner(&id)).await.unwrap();
         let egress = SessionEgressRecord {
             policy: NetworkPolicy::default(),
             ca_cert: Some(ca.cert_pem),
@@ -262,7 +267,7 @@ async fn revoking_a_parents_grant_revokes_it_from_its_forks_unless_detached() {
 async fn the_gateway_grant_carries_the_credential_id() {
     let f = Fixture::new().await;
     let record = f.credential(&f.sealer, "gh").await;
-    assert_eq!(grant_of(&f.sealer, &record).unwrap().credential_id, record.credential.id);
+    assert_eq!(grant_of(&f.keys, &record).await.unwrap().credential_id, record.credential.id);
 }
 
 #[tokio::test]

@@ -309,6 +309,7 @@ async fn serve(data_dir: std::path::PathBuf, nodes: Vec<Arc<dyn space_node_api::
     let metrics_url = format!("http://{}", metrics.local_addr().expect("the port"));
     let config = ServerConfig {
         key_file: data_dir.join("keys/master.key"),
+        key_cache_ttl: std::time::Duration::ZERO,
         database: database(&data_dir).await,
         data_dir,
         listen: listener.local_addr().expect("the port"),

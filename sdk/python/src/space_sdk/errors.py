@@ -41,6 +41,7 @@ __all__ = [
     "SandboxUnavailableError",
     "DatabaseUnavailableError",
     "BlobStoreUnavailableError",
+    "KeyUnavailableError",
     "InternalServerError",
     "TimeoutError",
     "CommandExitError",
@@ -187,6 +188,12 @@ class BlobStoreUnavailableError(SpaceError):
     its node only. Retry, or suspend with ``force=True`` to keep it there."""
 
 
+class KeyUnavailableError(SpaceError):
+    """503 ``key_unavailable``: the tenant's own key (BYOK) cannot be used: its KMS refused
+    (the key was disabled, revoked or deleted) or did not answer. The message names the key;
+    what was sealed with it opens again once the key is usable."""
+
+
 class InternalServerError(SpaceError):
     """500: a fault of the server; the message says what failed."""
 
@@ -259,6 +266,7 @@ CODE_CLASSES: Dict[str, Tuple[Type[SpaceError], int]] = {
     "sandbox_unavailable": (SandboxUnavailableError, 503),
     "database_unavailable": (DatabaseUnavailableError, 503),
     "blob_store_unavailable": (BlobStoreUnavailableError, 503),
+    "key_unavailable": (KeyUnavailableError, 503),
     "storage_full": (StorageFullError, 507),
     "disk_quota_exceeded": (DiskQuotaExceededError, 507),
     "timeout": (TimeoutError, 504),

@@ -1027,6 +1027,52 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants/{tenant}/key": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A tenant's key: the admin may read any tenant's, a tenant its own. Never the token. */
+        get: operations["get_tenant_key"];
+        /**
+         * Sets the key that protects what is sealed for a tenant (its credentials' values and its
+         *     sessions' CA keys) and re-wraps the data keys of everything already sealed under it, so
+         *     that the old key no longer opens any of it. An `openbao` key is tried (a data key wrapped
+         *     and unwrapped) before anything changes: 503 `key_unavailable` if the KMS refuses or does
+         *     not answer, 400 for settings that cannot name a key. `local` goes back to the server's key.
+         */
+        put: operations["set_tenant_key"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/tenants/{tenant}/key/rotate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * After the tenant's key was rotated in its KMS: re-wraps the data key of everything sealed
+         *     for the tenant under the key's newest version (the data is not re-encrypted), and moves
+         *     what is still under an older key of the tenant's to the current one. Then the KMS may
+         *     retire the old versions (`min_decryption_version`).
+         */
+        post: operations["rotate_tenant_key"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tenants/{tenant}/quota": {
         parameters: {
             query?: never;
@@ -1360,10 +1406,10 @@ export interface components {
             error: components["schemas"]["ErrorDetail"];
         };
         /**
-         * @description Stable machine-readable error codes; never renamed once released. Each is answered with one HTTP status: 400: bad_request, unknown_template, runtime_unavailable, not_a_directory, is_a_directory, directory_not_empty, port_reserved; 401: unauthorized, key_revoked, key_expired; 403: forbidden, permission_denied; 404: not_found, snapshot_not_found, credential_not_found, file_not_found, no_such_process; 405: method_not_allowed; 408: request_timeout; 409: conflict, invalid_state, session_suspended, idempotency_conflict, snapshot_corrupt, file_exists; 413: payload_too_large; 414: uri_too_long; 422: build_failed; 429: limit_exceeded, quota_exceeded; 431: headers_too_large; 500: internal; 501: feature_unavailable; 502: port_not_listening; 503: blob_store_unavailable, sandbox_unavailable, database_unavailable; 504: timeout; 507: storage_full, disk_quota_exceeded.
+         * @description Stable machine-readable error codes; never renamed once released. Each is answered with one HTTP status: 400: bad_request, unknown_template, runtime_unavailable, not_a_directory, is_a_directory, directory_not_empty, port_reserved; 401: unauthorized, key_revoked, key_expired; 403: forbidden, permission_denied; 404: not_found, snapshot_not_found, credential_not_found, file_not_found, no_such_process; 405: method_not_allowed; 408: request_timeout; 409: conflict, invalid_state, session_suspended, idempotency_conflict, snapshot_corrupt, file_exists; 413: payload_too_large; 414: uri_too_long; 422: build_failed; 429: limit_exceeded, quota_exceeded; 431: headers_too_large; 500: internal; 501: feature_unavailable; 502: port_not_listening; 503: blob_store_unavailable, sandbox_unavailable, database_unavailable, key_unavailable; 504: timeout; 507: storage_full, disk_quota_exceeded.
          * @enum {string}
          */
-        ErrorCode: "bad_request" | "unauthorized" | "key_revoked" | "key_expired" | "forbidden" | "not_found" | "conflict" | "invalid_state" | "session_suspended" | "idempotency_conflict" | "payload_too_large" | "unknown_template" | "runtime_unavailable" | "snapshot_not_found" | "snapshot_corrupt" | "blob_store_unavailable" | "credential_not_found" | "feature_unavailable" | "sandbox_unavailable" | "database_unavailable" | "file_not_found" | "file_exists" | "not_a_directory" | "is_a_directory" | "directory_not_empty" | "permission_denied" | "no_such_process" | "timeout" | "internal" | "method_not_allowed" | "request_timeout" | "uri_too_long" | "headers_too_large" | "limit_exceeded" | "storage_full" | "disk_quota_exceeded" | "port_not_listening" | "port_reserved" | "quota_exceeded" | "build_failed";
+        ErrorCode: "bad_request" | "unauthorized" | "key_revoked" | "key_expired" | "forbidden" | "not_found" | "conflict" | "invalid_state" | "session_suspended" | "idempotency_conflict" | "payload_too_large" | "unknown_template" | "runtime_unavailable" | "snapshot_not_found" | "snapshot_corrupt" | "blob_store_unavailable" | "credential_not_found" | "feature_unavailable" | "sandbox_unavailable" | "database_unavailable" | "file_not_found" | "file_exists" | "not_a_directory" | "is_a_directory" | "directory_not_empty" | "permission_denied" | "no_such_process" | "timeout" | "internal" | "method_not_allowed" | "request_timeout" | "uri_too_long" | "headers_too_large" | "limit_exceeded" | "storage_full" | "disk_quota_exceeded" | "port_not_listening" | "port_reserved" | "quota_exceeded" | "build_failed" | "key_unavailable";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
@@ -1509,6 +1555,12 @@ export interface components {
         KeyList: {
             keys: components["schemas"]["ApiKey"][];
         };
+        /**
+         * @description Who holds the key that protects what is sealed for a tenant (its credentials' values and
+         *     its sessions' CA keys).
+         * @enum {string}
+         */
+        KeyProviderKind: "local" | "openbao";
         /**
          * @description What a session's maximum age does to it.
          * @enum {string}
@@ -1993,6 +2045,22 @@ export interface components {
              */
             size: number;
         };
+        /**
+         * @description Sets a tenant's key (`PUT /v1/tenants/{tenant}/key`). For `openbao`, `address` and `key`
+         *     are required, and `token` must allow `update` on `MOUNT/encrypt/KEY`, `MOUNT/decrypt/KEY`
+         *     and `MOUNT/rewrap/KEY`; it is stored sealed and never returned.
+         */
+        SetTenantKeyRequest: {
+            /** @description `http(s)://HOST[:PORT]` of the KMS. */
+            address?: string | null;
+            /** @description The transit key's name. */
+            key?: string | null;
+            /** @description Where the transit engine is mounted; default `transit`. */
+            mount?: string | null;
+            provider: components["schemas"]["KeyProviderKind"];
+            /** @description The token space uses for the key. */
+            token?: string | null;
+        };
         SignalRequest: {
             /**
              * Format: int32
@@ -2198,6 +2266,35 @@ export interface components {
         TemplateScope: "global" | "own";
         /** @description A tenant id. */
         TenantId: string;
+        /** @description A tenant's key (never the token that lets space use it). */
+        TenantKey: {
+            address?: string | null;
+            /**
+             * Format: int64
+             * @description Unix time in milliseconds the key was set; `null` for the local key.
+             */
+            created_at?: number | null;
+            id?: null | components["schemas"]["TenantKeyId"];
+            key?: string | null;
+            mount?: string | null;
+            provider: components["schemas"]["KeyProviderKind"];
+            /**
+             * Format: int64
+             * @description After a set or a rotation: how many sealed values now have their data keys wrapped
+             *     by this key (their data is not re-encrypted).
+             */
+            rewrapped?: number | null;
+            /**
+             * Format: int64
+             * @description After a set or a rotation: sealed values that changed meanwhile and were left as they
+             *     were (still readable; set or rotate again to move them).
+             */
+            skipped?: number | null;
+            tenant: string;
+            tenant_id: components["schemas"]["TenantId"];
+        };
+        /** @description A tenant key id. */
+        TenantKeyId: string;
         /** @description A tenant's quota and what it uses of it (`GET /v1/tenants/{tenant}/quota`). */
         TenantQuota: {
             /** Format: double */
@@ -2387,7 +2484,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2553,6 +2650,23 @@ export interface operations {
                      *       "error": {
                      *         "code": "internal",
                      *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "blob_store_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
                      */
@@ -2793,6 +2907,23 @@ export interface operations {
                      *       "error": {
                      *         "code": "internal",
                      *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "blob_store_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
                      */
@@ -3460,7 +3591,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4138,7 +4269,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4745,7 +4876,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4867,7 +4998,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5009,7 +5140,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5153,7 +5284,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5318,7 +5449,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5478,7 +5609,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5625,7 +5756,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5790,7 +5921,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5950,7 +6081,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6116,7 +6247,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6248,7 +6379,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6338,7 +6469,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6530,7 +6661,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6636,7 +6767,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6892,7 +7023,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6980,7 +7111,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7194,7 +7325,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7317,7 +7448,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7448,7 +7579,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7597,7 +7728,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7737,7 +7868,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7976,7 +8107,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -8154,7 +8285,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -8243,7 +8374,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -8389,7 +8520,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -8620,7 +8751,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -8743,7 +8874,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable`; `error.message` says what to do. */
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -9385,6 +9516,277 @@ export interface operations {
                      *       "error": {
                      *         "code": "internal",
                      *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_tenant_key: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantKey"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    set_tenant_key: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SetTenantKeyRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantKey"];
+                };
+            };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "blob_store_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    rotate_tenant_key: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantKey"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "blob_store_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
                      *       }
                      *     }
                      */

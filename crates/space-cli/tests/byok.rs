@@ -1,0 +1,219 @@
+//! A tenant's own key (BYOK) end to end, against a real OpenBao server (scripts/with-openbao.sh
+//! starts one; scripts/test.sh runs this test under it, and without it the test fails): the
+//! tenant's credentials and session CA keys are re-wrapped under its transit key; revoking
+//! space's access in the KMS makes creates that must unseal or seal fail with
+//! `key_unavailable` naming the key, while running sessions keep their injected credentials;
+//! restoring access brings everything back; a rotation in the KMS is followed by re-wrapping
+//! (after which the old key version can be retired); going back to the local key needs the
+//! KMS no more; a restart opens the tenant's data from the stored key.
+
+mod common;
+
+use common::Server;
+use common::upstream::{Upstream, random_hex};
+use serde_json::{Value, json};
+
+/// The server and a root token for it; set up by scripts/with-openbao.sh.
+fn openbao() -> (String, String) {
+    let var = |name: &str| {
+        std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| {
+            panic!("{name} is not set: run this test under scripts/with-openbao.sh (scripts/test.sh does)")
+        })
+    };
+    (var("SPACE_TEST_OPENBAO_ADDR"), var("SPACE_TEST_OPENBAO_TOKEN"))
+}
+
+/// Calls the OpenBao API as root with curl (the KMS's operator, not space).
+fn bao(method: &str, path: &str, body: Value) -> Value {
+    let (address, root) = openbao();
+    let out = common::curl(&[
+        "-sS",
+        "-X",
+        method,
+        "-H",
+        &format!("X-Vault-Token: {root}"),
+        "-d",
+        &body.to_string(),
+        "-w",
+        "\n%{http_code}",
+        &format!("{address}/v1/{path}"),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    assert!(code.starts_with('2'), "{method} {path}: {code} {body}");
+    serde_json::from_str(body).unwrap_or(Value::Null)
+}
+
+/// Lets the token's policy use the key, or takes that away (the customer revoking space).
+fn allow(key: &str, allowed: bool) {
+    let rules = if allowed {
+        ["encrypt", "decrypt", "rewrap"]
+            .map(|op| format!("path \"transit/{op}/{key}\" {{ capabilities = [\"update\"] }}\n"))
+            .concat()
+    } else {
+        "path \"nothing\" { capabilities = [\"deny\"] }".to_owned()
+    };
+    bao("PUT", &format!("sys/policies/acl/{key}"), json!({ "policy": rules }));
+}
+
+struct Env {
+    server: Server,
+    up: Upstream,
+    /// The tenant's API key.
+    tenant: String,
+}
+
+impl Env {
+    fn create_session(&self, grants: &[&str]) -> (u16, Value) {
+        let body = json!({ "template": "debian", "memory_mib": 512, "grants": grants });
+        self.server.call_as(&self.tenant, "POST", "/v1/sessions", Some(body))
+    }
+
+    fn session(&self, grants: &[&str]) -> String {
+        let (status, r) = self.create_session(grants);
+        assert_eq!(status, 201, "{r}");
+        r["id"].as_str().unwrap().to_owned()
+    }
+
+    /// The `Authorization` header the upstream got for a request to `path` from `id`.
+    fn injected(&self, id: &str, path: &str) -> Option<String> {
+        let script = format!("curl -sS -o /dev/null -w '%{{http_code}}' --max-time 15 https://granted.test{path}");
+        let body = json!({ "cmd": ["sh", "-c", script], "timeout_ms": 60_000 });
+        let (status, r) = self.server.call_as(&self.tenant, "POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(r["stdout"], "200", "{r}");
+        self.up.request_to(path).header("authorization").map(str::to_owned)
+    }
+
+    fn key_unavailable(&self, (status, r): (u16, Value), key: &str) {
+        assert_eq!(status, 503, "{r}");
+        assert_eq!(r["error"]["code"], "key_unavailable", "{r}");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(message.contains(key) && message.contains("403") && message.contains("re-enable"), "{message}");
+    }
+
+    /// The key refs the tenant's sealed values name, from the database.
+    fn sealed_refs(&self) -> String {
+        let script = "import sqlite3, sys\n\
+            db = sqlite3.connect(sys.argv[1])\n\
+            rows = db.execute('SELECT value_sealed FROM credentials').fetchall()\n\
+            rows += db.execute(\"SELECT ca_key_sealed FROM sessions WHERE ca_key_sealed IS NOT NULL AND state <> 'destroyed'\").fetchall()\n\
+            print(' '.join(bytes(r[0][2:2 + r[0][1]]).decode() for r in rows))";
+        let db = self.server.data_dir.join("space.db");
+        let out = std::process::Command::new("python3").args(["-c", script]).arg(&db).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+#[test]
+fn a_tenants_own_key_seals_its_secrets_and_revoking_it_stops_their_use() {
+    require_root!();
+    let key = format!("space-byok-{}", random_hex(6));
+    bao("POST", &format!("transit/keys/{key}"), json!({}));
+    allow(&key, true);
+    let token = bao("POST", "auth/token/create", json!({ "policies": [key], "ttl": "2h" }))["auth"]["client_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let up = Upstream::start(&["granted.test"]);
+    let mut flags = vec!["--pool".to_owned(), String::new(), "--key-cache-ttl".into(), "0".into()];
+    flags.extend(up.serve_flags());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let server = Server::start_with(&flags);
+    let out = server.cli(&["template", "build", "debian"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let tenant = server.tenant_key("acme");
+    let env = Env { server, up, tenant };
+
+    // A credential and a session made under the local key, then the tenant's key set: both
+    // are re-wrapped (the admin sets it; the token comes on stdin and is never shown).
+    let secret = format!("sk-byok-{}", random_hex(16));
+    let body =
+        json!({ "name": "gh", "hosts": ["granted.test"], "header": "Authorization: Bearer {secret}", "value": secret });
+    let (status, r) = env.server.call_as(&env.tenant, "POST", "/v1/credentials", Some(body.clone()));
+    assert_eq!(status, 201, "{r}");
+    let before = env.session(&["gh"]);
+    assert_eq!(env.sealed_refs().split_whitespace().collect::<Vec<_>>(), ["local", "local"]);
+    let (address, _) = openbao();
+    let set = ["tenant", "key", "set", "acme", "--provider", "openbao", "--address", &address, "--key", &key, "--json"];
+    let out = env.server.cli_with_stdin(&set, Some(token.as_bytes()));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((shown["provider"].as_str(), shown["rewrapped"].as_u64()), (Some("openbao"), Some(2)), "{shown}");
+    let key_id = shown["id"].as_str().unwrap().to_owned();
+    let (status, r) = env.server.call_as(&env.tenant, "GET", "/v1/tenants/acme/key", None);
+    assert_eq!((status, r["key"].as_str()), (200, Some(key.as_str())), "{r}");
+    assert!(!r.to_string().contains(&token) && !shown.to_string().contains(&token), "the token was returned");
+    assert_eq!(env.sealed_refs().split_whitespace().collect::<Vec<_>>(), [key_id.as_str(), key_id.as_str()]);
+    let (status, r) = env.server.call_as(&env.server.tenant_key("other"), "GET", "/v1/tenants/acme/key", None);
+    assert_eq!((status, r["error"]["code"].as_str()), (404, Some("not_found")), "another tenant: {r}");
+
+    // In use: the re-wrapped value is injected, for the old session and a new one.
+    assert_eq!(env.injected(&before, "/before").as_deref(), Some(format!("Bearer {secret}").as_str()));
+    let running = env.session(&["gh"]);
+    assert_eq!(env.injected(&running, "/running").as_deref(), Some(format!("Bearer {secret}").as_str()));
+
+    // Revoked: nothing new is sealed or opened, each refusal naming the key; the running
+    // session keeps its credential (docs/byok.md: running sandboxes keep running).
+    allow(&key, false);
+    env.key_unavailable(env.create_session(&["gh"]), &key);
+    env.key_unavailable(env.create_session(&[]), &key);
+    let mut other = body.clone();
+    other["name"] = json!("npm");
+    env.key_unavailable(env.server.call_as(&env.tenant, "POST", "/v1/credentials", Some(other)), &key);
+    assert_eq!(env.injected(&running, "/still").as_deref(), Some(format!("Bearer {secret}").as_str()));
+
+    // Restored: everything works again, also after a restart (the token is read back).
+    allow(&key, true);
+    let mut env = env;
+    env.server.kill9();
+    env.server.spawn();
+    let after = env.session(&["gh"]);
+    assert_eq!(env.injected(&after, "/after").as_deref(), Some(format!("Bearer {secret}").as_str()));
+
+    // Rotated in the KMS, then re-wrapped: the old version can be retired.
+    bao("POST", &format!("transit/keys/{key}/rotate"), json!({}));
+    let out = env.server.cli(&["tenant", "key", "rotate", "acme", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rotated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(rotated["rewrapped"].as_u64() >= Some(4), "the credential and three sessions' CA keys: {rotated}");
+    bao("POST", &format!("transit/keys/{key}/config"), json!({ "min_decryption_version": 2 }));
+    let rotated_session = env.session(&["gh"]);
+    assert_eq!(env.injected(&rotated_session, "/rotated").as_deref(), Some(format!("Bearer {secret}").as_str()));
+
+    // Back to the local key: the KMS is needed no more.
+    let out = env.server.cli(&["tenant", "key", "set", "acme", "--provider", "local"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    allow(&key, false);
+    let local = env.session(&["gh"]);
+    assert_eq!(env.injected(&local, "/local").as_deref(), Some(format!("Bearer {secret}").as_str()));
+    assert!(env.sealed_refs().split_whitespace().all(|r| r == "local"), "{}", env.sealed_refs());
+}
+
+/// Bad settings are refused before anything changes: 400 for what cannot name a key, 503
+/// `key_unavailable` for a key the KMS refuses; the tenant stays on its key.
+#[test]
+fn unusable_key_settings_are_refused_and_change_nothing() {
+    require_root!();
+    let (address, _) = openbao();
+    let server = Server::start_with(&["--pool", ""]);
+    let tenant = server.tenant_key("acme");
+    let put = |body: Value| server.call_as(&tenant, "PUT", "/v1/tenants/acme/key", Some(body));
+    for body in [
+        json!({ "provider": "openbao", "address": address, "key": "k" }),
+        json!({ "provider": "openbao", "address": "ftp://x", "key": "k", "token": "t" }),
+        json!({ "provider": "openbao", "address": address, "key": "../sys", "token": "t" }),
+        json!({ "provider": "local", "token": "t" }),
+        json!({ "provider": "kms" }),
+    ] {
+        let (status, r) = put(body.clone());
+        assert_eq!((status, r["error"]["code"].as_str()), (400, Some("bad_request")), "{body}: {r}");
+    }
+    // A key that does not exist, and a token the KMS does not know.
+    let (status, r) = put(json!({ "provider": "openbao", "address": address, "key": "missing", "token": "s.bogus" }));
+    assert_eq!((status, r["error"]["code"].as_str()), (503, Some("key_unavailable")), "{r}");
+    let (status, r) = server.call_as(&tenant, "GET", "/v1/tenants/acme/key", None);
+    assert_eq!((status, r["provider"].as_str()), (200, Some("local")), "{r}");
+}

@@ -1,0 +1,182 @@
+//! Which key seals what: the server's local key file, and each tenant's own key in its KMS
+//! (BYOK, docs/byok.md). A sealed value names the key that wraps its data key (see
+//! [`space_keys::Sealer`]), so it is opened by that key whatever the tenant uses now; new
+//! values are sealed with the tenant's current key. Changing or rotating a tenant's key
+//! re-wraps the data keys of what is sealed for it, without re-encrypting the data.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use space_api::{ErrorCode, TenantId, TenantKeyId};
+use space_keys::{KeyError, LOCAL_KEY_REF, Sealer, TransitConfig, TransitKey, Zeroizing, key_ref_of};
+use space_store::{Store, TenantKeyRecord};
+
+use crate::error::{AppError, AppResult};
+
+/// The one provider tenant keys have so far.
+pub const OPENBAO: &str = "openbao";
+
+/// The local key and the tenants' keys, with their data-key caches.
+pub struct Keyring {
+    local: Sealer,
+    store: Store,
+    /// How long an unwrapped data key of a tenant key is kept (`space serve --key-cache-ttl`).
+    cache_ttl: Duration,
+    /// Sealers of tenant keys used so far, by id (a stored key never changes).
+    tenant_sealers: Mutex<HashMap<TenantKeyId, Sealer>>,
+}
+
+impl std::fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keyring")
+            .field("local", &self.local)
+            .field("cache_ttl", &self.cache_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The API error for a key that fails: an unusable key is `key_unavailable` (503), a bad
+/// setting 400, anything else a fault of the server.
+pub fn key_error(e: KeyError) -> AppError {
+    match e {
+        KeyError::Unavailable { .. } => AppError::new(ErrorCode::KeyUnavailable, e.to_string()),
+        KeyError::Config(_) => AppError::bad_request(e.to_string()),
+        e => AppError::internal(e.to_string()),
+    }
+}
+
+/// Associated data that binds a tenant key's sealed token to it.
+fn token_owner(key: &TenantKeyRecord) -> String {
+    format!("tenant-key-token/{}/{}", key.tenant_id, key.id)
+}
+
+impl Keyring {
+    pub fn new(local: Sealer, store: Store, cache_ttl: Duration) -> Keyring {
+        Keyring { local, store, cache_ttl, tenant_sealers: Mutex::new(HashMap::new()) }
+    }
+
+    /// The server's local key: what is not a tenant's (the database's canary, the
+    /// idempotency digest key, tenant keys' tokens) and tenants without a key of their own.
+    pub fn local(&self) -> &Sealer {
+        &self.local
+    }
+
+    /// A poisoned map is as good as any: entries are only inserted whole.
+    fn sealers(&self) -> std::sync::MutexGuard<'_, HashMap<TenantKeyId, Sealer>> {
+        self.tenant_sealers.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A sealer for a new tenant key (not stored yet): its transit settings and token.
+    pub fn transit_sealer(&self, id: &TenantKeyId, config: TransitConfig) -> AppResult<Sealer> {
+        let provider = TransitKey::new(config).map_err(key_error)?;
+        Sealer::new(id.as_str(), Arc::new(provider), self.cache_ttl).map_err(key_error)
+    }
+
+    /// `key` with its token sealed by the local key, to be stored.
+    pub async fn seal_token(&self, key: &TenantKeyRecord, token: &str) -> AppResult<Vec<u8>> {
+        self.local.seal(token.as_bytes(), &token_owner(key)).await.map_err(key_error)
+    }
+
+    async fn stored_sealer(&self, key: &TenantKeyRecord) -> AppResult<Sealer> {
+        if let Some(sealer) = self.sealers().get(&key.id) {
+            return Ok(sealer.clone());
+        }
+        let token = self.local.open(&key.token_sealed, &token_owner(key)).await.map_err(key_error)?;
+        let token = String::from_utf8(token.to_vec())
+            .map_err(|_| AppError::internal(format!("tenant key {}: its stored token is not text", key.id)))?;
+        let config = TransitConfig {
+            address: key.address.clone(),
+            mount: key.mount.clone(),
+            key: key.key_name.clone(),
+            token: Zeroizing::new(token),
+        };
+        let sealer = self.transit_sealer(&key.id, config)?;
+        self.sealers().insert(key.id.clone(), sealer.clone());
+        Ok(sealer)
+    }
+
+    /// The sealer of the key named `key_ref` (a sealed value's).
+    async fn by_ref(&self, key_ref: &str) -> AppResult<Sealer> {
+        if key_ref == LOCAL_KEY_REF {
+            return Ok(self.local.clone());
+        }
+        let id: TenantKeyId = key_ref
+            .parse()
+            .map_err(|_| AppError::internal(format!("a sealed value names an unknown key {key_ref:?}")))?;
+        if let Some(sealer) = self.sealers().get(&id) {
+            return Ok(sealer.clone());
+        }
+        let key = self
+            .store
+            .tenant_key(&id)
+            .await?
+            .ok_or_else(|| AppError::internal(format!("a sealed value names the key {id}, which is not stored")))?;
+        self.stored_sealer(&key).await
+    }
+
+    /// What new values of `tenant` are sealed with.
+    pub async fn sealer_for(&self, tenant: &TenantId) -> AppResult<Sealer> {
+        match self.store.current_tenant_key(tenant).await? {
+            Some(key) => self.stored_sealer(&key).await,
+            None => Ok(self.local.clone()),
+        }
+    }
+
+    /// Seals `plaintext` for `owner` with `tenant`'s key.
+    pub async fn seal(&self, tenant: &TenantId, plaintext: &[u8], owner: &str) -> AppResult<Vec<u8>> {
+        self.sealer_for(tenant).await?.seal(plaintext, owner).await.map_err(key_error)
+    }
+
+    /// Opens a value sealed by [`Keyring::seal`] (with whichever key it names).
+    pub async fn open(&self, sealed: &[u8], owner: &str) -> AppResult<Zeroizing<Vec<u8>>> {
+        let key_ref = key_ref_of(sealed).map_err(key_error)?;
+        self.by_ref(key_ref).await?.open(sealed, owner).await.map_err(key_error)
+    }
+
+    /// Re-wraps the data keys of what is sealed for `tenant` under `to`: those under other
+    /// keys, and with `rotate` those under `to` already (to its newest version). Returns how
+    /// many were re-wrapped and how many changed meanwhile and were left (they still open).
+    pub async fn rewrap_tenant(&self, tenant: &TenantId, to: &Sealer, rotate: bool) -> AppResult<(u64, u64)> {
+        let (mut rewrapped, mut skipped) = (0, 0);
+        for value in self.store.tenant_sealed_values(tenant).await? {
+            let key_ref = key_ref_of(&value.sealed).map_err(key_error)?;
+            if key_ref == to.key_ref() && !rotate {
+                continue;
+            }
+            let from = self.by_ref(key_ref).await?;
+            let new = from.rewrap(&value.sealed, to).await.map_err(key_error)?;
+            if self.store.replace_sealed(&value.owner, &value.sealed, &new).await? {
+                rewrapped += 1;
+            } else {
+                skipped += 1;
+            }
+        }
+        Ok((rewrapped, skipped))
+    }
+
+    /// Drops every data key kept longer than the cache's TTL (see [`Sealer::forget_expired`]).
+    pub fn forget_expired(&self) {
+        for sealer in self.sealers().values() {
+            sealer.forget_expired();
+        }
+    }
+}
+
+/// Drops expired data keys every half TTL, so that none stays in memory much longer than the
+/// TTL while nothing uses the cache.
+pub fn spawn_forgetting(keys: &Arc<Keyring>) {
+    if keys.cache_ttl.is_zero() {
+        return;
+    }
+    let keys = Arc::downgrade(keys);
+    tokio::spawn(async move {
+        loop {
+            let Some(keys) = keys.upgrade() else { return };
+            let every = (keys.cache_ttl / 2).max(Duration::from_millis(100));
+            keys.forget_expired();
+            drop(keys);
+            tokio::time::sleep(every).await;
+        }
+    });
+}
