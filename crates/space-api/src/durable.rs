@@ -6,6 +6,47 @@ use serde::{Deserialize, Serialize};
 
 use crate::SnapshotId;
 
+/// The data key a snapshot's objects are encrypted with in the blob store (docs/byok.md):
+/// made and kept sealed by the control plane, handed in clear only to the node that exports
+/// or imports the snapshot, over the node API. Never printed; zeroed when dropped.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ExportKey(zeroize::Zeroizing<[u8; 32]>);
+
+impl ExportKey {
+    pub fn new(bytes: [u8; 32]) -> ExportKey {
+        ExportKey(zeroize::Zeroizing::new(bytes))
+    }
+
+    pub fn bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ExportKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ExportKey(..)")
+    }
+}
+
+impl TryFrom<String> for ExportKey {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<ExportKey, String> {
+        let text = zeroize::Zeroizing::new(text);
+        let mut bytes = zeroize::Zeroizing::new([0u8; 32]);
+        hex::decode_to_slice(text.as_bytes(), &mut bytes[..])
+            .map_err(|_| "an export key is 64 hex digits".to_owned())?;
+        Ok(ExportKey(bytes))
+    }
+}
+
+impl From<ExportKey> for String {
+    fn from(key: ExportKey) -> String {
+        hex::encode(&key.0[..])
+    }
+}
+
 /// An object by its content.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct BlobRef {
@@ -39,6 +80,11 @@ pub struct SnapshotExport {
     pub images: Vec<ExportedFile>,
     #[serde(default)]
     pub spaced: Option<BlobRef>,
+    /// Whether the root's stream and the process images are encrypted (with an
+    /// [`ExportKey`]; the `spaced` binary is not tenant data and is not). Exports made before
+    /// encryption existed are not.
+    #[serde(default)]
+    pub encrypted: bool,
 }
 
 impl SnapshotExport {

@@ -5,11 +5,14 @@
 //! `key_unavailable` naming the key, while running sessions keep their injected credentials;
 //! restoring access brings everything back; a rotation in the KMS is followed by re-wrapping
 //! (after which the old key version can be retired); going back to the local key needs the
-//! KMS no more; a restart opens the tenant's data from the stored key.
+//! KMS no more; a restart opens the tenant's data from the stored key. And a tenant's
+//! suspended session in the blob store: encrypted (no plaintext of what its files and memory
+//! held), resumed on another node only while the key is usable.
 
 mod common;
 
 use common::Server;
+use common::nodes::ExtraNode;
 use common::upstream::{Upstream, random_hex};
 use serde_json::{Value, json};
 
@@ -56,6 +59,34 @@ fn allow(key: &str, allowed: bool) {
     bao("PUT", &format!("sys/policies/acl/{key}"), json!({ "policy": rules }));
 }
 
+/// A new transit key and a token of a policy that may use it: what a customer hands space.
+fn customer_key() -> (String, String) {
+    let key = format!("space-byok-{}", random_hex(6));
+    bao("POST", &format!("transit/keys/{key}"), json!({}));
+    allow(&key, true);
+    let token = bao("POST", "auth/token/create", json!({ "policies": [key], "ttl": "2h" }))["auth"]["client_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (key, token)
+}
+
+/// `space tenant key set TENANT --provider openbao …` with `token` on stdin.
+fn set_key(server: &Server, tenant: &str, key: &str, token: &str) -> Value {
+    let (address, _) = openbao();
+    let set = ["tenant", "key", "set", tenant, "--provider", "openbao", "--address", &address, "--key", key, "--json"];
+    let out = server.cli_with_stdin(&set, Some(token.as_bytes()));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn assert_key_unavailable((status, r): (u16, Value), key: &str) {
+    assert_eq!(status, 503, "{r}");
+    assert_eq!(r["error"]["code"], "key_unavailable", "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.contains(key) && message.contains("403") && message.contains("re-enable"), "{message}");
+}
+
 struct Env {
     server: Server,
     up: Upstream,
@@ -85,13 +116,6 @@ impl Env {
         self.up.request_to(path).header("authorization").map(str::to_owned)
     }
 
-    fn key_unavailable(&self, (status, r): (u16, Value), key: &str) {
-        assert_eq!(status, 503, "{r}");
-        assert_eq!(r["error"]["code"], "key_unavailable", "{r}");
-        let message = r["error"]["message"].as_str().unwrap();
-        assert!(message.contains(key) && message.contains("403") && message.contains("re-enable"), "{message}");
-    }
-
     /// The key refs the tenant's sealed values name, from the database.
     fn sealed_refs(&self) -> String {
         let script = "import sqlite3, sys\n\
@@ -109,13 +133,7 @@ impl Env {
 #[test]
 fn a_tenants_own_key_seals_its_secrets_and_revoking_it_stops_their_use() {
     require_root!();
-    let key = format!("space-byok-{}", random_hex(6));
-    bao("POST", &format!("transit/keys/{key}"), json!({}));
-    allow(&key, true);
-    let token = bao("POST", "auth/token/create", json!({ "policies": [key], "ttl": "2h" }))["auth"]["client_token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (key, token) = customer_key();
 
     let up = Upstream::start(&["granted.test"]);
     let mut flags = vec!["--pool".to_owned(), String::new(), "--key-cache-ttl".into(), "0".into()];
@@ -136,11 +154,7 @@ fn a_tenants_own_key_seals_its_secrets_and_revoking_it_stops_their_use() {
     assert_eq!(status, 201, "{r}");
     let before = env.session(&["gh"]);
     assert_eq!(env.sealed_refs().split_whitespace().collect::<Vec<_>>(), ["local", "local"]);
-    let (address, _) = openbao();
-    let set = ["tenant", "key", "set", "acme", "--provider", "openbao", "--address", &address, "--key", &key, "--json"];
-    let out = env.server.cli_with_stdin(&set, Some(token.as_bytes()));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown = set_key(&env.server, "acme", &key, &token);
     assert_eq!((shown["provider"].as_str(), shown["rewrapped"].as_u64()), (Some("openbao"), Some(2)), "{shown}");
     let key_id = shown["id"].as_str().unwrap().to_owned();
     let (status, r) = env.server.call_as(&env.tenant, "GET", "/v1/tenants/acme/key", None);
@@ -158,11 +172,11 @@ fn a_tenants_own_key_seals_its_secrets_and_revoking_it_stops_their_use() {
     // Revoked: nothing new is sealed or opened, each refusal naming the key; the running
     // session keeps its credential (docs/byok.md: running sandboxes keep running).
     allow(&key, false);
-    env.key_unavailable(env.create_session(&["gh"]), &key);
-    env.key_unavailable(env.create_session(&[]), &key);
+    assert_key_unavailable(env.create_session(&["gh"]), &key);
+    assert_key_unavailable(env.create_session(&[]), &key);
     let mut other = body.clone();
     other["name"] = json!("npm");
-    env.key_unavailable(env.server.call_as(&env.tenant, "POST", "/v1/credentials", Some(other)), &key);
+    assert_key_unavailable(env.server.call_as(&env.tenant, "POST", "/v1/credentials", Some(other)), &key);
     assert_eq!(env.injected(&running, "/still").as_deref(), Some(format!("Bearer {secret}").as_str()));
 
     // Restored: everything works again, also after a restart (the token is read back).
@@ -216,4 +230,83 @@ fn unusable_key_settings_are_refused_and_change_nothing() {
     assert_eq!((status, r["error"]["code"].as_str()), (503, Some("key_unavailable")), "{r}");
     let (status, r) = server.call_as(&tenant, "GET", "/v1/tenants/acme/key", None);
     assert_eq!((status, r["provider"].as_str()), (200, Some("local")), "{r}");
+}
+
+/// Every file under `dir` that holds `marker`.
+fn files_holding(dir: &std::path::Path, marker: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let (path, kind) = (entry.path(), entry.file_type().unwrap());
+            if kind.is_dir() {
+                pending.push(path);
+            } else if kind.is_file() && std::fs::read(&path).unwrap().windows(marker.len()).any(|w| w == marker) {
+                found.push(path.display().to_string());
+            }
+        }
+    }
+    found
+}
+
+/// Two nodes sharing a blob store (a directory): a tenant's session with a marker in a file
+/// and in a process's memory is suspended into the blob store, where no object holds the
+/// marker; its node cordoned, it resumes on the other node only while the tenant's key is
+/// usable (503 `key_unavailable` while it is revoked, the session still suspended), with its
+/// file and its process there.
+#[test]
+fn a_tenants_suspended_session_is_encrypted_in_the_blob_store_and_moves_only_with_its_key() {
+    require_root!();
+    let (key, token) = customer_key();
+    let blobs = tempfile::Builder::new().prefix("space-test-blobs-").tempdir_in("/var/tmp").unwrap();
+    let store = blobs.path().to_str().unwrap().to_owned();
+    let mut server = Server::start_split(&["--blob-store", &store, "--key-cache-ttl", "0"]);
+    let second = ExtraNode::start_with(&server, "2", &["--blob-store", &store]);
+    server.add_node(&second);
+    let tenant = server.tenant_key("acme");
+    set_key(&server, "acme", &key, &token);
+
+    let marker = format!("byok-marker-{}", random_hex(12));
+    let (status, r) = server.call_as(&tenant, "POST", "/v1/sessions", Some(json!({})));
+    assert_eq!(status, 201, "{r}");
+    let id = r["id"].as_str().unwrap().to_owned();
+    let exec = |body: Value| server.call_as(&tenant, "POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    // In a file, and in the memory of a process (its environment), never on a command line
+    // of the host: the value comes on stdin.
+    let script = "read m; echo $m > /root/marker; M=$m exec sleep 100000 < /dev/null > /dev/null 2>&1 &";
+    let (status, r) = exec(json!({ "cmd": ["sh", "-c", script], "stdin": format!("{marker}\n") }));
+    assert_eq!((status, r["exit_code"].as_i64()), (200, Some(0)), "{r}");
+    let (status, r) = server.call_as(&tenant, "POST", &format!("/v1/sessions/{id}/suspend"), Some(json!({})));
+    assert_eq!((status, r["state"].as_str()), (200, Some("suspended")), "{r}");
+    let placed = r["node"].as_str().map(str::to_owned);
+    let (_, list) = server.call_as(&tenant, "GET", &format!("/v1/sessions/{id}/snapshots"), None);
+    let snapshot = list["snapshots"].as_array().unwrap().last().cloned().unwrap();
+    assert_eq!((snapshot["kind"].as_str(), snapshot["durable"].as_bool()), (Some("full"), Some(true)), "{list}");
+    let holding = files_holding(blobs.path(), marker.as_bytes());
+    assert!(holding.is_empty(), "the blob store holds the marker in clear: {holding:?}");
+    // The search finds the marker where it is.
+    let known = tempfile::tempdir().unwrap();
+    std::fs::create_dir(known.path().join("deep")).unwrap();
+    std::fs::write(known.path().join("deep/known"), format!("before {marker} after")).unwrap();
+    assert_eq!(files_holding(known.path(), marker.as_bytes()).len(), 1, "the search does not work");
+    let placed = placed.unwrap_or_else(|| server.node_id());
+
+    let out = server.cli(&["node", "cordon", &placed]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    allow(&key, false);
+    let resume = || server.call_as(&tenant, "POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
+    assert_key_unavailable(resume(), &key);
+    let (_, r) = server.call_as(&tenant, "GET", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(r["state"], "suspended", "a refused resume leaves the session as it was: {r}");
+
+    allow(&key, true);
+    let (status, r) = resume();
+    assert_eq!((status, r["state"].as_str()), (200, Some("running")), "{r}\n{}", server.log_text());
+    assert_ne!(r["node"].as_str(), Some(placed.as_str()), "it moved off the cordoned node: {r}");
+    let (status, r) = exec(
+        json!({ "cmd": ["sh", "-c", "cat /root/marker; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c byok-marker"] }),
+    );
+    assert_eq!(status, 200, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.starts_with(&format!("{marker}\n")) && !out.ends_with("\n0\n"), "file and process came back: {r}");
 }

@@ -1,9 +1,14 @@
 //! Durable snapshots (docs/control-plane.md, "Durable snapshots"): the node that took a
 //! snapshot exports it to the blob store, and the export is recorded with the snapshot, so a
 //! session resumes, restores or forks on any node, also once the node it ran on is lost.
+//!
+//! Each export is encrypted with a fresh data key, sealed with the session's tenant's key
+//! and recorded with it; the node gets the key in clear only for the export or an import
+//! (docs/byok.md). A tenant key that is unavailable stops both with `key_unavailable`.
 
 use std::sync::Arc;
 
+use space_api::durable::ExportKey;
 use space_api::error::ErrorCode;
 use space_api::{Session, SessionId, SnapshotId};
 use space_node_api::{NodeApi, NodeError};
@@ -32,9 +37,13 @@ async fn export_held(
     session: &SessionId,
     snapshot: &SnapshotId,
 ) -> AppResult<bool> {
-    match node.export_snapshot(session, snapshot).await {
+    let tenant =
+        state.store.session_any(session).await?.ok_or_else(|| AppError::session_not_found(session.as_str()))?.tenant_id;
+    let key = space_keys::data_key().map_err(crate::keyring::key_error)?;
+    let key_sealed = state.keys.seal(&tenant, &key[..], &export_key_owner(session, snapshot)).await?;
+    match node.export_snapshot(session, snapshot, Some(&ExportKey::new(*key))).await {
         Ok(export) => {
-            state.store.set_snapshot_export(snapshot, &export).await?;
+            state.store.set_snapshot_export(snapshot, &export, Some(&key_sealed)).await?;
             tracing::info!(%session, %snapshot, bytes = export.size(), "snapshot exported to the blob store");
             Ok(true)
         }
@@ -103,11 +112,41 @@ pub async fn node_for_snapshot(
     let Some(export) = place.export else {
         return Err(not_durable(snapshot, kept_on.as_deref(), &lost, &target_id, session));
     };
-    match target.import_snapshot(&origin.id, snapshot, &export).await {
+    let key = export_key(state, &origin.id, snapshot, &export, place.export_key_sealed.as_deref()).await?;
+    match target.import_snapshot(&origin.id, snapshot, &export, key.as_ref()).await {
         Ok(()) => Ok(target),
         Err(NodeError::Corrupt(why)) => Err(corrupt(state, origin, snapshot, &why).await),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Associated data that binds an export's sealed data key to its snapshot.
+pub fn export_key_owner(session: &SessionId, snapshot: &SnapshotId) -> String {
+    format!("snapshot-export/{session}/{snapshot}")
+}
+
+/// The data key of an encrypted export, unsealed (`key_unavailable` when the tenant's key
+/// is); `None` for an export made before exports were encrypted.
+async fn export_key(
+    state: &AppState,
+    session: &SessionId,
+    snapshot: &SnapshotId,
+    export: &space_api::durable::SnapshotExport,
+    sealed: Option<&[u8]>,
+) -> AppResult<Option<ExportKey>> {
+    if !export.encrypted {
+        return Ok(None);
+    }
+    let sealed = sealed.ok_or_else(|| {
+        AppError::internal(format!("snapshot {snapshot}'s export is encrypted, but no key is recorded for it"))
+    })?;
+    let opened = state.keys.open(sealed, &export_key_owner(session, snapshot)).await.map_err(|e| {
+        AppError::new(e.0.code, format!("the key of snapshot {snapshot} in the blob store: {}", e.0.message))
+    })?;
+    let bytes: [u8; 32] = opened[..]
+        .try_into()
+        .map_err(|_| AppError::internal(format!("snapshot {snapshot}'s export key is not 32 bytes")))?;
+    Ok(Some(ExportKey::new(bytes)))
 }
 
 /// Of the nodes that can be reached, the one a sandbox starts on from a snapshot: the

@@ -127,6 +127,7 @@ fn count(values: &[SealedValue]) -> SealedCount {
         match value.owner {
             SealedOwner::Credential { .. } => count.credentials += 1,
             SealedOwner::SessionCa { .. } => count.session_cas += 1,
+            SealedOwner::SnapshotKey { .. } => {}
         }
     }
     count
@@ -137,6 +138,7 @@ fn owner(owner: &SealedOwner) -> String {
     match owner {
         SealedOwner::Credential { tenant_id, id, .. } => credential_owner(tenant_id, id),
         SealedOwner::SessionCa { session } => ca_owner(session),
+        SealedOwner::SnapshotKey { session, snapshot } => crate::durable::export_key_owner(session, snapshot),
     }
 }
 
@@ -144,6 +146,7 @@ fn describe(owner: &SealedOwner) -> String {
     match owner {
         SealedOwner::Credential { tenant_id, name, .. } => format!("credential {name:?} of tenant {tenant_id}"),
         SealedOwner::SessionCa { session } => format!("the CA key of session {session}"),
+        SealedOwner::SnapshotKey { snapshot, .. } => format!("the key of snapshot {snapshot}'s export"),
     }
 }
 

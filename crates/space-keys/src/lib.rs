@@ -5,6 +5,7 @@
 //! tenant and a credential id), and the data key is wrapped by a [`KeyProvider`] holding the
 //! key-encryption key. Providers: a local key file ([`LocalKeyFile`], the default) and an
 //! OpenBao / HashiCorp Vault Transit key ([`TransitKey`], a key the customer controls).
+//! [`stream`] encrypts files of any size in authenticated chunks under a data key.
 //! [`Sealer`] describes the sealed layout; it names the key that wrapped the data key, so
 //! that a value can be re-wrapped under another key without being re-encrypted.
 //!
@@ -14,6 +15,7 @@
 mod digest;
 mod local;
 mod sealer;
+pub mod stream;
 mod transit;
 
 use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
@@ -26,6 +28,11 @@ pub use zeroize::Zeroizing;
 /// Bytes of a key (data key or local key-encryption key).
 pub const KEY_LEN: usize = 32;
 const TAG_LEN: usize = 16;
+
+/// A fresh random data key.
+pub fn data_key() -> Result<Zeroizing<[u8; KEY_LEN]>> {
+    Ok(Zeroizing::new(random::<KEY_LEN>()?))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {

@@ -28,7 +28,7 @@ use space_gateway::{Gateway, SessionEgress, SessionTraffic};
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-pub use space_api::durable::{BlobSweep, SnapshotExport};
+pub use space_api::durable::{BlobSweep, ExportKey, SnapshotExport};
 pub use space_api::{TemplateBuild, TemplateInfo, TemplateSource};
 pub use space_runtime::{Limits, SandboxHandle, SandboxStats};
 
@@ -318,11 +318,24 @@ pub trait NodeApi: EgressControl + 'static {
     async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize>;
     /// Stores the snapshot in the node's blob store (whole: root, and a full snapshot's
     /// processes) and says what it became; [`NodeError::NoBlobStore`] on a node without one.
-    async fn export_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<SnapshotExport>;
+    /// With `key`, the root and the process images are encrypted with it (docs/byok.md).
+    async fn export_snapshot(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        key: Option<&ExportKey>,
+    ) -> Result<SnapshotExport>;
     /// Makes the snapshot on this node from its export, every part checked
     /// ([`NodeError::Corrupt`] if one does not match). Idempotent: a snapshot the node holds
-    /// already is left as it is.
-    async fn import_snapshot(&self, session: &SessionId, snapshot: &SnapshotId, export: &SnapshotExport) -> Result<()>;
+    /// already is left as it is. An encrypted export needs its `key`; an object that does not
+    /// decrypt whole is [`NodeError::Corrupt`].
+    async fn import_snapshot(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        export: &SnapshotExport,
+        key: Option<&ExportKey>,
+    ) -> Result<()>;
     /// Deletes every object of the node's blob store that `keep` (SHA-256s) does not name and
     /// that is at least `min_age` old, for at most `budget`; [`NodeError::NoBlobStore`] on a
     /// node without one. The caller makes sure no export is under way meanwhile

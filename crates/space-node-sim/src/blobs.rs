@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use space_api::durable::{BlobRef, BlobSweep, DiskExport, SnapshotExport};
+use space_api::durable::{BlobRef, BlobSweep, DiskExport, ExportKey, SnapshotExport};
 
 use crate::SimError;
 use crate::agent::Contents;
@@ -24,6 +24,8 @@ struct Stored {
     full: bool,
     contents: Contents,
     corrupt: bool,
+    /// The key it was encrypted with, which importing it needs.
+    key: Option<ExportKey>,
 }
 
 impl SimBlobs {
@@ -46,13 +48,15 @@ impl SimBlobs {
         self.objects().stored.values_mut().for_each(|s| s.corrupt = true);
     }
 
-    pub(crate) fn put(&self, full: bool, contents: Contents) -> SnapshotExport {
+    pub(crate) fn put(&self, full: bool, contents: Contents, key: Option<&ExportKey>) -> SnapshotExport {
         let mut objects = self.objects();
         objects.next += 1;
         let stream = BlobRef { sha256: format!("{:064x}", objects.next), size: contents.size() };
-        objects.stored.insert(stream.sha256.clone(), Stored { full, contents, corrupt: false });
+        let stored = Stored { full, contents, corrupt: false, key: key.cloned() };
+        objects.stored.insert(stream.sha256.clone(), stored);
         let spaced = full.then(|| BlobRef { sha256: "5".repeat(64), size: 1 });
-        SnapshotExport { disk: DiskExport { stream, parent: None }, images: Vec::new(), spaced }
+        let encrypted = key.is_some();
+        SnapshotExport { disk: DiskExport { stream, parent: None }, images: Vec::new(), spaced, encrypted }
     }
 
     /// Deletes every object `keep` does not name, whatever its age (the simulated store keeps
@@ -75,11 +79,15 @@ impl SimBlobs {
         swept
     }
 
-    /// What `export` holds: whether it is full, and its contents.
-    pub(crate) fn get(&self, export: &SnapshotExport) -> Result<(bool, Contents), SimError> {
+    /// What `export` holds: whether it is full, and its contents. An encrypted one opens
+    /// with its key only, as a real one decrypts.
+    pub(crate) fn get(&self, export: &SnapshotExport, with: Option<&ExportKey>) -> Result<(bool, Contents), SimError> {
         let key = &export.disk.stream.sha256;
         match self.objects().stored.get(key) {
             Some(s) if s.corrupt => Err(SimError::CorruptBlob(key.clone())),
+            Some(s) if s.key.is_some() && s.key.as_ref() != with => {
+                Err(SimError::CorruptBlob(format!("{key} does not open with the key given")))
+            }
             Some(s) => Ok((s.full, s.contents.clone())),
             None => Err(SimError::CorruptBlob(format!("{key} is missing"))),
         }

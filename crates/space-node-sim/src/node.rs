@@ -9,8 +9,8 @@ use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, Progress, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{
-    BlobSweep, DiskQuota, DiskUsage, EgressControl, Limits, LogFn, NodeApi, NodeError, PortStream, ProgressFn, Result,
-    SandboxHandle, SandboxStats, SnapshotExport,
+    BlobSweep, DiskQuota, DiskUsage, EgressControl, ExportKey, Limits, LogFn, NodeApi, NodeError, PortStream,
+    ProgressFn, Result, SandboxHandle, SandboxStats, SnapshotExport,
 };
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -328,13 +328,18 @@ impl NodeApi for SimNode {
         Ok(())
     }
 
-    async fn export_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<SnapshotExport> {
+    async fn export_snapshot(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        key: Option<&ExportKey>,
+    ) -> Result<SnapshotExport> {
         let mut state = self.state();
         let blobs = state.config.blobs.clone().ok_or(SimError::NoBlobStore)?;
         state.injected(Op::ExportSnapshot)?;
         let found = state.snapshots.get(snapshot).filter(|s| &s.session == session);
         let snap = found.ok_or_else(|| SimError::NoSnapshot(snapshot.clone()))?;
-        let export = blobs.put(snap.full, snap.contents.clone());
+        let export = blobs.put(snap.full, snap.contents.clone(), key);
         let ran = |s: &crate::Sandbox| s.session.as_ref() == Some(session) && s.alive() && !s.inside.is_frozen();
         if state.sandboxes.values().any(ran) {
             state.exported_while_running.push(snapshot.clone());
@@ -342,14 +347,20 @@ impl NodeApi for SimNode {
         Ok(export)
     }
 
-    async fn import_snapshot(&self, session: &SessionId, snapshot: &SnapshotId, export: &SnapshotExport) -> Result<()> {
+    async fn import_snapshot(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        export: &SnapshotExport,
+        key: Option<&ExportKey>,
+    ) -> Result<()> {
         let mut state = self.state();
         let blobs = state.config.blobs.clone().ok_or(SimError::NoBlobStore)?;
         state.injected(Op::ImportSnapshot)?;
         if state.snapshots.contains_key(snapshot) {
             return Ok(());
         }
-        let (full, contents) = blobs.get(export)?;
+        let (full, contents) = blobs.get(export, key)?;
         state.snapshots.insert(snapshot.clone(), Snapshot { session: session.clone(), full, contents });
         Ok(())
     }

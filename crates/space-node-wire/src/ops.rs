@@ -11,7 +11,7 @@ use space_api::{TemplateBuild, TemplateSource};
 use serde::{Deserialize, Serialize};
 use space_api::{Progress, RuntimeKind, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::SessionEgress;
-use space_node_api::{DiskQuota, Limits, NodeError, OutOfSpace, PortFailure, SandboxHandle, SnapshotExport};
+use space_node_api::{DiskQuota, ExportKey, Limits, NodeError, OutOfSpace, PortFailure, SandboxHandle, SnapshotExport};
 
 /// Paths of the node API.
 pub mod paths {
@@ -127,11 +127,15 @@ pub enum Call {
     ExportSnapshot {
         session: SessionId,
         snapshot: SnapshotId,
+        #[serde(default)]
+        key: Option<ExportKey>,
     },
     ImportSnapshot {
         session: SessionId,
         snapshot: SnapshotId,
         export: SnapshotExport,
+        #[serde(default)]
+        key: Option<ExportKey>,
     },
     SweepBlobs {
         keep: Vec<String>,

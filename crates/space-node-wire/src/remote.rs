@@ -22,7 +22,7 @@ use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId};
 use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{
-    DiskQuota, DiskUsage, EgressControl, Limits, LogFn, NodeApi, NodeError, PortStream, ProgressFn, Result,
+    DiskQuota, DiskUsage, EgressControl, ExportKey, Limits, LogFn, NodeApi, NodeError, PortStream, ProgressFn, Result,
     SandboxHandle, SandboxStats, SnapshotExport, TemplateInfo,
 };
 use space_proto::client::AgentClient;
@@ -386,13 +386,29 @@ impl NodeApi for RemoteNode {
         self.call(&Call::DeleteSnapshot { session: session.clone(), snapshot: snapshot.clone() }).await
     }
 
-    async fn export_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<SnapshotExport> {
-        self.call(&Call::ExportSnapshot { session: session.clone(), snapshot: snapshot.clone() }).await
+    async fn export_snapshot(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        key: Option<&ExportKey>,
+    ) -> Result<SnapshotExport> {
+        self.call(&Call::ExportSnapshot { session: session.clone(), snapshot: snapshot.clone(), key: key.cloned() })
+            .await
     }
 
-    async fn import_snapshot(&self, session: &SessionId, snapshot: &SnapshotId, export: &SnapshotExport) -> Result<()> {
-        let call =
-            Call::ImportSnapshot { session: session.clone(), snapshot: snapshot.clone(), export: export.clone() };
+    async fn import_snapshot(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        export: &SnapshotExport,
+        key: Option<&ExportKey>,
+    ) -> Result<()> {
+        let call = Call::ImportSnapshot {
+            session: session.clone(),
+            snapshot: snapshot.clone(),
+            export: export.clone(),
+            key: key.cloned(),
+        };
         self.call(&call).await
     }
 

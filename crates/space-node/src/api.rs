@@ -41,6 +41,11 @@ impl From<NodeError> for api::NodeError {
                 | space_blob::BlobError::Missing { .. }
                 | space_blob::BlobError::BadRef { .. }),
             )) => api::NodeError::Corrupt(bad.to_string()),
+            // An object that does not decrypt whole with the export's key: altered, or not
+            // that snapshot's.
+            NodeError::Volume(space_volume::VolumeError::Key(bad @ space_volume::KeyError::Corrupt { .. })) => {
+                api::NodeError::Corrupt(format!("an encrypted object does not open with the snapshot's key: {bad}"))
+            }
             other => match other.out_of_space() {
                 Some(which) => api::NodeError::OutOfSpace { which, source: Box::new(other) },
                 None => api::NodeError::Failed(Box::new(other)),
@@ -270,8 +275,13 @@ impl NodeApi for Node {
         Ok(Node::sweep_snapshots(self, keep).await?)
     }
 
-    async fn export_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<api::SnapshotExport> {
-        Ok(Node::export_snapshot(self, session, snapshot).await?)
+    async fn export_snapshot(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        key: Option<&api::ExportKey>,
+    ) -> Result<api::SnapshotExport> {
+        Ok(Node::export_snapshot(self, session, snapshot, key).await?)
     }
 
     async fn import_snapshot(
@@ -279,8 +289,9 @@ impl NodeApi for Node {
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &api::SnapshotExport,
+        key: Option<&api::ExportKey>,
     ) -> Result<()> {
-        Ok(Node::import_snapshot(self, session, snapshot, export).await?)
+        Ok(Node::import_snapshot(self, session, snapshot, export, key).await?)
     }
 
     async fn sweep_blobs(

@@ -5,15 +5,21 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use space_api::{SessionId, SnapshotId};
-use space_node_api::{BlobSweep, SnapshotExport};
+use space_node_api::{BlobSweep, ExportKey, SnapshotExport};
 
 use crate::{Node, NodeError, Result};
 
 impl Node {
-    /// Stores the snapshot whole in the blob store; says what it became.
-    pub async fn export_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<SnapshotExport> {
+    /// Stores the snapshot whole in the blob store (encrypted with `key` when given); says
+    /// what it became.
+    pub async fn export_snapshot(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        key: Option<&ExportKey>,
+    ) -> Result<SnapshotExport> {
         let volumes = self.volumes.as_ref().ok_or(NodeError::NoBlobStore)?;
-        Ok(volumes.export_snapshot(session, snapshot, None).await?)
+        Ok(volumes.export_snapshot(session, snapshot, None, key).await?)
     }
 
     /// Makes the snapshot here from its export, unless it is here already.
@@ -22,9 +28,10 @@ impl Node {
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &SnapshotExport,
+        key: Option<&ExportKey>,
     ) -> Result<()> {
         let volumes = self.volumes.as_ref().ok_or(NodeError::NoBlobStore)?;
-        volumes.import_snapshot(session, snapshot, export).await?;
+        volumes.import_snapshot(session, snapshot, export, key).await?;
         tracing::info!(%session, %snapshot, bytes = export.size(), "snapshot imported from the blob store");
         Ok(())
     }

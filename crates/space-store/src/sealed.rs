@@ -2,7 +2,7 @@
 //! of credentials and the CA keys of sessions that are not destroyed. At start the server
 //! checks that its key opens them (a new key would not), before it serves anything.
 
-use space_api::{CredentialId, SessionId, TenantId};
+use space_api::{CredentialId, SessionId, SnapshotId, TenantId};
 use sqlx::Row;
 
 use crate::{Result, Store, parse};
@@ -10,8 +10,20 @@ use crate::{Result, Store, parse};
 /// What a sealed value belongs to: the owner it was sealed for is derived from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SealedOwner {
-    Credential { tenant_id: TenantId, id: CredentialId, name: String },
-    SessionCa { session: SessionId },
+    Credential {
+        tenant_id: TenantId,
+        id: CredentialId,
+        name: String,
+    },
+    SessionCa {
+        session: SessionId,
+    },
+    /// The data key of a durable snapshot's export (not opened at start: see
+    /// [`Store::sealed_values`]).
+    SnapshotKey {
+        session: SessionId,
+        snapshot: SnapshotId,
+    },
 }
 
 /// A sealed value and its owner.
@@ -29,7 +41,8 @@ impl std::fmt::Debug for SealedValue {
 
 impl Store {
     /// Every credential value, and the CA key of every session not destroyed (a destroyed
-    /// session's key is never opened again).
+    /// session's key is never opened again). Not the data keys of snapshot exports: there may
+    /// be many, and the start-up check needs only some value of each key.
     pub async fn sealed_values(&self) -> Result<Vec<SealedValue>> {
         let mut out = Vec::new();
         let rows = sqlx::query("SELECT tenant_id, id, name, value_sealed FROM credentials ORDER BY tenant_id, name")

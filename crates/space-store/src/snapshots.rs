@@ -26,6 +26,8 @@ pub struct NewSnapshot {
 pub struct SnapshotPlace {
     pub node_id: Option<String>,
     pub export: Option<SnapshotExport>,
+    /// The export's data key, sealed (an encrypted export has one).
+    pub export_key_sealed: Option<Vec<u8>>,
 }
 
 /// The last column is `durable`, as a number both backends decode alike.
@@ -97,11 +99,18 @@ impl Store {
         Ok(())
     }
 
-    /// Records that the snapshot is durable: every part of it is in the blob store.
-    pub async fn set_snapshot_export(&self, id: &SnapshotId, export: &SnapshotExport) -> Result<()> {
+    /// Records that the snapshot is durable: every part of it is in the blob store, encrypted
+    /// with the data key `key_sealed` holds when there is one.
+    pub async fn set_snapshot_export(
+        &self,
+        id: &SnapshotId,
+        export: &SnapshotExport,
+        key_sealed: Option<&[u8]>,
+    ) -> Result<()> {
         let json = serde_json::to_string(export).map_err(|e| StoreError::Corrupt(format!("snapshot export: {e}")))?;
-        sqlx::query("UPDATE snapshots SET export = $1 WHERE id = $2")
+        sqlx::query("UPDATE snapshots SET export = $1, export_key_sealed = $2 WHERE id = $3")
             .bind(json)
+            .bind(key_sealed)
             .bind(id.as_str())
             .execute(&self.writer)
             .await?;
@@ -110,17 +119,18 @@ impl Store {
 
     /// Where a ready snapshot is, if it exists.
     pub async fn snapshot_place(&self, id: &SnapshotId) -> Result<Option<SnapshotPlace>> {
-        let row = sqlx::query("SELECT node_id, export FROM snapshots WHERE id = $1 AND state = 'ready'")
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
+        let row =
+            sqlx::query("SELECT node_id, export, export_key_sealed FROM snapshots WHERE id = $1 AND state = 'ready'")
+                .bind(id.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
         let Some(row) = row else { return Ok(None) };
         let export = row
             .get::<Option<&str>, _>(1)
             .map(serde_json::from_str)
             .transpose()
             .map_err(|e| StoreError::Corrupt(format!("export of snapshot {id}: {e}")))?;
-        Ok(Some(SnapshotPlace { node_id: row.get(0), export }))
+        Ok(Some(SnapshotPlace { node_id: row.get(0), export, export_key_sealed: row.get(2) }))
     }
 
     pub async fn delete_snapshot_row(&self, id: &SnapshotId) -> Result<()> {
@@ -228,8 +238,10 @@ mod tests {
             disk: space_api::durable::DiskExport { stream: blob(1), parent: None },
             images: Vec::new(),
             spaced: Some(blob(2)),
+            encrypted: true,
         };
-        store.set_snapshot_export(&second.id, &export).await.unwrap();
+        store.set_snapshot_export(&second.id, &export, Some(&[5])).await.unwrap();
+        assert_eq!(store.snapshot_place(&second.id).await.unwrap().unwrap().export_key_sealed, Some(vec![5]));
         assert_eq!(store.all_snapshot_exports().await.unwrap(), [export]);
         store.delete_snapshot_row(&first.id).await.unwrap();
         assert_eq!(store.all_snapshots().await.unwrap().len(), 1);

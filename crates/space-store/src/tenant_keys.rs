@@ -96,8 +96,8 @@ impl Store {
         Ok(())
     }
 
-    /// What is sealed for `tenant`: its credentials' values and the CA keys of its sessions
-    /// that are not destroyed.
+    /// What is sealed for `tenant`: its credentials' values, the CA keys of its sessions that
+    /// are not destroyed and the data keys of its snapshots' exports.
     pub async fn tenant_sealed_values(&self, tenant: &TenantId) -> Result<Vec<SealedValue>> {
         let mut out = Vec::new();
         let rows = sqlx::query("SELECT id, name, value_sealed FROM credentials WHERE tenant_id = $1 ORDER BY name")
@@ -127,6 +127,22 @@ impl Store {
                 sealed: row.get(1),
             });
         }
+        let rows = sqlx::query(
+            "SELECT s.session_id, s.id, s.export_key_sealed FROM snapshots s JOIN sessions ss ON ss.id = s.session_id \
+             WHERE ss.tenant_id = $1 AND s.export_key_sealed IS NOT NULL ORDER BY s.id",
+        )
+        .bind(tenant.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        for row in rows {
+            out.push(SealedValue {
+                owner: SealedOwner::SnapshotKey {
+                    session: parse("session id", row.get::<&str, _>(0))?,
+                    snapshot: parse("snapshot id", row.get::<&str, _>(1))?,
+                },
+                sealed: row.get(2),
+            });
+        }
         Ok(out)
     }
 
@@ -140,6 +156,10 @@ impl Store {
             SealedOwner::SessionCa { session } => {
                 ("UPDATE sessions SET ca_key_sealed = $1 WHERE id = $2 AND ca_key_sealed = $3", session.as_str())
             }
+            SealedOwner::SnapshotKey { snapshot, .. } => (
+                "UPDATE snapshots SET export_key_sealed = $1 WHERE id = $2 AND export_key_sealed = $3",
+                snapshot.as_str(),
+            ),
         };
         let done = sqlx::query(sql).bind(new).bind(id).bind(old).execute(&self.writer).await?;
         Ok(done.rows_affected() == 1)

@@ -3,6 +3,11 @@
 //! processes ran — and arrives on any node from them, each checked, then `btrfs receive`d
 //! (docs/storage.md, "Durable snapshots").
 //!
+//! Given an [`ExportKey`], the root's stream and the process images are encrypted on their
+//! way out (space-keys' chunked stream format) and checked and decrypted on their way in, so
+//! the blob store holds no tenant data in clear (docs/byok.md). The `spaced` binary is not
+//! tenant data: it stays in clear, shared by every snapshot that ran it.
+//!
 //! A snapshot whose parent was exported already can go as a stream against that parent, so
 //! only what changed travels; importing it needs the parent imported first. What an export
 //! returns, the control plane records: the hashes are what the import checks against, so the
@@ -15,9 +20,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use space_api::durable::{DiskExport, ExportedFile, SnapshotExport};
+pub use space_api::durable::{DiskExport, ExportKey, ExportedFile, SnapshotExport};
 use space_api::{SessionId, SnapshotId};
 use space_blob::{BlobError, BlobRef, BlobStore, BlobSweep};
+pub use space_keys::KeyError;
 use space_storage::{Pool, StorageError};
 
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +40,12 @@ pub enum VolumeError {
     /// file that is not a plain name.
     #[error("{}: {reason}", path.display())]
     NotPlain { path: PathBuf, reason: &'static str },
+    /// An object that does not decrypt (altered, cut, reordered, or under another key), or
+    /// encryption that failed.
+    #[error(transparent)]
+    Key(#[from] space_keys::KeyError),
+    #[error("the snapshot's export is encrypted, and no key was given to import it")]
+    NoKey,
 }
 
 pub type Result<T, E = VolumeError> = std::result::Result<T, E>;
@@ -63,9 +75,10 @@ impl Volumes {
         session: &SessionId,
         snapshot: &SnapshotId,
         parent: Option<&SnapshotId>,
+        key: Option<&ExportKey>,
     ) -> Result<DiskExport> {
         let stream = self.scratch_file(snapshot, "send")?;
-        let result = self.send_and_store(session, snapshot, parent, &stream).await;
+        let result = self.send_and_store(session, snapshot, parent, &stream, key).await;
         let _ = std::fs::remove_file(&stream);
         Ok(DiskExport { stream: result?, parent: parent.cloned() })
     }
@@ -76,22 +89,73 @@ impl Volumes {
         snapshot: &SnapshotId,
         parent: Option<&SnapshotId>,
         stream: &Path,
+        key: Option<&ExportKey>,
     ) -> Result<BlobRef> {
         let (pool, out) = (self.pool.clone(), stream.to_owned());
-        let (session, snapshot, parent) = (session.clone(), snapshot.clone(), parent.cloned());
+        let (session, snapshot_id, parent) = (session.clone(), snapshot.clone(), parent.cloned());
         tokio::task::spawn_blocking(move || {
-            pool.send_snapshot(&session, &snapshot, parent.as_ref().map(|p| (&session, p)), &out)
+            pool.send_snapshot(&session, &snapshot_id, parent.as_ref().map(|p| (&session, p)), &out)
         })
         .await??;
-        Ok(self.blobs.put_file(stream).await?)
+        self.put_file(snapshot, stream, key).await
+    }
+
+    /// Stores `path` in the blob store, encrypted with `key` when given (through a scratch
+    /// file, removed after).
+    async fn put_file(&self, snapshot: &SnapshotId, path: &Path, key: Option<&ExportKey>) -> Result<BlobRef> {
+        let Some(key) = key else { return Ok(self.blobs.put_file(path).await?) };
+        let sealed = self.scratch_file(snapshot, "sealed")?;
+        let (key, src, dst) = (key.clone(), path.to_owned(), sealed.clone());
+        let encrypted =
+            tokio::task::spawn_blocking(move || space_keys::stream::encrypt_file(key.bytes(), &src, &dst)).await;
+        let stored = match encrypted {
+            Ok(Ok(())) => self.blobs.put_file(&sealed).await.map_err(VolumeError::from),
+            Ok(Err(e)) => Err(e.into()),
+            Err(e) => Err(e.into()),
+        };
+        let _ = std::fs::remove_file(&sealed);
+        stored
+    }
+
+    /// Fetches `blob` (checked against its hash) into `dest`, decrypted with `key` when given
+    /// (a blob that does not decrypt whole is [`space_keys::KeyError::Corrupt`]; `dest` is
+    /// then removed).
+    async fn get_file(
+        &self,
+        snapshot: &SnapshotId,
+        blob: &BlobRef,
+        dest: &Path,
+        key: Option<&ExportKey>,
+    ) -> Result<()> {
+        let Some(key) = key else { return Ok(self.blobs.get_to_file(blob, dest).await?) };
+        let sealed = self.scratch_file(snapshot, "sealed")?;
+        let fetched = self.blobs.get_to_file(blob, &sealed).await;
+        let decrypted = match fetched {
+            Ok(()) => {
+                let (key, src, dst) = (key.clone(), sealed.clone(), dest.to_owned());
+                tokio::task::spawn_blocking(move || space_keys::stream::decrypt_file(key.bytes(), &src, &dst))
+                    .await
+                    .map_err(VolumeError::from)
+                    .and_then(|r| r.map_err(VolumeError::from))
+            }
+            Err(e) => Err(e.into()),
+        };
+        let _ = std::fs::remove_file(&sealed);
+        decrypted
     }
 
     /// Makes the snapshot in this pool from its export, after checking the stream against
     /// the export's hash: a stream that does not match is [`BlobError::Corrupt`] and nothing
     /// is received. The export's parent must be in the pool already.
-    pub async fn import_disk(&self, session: &SessionId, snapshot: &SnapshotId, export: &DiskExport) -> Result<()> {
+    pub async fn import_disk(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        export: &DiskExport,
+        key: Option<&ExportKey>,
+    ) -> Result<()> {
         let stream = self.scratch_file(snapshot, "receive")?;
-        let result = self.fetch_and_receive(session, snapshot, export, &stream).await;
+        let result = self.fetch_and_receive(session, snapshot, export, &stream, key).await;
         let _ = std::fs::remove_file(&stream);
         result
     }
@@ -102,8 +166,9 @@ impl Volumes {
         snapshot: &SnapshotId,
         export: &DiskExport,
         stream: &Path,
+        key: Option<&ExportKey>,
     ) -> Result<()> {
-        self.blobs.get_to_file(&export.stream, stream).await?;
+        self.get_file(snapshot, &export.stream, stream, key).await?;
         let (pool, input) = (self.pool.clone(), stream.to_owned());
         let (session, snapshot) = (session.clone(), snapshot.clone());
         tokio::task::spawn_blocking(move || pool.receive_snapshot(&session, &snapshot, &input)).await??;

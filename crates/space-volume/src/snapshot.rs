@@ -9,7 +9,7 @@ use space_api::durable::plain_file_name;
 use space_api::{SessionId, SnapshotId};
 use space_blob::BlobRef;
 
-use crate::{ExportedFile, Result, SnapshotExport, VolumeError, Volumes};
+use crate::{ExportKey, ExportedFile, Result, SnapshotExport, VolumeError, Volumes};
 
 /// The mode CRIU gives the image files it writes (its `CR_FD_PERM`, less the umask's write
 /// bit for the group).
@@ -18,27 +18,30 @@ const IMAGE_MODE: u32 = 0o644;
 impl Volumes {
     /// Stores the snapshot in the blob store: its root (against `parent`, a snapshot of the
     /// same session exported before, when given) and, for a full snapshot, every file of its
-    /// process images and its binary.
+    /// process images and its binary. With `key`, the root's stream and the images are
+    /// encrypted with it.
     pub async fn export_snapshot(
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
         parent: Option<&SnapshotId>,
+        key: Option<&ExportKey>,
     ) -> Result<SnapshotExport> {
-        let disk = self.export_disk(session, snapshot, parent).await?;
+        let disk = self.export_disk(session, snapshot, parent, key).await?;
+        let encrypted = key.is_some();
         if !self.pool.snapshot_has_images(session, snapshot) {
-            return Ok(SnapshotExport { disk, images: Vec::new(), spaced: None });
+            return Ok(SnapshotExport { disk, images: Vec::new(), spaced: None, encrypted });
         }
         let dir = self.pool.snapshot_images_dir(session, snapshot);
         let mut images = Vec::new();
         for name in plain_files(&dir)? {
             let path = dir.join(&name);
-            let blob = self.blobs.put_file(&path).await?;
+            let blob = self.put_file(snapshot, &path, key).await?;
             images.push(ExportedFile { blob, name });
         }
         let binary = self.pool.snapshot_binary(session, snapshot);
         let spaced = self.blobs.put_file(&binary).await?;
-        Ok(SnapshotExport { disk, images, spaced: Some(spaced) })
+        Ok(SnapshotExport { disk, images, spaced: Some(spaced), encrypted })
     }
 
     /// Whether the pool holds the snapshot whole, as `export` describes it.
@@ -49,18 +52,25 @@ impl Volumes {
 
     /// Makes the snapshot in this pool from its export, every part checked against its hash
     /// ([`space_blob::BlobError::Corrupt`] if one does not match). A snapshot the pool holds
-    /// whole already is left as it is; on failure nothing of it stays.
+    /// whole already is left as it is; on failure nothing of it stays. An encrypted export
+    /// needs its `key` ([`VolumeError::NoKey`] without), and every object must decrypt whole.
     pub async fn import_snapshot(
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &SnapshotExport,
+        key: Option<&ExportKey>,
     ) -> Result<()> {
         let _one_at_a_time = self.imports.lock().await;
         if self.holds(session, snapshot, export) {
             return Ok(());
         }
-        let imported = self.import_parts(session, snapshot, export).await;
+        let key = match (export.encrypted, key) {
+            (true, None) => return Err(VolumeError::NoKey),
+            (true, key) => key,
+            (false, _) => None,
+        };
+        let imported = self.import_parts(session, snapshot, export, key).await;
         if imported.is_err() {
             let (pool, session, snapshot) = (self.pool.clone(), session.clone(), snapshot.clone());
             let _ = tokio::task::spawn_blocking(move || pool.delete_snapshot(&session, &snapshot)).await;
@@ -68,12 +78,18 @@ impl Volumes {
         imported
     }
 
-    async fn import_parts(&self, session: &SessionId, snapshot: &SnapshotId, export: &SnapshotExport) -> Result<()> {
+    async fn import_parts(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        export: &SnapshotExport,
+        key: Option<&ExportKey>,
+    ) -> Result<()> {
         let dir = self.pool.snapshot_images_dir(session, snapshot);
         if let Some(bad) = export.images.iter().find(|f| !plain_file_name(&f.name)) {
             return Err(VolumeError::NotPlain { path: dir.join(&bad.name), reason: "not a plain file name" });
         }
-        self.import_disk(session, snapshot, &export.disk).await?;
+        self.import_disk(session, snapshot, &export.disk, key).await?;
         let Some(spaced) = &export.spaced else { return Ok(()) };
         match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&dir, e)),
@@ -82,7 +98,7 @@ impl Volumes {
         std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
         for file in &export.images {
             let path = dir.join(&file.name);
-            self.blobs.get_to_file(&file.blob, &path).await?;
+            self.get_file(snapshot, &file.blob, &path, key).await?;
             // As CRIU writes its own: the restored tasks read them from inside the sandbox's
             // user namespace. The images root (0700, root's) keeps everyone else out.
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(IMAGE_MODE)).map_err(|e| io(&path, e))?;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use space_api::{SandboxId, SessionId, SnapshotId};
 use space_blob::{BlobError, BlobStore};
 use space_storage::{Pool, PoolOptions, SandboxIdentity, no_progress};
-use space_volume::{VolumeError, Volumes};
+use space_volume::{ExportKey, VolumeError, Volumes};
 
 /// A pool of its own in a temporary directory; dropping it deletes what it holds and
 /// unmounts it, also when the test failed.
@@ -83,15 +83,15 @@ async fn a_snapshot_and_its_incremental_child_move_through_the_blob_store() {
     let (session, first, second) = two_snapshots(from.pool());
 
     let exporter = from.volumes(&blobs);
-    let whole = exporter.export_disk(&session, &first, None).await.unwrap();
-    let delta = exporter.export_disk(&session, &second, Some(&first)).await.unwrap();
+    let whole = exporter.export_disk(&session, &first, None, None).await.unwrap();
+    let delta = exporter.export_disk(&session, &second, Some(&first), None).await.unwrap();
     assert_eq!(delta.parent.as_ref(), Some(&first));
     assert!(delta.stream.size < whole.stream.size, "delta {:?}, whole {:?}", delta.stream, whole.stream);
     assert!(blobs.exists(&whole.stream).await.unwrap() && blobs.exists(&delta.stream).await.unwrap());
 
     let importer = to.volumes(&blobs);
-    importer.import_disk(&session, &first, &whole).await.unwrap();
-    importer.import_disk(&session, &second, &delta).await.unwrap();
+    importer.import_disk(&session, &first, &whole, None).await.unwrap();
+    importer.import_disk(&session, &second, &delta, None).await.unwrap();
     let dst = to.pool();
     assert_eq!(std::fs::read_to_string(snapshot_file(dst, &session, &first, "tmp/first")).unwrap(), "one");
     assert_eq!(std::fs::read(snapshot_file(dst, &session, &second, "tmp/second")).unwrap(), vec![7u8; 1 << 20]);
@@ -111,7 +111,7 @@ async fn a_corrupted_stream_is_refused_and_nothing_is_received() {
     let blob_dir = tempfile::tempdir().unwrap();
     let blobs = space_blob::store_under_test(blob_dir.path());
     let (session, first, _) = two_snapshots(from.pool());
-    let export = from.volumes(&blobs).export_disk(&session, &first, None).await.unwrap();
+    let export = from.volumes(&blobs).export_disk(&session, &first, None, None).await.unwrap();
 
     // One flipped bit in the middle of the stream, same size.
     let dir = tempfile::tempdir().unwrap();
@@ -122,7 +122,7 @@ async fn a_corrupted_stream_is_refused_and_nothing_is_received() {
     bytes[middle] ^= 0x10;
     blobs.replace_object(&export.stream, bytes).await.unwrap();
 
-    let err = to.volumes(&blobs).import_disk(&session, &first, &export).await.unwrap_err();
+    let err = to.volumes(&blobs).import_disk(&session, &first, &export, None).await.unwrap_err();
     assert!(matches!(err, VolumeError::Blob(BlobError::Corrupt { .. })), "{err:?}");
     assert!(!to.pool().snapshot_dir(&session, &first).join("rootfs").exists());
     assert!(to.pool().list_snapshots().unwrap().is_empty());
@@ -150,12 +150,12 @@ async fn a_full_snapshot_moves_whole_and_a_corrupt_image_leaves_nothing() {
     let (session, first, _) = two_snapshots(from.pool());
     make_full(from.pool(), &session, &first, from.dir.path());
 
-    let export = from.volumes(&blobs).export_snapshot(&session, &first, None).await.unwrap();
+    let export = from.volumes(&blobs).export_snapshot(&session, &first, None, None).await.unwrap();
     let names: Vec<&str> = export.images.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["core-1.img", "pages-1.img"]);
     assert!(export.is_full());
     let importer = to.volumes(&blobs);
-    importer.import_snapshot(&session, &first, &export).await.unwrap();
+    importer.import_snapshot(&session, &first, &export, None).await.unwrap();
     let dst = to.pool();
     assert!(dst.snapshot_has_images(&session, &first), "the binary arrived last");
     assert_eq!(std::fs::read(dst.snapshot_binary(&session, &first)).unwrap(), b"a static spaced");
@@ -163,13 +163,13 @@ async fn a_full_snapshot_moves_whole_and_a_corrupt_image_leaves_nothing() {
     assert_eq!(std::fs::read(images.join("pages-1.img")).unwrap(), vec![3u8; 300_000]);
     assert_eq!(std::fs::read_to_string(snapshot_file(dst, &session, &first, "tmp/first")).unwrap(), "one");
     assert!(importer.holds(&session, &first, &export));
-    importer.import_snapshot(&session, &first, &export).await.expect("a second import finds it there");
+    importer.import_snapshot(&session, &first, &export, None).await.expect("a second import finds it there");
 
     // Into a third pool, with one image's bytes changed: refused, and nothing of it stays.
     let third = TestPool::new("full-corrupt");
     let pages = export.images.iter().find(|f| f.name == "pages-1.img").unwrap();
     blobs.replace_object(&pages.blob, vec![4u8; 300_000]).await.unwrap();
-    let err = third.volumes(&blobs).import_snapshot(&session, &first, &export).await.unwrap_err();
+    let err = third.volumes(&blobs).import_snapshot(&session, &first, &export, None).await.unwrap_err();
     assert!(matches!(err, VolumeError::Blob(BlobError::Corrupt { .. })), "{err:?}");
     assert!(!third.pool().snapshot_images_dir(&session, &first).exists());
     assert!(!third.pool().snapshot_has_images(&session, &first));
@@ -178,7 +178,7 @@ async fn a_full_snapshot_moves_whole_and_a_corrupt_image_leaves_nothing() {
     // An export naming a file outside the images directory is refused before anything is read.
     let mut escaping = export.clone();
     escaping.images[0].name = "../escaped".into();
-    let err = third.volumes(&blobs).import_snapshot(&session, &first, &escaping).await.unwrap_err();
+    let err = third.volumes(&blobs).import_snapshot(&session, &first, &escaping, None).await.unwrap_err();
     assert!(matches!(err, VolumeError::NotPlain { .. }), "{err:?}");
 }
 
@@ -189,11 +189,11 @@ async fn imports_of_one_snapshot_started_together_all_find_it_whole() {
     let blobs = space_blob::store_under_test(blob_dir.path());
     let (session, first, _) = two_snapshots(from.pool());
     make_full(from.pool(), &session, &first, from.dir.path());
-    let export = from.volumes(&blobs).export_snapshot(&session, &first, None).await.unwrap();
+    let export = from.volumes(&blobs).export_snapshot(&session, &first, None, None).await.unwrap();
 
     // As forks ×4 of one snapshot placed on a node that does not hold it.
     let importer = to.volumes(&blobs);
-    let imports = (0..4).map(|_| importer.import_snapshot(&session, &first, &export));
+    let imports = (0..4).map(|_| importer.import_snapshot(&session, &first, &export, None));
     for (i, imported) in futures::future::join_all(imports).await.into_iter().enumerate() {
         imported.unwrap_or_else(|e| panic!("import {i}: {e:?}"));
     }
@@ -220,8 +220,8 @@ async fn an_import_uses_the_spaced_its_pool_keeps_and_fetches_one_it_does_not() 
     let (session, first, second) = two_snapshots(from.pool());
     make_full(from.pool(), &session, &first, from.dir.path());
     make_full(from.pool(), &session, &second, from.dir.path());
-    let export = from.volumes(&blobs).export_snapshot(&session, &first, None).await.unwrap();
-    let second_export = from.volumes(&blobs).export_snapshot(&session, &second, None).await.unwrap();
+    let export = from.volumes(&blobs).export_snapshot(&session, &first, None, None).await.unwrap();
+    let second_export = from.volumes(&blobs).export_snapshot(&session, &second, None, None).await.unwrap();
     let spaced = export.spaced.clone().unwrap();
 
     // The object is gone, but `to` keeps a binary of that hash: nothing to fetch.
@@ -229,7 +229,7 @@ async fn an_import_uses_the_spaced_its_pool_keeps_and_fetches_one_it_does_not() 
     std::fs::write(&binary, "a static spaced").unwrap();
     to.pool().keep_binary(&binary).unwrap();
     blobs.delete(&spaced).await.unwrap();
-    to.volumes(&blobs).import_snapshot(&session, &first, &export).await.expect("the kept binary serves");
+    to.volumes(&blobs).import_snapshot(&session, &first, &export, None).await.expect("the kept binary serves");
     assert_eq!(std::fs::read(to.pool().snapshot_binary(&session, &first)).unwrap(), b"a static spaced");
 
     // A kept copy whose bytes no longer match its name is not used: the object is fetched,
@@ -239,8 +239,47 @@ async fn an_import_uses_the_spaced_its_pool_keeps_and_fetches_one_it_does_not() 
     std::fs::remove_file(&kept).unwrap();
     std::fs::write(&kept, "something else").unwrap();
     assert_eq!(to.pool().kept_binary(&spaced.sha256), None);
-    let err = to.volumes(&blobs).import_snapshot(&session, &second, &second_export).await.unwrap_err();
+    let err = to.volumes(&blobs).import_snapshot(&session, &second, &second_export, None).await.unwrap_err();
     assert!(matches!(err, VolumeError::Blob(BlobError::Missing { .. })), "{err:?}");
     assert!(!to.pool().snapshot_has_images(&session, &second));
     assert_eq!(to.pool().kept_binary("../binaries/x"), None, "not a hash: names no file");
+}
+
+/// With a key, the blob store holds the root's stream and the images encrypted: no run of
+/// their bytes is in any object but the (public) `spaced`; they import with the key only, and
+/// a wrong key leaves nothing.
+#[tokio::test]
+async fn an_encrypted_export_holds_no_plaintext_and_opens_with_its_key_only() {
+    let (from, to) = (TestPool::new("sealed-from"), TestPool::new("sealed-to"));
+    let blob_dir = tempfile::tempdir().unwrap();
+    let blobs = space_blob::store_under_test(blob_dir.path());
+    let (session, _, second) = two_snapshots(from.pool());
+    make_full(from.pool(), &session, &second, from.dir.path());
+    let key = ExportKey::new([9u8; 32]);
+
+    let export = from.volumes(&blobs).export_snapshot(&session, &second, None, Some(&key)).await.unwrap();
+    assert!(export.encrypted && export.is_full());
+    let (root_run, image_run) = (vec![7u8; 64], vec![3u8; 64]);
+    for blob in std::iter::once(&export.disk.stream).chain(export.images.iter().map(|f| &f.blob)) {
+        let bytes = blobs.get_bytes(blob).await.unwrap();
+        let found = bytes.windows(64).any(|w| w == &root_run[..] || w == &image_run[..]);
+        assert!(!found, "plaintext in object {}", blob.sha256);
+    }
+    let spaced = blobs.get_bytes(export.spaced.as_ref().unwrap()).await.unwrap();
+    assert_eq!(&spaced[..], b"a static spaced", "the binary is not tenant data");
+
+    let importer = to.volumes(&blobs);
+    let err = importer.import_snapshot(&session, &second, &export, None).await.unwrap_err();
+    assert!(matches!(err, VolumeError::NoKey), "{err:?}");
+    let wrong = ExportKey::new([8u8; 32]);
+    let err = importer.import_snapshot(&session, &second, &export, Some(&wrong)).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Key(space_keys::KeyError::Corrupt { .. })), "{err:?}");
+    assert!(to.pool().list_snapshots().unwrap().is_empty(), "nothing of a failed import stays");
+
+    importer.import_snapshot(&session, &second, &export, Some(&key)).await.unwrap();
+    let dst = to.pool();
+    assert_eq!(std::fs::read(snapshot_file(dst, &session, &second, "tmp/second")).unwrap(), vec![7u8; 1 << 20]);
+    let images = dst.snapshot_images_dir(&session, &second);
+    assert_eq!(std::fs::read(images.join("pages-1.img")).unwrap(), vec![3u8; 300_000]);
+    assert_eq!(std::fs::read(dst.snapshot_binary(&session, &second)).unwrap(), b"a static spaced");
 }

@@ -1,0 +1,235 @@
+//! Files encrypted in authenticated chunks, so that one of any size is encrypted and checked
+//! streaming, never held in memory (snapshot streams and process images on their way to the
+//! blob store).
+//!
+//! Layout: `MAGIC (8) | version (1) | salt (32) | chunk 0 | chunk 1 | … | chunk n`. Each chunk
+//! is [`CHUNK`] bytes of plaintext (the last one fewer, possibly none) sealed with AES-256-GCM
+//! under a key derived from the data key and the file's random salt (HKDF-SHA-256), with the
+//! nonce `chunk index (u64 BE) | 0 0 0 | last (0 or 1)` and the header as associated data (the
+//! STREAM construction, as age and Tink use). A chunk moved, repeated, dropped, altered, or a
+//! file cut at a chunk boundary fails to open, and so does the same file under another key.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::Path;
+
+use aws_lc_rs::aead::{Aad, Nonce};
+use aws_lc_rs::hkdf;
+
+use crate::{KEY_LEN, KeyError, Result, TAG_LEN, aead_key, random};
+
+/// The first bytes of an encrypted file.
+pub const MAGIC: &[u8; 8] = b"spacekv1";
+const VERSION: u8 = 1;
+const SALT_LEN: usize = 32;
+const HEADER_LEN: usize = MAGIC.len() + 1 + SALT_LEN;
+/// Plaintext bytes per chunk.
+pub const CHUNK: usize = 1 << 20;
+const INFO: &[u8] = b"space-keys/stream/v1";
+
+fn subkey(data_key: &[u8], salt: &[u8]) -> Result<aws_lc_rs::aead::LessSafeKey> {
+    if data_key.len() != KEY_LEN {
+        return Err(KeyError::Crypto(format!("a stream key is {KEY_LEN} bytes, not {}", data_key.len())));
+    }
+    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, salt).extract(data_key);
+    let mut key = zeroize::Zeroizing::new([0u8; KEY_LEN]);
+    prk.expand(&[INFO], hkdf::HKDF_SHA256)
+        .and_then(|okm| okm.fill(&mut key[..]))
+        .map_err(|_| KeyError::Crypto("deriving the stream key failed".into()))?;
+    aead_key(&key[..])
+}
+
+fn nonce(index: u64, last: bool) -> Nonce {
+    let mut bytes = [0u8; 12];
+    bytes[..8].copy_from_slice(&index.to_be_bytes());
+    bytes[11] = u8::from(last);
+    Nonce::assume_unique_for_key(bytes)
+}
+
+/// Reads until `buf` is full or the input ends; how many bytes were read.
+fn fill(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match input.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+fn io(path: &Path, what: &str, e: std::io::Error) -> KeyError {
+    KeyError::Crypto(format!("{what} {}: {e}", path.display()))
+}
+
+/// Encrypts `src` into `dst` (created or truncated) under `data_key`.
+pub fn encrypt_file(data_key: &[u8], src: &Path, dst: &Path) -> Result<()> {
+    let mut input = BufReader::with_capacity(CHUNK, File::open(src).map_err(|e| io(src, "opening", e))?);
+    let mut output = BufWriter::with_capacity(CHUNK + TAG_LEN, File::create(dst).map_err(|e| io(dst, "creating", e))?);
+    let salt = random::<SALT_LEN>()?;
+    let mut header = MAGIC.to_vec();
+    header.push(VERSION);
+    header.extend_from_slice(&salt);
+    output.write_all(&header).map_err(|e| io(dst, "writing", e))?;
+    let key = subkey(data_key, &salt)?;
+    // One chunk read ahead, so that the last one is known when it is sealed.
+    let mut current = vec![0u8; CHUNK];
+    let mut next = vec![0u8; CHUNK];
+    let mut len = fill(&mut input, &mut current).map_err(|e| io(src, "reading", e))?;
+    let mut index = 0u64;
+    loop {
+        let next_len = if len == CHUNK { fill(&mut input, &mut next).map_err(|e| io(src, "reading", e))? } else { 0 };
+        let last = next_len == 0;
+        let tag = key
+            .seal_in_place_separate_tag(nonce(index, last), Aad::from(&header[..]), &mut current[..len])
+            .map_err(|_| KeyError::Crypto("encryption failed".into()))?;
+        output.write_all(&current[..len]).map_err(|e| io(dst, "writing", e))?;
+        output.write_all(tag.as_ref()).map_err(|e| io(dst, "writing", e))?;
+        if last {
+            break;
+        }
+        std::mem::swap(&mut current, &mut next);
+        len = next_len;
+        index += 1;
+    }
+    let file = output.into_inner().map_err(|e| io(dst, "writing", e.into_error()))?;
+    file.sync_all().map_err(|e| io(dst, "syncing", e))
+}
+
+/// Decrypts `src` (written by [`encrypt_file`]) into `dst` (created or truncated). A file
+/// that does not open whole is [`KeyError::Corrupt`], and `dst` is removed.
+pub fn decrypt_file(data_key: &[u8], src: &Path, dst: &Path) -> Result<()> {
+    let result = decrypt_into(data_key, src, dst);
+    if result.is_err() {
+        let _ = std::fs::remove_file(dst);
+    }
+    result
+}
+
+fn decrypt_into(data_key: &[u8], src: &Path, dst: &Path) -> Result<()> {
+    let corrupt = || KeyError::Corrupt { owner: src.display().to_string() };
+    let mut input = BufReader::with_capacity(CHUNK + TAG_LEN, File::open(src).map_err(|e| io(src, "opening", e))?);
+    let mut header = [0u8; HEADER_LEN];
+    if fill(&mut input, &mut header).map_err(|e| io(src, "reading", e))? != HEADER_LEN
+        || &header[..MAGIC.len()] != MAGIC
+        || header[MAGIC.len()] != VERSION
+    {
+        return Err(corrupt());
+    }
+    let key = subkey(data_key, &header[MAGIC.len() + 1..])?;
+    let mut output = BufWriter::with_capacity(CHUNK, File::create(dst).map_err(|e| io(dst, "creating", e))?);
+    let mut current = vec![0u8; CHUNK + TAG_LEN];
+    let mut next = vec![0u8; CHUNK + TAG_LEN];
+    let mut len = fill(&mut input, &mut current).map_err(|e| io(src, "reading", e))?;
+    let mut index = 0u64;
+    loop {
+        if len < TAG_LEN {
+            return Err(corrupt());
+        }
+        let next_len =
+            if len == CHUNK + TAG_LEN { fill(&mut input, &mut next).map_err(|e| io(src, "reading", e))? } else { 0 };
+        let last = next_len == 0;
+        let plain = key
+            .open_in_place(nonce(index, last), Aad::from(&header[..]), &mut current[..len])
+            .map_err(|_| corrupt())?;
+        output.write_all(plain).map_err(|e| io(dst, "writing", e))?;
+        if last {
+            break;
+        }
+        std::mem::swap(&mut current, &mut next);
+        len = next_len;
+        index += 1;
+    }
+    let file = output.into_inner().map_err(|e| io(dst, "writing", e.into_error()))?;
+    file.sync_all().map_err(|e| io(dst, "syncing", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> [u8; KEY_LEN] {
+        random::<KEY_LEN>().unwrap()
+    }
+
+    fn plaintext(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    fn round_trip(key: &[u8], data: &[u8]) -> (Vec<u8>, Result<Vec<u8>>) {
+        let dir = tempfile::tempdir().unwrap();
+        let (plain, sealed, back) = (dir.path().join("p"), dir.path().join("s"), dir.path().join("b"));
+        std::fs::write(&plain, data).unwrap();
+        encrypt_file(key, &plain, &sealed).unwrap();
+        let encrypted = std::fs::read(&sealed).unwrap();
+        let opened = decrypt_file(key, &sealed, &back).map(|()| std::fs::read(&back).unwrap());
+        (encrypted, opened)
+    }
+
+    fn open(key: &[u8], encrypted: &[u8]) -> Result<Vec<u8>> {
+        let dir = tempfile::tempdir().unwrap();
+        let (sealed, back) = (dir.path().join("s"), dir.path().join("b"));
+        std::fs::write(&sealed, encrypted).unwrap();
+        let opened = decrypt_file(key, &sealed, &back).map(|()| std::fs::read(&back).unwrap());
+        if opened.is_err() {
+            assert!(!back.exists(), "a file that does not open leaves nothing");
+        }
+        opened
+    }
+
+    #[test]
+    fn files_of_every_size_round_trip() {
+        let key = key();
+        for len in [0, 1, 100, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 17] {
+            let data = plaintext(len);
+            let (encrypted, opened) = round_trip(&key, &data);
+            assert_eq!(opened.unwrap(), data, "{len} bytes");
+            let chunks = len.div_ceil(CHUNK).max(1);
+            assert_eq!(encrypted.len(), HEADER_LEN + len + chunks * TAG_LEN, "{len} bytes");
+            if len >= 64 {
+                assert!(!encrypted.windows(64).any(|w| w == &data[..64]), "plaintext in the output");
+            }
+        }
+    }
+
+    #[test]
+    fn moved_dropped_cut_altered_or_foreign_chunks_fail() {
+        let key = key();
+        let data = plaintext(3 * CHUNK + 5);
+        let (encrypted, _) = round_trip(&key, &data);
+        let sealed_chunk = CHUNK + TAG_LEN;
+        let chunk = |i: usize| {
+            &encrypted[HEADER_LEN + i * sealed_chunk..(HEADER_LEN + (i + 1) * sealed_chunk).min(encrypted.len())]
+        };
+        let header = &encrypted[..HEADER_LEN];
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("swapped", [header, chunk(1), chunk(0), chunk(2), chunk(3)].concat()),
+            ("dropped", [header, chunk(0), chunk(2), chunk(3)].concat()),
+            ("repeated", [header, chunk(0), chunk(0), chunk(1), chunk(2), chunk(3)].concat()),
+            ("cut at a chunk boundary", [header, chunk(0), chunk(1)].concat()),
+            ("cut inside a chunk", encrypted[..encrypted.len() - 3].to_vec()),
+            ("header only", header.to_vec()),
+            ("empty", Vec::new()),
+        ];
+        for (what, bad) in cases {
+            assert!(matches!(open(&key, &bad), Err(KeyError::Corrupt { .. })), "{what}");
+        }
+        for at in [3, MAGIC.len() + 5, HEADER_LEN + 10, encrypted.len() - 1] {
+            let mut bad = encrypted.clone();
+            bad[at] ^= 1;
+            assert!(matches!(open(&key, &bad), Err(KeyError::Corrupt { .. })), "flipped byte {at}");
+        }
+        assert!(matches!(open(&self::key(), &encrypted), Err(KeyError::Corrupt { .. })), "another key");
+        assert_eq!(open(&key, &encrypted).unwrap(), data);
+    }
+
+    #[test]
+    fn the_same_file_twice_encrypts_differently() {
+        let key = key();
+        let data = plaintext(1000);
+        assert_ne!(round_trip(&key, &data).0, round_trip(&key, &data).0, "a fresh salt each time");
+        assert!(encrypt_file(&[0; 16], Path::new("/dev/null"), Path::new("/dev/null")).is_err(), "a short key");
+    }
+}
