@@ -116,8 +116,9 @@ pub enum KeyProviderKind {
 }
 
 /// Sets a tenant's key (`PUT /v1/tenants/{tenant}/key`). For `openbao`, `address` and `key`
-/// are required, and `token` must allow `update` on `MOUNT/encrypt/KEY`, `MOUNT/decrypt/KEY`
-/// and `MOUNT/rewrap/KEY`; it is stored sealed and never returned.
+/// are required, and `token` must allow `update` (only) on `MOUNT/encrypt/KEY`,
+/// `MOUNT/decrypt/KEY` and `MOUNT/rewrap/KEY`; it is stored sealed and never returned. A key
+/// a tenant sets (not the admin) must be `https` and not at a loopback or private address.
 #[derive(Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetTenantKeyRequest {
@@ -163,7 +164,11 @@ pub struct TenantKey {
     /// After a set or a rotation: how many sealed values now have their data keys wrapped
     /// by this key (their data is not re-encrypted).
     pub rewrapped: Option<u64>,
-    /// After a set or a rotation: sealed values that changed meanwhile and were left as they
-    /// were (still readable; set or rotate again to move them).
-    pub skipped: Option<u64>,
+    /// After a set or a rotation: sealed values of the tenant still under another key
+    /// (sealed or changed meanwhile, or whose key could not unwrap them): still readable
+    /// with that key. Set or rotate again to move them, and keep the old key (or its old
+    /// versions) until this is 0.
+    pub remaining: Option<u64>,
+    /// Why a value could not be moved, when one could not.
+    pub note: Option<String>,
 }

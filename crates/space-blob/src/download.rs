@@ -37,14 +37,15 @@ pub(crate) async fn create(partial: &Path) -> Result<std::fs::File> {
     opened.map_err(io(partial))
 }
 
-/// Copies `range` of the local object's `source` into `dest`, hashing it; reads no further
-/// than one byte past `expected` bytes.
+/// Copies `range` of the local object's `source` into `dest`, hashing it (and with `sync`,
+/// syncing it); reads no further than one byte past `expected` bytes.
 pub(crate) async fn copy_file(
     mut source: std::fs::File,
     range: Range<u64>,
     mut dest: std::fs::File,
     expected: u64,
     partial: &Path,
+    sync: bool,
 ) -> Result<BlobRef> {
     let path = partial.to_owned();
     let copied = tokio::task::spawn_blocking(move || -> std::io::Result<BlobRef> {
@@ -64,7 +65,9 @@ pub(crate) async fn copy_file(
             hasher.update(&buf[..n]);
             dest.write_all(&buf[..n])?;
         }
-        dest.sync_all()?;
+        if sync {
+            dest.sync_all()?;
+        }
         Ok(BlobRef { sha256: hex::encode(hasher.finalize()), size })
     })
     .await
@@ -72,13 +75,14 @@ pub(crate) async fn copy_file(
     copied.map_err(io(partial))
 }
 
-/// Writes `stream` into `dest` through a buffer of [`CHUNK`] bytes, hashing it; stops at the
-/// first piece past `expected` bytes.
+/// Writes `stream` into `dest` through a buffer of [`CHUNK`] bytes, hashing it (and with
+/// `sync`, syncing it); stops at the first piece past `expected` bytes.
 pub(crate) async fn copy_stream(
     mut stream: BoxStream<'static, object_store::Result<Bytes>>,
     dest: std::fs::File,
     expected: u64,
     partial: &Path,
+    sync: bool,
 ) -> Result<BlobRef> {
     let mut file = tokio::io::BufWriter::with_capacity(CHUNK, tokio::fs::File::from_std(dest));
     let (mut hasher, mut size) = (Sha256::new(), 0u64);
@@ -92,6 +96,8 @@ pub(crate) async fn copy_stream(
         file.write_all(&chunk).await.map_err(io(partial))?;
     }
     file.flush().await.map_err(io(partial))?;
-    file.get_ref().sync_all().await.map_err(io(partial))?;
+    if sync {
+        file.get_ref().sync_all().await.map_err(io(partial))?;
+    }
     Ok(BlobRef { sha256: hex::encode(hasher.finalize()), size })
 }

@@ -158,8 +158,19 @@ impl BlobStore {
     /// Writes the bytes of `blob` to `dest`, which appears only once they are checked, readable
     /// by its owner only (an object may hold a sandbox's memory).
     pub async fn get_to_file(&self, blob: &BlobRef, dest: &Path) -> Result<()> {
+        self.get_to(blob, dest, true).await
+    }
+
+    /// [`BlobStore::get_to_file`] for a scratch file that is read once and removed (an
+    /// encrypted object on its way to being decrypted): not synced to disk, which a crash
+    /// would only make the caller fetch again.
+    pub async fn get_to_scratch(&self, blob: &BlobRef, dest: &Path) -> Result<()> {
+        self.get_to(blob, dest, false).await
+    }
+
+    async fn get_to(&self, blob: &BlobRef, dest: &Path, sync: bool) -> Result<()> {
         let partial = dest.with_extension("partial");
-        let result = self.download(blob, &partial).await;
+        let result = self.download(blob, &partial, sync).await;
         match result {
             Ok(()) => tokio::fs::rename(&partial, dest).await.map_err(io(dest)),
             Err(e) => {
@@ -169,15 +180,15 @@ impl BlobStore {
         }
     }
 
-    async fn download(&self, blob: &BlobRef, partial: &Path) -> Result<()> {
+    async fn download(&self, blob: &BlobRef, partial: &Path, sync: bool) -> Result<()> {
         let key = Self::key(blob)?;
         let got = self.store.get(&key).await.map_err(|e| missing(e, &key))?;
         let file = download::create(partial).await?;
         let actual = match got.payload {
             GetResultPayload::File(source, _) => {
-                download::copy_file(source, got.range, file, blob.size, partial).await?
+                download::copy_file(source, got.range, file, blob.size, partial, sync).await?
             }
-            GetResultPayload::Stream(stream) => download::copy_stream(stream, file, blob.size, partial).await?,
+            GetResultPayload::Stream(stream) => download::copy_stream(stream, file, blob.size, partial, sync).await?,
         };
         check(&key, blob, actual)
     }

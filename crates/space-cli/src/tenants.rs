@@ -207,8 +207,13 @@ fn print_key(key: &TenantKey, json: bool) -> anyhow::Result<()> {
     if let Some(n) = key.rewrapped {
         println!("rewrapped {n} sealed value(s)");
     }
-    if let Some(n) = key.skipped.filter(|&n| n > 0) {
-        println!("skipped   {n} value(s) changed meanwhile (still readable; run it again to move them)");
+    if let Some(n) = key.remaining.filter(|&n| n > 0) {
+        println!(
+            "remaining {n} value(s) still under another key (still readable with it; run this again, and keep that key until none remain)"
+        );
+    }
+    if let Some(note) = &key.note {
+        println!("note      {note}");
     }
     Ok(())
 }

@@ -156,6 +156,7 @@ fn a_tenants_own_key_seals_its_secrets_and_revoking_it_stops_their_use() {
     assert_eq!(env.sealed_refs().split_whitespace().collect::<Vec<_>>(), ["local", "local"]);
     let shown = set_key(&env.server, "acme", &key, &token);
     assert_eq!((shown["provider"].as_str(), shown["rewrapped"].as_u64()), (Some("openbao"), Some(2)), "{shown}");
+    assert_eq!(shown["remaining"], 0, "{shown}");
     let key_id = shown["id"].as_str().unwrap().to_owned();
     let (status, r) = env.server.call_as(&env.tenant, "GET", "/v1/tenants/acme/key", None);
     assert_eq!((status, r["key"].as_str()), (200, Some(key.as_str())), "{r}");
@@ -225,9 +226,24 @@ fn unusable_key_settings_are_refused_and_change_nothing() {
         let (status, r) = put(body.clone());
         assert_eq!((status, r["error"]["code"].as_str()), (400, Some("bad_request")), "{body}: {r}");
     }
-    // A key that does not exist, and a token the KMS does not know.
-    let (status, r) = put(json!({ "provider": "openbao", "address": address, "key": "missing", "token": "s.bogus" }));
+    // A tenant's own key may not be at a loopback address, nor over plain HTTP.
+    for address in [address.clone(), address.replace("http://", "https://")] {
+        let (status, r) = put(json!({ "provider": "openbao", "address": address, "key": "k", "token": "t" }));
+        assert_eq!((status, r["error"]["code"].as_str()), (400, Some("bad_request")), "{address}: {r}");
+    }
+    // The admin's may (an operator's KMS): a key that does not exist, with a token the KMS does
+    // not know, is refused by the KMS, and a tenant the admin named is not created for it.
+    let body = json!({ "provider": "openbao", "address": address, "key": "missing", "token": "s.bogus" });
+    let (status, r) = server.call("PUT", "/v1/tenants/acme/key", Some(body.clone()));
     assert_eq!((status, r["error"]["code"].as_str()), (503, Some("key_unavailable")), "{r}");
+    let (status, r) = server.call("PUT", "/v1/tenants/ghost/key", Some(body));
+    assert_eq!((status, r["error"]["code"].as_str()), (503, Some("key_unavailable")), "{r}");
+    let (status, r) = server.call("GET", "/v1/tenants/ghost/key", None);
+    assert_eq!(
+        (status, r["error"]["code"].as_str()),
+        (404, Some("not_found")),
+        "a refused key created its tenant: {r}"
+    );
     let (status, r) = server.call_as(&tenant, "GET", "/v1/tenants/acme/key", None);
     assert_eq!((status, r["provider"].as_str()), (200, Some("local")), "{r}");
 }

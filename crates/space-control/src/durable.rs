@@ -42,6 +42,15 @@ async fn export_held(
     let key = space_keys::data_key().map_err(crate::keyring::key_error)?;
     let key_sealed = state.keys.seal(&tenant, &key[..], &export_key_owner(session, snapshot)).await?;
     match node.export_snapshot(session, snapshot, Some(&ExportKey::new(*key))).await {
+        // A node that does not encrypt (an older one) would put the tenant's data in clear.
+        Ok(export) if !export.encrypted => Err(AppError::new(
+            ErrorCode::BlobStoreUnavailable,
+            format!(
+                "node {} exported snapshot {snapshot} without encrypting it; upgrade the node (its export is not \
+                 recorded, and the snapshot stays on the node only)",
+                node.node_id()
+            ),
+        )),
         Ok(export) => {
             state.store.set_snapshot_export(snapshot, &export, Some(&key_sealed)).await?;
             tracing::info!(%session, %snapshot, bytes = export.size(), "snapshot exported to the blob store");

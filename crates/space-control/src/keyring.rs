@@ -25,6 +25,21 @@ pub struct Keyring {
     cache_ttl: Duration,
     /// Sealers of tenant keys used so far, by id (a stored key never changes).
     tenant_sealers: Mutex<HashMap<TenantKeyId, Sealer>>,
+    /// Held by each change of a tenant's key (set, rotate), so that two in this replica do
+    /// not move the tenant's values to two keys at once.
+    changes: Mutex<HashMap<TenantId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// What moving a tenant's values to a key did.
+#[derive(Debug, Default)]
+pub struct Moved {
+    /// Values whose data keys are now wrapped by the key.
+    pub rewrapped: u64,
+    /// Values of the tenant still under another key afterwards (sealed meanwhile, changed
+    /// while being moved, or whose key could not unwrap them).
+    pub remaining: u64,
+    /// Why the first value that could not be moved was not.
+    pub failure: Option<AppError>,
 }
 
 impl std::fmt::Debug for Keyring {
@@ -46,6 +61,12 @@ pub fn key_error(e: KeyError) -> AppError {
     }
 }
 
+/// The addresses a key may not be at: none for the operator's, loopback and private ones
+/// (as for the gateway's upstreams) for a key a tenant set.
+pub fn refused_addresses(public_only: bool) -> Option<fn(std::net::IpAddr) -> bool> {
+    public_only.then_some(space_gateway::is_private as fn(std::net::IpAddr) -> bool)
+}
+
 /// Associated data that binds a tenant key's sealed token to it.
 fn token_owner(key: &TenantKeyRecord) -> String {
     format!("tenant-key-token/{}/{}", key.tenant_id, key.id)
@@ -53,7 +74,7 @@ fn token_owner(key: &TenantKeyRecord) -> String {
 
 impl Keyring {
     pub fn new(local: Sealer, store: Store, cache_ttl: Duration) -> Keyring {
-        Keyring { local, store, cache_ttl, tenant_sealers: Mutex::new(HashMap::new()) }
+        Keyring { local, store, cache_ttl, tenant_sealers: Mutex::default(), changes: Mutex::default() }
     }
 
     /// The server's local key: what is not a tenant's (the database's canary, the
@@ -65,6 +86,15 @@ impl Keyring {
     /// A poisoned map is as good as any: entries are only inserted whole.
     fn sealers(&self) -> std::sync::MutexGuard<'_, HashMap<TenantKeyId, Sealer>> {
         self.tenant_sealers.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Held while the tenant's key changes (see [`Keyring::move_tenant`]).
+    pub async fn lock_tenant(&self, tenant: &TenantId) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut changes = self.changes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            changes.entry(tenant.clone()).or_default().clone()
+        };
+        lock.lock_owned().await
     }
 
     /// A sealer for a new tenant key (not stored yet): its transit settings and token.
@@ -90,6 +120,7 @@ impl Keyring {
             mount: key.mount.clone(),
             key: key.key_name.clone(),
             token: Zeroizing::new(token),
+            refused_addresses: refused_addresses(key.public_only),
         };
         let sealer = self.transit_sealer(&key.id, config)?;
         self.sealers().insert(key.id.clone(), sealer.clone());
@@ -135,24 +166,63 @@ impl Keyring {
     }
 
     /// Re-wraps the data keys of what is sealed for `tenant` under `to`: those under other
-    /// keys, and with `rotate` those under `to` already (to its newest version). Returns how
-    /// many were re-wrapped and how many changed meanwhile and were left (they still open).
-    pub async fn rewrap_tenant(&self, tenant: &TenantId, to: &Sealer, rotate: bool) -> AppResult<(u64, u64)> {
-        let (mut rewrapped, mut skipped) = (0, 0);
+    /// keys, and with `rotate` those under `to` already (to its newest version). A value
+    /// that cannot be moved (its key unavailable, or changed meanwhile) is left as it is,
+    /// still readable with its key, and counted in [`Moved::remaining`].
+    pub async fn rewrap_tenant(&self, tenant: &TenantId, to: &Sealer, rotate: bool) -> AppResult<Moved> {
+        let mut moved = Moved::default();
         for value in self.store.tenant_sealed_values(tenant).await? {
             let key_ref = key_ref_of(&value.sealed).map_err(key_error)?;
             if key_ref == to.key_ref() && !rotate {
                 continue;
             }
-            let from = self.by_ref(key_ref).await?;
-            let new = from.rewrap(&value.sealed, to).await.map_err(key_error)?;
-            if self.store.replace_sealed(&value.owner, &value.sealed, &new).await? {
-                rewrapped += 1;
-            } else {
-                skipped += 1;
+            let new = match self.by_ref(key_ref).await {
+                Ok(from) => from.rewrap(&value.sealed, to).await.map_err(key_error),
+                Err(e) => Err(e),
+            };
+            match new {
+                Ok(new) if self.store.replace_sealed(&value.owner, &value.sealed, &new).await? => moved.rewrapped += 1,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(%tenant, error = %e.0.message, "a sealed value stays under its key");
+                    moved.failure.get_or_insert(e);
+                }
             }
         }
-        Ok((rewrapped, skipped))
+        for value in self.store.tenant_sealed_values(tenant).await? {
+            if key_ref_of(&value.sealed).map_or(true, |r| r != to.key_ref()) {
+                moved.remaining += 1;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Moves everything sealed for `tenant` to `to` and makes `to` (`None`: the local key)
+    /// the key new values are sealed with: values are re-wrapped before the switch (so a
+    /// failure leaves them readable), then once more for those sealed meanwhile under the
+    /// old key. Once nothing names the tenant's other keys, they are deleted. Call with
+    /// [`Keyring::lock_tenant`] held.
+    pub async fn move_tenant(&self, tenant: &TenantId, to: &Sealer, key: Option<&TenantKeyId>) -> AppResult<Moved> {
+        let before = self.rewrap_tenant(tenant, to, false).await?;
+        self.store.set_tenant_key_ref(tenant, key).await?;
+        let mut after = self.rewrap_tenant(tenant, to, false).await?;
+        after.rewrapped += before.rewrapped;
+        after.failure = after.failure.or(before.failure);
+        self.forget_unused(tenant, key, &after).await?;
+        Ok(after)
+    }
+
+    /// Deletes the tenant's keys other than `current` once no value names them.
+    pub async fn forget_unused(
+        &self,
+        tenant: &TenantId,
+        current: Option<&TenantKeyId>,
+        moved: &Moved,
+    ) -> AppResult<()> {
+        if moved.remaining == 0 {
+            self.store.delete_tenant_keys_except(tenant, current).await?;
+        }
+        Ok(())
     }
 
     /// Drops every data key kept longer than the cache's TTL (see [`Sealer::forget_expired`]).

@@ -157,7 +157,7 @@ mod traffic;
 mod proxy;
 
 pub use limits::SandboxLimits;
-pub use proxy::parse_dns_server;
+pub use proxy::{is_private, parse_dns_server};
 pub use traffic::SessionTraffic;
 
 /// State shared by every sandbox's listeners.

@@ -4,10 +4,13 @@
 //! the key's minimum decryption version or deleting it makes what was sealed under it
 //! unreadable, and restoring it makes it readable again.
 
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use url::Host;
 use zeroize::Zeroizing;
 
 use crate::{KeyError, KeyProvider, Result};
@@ -34,6 +37,12 @@ pub struct TransitConfig {
     /// A token allowed to `update` `MOUNT/encrypt/KEY`, `MOUNT/decrypt/KEY` and
     /// `MOUNT/rewrap/KEY`.
     pub token: Zeroizing<String>,
+    /// For a key a tenant set (not the operator): addresses the KMS may not be at (e.g.
+    /// loopback and private networks, so that a tenant cannot make the control plane call
+    /// its neighbours). With it, the address must be `https`, a literal address it refuses
+    /// is refused, names are resolved to allowed addresses only at every connection, and
+    /// network failures are reported without detail.
+    pub refused_addresses: Option<fn(IpAddr) -> bool>,
 }
 
 impl std::fmt::Debug for TransitConfig {
@@ -95,6 +104,22 @@ impl TransitConfig {
                 self.address
             )));
         }
+        if let Some(refused) = self.refused_addresses {
+            if url.scheme() != "https" {
+                return Err(KeyError::Config(format!("the address {:?} must be https", self.address)));
+            }
+            let literal = match url.host() {
+                Some(Host::Ipv4(ip)) => Some(IpAddr::V4(ip)),
+                Some(Host::Ipv6(ip)) => Some(IpAddr::V6(ip)),
+                _ => None,
+            };
+            if literal.is_some_and(refused) {
+                return Err(KeyError::Config(format!(
+                    "the address {:?} is on a loopback or private network, which a tenant's key may not be at",
+                    self.address
+                )));
+            }
+        }
         check_name("mount", &self.mount, true)?;
         check_name("key name", &self.key, false)?;
         if self.token.trim().is_empty() || self.token.bytes().any(|b| !b.is_ascii_graphic()) {
@@ -107,13 +132,15 @@ impl TransitConfig {
 impl TransitKey {
     pub fn new(config: TransitConfig) -> Result<TransitKey> {
         let base = config.validate()?;
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
             .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .build()
-            .map_err(|e| KeyError::Config(format!("cannot make an HTTP client: {e}")))?;
+            .no_proxy();
+        if let Some(refused) = config.refused_addresses {
+            builder = builder.dns_resolver(Arc::new(Allowed(refused)));
+        }
+        let client = builder.build().map_err(|e| KeyError::Config(format!("cannot make an HTTP client: {e}")))?;
         Ok(TransitKey { config, base, client })
     }
 
@@ -127,15 +154,18 @@ impl TransitKey {
             .base
             .join(&format!("v1/{}/{op}/{}", self.config.mount, self.config.key))
             .map_err(|e| KeyError::Config(format!("cannot form the transit URL: {e}")))?;
+        let mut token = reqwest::header::HeaderValue::from_str(self.config.token.as_str())
+            .map_err(|_| KeyError::Config("the token is not a valid header value".into()))?;
+        token.set_sensitive(true);
         let response = self
             .client
             .post(url)
-            .header("X-Vault-Token", self.config.token.as_str())
+            .header("X-Vault-Token", token)
             .header("Content-Type", "application/json")
             .body(body.to_string())
             .send()
             .await
-            .map_err(|e| self.unavailable(format!("the KMS did not answer ({})", error_chain(&e))))?;
+            .map_err(|e| self.unavailable(format!("the KMS did not answer ({})", self.network_error(&e))))?;
         let status = response.status();
         let bytes = read_capped(response).await.map_err(|e| self.unavailable(format!("reading its answer: {e}")))?;
         if !status.is_success() {
@@ -166,7 +196,13 @@ impl TransitKey {
                 "the KMS refused to {op} (403 {quoted}): the key was revoked or space's access to it removed"
             ));
         }
-        if lower.contains("key not found") || lower.contains("too old") || lower.contains("not allowed by the policy") {
+        // 401: no such token; 404: no transit engine at the mount (or no such route).
+        let gone = matches!(status.as_u16(), 401 | 404);
+        if gone
+            || lower.contains("key not found")
+            || lower.contains("too old")
+            || lower.contains("not allowed by the policy")
+        {
             return self.unavailable(format!("the KMS refused to {op} ({} {quoted})", status.as_u16()));
         }
         if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS {
@@ -176,6 +212,43 @@ impl TransitKey {
             return KeyError::WrongKey { key: self.describe() };
         }
         KeyError::Crypto(format!("{}: {op} failed ({} {quoted})", self.describe(), status.as_u16()))
+    }
+}
+
+impl TransitKey {
+    /// What went wrong on the network: in full for the operator's keys, only its kind for a
+    /// tenant's (whose address could otherwise be used to probe the network).
+    fn network_error(&self, e: &reqwest::Error) -> String {
+        if self.config.refused_addresses.is_none() {
+            return error_chain(e);
+        }
+        let kind = if e.is_timeout() {
+            "timed out"
+        } else if e.is_connect() {
+            "could not connect"
+        } else {
+            "the request failed"
+        };
+        kind.to_owned()
+    }
+}
+
+/// Resolves names to the addresses a filter allows only, at every connection (so a name
+/// that later resolves elsewhere is checked again).
+struct Allowed(fn(IpAddr) -> bool);
+
+impl reqwest::dns::Resolve for Allowed {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let refused = self.0;
+        Box::pin(async move {
+            let found = tokio::net::lookup_host((name.as_str(), 0)).await?;
+            let allowed: Vec<SocketAddr> = found.filter(|a| !refused(a.ip())).collect();
+            if allowed.is_empty() {
+                let why = format!("{} resolves to no address a tenant's key may be at", name.as_str());
+                return Err(why.into());
+            }
+            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
+        })
     }
 }
 
@@ -247,6 +320,7 @@ mod tests {
             mount: mount.into(),
             key: key.into(),
             token: Zeroizing::new("s.token".into()),
+            refused_addresses: None,
         }
     }
 
@@ -273,6 +347,38 @@ mod tests {
         let mut no_token = config("http://127.0.0.1", "transit", "k");
         no_token.token = Zeroizing::new(" ".into());
         assert!(no_token.validate().is_err());
+    }
+
+    /// A tenant's key may not be at a loopback or private address, nor over plain HTTP.
+    #[test]
+    fn a_tenants_key_is_refused_at_private_addresses() {
+        let private = |ip: IpAddr| ip.is_loopback() || matches!(ip, IpAddr::V4(v4) if v4.is_private());
+        let tenant =
+            |address: &str| TransitConfig { refused_addresses: Some(private), ..config(address, "transit", "k") };
+        assert!(tenant("https://kms.example.com").validate().is_ok());
+        assert!(tenant("https://8.8.8.8:8200").validate().is_ok());
+        for address in ["http://kms.example.com", "https://127.0.0.1:8200", "https://10.1.2.3", "https://[::1]:8200"] {
+            let err = tenant(address).validate().unwrap_err();
+            assert!(matches!(err, KeyError::Config(_)), "{address}: {err}");
+        }
+    }
+
+    /// A name resolves to allowed addresses only: `localhost` for a tenant's key finds none.
+    #[tokio::test]
+    async fn a_tenants_key_does_not_reach_a_name_that_resolves_to_loopback() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let loopback = |ip: IpAddr| ip.is_loopback();
+        let config = TransitConfig {
+            refused_addresses: Some(loopback),
+            ..config(&format!("https://localhost:{port}"), "transit", "k")
+        };
+        let key = TransitKey::new(config).unwrap();
+        let err = key.wrap(&[0; 32]).await.unwrap_err();
+        assert!(matches!(err, KeyError::Unavailable { .. }), "{err}");
+        assert!(!err.to_string().contains("localhost resolves"), "no detail for a tenant's key: {err}");
+        listener.set_nonblocking(true).unwrap();
+        assert!(listener.accept().is_err(), "nothing connected");
     }
 
     #[test]

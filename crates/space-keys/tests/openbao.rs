@@ -48,7 +48,13 @@ async fn customer_key(name: &str) -> TransitConfig {
         .unwrap();
     let response: serde_json::Value = serde_json::from_slice(&response).unwrap();
     let token = response["auth"]["client_token"].as_str().unwrap().to_owned();
-    TransitConfig { address, mount: "transit".into(), key: name.into(), token: Zeroizing::new(token) }
+    TransitConfig {
+        address,
+        mount: "transit".into(),
+        key: name.into(),
+        token: Zeroizing::new(token),
+        refused_addresses: None,
+    }
 }
 
 /// Grants (or revokes) the key's policy: revoking is how a customer cuts space off.

@@ -18,6 +18,8 @@ pub struct TenantKeyRecord {
     pub key_name: String,
     /// The token that lets space use the key, sealed by the server's local key.
     pub token_sealed: Vec<u8>,
+    /// Set by a tenant, not the operator: refused at loopback and private addresses.
+    pub public_only: bool,
     pub created_at_ms: i64,
 }
 
@@ -33,7 +35,7 @@ impl std::fmt::Debug for TenantKeyRecord {
     }
 }
 
-const COLUMNS: &str = "id, tenant_id, provider, address, mount, key_name, token_sealed, created_at";
+const COLUMNS: &str = "id, tenant_id, provider, address, mount, key_name, token_sealed, created_at, public_only";
 
 fn record(row: &sqlx::any::AnyRow) -> Result<TenantKeyRecord> {
     Ok(TenantKeyRecord {
@@ -45,13 +47,14 @@ fn record(row: &sqlx::any::AnyRow) -> Result<TenantKeyRecord> {
         key_name: row.get(5),
         token_sealed: row.get(6),
         created_at_ms: row.get(7),
+        public_only: row.get::<i64, _>(8) != 0,
     })
 }
 
 impl Store {
     /// Stores `key` (not yet the tenant's current key: see [`Store::set_tenant_key_ref`]).
     pub async fn insert_tenant_key(&self, key: &TenantKeyRecord) -> Result<()> {
-        sqlx::query(&format!("INSERT INTO tenant_keys ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"))
+        sqlx::query(&format!("INSERT INTO tenant_keys ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"))
             .bind(key.id.as_str())
             .bind(key.tenant_id.as_str())
             .bind(&key.provider)
@@ -60,6 +63,7 @@ impl Store {
             .bind(&key.key_name)
             .bind(&key.token_sealed)
             .bind(now_ms())
+            .bind(i64::from(key.public_only))
             .execute(&self.writer)
             .await?;
         Ok(())
@@ -94,6 +98,17 @@ impl Store {
             .execute(&self.writer)
             .await?;
         Ok(())
+    }
+
+    /// Deletes the tenant's keys but `keep` (call once no sealed value of the tenant names
+    /// them); how many.
+    pub async fn delete_tenant_keys_except(&self, tenant: &TenantId, keep: Option<&TenantKeyId>) -> Result<u64> {
+        let done = sqlx::query("DELETE FROM tenant_keys WHERE tenant_id = $1 AND id <> $2")
+            .bind(tenant.as_str())
+            .bind(keep.map_or("", TenantKeyId::as_str))
+            .execute(&self.writer)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     /// What is sealed for `tenant`: its credentials' values, the CA keys of its sessions that
@@ -203,12 +218,13 @@ mod tests {
             key_name: "a".into(),
             token_sealed: vec![9, 9],
             created_at_ms: 0,
+            public_only: true,
         };
         store.insert_tenant_key(&key).await.unwrap();
         assert!(store.current_tenant_key(&a).await.unwrap().is_none(), "stored is not current");
         store.set_tenant_key_ref(&a, Some(&key.id)).await.unwrap();
         let current = store.current_tenant_key(&a).await.unwrap().unwrap();
-        assert_eq!((current.id, current.token_sealed), (key.id.clone(), vec![9, 9]));
+        assert_eq!((current.id, current.token_sealed, current.public_only), (key.id.clone(), vec![9, 9], true));
         assert!(store.current_tenant_key(&b).await.unwrap().is_none());
 
         let ours = credential(&store, &a, "gh", &[1]).await;
@@ -225,5 +241,9 @@ mod tests {
         store.set_tenant_key_ref(&a, None).await.unwrap();
         assert!(store.current_tenant_key(&a).await.unwrap().is_none());
         assert!(store.tenant_key(&key.id).await.unwrap().is_some(), "kept while values may name it");
+        assert_eq!(store.delete_tenant_keys_except(&b, None).await.unwrap(), 0, "another tenant's");
+        assert_eq!(store.delete_tenant_keys_except(&a, Some(&key.id)).await.unwrap(), 0, "kept");
+        assert_eq!(store.delete_tenant_keys_except(&a, None).await.unwrap(), 1);
+        assert!(store.tenant_key(&key.id).await.unwrap().is_none());
     }
 }

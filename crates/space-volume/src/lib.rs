@@ -119,21 +119,22 @@ impl Volumes {
 
     /// Fetches `blob` (checked against its hash) into `dest`, decrypted with `key` when given
     /// (a blob that does not decrypt whole is [`space_keys::KeyError::Corrupt`]; `dest` is
-    /// then removed).
+    /// then removed). A `scratch` destination (read once and removed) is not synced.
     async fn get_file(
         &self,
         snapshot: &SnapshotId,
         blob: &BlobRef,
         dest: &Path,
         key: Option<&ExportKey>,
+        scratch: bool,
     ) -> Result<()> {
         let Some(key) = key else { return Ok(self.blobs.get_to_file(blob, dest).await?) };
         let sealed = self.scratch_file(snapshot, "sealed")?;
-        let fetched = self.blobs.get_to_file(blob, &sealed).await;
+        let fetched = self.blobs.get_to_scratch(blob, &sealed).await;
         let decrypted = match fetched {
             Ok(()) => {
                 let (key, src, dst) = (key.clone(), sealed.clone(), dest.to_owned());
-                tokio::task::spawn_blocking(move || space_keys::stream::decrypt_file(key.bytes(), &src, &dst))
+                tokio::task::spawn_blocking(move || space_keys::stream::decrypt_file(key.bytes(), &src, &dst, !scratch))
                     .await
                     .map_err(VolumeError::from)
                     .and_then(|r| r.map_err(VolumeError::from))
@@ -168,7 +169,7 @@ impl Volumes {
         stream: &Path,
         key: Option<&ExportKey>,
     ) -> Result<()> {
-        self.get_file(snapshot, &export.stream, stream, key).await?;
+        self.get_file(snapshot, &export.stream, stream, key, true).await?;
         let (pool, input) = (self.pool.clone(), stream.to_owned());
         let (session, snapshot) = (session.clone(), snapshot.clone());
         tokio::task::spawn_blocking(move || pool.receive_snapshot(&session, &snapshot, &input)).await??;

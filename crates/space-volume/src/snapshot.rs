@@ -98,7 +98,7 @@ impl Volumes {
         std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
         for file in &export.images {
             let path = dir.join(&file.name);
-            self.get_file(snapshot, &file.blob, &path, key).await?;
+            self.get_file(snapshot, &file.blob, &path, key, false).await?;
             // As CRIU writes its own: the restored tasks read them from inside the sandbox's
             // user namespace. The images root (0700, root's) keeps everyone else out.
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(IMAGE_MODE)).map_err(|e| io(&path, e))?;

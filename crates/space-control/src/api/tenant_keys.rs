@@ -5,42 +5,49 @@ use axum::Extension;
 use axum::extract::State;
 use space_api::error::clip;
 use space_api::{ErrorBody, ErrorCode, KeyProviderKind, SetTenantKeyRequest, TenantId, TenantKey, TenantKeyId};
-use space_keys::{Sealer, TransitConfig, Zeroizing};
+use space_keys::{TransitConfig, Zeroizing};
 use space_store::TenantKeyRecord;
 
 use super::system::check_tenant_name;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiPath, AppError, AppResult};
-use crate::keyring::{OPENBAO, key_error};
+use crate::keyring::{Moved, OPENBAO, key_error, refused_addresses};
 
 /// Where the transit engine is mounted unless the request says.
 const DEFAULT_MOUNT: &str = "transit";
 
-/// The tenant named in the path, if the caller may manage its key: the admin any tenant's
-/// (with `create`, one that does not exist yet is created, as for quotas), a tenant its own;
+/// Whether the caller may manage `tenant`'s key: the admin any tenant's, a tenant its own;
 /// any other is 404, as one that does not exist.
-async fn authorize(state: &AppState, caller: &Caller, tenant: &str, create: bool) -> AppResult<TenantId> {
-    let not_found = || {
+fn authorize(caller: &Caller, tenant: &str) -> AppResult<()> {
+    if caller.admin || tenant == caller.tenant {
+        return Ok(());
+    }
+    Err(AppError::new(
+        ErrorCode::NotFound,
+        format!("tenant {} not found; `space key list` names the tenants", clip(tenant)),
+    ))
+}
+
+/// The tenant's id: the caller's own, or for the admin the named tenant (with `create`,
+/// created if it does not exist yet, as for quotas; else 404).
+async fn tenant_id(state: &AppState, caller: &Caller, tenant: &str, create: bool) -> AppResult<TenantId> {
+    if !caller.admin {
+        return Ok(caller.tenant_id.clone());
+    }
+    check_tenant_name(tenant)?;
+    if create {
+        return Ok(state.store.ensure_tenant(tenant).await?);
+    }
+    state.store.tenant_named(tenant).await?.ok_or_else(|| {
         AppError::new(
             ErrorCode::NotFound,
             format!("tenant {} not found; `space key list` names the tenants", clip(tenant)),
         )
-    };
-    if caller.admin && create {
-        check_tenant_name(tenant)?;
-        return Ok(state.store.ensure_tenant(tenant).await?);
-    }
-    if caller.admin {
-        return state.store.tenant_named(tenant).await?.ok_or_else(not_found);
-    }
-    if tenant != caller.tenant {
-        return Err(not_found());
-    }
-    Ok(caller.tenant_id.clone())
+    })
 }
 
-fn view(tenant: &str, tenant_id: &TenantId, key: Option<&TenantKeyRecord>, moved: Option<(u64, u64)>) -> TenantKey {
+fn view(tenant: &str, tenant_id: &TenantId, key: Option<&TenantKeyRecord>, moved: Option<&Moved>) -> TenantKey {
     TenantKey {
         tenant: tenant.to_owned(),
         tenant_id: tenant_id.clone(),
@@ -50,13 +57,15 @@ fn view(tenant: &str, tenant_id: &TenantId, key: Option<&TenantKeyRecord>, moved
         mount: key.map(|k| k.mount.clone()),
         key: key.map(|k| k.key_name.clone()),
         created_at: key.map(|k| k.created_at_ms),
-        rewrapped: moved.map(|m| m.0),
-        skipped: moved.map(|m| m.1),
+        rewrapped: moved.map(|m| m.rewrapped),
+        remaining: moved.map(|m| m.remaining),
+        note: moved.and_then(|m| m.failure.as_ref()).map(|e| e.0.message.clone()),
     }
 }
 
-/// The transit settings of an `openbao` request, or 400 naming what is missing.
-fn transit_config(request: &SetTenantKeyRequest) -> AppResult<TransitConfig> {
+/// The transit settings of an `openbao` request, or 400 naming what is missing. A tenant's
+/// own request (`public_only`) may not name a loopback or private address.
+fn transit_config(request: &SetTenantKeyRequest, public_only: bool) -> AppResult<TransitConfig> {
     let required = |value: &Option<String>, name: &str| {
         value.as_deref().map(str::trim).filter(|v| !v.is_empty()).map(str::to_owned).ok_or_else(|| {
             AppError::bad_request(format!(
@@ -70,16 +79,18 @@ fn transit_config(request: &SetTenantKeyRequest) -> AppResult<TransitConfig> {
         mount: request.mount.as_deref().map(str::trim).unwrap_or(DEFAULT_MOUNT).trim_matches('/').to_owned(),
         key: required(&request.key, "key")?,
         token: Zeroizing::new(required(&request.token, "token")?),
+        refused_addresses: refused_addresses(public_only),
     };
     config.validate().map_err(key_error)?;
     Ok(config)
 }
 
-/// Sets the key that protects what is sealed for a tenant (its credentials' values and its
-/// sessions' CA keys) and re-wraps the data keys of everything already sealed under it, so
-/// that the old key no longer opens any of it. An `openbao` key is tried (a data key wrapped
-/// and unwrapped) before anything changes: 503 `key_unavailable` if the KMS refuses or does
-/// not answer, 400 for settings that cannot name a key. `local` goes back to the server's key.
+/// Sets the key that protects what is sealed for a tenant (its credentials' values, its
+/// sessions' CA keys and its snapshots' keys in the blob store) and re-wraps the data keys of
+/// everything already sealed under it (`remaining` says what is still under another key). An
+/// `openbao` key is tried (a data key wrapped and unwrapped) before anything changes: 503
+/// `key_unavailable` if the KMS refuses or does not answer, 400 for settings that cannot name
+/// a key. `local` goes back to the server's key.
 #[utoipa::path(put, path = "/v1/tenants/{tenant}/key", params(("tenant" = String, Path)), request_body = SetTenantKeyRequest,
     responses((status = 200, body = TenantKey), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody)))]
@@ -89,49 +100,55 @@ pub async fn set_tenant_key(
     ApiPath(tenant): ApiPath<String>,
     ApiJson(request): ApiJson<SetTenantKeyRequest>,
 ) -> AppResult<ApiJson<TenantKey>> {
-    let tenant_id = authorize(&state, &caller, &tenant, true).await?;
-    let (record, sealer) = match request.provider {
+    authorize(&caller, &tenant)?;
+    let new = match request.provider {
         KeyProviderKind::Local => {
             if request.address.is_some() || request.key.is_some() || request.token.is_some() || request.mount.is_some()
             {
                 return Err(AppError::bad_request("provider local takes no address, mount, key or token"));
             }
-            (None, state.keys.local().clone())
+            None
         }
         KeyProviderKind::Openbao => {
-            let (record, sealer) = new_transit_key(&state, &tenant_id, transit_config(&request)?).await?;
-            (Some(record), sealer)
+            let config = transit_config(&request, !caller.admin)?;
+            let id = TenantKeyId::generate();
+            let sealer = state.keys.transit_sealer(&id, config.clone())?;
+            sealer.check().await.map_err(key_error)?;
+            Some((id, config, sealer))
         }
     };
-    state.store.set_tenant_key_ref(&tenant_id, record.as_ref().map(|r| &r.id)).await?;
-    let moved = state.keys.rewrap_tenant(&tenant_id, &sealer, false).await?;
-    tracing::info!(tenant = %tenant, key = %sealer.describe(), rewrapped = moved.0, "tenant key set");
-    Ok(ApiJson(view(&tenant, &tenant_id, record.as_ref(), Some(moved))))
+    let tenant_id = tenant_id(&state, &caller, &tenant, true).await?;
+    let _changing = state.keys.lock_tenant(&tenant_id).await;
+    let (record, sealer) = match new {
+        None => (None, state.keys.local().clone()),
+        Some((id, config, sealer)) => (Some(store_key(&state, &tenant_id, id, &config).await?), sealer),
+    };
+    let moved = state.keys.move_tenant(&tenant_id, &sealer, record.as_ref().map(|r| &r.id)).await?;
+    tracing::info!(tenant = %tenant, key = %sealer.describe(), rewrapped = moved.rewrapped, remaining = moved.remaining, "tenant key set");
+    Ok(ApiJson(view(&tenant, &tenant_id, record.as_ref(), Some(&moved))))
 }
 
-/// Tries `config`'s key and stores it (not yet the tenant's current key).
-async fn new_transit_key(
+/// Stores a tried key (not yet the tenant's current key), its token sealed.
+async fn store_key(
     state: &AppState,
     tenant: &TenantId,
-    config: TransitConfig,
-) -> AppResult<(TenantKeyRecord, Sealer)> {
-    let id = TenantKeyId::generate();
+    id: TenantKeyId,
+    config: &TransitConfig,
+) -> AppResult<TenantKeyRecord> {
     let mut record = TenantKeyRecord {
-        id: id.clone(),
+        id,
         tenant_id: tenant.clone(),
         provider: OPENBAO.into(),
         address: config.address.clone(),
         mount: config.mount.clone(),
         key_name: config.key.clone(),
         token_sealed: Vec::new(),
+        public_only: config.refused_addresses.is_some(),
         created_at_ms: space_store::now_ms(),
     };
-    let token = config.token.clone();
-    let sealer = state.keys.transit_sealer(&id, config)?;
-    sealer.check().await.map_err(key_error)?;
-    record.token_sealed = state.keys.seal_token(&record, &token).await?;
+    record.token_sealed = state.keys.seal_token(&record, &config.token).await?;
     state.store.insert_tenant_key(&record).await?;
-    Ok((record, sealer))
+    Ok(record)
 }
 
 /// A tenant's key: the admin may read any tenant's, a tenant its own. Never the token.
@@ -142,15 +159,16 @@ pub async fn get_tenant_key(
     Extension(caller): Extension<Caller>,
     ApiPath(tenant): ApiPath<String>,
 ) -> AppResult<ApiJson<TenantKey>> {
-    let tenant_id = authorize(&state, &caller, &tenant, false).await?;
+    authorize(&caller, &tenant)?;
+    let tenant_id = tenant_id(&state, &caller, &tenant, false).await?;
     let key = state.store.current_tenant_key(&tenant_id).await?;
     Ok(ApiJson(view(&tenant, &tenant_id, key.as_ref(), None)))
 }
 
 /// After the tenant's key was rotated in its KMS: re-wraps the data key of everything sealed
 /// for the tenant under the key's newest version (the data is not re-encrypted), and moves
-/// what is still under an older key of the tenant's to the current one. Then the KMS may
-/// retire the old versions (`min_decryption_version`).
+/// what is still under an older key of the tenant's to the current one. Once `remaining` is
+/// 0, the KMS may retire the old versions (`min_decryption_version`).
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/key/rotate", params(("tenant" = String, Path)),
     responses((status = 200, body = TenantKey), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn rotate_tenant_key(
@@ -158,10 +176,13 @@ pub async fn rotate_tenant_key(
     Extension(caller): Extension<Caller>,
     ApiPath(tenant): ApiPath<String>,
 ) -> AppResult<ApiJson<TenantKey>> {
-    let tenant_id = authorize(&state, &caller, &tenant, false).await?;
+    authorize(&caller, &tenant)?;
+    let tenant_id = tenant_id(&state, &caller, &tenant, false).await?;
+    let _changing = state.keys.lock_tenant(&tenant_id).await;
     let key = state.store.current_tenant_key(&tenant_id).await?;
     let sealer = state.keys.sealer_for(&tenant_id).await?;
     let moved = state.keys.rewrap_tenant(&tenant_id, &sealer, true).await?;
-    tracing::info!(tenant = %tenant, key = %sealer.describe(), rewrapped = moved.0, "tenant key rotated");
-    Ok(ApiJson(view(&tenant, &tenant_id, key.as_ref(), Some(moved))))
+    state.keys.forget_unused(&tenant_id, key.as_ref().map(|k| &k.id), &moved).await?;
+    tracing::info!(tenant = %tenant, key = %sealer.describe(), rewrapped = moved.rewrapped, remaining = moved.remaining, "tenant key rotated");
+    Ok(ApiJson(view(&tenant, &tenant_id, key.as_ref(), Some(&moved))))
 }

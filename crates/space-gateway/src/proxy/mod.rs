@@ -45,6 +45,7 @@ pub(crate) use audit::event as audit_event;
 pub(crate) use explicit::serve_explicit;
 pub use resolve::parse_dns_server;
 pub(crate) use transparent::{serve_transparent_http, serve_transparent_https};
+pub use upstream::is_private;
 
 /// Bodies of the responses the gateway gives the sandbox.
 pub(crate) type RespBody = UnsyncBoxBody<Bytes, hyper::Error>;

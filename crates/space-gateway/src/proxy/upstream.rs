@@ -31,7 +31,7 @@ impl std::fmt::Display for UpstreamError {
 
 /// Whether `ip` is loopback, private, shared (CGNAT), link-local, unspecified, multicast or
 /// broadcast (or reserved): never an upstream unless the operator allows it.
-pub(crate) fn is_private(ip: IpAddr) -> bool {
+pub fn is_private(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_private_v4(v4),
         IpAddr::V6(v6) => {

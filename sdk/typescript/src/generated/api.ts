@@ -1037,11 +1037,12 @@ export interface paths {
         /** A tenant's key: the admin may read any tenant's, a tenant its own. Never the token. */
         get: operations["get_tenant_key"];
         /**
-         * Sets the key that protects what is sealed for a tenant (its credentials' values and its
-         *     sessions' CA keys) and re-wraps the data keys of everything already sealed under it, so
-         *     that the old key no longer opens any of it. An `openbao` key is tried (a data key wrapped
-         *     and unwrapped) before anything changes: 503 `key_unavailable` if the KMS refuses or does
-         *     not answer, 400 for settings that cannot name a key. `local` goes back to the server's key.
+         * Sets the key that protects what is sealed for a tenant (its credentials' values, its
+         *     sessions' CA keys and its snapshots' keys in the blob store) and re-wraps the data keys of
+         *     everything already sealed under it (`remaining` says what is still under another key). An
+         *     `openbao` key is tried (a data key wrapped and unwrapped) before anything changes: 503
+         *     `key_unavailable` if the KMS refuses or does not answer, 400 for settings that cannot name
+         *     a key. `local` goes back to the server's key.
          */
         put: operations["set_tenant_key"];
         post?: never;
@@ -1063,8 +1064,8 @@ export interface paths {
         /**
          * After the tenant's key was rotated in its KMS: re-wraps the data key of everything sealed
          *     for the tenant under the key's newest version (the data is not re-encrypted), and moves
-         *     what is still under an older key of the tenant's to the current one. Then the KMS may
-         *     retire the old versions (`min_decryption_version`).
+         *     what is still under an older key of the tenant's to the current one. Once `remaining` is
+         *     0, the KMS may retire the old versions (`min_decryption_version`).
          */
         post: operations["rotate_tenant_key"];
         delete?: never;
@@ -2047,8 +2048,9 @@ export interface components {
         };
         /**
          * @description Sets a tenant's key (`PUT /v1/tenants/{tenant}/key`). For `openbao`, `address` and `key`
-         *     are required, and `token` must allow `update` on `MOUNT/encrypt/KEY`, `MOUNT/decrypt/KEY`
-         *     and `MOUNT/rewrap/KEY`; it is stored sealed and never returned.
+         *     are required, and `token` must allow `update` (only) on `MOUNT/encrypt/KEY`,
+         *     `MOUNT/decrypt/KEY` and `MOUNT/rewrap/KEY`; it is stored sealed and never returned. A key
+         *     a tenant sets (not the admin) must be `https` and not at a loopback or private address.
          */
         SetTenantKeyRequest: {
             /** @description `http(s)://HOST[:PORT]` of the KMS. */
@@ -2277,19 +2279,23 @@ export interface components {
             id?: null | components["schemas"]["TenantKeyId"];
             key?: string | null;
             mount?: string | null;
+            /** @description Why a value could not be moved, when one could not. */
+            note?: string | null;
             provider: components["schemas"]["KeyProviderKind"];
+            /**
+             * Format: int64
+             * @description After a set or a rotation: sealed values of the tenant still under another key
+             *     (sealed or changed meanwhile, or whose key could not unwrap them): still readable
+             *     with that key. Set or rotate again to move them, and keep the old key (or its old
+             *     versions) until this is 0.
+             */
+            remaining?: number | null;
             /**
              * Format: int64
              * @description After a set or a rotation: how many sealed values now have their data keys wrapped
              *     by this key (their data is not re-encrypted).
              */
             rewrapped?: number | null;
-            /**
-             * Format: int64
-             * @description After a set or a rotation: sealed values that changed meanwhile and were left as they
-             *     were (still readable; set or rotate again to move them).
-             */
-            skipped?: number | null;
             tenant: string;
             tenant_id: components["schemas"]["TenantId"];
         };
