@@ -48,30 +48,42 @@ impl Store {
         let rows = sqlx::query("SELECT tenant_id, id, name, value_sealed FROM credentials ORDER BY tenant_id, name")
             .fetch_all(&self.pool)
             .await?;
-        for row in rows {
-            out.push(SealedValue {
-                owner: SealedOwner::Credential {
-                    tenant_id: parse("tenant id", row.get::<&str, _>(0))?,
-                    id: parse("credential id", row.get::<&str, _>(1))?,
-                    name: row.get(2),
-                },
-                sealed: row.get(3),
-            });
+        for row in &rows {
+            out.push(credential_value(row)?);
         }
         let rows = sqlx::query(
             "SELECT id, ca_key_sealed FROM sessions WHERE ca_key_sealed IS NOT NULL AND state <> 'destroyed' ORDER BY id",
         )
         .fetch_all(&self.pool)
         .await?;
-        for row in rows {
-            out.push(SealedValue {
-                owner: SealedOwner::SessionCa { session: parse("session id", row.get::<&str, _>(0))? },
-                sealed: row.get(1),
-            });
+        for row in &rows {
+            out.push(ca_value(row)?);
         }
         Ok(out)
     }
 }
+
+/// A credential's value from `tenant_id, id, name, value_sealed`.
+pub(crate) fn credential_value(row: &sqlx::any::AnyRow) -> Result<SealedValue> {
+    Ok(SealedValue {
+        owner: SealedOwner::Credential {
+            tenant_id: parse("tenant id", row.get::<&str, _>(0))?,
+            id: parse("credential id", row.get::<&str, _>(1))?,
+            name: row.get(2),
+        },
+        sealed: row.get(3),
+    })
+}
+
+/// A session's CA key from `id, ca_key_sealed`.
+pub(crate) fn ca_value(row: &sqlx::any::AnyRow) -> Result<SealedValue> {
+    Ok(SealedValue {
+        owner: SealedOwner::SessionCa { session: parse("session id", row.get::<&str, _>(0))? },
+        sealed: row.get(1),
+    })
+}
+
+impl Store {}
 
 #[cfg(test)]
 mod tests {

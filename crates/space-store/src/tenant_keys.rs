@@ -4,6 +4,7 @@
 use space_api::{TenantId, TenantKeyId};
 use sqlx::Row;
 
+use crate::sealed::{ca_value, credential_value};
 use crate::{Result, SealedOwner, SealedValue, Store, StoreError, now_ms, parse};
 
 /// A key in a tenant's KMS. Never changes once stored.
@@ -115,19 +116,13 @@ impl Store {
     /// are not destroyed and the data keys of its snapshots' exports.
     pub async fn tenant_sealed_values(&self, tenant: &TenantId) -> Result<Vec<SealedValue>> {
         let mut out = Vec::new();
-        let rows = sqlx::query("SELECT id, name, value_sealed FROM credentials WHERE tenant_id = $1 ORDER BY name")
-            .bind(tenant.as_str())
-            .fetch_all(&self.pool)
-            .await?;
-        for row in rows {
-            out.push(SealedValue {
-                owner: SealedOwner::Credential {
-                    tenant_id: tenant.clone(),
-                    id: parse("credential id", row.get::<&str, _>(0))?,
-                    name: row.get(1),
-                },
-                sealed: row.get(2),
-            });
+        let rows =
+            sqlx::query("SELECT tenant_id, id, name, value_sealed FROM credentials WHERE tenant_id = $1 ORDER BY name")
+                .bind(tenant.as_str())
+                .fetch_all(&self.pool)
+                .await?;
+        for row in &rows {
+            out.push(credential_value(row)?);
         }
         let rows = sqlx::query(
             "SELECT id, ca_key_sealed FROM sessions WHERE tenant_id = $1 AND ca_key_sealed IS NOT NULL \
@@ -136,11 +131,8 @@ impl Store {
         .bind(tenant.as_str())
         .fetch_all(&self.pool)
         .await?;
-        for row in rows {
-            out.push(SealedValue {
-                owner: SealedOwner::SessionCa { session: parse("session id", row.get::<&str, _>(0))? },
-                sealed: row.get(1),
-            });
+        for row in &rows {
+            out.push(ca_value(row)?);
         }
         let rows = sqlx::query(
             "SELECT s.session_id, s.id, s.export_key_sealed FROM snapshots s JOIN sessions ss ON ss.id = s.session_id \
