@@ -40,12 +40,17 @@ pub enum TenantCommand {
 #[derive(Subcommand)]
 pub enum KeyCommand {
     /// Show the tenant's key (never its token).
-    Show { tenant: String },
+    Show {
+        /// The tenant's name.
+        tenant: String,
+    },
     /// Use a key of the tenant's KMS (or go back to the server's local key), and re-wrap the
     /// data keys of everything already sealed for the tenant under it. The token is read from
     /// stdin unless --token-file names a file; it is stored sealed and never shown again.
     Set {
+        /// The tenant's name.
         tenant: String,
+        /// Who holds the key.
         #[arg(long, value_enum)]
         provider: Provider,
         /// The KMS: http(s)://HOST[:PORT].
@@ -63,7 +68,10 @@ pub enum KeyCommand {
     },
     /// After rotating the key in the KMS: re-wrap every data key of the tenant under the
     /// key's newest version, so that the KMS may retire the old versions.
-    Rotate { tenant: String },
+    Rotate {
+        /// The tenant's name.
+        tenant: String,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]

@@ -200,29 +200,20 @@ impl Keyring {
     /// Moves everything sealed for `tenant` to `to` and makes `to` (`None`: the local key)
     /// the key new values are sealed with: values are re-wrapped before the switch (so a
     /// failure leaves them readable), then once more for those sealed meanwhile under the
-    /// old key. Once nothing names the tenant's other keys, they are deleted. Call with
-    /// [`Keyring::lock_tenant`] held.
+    /// old key. Once nothing names the tenant's older keys, they are deleted, but for the
+    /// one just replaced: a seal that read it as current before the switch may still be
+    /// storing a value under it. Call with [`Keyring::lock_tenant`] held.
     pub async fn move_tenant(&self, tenant: &TenantId, to: &Sealer, key: Option<&TenantKeyId>) -> AppResult<Moved> {
+        let replaced = self.store.current_tenant_key(tenant).await?.map(|k| k.id);
         let before = self.rewrap_tenant(tenant, to, false).await?;
         self.store.set_tenant_key_ref(tenant, key).await?;
         let mut after = self.rewrap_tenant(tenant, to, false).await?;
         after.rewrapped += before.rewrapped;
         after.failure = after.failure.or(before.failure);
-        self.forget_unused(tenant, key, &after).await?;
-        Ok(after)
-    }
-
-    /// Deletes the tenant's keys other than `current` once no value names them.
-    pub async fn forget_unused(
-        &self,
-        tenant: &TenantId,
-        current: Option<&TenantKeyId>,
-        moved: &Moved,
-    ) -> AppResult<()> {
-        if moved.remaining == 0 {
-            self.store.delete_tenant_keys_except(tenant, current).await?;
+        if after.remaining == 0 {
+            self.store.delete_tenant_keys_except(tenant, &[key, replaced.as_ref()]).await?;
         }
-        Ok(())
+        Ok(after)
     }
 
     /// Drops every data key kept longer than the cache's TTL (see [`Sealer::forget_expired`]).

@@ -101,12 +101,14 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes the tenant's keys but `keep` (call once no sealed value of the tenant names
-    /// them); how many.
-    pub async fn delete_tenant_keys_except(&self, tenant: &TenantId, keep: Option<&TenantKeyId>) -> Result<u64> {
-        let done = sqlx::query("DELETE FROM tenant_keys WHERE tenant_id = $1 AND id <> $2")
+    /// Deletes the tenant's keys but those of `keep` (call once no sealed value of the
+    /// tenant names them); how many.
+    pub async fn delete_tenant_keys_except(&self, tenant: &TenantId, keep: &[Option<&TenantKeyId>; 2]) -> Result<u64> {
+        let id = |k: Option<&TenantKeyId>| k.map_or("", TenantKeyId::as_str).to_owned();
+        let done = sqlx::query("DELETE FROM tenant_keys WHERE tenant_id = $1 AND id <> $2 AND id <> $3")
             .bind(tenant.as_str())
-            .bind(keep.map_or("", TenantKeyId::as_str))
+            .bind(id(keep[0]))
+            .bind(id(keep[1]))
             .execute(&self.writer)
             .await?;
         Ok(done.rows_affected())
@@ -233,9 +235,9 @@ mod tests {
         store.set_tenant_key_ref(&a, None).await.unwrap();
         assert!(store.current_tenant_key(&a).await.unwrap().is_none());
         assert!(store.tenant_key(&key.id).await.unwrap().is_some(), "kept while values may name it");
-        assert_eq!(store.delete_tenant_keys_except(&b, None).await.unwrap(), 0, "another tenant's");
-        assert_eq!(store.delete_tenant_keys_except(&a, Some(&key.id)).await.unwrap(), 0, "kept");
-        assert_eq!(store.delete_tenant_keys_except(&a, None).await.unwrap(), 1);
+        assert_eq!(store.delete_tenant_keys_except(&b, &[None, None]).await.unwrap(), 0, "another tenant's");
+        assert_eq!(store.delete_tenant_keys_except(&a, &[None, Some(&key.id)]).await.unwrap(), 0, "kept");
+        assert_eq!(store.delete_tenant_keys_except(&a, &[None, None]).await.unwrap(), 1);
         assert!(store.tenant_key(&key.id).await.unwrap().is_none());
     }
 }

@@ -20,7 +20,10 @@ const DEFAULT_MOUNT: &str = "transit";
 /// Whether the caller may manage `tenant`'s key: the admin any tenant's, a tenant its own;
 /// any other is 404, as one that does not exist.
 fn authorize(caller: &Caller, tenant: &str) -> AppResult<()> {
-    if caller.admin || tenant == caller.tenant {
+    if caller.admin {
+        return check_tenant_name(tenant);
+    }
+    if tenant == caller.tenant {
         return Ok(());
     }
     Err(AppError::new(
@@ -35,7 +38,6 @@ async fn tenant_id(state: &AppState, caller: &Caller, tenant: &str, create: bool
     if !caller.admin {
         return Ok(caller.tenant_id.clone());
     }
-    check_tenant_name(tenant)?;
     if create {
         return Ok(state.store.ensure_tenant(tenant).await?);
     }
@@ -182,7 +184,6 @@ pub async fn rotate_tenant_key(
     let key = state.store.current_tenant_key(&tenant_id).await?;
     let sealer = state.keys.sealer_for(&tenant_id).await?;
     let moved = state.keys.rewrap_tenant(&tenant_id, &sealer, true).await?;
-    state.keys.forget_unused(&tenant_id, key.as_ref().map(|k| &k.id), &moved).await?;
     tracing::info!(tenant = %tenant, key = %sealer.describe(), rewrapped = moved.rewrapped, remaining = moved.remaining, "tenant key rotated");
     Ok(ApiJson(view(&tenant, &tenant_id, key.as_ref(), Some(&moved))))
 }
