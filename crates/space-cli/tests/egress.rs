@@ -809,8 +809,16 @@ fn egress_survives_a_server_restart_and_a_suspend() {
         // keeper takes it back at a heartbeat (the gateway's listeners and sessions went with
         // the old process).
         env.server.restart_node();
+        let back = |env: &Env| {
+            let script = "curl -sS -o /dev/null -w '%{http_code}' --max-time 15 'http://api.allowed.test/node-back'";
+            let body = json!({ "cmd": ["sh", "-c", script], "timeout_ms": 120_000 });
+            let (status, r) = env.server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+            // Until the keeper has taken the node back, the sandbox's agent may not answer.
+            assert!(status == 200 || (status == 503 && r["error"]["code"] == "sandbox_unavailable"), "{r}");
+            status == 200 && r["stdout"] == "200"
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
-        while env.curl(&id, "", "http://api.allowed.test/node-back").0 != "200" {
+        while !back(&env) {
             assert!(Instant::now() < deadline, "no egress after the node process started again");
             std::thread::sleep(Duration::from_millis(500));
         }
