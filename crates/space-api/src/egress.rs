@@ -219,7 +219,11 @@ pub struct CreateCredentialRequest {
     /// Host patterns (as in a network policy) the value may be sent to.
     pub hosts: Vec<String>,
     /// The header to inject, with `{secret}` where the value goes: `Authorization: Bearer {secret}`.
+    /// May be left out for an `oauth2` credential, which then uses exactly that.
+    #[serde(default)]
     pub header: String,
+    /// The value of a `static` credential; left out for an `oauth2` one.
+    #[serde(default)]
     pub value: String,
     /// Unix time in seconds after which the gateway stops injecting it.
     pub expires_at: Option<i64>,
@@ -229,6 +233,116 @@ pub struct CreateCredentialRequest {
     /// An environment variable the sandbox sees holding a placeholder; the gateway swaps the
     /// placeholder for the value in requests to the credential's hosts only.
     pub placeholder_env: Option<String>,
+    /// `static` (the default) or `oauth2`.
+    #[serde(default)]
+    pub kind: CredentialKind,
+    /// How the platform gets access tokens for an `oauth2` credential.
+    pub oauth2: Option<OAuth2Request>,
+}
+
+/// How a credential gets what the gateway injects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CredentialKind {
+    /// A value given once, injected as it is.
+    #[default]
+    Static,
+    /// Access tokens the control plane gets from an OAuth 2.0 token endpoint and refreshes;
+    /// the gateway injects the current one.
+    Oauth2,
+}
+
+/// The OAuth 2.0 grant used for access tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OAuth2GrantType {
+    /// The client's own identity (machine to machine).
+    ClientCredentials,
+    /// A user's refresh token: given at creation, or obtained by `space credential login`.
+    RefreshToken,
+}
+
+/// How the client authenticates at the token endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OAuth2ClientAuth {
+    /// HTTP Basic (`client_secret_basic`).
+    #[default]
+    Basic,
+    /// In the form body (`client_secret_post`).
+    Post,
+}
+
+/// An `oauth2` credential's settings; the client secret and refresh token are sent once and
+/// never returned.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OAuth2Request {
+    /// The token endpoint (`https`).
+    pub token_url: String,
+    pub client_id: String,
+    /// Left out for a public client (sign-in with PKCE only).
+    pub client_secret: Option<String>,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    pub grant_type: OAuth2GrantType,
+    /// For `refresh_token`: a refresh token to start from (else `space credential login`).
+    pub refresh_token: Option<String>,
+    /// Where a human signs in (`https`), for `space credential login`.
+    pub authorize_url: Option<String>,
+    /// The redirect URI registered with the provider; it must lead to this control plane's
+    /// `/v1/oauth/callback`. Defaults to the one the CLI reaches the control plane at.
+    pub redirect_uri: Option<String>,
+    #[serde(default)]
+    pub client_auth: OAuth2ClientAuth,
+}
+
+/// Whether an `oauth2` credential has a usable access token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OAuth2Status {
+    /// No token asked for yet.
+    Pending,
+    /// A `refresh_token` credential without a refresh token: `space credential login NAME`.
+    NeedsLogin,
+    Ok,
+    /// The last attempt failed (see `reason`); requests to its hosts get 502 until one succeeds.
+    Failing,
+}
+
+/// An `oauth2` credential as listed: settings and state, never a secret or token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct OAuth2Info {
+    pub token_url: String,
+    pub client_id: String,
+    pub scopes: Vec<String>,
+    pub grant_type: OAuth2GrantType,
+    pub authorize_url: Option<String>,
+    pub redirect_uri: Option<String>,
+    pub client_auth: OAuth2ClientAuth,
+    pub status: OAuth2Status,
+    /// Why it is failing (the token endpoint's error, or what was wrong with its answer).
+    pub reason: Option<String>,
+    /// Unix time in milliseconds of the last token obtained.
+    pub refreshed_at: Option<i64>,
+    /// Unix time in seconds at which the current access token expires.
+    pub token_expires_at: Option<i64>,
+}
+
+/// `POST /v1/credentials/{name}/login`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OAuth2LoginRequest {
+    /// Overrides the credential's `redirect_uri` for this sign-in.
+    pub redirect_uri: Option<String>,
+}
+
+/// Where the human signs in; the provider then redirects to `/v1/oauth/callback`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OAuth2Login {
+    pub authorization_url: String,
+    /// Unix time in seconds after which the sign-in must be started again.
+    pub expires_at: i64,
 }
 
 /// `PATCH /v1/credentials/{name}`: rotation and changes, effective on the next request.
@@ -242,6 +356,10 @@ pub struct UpdateCredentialRequest {
     pub expires_at: Option<i64>,
     /// 0 removes the limit.
     pub rate_limit_per_min: Option<u32>,
+    /// A new client secret of an `oauth2` credential.
+    pub client_secret: Option<String>,
+    /// A new refresh token of an `oauth2` credential (`refresh_token` grant).
+    pub refresh_token: Option<String>,
 }
 
 /// A credential as listed: never its value.
@@ -254,6 +372,11 @@ pub struct Credential {
     pub expires_at: Option<i64>,
     pub rate_limit_per_min: Option<u32>,
     pub placeholder_env: Option<String>,
+    #[serde(default)]
+    pub kind: CredentialKind,
+    /// Settings and state of an `oauth2` credential.
+    #[serde(default)]
+    pub oauth2: Option<OAuth2Info>,
     /// Increases with every change of the value.
     pub version: u32,
     /// Unix time in milliseconds.

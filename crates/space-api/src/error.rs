@@ -79,6 +79,9 @@ pub enum ErrorCode {
     /// disabled, revoked, deleted, or space's access to it removed) or did not answer. The
     /// message names the key; what was sealed with it opens again once the key is usable.
     KeyUnavailable,
+    /// An OAuth provider's token endpoint refused or failed (HTTP 502), e.g. during a
+    /// sign-in's code exchange: the message says what it answered and what to do.
+    OauthFailed,
 }
 
 impl ErrorCode {
@@ -112,7 +115,7 @@ impl ErrorCode {
             ErrorCode::HeadersTooLarge => 431,
             ErrorCode::LimitExceeded | ErrorCode::QuotaExceeded => 429,
             ErrorCode::FeatureUnavailable => 501,
-            ErrorCode::PortNotListening => 502,
+            ErrorCode::PortNotListening | ErrorCode::OauthFailed => 502,
             ErrorCode::SandboxUnavailable
             | ErrorCode::DatabaseUnavailable
             | ErrorCode::BlobStoreUnavailable

@@ -25,6 +25,11 @@ pub struct Client {
 }
 
 impl Client {
+    /// The server's URL, as given.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     /// A client of the server at `url` (another control replica over the same database)
     /// with this one's key.
     pub fn at(&self, url: &str) -> Client {

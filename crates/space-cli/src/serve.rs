@@ -256,6 +256,18 @@ fn gateway_config(args: &NodeArgs) -> anyhow::Result<GatewayConfig> {
     Ok(config)
 }
 
+/// Where `space serve`'s OAuth broker may reach token endpoints: where its gateway may reach
+/// upstreams (the same overrides, extra roots and private-address switch).
+fn oauth_net(gateway: &GatewayConfig) -> space_oauth::NetConfig {
+    let mut resolve: Vec<(String, SocketAddr)> = gateway.resolve.iter().map(|(n, a)| (n.clone(), *a)).collect();
+    resolve.extend(gateway.resolve_ip.iter().map(|(n, ip)| (n.clone(), SocketAddr::new(*ip, 0))));
+    space_oauth::NetConfig {
+        refused_addresses: space_control::keyring::refused_addresses(!gateway.allow_private_upstreams),
+        resolve,
+        extra_roots: gateway.extra_roots.clone(),
+    }
+}
+
 /// Parses `name[:runtime]=size,…` (`name` alone: the default runtime's pool).
 fn parse_pool(spec: &str, default_runtime: RuntimeKind) -> anyhow::Result<BTreeMap<PoolKey, u32>> {
     let mut sizes = BTreeMap::new();
@@ -309,8 +321,9 @@ pub async fn run(args: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
     init_logging(args.log.log_format);
     require_root("space serve")?;
     raise_fd_limit();
-    let config = server_config(&args.control, &data_dir);
+    let mut config = server_config(&args.control, &data_dir);
     let node = node_config(&args.node, &data_dir, &config.default_template, config.default_runtime)?;
+    config.oauth = oauth_net(&node.gateway);
     // The in-process node: `space serve` is control plane and node in one process.
     let open_nodes = async |node_id: &str| -> Result<Vec<Arc<dyn NodeApi>>, space_node_api::NodeError> {
         let node: Arc<dyn NodeApi> = Arc::new(Node::open(node.owned_by(node_id)).await?);
@@ -340,6 +353,10 @@ pub fn server_config(args: &ControlArgs, data_dir: &Path) -> ServerConfig {
         preview_domain: args.preview_domain.clone(),
         e2b_domain: args.e2b_domain.clone().or_else(|| args.preview_domain.clone()),
         replica: space_control::DEFAULT_REPLICA.into(),
+        oauth: space_oauth::NetConfig {
+            refused_addresses: space_control::keyring::refused_addresses(true),
+            ..Default::default()
+        },
         prepare_templates: args.prepare_templates.clone().unwrap_or_else(|| vec![args.default_template.clone()]),
         default_template: args.default_template.clone(),
         default_runtime: args.default_runtime,

@@ -21,6 +21,7 @@ pub mod keyring;
 pub mod keys;
 pub mod metrics;
 pub mod nodes;
+pub mod oauth;
 pub mod observe;
 pub mod placement;
 mod proxy;
@@ -90,6 +91,8 @@ pub struct ServerConfig {
     /// This replica's name, unique among those sharing the database (`space serve`:
     /// [`space_store::DEFAULT_REPLICA`]).
     pub replica: String,
+    /// Where the OAuth broker may reach token endpoints (see [`oauth`]).
+    pub oauth: space_oauth::NetConfig,
 }
 
 /// Shared by every handler; cheap to clone.
@@ -112,6 +115,8 @@ pub struct AppState {
     /// Seals credential values and session CA keys (with their tenant's key) and the
     /// idempotency fingerprint key (with the local key) at rest.
     pub keys: Arc<keyring::Keyring>,
+    /// Gets `oauth2` credentials' access tokens.
+    pub oauth: Arc<oauth::Broker>,
     /// State of the `Idempotency-Key` middleware.
     pub idempotency: idempotency::Idempotency,
     /// Whether credentials may name hosts by wildcard (see [`egress::validate_hosts`]).
@@ -191,6 +196,7 @@ pub async fn start(
         session_locks: Default::default(),
         activity: Default::default(),
         keys: Arc::new(keyring::Keyring::new(sealer, store.clone(), config.key_cache_ttl)),
+        oauth: Arc::new(oauth::Broker::new(&config.oauth).map_err(context("making the OAuth client"))?),
         idempotency,
         allow_wildcard_credential_hosts: config.allow_wildcard_credential_hosts,
         watches: Default::default(),
@@ -203,6 +209,7 @@ pub async fn start(
     api::template_uploads::remove_partial_uploads(&api::template_uploads::upload_dir(&config.data_dir));
     egress::spawn_audit_writers(&state);
     keyring::spawn_forgetting(&state.keys);
+    oauth::spawn_refresher(state.clone());
     if let Some(retention) = config.audit_retention {
         egress::spawn_audit_retention(&state, retention);
     }

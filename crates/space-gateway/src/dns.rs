@@ -124,6 +124,7 @@ mod tests {
                 placeholder: None,
                 expires_at: None,
                 rate_limit_per_min: None,
+                unavailable: None,
             }],
         }
     }

@@ -98,6 +98,10 @@ pub struct Grant {
     /// Unix seconds.
     pub expires_at: Option<i64>,
     pub rate_limit_per_min: Option<u32>,
+    /// Why there is no value to inject (an OAuth credential whose token endpoint fails):
+    /// requests to its hosts get 502 with this, instead of going out without it.
+    #[serde(default)]
+    pub unavailable: Option<String>,
 }
 
 impl std::fmt::Debug for Grant {

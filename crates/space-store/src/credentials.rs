@@ -3,11 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use space_api::egress::Credential;
+use space_api::egress::{Credential, CredentialKind, OAuth2Status};
 use space_api::{CredentialId, SessionId, TenantId};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use crate::oauth::{OAuthSettings, delete_oauth, insert_oauth, oauth_info_from_row};
 use crate::{Result, Store, StoreError, now_ms, parse};
 
 /// What [`Store::insert_credential`] records.
@@ -23,6 +24,8 @@ pub struct NewCredential {
     pub expires_at: Option<i64>,
     pub rate_limit_per_min: Option<u32>,
     pub placeholder_env: Option<String>,
+    /// An `oauth2` credential's settings and first status (its value holds its secrets).
+    pub oauth: Option<(OAuthSettings, OAuth2Status)>,
 }
 
 impl std::fmt::Debug for NewCredential {
@@ -68,10 +71,14 @@ impl std::fmt::Debug for CredentialChange {
     }
 }
 
-const CREDENTIAL_COLUMNS: &str = "id, tenant_id, name, hosts, header, value_sealed, expires_at, rate_limit_per_min, placeholder_env, version, created_at, updated_at";
+/// A credential's columns and its OAuth state's, from `credentials c` and `credential_oauth o`.
+const CREDENTIAL_COLUMNS: &str = "c.id, c.tenant_id, c.name, c.hosts, c.header, c.value_sealed, c.expires_at, c.rate_limit_per_min, c.placeholder_env, c.version, c.created_at, c.updated_at, o.settings, o.status, o.reason, o.refreshed_at, o.access_expires_at";
+/// Where [`CREDENTIAL_COLUMNS`] come from.
+const CREDENTIAL_FROM: &str = "credentials c LEFT JOIN credential_oauth o ON o.credential_id = c.id";
 
 fn credential_from_row(row: &AnyRow) -> Result<CredentialRecord> {
     let hosts: &str = row.get(3);
+    let oauth2 = oauth_info_from_row(row, 12)?;
     let credential = Credential {
         id: parse("credential id", row.get::<&str, _>(0))?,
         name: row.get(2),
@@ -80,6 +87,8 @@ fn credential_from_row(row: &AnyRow) -> Result<CredentialRecord> {
         expires_at: row.get(6),
         rate_limit_per_min: row.get::<Option<i64>, _>(7).map(|v| v as u32),
         placeholder_env: row.get(8),
+        kind: if oauth2.is_some() { CredentialKind::Oauth2 } else { CredentialKind::Static },
+        oauth2,
         version: row.get::<i64, _>(9) as u32,
         created_at: row.get(10),
         updated_at: row.get(11),
@@ -102,6 +111,7 @@ impl Store {
     /// Records a credential; `None` if the tenant already has one with that name.
     pub async fn insert_credential(&self, new: &NewCredential) -> Result<Option<Credential>> {
         let now = now_ms();
+        let mut tx = self.write_tx().await?;
         let inserted = sqlx::query(
             "INSERT INTO credentials (id, tenant_id, name, hosts, header, value_sealed, expires_at, rate_limit_per_min, placeholder_env, version, created_at, updated_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, $10, $10)",
@@ -116,25 +126,37 @@ impl Store {
         .bind(new.rate_limit_per_min.map(i64::from))
         .bind(&new.placeholder_env)
         .bind(now)
-        .execute(&self.writer)
+        .execute(&mut *tx)
         .await;
         match inserted {
-            Ok(_) => Ok(self.credential(&new.tenant_id, &new.name).await?.map(|r| r.credential)),
-            Err(e) if is_unique_violation(&e) => Ok(None),
-            Err(e) => Err(e.into()),
+            Ok(_) => {}
+            Err(e) if is_unique_violation(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
         }
+        if let Some((settings, status)) = &new.oauth {
+            insert_oauth(&mut tx, &new.id, settings, *status).await?;
+        }
+        tx.commit().await?;
+        Ok(self.credential(&new.tenant_id, &new.name).await?.map(|r| r.credential))
     }
 
     /// The tenant's credential `name`.
     pub async fn credential(&self, tenant: &TenantId, name: &str) -> Result<Option<CredentialRecord>> {
-        let sql = format!("SELECT {CREDENTIAL_COLUMNS} FROM credentials WHERE tenant_id = $1 AND name = $2");
+        let sql = format!("SELECT {CREDENTIAL_COLUMNS} FROM {CREDENTIAL_FROM} WHERE c.tenant_id = $1 AND c.name = $2");
         let row = sqlx::query(&sql).bind(tenant.as_str()).bind(name).fetch_optional(&self.pool).await?;
+        row.map(|r| credential_from_row(&r)).transpose()
+    }
+
+    /// A credential by id, whoever's it is.
+    pub async fn credential_by_id(&self, id: &CredentialId) -> Result<Option<CredentialRecord>> {
+        let sql = format!("SELECT {CREDENTIAL_COLUMNS} FROM {CREDENTIAL_FROM} WHERE c.id = $1");
+        let row = sqlx::query(&sql).bind(id.as_str()).fetch_optional(&self.pool).await?;
         row.map(|r| credential_from_row(&r)).transpose()
     }
 
     /// The tenant's credentials by name.
     pub async fn list_credentials(&self, tenant: &TenantId) -> Result<Vec<Credential>> {
-        let sql = format!("SELECT {CREDENTIAL_COLUMNS} FROM credentials WHERE tenant_id = $1 ORDER BY name");
+        let sql = format!("SELECT {CREDENTIAL_COLUMNS} FROM {CREDENTIAL_FROM} WHERE c.tenant_id = $1 ORDER BY c.name");
         let rows = sqlx::query(&sql).bind(tenant.as_str()).fetch_all(&self.pool).await?;
         rows.iter().map(|r| credential_from_row(r).map(|c| c.credential)).collect()
     }
@@ -148,7 +170,7 @@ impl Store {
         change: &CredentialChange,
     ) -> Result<Option<CredentialRecord>> {
         let mut tx = self.write_tx().await?;
-        let sql = format!("SELECT {CREDENTIAL_COLUMNS} FROM credentials WHERE tenant_id = $1 AND name = $2");
+        let sql = format!("SELECT {CREDENTIAL_COLUMNS} FROM {CREDENTIAL_FROM} WHERE c.tenant_id = $1 AND c.name = $2");
         let row = sqlx::query(&sql).bind(tenant.as_str()).bind(name).fetch_optional(&mut *tx).await?;
         let Some(mut record) = row.map(|r| credential_from_row(&r)).transpose()? else {
             return Ok(None);
@@ -196,7 +218,7 @@ impl Store {
         name: &str,
     ) -> Result<Option<(Credential, Vec<SessionId>)>> {
         let mut tx = self.write_tx().await?;
-        let sql = format!("SELECT {CREDENTIAL_COLUMNS} FROM credentials WHERE tenant_id = $1 AND name = $2");
+        let sql = format!("SELECT {CREDENTIAL_COLUMNS} FROM {CREDENTIAL_FROM} WHERE c.tenant_id = $1 AND c.name = $2");
         let row = sqlx::query(&sql).bind(tenant.as_str()).bind(name).fetch_optional(&mut *tx).await?;
         let Some(record) = row.map(|r| credential_from_row(&r)).transpose()? else {
             return Ok(None);
@@ -214,6 +236,7 @@ impl Store {
         }
         sqlx::query("DELETE FROM grants WHERE credential_id = $1").bind(id).execute(&mut *tx).await?;
         sqlx::query("DELETE FROM credentials WHERE id = $1").bind(id).execute(&mut *tx).await?;
+        delete_oauth(&mut tx, id).await?;
         tx.commit().await?;
         Ok(Some((record.credential, sessions)))
     }
@@ -229,9 +252,9 @@ impl Store {
 
     /// The credentials granted to `session`, by name.
     pub async fn session_grants(&self, session: &SessionId) -> Result<Vec<CredentialRecord>> {
-        let columns = CREDENTIAL_COLUMNS.split(", ").map(|c| format!("c.{c}")).collect::<Vec<_>>().join(", ");
         let sql = format!(
-            "SELECT {columns} FROM grants g JOIN credentials c ON c.id = g.credential_id WHERE g.session_id = $1 ORDER BY c.name"
+            "SELECT {CREDENTIAL_COLUMNS} FROM {CREDENTIAL_FROM} JOIN grants g ON g.credential_id = c.id \
+             WHERE g.session_id = $1 ORDER BY c.name"
         );
         let rows = sqlx::query(&sql).bind(session.as_str()).fetch_all(&self.pool).await?;
         rows.iter().map(credential_from_row).collect()
@@ -398,6 +421,7 @@ mod tests {
             expires_at: None,
             rate_limit_per_min: Some(60),
             placeholder_env: Some("TOKEN".into()),
+            oauth: None,
         }
     }
 

@@ -138,6 +138,7 @@ mod tests {
             expires_at: None,
             rate_limit_per_min: None,
             placeholder_env: None,
+            oauth: None,
         };
         store.insert_credential(&credential).await.unwrap().unwrap();
         let live = session(&store, &tenant, Some(vec![2])).await;

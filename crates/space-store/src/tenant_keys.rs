@@ -193,6 +193,7 @@ mod tests {
             expires_at: None,
             rate_limit_per_min: None,
             placeholder_env: None,
+            oauth: None,
         };
         store.insert_credential(&new).await.unwrap().unwrap();
         new.id

@@ -81,7 +81,7 @@ OPERATIONS = {
 }
 
 # Paths the SDK leaves to the CLI and operators on purpose (server set-up, making and deleting templates, the
-# blob store, credentials and tenant keys, the raw proxy and tunnel, metrics).
+# blob store, credentials, OAuth sign-ins and tenant keys, the raw proxy and tunnel, metrics).
 NOT_IN_THE_SDK = (
     "/v1/operations/",
     "/v1/pool",
@@ -93,6 +93,7 @@ NOT_IN_THE_SDK = (
     "/v1/templates/{name}",
     "/v1/credentials",
     "/v1/tenants/{tenant}/key",
+    "/v1/oauth/callback",
     "/v1/openapi.json",
     "/metrics",
     "/v1/metrics",

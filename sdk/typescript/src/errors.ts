@@ -65,6 +65,9 @@ export class BlobStoreUnavailableError extends SpaceError {}
 /** The tenant's own key (BYOK) cannot be used: its KMS refused (the key was disabled, revoked or
  * deleted) or did not answer. The message names the key. */
 export class KeyUnavailableError extends SpaceError {}
+/** An OAuth provider's token endpoint refused or failed (e.g. during a sign-in's code
+ * exchange); the message says what it answered and what to do. */
+export class OAuthFailedError extends SpaceError {}
 export class TimeoutError extends SpaceError {}
 export class InsufficientStorageError extends SpaceError {}
 
@@ -176,6 +179,7 @@ export const ERROR_CLASSES = {
   database_unavailable: DatabaseUnavailableError,
   blob_store_unavailable: BlobStoreUnavailableError,
   key_unavailable: KeyUnavailableError,
+  oauth_failed: OAuthFailedError,
   snapshot_corrupt: SnapshotCorruptError,
   timeout: TimeoutError,
   storage_full: StorageFullError,
@@ -195,7 +199,7 @@ export const ERROR_STATUS: Record<string, number> = {
   snapshot_corrupt: 409,
   payload_too_large: 413, build_failed: 422, uri_too_long: 414, headers_too_large: 431,
   limit_exceeded: 429, quota_exceeded: 429,
-  internal: 500, feature_unavailable: 501, port_not_listening: 502, sandbox_unavailable: 503,
+  internal: 500, feature_unavailable: 501, port_not_listening: 502, oauth_failed: 502, sandbox_unavailable: 503,
   database_unavailable: 503, blob_store_unavailable: 503, key_unavailable: 503, timeout: 504,
   storage_full: 507, disk_quota_exceeded: 507,
 };

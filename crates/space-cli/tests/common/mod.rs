@@ -4,6 +4,7 @@
 
 pub mod counter;
 pub mod nodes;
+pub mod oauth;
 pub mod replicas;
 pub mod upstream;
 

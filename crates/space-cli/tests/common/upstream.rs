@@ -49,6 +49,8 @@ impl Recorded {
 
 #[derive(Default)]
 struct Log {
+    /// Answers the HTTPS server's `/oauth/` paths.
+    oauth: super::oauth::Provider,
     requests: Mutex<Vec<Recorded>>,
     tcp: Mutex<Vec<u8>>,
     tcp_connections: Mutex<usize>,
@@ -141,6 +143,11 @@ impl Upstream {
         flags.push(self.ca_file.to_str().unwrap().to_owned());
         flags.push("--gateway-allow-private".into());
         flags
+    }
+
+    /// The OAuth provider at `https://NAME/oauth/…`.
+    pub fn oauth(&self) -> &super::oauth::Provider {
+        &self.log.oauth
     }
 
     /// Every request received so far.
@@ -291,7 +298,17 @@ async fn respond(
         .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
         .collect();
     let method = request.method().to_string();
-    log.requests.lock().unwrap().push(Recorded { tls, sni, method, path: path.clone(), headers });
+    log.requests.lock().unwrap().push(Recorded { tls, sni, method: method.clone(), path: path.clone(), headers });
+    if tls && path.starts_with("/oauth/") {
+        let headers = log.requests.lock().unwrap().last().map(|r| r.headers.clone()).unwrap_or_default();
+        let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let (status, headers, body) = log.oauth.handle(&method, &path, &headers, &body);
+        let mut builder = Response::builder().status(status);
+        for (name, value) in headers {
+            builder = builder.header(name, value);
+        }
+        return builder.body(Full::new(Bytes::from(body)).boxed()).unwrap();
+    }
     let websocket = request.headers().get("upgrade").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
     if websocket {
         // Switches, then echoes whatever comes (the tests send raw bytes, not frames).

@@ -4,10 +4,15 @@
 use axum::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
-use space_api::egress::{CreateCredentialRequest, Credential, CredentialList, UpdateCredentialRequest};
+use space_api::egress::{
+    CreateCredentialRequest, Credential, CredentialKind, CredentialList, OAuth2Status, UpdateCredentialRequest,
+};
 use space_api::{CredentialId, ErrorBody, ErrorCode};
 use space_store::{CredentialChange, NewCredential};
 
+use space_keys::Zeroizing;
+
+use super::oauth;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::egress::{
@@ -15,6 +20,9 @@ use crate::egress::{
     validate_env_name, validate_hosts, validate_value,
 };
 use crate::error::{ApiJson, ApiPath, AppError, AppResult};
+
+/// What an `oauth2` credential injects unless told otherwise.
+const DEFAULT_OAUTH_HEADER: &str = "Authorization: Bearer {secret}";
 
 fn now_secs() -> i64 {
     space_store::now_ms() / 1000
@@ -40,8 +48,6 @@ pub async fn create_credential(
 ) -> AppResult<(StatusCode, ApiJson<Credential>)> {
     validate_credential_name(&request.name)?;
     let hosts = validate_hosts(&request.hosts, state.allow_wildcard_credential_hosts)?;
-    parse_header(&request.header)?;
-    validate_value(&request.value)?;
     if let Some(expires_at) = request.expires_at {
         check_expiry(expires_at)?;
     }
@@ -52,18 +58,47 @@ pub async fn create_credential(
         validate_env_name(name)?;
     }
     let id = CredentialId::generate();
-    let value_sealed =
-        state.keys.seal(&caller.tenant_id, request.value.as_bytes(), &credential_owner(&caller.tenant_id, &id)).await?;
+    let owner = credential_owner(&caller.tenant_id, &id);
+    let (header, value, oauth) = match (request.kind, &request.oauth2) {
+        (CredentialKind::Static, Some(_)) => {
+            return Err(AppError::bad_request("oauth2 settings need \"kind\": \"oauth2\""));
+        }
+        (CredentialKind::Static, None) => {
+            validate_value(&request.value)?;
+            (request.header.trim().to_owned(), Zeroizing::new(request.value.clone().into_bytes()), None)
+        }
+        (CredentialKind::Oauth2, None) => {
+            return Err(AppError::bad_request(
+                "an oauth2 credential needs oauth2 settings: token_url, client_id and grant_type at least",
+            ));
+        }
+        (CredentialKind::Oauth2, Some(o)) => {
+            if !request.value.is_empty() {
+                return Err(AppError::bad_request(
+                    "an oauth2 credential has no value: the gateway injects the access tokens its token endpoint gives",
+                ));
+            }
+            let header = match request.header.trim() {
+                "" => DEFAULT_OAUTH_HEADER.to_owned(),
+                header => header.to_owned(),
+            };
+            let (settings, secrets, status) = oauth::checked(&state, o)?;
+            (header, secrets.to_json(), Some((settings, status)))
+        }
+    };
+    parse_header(&header)?;
+    let value_sealed = state.keys.seal(&caller.tenant_id, &value, &owner).await?;
     let new = NewCredential {
         id,
         tenant_id: caller.tenant_id.clone(),
         name: request.name.clone(),
         hosts,
-        header: request.header.trim().to_owned(),
+        header,
         value_sealed,
         expires_at: request.expires_at,
         rate_limit_per_min: request.rate_limit_per_min,
         placeholder_env: request.placeholder_env,
+        oauth,
     };
     match state.store.insert_credential(&new).await? {
         Some(credential) => Ok((StatusCode::CREATED, ApiJson(credential))),
@@ -119,10 +154,26 @@ pub async fn update_credential(
         parse_header(header)?;
         change.header = Some(header.trim().to_owned());
     }
+    let oauth2 = current.credential.kind == CredentialKind::Oauth2;
     if let Some(value) = &request.value {
+        if oauth2 {
+            return Err(AppError::bad_request(
+                "an oauth2 credential has no value: change its client_secret or refresh_token instead",
+            ));
+        }
         validate_value(value)?;
         let owner = credential_owner(&caller.tenant_id, &current.credential.id);
         change.value_sealed = Some(state.keys.seal(&caller.tenant_id, value.as_bytes(), &owner).await?);
+    }
+    if request.client_secret.is_some() || request.refresh_token.is_some() {
+        if !oauth2 {
+            return Err(AppError::bad_request(format!(
+                "credential {name:?} is static: client_secret and refresh_token are for oauth2 credentials; \
+                 `value` rotates a static one"
+            )));
+        }
+        let (secret, refresh) = (request.client_secret.as_deref(), request.refresh_token.as_deref());
+        change.value_sealed = Some(oauth::updated_secrets(&state, &current, secret, refresh).await?);
     }
     change.expires_at = match request.expires_at {
         Some(0) => Some(None),
@@ -138,8 +189,14 @@ pub async fn update_credential(
         .update_credential(&caller.tenant_id, &name, &change)
         .await?
         .ok_or_else(|| credential_not_found(&name))?;
+    if oauth2 && change.value_sealed.is_some() {
+        // New secrets: the next push asks for a token with them.
+        state.store.oauth_reset(&record.credential.id, OAuth2Status::Pending).await?;
+    }
     let sessions = state.store.sessions_granted(&record.credential.id).await?;
     push_credential_sessions(&state, &sessions).await?;
+    let record =
+        state.store.credential_by_id(&record.credential.id).await?.ok_or_else(|| credential_not_found(&name))?;
     Ok(ApiJson(record.credential))
 }
 

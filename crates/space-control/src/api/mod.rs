@@ -7,6 +7,7 @@ mod files;
 pub(crate) mod lifecycle;
 mod network;
 mod nodes;
+mod oauth;
 mod openapi;
 pub(crate) use lifecycle::{invalid_state, note, run_restore, set_frozen, take_snapshot};
 pub(crate) use suspend::{resume_suspended, suspend_session};
@@ -64,7 +65,7 @@ pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
         lifecycle::pause, lifecycle::resume, lifecycle::create_snapshot, lifecycle::list_snapshots,
         lifecycle::delete_snapshot, usage::get_snapshot, usage::session_stats, lifecycle::restore, lifecycle::fork, suspend::suspend,
         credentials::create_credential, credentials::list_credentials, credentials::get_credential,
-        credentials::update_credential, credentials::delete_credential,
+        credentials::update_credential, credentials::delete_credential, oauth::login, oauth::callback,
         network::get_network, network::update_network, network::grant, network::revoke, network::audit,
         ports::open_port, ports::get_port, ports::list_ports, ports::close_port, ports::proxy_path, ports::tunnel,
     ),
@@ -162,6 +163,7 @@ pub fn router(state: AppState) -> Router {
                 .patch(credentials::update_credential)
                 .delete(credentials::delete_credential),
         )
+        .route("/credentials/{name}/login", post(oauth::login))
         .route("/templates", get(templates::list_templates))
         .route("/templates/{name}", axum::routing::delete(templates::delete_template))
         .route("/keys", get(system::list_keys))
@@ -181,6 +183,8 @@ pub fn router(state: AppState) -> Router {
     let app = Router::new()
         .route("/v1/health", get(system::health))
         .route("/v1/openapi.json", get(|| async { ([("content-type", "application/json")], openapi_json()) }))
+        // Authorized by the sign-in's single-use state, which a call with an API key made.
+        .route(oauth::CALLBACK_PATH, get(oauth::callback))
         // Authorized by the proxy itself: a port's token or public access need no API key.
         .route("/v1/sessions/{id}/ports/{port}/", any(ports::proxy_path))
         .route("/v1/sessions/{id}/ports/{port}/{*path}", any(ports::proxy_path))

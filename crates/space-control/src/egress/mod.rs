@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use space_api::egress::{AuditEvent, NetworkPolicy};
+use space_api::egress::{AuditEvent, CredentialKind, NetworkPolicy};
 use space_api::error::echo;
 use space_api::{CredentialId, ErrorCode, Session, SessionId, SessionState, TenantId};
 use space_gateway::{Grant, SessionCa, SessionEgress, placeholder_for};
@@ -52,6 +52,7 @@ const RESERVED_HEADERS: [&str; 9] = [
 pub struct Egress<'a> {
     pub store: &'a Store,
     pub keys: &'a Keyring,
+    pub oauth: &'a crate::oauth::Broker,
     pub gateways: &'a dyn Gateways,
 }
 
@@ -78,7 +79,7 @@ impl Gateways for crate::nodes::Nodes {
 
 impl AppState {
     pub fn egress(&self) -> Egress<'_> {
-        Egress { store: &self.store, keys: &self.keys, gateways: &self.nodes }
+        Egress { store: &self.store, keys: &self.keys, oauth: &self.oauth, gateways: &self.nodes }
     }
 }
 
@@ -288,15 +289,18 @@ fn about(what: &str, e: AppError) -> AppError {
     AppError::new(e.0.code, format!("{what}: {}", e.0.message))
 }
 
-/// Unseals a credential into what the gateway injects.
-async fn grant_of(keys: &Keyring, record: &CredentialRecord) -> AppResult<Grant> {
+/// What the gateway injects for a credential: a static one's value unsealed, an `oauth2`
+/// one's current access token (asked for if needed; without one, the grant says why and its
+/// hosts get 502).
+async fn grant_of(egress: Egress<'_>, record: &CredentialRecord) -> AppResult<Grant> {
     let c = &record.credential;
-    let value = keys
-        .open(&record.value_sealed, &credential_owner(&record.tenant_id, &c.id))
-        .await
-        .map_err(|e| about(&format!("credential {:?}", c.name), e))?;
-    let secret = String::from_utf8(value.to_vec())
-        .map_err(|_| AppError::internal(format!("credential {:?}: the stored value is not text", c.name)))?;
+    let (secret, unavailable) = match c.kind {
+        CredentialKind::Static => (static_value(egress.keys, record).await?, None),
+        CredentialKind::Oauth2 => match egress.oauth.access_token(egress.store, egress.keys, record).await {
+            Ok(token) => (token.to_string(), None),
+            Err(reason) => (String::new(), Some(reason)),
+        },
+    };
     let (header_name, header_value) = render(c, &secret)?;
     Ok(Grant {
         credential_id: c.id.clone(),
@@ -308,14 +312,25 @@ async fn grant_of(keys: &Keyring, record: &CredentialRecord) -> AppResult<Grant>
         placeholder: c.placeholder_env.as_ref().map(|_| placeholder_for(&c.name)),
         expires_at: c.expires_at,
         rate_limit_per_min: c.rate_limit_per_min,
+        unavailable,
     })
 }
 
+async fn static_value(keys: &Keyring, record: &CredentialRecord) -> AppResult<String> {
+    let c = &record.credential;
+    let value = keys
+        .open(&record.value_sealed, &credential_owner(&record.tenant_id, &c.id))
+        .await
+        .map_err(|e| about(&format!("credential {:?}", c.name), e))?;
+    String::from_utf8(value.to_vec())
+        .map_err(|_| AppError::internal(format!("credential {:?}: the stored value is not text", c.name)))
+}
+
 /// Unseals every one of `records`, or fails with the first that does not open.
-async fn grants_of(keys: &Keyring, records: &[CredentialRecord]) -> AppResult<Vec<Grant>> {
+async fn grants_of(egress: Egress<'_>, records: &[CredentialRecord]) -> AppResult<Vec<Grant>> {
     let mut grants = Vec::with_capacity(records.len());
     for record in records {
-        grants.push(grant_of(keys, record).await?);
+        grants.push(grant_of(egress, record).await?);
     }
     Ok(grants)
 }
@@ -383,7 +398,7 @@ pub async fn insert_new_session(
     let records = resolve_grants(state, &new.tenant_id, grants).await?;
     add_placeholders(&mut new.env, &records);
     let (ca, key_sealed) = new_ca(&state.keys, &new.tenant_id, &new.id).await?;
-    let gateway_grants = grants_of(&state.keys, &records).await?;
+    let gateway_grants = grants_of(state.egress(), &records).await?;
     let stored = NewSessionEgress {
         egress: SessionEgressRecord {
             policy: policy.clone(),
@@ -438,7 +453,7 @@ impl Egress<'_> {
                 .map_err(|e| AppError::internal(format!("cannot create the session's certificate authority: {e}")))?,
         };
         let grants = self.store.session_grants(parent).await?;
-        let gateway_grants = grants_of(self.keys, &grants).await?;
+        let gateway_grants = grants_of(self, &grants).await?;
         let mut stored = Vec::new();
         for new in news {
             let key_sealed = self.keys.seal(&new.tenant_id, ca.key_pem.as_bytes(), &ca_owner(&new.id)).await?;
@@ -527,7 +542,7 @@ impl Egress<'_> {
         let mut grants = Vec::new();
         let mut left_out = Vec::new();
         for record in self.store.session_grants(session).await? {
-            match grant_of(self.keys, &record).await {
+            match grant_of(self, &record).await {
                 Ok(grant) => grants.push(grant),
                 Err(e) => {
                     tracing::warn!(%session, credential = %record.credential.name, error = %e, "credential left out of the session's egress");
@@ -557,7 +572,7 @@ impl Egress<'_> {
     /// session that cannot be unsealed are left out as always (and logged): they do not undo
     /// this one, which is in effect.
     pub async fn grant(self, session: &SessionId, record: &CredentialRecord) -> AppResult<()> {
-        grant_of(self.keys, record).await?;
+        grant_of(self, record).await?;
         let egress =
             self.store.session_egress(session).await?.ok_or_else(|| AppError::session_not_found(session.as_str()))?;
         self.ca(&record.tenant_id, session, &egress).await?;

@@ -106,6 +106,7 @@ struct Fixture {
     /// Another key file: what it sealed the server's key cannot open.
     lost: Sealer,
     gateway: std::sync::Arc<Gateway>,
+    oauth: crate::oauth::Broker,
     tenant: TenantId,
 }
 
@@ -119,11 +120,12 @@ impl Fixture {
         let gateway = Gateway::new(Default::default(), audit).unwrap();
         let tenant = store.ensure_tenant("t").await.unwrap();
         let keys = Keyring::new(sealer.clone(), store.clone(), std::time::Duration::ZERO);
-        Fixture { _dir: dir, store, keys, sealer, lost, gateway, tenant }
+        let oauth = crate::oauth::Broker::new(&Default::default()).unwrap();
+        Fixture { _dir: dir, store, keys, sealer, lost, gateway, oauth, tenant }
     }
 
     fn egress(&self) -> Egress<'_> {
-        Egress { store: &self.store, keys: &self.keys, gateways: &*self.gateway }
+        Egress { store: &self.store, keys: &self.keys, oauth: &self.oauth, gateways: &*self.gateway }
     }
 
     async fn credential(&self, sealer: &Sealer, name: &str) -> CredentialRecord {
@@ -139,6 +141,7 @@ impl Fixture {
             expires_at: None,
             rate_limit_per_min: None,
             placeholder_env: Some(format!("{}_TOKEN", name.to_uppercase())),
+            oauth: None,
         };
         self.store.insert_credential(&new).await.unwrap().unwrap();
         self.store.credential(&self.tenant, name).await.unwrap().unwrap()
@@ -267,7 +270,7 @@ async fn revoking_a_parents_grant_revokes_it_from_its_forks_unless_detached() {
 async fn the_gateway_grant_carries_the_credential_id() {
     let f = Fixture::new().await;
     let record = f.credential(&f.sealer, "gh").await;
-    assert_eq!(grant_of(&f.keys, &record).await.unwrap().credential_id, record.credential.id);
+    assert_eq!(grant_of(f.egress(), &record).await.unwrap().credential_id, record.credential.id);
 }
 
 #[tokio::test]

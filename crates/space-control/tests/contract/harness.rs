@@ -326,6 +326,8 @@ async fn serve(data_dir: std::path::PathBuf, nodes: Vec<Arc<dyn space_node_api::
         preview_domain: Some(PREVIEW_DOMAIN.into()),
         e2b_domain: None,
         replica: space_store::DEFAULT_REPLICA.into(),
+        // Token endpoints anywhere: the contract tests run theirs on loopback.
+        oauth: Default::default(),
     };
     let state =
         space_control::start(&config, async |_node_id: &str| Ok(nodes)).await.expect("the control plane starts");

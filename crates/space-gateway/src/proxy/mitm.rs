@@ -123,6 +123,10 @@ impl Intercepted {
         let grants = grants_for(&egress, &self.sni);
         let now = audit::now_millis() / 1000;
         for grant in &grants {
+            if let Some(why) = &grant.unavailable {
+                let reason = format!("credential {} has no token to inject: {why}", grant.credential);
+                return self.deny(event, StatusCode::BAD_GATEWAY, &reason);
+            }
             if grant.expires_at.is_some_and(|at| at < now) {
                 let reason = format!("credential {} expired", grant.credential);
                 return self.deny(event, StatusCode::FORBIDDEN, &reason);
@@ -266,6 +270,7 @@ mod tests {
             placeholder: Some("space-placeholder-gh".into()),
             expires_at: None,
             rate_limit_per_min: None,
+            unavailable: None,
         }
     }
 

@@ -129,6 +129,7 @@ pub(super) fn grant(secret: &str) -> Grant {
         placeholder: Some(PLACEHOLDER.into()),
         expires_at: None,
         rate_limit_per_min: None,
+        unavailable: None,
     }
 }
 
@@ -453,6 +454,18 @@ async fn expired_and_rate_limited_credentials_are_refused() {
     let (status, body) = get(&mut sender, "api.test", "/", &[]).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert!(body.contains("credential gh expired"), "{body}");
+
+    setup.event().await;
+    // An OAuth credential without a token: 502 and why, never a request without it.
+    let mut failing = grant(SECRET);
+    failing.unavailable = Some("the token endpoint refused: invalid_grant".into());
+    setup.context.set_test_session(&setup.session, egress(&setup.ca, vec![failing]));
+    let (status, body) = get(&mut sender, "api.test", "/", &[]).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert!(body.contains("credential gh has no token to inject: the token endpoint refused: invalid_grant"), "{body}");
+    let event = setup.event().await;
+    assert_eq!(event.decision, AuditDecision::Denied);
+    assert!(event.reason.unwrap().contains("no token to inject"));
 }
 
 /// A rate limit is the credential's: another session holding the same credential (a fork,

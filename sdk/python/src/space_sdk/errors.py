@@ -42,6 +42,7 @@ __all__ = [
     "DatabaseUnavailableError",
     "BlobStoreUnavailableError",
     "KeyUnavailableError",
+    "OAuthFailedError",
     "InternalServerError",
     "TimeoutError",
     "CommandExitError",
@@ -194,6 +195,11 @@ class KeyUnavailableError(SpaceError):
     what was sealed with it opens again once the key is usable."""
 
 
+class OAuthFailedError(SpaceError):
+    """502 ``oauth_failed``: an OAuth provider's token endpoint refused or failed (e.g. during
+    a sign-in's code exchange); the message says what it answered and what to do."""
+
+
 class InternalServerError(SpaceError):
     """500: a fault of the server; the message says what failed."""
 
@@ -267,6 +273,7 @@ CODE_CLASSES: Dict[str, Tuple[Type[SpaceError], int]] = {
     "database_unavailable": (DatabaseUnavailableError, 503),
     "blob_store_unavailable": (BlobStoreUnavailableError, 503),
     "key_unavailable": (KeyUnavailableError, 503),
+    "oauth_failed": (OAuthFailedError, 502),
     "storage_full": (StorageFullError, 507),
     "disk_quota_exceeded": (DiskQuotaExceededError, 507),
     "timeout": (TimeoutError, 504),

@@ -63,6 +63,26 @@ export interface paths {
         patch: operations["update_credential"];
         trace?: never;
     };
+    "/v1/credentials/{name}/login": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Starts a sign-in: the URL where the human signs in. The provider then redirects to
+         *     `/v1/oauth/callback`, which stores the refresh token.
+         */
+        post: operations["login"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/health": {
         parameters: {
             query?: never;
@@ -221,6 +241,27 @@ export interface paths {
         put?: never;
         /** Lifts a node's cordon: it takes new sessions again (admin only). */
         post: operations["uncordon"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/oauth/callback": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Where the provider sends the browser after a sign-in: exchanges the code (with the
+         *     sign-in's PKCE verifier) for tokens and keeps the refresh token. Needs no API key: the
+         *     single-use `state` of a sign-in started with one is the authorization.
+         */
+        get: operations["callback"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -1213,12 +1254,18 @@ export interface components {
              * @description Unix time in seconds after which the gateway stops injecting it.
              */
             expires_at?: number | null;
-            /** @description The header to inject, with `{secret}` where the value goes: `Authorization: Bearer {secret}`. */
-            header: string;
+            /**
+             * @description The header to inject, with `{secret}` where the value goes: `Authorization: Bearer {secret}`.
+             *     May be left out for an `oauth2` credential, which then uses exactly that.
+             */
+            header?: string;
             /** @description Host patterns (as in a network policy) the value may be sent to. */
             hosts: string[];
+            /** @description `static` (the default) or `oauth2`. */
+            kind?: components["schemas"]["CredentialKind"];
             /** @description Unique per tenant: letters, digits, `-`, `_`, `.`; at most 64. */
             name: string;
+            oauth2?: null | components["schemas"]["OAuth2Request"];
             /**
              * @description An environment variable the sandbox sees holding a placeholder; the gateway swaps the
              *     placeholder for the value in requests to the credential's hosts only.
@@ -1230,7 +1277,8 @@ export interface components {
              *     beyond it the gateway answers 429.
              */
             rate_limit_per_min?: number | null;
-            value: string;
+            /** @description The value of a `static` credential; left out for an `oauth2` one. */
+            value?: string;
         };
         CreateKeyRequest: {
             /**
@@ -1332,7 +1380,9 @@ export interface components {
             header: string;
             hosts: string[];
             id: components["schemas"]["CredentialId"];
+            kind?: components["schemas"]["CredentialKind"];
             name: string;
+            oauth2?: null | components["schemas"]["OAuth2Info"];
             placeholder_env?: string | null;
             /** Format: int32 */
             rate_limit_per_min?: number | null;
@@ -1346,6 +1396,11 @@ export interface components {
         };
         /** @description A credential id. */
         CredentialId: string;
+        /**
+         * @description How a credential gets what the gateway injects.
+         * @enum {string}
+         */
+        CredentialKind: "static" | "oauth2";
         CredentialList: {
             credentials: components["schemas"]["Credential"][];
         };
@@ -1407,10 +1462,10 @@ export interface components {
             error: components["schemas"]["ErrorDetail"];
         };
         /**
-         * @description Stable machine-readable error codes; never renamed once released. Each is answered with one HTTP status: 400: bad_request, unknown_template, runtime_unavailable, not_a_directory, is_a_directory, directory_not_empty, port_reserved; 401: unauthorized, key_revoked, key_expired; 403: forbidden, permission_denied; 404: not_found, snapshot_not_found, credential_not_found, file_not_found, no_such_process; 405: method_not_allowed; 408: request_timeout; 409: conflict, invalid_state, session_suspended, idempotency_conflict, snapshot_corrupt, file_exists; 413: payload_too_large; 414: uri_too_long; 422: build_failed; 429: limit_exceeded, quota_exceeded; 431: headers_too_large; 500: internal; 501: feature_unavailable; 502: port_not_listening; 503: blob_store_unavailable, sandbox_unavailable, database_unavailable, key_unavailable; 504: timeout; 507: storage_full, disk_quota_exceeded.
+         * @description Stable machine-readable error codes; never renamed once released. Each is answered with one HTTP status: 400: bad_request, unknown_template, runtime_unavailable, not_a_directory, is_a_directory, directory_not_empty, port_reserved; 401: unauthorized, key_revoked, key_expired; 403: forbidden, permission_denied; 404: not_found, snapshot_not_found, credential_not_found, file_not_found, no_such_process; 405: method_not_allowed; 408: request_timeout; 409: conflict, invalid_state, session_suspended, idempotency_conflict, snapshot_corrupt, file_exists; 413: payload_too_large; 414: uri_too_long; 422: build_failed; 429: limit_exceeded, quota_exceeded; 431: headers_too_large; 500: internal; 501: feature_unavailable; 502: port_not_listening, oauth_failed; 503: blob_store_unavailable, sandbox_unavailable, database_unavailable, key_unavailable; 504: timeout; 507: storage_full, disk_quota_exceeded.
          * @enum {string}
          */
-        ErrorCode: "bad_request" | "unauthorized" | "key_revoked" | "key_expired" | "forbidden" | "not_found" | "conflict" | "invalid_state" | "session_suspended" | "idempotency_conflict" | "payload_too_large" | "unknown_template" | "runtime_unavailable" | "snapshot_not_found" | "snapshot_corrupt" | "blob_store_unavailable" | "credential_not_found" | "feature_unavailable" | "sandbox_unavailable" | "database_unavailable" | "file_not_found" | "file_exists" | "not_a_directory" | "is_a_directory" | "directory_not_empty" | "permission_denied" | "no_such_process" | "timeout" | "internal" | "method_not_allowed" | "request_timeout" | "uri_too_long" | "headers_too_large" | "limit_exceeded" | "storage_full" | "disk_quota_exceeded" | "port_not_listening" | "port_reserved" | "quota_exceeded" | "build_failed" | "key_unavailable";
+        ErrorCode: "bad_request" | "unauthorized" | "key_revoked" | "key_expired" | "forbidden" | "not_found" | "conflict" | "invalid_state" | "session_suspended" | "idempotency_conflict" | "payload_too_large" | "unknown_template" | "runtime_unavailable" | "snapshot_not_found" | "snapshot_corrupt" | "blob_store_unavailable" | "credential_not_found" | "feature_unavailable" | "sandbox_unavailable" | "database_unavailable" | "file_not_found" | "file_exists" | "not_a_directory" | "is_a_directory" | "directory_not_empty" | "permission_denied" | "no_such_process" | "timeout" | "internal" | "method_not_allowed" | "request_timeout" | "uri_too_long" | "headers_too_large" | "limit_exceeded" | "storage_full" | "disk_quota_exceeded" | "port_not_listening" | "port_reserved" | "quota_exceeded" | "build_failed" | "key_unavailable" | "oauth_failed";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
@@ -1680,6 +1735,81 @@ export interface components {
          * @enum {string}
          */
         NodeState: "ready" | "lost";
+        /**
+         * @description How the client authenticates at the token endpoint.
+         * @enum {string}
+         */
+        OAuth2ClientAuth: "basic" | "post";
+        /**
+         * @description The OAuth 2.0 grant used for access tokens.
+         * @enum {string}
+         */
+        OAuth2GrantType: "client_credentials" | "refresh_token";
+        /** @description An `oauth2` credential as listed: settings and state, never a secret or token. */
+        OAuth2Info: {
+            authorize_url?: string | null;
+            client_auth: components["schemas"]["OAuth2ClientAuth"];
+            client_id: string;
+            grant_type: components["schemas"]["OAuth2GrantType"];
+            /** @description Why it is failing (the token endpoint's error, or what was wrong with its answer). */
+            reason?: string | null;
+            redirect_uri?: string | null;
+            /**
+             * Format: int64
+             * @description Unix time in milliseconds of the last token obtained.
+             */
+            refreshed_at?: number | null;
+            scopes: string[];
+            status: components["schemas"]["OAuth2Status"];
+            /**
+             * Format: int64
+             * @description Unix time in seconds at which the current access token expires.
+             */
+            token_expires_at?: number | null;
+            token_url: string;
+        };
+        /** @description Where the human signs in; the provider then redirects to `/v1/oauth/callback`. */
+        OAuth2Login: {
+            authorization_url: string;
+            /**
+             * Format: int64
+             * @description Unix time in seconds after which the sign-in must be started again.
+             */
+            expires_at: number;
+        };
+        /** @description `POST /v1/credentials/{name}/login`. */
+        OAuth2LoginRequest: {
+            /** @description Overrides the credential's `redirect_uri` for this sign-in. */
+            redirect_uri?: string | null;
+        };
+        /**
+         * @description An `oauth2` credential's settings; the client secret and refresh token are sent once and
+         *     never returned.
+         */
+        OAuth2Request: {
+            /** @description Where a human signs in (`https`), for `space credential login`. */
+            authorize_url?: string | null;
+            client_auth?: components["schemas"]["OAuth2ClientAuth"];
+            client_id: string;
+            /** @description Left out for a public client (sign-in with PKCE only). */
+            client_secret?: string | null;
+            grant_type: components["schemas"]["OAuth2GrantType"];
+            /**
+             * @description The redirect URI registered with the provider; it must lead to this control plane's
+             *     `/v1/oauth/callback`. Defaults to the one the CLI reaches the control plane at.
+             */
+            redirect_uri?: string | null;
+            /** @description For `refresh_token`: a refresh token to start from (else `space credential login`). */
+            refresh_token?: string | null;
+            scopes?: string[];
+            /** @description The token endpoint (`https`). */
+            token_url: string;
+        };
+        /**
+         * @description Whether an `oauth2` credential has a usable access token.
+         * @enum {string}
+         */
+        OAuth2Status: "pending" | "needs_login" | "ok" | "failing";
         /**
          * @description Body of `POST /v1/sessions/{id}/ports/{port}`.
          * @example {
@@ -2326,6 +2456,8 @@ export interface components {
         };
         /** @description `PATCH /v1/credentials/{name}`: rotation and changes, effective on the next request. */
         UpdateCredentialRequest: {
+            /** @description A new client secret of an `oauth2` credential. */
+            client_secret?: string | null;
             /**
              * Format: int64
              * @description 0 removes the expiry.
@@ -2338,6 +2470,8 @@ export interface components {
              * @description 0 removes the limit.
              */
             rate_limit_per_min?: number | null;
+            /** @description A new refresh token of an `oauth2` credential (`refresh_token` grant). */
+            refresh_token?: string | null;
             value?: string | null;
         };
         UpdateSessionRequest: {
@@ -2930,6 +3064,99 @@ export interface operations {
                      *       "error": {
                      *         "code": "blob_store_unavailable",
                      *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    login: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["OAuth2LoginRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OAuth2Login"];
+                };
+            };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
                      *       }
                      *     }
                      */
@@ -3713,6 +3940,98 @@ export interface operations {
                      * @example {
                      *       "error": {
                      *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    callback: {
+        parameters: {
+            query?: {
+                state?: string | null;
+                code?: string | null;
+                error?: string | null;
+                error_description?: string | null;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `port_not_listening` or `oauth_failed`; `error.message` says what to do. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "port_not_listening",
                      *         "message": "internal error; the server's log has the details"
                      *       }
                      *     }
@@ -7225,7 +7544,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Server error: `error.code` is `port_not_listening`; `error.message` says what to do. */
+            /** @description Server error: `error.code` is `port_not_listening` or `oauth_failed`; `error.message` says what to do. */
             502: {
                 headers: {
                     [name: string]: unknown;
@@ -8615,7 +8934,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Server error: `error.code` is `port_not_listening`; `error.message` says what to do. */
+            /** @description Server error: `error.code` is `port_not_listening` or `oauth_failed`; `error.message` says what to do. */
             502: {
                 headers: {
                     [name: string]: unknown;

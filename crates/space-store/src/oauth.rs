@@ -1,0 +1,285 @@
+//! The state of `oauth2` credentials' tokens, and sign-ins waiting for their redirect.
+//!
+//! A credential's client secret and refresh token are its sealed value (in `credentials`);
+//! here are its settings, its sealed current access token (a cache shared by replicas), the
+//! outcome of the last attempt, and the lease of the replica refreshing it.
+
+use space_api::CredentialId;
+use space_api::egress::{OAuth2ClientAuth, OAuth2GrantType, OAuth2Info, OAuth2Status};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use crate::credentials::CredentialRecord;
+use crate::{Result, Store, StoreError, now_ms, parse};
+
+/// An `oauth2` credential's settings: no secret among them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OAuthSettings {
+    pub token_url: String,
+    pub client_id: String,
+    pub scopes: Vec<String>,
+    pub grant_type: OAuth2GrantType,
+    pub authorize_url: Option<String>,
+    pub redirect_uri: Option<String>,
+    pub client_auth: OAuth2ClientAuth,
+}
+
+/// Where an `oauth2` credential's tokens stand.
+#[derive(Clone, Default)]
+pub struct OAuthTokenState {
+    /// The current access token, sealed for the tenant.
+    pub access_sealed: Option<Vec<u8>>,
+    /// Unix seconds.
+    pub access_expires_at: Option<i64>,
+    /// Failed attempts since the last success.
+    pub failures: u32,
+    /// Unix milliseconds before which no new attempt is made after a failure.
+    pub retry_at: Option<i64>,
+}
+
+impl std::fmt::Debug for OAuthTokenState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthTokenState")
+            .field("access_expires_at", &self.access_expires_at)
+            .field("failures", &self.failures)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A sign-in waiting for its redirect.
+pub struct OAuthLogin {
+    pub credential_id: CredentialId,
+    /// The PKCE verifier, sealed for the credential's tenant.
+    pub verifier_sealed: Vec<u8>,
+    pub redirect_uri: String,
+}
+
+fn status_str(status: OAuth2Status) -> &'static str {
+    match status {
+        OAuth2Status::Pending => "pending",
+        OAuth2Status::NeedsLogin => "needs_login",
+        OAuth2Status::Ok => "ok",
+        OAuth2Status::Failing => "failing",
+    }
+}
+
+fn status_of(text: &str) -> Result<OAuth2Status> {
+    Ok(match text {
+        "pending" => OAuth2Status::Pending,
+        "needs_login" => OAuth2Status::NeedsLogin,
+        "ok" => OAuth2Status::Ok,
+        "failing" => OAuth2Status::Failing,
+        other => return Err(StoreError::Corrupt(format!("oauth status {other:?}"))),
+    })
+}
+
+/// The OAuth info in `row` from column `at` on (settings, status, reason, refreshed_at,
+/// access_expires_at); `None` for a static credential.
+pub(crate) fn oauth_info_from_row(row: &AnyRow, at: usize) -> Result<Option<OAuth2Info>> {
+    let Some(settings) = row.get::<Option<&str>, _>(at) else {
+        return Ok(None);
+    };
+    let s: OAuthSettings =
+        serde_json::from_str(settings).map_err(|e| StoreError::Corrupt(format!("oauth settings: {e}")))?;
+    Ok(Some(OAuth2Info {
+        token_url: s.token_url,
+        client_id: s.client_id,
+        scopes: s.scopes,
+        grant_type: s.grant_type,
+        authorize_url: s.authorize_url,
+        redirect_uri: s.redirect_uri,
+        client_auth: s.client_auth,
+        status: status_of(row.get(at + 1))?,
+        reason: row.get(at + 2),
+        refreshed_at: row.get(at + 3),
+        token_expires_at: row.get(at + 4),
+    }))
+}
+
+pub(crate) async fn insert_oauth(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    id: &CredentialId,
+    settings: &OAuthSettings,
+    status: OAuth2Status,
+) -> Result<()> {
+    let settings = serde_json::to_string(settings).map_err(|e| StoreError::Corrupt(format!("oauth settings: {e}")))?;
+    sqlx::query("INSERT INTO credential_oauth (credential_id, settings, status) VALUES ($1, $2, $3)")
+        .bind(id.as_str())
+        .bind(settings)
+        .bind(status_str(status))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+pub(crate) async fn delete_oauth(tx: &mut sqlx::Transaction<'_, sqlx::Any>, id: &str) -> Result<()> {
+    sqlx::query("DELETE FROM credential_oauth WHERE credential_id = $1").bind(id).execute(&mut **tx).await?;
+    sqlx::query("DELETE FROM oauth_logins WHERE credential_id = $1").bind(id).execute(&mut **tx).await?;
+    Ok(())
+}
+
+impl Store {
+    /// Where `credential`'s tokens stand; `None` for a static (or unknown) credential.
+    pub async fn oauth_tokens(&self, credential: &CredentialId) -> Result<Option<OAuthTokenState>> {
+        let row = sqlx::query(
+            "SELECT access_sealed, access_expires_at, failures, retry_at FROM credential_oauth WHERE credential_id = $1",
+        )
+        .bind(credential.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| OAuthTokenState {
+            access_sealed: r.get(0),
+            access_expires_at: r.get(1),
+            failures: r.get::<i64, _>(2).clamp(0, i64::from(u32::MAX)) as u32,
+            retry_at: r.get(3),
+        }))
+    }
+
+    /// Takes the lease on refreshing `credential` until `until` (Unix ms) if nobody holds
+    /// it; whether it was taken.
+    pub async fn claim_oauth_refresh(&self, credential: &CredentialId, until: i64) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE credential_oauth SET claim_until = $1 WHERE credential_id = $2 \
+             AND (claim_until IS NULL OR claim_until < $3)",
+        )
+        .bind(until)
+        .bind(credential.as_str())
+        .bind(now_ms())
+        .execute(&self.writer)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Records a new access token (and releases the lease). `value`, when the endpoint
+    /// rotated the refresh token, is `(old, new)` sealed secrets: replaced only if the
+    /// credential still holds `old` (a user's change made meanwhile wins).
+    pub async fn oauth_refreshed(
+        &self,
+        credential: &CredentialId,
+        access_sealed: &[u8],
+        expires_at: i64,
+        value: Option<(&[u8], &[u8])>,
+    ) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        if let Some((old, new)) = value {
+            sqlx::query("UPDATE credentials SET value_sealed = $1 WHERE id = $2 AND value_sealed = $3")
+                .bind(new)
+                .bind(credential.as_str())
+                .bind(old)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(
+            "UPDATE credential_oauth SET access_sealed = $1, access_expires_at = $2, status = 'ok', reason = NULL, \
+             refreshed_at = $3, failures = 0, retry_at = NULL, claim_until = NULL WHERE credential_id = $4",
+        )
+        .bind(access_sealed)
+        .bind(expires_at)
+        .bind(now_ms())
+        .bind(credential.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Records a failed attempt (and releases the lease): `status` (failing or needs_login)
+    /// with `reason`, and no new attempt before `retry_at` (Unix ms).
+    pub async fn oauth_failed(
+        &self,
+        credential: &CredentialId,
+        status: OAuth2Status,
+        reason: &str,
+        retry_at: i64,
+    ) -> Result<()> {
+        sqlx::query(
+            "UPDATE credential_oauth SET status = $1, reason = $2, failures = failures + 1, retry_at = $3, \
+             claim_until = NULL WHERE credential_id = $4",
+        )
+        .bind(status_str(status))
+        .bind(reason)
+        .bind(retry_at)
+        .bind(credential.as_str())
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
+
+    /// Forgets the access token and the failures after the user changed the secrets: the
+    /// next use asks again at once.
+    pub async fn oauth_reset(&self, credential: &CredentialId, status: OAuth2Status) -> Result<()> {
+        sqlx::query(
+            "UPDATE credential_oauth SET status = $1, reason = NULL, access_sealed = NULL, access_expires_at = NULL, \
+             failures = 0, retry_at = NULL WHERE credential_id = $2",
+        )
+        .bind(status_str(status))
+        .bind(credential.as_str())
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
+
+    /// `oauth2` credentials granted to a session that is not destroyed whose access token
+    /// expires before `before` (Unix s) or that has none, and that may be tried now.
+    pub async fn oauth_due(&self, before: i64) -> Result<Vec<CredentialRecord>> {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT o.credential_id FROM credential_oauth o \
+             WHERE o.status <> 'needs_login' \
+             AND (o.access_expires_at IS NULL OR o.access_expires_at < $1) \
+             AND (o.retry_at IS NULL OR o.retry_at <= $2) \
+             AND EXISTS (SELECT 1 FROM grants g JOIN sessions s ON s.id = g.session_id \
+                         WHERE g.credential_id = o.credential_id AND s.state <> 'destroyed')",
+        )
+        .bind(before)
+        .bind(now_ms())
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(record) = self.credential_by_id(&parse("credential id", &id)?).await? {
+                out.push(record);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records a sign-in waiting for the redirect that carries `state`, and deletes those
+    /// that expired.
+    pub async fn insert_oauth_login(&self, state: &str, login: &OAuthLogin, expires_at: i64) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query("DELETE FROM oauth_logins WHERE expires_at < $1").bind(now_ms()).execute(&mut *tx).await?;
+        sqlx::query(
+            "INSERT INTO oauth_logins (state, credential_id, verifier_sealed, redirect_uri, expires_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(state)
+        .bind(login.credential_id.as_str())
+        .bind(&login.verifier_sealed)
+        .bind(&login.redirect_uri)
+        .bind(expires_at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The sign-in `state` names, deleted (a state is used once); `None` if there is none
+    /// or it expired.
+    pub async fn take_oauth_login(&self, state: &str) -> Result<Option<OAuthLogin>> {
+        let row = sqlx::query(
+            "DELETE FROM oauth_logins WHERE state = $1 RETURNING credential_id, verifier_sealed, redirect_uri, expires_at",
+        )
+        .bind(state)
+        .fetch_optional(&self.writer)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        if row.get::<i64, _>(3) < now_ms() {
+            return Ok(None);
+        }
+        Ok(Some(OAuthLogin {
+            credential_id: parse("credential id", row.get::<&str, _>(0))?,
+            verifier_sealed: row.get(1),
+            redirect_uri: row.get(2),
+        }))
+    }
+}
