@@ -142,7 +142,7 @@ impl OAuth2Args {
         let Some(token_url) = self.token_url else { return Ok(None) };
         let client_id = self.client_id.context("--oauth2-token-url needs --client-id")?;
         let grant_type = self.grant.context("--oauth2-token-url needs --grant client-credentials|refresh-token")?;
-        let client_secret = if self.public_client { None } else { Some(read_value("the client secret")?) };
+        let client_secret = if self.public_client { None } else { Some(read_value("client secret")?) };
         Ok(Some(OAuth2Request {
             token_url,
             client_id,
@@ -189,7 +189,7 @@ fn parse_rfc3339(text: &str) -> Option<i64> {
 /// `what` from stdin, without one trailing newline; refuses an empty one.
 fn read_value(what: &str) -> anyhow::Result<String> {
     let mut value = String::new();
-    std::io::stdin().read_to_string(&mut value).with_context(|| format!("reading {what} from stdin"))?;
+    std::io::stdin().read_to_string(&mut value).with_context(|| format!("reading the {what} from stdin"))?;
     if let Some(v) = value.strip_suffix('\n') {
         value.truncate(v.strip_suffix('\r').unwrap_or(v).len());
     }
@@ -239,7 +239,7 @@ pub async fn run(client: &Client, command: CredentialCommand, json: bool) -> any
             let oauth2 = oauth2.request()?;
             let (kind, value) = match &oauth2 {
                 Some(_) => (CredentialKind::Oauth2, String::new()),
-                None => (CredentialKind::Static, read_value("the credential value")?),
+                None => (CredentialKind::Static, read_value("value")?),
             };
             let header = match (header, &oauth2) {
                 (Some(header), _) => header,
@@ -273,11 +273,11 @@ pub async fn run(client: &Client, command: CredentialCommand, json: bool) -> any
         }
         CredentialCommand::Rotate { name, client_secret, refresh_token } => {
             let request = if client_secret {
-                UpdateCredentialRequest { client_secret: Some(read_value("the client secret")?), ..Default::default() }
+                UpdateCredentialRequest { client_secret: Some(read_value("client secret")?), ..Default::default() }
             } else if refresh_token {
-                UpdateCredentialRequest { refresh_token: Some(read_value("the refresh token")?), ..Default::default() }
+                UpdateCredentialRequest { refresh_token: Some(read_value("refresh token")?), ..Default::default() }
             } else {
-                UpdateCredentialRequest { value: Some(read_value("the credential value")?), ..Default::default() }
+                UpdateCredentialRequest { value: Some(read_value("value")?), ..Default::default() }
             };
             let c: Credential = client.patch_json(&format!("/v1/credentials/{}", encode(&name)), &request).await?;
             print_credential(&c, json)?;

@@ -65,6 +65,25 @@ fn credentials_are_sealed_scoped_and_validated() {
     let err =
         cli_err(&server, &["credential", "create", "empty", "--host", "a.com", "--header", "X: {secret}"], Some(b"\n"));
     assert!(err.contains("no value on stdin"), "{err}");
+    // A tenant's token endpoint is kept off the node's own and private networks (the
+    // operator lifts this with --gateway-allow-private, as the OAuth tests do).
+    for url in ["https://127.0.0.1/token", "https://10.0.0.1/token", "https://[::ffff:169.254.169.254]/token"] {
+        let args = [
+            "credential",
+            "create",
+            "o",
+            "--host",
+            "a.com",
+            "--oauth2-token-url",
+            url,
+            "--client-id",
+            "c",
+            "--grant",
+            "client-credentials",
+        ];
+        let err = cli_err(&server, &args, Some(b"secret\n"));
+        assert!(err.contains("loopback or private network") && err.contains("400"), "{url}: {err}");
+    }
 
     let list: Value = serde_json::from_str(&cli_ok(&server, &["credential", "list", "--json"], None)).unwrap();
     let gh = &list["credentials"][0];

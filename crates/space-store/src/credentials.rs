@@ -403,14 +403,14 @@ pub(crate) async fn edit_env(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::test_store;
     use crate::{NewSession, NewSessionEgress, SessionEgressRecord};
     use space_api::egress::{AuditDecision, AuditEvent, NetworkPolicy, NetworkPolicyUpdate};
     use space_api::{Resources, SnapshotPolicy};
 
-    fn new_credential(tenant: &TenantId, name: &str) -> NewCredential {
+    pub(crate) fn new_credential(tenant: &TenantId, name: &str) -> NewCredential {
         NewCredential {
             id: CredentialId::generate(),
             tenant_id: tenant.clone(),
@@ -425,7 +425,7 @@ mod tests {
         }
     }
 
-    async fn new_session(store: &Store, tenant: &TenantId, grants: Vec<CredentialId>) -> SessionId {
+    pub(crate) async fn new_session(store: &Store, tenant: &TenantId, grants: Vec<CredentialId>) -> SessionId {
         insert_session(store, tenant, grants, None).await
     }
 

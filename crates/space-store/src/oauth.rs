@@ -283,3 +283,101 @@ impl Store {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use space_api::egress::OAuth2Status;
+
+    use super::*;
+    use crate::credentials::tests::{new_credential, new_session};
+    use crate::test_store;
+
+    fn settings() -> OAuthSettings {
+        OAuthSettings {
+            token_url: "https://auth.example.com/token".into(),
+            client_id: "c".into(),
+            scopes: vec!["repo".into()],
+            grant_type: OAuth2GrantType::RefreshToken,
+            authorize_url: None,
+            redirect_uri: None,
+            client_auth: OAuth2ClientAuth::Basic,
+        }
+    }
+
+    #[tokio::test]
+    async fn tokens_are_refreshed_by_one_holder_of_the_lease_and_listed_with_their_state() {
+        let (store, _dir) = test_store().await;
+        let a = store.ensure_tenant("a").await.unwrap();
+        let mut new = new_credential(&a, "gh");
+        new.oauth = Some((settings(), OAuth2Status::Pending));
+        let c = store.insert_credential(&new).await.unwrap().unwrap();
+        let info = c.oauth2.clone().unwrap();
+        assert_eq!((info.status, info.scopes), (OAuth2Status::Pending, vec!["repo".to_string()]));
+        assert_eq!(store.list_credentials(&a).await.unwrap()[0].kind, space_api::egress::CredentialKind::Oauth2);
+
+        // Due only while a live session holds it.
+        assert!(store.oauth_due(i64::MAX).await.unwrap().is_empty(), "nobody holds it");
+        let session = new_session(&store, &a, vec![c.id.clone()]).await;
+        assert_eq!(store.session_grants(&session).await.unwrap()[0].credential.oauth2.as_ref().unwrap().client_id, "c");
+        assert_eq!(store.oauth_due(0).await.unwrap().len(), 1, "no token yet");
+
+        // One lease at a time; a lapsed one may be taken over.
+        let until = now_ms() + 60_000;
+        assert!(store.claim_oauth_refresh(&c.id, until).await.unwrap());
+        assert!(!store.claim_oauth_refresh(&c.id, until).await.unwrap(), "held");
+        // A rotated refresh token replaces the value only if it is still the one read.
+        store.oauth_refreshed(&c.id, b"sealed-access", 5_000, Some((&[9], &[7]))).await.unwrap();
+        assert_eq!(
+            store.credential_by_id(&c.id).await.unwrap().unwrap().value_sealed,
+            vec![1, 2, 3],
+            "changed meanwhile"
+        );
+        store.oauth_refreshed(&c.id, b"sealed-access", 5_000, Some((&[1, 2, 3], &[4]))).await.unwrap();
+        let record = store.credential_by_id(&c.id).await.unwrap().unwrap();
+        assert_eq!(record.value_sealed, vec![4]);
+        let info = record.credential.oauth2.unwrap();
+        assert_eq!((info.status, info.token_expires_at), (OAuth2Status::Ok, Some(5_000)));
+        assert!(store.claim_oauth_refresh(&c.id, until).await.unwrap(), "a refresh releases the lease");
+        let tokens = store.oauth_tokens(&c.id).await.unwrap().unwrap();
+        assert_eq!(tokens.access_sealed.as_deref(), Some(&b"sealed-access"[..]));
+        assert!(store.oauth_due(4_000).await.unwrap().is_empty(), "valid past the horizon");
+        assert_eq!(store.oauth_due(6_000).await.unwrap().len(), 1, "expires before it");
+
+        // A failure waits until retry_at, and counts.
+        store.oauth_failed(&c.id, OAuth2Status::Failing, "invalid_grant", now_ms() + 60_000).await.unwrap();
+        assert!(store.oauth_due(6_000).await.unwrap().is_empty(), "waiting after a failure");
+        let info = store.credential_by_id(&c.id).await.unwrap().unwrap().credential.oauth2.unwrap();
+        assert_eq!((info.status, info.reason.as_deref()), (OAuth2Status::Failing, Some("invalid_grant")));
+        assert_eq!(store.oauth_tokens(&c.id).await.unwrap().unwrap().failures, 1);
+        store.oauth_reset(&c.id, OAuth2Status::Pending).await.unwrap();
+        let tokens = store.oauth_tokens(&c.id).await.unwrap().unwrap();
+        assert!(tokens.access_sealed.is_none() && tokens.failures == 0 && tokens.retry_at.is_none());
+        store.oauth_failed(&c.id, OAuth2Status::NeedsLogin, "sign in", 0).await.unwrap();
+        assert!(store.oauth_due(i64::MAX).await.unwrap().is_empty(), "a sign-in is needed first");
+
+        // Deleting the credential deletes its OAuth state and sign-ins.
+        let login = OAuthLogin { credential_id: c.id.clone(), verifier_sealed: vec![1], redirect_uri: "u".into() };
+        store.insert_oauth_login("s1", &login, now_ms() + 60_000).await.unwrap();
+        store.delete_credential(&a, "gh").await.unwrap().unwrap();
+        assert!(store.oauth_tokens(&c.id).await.unwrap().is_none());
+        assert!(store.take_oauth_login("s1").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_sign_in_is_taken_once_and_not_after_it_expired() {
+        let (store, _dir) = test_store().await;
+        let id = CredentialId::generate();
+        let login =
+            OAuthLogin { credential_id: id.clone(), verifier_sealed: vec![5], redirect_uri: "https://x".into() };
+        store.insert_oauth_login("fresh", &login, now_ms() + 60_000).await.unwrap();
+        store.insert_oauth_login("stale", &login, now_ms() - 1).await.unwrap();
+        let taken = store.take_oauth_login("fresh").await.unwrap().unwrap();
+        assert_eq!(
+            (taken.credential_id, taken.verifier_sealed, taken.redirect_uri.as_str()),
+            (id, vec![5], "https://x")
+        );
+        assert!(store.take_oauth_login("fresh").await.unwrap().is_none(), "used once");
+        assert!(store.take_oauth_login("stale").await.unwrap().is_none(), "expired");
+        assert!(store.take_oauth_login("never").await.unwrap().is_none());
+    }
+}

@@ -18,6 +18,7 @@ mod interrupted;
 mod keys;
 mod lifecycle;
 mod nodes;
+mod oauth;
 mod observability;
 mod placement;
 mod pool;
