@@ -257,15 +257,16 @@ fn gateway_config(args: &NodeArgs) -> anyhow::Result<GatewayConfig> {
 }
 
 /// Where `space serve`'s OAuth broker may reach token endpoints: where its gateway may reach
-/// upstreams (the same overrides, extra roots and private-address switch).
+/// upstreams (the same overrides, extra roots and private-address switch; an override to a
+/// refused address is dropped, as the gateway refuses it).
 fn oauth_net(gateway: &GatewayConfig) -> space_oauth::NetConfig {
-    let mut resolve: Vec<(String, SocketAddr)> = gateway.resolve.iter().map(|(n, a)| (n.clone(), *a)).collect();
-    resolve.extend(gateway.resolve_ip.iter().map(|(n, ip)| (n.clone(), SocketAddr::new(*ip, 0))));
-    space_oauth::NetConfig {
-        refused_addresses: space_control::keyring::refused_addresses(!gateway.allow_private_upstreams),
-        resolve,
-        extra_roots: gateway.extra_roots.clone(),
-    }
+    let refused = space_control::keyring::refused_addresses(!gateway.allow_private_upstreams);
+    let ports = gateway.resolve.iter().map(|(n, a)| (n.clone(), *a));
+    let resolve = ports
+        .chain(gateway.resolve_ip.iter().map(|(n, ip)| (n.clone(), SocketAddr::new(*ip, 0))))
+        .filter(|(_, addr)| !refused.is_some_and(|refused| refused(addr.ip())))
+        .collect();
+    space_oauth::NetConfig { refused_addresses: refused, resolve, extra_roots: gateway.extra_roots.clone() }
 }
 
 /// Parses `name[:runtime]=size,…` (`name` alone: the default runtime's pool).

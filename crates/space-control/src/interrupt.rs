@@ -205,7 +205,7 @@ pub(crate) async fn push_egress(state: &AppState, node_id: &str) -> AppResult<()
     use SessionState::*;
     let placed = [Creating, Running, Paused, Restoring, Suspending, Suspended, Failed, Interrupted];
     for record in placed_on(state, node_id, &placed).await? {
-        if let Err(e) = crate::egress::push_session(state, &record.session.id).await {
+        if let Err(e) = crate::egress::push_session_cached(state, &record.session.id).await {
             tracing::warn!(session = %record.session.id, error = %e.0.message, "cannot hand a session's egress to its node again");
         }
     }

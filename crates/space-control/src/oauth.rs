@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use space_api::egress::{AuditDecision, AuditEvent, OAuth2ClientAuth, OAuth2GrantType, OAuth2Status};
-use space_api::{CredentialId, TenantId};
+use space_api::{CredentialId, ErrorCode, TenantId};
 use space_keys::Zeroizing;
 use space_oauth::{ClientAuth, Grant, OAuthClient, OAuthError, TokenRequest};
 use space_store::{CredentialRecord, OAuthSettings, Store};
@@ -22,6 +22,7 @@ use crate::AppState;
 use crate::egress::credential_owner;
 use crate::error::{AppError, AppResult};
 use crate::keyring::Keyring;
+use futures::StreamExt as _;
 
 /// A token is refreshed this long before it expires.
 pub const REFRESH_MARGIN_SECS: i64 = 60;
@@ -29,8 +30,15 @@ pub const REFRESH_MARGIN_SECS: i64 = 60;
 const MIN_LEFT_SECS: i64 = 5;
 /// What a token the endpoint gave no lifetime for is taken to last.
 const DEFAULT_LIFETIME_SECS: u64 = 3600;
-/// The lease on asking for a credential's token: longer than a token request can take.
-const CLAIM_MS: i64 = 30_000;
+/// The lease on asking for a credential's token: well beyond what a token request (15 s at
+/// most) and sealing what it got can take.
+const CLAIM_MS: i64 = 60_000;
+/// A credential gets no new token sooner than this after the last (a provider that hands out
+/// tokens with a lifetime below the refresh margin is not asked in a loop).
+const MIN_INTERVAL_MS: i64 = 15_000;
+/// Token requests the refresher makes at once, and per tenant in one round.
+const REFRESH_CONCURRENCY: usize = 8;
+const REFRESH_PER_TENANT: usize = 2;
 /// How long a push waits for another replica's refresh before giving up.
 const WAIT_FOR_OTHER: Duration = Duration::from_secs(20);
 /// Waits after the first failure, doubling with each one up to [`MAX_BACKOFF_MS`].
@@ -80,77 +88,96 @@ pub struct Broker {
     pub client: OAuthClient,
 }
 
+/// Why there is no token: said on the credential and, in a 502, to the sandbox's requests.
+type Reason = String;
+
 impl Broker {
     pub fn new(net: &space_oauth::NetConfig) -> Result<Broker, OAuthError> {
         Ok(Broker { client: OAuthClient::new(net)? })
     }
 
-    /// The credential's current access token, asked for first if there is none usable; the
-    /// reason there is none otherwise (it does not ask while a failure's wait runs).
+    /// The credential's current access token; without a usable one, asked for now if `ask`
+    /// (and no failure's wait runs), else the reason there is none.
     pub async fn access_token(
         &self,
         store: &Store,
         keys: &Keyring,
         record: &CredentialRecord,
-    ) -> Result<Zeroizing<String>, String> {
-        let id = &record.credential.id;
-        let tokens = store.oauth_tokens(id).await.map_err(|e| e.to_string())?.unwrap_or_default();
+        ask: bool,
+    ) -> Result<Zeroizing<String>, Reason> {
+        let tokens = store.oauth_tokens(&record.credential.id).await.map_err(unavailable)?.unwrap_or_default();
         if let Some(token) = usable(keys, record, &tokens, MIN_LEFT_SECS).await {
             return Ok(token);
         }
-        if tokens.retry_at.is_some_and(|at| at > space_store::now_ms()) {
+        if !ask || tokens.retry_at.is_some_and(|at| at > space_store::now_ms()) {
             return Err(reason_of(record));
         }
-        self.refresh(store, keys, record).await
+        self.refresh(store, keys, &record.credential.id).await
     }
 
     /// Asks the token endpoint for a new token under the lease, and records the outcome. If
-    /// another replica holds the lease, waits for its token instead.
-    pub async fn refresh(
+    /// another replica holds the lease, waits for its token instead; if one got a token while
+    /// this one waited for the lease, that token is it.
+    pub async fn refresh(&self, store: &Store, keys: &Keyring, id: &CredentialId) -> Result<Zeroizing<String>, Reason> {
+        if !store.claim_oauth_refresh(id, space_store::now_ms() + CLAIM_MS).await.map_err(unavailable)? {
+            return wait_for_other(store, keys, id).await;
+        }
+        let outcome = self.refresh_claimed(store, keys, id).await;
+        if outcome.is_err() {
+            // Whatever was recorded, the lease is not kept past the attempt.
+            let _ = store.release_oauth_claim(id).await;
+        }
+        outcome
+    }
+
+    async fn refresh_claimed(
         &self,
         store: &Store,
         keys: &Keyring,
-        record: &CredentialRecord,
-    ) -> Result<Zeroizing<String>, String> {
-        let id = &record.credential.id;
-        if !store.claim_oauth_refresh(id, space_store::now_ms() + CLAIM_MS).await.map_err(|e| e.to_string())? {
-            return wait_for_other(store, keys, record).await;
+        id: &CredentialId,
+    ) -> Result<Zeroizing<String>, Reason> {
+        // Read under the lease: what was read before may hold a refresh token spent since.
+        let record = store.credential_by_id(id).await.map_err(unavailable)?.ok_or("the credential was deleted")?;
+        let tokens = store.oauth_tokens(id).await.map_err(unavailable)?.unwrap_or_default();
+        if let Some(token) = usable(keys, &record, &tokens, REFRESH_MARGIN_SECS).await {
+            store.release_oauth_claim(id).await.map_err(unavailable)?;
+            return Ok(token);
         }
-        match self.ask(keys, record).await {
-            Ok((token, value)) => {
-                let expires_at = expiry(&token);
+        match self.ask(keys, &record).await {
+            Ok(token) => {
+                if let Some(rotated) = &token.refresh_token {
+                    // Kept first: the endpoint has spent the old one.
+                    let rotated = rotated.to_string();
+                    change_secrets(store, keys, id, |s| s.refresh_token = Some(rotated.clone()))
+                        .await
+                        .map_err(|e| e.0.message)?;
+                }
                 let tenant = &record.tenant_id;
                 let sealed = keys.seal(tenant, token.access_token.as_bytes(), &access_owner(tenant, id)).await;
                 let sealed = sealed.map_err(|e| e.0.message)?;
-                let value = value.as_ref().map(|new| (record.value_sealed.as_slice(), new.as_slice()));
-                store.oauth_refreshed(id, &sealed, expires_at, value).await.map_err(|e| e.to_string())?;
+                store.oauth_refreshed(id, &sealed, expiry(&token)).await.map_err(unavailable)?;
                 Ok(token.access_token)
             }
             Err((status, reason)) => {
-                let tokens = store.oauth_tokens(id).await.ok().flatten().unwrap_or_default();
                 let wait = (FIRST_BACKOFF_MS << tokens.failures.min(10)).min(MAX_BACKOFF_MS);
                 if let Err(e) = store.oauth_failed(id, status, &reason, space_store::now_ms() + wait).await {
                     tracing::warn!(credential = %id, error = %e, "cannot record a failed token request");
                 }
-                audit_failure(store, record, &reason).await;
+                audit_failure(store, &record, &reason).await;
                 Err(reason)
             }
         }
     }
 
-    /// One token request; the token and, when the endpoint rotated the refresh token, the
-    /// credential's new sealed value.
+    /// One token request.
     async fn ask(
         &self,
         keys: &Keyring,
         record: &CredentialRecord,
-    ) -> Result<(space_oauth::Token, Option<Vec<u8>>), (OAuth2Status, String)> {
+    ) -> Result<space_oauth::Token, (OAuth2Status, Reason)> {
         let failing = |reason: String| (OAuth2Status::Failing, reason);
         let settings = settings_of(record).map_err(|e| failing(e.0.message))?;
-        let owner = credential_owner(&record.tenant_id, &record.credential.id);
-        let opened = keys.open(&record.value_sealed, &owner).await.map_err(|e| failing(e.0.message))?;
-        let mut secrets: Secrets = serde_json::from_slice(&opened)
-            .map_err(|_| failing("the credential's stored secrets are not readable".into()))?;
+        let secrets = open_secrets(keys, record).await.map_err(|e| failing(e.0.message))?;
         let token_url = self.client.check_url("token_url", &settings.token_url).map_err(|e| failing(e.to_string()))?;
         let grant = match (settings.grant_type, secrets.refresh_token.as_deref()) {
             (OAuth2GrantType::ClientCredentials, _) => Grant::ClientCredentials,
@@ -171,14 +198,45 @@ impl Broker {
             scopes: &settings.scopes,
             grant,
         };
-        let token = self.client.token(&request).await.map_err(|e| failing(e.to_string()))?;
-        let rotated = token.refresh_token.as_ref().filter(|new| Some(new.as_str()) != secrets.refresh_token.as_deref());
-        let Some(rotated) = rotated else { return Ok((token, None)) };
-        secrets.refresh_token = Some(rotated.to_string());
-        let sealed =
-            keys.seal(&record.tenant_id, &secrets.to_json(), &owner).await.map_err(|e| failing(e.0.message))?;
-        Ok((token, Some(sealed)))
+        self.client.token(&request).await.map_err(|e| failing(e.to_string()))
     }
+}
+
+/// A store error as the reason for no token, without its detail (which the sandbox's 502
+/// would show): the detail is logged.
+fn unavailable(e: space_store::StoreError) -> Reason {
+    tracing::warn!(error = %e, "the store failed while getting an OAuth token");
+    "the server's database did not answer; retry".into()
+}
+
+/// The credential's secrets, unsealed.
+pub async fn open_secrets(keys: &Keyring, record: &CredentialRecord) -> AppResult<Secrets> {
+    let owner = credential_owner(&record.tenant_id, &record.credential.id);
+    let opened = keys.open(&record.value_sealed, &owner).await?;
+    serde_json::from_slice(&opened).map_err(|_| AppError::internal("the credential's stored secrets are not readable"))
+}
+
+/// Applies `change` to the credential's secrets and stores them sealed again, unless they
+/// changed meanwhile (a rotation, a user's update, a re-wrap), in which case it starts over
+/// from the new ones: no change is lost.
+pub async fn change_secrets(
+    store: &Store,
+    keys: &Keyring,
+    id: &CredentialId,
+    change: impl Fn(&mut Secrets),
+) -> AppResult<()> {
+    for _ in 0..5 {
+        let record =
+            store.credential_by_id(id).await?.ok_or_else(|| AppError::internal("the credential was deleted"))?;
+        let mut secrets = open_secrets(keys, &record).await?;
+        change(&mut secrets);
+        let owner = credential_owner(&record.tenant_id, id);
+        let sealed = keys.seal(&record.tenant_id, &secrets.to_json(), &owner).await?;
+        if store.replace_credential_value(id, &record.value_sealed, &sealed).await? {
+            return Ok(());
+        }
+    }
+    Err(AppError::new(ErrorCode::Conflict, "the credential's secrets kept changing while this changed them; retry"))
 }
 
 pub fn client_auth(auth: OAuth2ClientAuth) -> ClientAuth {
@@ -220,27 +278,33 @@ async fn usable(
     String::from_utf8(opened.to_vec()).ok().map(Zeroizing::new)
 }
 
-/// Another replica is asking: its token once it is stored, or why there is none.
-async fn wait_for_other(store: &Store, keys: &Keyring, record: &CredentialRecord) -> Result<Zeroizing<String>, String> {
+/// Another replica (or task) is asking: its token once it is stored, or why there is none.
+async fn wait_for_other(store: &Store, keys: &Keyring, id: &CredentialId) -> Result<Zeroizing<String>, Reason> {
     let deadline = tokio::time::Instant::now() + WAIT_FOR_OTHER;
     while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let tokens = store.oauth_tokens(&record.credential.id).await.map_err(|e| e.to_string())?.unwrap_or_default();
-        if let Some(token) = usable(keys, record, &tokens, MIN_LEFT_SECS).await {
+        let record = store.credential_by_id(id).await.map_err(unavailable)?.ok_or("the credential was deleted")?;
+        let tokens = store.oauth_tokens(id).await.map_err(unavailable)?.unwrap_or_default();
+        if let Some(token) = usable(keys, &record, &tokens, MIN_LEFT_SECS).await {
             return Ok(token);
         }
         if tokens.retry_at.is_some_and(|at| at > space_store::now_ms()) {
-            let fresh = store.credential_by_id(&record.credential.id).await.ok().flatten();
-            return Err(reason_of(fresh.as_ref().unwrap_or(record)));
+            return Err(reason_of(&record));
         }
     }
     Err("another control plane replica is asking for a token and has not finished".into())
 }
 
 /// Why the credential has no token, as last recorded.
-fn reason_of(record: &CredentialRecord) -> String {
+fn reason_of(record: &CredentialRecord) -> Reason {
     let info = record.credential.oauth2.as_ref();
-    info.and_then(|i| i.reason.clone()).unwrap_or_else(|| "the last token request failed".into())
+    match info.map(|i| (i.status, i.reason.clone())) {
+        Some((_, Some(reason))) => reason,
+        Some((OAuth2Status::Pending | OAuth2Status::Ok, None)) => {
+            "no token yet: the server is asking the token endpoint".into()
+        }
+        _ => "the last token request failed".into(),
+    }
 }
 
 /// One audit event per session holding the credential: its requests fail until a token comes.
@@ -270,37 +334,51 @@ async fn audit_failure(store: &Store, record: &CredentialRecord, reason: &str) {
 
 /// Refreshes, every [`TICK`], the tokens of credentials held by sessions that expire within
 /// [`REFRESH_MARGIN_SECS`] (or that have none, once a failure's wait is over), and pushes
-/// the sessions holding them.
+/// the sessions holding them. Several at once, and at most [`REFRESH_PER_TENANT`] of one
+/// tenant's per round, so that one tenant's slow endpoint does not hold up the others.
 pub fn spawn_refresher(state: AppState) {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(TICK).await;
-            let due = match state.store.oauth_due(unix_now() + REFRESH_MARGIN_SECS).await {
+            let due = match state.store.oauth_due(unix_now() + REFRESH_MARGIN_SECS, MIN_INTERVAL_MS).await {
                 Ok(due) => due,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot look for OAuth tokens to refresh");
                     continue;
                 }
             };
-            for record in due {
-                refresh_and_push(&state, &record).await;
-            }
+            let mut per_tenant: std::collections::HashMap<TenantId, usize> = Default::default();
+            let round: Vec<CredentialRecord> = due
+                .into_iter()
+                .filter(|r| {
+                    let n = per_tenant.entry(r.tenant_id.clone()).or_default();
+                    *n += 1;
+                    *n <= REFRESH_PER_TENANT
+                })
+                .collect();
+            futures::stream::iter(round)
+                .for_each_concurrent(REFRESH_CONCURRENCY, |record| {
+                    let state = state.clone();
+                    async move { refresh_and_push(&state, &record.credential.id).await }
+                })
+                .await;
         }
     });
 }
 
-/// Asks for `record`'s token and pushes every session holding it, whatever the outcome (a
-/// failure makes its hosts answer 502 with the reason).
-pub async fn refresh_and_push(state: &AppState, record: &CredentialRecord) {
-    let outcome = state.oauth.refresh(&state.store, &state.keys, record).await;
-    if let Err(reason) = &outcome {
-        tracing::warn!(credential = %record.credential.id, reason, "OAuth token request failed");
+/// Asks for the credential's token and pushes every session holding it, whatever the outcome
+/// (a failure makes its hosts answer 502 with the reason).
+pub async fn refresh_and_push(state: &AppState, id: &CredentialId) {
+    if let Err(reason) = state.oauth.refresh(&state.store, &state.keys, id).await {
+        tracing::warn!(credential = %id, reason, "OAuth token request failed");
     }
-    let sessions = match state.store.sessions_granted(&record.credential.id).await {
+    let sessions = match state.store.sessions_granted(id).await {
         Ok(sessions) => sessions,
         Err(e) => return tracing::warn!(error = %e, "cannot list the sessions holding a credential"),
     };
-    if let Err(e) = crate::egress::push_credential_sessions(state, &sessions).await {
-        tracing::warn!(credential = %record.credential.id, error = %e, "cannot push a refreshed token");
+    for session in &sessions {
+        if let Err(e) = crate::egress::push_session_cached(state, session).await {
+            tracing::warn!(credential = %id, %session, error = %e, "cannot push a refreshed token");
+        }
     }
 }

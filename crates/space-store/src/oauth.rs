@@ -150,25 +150,22 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Records a new access token (and releases the lease). `value`, when the endpoint
-    /// rotated the refresh token, is `(old, new)` sealed secrets: replaced only if the
-    /// credential still holds `old` (a user's change made meanwhile wins).
+    /// Releases the lease on refreshing `credential` (after an attempt that recorded nothing).
+    pub async fn release_oauth_claim(&self, credential: &CredentialId) -> Result<()> {
+        sqlx::query("UPDATE credential_oauth SET claim_until = NULL WHERE credential_id = $1")
+            .bind(credential.as_str())
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// Records a new access token (and releases the lease).
     pub async fn oauth_refreshed(
         &self,
         credential: &CredentialId,
         access_sealed: &[u8],
         expires_at: i64,
-        value: Option<(&[u8], &[u8])>,
     ) -> Result<()> {
-        let mut tx = self.write_tx().await?;
-        if let Some((old, new)) = value {
-            sqlx::query("UPDATE credentials SET value_sealed = $1 WHERE id = $2 AND value_sealed = $3")
-                .bind(new)
-                .bind(credential.as_str())
-                .bind(old)
-                .execute(&mut *tx)
-                .await?;
-        }
         sqlx::query(
             "UPDATE credential_oauth SET access_sealed = $1, access_expires_at = $2, status = 'ok', reason = NULL, \
              refreshed_at = $3, failures = 0, retry_at = NULL, claim_until = NULL WHERE credential_id = $4",
@@ -177,10 +174,20 @@ impl Store {
         .bind(expires_at)
         .bind(now_ms())
         .bind(credential.as_str())
-        .execute(&mut *tx)
+        .execute(&self.writer)
         .await?;
-        tx.commit().await?;
         Ok(())
+    }
+
+    /// Replaces a credential's sealed value if it is still `old`; whether it was replaced.
+    pub async fn replace_credential_value(&self, credential: &CredentialId, old: &[u8], new: &[u8]) -> Result<bool> {
+        let done = sqlx::query("UPDATE credentials SET value_sealed = $1 WHERE id = $2 AND value_sealed = $3")
+            .bind(new)
+            .bind(credential.as_str())
+            .bind(old)
+            .execute(&self.writer)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// Records a failed attempt (and releases the lease): `status` (failing or needs_login)
@@ -220,18 +227,23 @@ impl Store {
     }
 
     /// `oauth2` credentials granted to a session that is not destroyed whose access token
-    /// expires before `before` (Unix s) or that has none, and that may be tried now.
-    pub async fn oauth_due(&self, before: i64) -> Result<Vec<CredentialRecord>> {
+    /// expires before `before` (Unix s) or that has none, that may be tried now (no failure's
+    /// wait running) and that got no token in the last `min_interval_ms`.
+    pub async fn oauth_due(&self, before: i64, min_interval_ms: i64) -> Result<Vec<CredentialRecord>> {
+        let now = now_ms();
         let ids: Vec<String> = sqlx::query_scalar(
             "SELECT o.credential_id FROM credential_oauth o \
              WHERE o.status <> 'needs_login' \
              AND (o.access_expires_at IS NULL OR o.access_expires_at < $1) \
              AND (o.retry_at IS NULL OR o.retry_at <= $2) \
+             AND (o.refreshed_at IS NULL OR o.refreshed_at <= $3) \
              AND EXISTS (SELECT 1 FROM grants g JOIN sessions s ON s.id = g.session_id \
-                         WHERE g.credential_id = o.credential_id AND s.state <> 'destroyed')",
+                         WHERE g.credential_id = o.credential_id AND s.state <> 'destroyed') \
+             ORDER BY o.credential_id",
         )
         .bind(before)
-        .bind(now_ms())
+        .bind(now)
+        .bind(now - min_interval_ms)
         .fetch_all(&self.pool)
         .await?;
         let mut out = Vec::with_capacity(ids.len());
@@ -243,11 +255,15 @@ impl Store {
         Ok(out)
     }
 
-    /// Records a sign-in waiting for the redirect that carries `state`, and deletes those
-    /// that expired.
+    /// Records a sign-in waiting for the redirect that carries `state` (the caller's digest of
+    /// it), replacing any other of the credential's, and deletes those that expired.
     pub async fn insert_oauth_login(&self, state: &str, login: &OAuthLogin, expires_at: i64) -> Result<()> {
         let mut tx = self.write_tx().await?;
-        sqlx::query("DELETE FROM oauth_logins WHERE expires_at < $1").bind(now_ms()).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM oauth_logins WHERE expires_at < $1 OR credential_id = $2")
+            .bind(now_ms())
+            .bind(login.credential_id.as_str())
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(
             "INSERT INTO oauth_logins (state, credential_id, verifier_sealed, redirect_uri, expires_at) \
              VALUES ($1, $2, $3, $4, $5)",
@@ -264,8 +280,15 @@ impl Store {
     }
 
     /// The sign-in `state` names, deleted (a state is used once); `None` if there is none
-    /// or it expired.
+    /// or it expired. Looked up on the readers first: a flood of made-up states never writes.
     pub async fn take_oauth_login(&self, state: &str) -> Result<Option<OAuthLogin>> {
+        let known: Option<i64> = sqlx::query_scalar("SELECT 1 FROM oauth_logins WHERE state = $1")
+            .bind(state)
+            .fetch_optional(&self.pool)
+            .await?;
+        if known.is_none() {
+            return Ok(None);
+        }
         let row = sqlx::query(
             "DELETE FROM oauth_logins WHERE state = $1 RETURNING credential_id, verifier_sealed, redirect_uri, expires_at",
         )
@@ -316,23 +339,23 @@ mod tests {
         assert_eq!(store.list_credentials(&a).await.unwrap()[0].kind, space_api::egress::CredentialKind::Oauth2);
 
         // Due only while a live session holds it.
-        assert!(store.oauth_due(i64::MAX).await.unwrap().is_empty(), "nobody holds it");
+        assert!(store.oauth_due(i64::MAX, 0).await.unwrap().is_empty(), "nobody holds it");
         let session = new_session(&store, &a, vec![c.id.clone()]).await;
         assert_eq!(store.session_grants(&session).await.unwrap()[0].credential.oauth2.as_ref().unwrap().client_id, "c");
-        assert_eq!(store.oauth_due(0).await.unwrap().len(), 1, "no token yet");
+        assert_eq!(store.oauth_due(0, 0).await.unwrap().len(), 1, "no token yet");
 
         // One lease at a time; a lapsed one may be taken over.
         let until = now_ms() + 60_000;
         assert!(store.claim_oauth_refresh(&c.id, until).await.unwrap());
         assert!(!store.claim_oauth_refresh(&c.id, until).await.unwrap(), "held");
+        store.release_oauth_claim(&c.id).await.unwrap();
+        assert!(store.claim_oauth_refresh(&c.id, until).await.unwrap(), "released");
         // A rotated refresh token replaces the value only if it is still the one read.
-        store.oauth_refreshed(&c.id, b"sealed-access", 5_000, Some((&[9], &[7]))).await.unwrap();
-        assert_eq!(
-            store.credential_by_id(&c.id).await.unwrap().unwrap().value_sealed,
-            vec![1, 2, 3],
-            "changed meanwhile"
-        );
-        store.oauth_refreshed(&c.id, b"sealed-access", 5_000, Some((&[1, 2, 3], &[4]))).await.unwrap();
+        assert!(!store.replace_credential_value(&c.id, &[9], &[7]).await.unwrap());
+        let kept = store.credential_by_id(&c.id).await.unwrap().unwrap().value_sealed;
+        assert_eq!(kept, vec![1, 2, 3], "changed meanwhile");
+        assert!(store.replace_credential_value(&c.id, &[1, 2, 3], &[4]).await.unwrap());
+        store.oauth_refreshed(&c.id, b"sealed-access", 5_000).await.unwrap();
         let record = store.credential_by_id(&c.id).await.unwrap().unwrap();
         assert_eq!(record.value_sealed, vec![4]);
         let info = record.credential.oauth2.unwrap();
@@ -340,12 +363,13 @@ mod tests {
         assert!(store.claim_oauth_refresh(&c.id, until).await.unwrap(), "a refresh releases the lease");
         let tokens = store.oauth_tokens(&c.id).await.unwrap().unwrap();
         assert_eq!(tokens.access_sealed.as_deref(), Some(&b"sealed-access"[..]));
-        assert!(store.oauth_due(4_000).await.unwrap().is_empty(), "valid past the horizon");
-        assert_eq!(store.oauth_due(6_000).await.unwrap().len(), 1, "expires before it");
+        assert!(store.oauth_due(4_000, 0).await.unwrap().is_empty(), "valid past the horizon");
+        assert_eq!(store.oauth_due(6_000, 0).await.unwrap().len(), 1, "expires before it");
+        assert!(store.oauth_due(6_000, 60_000).await.unwrap().is_empty(), "refreshed a moment ago");
 
         // A failure waits until retry_at, and counts.
         store.oauth_failed(&c.id, OAuth2Status::Failing, "invalid_grant", now_ms() + 60_000).await.unwrap();
-        assert!(store.oauth_due(6_000).await.unwrap().is_empty(), "waiting after a failure");
+        assert!(store.oauth_due(6_000, 0).await.unwrap().is_empty(), "waiting after a failure");
         let info = store.credential_by_id(&c.id).await.unwrap().unwrap().credential.oauth2.unwrap();
         assert_eq!((info.status, info.reason.as_deref()), (OAuth2Status::Failing, Some("invalid_grant")));
         assert_eq!(store.oauth_tokens(&c.id).await.unwrap().unwrap().failures, 1);
@@ -353,7 +377,7 @@ mod tests {
         let tokens = store.oauth_tokens(&c.id).await.unwrap().unwrap();
         assert!(tokens.access_sealed.is_none() && tokens.failures == 0 && tokens.retry_at.is_none());
         store.oauth_failed(&c.id, OAuth2Status::NeedsLogin, "sign in", 0).await.unwrap();
-        assert!(store.oauth_due(i64::MAX).await.unwrap().is_empty(), "a sign-in is needed first");
+        assert!(store.oauth_due(i64::MAX, 0).await.unwrap().is_empty(), "a sign-in is needed first");
 
         // Deleting the credential deletes its OAuth state and sign-ins.
         let login = OAuthLogin { credential_id: c.id.clone(), verifier_sealed: vec![1], redirect_uri: "u".into() };
@@ -369,8 +393,14 @@ mod tests {
         let id = CredentialId::generate();
         let login =
             OAuthLogin { credential_id: id.clone(), verifier_sealed: vec![5], redirect_uri: "https://x".into() };
-        store.insert_oauth_login("fresh", &login, now_ms() + 60_000).await.unwrap();
+        store.insert_oauth_login("replaced", &login, now_ms() + 60_000).await.unwrap();
         store.insert_oauth_login("stale", &login, now_ms() - 1).await.unwrap();
+        assert!(store.take_oauth_login("replaced").await.unwrap().is_none(), "one sign-in per credential");
+        let other = OAuthLogin { credential_id: CredentialId::generate(), ..login };
+        store.insert_oauth_login("stale", &other, now_ms() - 1).await.unwrap();
+        let login =
+            OAuthLogin { credential_id: id.clone(), verifier_sealed: vec![5], redirect_uri: "https://x".into() };
+        store.insert_oauth_login("fresh", &login, now_ms() + 60_000).await.unwrap();
         let taken = store.take_oauth_login("fresh").await.unwrap().unwrap();
         assert_eq!(
             (taken.credential_id, taken.verifier_sealed, taken.redirect_uri.as_str()),

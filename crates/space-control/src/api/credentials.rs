@@ -172,8 +172,21 @@ pub async fn update_credential(
                  `value` rotates a static one"
             )));
         }
-        let (secret, refresh) = (request.client_secret.as_deref(), request.refresh_token.as_deref());
-        change.value_sealed = Some(oauth::updated_secrets(&state, &current, secret, refresh).await?);
+        for (what, new) in [("client_secret", &request.client_secret), ("refresh_token", &request.refresh_token)] {
+            if let Some(new) = new {
+                space_oauth::check_token(new).map_err(|why| AppError::bad_request(format!("{what} {why}")))?;
+            }
+        }
+        let (secret, refresh) = (request.client_secret.clone(), request.refresh_token.clone());
+        crate::oauth::change_secrets(&state.store, &state.keys, &current.credential.id, |s| {
+            if let Some(secret) = &secret {
+                s.client_secret = Some(secret.clone());
+            }
+            if let Some(refresh) = &refresh {
+                s.refresh_token = Some(refresh.clone());
+            }
+        })
+        .await?;
     }
     change.expires_at = match request.expires_at {
         Some(0) => Some(None),
@@ -189,7 +202,7 @@ pub async fn update_credential(
         .update_credential(&caller.tenant_id, &name, &change)
         .await?
         .ok_or_else(|| credential_not_found(&name))?;
-    if oauth2 && change.value_sealed.is_some() {
+    if oauth2 && (request.client_secret.is_some() || request.refresh_token.is_some()) {
         // New secrets: the next push asks for a token with them.
         state.store.oauth_reset(&record.credential.id, OAuth2Status::Pending).await?;
     }

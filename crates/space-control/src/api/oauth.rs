@@ -3,19 +3,21 @@
 
 use axum::Extension;
 use axum::extract::{Query, State};
+use sha2::{Digest, Sha256};
 use space_api::egress::{
     CredentialKind, OAuth2GrantType, OAuth2Login, OAuth2LoginRequest, OAuth2Request, OAuth2Status,
 };
 use space_api::error::echo;
 use space_api::{ErrorBody, ErrorCode};
 use space_oauth::{Grant, Pkce, TokenRequest};
-use space_store::{CredentialChange, CredentialRecord, OAuthLogin, OAuthSettings};
+use space_store::{CredentialRecord, OAuthLogin, OAuthSettings};
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::egress::{credential_not_found, credential_owner, push_credential_sessions};
+use crate::egress::{credential_not_found, push_credential_sessions};
 use crate::error::{ApiJson, ApiPath, AppError, AppResult};
-use crate::oauth::{Secrets, access_owner, client_auth, settings_of, unix_now};
+use crate::idempotency::CarriesSecret;
+use crate::oauth::{Secrets, access_owner, change_secrets, client_auth, expiry, open_secrets, settings_of, unix_now};
 
 /// The path a provider redirects a sign-in to.
 pub const CALLBACK_PATH: &str = "/v1/oauth/callback";
@@ -59,6 +61,12 @@ pub fn checked(state: &AppState, o: &OAuth2Request) -> AppResult<(OAuthSettings,
         }
     }
     let status = match o.grant_type {
+        OAuth2GrantType::ClientCredentials if authorize_url.is_some() => {
+            return Err(AppError::bad_request(
+                "oauth2.authorize_url is for grant_type refresh_token (a user's sign-in); the client_credentials \
+                 grant signs in as the client itself",
+            ));
+        }
         OAuth2GrantType::ClientCredentials if o.client_secret.is_none() => {
             return Err(AppError::bad_request("the client_credentials grant needs oauth2.client_secret"));
         }
@@ -119,29 +127,6 @@ fn check_redirect(text: &str) -> AppResult<String> {
     Ok(url.to_string())
 }
 
-/// The sealed value of an `oauth2` credential after `update` changed its secrets.
-pub async fn updated_secrets(
-    state: &AppState,
-    record: &CredentialRecord,
-    client_secret: Option<&str>,
-    refresh_token: Option<&str>,
-) -> AppResult<Vec<u8>> {
-    let owner = credential_owner(&record.tenant_id, &record.credential.id);
-    let opened = state.keys.open(&record.value_sealed, &owner).await?;
-    let mut secrets: Secrets = serde_json::from_slice(&opened)
-        .map_err(|_| AppError::internal("the credential's stored secrets are not readable"))?;
-    for (what, new, slot) in [
-        ("client_secret", client_secret, &mut secrets.client_secret),
-        ("refresh_token", refresh_token, &mut secrets.refresh_token),
-    ] {
-        if let Some(new) = new {
-            space_oauth::check_token(new).map_err(|why| AppError::bad_request(format!("{what} {why}")))?;
-            *slot = Some(new.to_owned());
-        }
-    }
-    state.keys.seal(&record.tenant_id, &secrets.to_json(), &owner).await
-}
-
 /// Starts a sign-in: the URL where the human signs in. The provider then redirects to
 /// `/v1/oauth/callback`, which stores the refresh token.
 #[utoipa::path(post, path = "/v1/credentials/{name}/login", params(("name" = String, Path)),
@@ -152,12 +137,17 @@ pub async fn login(
     Extension(caller): Extension<Caller>,
     ApiPath(name): ApiPath<String>,
     ApiJson(request): ApiJson<OAuth2LoginRequest>,
-) -> AppResult<ApiJson<OAuth2Login>> {
+) -> AppResult<(Extension<CarriesSecret>, ApiJson<OAuth2Login>)> {
     let record = state.store.credential(&caller.tenant_id, &name).await?.ok_or_else(|| credential_not_found(&name))?;
     if record.credential.kind != CredentialKind::Oauth2 {
         return Err(AppError::bad_request(format!("credential {name:?} is static: only oauth2 credentials sign in")));
     }
     let settings = settings_of(&record)?;
+    if settings.grant_type != OAuth2GrantType::RefreshToken {
+        return Err(AppError::bad_request(format!(
+            "credential {name:?} uses the client_credentials grant: it signs in as the client, not as a user"
+        )));
+    }
     let authorize = settings.authorize_url.as_deref().ok_or_else(|| {
         AppError::bad_request(format!(
             "credential {name:?} has no authorize_url: create it with one to sign in (`--authorize-url`)"
@@ -176,12 +166,12 @@ pub async fn login(
         state.oauth.client.check_url("authorize_url", authorize).map_err(|e| AppError::bad_request(e.to_string()))?;
     let pkce = Pkce::generate();
     let login_state = space_oauth::random_state();
-    let verifier_sealed =
-        state.keys.seal(&caller.tenant_id, pkce.verifier.as_bytes(), &login_owner(&login_state)).await?;
+    let owner = login_owner(&record, &login_state);
+    let verifier_sealed = state.keys.seal(&caller.tenant_id, pkce.verifier.as_bytes(), &owner).await?;
     let expires_at = unix_now() + LOGIN_TTL_SECS;
     let login =
         OAuthLogin { credential_id: record.credential.id.clone(), verifier_sealed, redirect_uri: redirect.clone() };
-    state.store.insert_oauth_login(&login_state, &login, expires_at * 1000).await?;
+    state.store.insert_oauth_login(&state_digest(&login_state), &login, expires_at * 1000).await?;
     let url = space_oauth::authorization_url(
         &authorize,
         &settings.client_id,
@@ -190,11 +180,19 @@ pub async fn login(
         &login_state,
         &pkce.challenge,
     );
-    Ok(ApiJson(OAuth2Login { authorization_url: url.to_string(), expires_at }))
+    // The URL holds the state: never kept by the idempotency layer.
+    Ok((Extension(CarriesSecret), ApiJson(OAuth2Login { authorization_url: url.to_string(), expires_at })))
 }
 
-fn login_owner(state: &str) -> String {
-    format!("oauth-login/{state}")
+/// Associated data that binds a sign-in's sealed verifier to its credential and state.
+fn login_owner(record: &CredentialRecord, state: &str) -> String {
+    format!("oauth-login/{}/{}/{}", record.tenant_id, record.credential.id, state_digest(state))
+}
+
+/// What the store keeps of a sign-in's state: its SHA-256, so the table holds nothing that
+/// completes a sign-in.
+fn state_digest(state: &str) -> String {
+    hex::encode(Sha256::digest(state.as_bytes()))
 }
 
 /// What the provider sends the browser back with.
@@ -218,13 +216,13 @@ pub async fn callback(State(state): State<AppState>, Query(query): Query<Callbac
         )
     };
     let login_state = query.state.as_deref().filter(|s| !s.is_empty() && s.len() <= 128).ok_or_else(unknown)?;
-    let login = state.store.take_oauth_login(login_state).await?.ok_or_else(unknown)?;
+    let login = state.store.take_oauth_login(&state_digest(login_state)).await?.ok_or_else(unknown)?;
     let record = state.store.credential_by_id(&login.credential_id).await?.ok_or_else(unknown)?;
     let name = record.credential.name.clone();
     if let Some(error) = &query.error {
         let description = query.error_description.as_deref().map(|d| format!(" ({})", echo(d))).unwrap_or_default();
         let reason = format!("the sign-in was refused: {}{description}", echo(error));
-        state.store.oauth_failed(&record.credential.id, OAuth2Status::NeedsLogin, &reason, 0).await?;
+        sign_in_failed(&state, &record, &reason).await?;
         return Err(AppError::bad_request(format!(
             "credential {name:?}: {reason}; run `space credential login {name}` again"
         )));
@@ -232,11 +230,20 @@ pub async fn callback(State(state): State<AppState>, Query(query): Query<Callbac
     let code = query.code.as_deref().filter(|c| !c.is_empty() && c.len() <= 4096).ok_or_else(|| {
         AppError::bad_request("the provider sent no authorization code: run `space credential login NAME` again")
     })?;
-    let verifier = state.keys.open(&login.verifier_sealed, &login_owner(login_state)).await?;
+    let verifier = state.keys.open(&login.verifier_sealed, &login_owner(&record, login_state)).await?;
     let verifier =
         String::from_utf8(verifier.to_vec()).map_err(|_| AppError::internal("a sign-in's verifier is not text"))?;
     exchange(&state, &record, code, &login.redirect_uri, &verifier).await?;
     Ok(format!("Signed in: credential {name} now gets its tokens from the provider. You can close this window.\n"))
+}
+
+/// A sign-in that failed: recorded on the credential if it has no refresh token to go on
+/// with (one that has keeps working, and keeps its status).
+async fn sign_in_failed(state: &AppState, record: &CredentialRecord, reason: &str) -> AppResult<()> {
+    if open_secrets(&state.keys, record).await?.refresh_token.is_none() {
+        state.store.oauth_failed(&record.credential.id, OAuth2Status::NeedsLogin, reason, 0).await?;
+    }
+    Ok(())
 }
 
 /// The authorization-code exchange: the refresh token goes into the credential's secrets,
@@ -249,10 +256,7 @@ async fn exchange(
     verifier: &str,
 ) -> AppResult<()> {
     let settings = settings_of(record)?;
-    let owner = credential_owner(&record.tenant_id, &record.credential.id);
-    let opened = state.keys.open(&record.value_sealed, &owner).await?;
-    let mut secrets: Secrets = serde_json::from_slice(&opened)
-        .map_err(|_| AppError::internal("the credential's stored secrets are not readable"))?;
+    let secrets = open_secrets(&state.keys, record).await?;
     let token_url = state
         .oauth
         .client
@@ -266,32 +270,29 @@ async fn exchange(
         scopes: &settings.scopes,
         grant: Grant::AuthorizationCode { code, redirect_uri: redirect, verifier },
     };
-    let id = &record.credential.id;
+    let name = &record.credential.name;
     let token = match state.oauth.client.token(&request).await {
         Ok(token) => token,
         Err(e) => {
             let reason = format!("the sign-in's code exchange failed: {e}");
-            state.store.oauth_failed(id, OAuth2Status::NeedsLogin, &reason, 0).await?;
+            sign_in_failed(state, record, &reason).await?;
             return Err(AppError::new(
                 ErrorCode::OauthFailed,
-                format!("{reason}; run `space credential login {}` again", record.credential.name),
+                format!("{reason}; run `space credential login {name}` again"),
             ));
         }
     };
-    let Some(refresh) = &token.refresh_token else {
+    let Some(refresh) = token.refresh_token.as_ref().map(|r| r.to_string()) else {
         let reason = "the provider returned no refresh token: ask for offline access (for many providers the \
                       offline_access scope) and sign in again";
-        state.store.oauth_failed(id, OAuth2Status::NeedsLogin, reason, 0).await?;
+        sign_in_failed(state, record, reason).await?;
         return Err(AppError::new(ErrorCode::OauthFailed, reason));
     };
-    secrets.refresh_token = Some(refresh.to_string());
-    let value_sealed = state.keys.seal(&record.tenant_id, &secrets.to_json(), &owner).await?;
-    let change = CredentialChange { value_sealed: Some(value_sealed), ..Default::default() };
-    state.store.update_credential(&record.tenant_id, &record.credential.name, &change).await?;
-    let expires_at = crate::oauth::expiry(&token);
+    let id = &record.credential.id;
+    change_secrets(&state.store, &state.keys, id, |s| s.refresh_token = Some(refresh.clone())).await?;
     let access =
         state.keys.seal(&record.tenant_id, token.access_token.as_bytes(), &access_owner(&record.tenant_id, id)).await?;
-    state.store.oauth_refreshed(id, &access, expires_at, None).await?;
+    state.store.oauth_refreshed(id, &access, expiry(&token)).await?;
     let sessions = state.store.sessions_granted(id).await?;
     push_credential_sessions(state, &sessions).await
 }

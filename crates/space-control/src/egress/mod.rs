@@ -54,6 +54,10 @@ pub struct Egress<'a> {
     pub keys: &'a Keyring,
     pub oauth: &'a crate::oauth::Broker,
     pub gateways: &'a dyn Gateways,
+    /// Whether an `oauth2` credential without a usable token asks its token endpoint now
+    /// (one user's request) or goes out without one until the refresher has it (pushes of
+    /// many sessions, which one tenant's slow endpoint must not hold up).
+    pub ask: bool,
 }
 
 /// Which gateway holds a session's egress: that of the node it is placed on, and no other
@@ -79,7 +83,12 @@ impl Gateways for crate::nodes::Nodes {
 
 impl AppState {
     pub fn egress(&self) -> Egress<'_> {
-        Egress { store: &self.store, keys: &self.keys, oauth: &self.oauth, gateways: &self.nodes }
+        Egress { store: &self.store, keys: &self.keys, oauth: &self.oauth, gateways: &self.nodes, ask: true }
+    }
+
+    /// [`AppState::egress`] that never waits for a token endpoint.
+    pub fn egress_cached(&self) -> Egress<'_> {
+        Egress { ask: false, ..self.egress() }
     }
 }
 
@@ -296,10 +305,12 @@ async fn grant_of(egress: Egress<'_>, record: &CredentialRecord) -> AppResult<Gr
     let c = &record.credential;
     let (secret, unavailable) = match c.kind {
         CredentialKind::Static => (static_value(egress.keys, record).await?, None),
-        CredentialKind::Oauth2 => match egress.oauth.access_token(egress.store, egress.keys, record).await {
-            Ok(token) => (token.to_string(), None),
-            Err(reason) => (String::new(), Some(reason)),
-        },
+        CredentialKind::Oauth2 => {
+            match egress.oauth.access_token(egress.store, egress.keys, record, egress.ask).await {
+                Ok(token) => (token.to_string(), None),
+                Err(reason) => (String::new(), Some(reason)),
+            }
+        }
     };
     let (header_name, header_value) = render(c, &secret)?;
     Ok(Grant {
@@ -429,6 +440,13 @@ pub async fn insert_forked_sessions(
 /// as the error.
 pub async fn push_session(state: &AppState, session: &SessionId) -> AppResult<()> {
     let left_out = state.egress().push(session).await?;
+    left_out.into_iter().next().map_or(Ok(()), |(_, e)| Err(e))
+}
+
+/// [`push_session`] for pushes of many sessions: no token endpoint is asked (an OAuth
+/// credential without a usable token waits for the refresher).
+pub async fn push_session_cached(state: &AppState, session: &SessionId) -> AppResult<()> {
+    let left_out = state.egress_cached().push(session).await?;
     left_out.into_iter().next().map_or(Ok(()), |(_, e)| Err(e))
 }
 
@@ -650,7 +668,7 @@ pub async fn push_all(state: &AppState) {
         }
     };
     for record in sessions {
-        if let Err(e) = push_session(state, &record.session.id).await {
+        if let Err(e) = push_session_cached(state, &record.session.id).await {
             tracing::warn!(session = %record.session.id, error = %e, "cannot load the session's egress");
         }
     }

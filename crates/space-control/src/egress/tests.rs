@@ -125,7 +125,7 @@ impl Fixture {
     }
 
     fn egress(&self) -> Egress<'_> {
-        Egress { store: &self.store, keys: &self.keys, oauth: &self.oauth, gateways: &*self.gateway }
+        Egress { store: &self.store, keys: &self.keys, oauth: &self.oauth, gateways: &*self.gateway, ask: true }
     }
 
     async fn credential(&self, sealer: &Sealer, name: &str) -> CredentialRecord {

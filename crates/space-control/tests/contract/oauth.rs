@@ -39,10 +39,23 @@ async fn settings_that_cannot_work_are_refused_and_secrets_never_returned() {
         (oauth("a", with(json!({ "client_secret": "a b" }))), "client_secret has characters"),
         (oauth("a", with(json!({ "scopes": ["two words"] }))), "is not a scope"),
         (
-            oauth("a", with(json!({ "grant_type": "client_credentials", "client_secret": null }))),
+            oauth(
+                "a",
+                with(json!({ "grant_type": "client_credentials", "authorize_url": null, "client_secret": null })),
+            ),
             "needs oauth2.client_secret",
         ),
-        (oauth("a", with(json!({ "grant_type": "client_credentials", "refresh_token": "rt" }))), "uses none"),
+        (
+            oauth(
+                "a",
+                with(json!({ "grant_type": "client_credentials", "authorize_url": null, "refresh_token": "rt" })),
+            ),
+            "uses none",
+        ),
+        (
+            oauth("a", with(json!({ "grant_type": "client_credentials" }))),
+            "authorize_url is for grant_type refresh_token",
+        ),
         (oauth("a", with(json!({ "authorize_url": null }))), "needs oauth2.refresh_token, or oauth2.authorize_url"),
         (json!({ "name": "a", "hosts": ["api.example.com"], "kind": "oauth2" }), "needs oauth2 settings"),
         (
@@ -88,6 +101,11 @@ async fn settings_that_cannot_work_are_refused_and_secrets_never_returned() {
     assert!(error_of(&reply.1).1.contains("is static"), "{}", reply.1);
     let reply = server.call("POST", "/v1/credentials/plain/login", Some(json!({}))).await;
     assert!(error_of(&reply.1).1.contains("only oauth2 credentials sign in"), "{}", reply.1);
+    let machine =
+        json!({ "token_url": TOKEN_URL, "client_id": "m", "client_secret": "s", "grant_type": "client_credentials" });
+    assert_eq!(server.call("POST", "/v1/credentials", Some(oauth("machine", machine))).await.0, 201);
+    let reply = server.call("POST", "/v1/credentials/machine/login", Some(json!({}))).await;
+    assert!(error_of(&reply.1).1.contains("signs in as the client, not as a user"), "{}", reply.1);
     let listed = server.call("GET", "/v1/credentials", None).await.1;
     assert!(!listed.to_string().contains("cs-secret-1"), "{listed}");
 }
@@ -101,32 +119,14 @@ async fn a_sign_in_is_the_tenants_own_and_its_callback_trusts_only_its_state() {
     let reply = server.call_as(&other, "POST", "/v1/credentials/gh/login", Some(json!({}))).await;
     assert_error(&reply, 404, "credential_not_found");
 
-    let (status, login) = server.call("POST", "/v1/credentials/gh/login", Some(json!({}))).await;
-    assert_eq!(status, 200, "{login}");
-    let url = login["authorization_url"].as_str().unwrap();
-    assert!(url.starts_with("https://auth.example.com/authorize?response_type=code&client_id=cid&"), "{url}");
-    let state = url.split("state=").nth(1).unwrap().split('&').next().unwrap().to_owned();
-    assert!(url.contains("code_challenge_method=S256") && state.len() >= 43, "{url}");
-
-    // No API key needed, and one the provider did not get is refused.
-    for query in ["state=forged&code=c", "code=c", "state=&code=c"] {
-        let reply = server.call_as("", "GET", &format!("/v1/oauth/callback?{query}"), None).await;
-        assert_error(&reply, 400, "bad_request");
-        assert!(error_of(&reply.1).1.contains("unknown, used already or expired"), "{}", reply.1);
-    }
-    // The provider sent an error: recorded, and the state is spent.
-    let (status, again) = server.call("POST", "/v1/credentials/gh/login", Some(json!({}))).await;
-    assert_eq!(status, 200, "{again}");
-    let denied_state = again["authorization_url"]
-        .as_str()
-        .unwrap()
-        .split("state=")
-        .nth(1)
-        .unwrap()
-        .split('&')
-        .next()
-        .unwrap()
-        .to_owned();
+    // A sign-in the provider refused: recorded, and its state is spent.
+    let state_of = |login: &Value| {
+        let url = login["authorization_url"].as_str().unwrap().to_owned();
+        (url.clone(), url.split("state=").nth(1).unwrap().split('&').next().unwrap().to_owned())
+    };
+    let (status, denied) = server.call("POST", "/v1/credentials/gh/login", Some(json!({}))).await;
+    assert_eq!(status, 200, "{denied}");
+    let (_, denied_state) = state_of(&denied);
     let path = format!("/v1/oauth/callback?state={denied_state}&error=access_denied");
     let reply = server.call_as("", "GET", &path, None).await;
     assert!(error_of(&reply.1).1.contains("the sign-in was refused: \"access_denied\""), "{}", reply.1);
@@ -134,6 +134,23 @@ async fn a_sign_in_is_the_tenants_own_and_its_callback_trusts_only_its_state() {
     let c = server.call("GET", "/v1/credentials/gh", None).await.1;
     assert_eq!(c["oauth2"]["status"], "needs_login", "{c}");
 
+    // A new sign-in replaces the one before it.
+    let (status, replaced) = server.call("POST", "/v1/credentials/gh/login", Some(json!({}))).await;
+    assert_eq!(status, 200, "{replaced}");
+    let (status, login) = server.call("POST", "/v1/credentials/gh/login", Some(json!({}))).await;
+    assert_eq!(status, 200, "{login}");
+    let (url, state) = state_of(&login);
+    assert!(url.starts_with("https://auth.example.com/authorize?response_type=code&client_id=cid&"), "{url}");
+    assert!(url.contains("code_challenge_method=S256") && state.len() >= 43, "{url}");
+    let path = format!("/v1/oauth/callback?state={}&code=c", state_of(&replaced).1);
+    assert_error(&server.call_as("", "GET", &path, None).await, 400, "bad_request");
+
+    // No API key needed, and a state the server did not issue is refused.
+    for query in ["state=forged&code=c", "code=c", "state=&code=c"] {
+        let reply = server.call_as("", "GET", &format!("/v1/oauth/callback?{query}"), None).await;
+        assert_error(&reply, 400, "bad_request");
+        assert!(error_of(&reply.1).1.contains("unknown, used already or expired"), "{}", reply.1);
+    }
     // The first sign-in's code, with a token endpoint that does not answer: 502 oauth_failed.
     let reply = server.call_as("", "GET", &format!("/v1/oauth/callback?state={state}&code=c"), None).await;
     assert_error(&reply, 502, "oauth_failed");
