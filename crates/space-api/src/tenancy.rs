@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::ids::{KeyId, TenantId};
+use crate::ids::{KeyId, SessionId, TenantId};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -29,6 +29,9 @@ pub struct CreatedKey {
     pub created_at: i64,
     /// Unix time in milliseconds; `null`: never.
     pub expires_at: Option<i64>,
+    /// For a session-scoped token: what it may touch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<SessionScope>,
 }
 
 /// An API key as listed: never its secret.
@@ -49,6 +52,79 @@ pub struct ApiKey {
     pub expires_at: Option<i64>,
     /// `null`: in effect.
     pub revoked_at: Option<i64>,
+    /// For a session-scoped token: what it may touch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<SessionScope>,
+}
+
+/// What a session-scoped token may do, to which sessions: `session_id` and the sessions forked
+/// from it (transitively). Anything else it asks for is refused (403), and other sessions
+/// are 404 to it as to another tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SessionScope {
+    pub session_id: SessionId,
+    pub scopes: Vec<TokenScope>,
+}
+
+/// One thing a session-scoped token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenScope {
+    /// Show the sessions, their events, stats, snapshots, processes, network policy, audit
+    /// log and ports; follow their operations.
+    Read,
+    /// Run commands (exec, WebSocket exec, signals, attach) and use files (and watches).
+    Exec,
+    /// Fork them.
+    Fork,
+    /// Take, delete and restore snapshots; pause, resume and suspend.
+    Snapshot,
+    /// Destroy sessions forked from the token's session (never that session itself).
+    Destroy,
+}
+
+impl TokenScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenScope::Read => "read",
+            TokenScope::Exec => "exec",
+            TokenScope::Fork => "fork",
+            TokenScope::Snapshot => "snapshot",
+            TokenScope::Destroy => "destroy",
+        }
+    }
+}
+
+impl std::str::FromStr for TokenScope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "read" => TokenScope::Read,
+            "exec" => TokenScope::Exec,
+            "fork" => TokenScope::Fork,
+            "snapshot" => TokenScope::Snapshot,
+            "destroy" => TokenScope::Destroy,
+            other => {
+                return Err(format!(
+                    "{} is not a token scope: use read, exec, fork, snapshot or destroy",
+                    crate::error::echo(other)
+                ));
+            }
+        })
+    }
+}
+
+/// `POST /v1/sessions/{id}/tokens`: a token for sub-agents, limited to this session and its
+/// forks.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSessionTokenRequest {
+    /// At least one.
+    pub scopes: Vec<TokenScope>,
+    /// How long it works, in seconds: 60 to 604800 (7 days); default 3600.
+    pub ttl_secs: Option<u64>,
+    /// What it is for (at most 128 characters), shown in `GET /v1/keys`.
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

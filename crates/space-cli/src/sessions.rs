@@ -173,6 +173,21 @@ pub enum SessionCommand {
         /// Session id.
         id: String,
     },
+    /// A token for a sub-agent: it may do `--scope` to this session and the sessions forked
+    /// from it, nothing else; prints it once. `space key revoke ID` ends it.
+    Token {
+        /// Session id.
+        id: String,
+        /// read, exec, fork, snapshot or destroy (repeatable; destroy: its forks only).
+        #[arg(long = "scope", required = true)]
+        scopes: Vec<space_api::TokenScope>,
+        /// How long it works: a duration (30m, 12h, 7d at most).
+        #[arg(long, default_value = "1h", value_parser = units::parse_secs)]
+        ttl: u64,
+        /// What it is for, shown by `space key list`.
+        #[arg(long)]
+        name: Option<String>,
+    },
     /// Destroy a session and its sandbox.
     Destroy {
         /// Session id.
@@ -305,6 +320,20 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
         }
         SessionCommand::Destroy { id } => {
             print_state(&client.delete_json(&format!("/v1/sessions/{id}")).await?, json)?;
+        }
+        SessionCommand::Token { id, scopes, ttl, name } => {
+            let request = space_api::CreateSessionTokenRequest { scopes, ttl_secs: Some(ttl), name };
+            let created: space_api::CreatedKey =
+                client.post_json(&format!("/v1/sessions/{id}/tokens"), &request).await?;
+            if json {
+                print_json(&created)?;
+            } else {
+                println!("{}", created.key);
+                eprintln!(
+                    "token {} for session {id} and its forks; shown once, `space key revoke {}` ends it",
+                    created.id, created.id
+                );
+            }
         }
         SessionCommand::Update { id, settings } => {
             let request = UpdateSessionRequest {

@@ -21,13 +21,15 @@ pub struct Caller {
     pub tenant_id: TenantId,
     pub tenant: String,
     pub admin: bool,
+    /// A session-scoped token's limits (see [`crate::scope`]); `None` for a tenant's key.
+    pub scope: Option<space_api::SessionScope>,
 }
 
 impl Caller {
     /// The platform acting on a tenant's sessions for the operator (a drain): it sees and
     /// touches what that tenant may, nothing more.
     pub(crate) fn acting_for(tenant_id: TenantId) -> Caller {
-        Caller { tenant_id, tenant: "(drain)".into(), admin: false }
+        Caller { tenant_id, tenant: "(drain)".into(), admin: false, scope: None }
     }
 }
 
@@ -77,6 +79,8 @@ pub struct KeySpec<'a> {
     pub name: Option<&'a str>,
     /// How long it works, in milliseconds from its creation; `None`: for ever.
     pub lifetime_ms: Option<i64>,
+    /// For a session-scoped token: what it may touch.
+    pub scope: Option<&'a space_api::SessionScope>,
 }
 
 /// Creates a key for `spec.tenant` (creating the tenant if needed); returns the secret and
@@ -94,6 +98,7 @@ pub async fn create_key(store: &Store, spec: KeySpec<'_>) -> Result<(String, Key
         name: spec.name,
         created_at,
         expires_at: spec.lifetime_ms.map(|ms| created_at.saturating_add(ms)),
+        scope: spec.scope,
     };
     Ok((key, store.insert_key(&new).await?))
 }
@@ -113,6 +118,7 @@ pub async fn rotate_key(store: &Store, old: &KeyRecord) -> Result<Option<(String
         name: old.name.as_deref(),
         created_at,
         expires_at: old.expires_at.map(|at| created_at + (at - old.created_at).max(0)),
+        scope: old.scope.as_ref(),
     };
     Ok(store.rotate_key(&old.id, &new).await?.map(|record| (key, record)))
 }
@@ -122,7 +128,7 @@ pub async fn bootstrap_admin_key(store: &Store, path: &Path) -> Result<(), AppEr
     if store.count_admin_keys().await? > 0 && path.exists() {
         return Ok(());
     }
-    let spec = KeySpec { tenant: ADMIN_TENANT, admin: true, name: Some("admin"), lifetime_ms: None };
+    let spec = KeySpec { tenant: ADMIN_TENANT, admin: true, name: Some("admin"), lifetime_ms: None, scope: None };
     let (key, _) = create_key(store, spec).await?;
     write_secret(path, &key).map_err(|e| AppError::internal(format!("writing {}: {e}", path.display())))
 }
@@ -190,7 +196,22 @@ pub async fn caller_of_key(state: &AppState, key: &str) -> Result<Caller, AppErr
     if found.last_used_at.is_none_or(|at| at <= now - LAST_USED_RESOLUTION_MS) {
         state.store.touch_key(&found.id, now).await?;
     }
-    Ok(Caller { tenant_id: found.tenant_id, tenant: found.tenant, admin: found.admin })
+    Ok(Caller { tenant_id: found.tenant_id, tenant: found.tenant, admin: found.admin, scope: found.scope })
+}
+
+/// [`caller_of_key`] for the endpoints outside the `/v1` API (E2B's, envd's, the port
+/// proxy): a session-scoped token is refused there (403), its scope being checked on `/v1`
+/// routes only.
+pub async fn tenant_caller_of_key(state: &AppState, key: &str) -> Result<Caller, AppError> {
+    let caller = caller_of_key(state, key).await?;
+    if caller.scope.is_some() {
+        return Err(AppError::new(
+            ErrorCode::Forbidden,
+            "a session-scoped token works on the space API (/v1/sessions/…) within its scope only; use a tenant's \
+             API key here",
+        ));
+    }
+    Ok(caller)
 }
 
 /// 401 for a key that was revoked or has expired.

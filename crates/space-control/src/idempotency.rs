@@ -267,7 +267,7 @@ mod tests {
     }
 
     async fn router(state: Idempotency, tenant: TenantId) -> Router {
-        let caller = Caller { tenant_id: tenant, tenant: "t".into(), admin: true };
+        let caller = Caller { tenant_id: tenant, tenant: "t".into(), admin: true, scope: None };
         Router::new()
             .route("/v1/credentials", post(create_credential))
             .route("/v1/keys", post(create_key))

@@ -30,6 +30,7 @@ pub mod recovery;
 pub mod replicas;
 pub mod retention;
 pub mod scheduler;
+pub mod scope;
 pub mod server;
 pub mod template_scope;
 pub mod watches;

@@ -70,7 +70,7 @@ mod tests {
     use super::*;
 
     fn caller(id: &str, admin: bool) -> Caller {
-        Caller { tenant_id: id.parse().unwrap(), tenant: "t".into(), admin }
+        Caller { tenant_id: id.parse().unwrap(), tenant: "t".into(), admin, scope: None }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Tenants and API keys. Keys are stored as SHA-256 hashes computed by the caller; a revoked
 //! key keeps its row (with `revoked_at`), so it is listed and its hash never works again.
 
-use space_api::{KeyId, TenantId};
+use space_api::{KeyId, SessionId, SessionScope, TenantId};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -19,6 +19,8 @@ pub struct KeyRecord {
     pub last_used_at: Option<i64>,
     pub expires_at: Option<i64>,
     pub revoked_at: Option<i64>,
+    /// A session-scoped token's session and scopes.
+    pub scope: Option<SessionScope>,
 }
 
 impl KeyRecord {
@@ -38,6 +40,7 @@ pub struct NewKey<'a> {
     /// Unix time in milliseconds, as `expires_at`.
     pub created_at: i64,
     pub expires_at: Option<i64>,
+    pub scope: Option<&'a SessionScope>,
 }
 
 /// Why [`Store::revoke_key`] left a key as it was.
@@ -54,8 +57,11 @@ pub enum RevokeRefused {
 /// requests a key authenticates do not each cost a write.
 pub const LAST_USED_RESOLUTION_MS: i64 = 60_000;
 
+/// Forks followed up from a session at most when looking for its root.
+const MAX_FORK_DEPTH: usize = 256;
+
 const KEY_COLUMNS: &str = "k.id, k.name, k.tenant_id, t.name, CASE WHEN k.admin THEN 1 ELSE 0 END, k.created_at, k.last_used_at, k.expires_at, \
-     k.revoked_at FROM api_keys k JOIN tenants t ON t.id = k.tenant_id";
+     k.revoked_at, k.scope_session, k.scope_permissions FROM api_keys k JOIN tenants t ON t.id = k.tenant_id";
 
 fn key_from_row(row: &AnyRow) -> Result<KeyRecord> {
     Ok(KeyRecord {
@@ -68,7 +74,14 @@ fn key_from_row(row: &AnyRow) -> Result<KeyRecord> {
         last_used_at: row.get(6),
         expires_at: row.get(7),
         revoked_at: row.get(8),
+        scope: scope_from(row.get(9), row.get(10))?,
     })
+}
+
+fn scope_from(session: Option<&str>, permissions: Option<&str>) -> Result<Option<SessionScope>> {
+    let (Some(session), Some(permissions)) = (session, permissions) else { return Ok(None) };
+    let scopes = serde_json::from_str(permissions).map_err(|e| StoreError::Corrupt(format!("token scopes: {e}")))?;
+    Ok(Some(SessionScope { session_id: parse("session id", session)?, scopes }))
 }
 
 impl Store {
@@ -172,6 +185,29 @@ impl Store {
         self.key(&new.id).await
     }
 
+    /// Whether `session` is `root` or was forked from it, at any depth (a fork's source
+    /// snapshot is its parent's).
+    pub async fn session_descends_from(&self, session: &SessionId, root: &SessionId) -> Result<bool> {
+        let mut current = session.clone();
+        // Bounded: a corrupt cycle ends too.
+        for _ in 0..MAX_FORK_DEPTH {
+            if current == *root {
+                return Ok(true);
+            }
+            let parent: Option<String> = sqlx::query_scalar(
+                "SELECT sn.session_id FROM sessions se JOIN snapshots sn ON sn.id = se.source_snapshot WHERE se.id = $1",
+            )
+            .bind(current.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+            match parent {
+                Some(parent) => current = parse("session id", &parent)?,
+                None => return Ok(false),
+            }
+        }
+        Ok(false)
+    }
+
     /// Admin keys in effect (not revoked).
     pub async fn count_admin_keys(&self) -> Result<i64> {
         Ok(sqlx::query_scalar("SELECT COUNT(*) FROM api_keys WHERE admin AND revoked_at IS NULL")
@@ -182,8 +218,8 @@ impl Store {
 
 async fn insert_key_tx(tx: &mut sqlx::Transaction<'_, sqlx::Any>, new: &NewKey<'_>) -> Result<()> {
     sqlx::query(
-        "INSERT INTO api_keys (hash, id, name, tenant_id, admin, created_at, expires_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO api_keys (hash, id, name, tenant_id, admin, created_at, expires_at, scope_session, scope_permissions) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(new.hash)
     .bind(new.id.as_str())
@@ -192,6 +228,8 @@ async fn insert_key_tx(tx: &mut sqlx::Transaction<'_, sqlx::Any>, new: &NewKey<'
     .bind(new.admin)
     .bind(new.created_at)
     .bind(new.expires_at)
+    .bind(new.scope.map(|s| s.session_id.as_str().to_owned()))
+    .bind(new.scope.map(|s| serde_json::to_string(&s.scopes).unwrap_or_default()))
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -226,7 +264,16 @@ mod tests {
 
     fn new_key<'a>(hash: &'a str, tenant: &'a TenantId, admin: bool) -> NewKey<'a> {
         let created_at = now_ms();
-        NewKey { id: KeyId::generate(), hash, tenant_id: tenant, admin, name: Some("ci"), created_at, expires_at: None }
+        NewKey {
+            id: KeyId::generate(),
+            hash,
+            tenant_id: tenant,
+            admin,
+            name: Some("ci"),
+            created_at,
+            expires_at: None,
+            scope: None,
+        }
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from conftest import TEMPLATE, unique
-from space_sdk import AuthenticationError, Client, QuotaExceededError, Session
+from space_sdk import AuthenticationError, Client, PermissionDeniedError, QuotaExceededError, Session
 
 
 def test_a_revoked_key_fails_on_its_next_request(admin, server):
@@ -73,3 +73,21 @@ def test_a_quota_refuses_the_next_create_naming_the_limit(admin, server):
         finally:
             for session in made:  # this tenant's sessions are not swept by the fixtures
                 session.destroy()
+
+
+def test_a_session_token_reaches_its_session_and_forks_only(client, server, session):
+    token = session.create_token(["read", "exec", "fork"], ttl_secs=600, name="sub-agent")
+    assert token.key and token.scope == {"session_id": session.id, "scopes": ["read", "exec", "fork"]}
+    sub = Client(server["url"], token.key)
+    mine = sub.connect_session(session.id)
+    assert mine.commands.run(["echo", "hi"]).stdout.strip() == "hi"
+    fork = mine.fork(keep=True)[0]
+    try:
+        assert fork.commands.run(["true"]).exit_code == 0
+        with pytest.raises(PermissionDeniedError) as refused:
+            fork.destroy()
+        assert refused.value.code == "forbidden" and "destroy" in str(refused.value)
+        with pytest.raises(PermissionDeniedError):
+            sub.list_sessions()
+    finally:
+        client.connect_session(fork.id).destroy()

@@ -47,6 +47,7 @@ OPERATIONS = {
     ("PATCH", "/v1/sessions/{id}"): "Session.update",
     ("GET", "/v1/sessions/{id}/events"): "Session.events",
     ("GET", "/v1/sessions/{id}/stats"): "Session.stats",
+    ("POST", "/v1/sessions/{id}/tokens"): "Session.create_token",
     ("POST", "/v1/sessions/{id}/pause"): "Session.pause",
     ("POST", "/v1/sessions/{id}/resume"): "Session.resume",
     ("POST", "/v1/sessions/{id}/suspend"): "Session.suspend",

@@ -14,6 +14,7 @@ pub(crate) use suspend::{resume_suspended, suspend_session};
 pub(crate) mod pool;
 pub(crate) mod ports;
 pub(crate) mod session_meta;
+mod session_tokens;
 pub(crate) mod sessions;
 pub(crate) mod suspend;
 mod system;
@@ -65,7 +66,7 @@ pub(crate) const JSON_BODY_LIMIT: usize = 1 << 20;
         lifecycle::pause, lifecycle::resume, lifecycle::create_snapshot, lifecycle::list_snapshots,
         lifecycle::delete_snapshot, usage::get_snapshot, usage::session_stats, lifecycle::restore, lifecycle::fork, suspend::suspend,
         credentials::create_credential, credentials::list_credentials, credentials::get_credential,
-        credentials::update_credential, credentials::delete_credential, oauth::login, oauth::callback,
+        credentials::update_credential, credentials::delete_credential, oauth::login, oauth::callback, session_tokens::create_token,
         network::get_network, network::update_network, network::grant, network::revoke, network::audit,
         ports::open_port, ports::get_port, ports::list_ports, ports::close_port, ports::proxy_path, ports::tunnel,
     ),
@@ -147,6 +148,7 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/ports", get(ports::list_ports))
         .route("/sessions/{id}/ports/{port}", post(ports::open_port).get(ports::get_port).delete(ports::close_port))
         .route("/sessions/{id}/tunnel/{port}", get(ports::tunnel))
+        .route("/sessions/{id}/tokens", post(session_tokens::create_token))
         .nest("/sessions/{id}/files", files)
         .route_layer(idempotent())
         .route_layer(middleware::from_fn_with_state(state.store.clone(), require_session));
@@ -178,6 +180,8 @@ pub fn router(state: AppState) -> Router {
         .merge(uploads)
         .merge(session_root)
         .merge(sessions)
+        // After the key is known, before anything else: a session-scoped token's limits.
+        .layer(middleware::from_fn_with_state(state.clone(), crate::scope::guard))
         .layer(middleware::from_fn_with_state(state.clone(), require_key))
         .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT));
     let app = Router::new()
@@ -336,7 +340,7 @@ mod tests {
     }
 
     fn caller(tenant: &TenantId, admin: bool) -> Caller {
-        Caller { tenant_id: tenant.clone(), tenant: "t".into(), admin }
+        Caller { tenant_id: tenant.clone(), tenant: "t".into(), admin, scope: None }
     }
 
     async fn send(router: &Router, uri: &str, body: &str) -> (StatusCode, String) {

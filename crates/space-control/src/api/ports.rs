@@ -25,7 +25,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{find_session, running_sandbox, woken_sandbox};
 use crate::AppState;
-use crate::auth::{Caller, bearer_key, caller_of_key, hash_key};
+use crate::auth::{Caller, bearer_key, hash_key, tenant_caller_of_key};
 use crate::error::{ApiJson, ApiPath, ApiWebSocket, AppError, AppResult};
 use crate::proxy::{self, PORT_TOKEN_HEADER, Upstream};
 
@@ -201,7 +201,7 @@ async fn authorize(
 ) -> AppResult<(Session, Option<Caller>)> {
     valid_port(port)?;
     if let Some(key) = bearer_key(headers) {
-        let caller = caller_of_key(state, key).await?;
+        let caller = tenant_caller_of_key(state, key).await?;
         return Ok((find_session(state, &caller, id).await?, Some(caller)));
     }
     let denied = || {

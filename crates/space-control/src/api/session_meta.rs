@@ -175,7 +175,7 @@ mod tests {
 
     #[test]
     fn all_tenants_is_refused_to_a_tenant_before_the_rest_is_read() {
-        let tenant = Caller { tenant_id: TenantId::generate(), tenant: "t".into(), admin: false };
+        let tenant = Caller { tenant_id: TenantId::generate(), tenant: "t".into(), admin: false, scope: None };
         let query = pairs(&[("label", "NOT VALID"), ("all_tenants", "true")]);
         let error = list_filter(&tenant, &query).unwrap_err();
         assert_eq!(error.0.code, space_api::ErrorCode::Forbidden);

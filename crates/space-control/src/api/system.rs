@@ -100,10 +100,11 @@ pub(crate) fn key_view(key: &KeyRecord) -> ApiKey {
         last_used_at: key.last_used_at,
         expires_at: key.expires_at,
         revoked_at: key.revoked_at,
+        scope: key.scope.clone(),
     }
 }
 
-fn created_view(secret: String, key: &KeyRecord) -> CreatedKey {
+pub(crate) fn created_view(secret: String, key: &KeyRecord) -> CreatedKey {
     CreatedKey {
         key: secret,
         id: key.id.clone(),
@@ -112,6 +113,7 @@ fn created_view(secret: String, key: &KeyRecord) -> CreatedKey {
         tenant_id: key.tenant_id.clone(),
         created_at: key.created_at,
         expires_at: key.expires_at,
+        scope: key.scope.clone(),
     }
 }
 
@@ -127,7 +129,13 @@ pub async fn create_key(
 ) -> AppResult<(StatusCode, Extension<CarriesSecret>, ApiJson<CreatedKey>)> {
     check_key_request(&request)?;
     let lifetime_ms = request.expires_in_secs.map(|s| s as i64 * 1000);
-    let spec = KeySpec { tenant: request.tenant.trim(), admin: false, name: request.name.as_deref(), lifetime_ms };
+    let spec = KeySpec {
+        tenant: request.tenant.trim(),
+        admin: false,
+        name: request.name.as_deref(),
+        lifetime_ms,
+        scope: None,
+    };
     let (secret, key) = make_key(&state.store, spec).await?;
     Ok((StatusCode::CREATED, Extension(CarriesSecret), ApiJson(created_view(secret, &key))))
 }

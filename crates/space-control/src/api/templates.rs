@@ -251,7 +251,7 @@ mod tests {
     use super::*;
 
     fn caller(admin: bool) -> Caller {
-        Caller { tenant_id: space_api::TenantId::generate(), tenant: "t".into(), admin }
+        Caller { tenant_id: space_api::TenantId::generate(), tenant: "t".into(), admin, scope: None }
     }
 
     /// A tenant learns nothing about the host's files: the same 403 whether the path exists.

@@ -102,7 +102,7 @@ async fn authorize(state: &AppState, headers: &HeaderMap) -> Result<Envd, RpcErr
             "send the sandbox's access token (X-Access-Token, from the create or connect answer)",
         ));
     };
-    let caller = crate::auth::caller_of_key(state, key).await?;
+    let caller = crate::auth::tenant_caller_of_key(state, key).await?;
     if caller.tenant_id != record.tenant_id {
         return Err(missing());
     }

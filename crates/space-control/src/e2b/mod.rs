@@ -35,7 +35,7 @@ use space_api::SessionId;
 use tower::ServiceExt;
 
 use crate::AppState;
-use crate::auth::{Caller, caller_of_key};
+use crate::auth::Caller;
 pub use errors::E2bError;
 
 /// The port envd listens on in an E2B sandbox; its host names start with it.
@@ -154,7 +154,7 @@ async fn require_api_key(
             E2bError::new(401, "missing API key: set E2B_API_KEY to a space API key (`space key create --tenant NAME`)")
         })?
         .to_owned();
-    let caller = caller_of_key(&state, &key).await?;
+    let caller = crate::auth::tenant_caller_of_key(&state, &key).await?;
     request.extensions_mut().insert(caller);
     Ok(next.run(request).await)
 }
@@ -174,5 +174,5 @@ pub(crate) fn rfc3339(ms: i64) -> String {
 
 /// The caller an envd call acts as: the sandbox's tenant, no more.
 fn sandbox_caller(tenant_id: space_api::TenantId) -> Caller {
-    Caller { tenant_id, tenant: "(e2b sandbox token)".into(), admin: false }
+    Caller { tenant_id, tenant: "(e2b sandbox token)".into(), admin: false, scope: None }
 }

@@ -28,5 +28,6 @@ mod recovery;
 mod retention;
 mod runtimes;
 mod session_meta;
+mod session_tokens;
 mod templates;
 mod tenancy;

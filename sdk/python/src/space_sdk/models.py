@@ -430,6 +430,8 @@ class CreatedKey(Model):
     tenant_id: str = ""
     created_at: int = 0
     expires_at: Optional[int] = None
+    #: For a session-scoped token: ``{"session_id": ..., "scopes": [...]}``.
+    scope: Optional[Dict[str, Any]] = None
 
 
 @dataclass
@@ -446,6 +448,8 @@ class ApiKey(Model):
     last_used_at: Optional[int] = None
     expires_at: Optional[int] = None
     revoked_at: Optional[int] = None
+    #: For a session-scoped token: ``{"session_id": ..., "scopes": [...]}``.
+    scope: Optional[Dict[str, Any]] = None
 
 
 @dataclass

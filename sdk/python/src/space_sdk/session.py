@@ -17,6 +17,7 @@ from .commands import Commands
 from .errors import BadRequestError, NotFoundError, TimeoutError
 from .files import Files
 from .models import (
+    CreatedKey,
     NetworkPolicy,
     PortAccess,
     SessionEvent,
@@ -483,6 +484,20 @@ class Session:
         body = rq.fork_body(count, from_snapshot)
         data = self._transport.json("POST", f"{self._path}/fork", json=body, headers=idempotency_headers())
         return [Session(SessionInfo.from_json(s), self._client, keep=keep) for s in data["sessions"]]
+
+    def create_token(
+        self, scopes: Sequence[str], *, ttl_secs: Optional[int] = None, name: Optional[str] = None
+    ) -> CreatedKey:
+        """A token for a sub-agent: it may do ``scopes`` (``read``, ``exec``, ``fork``,
+        ``snapshot``, ``destroy``) to this session and the sessions forked from it, nothing
+        else, for ``ttl_secs`` (default an hour, at most 7 days). ``.key`` is the secret, shown
+        once; give it to ``Space(api_key=...)``. Revoke it with ``DELETE /v1/keys/{id}``."""
+        body: Dict[str, Any] = {"scopes": list(scopes)}
+        if ttl_secs is not None:
+            body["ttl_secs"] = ttl_secs
+        if name is not None:
+            body["name"] = name
+        return CreatedKey.from_json(self._transport.json("POST", f"{self._path}/tokens", json=body))
 
     def stats(self) -> SessionStats:
         return SessionStats.from_json(self._transport.json("GET", f"{self._path}/stats"))

@@ -897,6 +897,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{id}/tokens": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Creates a token that may do `scopes` to this session and the sessions forked from it, for
+         *     `ttl_secs`. Shown once (not kept for `Idempotency-Key` replays); `GET /v1/keys` lists it
+         *     with its scope, `DELETE /v1/keys/{id}` revokes it. A scoped token cannot make tokens.
+         */
+        post: operations["create_token"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{id}/tunnel/{port}": {
         parameters: {
             query?: never;
@@ -1172,6 +1193,7 @@ export interface components {
              * @description `null`: in effect.
              */
             revoked_at?: number | null;
+            scope?: null | components["schemas"]["SessionScope"];
             tenant: string;
             tenant_id: components["schemas"]["TenantId"];
         };
@@ -1345,6 +1367,21 @@ export interface components {
             /** @description Template name; defaults to the server's default template (`debian`). */
             template?: string | null;
         };
+        /**
+         * @description `POST /v1/sessions/{id}/tokens`: a token for sub-agents, limited to this session and its
+         *     forks.
+         */
+        CreateSessionTokenRequest: {
+            /** @description What it is for (at most 128 characters), shown in `GET /v1/keys`. */
+            name?: string | null;
+            /** @description At least one. */
+            scopes: components["schemas"]["TokenScope"][];
+            /**
+             * Format: int64
+             * @description How long it works, in seconds: 60 to 604800 (7 days); default 3600.
+             */
+            ttl_secs?: number | null;
+        };
         CreateSnapshotRequest: {
             kind?: null | components["schemas"]["SnapshotKind"];
             name?: string | null;
@@ -1365,6 +1402,7 @@ export interface components {
             /** @description The secret; shown once. */
             key: string;
             name?: string | null;
+            scope?: null | components["schemas"]["SessionScope"];
             tenant: string;
             tenant_id: components["schemas"]["TenantId"];
         };
@@ -2157,6 +2195,15 @@ export interface components {
             session_id: components["schemas"]["SessionId"];
         };
         /**
+         * @description What a session-scoped token may do, to which sessions: `session_id` and the sessions forked
+         *     from it (transitively). Anything else it asks for is refused (403), and other sessions
+         *     are 404 to it as to another tenant.
+         */
+        SessionScope: {
+            scopes: components["schemas"]["TokenScope"][];
+            session_id: components["schemas"]["SessionId"];
+        };
+        /**
          * @description Where a session is in its life. Transitional states (`creating`, `destroying`) always end.
          * @enum {string}
          */
@@ -2454,6 +2501,11 @@ export interface components {
             /** Format: int32 */
             rows: number;
         };
+        /**
+         * @description One thing a session-scoped token may do.
+         * @enum {string}
+         */
+        TokenScope: "read" | "exec" | "fork" | "snapshot" | "destroy";
         /** @description `PATCH /v1/credentials/{name}`: rotation and changes, effective on the next request. */
         UpdateCredentialRequest: {
             /** @description A new client secret of an `oauth2` credential. */
@@ -8839,6 +8891,133 @@ export interface operations {
                      *       "error": {
                      *         "code": "feature_unavailable",
                      *         "message": "full snapshots need CRIU 4.2 or newer on the node: run scripts/install-criu.sh and restart"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox or node could not do it: `error.code` is `blob_store_unavailable` or `sandbox_unavailable` or `database_unavailable` or `key_unavailable`; `error.message` says what to do. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "blob_store_unavailable",
+                     *         "message": "the sandbox could not be reached: its agent did not answer; try again"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_token: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateSessionTokenRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CreatedKey"];
+                };
+            };
+            /** @description Bad request: `error.code` is `bad_request` or `unknown_template` or `runtime_unavailable` or `not_a_directory` or `is_a_directory` or `directory_not_empty` or `port_reserved`; `error.message` says what to do. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "bad_request",
+                     *         "message": "the request body is not valid JSON: expected `,` or `}` at line 1 column 12"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid API key: `error.code` is `unauthorized` or `key_revoked` or `key_expired`; `error.message` says what to do. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "unauthorized",
+                     *         "message": "missing or unknown API key; send `Authorization: Bearer <key>`"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden: `error.code` is `forbidden` or `permission_denied`; `error.message` says what to do. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "forbidden",
+                     *         "message": "this call needs the admin key"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found: `error.code` is `not_found` or `snapshot_not_found` or `credential_not_found` or `file_not_found` or `no_such_process`; `error.message` says what to do. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "not_found",
+                     *         "message": "session ses_4hd8w2m0c9xq7j1f5k3z not found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Server error: `error.code` is `internal`; `error.message` says what to do. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "code": "internal",
+                     *         "message": "internal error; the server's log has the details"
                      *       }
                      *     }
                      */

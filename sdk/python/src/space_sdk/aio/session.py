@@ -15,6 +15,7 @@ from .._transport import AsyncTransport, idempotency_headers
 from .._wire import Duration, User, parse_user
 from ..errors import BadRequestError, NotFoundError, TimeoutError
 from ..models import (
+    CreatedKey,
     NetworkPolicy,
     PortAccess,
     SessionEvent,
@@ -441,6 +442,17 @@ class AsyncSession:
         body = rq.fork_body(count, from_snapshot)
         data = await self._transport.json("POST", f"{self._path}/fork", json=body, headers=idempotency_headers())
         return [AsyncSession(SessionInfo.from_json(s), self._client, keep=keep) for s in data["sessions"]]
+
+    async def create_token(
+        self, scopes: Sequence[str], *, ttl_secs: Optional[int] = None, name: Optional[str] = None
+    ) -> CreatedKey:
+        """As :meth:`space_sdk.Session.create_token`."""
+        body: Dict[str, Any] = {"scopes": list(scopes)}
+        if ttl_secs is not None:
+            body["ttl_secs"] = ttl_secs
+        if name is not None:
+            body["name"] = name
+        return CreatedKey.from_json(await self._transport.json("POST", f"{self._path}/tokens", json=body))
 
     async def stats(self) -> SessionStats:
         return SessionStats.from_json(await self._transport.json("GET", f"{self._path}/stats"))
