@@ -326,3 +326,55 @@ fn a_tenants_suspended_session_is_encrypted_in_the_blob_store_and_moves_only_wit
     let out = r["stdout"].as_str().unwrap();
     assert!(out.starts_with(&format!("{marker}\n")) && !out.ends_with("\n0\n"), "file and process came back: {r}");
 }
+
+/// An OAuth credential under the tenant's key: its client secret is sealed with it, so while
+/// the key is revoked no token can be asked for (the credential says `failing` with the key's
+/// `key_unavailable` message), and once it is back the refresher gets tokens again.
+#[test]
+fn an_oauth_credentials_tokens_need_the_tenants_key() {
+    require_root!();
+    let (key, token) = customer_key();
+    let up = Upstream::start(&["granted.test", "oauth.test"]);
+    let mut flags = vec!["--pool".to_owned(), String::new(), "--key-cache-ttl".into(), "0".into()];
+    flags.extend(up.serve_flags());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let server = Server::start_with(&flags);
+    let out = server.cli(&["template", "build", "debian"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let tenant = server.tenant_key("acme");
+    let env = Env { server, up, tenant };
+    set_key(&env.server, "acme", &key, &token);
+
+    let oauth = env.up.oauth();
+    oauth.set_expires_in(61);
+    let body = json!({
+        "name": "api", "hosts": ["granted.test"], "kind": "oauth2",
+        "oauth2": { "token_url": "https://oauth.test/oauth/token", "client_id": oauth.client_id,
+                    "client_secret": oauth.client_secret, "grant_type": "client_credentials" }
+    });
+    let (status, r) = env.server.call_as(&env.tenant, "POST", "/v1/credentials", Some(body));
+    assert_eq!(status, 201, "{r}");
+    let id = env.session(&["api"]);
+    assert_eq!(env.injected(&id, "/first"), Some(format!("Bearer {}", oauth.issued()[0])));
+
+    let status_of = |want: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+        loop {
+            let (_, c) = env.server.call_as(&env.tenant, "GET", "/v1/credentials/api", None);
+            if c["oauth2"]["status"] == want {
+                return c;
+            }
+            assert!(std::time::Instant::now() < deadline, "never {want}: {c}");
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+    };
+    allow(&key, false);
+    let c = status_of("failing");
+    let reason = c["oauth2"]["reason"].as_str().unwrap();
+    assert!(reason.contains(&key) && reason.contains("403"), "{reason}");
+    let asked = oauth.token_requests();
+
+    allow(&key, true);
+    status_of("ok");
+    assert!(oauth.token_requests() > asked, "no new token after the key came back");
+}

@@ -58,7 +58,7 @@ pub enum RevokeRefused {
 pub const LAST_USED_RESOLUTION_MS: i64 = 60_000;
 
 /// Forks followed up from a session at most when looking for its root.
-const MAX_FORK_DEPTH: usize = 256;
+const MAX_FORK_DEPTH: i64 = 256;
 
 const KEY_COLUMNS: &str = "k.id, k.name, k.tenant_id, t.name, CASE WHEN k.admin THEN 1 ELSE 0 END, k.created_at, k.last_used_at, k.expires_at, \
      k.revoked_at, k.scope_session, k.scope_permissions FROM api_keys k JOIN tenants t ON t.id = k.tenant_id";
@@ -185,27 +185,25 @@ impl Store {
         self.key(&new.id).await
     }
 
-    /// Whether `session` is `root` or was forked from it, at any depth (a fork's source
-    /// snapshot is its parent's).
+    /// Whether `session` is `root` or was forked from it, at any depth (`forked_from`, kept
+    /// when the snapshot a fork came from is deleted). One query, bounded in depth so a
+    /// corrupt cycle ends too.
     pub async fn session_descends_from(&self, session: &SessionId, root: &SessionId) -> Result<bool> {
-        let mut current = session.clone();
-        // Bounded: a corrupt cycle ends too.
-        for _ in 0..MAX_FORK_DEPTH {
-            if current == *root {
-                return Ok(true);
-            }
-            let parent: Option<String> = sqlx::query_scalar(
-                "SELECT sn.session_id FROM sessions se JOIN snapshots sn ON sn.id = se.source_snapshot WHERE se.id = $1",
-            )
-            .bind(current.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-            match parent {
-                Some(parent) => current = parse("session id", &parent)?,
-                None => return Ok(false),
-            }
-        }
-        Ok(false)
+        let found: Option<i64> = sqlx::query_scalar(
+            "WITH RECURSIVE up(id, depth) AS (
+                 SELECT CAST($1 AS TEXT), 0
+                 UNION ALL
+                 SELECT s.forked_from, up.depth + 1 FROM sessions s JOIN up ON s.id = up.id
+                 WHERE s.forked_from IS NOT NULL AND up.depth < $3
+             )
+             SELECT 1 FROM up WHERE id = $2 LIMIT 1",
+        )
+        .bind(session.as_str())
+        .bind(root.as_str())
+        .bind(MAX_FORK_DEPTH)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(found.is_some())
     }
 
     /// Admin keys in effect (not revoked).

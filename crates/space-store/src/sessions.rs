@@ -506,8 +506,9 @@ pub(crate) async fn insert_session_tx(
     check_quota_tx(tx, &new.tenant_id, &Demand::new_session(&new.resources)).await?;
     let now = now_ms();
     sqlx::query(
-        "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy, lifetime, runtime, name, labels, metadata, auto_resume)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+        "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy, lifetime, runtime, name, labels, metadata, auto_resume, forked_from)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                 (SELECT session_id FROM snapshots WHERE id = $8))",
     )
     .bind(new.id.as_str())
     .bind(new.tenant_id.as_str())

@@ -4,7 +4,7 @@
 use axum::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
-use space_api::{CreateSessionTokenRequest, CreatedKey, ErrorBody, SessionScope};
+use space_api::{CreateSessionTokenRequest, CreatedKey, ErrorBody, ErrorCode, SessionScope};
 
 use super::find_session;
 use super::system::created_view;
@@ -30,6 +30,10 @@ pub async fn create_token(
     ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<CreateSessionTokenRequest>,
 ) -> AppResult<(StatusCode, Extension<CarriesSecret>, ApiJson<CreatedKey>)> {
+    if caller.scope.is_some() {
+        // The guard refuses this route to scoped tokens already; a token never makes tokens.
+        return Err(AppError::new(ErrorCode::Forbidden, "a session-scoped token cannot make tokens"));
+    }
     let session = find_session(&state, &caller, &id).await?;
     let mut scopes = request.scopes.clone();
     scopes.sort();

@@ -38,6 +38,17 @@ async fn a_token_reaches_its_session_and_forks_as_its_scopes_allow_and_nothing_e
         server.call_as(&sub, "POST", &format!("/v1/sessions/{fork}/fork"), Some(json!({}))).await;
     assert_eq!(status, 201, "a fork's fork is in scope too: {grandchildren}");
 
+    // The forks stay its own when the snapshots they were made from are gone.
+    let (_, snaps) = server.call_as(&tenant, "GET", &format!("/v1/sessions/{root}/snapshots"), None).await;
+    for snap in snaps["snapshots"].as_array().unwrap() {
+        let path = format!("/v1/sessions/{root}/snapshots/{}", snap["id"].as_str().unwrap());
+        assert!(server.call_as(&tenant, "DELETE", &path, None).await.0 < 300);
+    }
+    let (_, snaps) = server.call_as(&tenant, "GET", &format!("/v1/sessions/{root}/snapshots"), None).await;
+    assert_eq!(snaps["snapshots"], json!([]), "{snaps}");
+    let grandchild = grandchildren["sessions"][0]["id"].as_str().unwrap();
+    assert_eq!(server.call_as(&sub, "GET", &format!("/v1/sessions/{grandchild}"), None).await.0, 200);
+
     // Another session of the same tenant does not exist for it.
     for (method, path, body) in [
         ("GET", format!("/v1/sessions/{sibling}"), None),
