@@ -95,6 +95,20 @@ struct Env {
 }
 
 impl Env {
+    /// A server (data keys not cached) whose gateway reaches test upstreams for `names`, with
+    /// the `debian` template and a tenant `acme`.
+    fn start(names: &[&str]) -> Env {
+        let up = Upstream::start(names);
+        let mut flags = vec!["--pool".to_owned(), String::new(), "--key-cache-ttl".into(), "0".into()];
+        flags.extend(up.serve_flags());
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let server = Server::start_with(&flags);
+        let out = server.cli(&["template", "build", "debian"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let tenant = server.tenant_key("acme");
+        Env { server, up, tenant }
+    }
+
     fn create_session(&self, grants: &[&str]) -> (u16, Value) {
         let body = json!({ "template": "debian", "memory_mib": 512, "grants": grants });
         self.server.call_as(&self.tenant, "POST", "/v1/sessions", Some(body))
@@ -135,15 +149,7 @@ fn a_tenants_own_key_seals_its_secrets_and_revoking_it_stops_their_use() {
     require_root!();
     let (key, token) = customer_key();
 
-    let up = Upstream::start(&["granted.test"]);
-    let mut flags = vec!["--pool".to_owned(), String::new(), "--key-cache-ttl".into(), "0".into()];
-    flags.extend(up.serve_flags());
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let server = Server::start_with(&flags);
-    let out = server.cli(&["template", "build", "debian"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let tenant = server.tenant_key("acme");
-    let env = Env { server, up, tenant };
+    let env = Env::start(&["granted.test"]);
 
     // A credential and a session made under the local key, then the tenant's key set: both
     // are re-wrapped (the admin sets it; the token comes on stdin and is never shown).
@@ -334,15 +340,7 @@ fn a_tenants_suspended_session_is_encrypted_in_the_blob_store_and_moves_only_wit
 fn an_oauth_credentials_tokens_need_the_tenants_key() {
     require_root!();
     let (key, token) = customer_key();
-    let up = Upstream::start(&["granted.test", "oauth.test"]);
-    let mut flags = vec!["--pool".to_owned(), String::new(), "--key-cache-ttl".into(), "0".into()];
-    flags.extend(up.serve_flags());
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let server = Server::start_with(&flags);
-    let out = server.cli(&["template", "build", "debian"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let tenant = server.tenant_key("acme");
-    let env = Env { server, up, tenant };
+    let env = Env::start(&["granted.test", "oauth.test"]);
     set_key(&env.server, "acme", &key, &token);
 
     let oauth = env.up.oauth();

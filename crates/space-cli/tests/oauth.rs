@@ -146,6 +146,17 @@ impl Env {
         }
     }
 
+    /// `space credential create NAME --host granted.test` for the provider's client, with
+    /// `args` after, the client secret on stdin.
+    fn create_with_cli(&self, name: &str, args: &[&str]) {
+        let oauth = self.up.oauth();
+        let mut all = vec!["credential", "create", name, "--host", "granted.test", "--oauth2-token-url", TOKEN_URL];
+        all.extend(["--client-id", &oauth.client_id]);
+        all.extend(args);
+        let out = self.server.cli_with_stdin(&all, Some(oauth.client_secret.as_bytes()));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
     fn audit_reasons(&self, id: &str) -> Vec<String> {
         let (_, audit) = self.server.call("GET", &format!("/v1/sessions/{id}/audit"), None);
         let events = audit["events"].as_array().cloned().unwrap_or_default();
@@ -160,25 +171,7 @@ fn client_credentials_tokens_are_injected_cached_and_refreshed() {
     require_root!();
     let env = start();
     let oauth = env.up.oauth();
-    let out = env.server.cli_with_stdin(
-        &[
-            "credential",
-            "create",
-            "api",
-            "--host",
-            "granted.test",
-            "--oauth2-token-url",
-            TOKEN_URL,
-            "--client-id",
-            &oauth.client_id,
-            "--grant",
-            "client-credentials",
-            "--scope",
-            "read",
-        ],
-        Some(oauth.client_secret.as_bytes()),
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    env.create_with_cli("api", &["--grant", "client-credentials", "--scope", "read"]);
     let listed = String::from_utf8_lossy(&env.server.cli(&["credential", "list"]).stdout).into_owned();
     assert!(listed.contains("oauth2 pending") && !listed.contains(&oauth.client_secret), "{listed}");
 
@@ -299,25 +292,7 @@ fn sign_in_with_pkce_through_the_callback() {
     require_root!();
     let env = start();
     let oauth = env.up.oauth();
-    let out = env.server.cli_with_stdin(
-        &[
-            "credential",
-            "create",
-            "slack",
-            "--host",
-            "granted.test",
-            "--oauth2-token-url",
-            TOKEN_URL,
-            "--client-id",
-            &oauth.client_id,
-            "--grant",
-            "refresh-token",
-            "--authorize-url",
-            AUTHORIZE_URL,
-        ],
-        Some(oauth.client_secret.as_bytes()),
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    env.create_with_cli("slack", &["--grant", "refresh-token", "--authorize-url", AUTHORIZE_URL]);
     assert_eq!(env.credential("slack")["oauth2"]["status"], "needs_login");
 
     let out = env.server.cli(&["credential", "login", "slack", "--wait", "0", "--json"]);

@@ -169,6 +169,25 @@ impl Broker {
         }
     }
 
+    /// A token request to the credential's endpoint with `grant`.
+    pub async fn token(
+        &self,
+        settings: &OAuthSettings,
+        secrets: &Secrets,
+        grant: Grant<'_>,
+    ) -> Result<space_oauth::Token, OAuthError> {
+        let token_url = self.client.check_url("token_url", &settings.token_url)?;
+        let request = TokenRequest {
+            token_url: &token_url,
+            client_id: &settings.client_id,
+            client_secret: secrets.client_secret.as_deref(),
+            auth: client_auth(settings.client_auth),
+            scopes: &settings.scopes,
+            grant,
+        };
+        self.client.token(&request).await
+    }
+
     /// One token request.
     async fn ask(
         &self,
@@ -178,7 +197,6 @@ impl Broker {
         let failing = |reason: String| (OAuth2Status::Failing, reason);
         let settings = settings_of(record).map_err(|e| failing(e.0.message))?;
         let secrets = open_secrets(keys, record).await.map_err(|e| failing(e.0.message))?;
-        let token_url = self.client.check_url("token_url", &settings.token_url).map_err(|e| failing(e.to_string()))?;
         let grant = match (settings.grant_type, secrets.refresh_token.as_deref()) {
             (OAuth2GrantType::ClientCredentials, _) => Grant::ClientCredentials,
             (OAuth2GrantType::RefreshToken, Some(token)) => Grant::RefreshToken(token),
@@ -190,15 +208,7 @@ impl Broker {
                 ));
             }
         };
-        let request = TokenRequest {
-            token_url: &token_url,
-            client_id: &settings.client_id,
-            client_secret: secrets.client_secret.as_deref(),
-            auth: client_auth(settings.client_auth),
-            scopes: &settings.scopes,
-            grant,
-        };
-        self.client.token(&request).await.map_err(|e| failing(e.to_string()))
+        self.token(&settings, &secrets, grant).await.map_err(|e| failing(e.to_string()))
     }
 }
 
@@ -239,7 +249,7 @@ pub async fn change_secrets(
     Err(AppError::new(ErrorCode::Conflict, "the credential's secrets kept changing while this changed them; retry"))
 }
 
-pub fn client_auth(auth: OAuth2ClientAuth) -> ClientAuth {
+fn client_auth(auth: OAuth2ClientAuth) -> ClientAuth {
     match auth {
         OAuth2ClientAuth::Basic => ClientAuth::Basic,
         OAuth2ClientAuth::Post => ClientAuth::Post,

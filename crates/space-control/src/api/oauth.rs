@@ -9,7 +9,7 @@ use space_api::egress::{
 };
 use space_api::error::echo;
 use space_api::{ErrorBody, ErrorCode};
-use space_oauth::{Grant, Pkce, TokenRequest};
+use space_oauth::{Grant, Pkce};
 use space_store::{CredentialRecord, OAuthLogin, OAuthSettings};
 
 use crate::AppState;
@@ -17,7 +17,7 @@ use crate::auth::Caller;
 use crate::egress::{credential_not_found, push_credential_sessions};
 use crate::error::{ApiJson, ApiPath, AppError, AppResult};
 use crate::idempotency::CarriesSecret;
-use crate::oauth::{Secrets, access_owner, change_secrets, client_auth, expiry, open_secrets, settings_of, unix_now};
+use crate::oauth::{Secrets, access_owner, change_secrets, expiry, open_secrets, settings_of, unix_now};
 
 /// The path a provider redirects a sign-in to.
 pub const CALLBACK_PATH: &str = "/v1/oauth/callback";
@@ -257,21 +257,9 @@ async fn exchange(
 ) -> AppResult<()> {
     let settings = settings_of(record)?;
     let secrets = open_secrets(&state.keys, record).await?;
-    let token_url = state
-        .oauth
-        .client
-        .check_url("token_url", &settings.token_url)
-        .map_err(|e| AppError::bad_request(e.to_string()))?;
-    let request = TokenRequest {
-        token_url: &token_url,
-        client_id: &settings.client_id,
-        client_secret: secrets.client_secret.as_deref(),
-        auth: client_auth(settings.client_auth),
-        scopes: &settings.scopes,
-        grant: Grant::AuthorizationCode { code, redirect_uri: redirect, verifier },
-    };
     let name = &record.credential.name;
-    let token = match state.oauth.client.token(&request).await {
+    let grant = Grant::AuthorizationCode { code, redirect_uri: redirect, verifier };
+    let token = match state.oauth.token(&settings, &secrets, grant).await {
         Ok(token) => token,
         Err(e) => {
             let reason = format!("the sign-in's code exchange failed: {e}");
