@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use space_api::egress::{AuditDecision, AuditEvent, OAuth2ClientAuth, OAuth2GrantType, OAuth2Status};
 use space_api::{CredentialId, ErrorCode, TenantId};
 use space_keys::Zeroizing;
@@ -22,7 +23,6 @@ use crate::AppState;
 use crate::egress::credential_owner;
 use crate::error::{AppError, AppResult};
 use crate::keyring::Keyring;
-use futures::StreamExt as _;
 
 /// A token is refreshed this long before it expires.
 pub const REFRESH_MARGIN_SECS: i64 = 60;

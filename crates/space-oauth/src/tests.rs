@@ -70,8 +70,12 @@ fn endpoints_must_be_https_and_may_be_kept_off_private_addresses() {
 
 #[tokio::test]
 async fn a_name_that_resolves_to_a_refused_address_is_not_dialled() {
+    // Something listens there: a connection would be accepted, so only the filter stops it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
     let guarded = client(Some(loopback));
-    let url = guarded.check_url("token_url", "https://localhost:9/token").unwrap();
+    let url = guarded.check_url("token_url", &format!("https://localhost:{port}/token")).unwrap();
     let request = TokenRequest {
         token_url: &url,
         client_id: "c",
@@ -82,6 +86,33 @@ async fn a_name_that_resolves_to_a_refused_address_is_not_dialled() {
     };
     let e = guarded.token(&request).await.unwrap_err();
     assert!(matches!(&e, OAuthError::Failed(m) if m.contains("did not answer")), "{e:?}");
+    let accepted = listener.accept();
+    assert!(
+        matches!(&accepted, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the refused address was dialled: {accepted:?}"
+    );
+    // Control: without the filter the same name is dialled (and the listener sees it).
+    let dialled = tokio::spawn(async move {
+        let request = TokenRequest {
+            token_url: &url,
+            client_id: "c",
+            client_secret: Some("s"),
+            auth: ClientAuth::Basic,
+            scopes: &[],
+            grant: Grant::ClientCredentials,
+        };
+        let _ = client(None).token(&request).await;
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Ok((stream, _)) = listener.accept() {
+            drop(stream);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the unguarded client never connected: the test proves nothing");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    dialled.await.unwrap();
 }
 
 #[test]
