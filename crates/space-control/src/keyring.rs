@@ -61,10 +61,15 @@ pub fn key_error(e: KeyError) -> AppError {
     }
 }
 
-/// The addresses a key may not be at: none for the operator's, loopback and private ones
-/// (as for the gateway's upstreams) for a key a tenant set.
+/// The addresses a tenant's endpoint (a key it set, an OAuth token endpoint) may not be at:
+/// none when `public_only` is off (the operator's choice), else what the gateway refuses for
+/// upstreams: loopback, private, link-local and reserved ranges and this host's own addresses.
 pub fn refused_addresses(public_only: bool) -> Option<fn(std::net::IpAddr) -> bool> {
-    public_only.then_some(space_gateway::is_private as fn(std::net::IpAddr) -> bool)
+    public_only.then_some(refused_for_tenants as fn(std::net::IpAddr) -> bool)
+}
+
+fn refused_for_tenants(ip: std::net::IpAddr) -> bool {
+    space_gateway::is_private(ip) || space_gateway::is_host_address(ip)
 }
 
 /// Associated data that binds a tenant key's sealed token to it.
@@ -240,4 +245,33 @@ pub fn spawn_forgetting(keys: &Arc<Keyring>) {
             tokio::time::sleep(every).await;
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenants_endpoints_are_kept_off_private_ranges_and_this_hosts_addresses() {
+        let refused = refused_addresses(true).unwrap();
+        for ip in ["127.0.0.1", "10.1.2.3", "169.254.169.254", "::1", "::ffff:192.168.0.1"] {
+            assert!(refused(ip.parse().unwrap()), "{ip}");
+        }
+        assert!(!refused("203.0.113.7".parse().unwrap()), "a public address elsewhere");
+        // Every address of this host, public ones too (a node's API or sshd on its public address).
+        let mut seen = 0;
+        for interface in nix::ifaddrs::getifaddrs().unwrap() {
+            let Some(address) = interface.address else { continue };
+            let ip: std::net::IpAddr = match (address.as_sockaddr_in(), address.as_sockaddr_in6()) {
+                (Some(v4), _) => v4.ip().into(),
+                (_, Some(v6)) => v6.ip().into(),
+                _ => continue,
+            };
+            assert!(refused(ip), "{ip} is this host's");
+            assert!(space_gateway::is_host_address(ip), "{ip} is this host's");
+            seen += 1;
+        }
+        assert!(seen > 0, "no address of this host was checked");
+        assert!(refused_addresses(false).is_none(), "the operator's own choice");
+    }
 }

@@ -161,7 +161,7 @@ mod traffic;
 mod proxy;
 
 pub use limits::SandboxLimits;
-pub use proxy::{is_private, parse_dns_server};
+pub use proxy::{is_host_address, is_private, parse_dns_server};
 pub use traffic::SessionTraffic;
 
 /// State shared by every sandbox's listeners.

@@ -43,6 +43,7 @@ mod tests;
 
 pub(crate) use audit::event as audit_event;
 pub(crate) use explicit::serve_explicit;
+pub use node_addrs::is_host_address;
 pub use resolve::parse_dns_server;
 pub(crate) use transparent::{serve_transparent_http, serve_transparent_https};
 pub use upstream::is_private;

@@ -77,6 +77,14 @@ impl NodeAddrs {
     }
 }
 
+/// Whether `ip` is one of this host's own addresses (any interface of this process's network
+/// namespace, public ones included), as the gateway refuses them for upstreams: for the other
+/// places a tenant chooses an address this host dials (a token endpoint, a KMS).
+pub fn is_host_address(ip: IpAddr) -> bool {
+    static HOST: std::sync::OnceLock<NodeAddrs> = std::sync::OnceLock::new();
+    HOST.get_or_init(NodeAddrs::host).contains(ip)
+}
+
 /// The IPv4 address an IPv6 address stands for, when it is IPv4-mapped or NAT64.
 fn embedded_v4(ip: IpAddr) -> Option<Ipv4Addr> {
     let IpAddr::V6(v6) = ip else { return None };
