@@ -193,12 +193,14 @@ impl Store {
             c.rate_limit_per_min = limit;
         }
         c.updated_at = now_ms();
+        // The value is written only when it changes: one changed meanwhile by a compare-and-swap
+        // (an OAuth rotation, a re-wrap) is not put back.
         sqlx::query(
-            "UPDATE credentials SET hosts = $1, header = $2, value_sealed = $3, expires_at = $4, rate_limit_per_min = $5, version = $6, updated_at = $7 WHERE id = $8",
+            "UPDATE credentials SET hosts = $1, header = $2, value_sealed = COALESCE($3, value_sealed), expires_at = $4, rate_limit_per_min = $5, version = $6, updated_at = $7 WHERE id = $8",
         )
         .bind(serde_json::to_string(&c.hosts).unwrap_or_default())
         .bind(&c.header)
-        .bind(&record.value_sealed)
+        .bind(change.value_sealed.as_deref())
         .bind(c.expires_at)
         .bind(c.rate_limit_per_min.map(i64::from))
         .bind(i64::from(c.version))

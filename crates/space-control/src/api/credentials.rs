@@ -165,7 +165,8 @@ pub async fn update_credential(
         let owner = credential_owner(&caller.tenant_id, &current.credential.id);
         change.value_sealed = Some(state.keys.seal(&caller.tenant_id, value.as_bytes(), &owner).await?);
     }
-    if request.client_secret.is_some() || request.refresh_token.is_some() {
+    let new_secrets = request.client_secret.is_some() || request.refresh_token.is_some();
+    if new_secrets {
         if !oauth2 {
             return Err(AppError::bad_request(format!(
                 "credential {name:?} is static: client_secret and refresh_token are for oauth2 credentials; \
@@ -177,6 +178,18 @@ pub async fn update_credential(
                 space_oauth::check_token(new).map_err(|why| AppError::bad_request(format!("{what} {why}")))?;
             }
         }
+    }
+    change.expires_at = match request.expires_at {
+        Some(0) => Some(None),
+        Some(at) => {
+            check_expiry(at)?;
+            Some(Some(at))
+        }
+        None => None,
+    };
+    change.rate_limit_per_min = request.rate_limit_per_min.map(|n| (n > 0).then_some(n));
+    if new_secrets {
+        // Last, once everything else was found valid: a refused request changes nothing.
         let (secret, refresh) = (request.client_secret.clone(), request.refresh_token.clone());
         crate::oauth::change_secrets(&state.store, &state.keys, &current.credential.id, |s| {
             if let Some(secret) = &secret {
@@ -188,21 +201,12 @@ pub async fn update_credential(
         })
         .await?;
     }
-    change.expires_at = match request.expires_at {
-        Some(0) => Some(None),
-        Some(at) => {
-            check_expiry(at)?;
-            Some(Some(at))
-        }
-        None => None,
-    };
-    change.rate_limit_per_min = request.rate_limit_per_min.map(|n| (n > 0).then_some(n));
     let record = state
         .store
         .update_credential(&caller.tenant_id, &name, &change)
         .await?
         .ok_or_else(|| credential_not_found(&name))?;
-    if oauth2 && (request.client_secret.is_some() || request.refresh_token.is_some()) {
+    if new_secrets {
         // New secrets: the next push asks for a token with them.
         state.store.oauth_reset(&record.credential.id, OAuth2Status::Pending).await?;
     }
