@@ -290,16 +290,19 @@ async fn usable(
 
 /// Another replica (or task) is asking: its token once it is stored, or why there is none.
 async fn wait_for_other(store: &Store, keys: &Keyring, id: &CredentialId) -> Result<Zeroizing<String>, Reason> {
+    let deleted = || Reason::from("the credential was deleted");
+    let record = store.credential_by_id(id).await.map_err(unavailable)?.ok_or_else(deleted)?;
     let deadline = tokio::time::Instant::now() + WAIT_FOR_OTHER;
     while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let record = store.credential_by_id(id).await.map_err(unavailable)?.ok_or("the credential was deleted")?;
         let tokens = store.oauth_tokens(id).await.map_err(unavailable)?.unwrap_or_default();
         if let Some(token) = usable(keys, &record, &tokens, MIN_LEFT_SECS).await {
             return Ok(token);
         }
         if tokens.retry_at.is_some_and(|at| at > space_store::now_ms()) {
-            return Err(reason_of(&record));
+            // The reason the other one recorded.
+            let failed = store.credential_by_id(id).await.map_err(unavailable)?.ok_or_else(deleted)?;
+            return Err(reason_of(&failed));
         }
     }
     Err("another control plane replica is asking for a token and has not finished".into())
@@ -358,18 +361,19 @@ pub fn spawn_refresher(state: AppState) {
                 }
             };
             let mut per_tenant: std::collections::HashMap<TenantId, usize> = Default::default();
-            let round: Vec<CredentialRecord> = due
+            let round: Vec<CredentialId> = due
                 .into_iter()
-                .filter(|r| {
-                    let n = per_tenant.entry(r.tenant_id.clone()).or_default();
+                .filter(|(_, tenant)| {
+                    let n = per_tenant.entry(tenant.clone()).or_default();
                     *n += 1;
                     *n <= REFRESH_PER_TENANT
                 })
+                .map(|(id, _)| id)
                 .collect();
             futures::stream::iter(round)
-                .for_each_concurrent(REFRESH_CONCURRENCY, |record| {
+                .for_each_concurrent(REFRESH_CONCURRENCY, |id| {
                     let state = state.clone();
-                    async move { refresh_and_push(&state, &record.credential.id).await }
+                    async move { refresh_and_push(&state, &id).await }
                 })
                 .await;
         }

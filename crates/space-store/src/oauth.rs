@@ -4,12 +4,11 @@
 //! here are its settings, its sealed current access token (a cache shared by replicas), the
 //! outcome of the last attempt, and the lease of the replica refreshing it.
 
-use space_api::CredentialId;
 use space_api::egress::{OAuth2ClientAuth, OAuth2GrantType, OAuth2Info, OAuth2Status};
+use space_api::{CredentialId, TenantId};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::credentials::CredentialRecord;
 use crate::{Result, Store, StoreError, now_ms, parse};
 
 /// An `oauth2` credential's settings: no secret among them.
@@ -226,13 +225,13 @@ impl Store {
         Ok(())
     }
 
-    /// `oauth2` credentials granted to a session that is not destroyed whose access token
-    /// expires before `before` (Unix s) or that has none, that may be tried now (no failure's
-    /// wait running) and that got no token in the last `min_interval_ms`.
-    pub async fn oauth_due(&self, before: i64, min_interval_ms: i64) -> Result<Vec<CredentialRecord>> {
+    /// `oauth2` credentials (with their tenant) granted to a session that is not destroyed
+    /// whose access token expires before `before` (Unix s) or that has none, that may be tried
+    /// now (no failure's wait running) and that got no token in the last `min_interval_ms`.
+    pub async fn oauth_due(&self, before: i64, min_interval_ms: i64) -> Result<Vec<(CredentialId, TenantId)>> {
         let now = now_ms();
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT o.credential_id FROM credential_oauth o \
+        let rows = sqlx::query(
+            "SELECT o.credential_id, c.tenant_id FROM credential_oauth o JOIN credentials c ON c.id = o.credential_id \
              WHERE o.status <> 'needs_login' \
              AND (o.access_expires_at IS NULL OR o.access_expires_at < $1) \
              AND (o.retry_at IS NULL OR o.retry_at <= $2) \
@@ -246,13 +245,9 @@ impl Store {
         .bind(now - min_interval_ms)
         .fetch_all(&self.pool)
         .await?;
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            if let Some(record) = self.credential_by_id(&parse("credential id", &id)?).await? {
-                out.push(record);
-            }
-        }
-        Ok(out)
+        rows.iter()
+            .map(|r| Ok((parse("credential id", r.get::<&str, _>(0))?, parse("tenant id", r.get::<&str, _>(1))?)))
+            .collect()
     }
 
     /// Records a sign-in waiting for the redirect that carries `state` (the caller's digest of
@@ -342,7 +337,7 @@ mod tests {
         assert!(store.oauth_due(i64::MAX, 0).await.unwrap().is_empty(), "nobody holds it");
         let session = new_session(&store, &a, vec![c.id.clone()]).await;
         assert_eq!(store.session_grants(&session).await.unwrap()[0].credential.oauth2.as_ref().unwrap().client_id, "c");
-        assert_eq!(store.oauth_due(0, 0).await.unwrap().len(), 1, "no token yet");
+        assert_eq!(store.oauth_due(0, 0).await.unwrap(), vec![(c.id.clone(), a.clone())], "no token yet");
 
         // One lease at a time; a lapsed one may be taken over.
         let until = now_ms() + 60_000;
