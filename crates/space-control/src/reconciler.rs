@@ -9,7 +9,7 @@ use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, Ses
 use space_metrics::{RestoreReason, Start};
 use space_node_api::{DiskQuota, Limits, NodeApi, SandboxHandle, TemplateInfo};
 use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord, SandboxRecord, SessionRecord};
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, broadcast};
 
 use crate::AppState;
 use crate::auth::ADMIN_TENANT;
@@ -18,11 +18,17 @@ use crate::error::{AppError, AppResult};
 /// How often a waiter looks at an operation that this replica is not running.
 const WAIT_POLL: Duration = Duration::from_millis(250);
 
+/// Operations finished by this replica that waiters may not have seen yet: past it, a waiter
+/// looks at its operation again anyway.
+const FINISHED_BACKLOG: usize = 1024;
+
 /// Wakes the loop and tells waiters when operations finish. Cheap to clone.
 #[derive(Clone)]
 pub struct Reconciler {
     wake: Arc<Notify>,
-    finished: Arc<watch::Sender<u64>>,
+    /// The id of each operation as it finishes: a waiter reads its operation again only when
+    /// it is its own (a burst of creates does not make every waiter read at every end).
+    finished: broadcast::Sender<OperationId>,
 }
 
 impl Default for Reconciler {
@@ -33,7 +39,7 @@ impl Default for Reconciler {
 
 impl Reconciler {
     pub fn new() -> Self {
-        Reconciler { wake: Arc::new(Notify::new()), finished: Arc::new(watch::channel(0).0) }
+        Reconciler { wake: Arc::new(Notify::new()), finished: broadcast::channel(FINISHED_BACKLOG).0 }
     }
 
     /// Tells the loop there is new work.
@@ -57,16 +63,11 @@ impl Reconciler {
                         tokio::spawn(async move {
                             let id = op.operation.id.clone();
                             let result = perform(&state, op).await;
-                            let error = result.err().map(|e| e.0);
-                            let error = error.as_ref().map(|e| (e.code, e.message.as_str()));
-                            match state.store.finish_operation(&id, error).await {
-                                Ok(true) => {}
-                                Ok(false) => {
-                                    tracing::warn!(%id, "another replica took this operation over; its result counts")
-                                }
-                                Err(e) => tracing::error!(%id, "recording operation result: {e}"),
+                            if !matches!(result, Ok(Ended::Recorded)) {
+                                record_end(&state, &id, result.err()).await;
                             }
-                            this.finished.send_modify(|n| *n += 1);
+                            // No receiver: nobody waits.
+                            let _ = this.finished.send(id);
                         });
                     }
                     Ok(None) => break,
@@ -108,33 +109,65 @@ impl Reconciler {
             // Another replica may finish it: look again now and then, not only when this
             // one finishes something.
             let look_again = deadline.min(tokio::time::Instant::now() + WAIT_POLL);
-            let _ = tokio::time::timeout_at(look_again, finished.changed()).await;
+            let _ = tokio::time::timeout_at(look_again, ended_here(&mut finished, id)).await;
         }
     }
 }
 
-async fn perform(state: &AppState, op: OperationRecord) -> AppResult<()> {
-    match op.kind {
-        OperationKind::CreateSession => create_session(state, &op).await,
+/// Returns once operation `id` ended on this replica, or may have (some ends were missed).
+async fn ended_here(finished: &mut broadcast::Receiver<OperationId>, id: &OperationId) {
+    loop {
+        match finished.recv().await {
+            Ok(ended) if ended == *id => return,
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(_)) => return,
+            // The sender lives as long as the reconciler the caller borrows.
+            Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+        }
+    }
+}
+
+/// How an operation ended: its end is for the loop to record, or was recorded with its last
+/// step.
+enum Ended {
+    ToRecord,
+    Recorded,
+}
+
+/// Records operation `id`'s end: `error`, or success.
+async fn record_end(state: &AppState, id: &OperationId, error: Option<AppError>) {
+    let error = error.map(|e| e.0);
+    let error = error.as_ref().map(|e| (e.code, e.message.as_str()));
+    match state.store.finish_operation(id, error).await {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(%id, "another replica took this operation over; its result counts"),
+        Err(e) => tracing::error!(%id, "recording operation result: {e}"),
+    }
+}
+
+async fn perform(state: &AppState, op: OperationRecord) -> AppResult<Ended> {
+    let done = match op.kind {
+        OperationKind::CreateSession => return create_session(state, &op).await,
         OperationKind::DestroySession => destroy_session(state, &op).await,
         OperationKind::RestoreSession => restore_session(state, &op).await,
         OperationKind::BuildTemplate | OperationKind::ImportTemplate | OperationKind::BuildDockerfile => {
             build_template(state, &op).await
         }
-    }
+    };
+    done.map(|()| Ended::ToRecord)
 }
 
 fn session_of(op: &OperationRecord) -> AppResult<SessionId> {
     op.operation.session_id.clone().ok_or_else(|| AppError::internal("session operation without a session"))
 }
 
-async fn create_session(state: &AppState, op: &OperationRecord) -> AppResult<()> {
+async fn create_session(state: &AppState, op: &OperationRecord) -> AppResult<Ended> {
     let id = session_of(op)?;
     let Some(record) = state.store.session_any(&id).await? else {
-        return Ok(());
+        return Ok(Ended::ToRecord);
     };
     if record.session.state != SessionState::Creating {
-        return Ok(());
+        return Ok(Ended::ToRecord);
     }
     // A previous attempt may have died half-way: remove what it left.
     if let (Some(old), Some(_)) = (&record.session.sandbox_id, &record.session.node) {
@@ -155,14 +188,14 @@ async fn create_session(state: &AppState, op: &OperationRecord) -> AppResult<()>
     space_metrics::session_created(start, record.session.runtime, started.is_ok(), began.elapsed());
     match started {
         Ok((node, handle)) => {
-            let moved = state.store.transition(&id, &[SessionState::Creating], SessionState::Running, None).await?;
-            if moved {
+            let (from, to) = (&[SessionState::Creating], SessionState::Running);
+            if state.store.transition_finishing(&id, from, to, &op.operation.id).await? {
                 watch_exit(state.clone(), node, id, handle);
-            } else {
-                // Destroyed while we were creating: don't leave the sandbox behind.
-                remove_sandbox(node.as_ref(), state, &handle.id).await?;
+                return Ok(Ended::Recorded);
             }
-            Ok(())
+            // Destroyed while we were creating: don't leave the sandbox behind.
+            remove_sandbox(node.as_ref(), state, &handle.id).await?;
+            Ok(Ended::ToRecord)
         }
         Err(e) => {
             let message = e.0.message.clone();
@@ -215,10 +248,16 @@ async fn start_sandbox(
             node.destroy_sandbox(&pod.id).await?;
             return Err(e.into());
         }
-        // The pod was started for no one: its root joins the session's disk now.
-        node.limit_disk(&pod.id, &disk_quota(session)).await?;
-        crate::egress::push_placed(state, &session.id).await?;
-        node.join_session_network(&pod.id, &session.id).await?;
+        // The pod was started for no one: its root joins the session's disk now, while its
+        // network joins the session's (neither waits for the other).
+        let disk = disk_quota(session);
+        let network = async {
+            crate::egress::push_placed(state, &session.id).await?;
+            Ok::<_, AppError>(node.join_session_network(&pod.id, &session.id).await?)
+        };
+        let (limited, joined) = tokio::join!(node.limit_disk(&pod.id, &disk), network);
+        limited?;
+        joined?;
         return Ok((node, pod));
     }
     state.store.insert_sandbox(&sandbox).await?;

@@ -186,7 +186,9 @@ impl Store {
         create_private(path)?;
         let url = sqlx::sqlite::SqliteConnectOptions::new().filename(path).to_url_lossy();
         let options = AnyConnectOptions::from_url(&url)?;
-        let configure = AnyPoolOptions::new().after_connect(|conn, _| {
+        // A connection to a local file cannot drop: the ping sqlx sends before handing one out
+        // would be a round trip to the connection's worker thread before every query.
+        let configure = AnyPoolOptions::new().test_before_acquire(false).after_connect(|conn, _| {
             Box::pin(async move {
                 conn.execute(SQLITE_PRAGMAS).await?;
                 Ok(())

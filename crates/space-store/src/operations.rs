@@ -123,6 +123,31 @@ pub(crate) async fn insert_operation(conn: &mut sqlx::AnyConnection, new: &NewOp
     Ok(id)
 }
 
+/// Records operation `id`'s end (failed with `error`, else succeeded) if `replica` still runs
+/// it; whether it did.
+pub(crate) async fn finish_in(
+    conn: &mut sqlx::AnyConnection,
+    replica: &str,
+    id: &OperationId,
+    error: Option<(ErrorCode, &str)>,
+) -> Result<bool> {
+    let state = if error.is_some() { OperationState::Failed } else { OperationState::Succeeded };
+    let code = error.and_then(|(code, _)| serde_json::to_value(code).ok()?.as_str().map(str::to_owned));
+    let finished = sqlx::query(
+        "UPDATE operations SET state = $1, error = $2, error_code = $5, updated_at = $3
+         WHERE id = $4 AND state = 'running' AND claimed_by = $6",
+    )
+    .bind(state_str(state))
+    .bind(error.map(|(_, message)| message))
+    .bind(now_ms())
+    .bind(id.as_str())
+    .bind(code)
+    .bind(replica)
+    .execute(conn)
+    .await?;
+    Ok(finished.rows_affected() == 1)
+}
+
 impl Store {
     pub async fn insert_operation(&self, new: &NewOperation) -> Result<OperationId> {
         let mut conn = self.pool.acquire().await?;
@@ -237,21 +262,8 @@ impl Store {
     /// claimant's end counts: a replica that lost its lease (it stalled past it, and another
     /// took the operation over) records nothing, and `false` says so.
     pub async fn finish_operation(&self, id: &OperationId, error: Option<(ErrorCode, &str)>) -> Result<bool> {
-        let state = if error.is_some() { OperationState::Failed } else { OperationState::Succeeded };
-        let code = error.and_then(|(code, _)| serde_json::to_value(code).ok()?.as_str().map(str::to_owned));
-        let finished = sqlx::query(
-            "UPDATE operations SET state = $1, error = $2, error_code = $5, updated_at = $3
-             WHERE id = $4 AND state = 'running' AND claimed_by = $6",
-        )
-        .bind(state_str(state))
-        .bind(error.map(|(_, message)| message))
-        .bind(now_ms())
-        .bind(id.as_str())
-        .bind(code)
-        .bind(&*self.replica)
-        .execute(&self.writer)
-        .await?;
-        Ok(finished.rows_affected() == 1)
+        let mut conn = self.writer.acquire().await?;
+        finish_in(&mut conn, &self.replica, id, error).await
     }
 
     pub async fn set_operation_progress(&self, id: &OperationId, progress: &Progress) -> Result<()> {

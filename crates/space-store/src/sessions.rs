@@ -327,26 +327,27 @@ impl Store {
         error: Option<&str>,
     ) -> Result<bool> {
         let mut tx = self.write_tx().await?;
-        let current: Option<String> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")
-            .bind(id.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(current) = current.as_deref().and_then(SessionState::parse) else {
-            return Ok(false);
-        };
-        if !from.contains(&current) {
-            return Ok(false);
-        }
-        sqlx::query("UPDATE sessions SET state = $1, error = $2, updated_at = $3 WHERE id = $4")
-            .bind(to.as_str())
-            .bind(error)
-            .bind(now_ms())
-            .bind(id.as_str())
-            .execute(&mut *tx)
-            .await?;
-        insert_event(&mut tx, id, "state", Some(current), Some(to), error).await?;
+        let moved = transition_in(&mut tx, id, from, to, error).await?;
         tx.commit().await?;
-        Ok(true)
+        Ok(moved)
+    }
+
+    /// [`Store::transition`] without error, and operation `op` of this replica succeeds in the
+    /// same transaction if the session moved (one commit where a create ends).
+    pub async fn transition_finishing(
+        &self,
+        id: &SessionId,
+        from: &[SessionState],
+        to: SessionState,
+        op: &OperationId,
+    ) -> Result<bool> {
+        let mut tx = self.write_tx().await?;
+        let moved = transition_in(&mut tx, id, from, to, None).await?;
+        if moved {
+            crate::operations::finish_in(&mut tx, &self.replica, op, None).await?;
+        }
+        tx.commit().await?;
+        Ok(moved)
     }
 
     pub async fn record_event(&self, id: &SessionId, kind: &str, message: &str) -> Result<()> {
@@ -556,6 +557,35 @@ async fn insert_labels(
     Ok(())
 }
 
+/// Moves session `id` to `to` if it is in one of `from` (recording the event); whether it moved.
+async fn transition_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    id: &SessionId,
+    from: &[SessionState],
+    to: SessionState,
+    error: Option<&str>,
+) -> Result<bool> {
+    let current: Option<String> = sqlx::query_scalar("SELECT state FROM sessions WHERE id = $1")
+        .bind(id.as_str())
+        .fetch_optional(&mut **tx)
+        .await?;
+    let Some(current) = current.as_deref().and_then(SessionState::parse) else {
+        return Ok(false);
+    };
+    if !from.contains(&current) {
+        return Ok(false);
+    }
+    sqlx::query("UPDATE sessions SET state = $1, error = $2, updated_at = $3 WHERE id = $4")
+        .bind(to.as_str())
+        .bind(error)
+        .bind(now_ms())
+        .bind(id.as_str())
+        .execute(&mut **tx)
+        .await?;
+    insert_event(tx, id, "state", Some(current), Some(to), error).await?;
+    Ok(true)
+}
+
 pub(crate) async fn insert_event(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     id: &SessionId,
@@ -668,6 +698,31 @@ pub(crate) mod tests {
         let events = store.events(&id).await.unwrap();
         assert_eq!(events.len(), 2);
         assert_eq!(events[1].to_state, Some(SessionState::Running));
+    }
+
+    #[tokio::test]
+    async fn a_create_ends_with_its_session_running_and_its_operation_done_together() {
+        let (store, _dir) = test_store().await;
+        let (tenant, id) = new_session(&store, "a").await;
+        let (_, gone) = new_session(&store, "a").await;
+        let (creating, running) = (&[SessionState::Creating], SessionState::Running);
+        for _ in 0..2 {
+            let op = store.claim_operation(now_ms(), 60_000).await.unwrap().expect("a create to run");
+            let session = op.operation.session_id.clone().unwrap();
+            if session == gone {
+                // Destroyed while it was being created: neither moves.
+                store.begin_destroy(&tenant, &gone).await.unwrap().unwrap();
+                assert!(!store.transition_finishing(&gone, creating, running, &op.operation.id).await.unwrap());
+                let op = store.operation(&tenant, &op.operation.id).await.unwrap().unwrap();
+                assert_eq!(op.state, space_api::OperationState::Running);
+            } else {
+                assert!(store.transition_finishing(&id, creating, running, &op.operation.id).await.unwrap());
+                let op = store.operation(&tenant, &op.operation.id).await.unwrap().unwrap();
+                assert_eq!(op.state, space_api::OperationState::Succeeded);
+                let session = store.session(&tenant, &id).await.unwrap().unwrap();
+                assert_eq!(session.state, SessionState::Running);
+            }
+        }
     }
 
     /// Many concurrent writers (creates racing destroys) must wait for the lock, not fail.
