@@ -33,9 +33,11 @@ pub fn spawn(state: AppState, tick: Duration) {
                     continue;
                 }
             }
+            let began = std::time::Instant::now();
             if let Err(e) = run_once(&state, &mut full_unavailable_logged).await {
                 tracing::warn!(error = %e.0.message, "snapshot schedule");
             }
+            space_metrics::schedule_ran(began.elapsed());
         }
     });
 }
@@ -45,14 +47,17 @@ async fn run_once(state: &AppState, full_unavailable_logged: &mut bool) -> AppRe
     for record in state.store.sessions_in_states(&[SessionState::Suspended]).await? {
         expire(state, &record.tenant_id, &record.session, now).await?;
     }
-    for record in state.store.sessions_in_states(&[SessionState::Running, SessionState::Paused]).await? {
+    let live = [SessionState::Running, SessionState::Paused];
+    // One read of every live session's snapshots, not one per session.
+    let mut all_snapshots = state.store.snapshots_of_sessions_in_states(&live).await?;
+    for record in state.store.sessions_in_states(&live).await? {
         let session = &record.session;
         if expire(state, &record.tenant_id, session, now).await?
             || suspend_if_idle(state, &record.tenant_id, session, now, full_unavailable_logged).await
         {
             continue;
         }
-        let mut snapshots = state.store.list_snapshots(&session.id).await?;
+        let mut snapshots = all_snapshots.remove(&session.id).unwrap_or_default();
         if session.state == SessionState::Running {
             for kind in due_kinds(&session.snapshot_policy, session, &snapshots, now) {
                 if kind == SnapshotKind::Full {

@@ -107,6 +107,7 @@ pub(crate) struct Metrics {
     pub http_duration: Histograms<HttpLabels>,
     pub creates: Family<CreateLabels, Counter>,
     pub create_duration: Histograms<StartLabels>,
+    pub schedule_tick: Histogram,
     pub snapshots: Family<KindResultLabels, Counter>,
     pub snapshot_duration: Histograms<KindLabels>,
     pub snapshot_bytes: Histograms<KindLabels>,
@@ -130,6 +131,7 @@ impl Metrics {
             http_duration: histograms(request_seconds),
             creates: Family::default(),
             create_duration: histograms(operation_seconds),
+            schedule_tick: request_seconds(),
             snapshots: Family::default(),
             snapshot_duration: histograms(operation_seconds),
             snapshot_bytes: histograms(snapshot_bytes),
@@ -161,6 +163,11 @@ impl Metrics {
             "space_session_create_duration_seconds",
             "Successful session creates, from when the reconciler took them up to running",
             self.create_duration.clone(),
+        );
+        r.register(
+            "space_schedule_tick_duration_seconds",
+            "How long each run of the session schedule (lifetimes, idle suspends, rolling snapshots) took",
+            self.schedule_tick.clone(),
         );
         r.register("space_snapshots", "Snapshots taken, by kind, runtime and result", self.snapshots.clone());
         r.register(

@@ -103,6 +103,11 @@ pub fn session_created(start: Start, runtime: RuntimeKind, ok: bool, elapsed: Du
     }
 }
 
+/// The session schedule ran once (on the replica holding its lease), in `elapsed`.
+pub fn schedule_ran(elapsed: Duration) {
+    METRICS.schedule_tick.observe(elapsed.as_secs_f64());
+}
+
 /// A snapshot was taken (`ok`) or failed after `elapsed`.
 pub fn snapshot_taken(kind: SnapshotKind, runtime: RuntimeKind, ok: bool, elapsed: Duration) {
     let labels = KindResultLabels { kind: kind.as_str(), runtime: runtime.as_str(), result: result(ok) };

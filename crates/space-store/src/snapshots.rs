@@ -1,8 +1,10 @@
 //! Snapshot rows. A row is written in `creating` before the snapshot is taken and becomes
 //! `ready` once every artifact is on disk; only ready snapshots are listed or restorable.
 
+use std::collections::HashMap;
+
 use space_api::durable::SnapshotExport;
-use space_api::{SessionId, Snapshot, SnapshotId, SnapshotKind, TenantId};
+use space_api::{SessionId, SessionState, Snapshot, SnapshotId, SnapshotKind, TenantId};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -147,6 +149,26 @@ impl Store {
         rows.iter().map(snapshot_from_row).collect()
     }
 
+    /// The ready snapshots of every session in one of `states`, by session, each list as
+    /// [`Store::list_snapshots`] orders it. A snapshot taken after the sessions were read may
+    /// be missing; one of a session that left those states may be present.
+    pub async fn snapshots_of_sessions_in_states(
+        &self,
+        states: &[SessionState],
+    ) -> Result<HashMap<SessionId, Vec<Snapshot>>> {
+        let list = states.iter().map(|s| format!("'{}'", s.as_str())).collect::<Vec<_>>().join(",");
+        let sql = format!(
+            "SELECT {COLUMNS} FROM snapshots WHERE state = 'ready' \
+             AND session_id IN (SELECT id FROM sessions WHERE state IN ({list})) ORDER BY created_at, id"
+        );
+        let mut by_session: HashMap<SessionId, Vec<Snapshot>> = HashMap::new();
+        for row in sqlx::query(&sql).fetch_all(&self.pool).await? {
+            let snapshot = snapshot_from_row(&row)?;
+            by_session.entry(snapshot.session_id.clone()).or_default().push(snapshot);
+        }
+        Ok(by_session)
+    }
+
     /// A ready snapshot of the tenant's, whichever session it belongs to.
     pub async fn snapshot(&self, tenant: &TenantId, id: &SnapshotId) -> Result<Option<Snapshot>> {
         let sql = format!("SELECT {COLUMNS} FROM snapshots WHERE id = $1 AND tenant_id = $2 AND state = 'ready'");
@@ -227,6 +249,11 @@ mod tests {
         store.set_snapshot_ready(&second.id, Some(7)).await.unwrap();
         let list = store.list_snapshots(&session).await.unwrap();
         assert_eq!(list.len(), 2);
+        // Read for every session in some states at once, as the schedule does.
+        let by_session = store.snapshots_of_sessions_in_states(&[SessionState::Creating]).await.unwrap();
+        let ids = |l: &[Snapshot]| l.iter().map(|s| s.id.clone()).collect::<Vec<_>>();
+        assert_eq!((by_session.len(), by_session.get(&session).map(|l| ids(l))), (1, Some(ids(&list))));
+        assert!(store.snapshots_of_sessions_in_states(&[SessionState::Running]).await.unwrap().is_empty());
         // Looked up by id: two snapshots taken in the same millisecond list in id order.
         let listed = |id: &SnapshotId| list.iter().find(|s| s.id == *id).expect("listed");
         assert_eq!(listed(&second.id).parent.as_ref(), Some(&first.id));

@@ -11,6 +11,7 @@ mod moves;
 mod peers;
 mod ports;
 mod report;
+mod scale;
 mod spread;
 
 use std::path::{Path, PathBuf};
@@ -59,6 +60,23 @@ pub struct BenchArgs {
     /// Only the spread measure.
     #[arg(long)]
     spread_only: bool,
+    /// Sessions in the database at the end of the scale measure, most of them destroyed (0
+    /// skips it; needs `--metrics-url`).
+    #[arg(long, default_value_t = 0)]
+    scale: usize,
+    /// Live sessions at the end of the scale measure.
+    #[arg(long, default_value_t = 500)]
+    scale_live: usize,
+    /// Lists and creates timed in each phase of the scale measure.
+    #[arg(long, default_value_t = 100)]
+    scale_samples: usize,
+    /// Only the scale measure.
+    #[arg(long)]
+    scale_only: bool,
+    /// The server's metrics listener (`space serve --metrics-listen`), e.g.
+    /// `http://127.0.0.1:9464`: the scale measure times the session schedule there.
+    #[arg(long)]
+    metrics_url: Option<String>,
     /// Template the sessions and the peers start from.
     #[arg(long, default_value = "busybox")]
     template: String,
@@ -112,9 +130,10 @@ pub async fn run(client: &Client, args: BenchArgs, data_dir: &Path) -> anyhow::R
     let initial = api::pool(client).await?;
     let size_before = initial.templates.iter().find(|t| t.template == args.template).map_or(0, |t| t.size);
     let mut report = Report::default();
-    let result = match args.spread_only {
-        true => spread_measure(client, &args, &mut report).await,
-        false => measure_all(client, &args, data_dir, &mut report).await,
+    let result = match (args.spread_only, args.scale_only) {
+        (true, _) => spread_measure(client, &args, &mut report).await,
+        (false, true) => scale_measure(client, &args, data_dir, &mut report).await,
+        (false, false) => measure_all(client, &args, data_dir, &mut report).await,
     };
     if let Err(e) = api::set_pool(client, &args.template, size_before).await {
         eprintln!("warning: restoring the pool size of {}: {e:#}", args.template);
@@ -157,6 +176,9 @@ async fn measure_all(client: &Client, args: &BenchArgs, data_dir: &Path, report:
     }
     if args.spread > 0 {
         spread_measure(client, args, report).await?;
+    }
+    if args.scale > 0 {
+        scale_measure(client, args, data_dir, report).await?;
     }
     if args.density > 0 {
         eprintln!("density: {} idle sessions", args.density);
@@ -218,6 +240,18 @@ async fn template_rootfs(client: &Client, template: &str, data_dir: &Path) -> an
         path.display()
     );
     Ok(path)
+}
+
+async fn scale_measure(client: &Client, args: &BenchArgs, data_dir: &Path, report: &mut Report) -> anyhow::Result<()> {
+    let metrics = args.metrics_url.clone().context("the scale measure needs --metrics-url")?;
+    let scale_args = scale::ScaleArgs {
+        total: args.scale,
+        live: args.scale_live,
+        samples: args.scale_samples.max(1),
+        metrics,
+        pool: data_dir.join("pool"),
+    };
+    scale::measure(client, &args.template, &scale_args, report).await
 }
 
 async fn spread_measure(client: &Client, args: &BenchArgs, report: &mut Report) -> anyhow::Result<()> {

@@ -68,6 +68,8 @@ async fn metrics_count_requests_by_route_and_lifecycle_work_without_naming_sessi
         (r#"space_restores_total{kind="full",runtime="linux",reason="restore",result="ok"}"#, 1.0),
         (r#"space_restores_total{kind="full",runtime="linux",reason="fork",result="ok"}"#, 2.0),
         (r#"space_restore_duration_seconds_count{kind="full",runtime="linux",reason="restore"}"#, 1.0),
+        // Registered from the start (this server's schedule runs hourly).
+        ("space_schedule_tick_duration_seconds_count", 0.0),
         // Read from this server's store and node at the scrape: exact.
         (r#"space_sessions{state="running"}"#, 4.0),
     ] {
