@@ -28,10 +28,14 @@ wait_for() { # URL KEYFILE
 }
 
 # SIGKILLs every process in the pids cgroups below PARENT: the sandboxes and warm pods a
-# stopped node left running (`spaced` outlives it).
+# stopped node left running (`spaced` outlives it). A sandbox the node was tearing down when it
+# stopped may be left frozen, and a frozen process takes no signal: thaw first.
 kill_cgroup() { # PARENT
     local dir=/sys/fs/cgroup/pids/$1
     [ -d "$dir" ] || return 0
+    find "/sys/fs/cgroup/freezer/$1" -name freezer.state 2>/dev/null | while read -r state; do
+        echo THAWED >"$state" 2>/dev/null || true
+    done
     find "$dir" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do
         kill -9 "$pid" 2>/dev/null || true
     done
