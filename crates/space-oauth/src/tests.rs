@@ -5,6 +5,18 @@ fn client(refused: Option<fn(IpAddr) -> bool>) -> OAuthClient {
     OAuthClient::new(&NetConfig { refused_addresses: refused, ..Default::default() }).unwrap()
 }
 
+/// A client-credentials request for `url`.
+fn client_credentials(url: &Url) -> TokenRequest<'_> {
+    TokenRequest {
+        token_url: url,
+        client_id: "c",
+        client_secret: Some("s"),
+        auth: ClientAuth::Basic,
+        scopes: &[],
+        grant: Grant::ClientCredentials,
+    }
+}
+
 fn loopback(ip: IpAddr) -> bool {
     ip.is_loopback()
 }
@@ -76,14 +88,7 @@ async fn a_name_that_resolves_to_a_refused_address_is_not_dialled() {
     let port = listener.local_addr().unwrap().port();
     let guarded = client(Some(loopback));
     let url = guarded.check_url("token_url", &format!("https://localhost:{port}/token")).unwrap();
-    let request = TokenRequest {
-        token_url: &url,
-        client_id: "c",
-        client_secret: Some("s"),
-        auth: ClientAuth::Basic,
-        scopes: &[],
-        grant: Grant::ClientCredentials,
-    };
+    let request = client_credentials(&url);
     let e = guarded.token(&request).await.unwrap_err();
     assert!(matches!(&e, OAuthError::Failed(m) if m.contains("did not answer")), "{e:?}");
     let accepted = listener.accept();
@@ -93,14 +98,7 @@ async fn a_name_that_resolves_to_a_refused_address_is_not_dialled() {
     );
     // Control: without the filter the same name is dialled (and the listener sees it).
     let dialled = tokio::spawn(async move {
-        let request = TokenRequest {
-            token_url: &url,
-            client_id: "c",
-            client_secret: Some("s"),
-            auth: ClientAuth::Basic,
-            scopes: &[],
-            grant: Grant::ClientCredentials,
-        };
+        let request = client_credentials(&url);
         let _ = client(None).token(&request).await;
     });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
