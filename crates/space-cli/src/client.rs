@@ -30,6 +30,11 @@ impl Client {
         &self.base
     }
 
+    /// The API key this client sends.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
     /// A client of the server at `url` (another control replica over the same database)
     /// with this one's key.
     pub fn at(&self, url: &str) -> Client {

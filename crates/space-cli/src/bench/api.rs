@@ -1,6 +1,8 @@
 //! Measures through the HTTP API, as a user sees them: create (warm pool and cold), time to
 //! first output, exec round trip, a burst of concurrent creates and idle density.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -97,15 +99,62 @@ pub async fn creates(client: &Client, template: &str, n: usize, warm: bool) -> a
     Ok(samples)
 }
 
-pub async fn exec_round_trips(client: &Client, template: &str, n: usize) -> anyhow::Result<Vec<Duration>> {
+/// Exec round trips of `true` on one session: `n` through the API, then `cli_n` runs of
+/// `space exec ID -- true` as a whole process (its start-up, connection and exit included).
+pub async fn exec_round_trips(
+    client: &Client,
+    template: &str,
+    n: usize,
+    cli_n: usize,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
     let session = create(client, template).await?;
-    let mut samples = Vec::with_capacity(n);
-    for _ in 0..n {
+    let id = session.id.to_string();
+    let result = async {
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t0 = Instant::now();
+            run(client, &id, &["true"]).await?;
+            samples.push(t0.elapsed());
+        }
+        let cli = cli_exec_round_trips(client, &id, cli_n).await?;
+        anyhow::Ok((samples, cli))
+    }
+    .await;
+    destroy(client, &id, false).await?;
+    result
+}
+
+/// `n` runs of this very binary as `space exec ID -- true`, each timed from spawn to exit.
+async fn cli_exec_round_trips(client: &Client, id: &str, n: usize) -> anyhow::Result<Vec<Duration>> {
+    let mut command = std::process::Command::new(std::env::current_exe()?);
+    command
+        .args(["exec", id, "--", "true"])
+        .env("SPACE_URL", client.base())
+        .env("SPACE_API_KEY", client.key())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null());
+    tokio::task::spawn_blocking(move || {
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t0 = Instant::now();
+            let status = command.status().context("running space exec")?;
+            samples.push(t0.elapsed());
+            anyhow::ensure!(status.success(), "space exec -- true exited with {status}");
+        }
+        Ok(samples)
+    })
+    .await?
+}
+
+/// Exec round trips of `true` on `id`, one after another until `stop` is set: what the user
+/// of another session sees while a burst loads the server.
+pub async fn exec_until(client: Client, id: String, stop: Arc<AtomicBool>) -> anyhow::Result<Vec<Duration>> {
+    let mut samples = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
         let t0 = Instant::now();
-        run(client, session.id.as_str(), &["true"]).await?;
+        run(&client, &id, &["true"]).await?;
         samples.push(t0.elapsed());
     }
-    destroy(client, session.id.as_str(), false).await?;
     Ok(samples)
 }
 

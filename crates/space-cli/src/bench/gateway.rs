@@ -66,7 +66,7 @@ async fn measure_in(args: &GatewayArgs, work: &Path, report: &mut Report) -> any
         let sandbox = Sandbox { client: &client, id: &id };
         let measured = async {
             latency_measures(args, &upstream, &sandbox, report).await?;
-            throughput_measures(args, &upstream, &sandbox, work, report).await
+            throughput_measures(args, &upstream, &sandbox, server.child.id(), work, report).await
         }
         .await;
         let _ = client.delete_json::<Value>(&format!("/v1/sessions/{id}?wait=true")).await;
@@ -243,6 +243,7 @@ async fn throughput_measures(
     args: &GatewayArgs,
     upstream: &Upstream,
     sandbox: &Sandbox<'_>,
+    server_pid: Option<u32>,
     work: &Path,
     report: &mut Report,
 ) -> anyhow::Result<()> {
@@ -265,11 +266,42 @@ async fn throughput_measures(
     let direct = downloads(args.runs, || host_sh(&script)).await?;
     add(report, format!("download_{label}_direct"), direct);
     let script = format!("{fetch} --cacert /etc/space/ca.crt https://{INTERCEPTED}/bytes/{bytes}");
+    let before = server_pid.map(CpuMark::take).transpose()?;
     let intercepted = downloads(args.runs, || sandbox.sh(&script)).await?;
+    let after_intercepted = server_pid.map(CpuMark::take).transpose()?;
     let ours = add(report, format!("download_{label}_gateway_intercepted"), intercepted);
     let script = format!("{fetch} --cacert /tmp/upstream-ca.pem https://{TUNNELLED}/bytes/{bytes}");
     let tunnelled = downloads(args.runs, || sandbox.sh(&script)).await?;
+    let after_tunnelled = server_pid.map(CpuMark::take).transpose()?;
     add(report, format!("download_{label}_gateway_tunnelled"), tunnelled);
+    report.add_value(json!({
+        "measure": format!("ratio:download_{label}_gateway_intercepted/direct"),
+        "ratio": round(ours / direct.0),
+        "goal": 0.8,
+        "met": ours / direct.0 >= 0.8,
+    }));
+    if let (Some(a), Some(b), Some(c)) = (before, after_intercepted, after_tunnelled) {
+        let gib = (args.runs.max(1) as u64 * bytes) as f64 / (1u64 << 30) as f64;
+        let per_gib = |d: Duration| d.as_secs_f64() / gib;
+        let gateway = per_gib(b.server - a.server);
+        // Intercepting decrypts and encrypts every byte once: the least any gateway spends.
+        let floor = aes_gcm_seconds_per_gib().await.map(|s| 2.0 * s);
+        // Had the gateway spent only that, and everything else the same CPU, the download
+        // could at best have run on all cores at once: the ratio this machine allows.
+        let best_ratio = floor.map(|floor| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+            let seconds_per_gib = (per_gib(b.machine_busy - a.machine_busy) - gateway + floor) / cores;
+            round(1024.0 / seconds_per_gib / direct.0)
+        });
+        report.add_value(json!({
+            "measure": "gateway_cpu_seconds_per_gib",
+            "intercepted": round(gateway),
+            "tunnelled": round(per_gib(c.server - b.server)),
+            "aes_256_gcm_floor": floor.map(round),
+            "machine_busy_intercepted": round(per_gib(b.machine_busy - a.machine_busy)),
+            "best_ratio_intercepted_over_direct_at_floor": best_ratio,
+        }));
+    }
 
     if !args.mitmdump.exists() {
         eprintln!(
@@ -306,6 +338,58 @@ async fn throughput_measures(
     .await;
     mitm.stop().await;
     result
+}
+
+/// CPU time used so far by the server (user and system, all its threads: its node runs the
+/// gateway) and by the whole machine (every core's time not idle).
+#[derive(Clone, Copy)]
+struct CpuMark {
+    server: Duration,
+    machine_busy: Duration,
+}
+
+impl CpuMark {
+    fn take(server_pid: u32) -> anyhow::Result<CpuMark> {
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100) as f64;
+        let ticks = |t: u64| Duration::from_secs_f64(t as f64 / hz);
+        let path = format!("/proc/{server_pid}/stat");
+        let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        let server = process_cpu_ticks(&stat).with_context(|| format!("{path}: {stat}"))?;
+        let all = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+        let busy = machine_busy_ticks(&all).with_context(|| format!("/proc/stat: {all}"))?;
+        Ok(CpuMark { server: ticks(server), machine_busy: ticks(busy) })
+    }
+}
+
+/// utime + stime from a `/proc/PID/stat` line. The command name, in parentheses, may hold
+/// spaces; utime and stime are fields 14 and 15 of proc(5), the 12th and 13th after it.
+fn process_cpu_ticks(stat: &str) -> Option<u64> {
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Every core's time not idle, from `/proc/stat`'s first line (`cpu  user nice system idle
+/// iowait irq softirq steal …`): all but idle and iowait.
+fn machine_busy_ticks(proc_stat: &str) -> Option<u64> {
+    let line = proc_stat.lines().next()?.strip_prefix("cpu ")?;
+    let cpu: Vec<u64> = line.split_whitespace().map_while(|f| f.parse().ok()).collect();
+    let first = cpu.get(..8)?;
+    Some(first.iter().sum::<u64>() - first[3] - first[4])
+}
+
+/// CPU seconds one pass of AES-256-GCM (the suite curl and the upstream settle on with the
+/// gateway) takes over 1 GiB on one core here, from `openssl speed`; `None` without openssl.
+async fn aes_gcm_seconds_per_gib() -> Option<f64> {
+    let out = tokio::process::Command::new("openssl")
+        .args(["speed", "-seconds", "1", "-bytes", "16384", "-evp", "aes-256-gcm"])
+        .stderr(Stdio::null())
+        .output()
+        .await
+        .ok()?;
+    // The last line: `AES-256-GCM  3447465.29k`, thousands of bytes per second.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rate = text.lines().last()?.split_whitespace().last()?.strip_suffix('k')?.parse::<f64>().ok()? * 1000.0;
+    Some((1u64 << 30) as f64 / rate)
 }
 
 /// `mitmdump` on the host with its own CA, verifying the upstream with the test CA, injecting
@@ -563,4 +647,23 @@ fn acceptor(cert_pem: &str, key_pem: &str) -> anyhow::Result<tokio_rustls::TlsAc
         .with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_are_read_past_a_command_name_with_spaces_and_negative_fields() {
+        let stat = "4242 (tokio rt) x) S 1 4242 4242 0 -1 4194560 900 0 3 0 250 75 0 0 20 0 9 0 100 0 0";
+        assert_eq!(process_cpu_ticks(stat), Some(325));
+        assert_eq!(process_cpu_ticks("4242 (space) S 1 2"), None);
+    }
+
+    #[test]
+    fn machine_busy_leaves_out_idle_and_iowait() {
+        let proc_stat = "cpu  10 1 5 1000 70 2 3 4 0 0\ncpu0 5 0 2 500 35 1 1 2 0 0\n";
+        assert_eq!(machine_busy_ticks(proc_stat), Some(25));
+        assert_eq!(machine_busy_ticks("cpu  10 1 5\n"), None);
+    }
 }

@@ -15,6 +15,8 @@ mod scale;
 mod spread;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use clap::Args;
@@ -31,6 +33,10 @@ pub struct BenchArgs {
     /// Exec round trips on one session.
     #[arg(long, default_value_t = 1000)]
     exec_n: usize,
+    /// Runs of `space exec ID -- true` as a whole process, timed from spawn to exit (0 skips
+    /// them).
+    #[arg(long, default_value_t = 100)]
+    cli_exec_n: usize,
     /// Runs of each peer runtime.
     #[arg(long, default_value_t = 100)]
     peer_n: usize,
@@ -156,8 +162,18 @@ async fn measure_all(client: &Client, args: &BenchArgs, data_dir: &Path, report:
         report.add(summarize(&format!("create_true_exited_{mode}"), samples.create_true));
         report.add(summarize(&format!("time_to_first_output_{mode}"), samples.first_output));
     }
-    eprintln!("exec round trips ({})", args.exec_n);
-    report.add(summarize("exec_true_round_trip", api::exec_round_trips(client, template, args.exec_n).await?));
+    eprintln!("exec round trips ({} through the API, {} with the CLI)", args.exec_n, args.cli_exec_n);
+    let (through_api, with_cli) = api::exec_round_trips(client, template, args.exec_n, args.cli_exec_n).await?;
+    let api_p50 = report.add(summarize("exec_true_round_trip", through_api)).p50_ms;
+    if !with_cli.is_empty() {
+        let cli_p50 = report.add(summarize("exec_cli_true", with_cli)).p50_ms;
+        report.add_value(json!({
+            "measure": "exec_cli_over_api_p50",
+            "ms": round(cli_p50 - api_p50),
+            "goal_ms": 2.0,
+            "met": cli_p50 - api_p50 <= 2.0,
+        }));
+    }
     if !args.no_peers {
         peer_measures(client, args, data_dir, report).await?;
     }
@@ -263,18 +279,38 @@ async fn spread_measure(client: &Client, args: &BenchArgs, report: &mut Report) 
 
 async fn burst_measures(client: &Client, args: &BenchArgs, report: &mut Report) -> anyhow::Result<()> {
     let (template, count) = (args.template.as_str(), args.burst);
-    for (mode, pool) in [("warm", count as u32), ("cold", 0)] {
-        eprintln!("burst: {count} concurrent creates, pool {pool}");
-        api::set_pool(client, template, pool).await?;
-        api::wait_pool_ready(client, template, pool).await?;
-        let (latencies, all, ids) = api::burst(client, template, count).await?;
-        api::destroy_all(client, &ids).await;
-        report.add(summarize(&format!("burst_{count}_create_{mode}"), latencies));
-        report.add_value(json!({
-            "measure": format!("burst_{count}_all_running_{mode}"),
-            "n": count,
-            "total_ms": round(all.as_secs_f64() * 1000.0),
-        }));
+    // Another user's session, created before the burst: its exec round trips during the burst.
+    let bystander = api::create(client, template).await?.id.to_string();
+    let result = async {
+        for (mode, pool) in [("warm", count as u32), ("cold", 0)] {
+            eprintln!("burst: {count} concurrent creates, pool {pool}, another session's execs meanwhile");
+            api::set_pool(client, template, pool).await?;
+            api::wait_pool_ready(client, template, pool).await?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let others = tokio::spawn(api::exec_until(client.clone(), bystander.clone(), stop.clone()));
+            let burst = api::burst(client, template, count).await;
+            stop.store(true, Ordering::Relaxed);
+            let others = others.await?;
+            let (latencies, all, ids) = burst?;
+            api::destroy_all(client, &ids).await;
+            report.add(summarize(&format!("burst_{count}_create_{mode}"), latencies));
+            report.add_value(json!({
+                "measure": format!("burst_{count}_all_running_{mode}"),
+                "n": count,
+                "total_ms": round(all.as_secs_f64() * 1000.0),
+            }));
+            let others = report.add(summarize(&format!("burst_{count}_other_session_exec_{mode}"), others?));
+            let p99 = others.p99_ms;
+            report.add_value(json!({
+                "measure": format!("goal:burst_{count}_other_session_exec_{mode}_p99"),
+                "p99_ms": round(p99),
+                "goal_ms": 20.0,
+                "met": p99 <= 20.0,
+            }));
+        }
+        anyhow::Ok(())
     }
-    Ok(())
+    .await;
+    api::destroy(client, &bystander, true).await?;
+    result
 }
