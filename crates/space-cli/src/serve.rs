@@ -140,6 +140,10 @@ pub struct NodeArgs {
     /// so refilling never takes every core from running sandboxes.
     #[arg(long)]
     pub pool_fill_concurrency: Option<u32>,
+    /// How many sandboxes may be starting at the same time (default: 4 per CPU); more creates
+    /// wait their turn, so a burst of them leaves CPU to the sessions already running.
+    #[arg(long)]
+    pub start_concurrency: Option<usize>,
     /// Gateway: resolve NAME to ADDR (an address, or address:port to also replace the port)
     /// instead of asking DNS. Repeatable. Meant for tests and private upstreams.
     #[arg(long = "gateway-resolve", value_name = "NAME=ADDR")]
@@ -390,6 +394,10 @@ pub fn node_config(
         image_size_bytes: args.pool_size_gib.map(|g| g << 30),
         id_map: args.host.id_map(),
         warm: warm_settings(args, default_template, default_runtime)?,
+        max_starting: args
+            .start_concurrency
+            .unwrap_or(4 * std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1),
         gateway: gateway_config(args)?,
         vm: args.host.vm(),
         blob_store: args.blob_store.clone(),

@@ -199,3 +199,17 @@ fn pool_sizing_is_validated_and_admin_only() {
     let busybox = status["pool"]["templates"].as_array().and_then(|t| t.iter().find(|t| t["template"] == "busybox"));
     assert_eq!(busybox.map(|t| (t["size"].clone(), t["ready"].clone())), Some((json!(2), json!(2))), "{status}");
 }
+
+#[test]
+fn cold_creates_beyond_the_start_concurrency_wait_their_turn() {
+    require_root!();
+    let server = Server::start_with(&["--pool", "", "--start-concurrency", "1"]);
+    let ids: Vec<String> = std::thread::scope(|s| {
+        let creates: Vec<_> = (0..4).map(|_| s.spawn(|| server.create_session(json!({})))).collect();
+        creates.into_iter().map(|c| c.join().expect("a create panicked")).collect()
+    });
+    for id in &ids {
+        let out = server.exec(id, &["echo", "hi"]);
+        assert_eq!(out["stdout"], "hi\n", "{out}");
+    }
+}

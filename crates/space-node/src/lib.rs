@@ -57,6 +57,10 @@ pub struct NodeConfig {
     pub image_size_bytes: Option<u64>,
     pub id_map: IdMap,
     pub warm: WarmSettings,
+    /// Sandbox starts (root, runtime start, agent connection) run at once; more wait their
+    /// turn. Unbounded, a burst of cold creates starts so many processes and threads at once
+    /// that every other session's calls on the node wait behind them.
+    pub max_starting: usize,
     pub gateway: GatewayConfig,
     pub vm: VmConfig,
     /// Where snapshots are exported to (a directory or `s3://…`, see `space_blob::BlobStore`);
@@ -157,6 +161,8 @@ pub struct Node {
     /// The gateway's audit events, until the control plane takes them.
     audit_events: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<space_api::egress::AuditEvent>>>,
     config: NodeConfig,
+    /// Bounds the sandbox starts in progress (see [`NodeConfig::max_starting`]).
+    starts: tokio::sync::Semaphore,
 }
 
 /// Subvolume deletions the kernel's cleaner may have queued before we wait for it: each
@@ -238,6 +244,7 @@ impl Node {
             reclaim: tokio::sync::Notify::new(),
             build_sandboxes: Mutex::new(HashSet::new()),
             gateway,
+            starts: tokio::sync::Semaphore::new(config.max_starting.max(1)),
             system_bundles: Mutex::new(HashMap::new()),
             audit_events: Mutex::new(Some(audit_events)),
             config,
@@ -259,6 +266,7 @@ impl Node {
             RootDiskKind::Directory => None,
             RootDiskKind::Image => Some(self.template_image(template).await?),
         };
+        let _start = self.starts.acquire().await.map_err(|e| NodeError::Internal(e.to_string()))?;
         let pool = self.pool.clone();
         let (sid, tpl, identity) = (id.clone(), template.clone(), crate::egress::sandbox_identity(hostname));
         let disk = disk.cloned();
