@@ -17,8 +17,8 @@ use space_api::{
 use space_proto::client::{AgentClient, ExecEvent, ExecInputHandle, ExecSession};
 use space_proto::{ExecSpec, ExitStatus, PtySize};
 
-use super::running_sandbox;
 use super::ws::{Idle, close_gracefully, error_message, send_error, send_json};
+use super::{FoundSession, running_sandbox};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiPath, ApiWebSocket, AppError, AppResult};
@@ -64,11 +64,11 @@ async fn oom_kills(state: &AppState, session: &Session, sandbox: &space_api::San
 pub async fn exec(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
+    Extension(found): Extension<FoundSession>,
     ApiJson(request): ApiJson<ExecRequest>,
 ) -> AppResult<ApiJson<ExecResult>> {
     check_command(&request.cmd)?;
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     let _busy = state.activity.busy(&session.id);
     let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let oom_before = oom_kills(&state, &session, &sandbox).await;
@@ -165,10 +165,10 @@ fn json_text(raw: &[u8], cap: usize) -> (String, bool) {
 pub async fn exec_ws(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
+    Extension(found): Extension<FoundSession>,
     ApiWebSocket(upgrade): ApiWebSocket,
 ) -> AppResult<Response> {
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let idle = state.http.ws_idle_timeout;
     Ok(super::ws::on_upgrade(upgrade, move |mut socket| async move {
@@ -335,9 +335,9 @@ fn exit_message(status: ExitStatus, oom_killed: bool) -> WsServerMessage {
 pub async fn list_processes(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
+    Extension(found): Extension<FoundSession>,
 ) -> AppResult<ApiJson<ProcessList>> {
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let processes = agent
         .processes()
@@ -363,11 +363,12 @@ pub async fn list_processes(
 pub async fn signal_process(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath((id, pid)): ApiPath<(String, u32)>,
+    Extension(found): Extension<FoundSession>,
+    ApiPath((_id, pid)): ApiPath<(String, u32)>,
     ApiJson(request): ApiJson<SignalRequest>,
 ) -> AppResult<axum::http::StatusCode> {
     check_signal(request.signal)?;
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     state.nodes.of(&session)?.agent(&sandbox).await?.signal(pid, request.signal).await?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
@@ -383,10 +384,11 @@ pub async fn signal_process(
 pub async fn attach_ws(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath((id, pid)): ApiPath<(String, u32)>,
+    Extension(found): Extension<FoundSession>,
+    ApiPath((_id, pid)): ApiPath<(String, u32)>,
     ApiWebSocket(upgrade): ApiWebSocket,
 ) -> AppResult<Response> {
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let process = agent.attach(pid).await?;
     let busy = state.activity.busy(&session.id);

@@ -15,11 +15,11 @@ use space_proto::client::AgentError;
 use space_proto::{FileKind, FileStat, WatchKind};
 use utoipa::IntoParams;
 
-use super::running_sandbox;
 use super::ws::{Idle, close_gracefully};
+use super::{FoundSession, running_sandbox};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::error::{ApiJson, ApiPath, ApiQuery, ApiWebSocket, AppError, AppResult, body_timeout, is_body_timeout};
+use crate::error::{ApiJson, ApiQuery, ApiWebSocket, AppError, AppResult, body_timeout, is_body_timeout};
 
 const MAX_PATH: usize = 4096;
 
@@ -97,10 +97,10 @@ pub(crate) fn file_info(stat: FileStat) -> FileInfo {
 pub async fn download(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
+    Extension(found): Extension<FoundSession>,
     ApiQuery(params): ApiQuery<PathParam>,
 ) -> AppResult<Response> {
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let (size, stream) = agent.read_file(check_path(&params.path)?).await?;
     let body = Body::from_stream(stream.map_err(std::io::Error::other));
@@ -119,13 +119,13 @@ pub async fn download(
 pub async fn upload(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
+    Extension(found): Extension<FoundSession>,
     ApiQuery(params): ApiQuery<UploadParams>,
     body: Body,
 ) -> AppResult<ApiJson<WriteResult>> {
     let path = check_path(&params.path)?.to_owned();
     let mode = parse_mode(params.mode.as_deref())?;
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let data = body.into_data_stream().map_err(|e| std::io::Error::other(UploadBodyError(e)));
     let bytes = agent.write_file(&path, mode, data).await.map_err(upload_error)?;
@@ -159,10 +159,10 @@ fn upload_error(e: AgentError) -> AppError {
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
+    Extension(found): Extension<FoundSession>,
     ApiQuery(params): ApiQuery<PathParam>,
 ) -> AppResult<ApiJson<FileList>> {
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     let entries = state.nodes.of(&session)?.agent(&sandbox).await?.list_dir(check_path(&params.path)?).await?;
     Ok(ApiJson(FileList { entries: entries.into_iter().map(file_info).collect() }))
 }
@@ -173,10 +173,10 @@ pub async fn list(
 pub async fn stat(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
+    Extension(found): Extension<FoundSession>,
     ApiQuery(params): ApiQuery<PathParam>,
 ) -> AppResult<ApiJson<FileInfo>> {
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     let stat = state.nodes.of(&session)?.agent(&sandbox).await?.stat(check_path(&params.path)?).await?;
     Ok(ApiJson(file_info(stat)))
 }
@@ -187,10 +187,10 @@ pub async fn stat(
 pub async fn mkdir(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
+    Extension(found): Extension<FoundSession>,
     ApiJson(request): ApiJson<PathRequest>,
 ) -> AppResult<StatusCode> {
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     state.nodes.of(&session)?.agent(&sandbox).await?.make_dir(check_path(&request.path)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -201,10 +201,10 @@ pub async fn mkdir(
 pub async fn move_path(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
+    Extension(found): Extension<FoundSession>,
     ApiJson(request): ApiJson<MoveRequest>,
 ) -> AppResult<StatusCode> {
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     agent.move_path(check_path(&request.from)?, check_path(&request.to)?).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -216,10 +216,10 @@ pub async fn move_path(
 pub async fn remove(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
+    Extension(found): Extension<FoundSession>,
     ApiQuery(params): ApiQuery<RemoveParams>,
 ) -> AppResult<StatusCode> {
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     state.nodes.of(&session)?.agent(&sandbox).await?.remove(check_path(&params.path)?, params.recursive).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -232,11 +232,11 @@ pub async fn remove(
 pub async fn watch_ws(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath(id): ApiPath<String>,
+    Extension(found): Extension<FoundSession>,
     ApiQuery(params): ApiQuery<WatchParams>,
     ApiWebSocket(upgrade): ApiWebSocket,
 ) -> AppResult<Response> {
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     let slot = state.watches.acquire(&caller.tenant_id, &session.id)?;
     let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
     let events = agent.watch(check_path(&params.path)?, params.recursive).await?;

@@ -216,17 +216,24 @@ pub fn harden(app: Router) -> Router {
 /// Middleware of the `/v1/sessions/{id}…` routes: the session must be the caller's (404
 /// otherwise, as for one that does not exist) before anything else about the request is
 /// looked at, so a caller learns nothing from how requests about others' sessions fail.
+/// Handlers take the session it found ([`FoundSession`]) rather than read it again.
 async fn require_session(
     State(store): State<Store>,
     Extension(caller): Extension<Caller>,
     ApiPath(params): ApiPath<HashMap<String, String>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Result<Response, AppError> {
     let id = params.get("id").map(String::as_str).unwrap_or_default();
-    find_session_in(&store, &caller, id).await?;
+    let session = find_session_in(&store, &caller, id).await?;
+    request.extensions_mut().insert(FoundSession(session));
     Ok(next.run(request).await)
 }
+
+/// The caller's session of a `/v1/sessions/{id}…` request, as [`require_session`] read it
+/// before the handler ran.
+#[derive(Clone)]
+pub(crate) struct FoundSession(pub Session);
 
 /// [`require_session`] for `GET` and `DELETE /v1/sessions/{id}`, which the admin may call
 /// for any tenant's session.
@@ -277,9 +284,12 @@ async fn visible_session_in(store: &Store, caller: &Caller, id: &str) -> AppResu
 /// that needs a session's sandbox (exec, files, processes, watch, ports) finds it here: a
 /// suspended session created with `auto_resume` is resumed first (once, however many calls
 /// arrive together), one without answers 409 `session_suspended` saying how to resume it.
-pub(crate) async fn running_sandbox(state: &AppState, caller: &Caller, id: &str) -> AppResult<(Session, SandboxId)> {
-    let session = find_session(state, caller, id).await?;
-    woken_sandbox(state, Some(caller), session).await
+pub(crate) async fn running_sandbox(
+    state: &AppState,
+    caller: &Caller,
+    found: FoundSession,
+) -> AppResult<(Session, SandboxId)> {
+    woken_sandbox(state, Some(caller), found.0).await
 }
 
 /// [`running_sandbox`] of a session already found (and authorized). A suspended

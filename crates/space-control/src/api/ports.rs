@@ -23,7 +23,7 @@ use space_api::{ErrorBody, ErrorCode, OpenPortRequest, PortAccess, PortList, Ses
 use space_store::PortRecord;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{find_session, running_sandbox, woken_sandbox};
+use super::{FoundSession, find_session, running_sandbox, woken_sandbox};
 use crate::AppState;
 use crate::auth::{Caller, bearer_key, hash_key, tenant_caller_of_key};
 use crate::error::{ApiJson, ApiPath, ApiWebSocket, AppError, AppResult};
@@ -154,11 +154,12 @@ async fn preview(state: AppState, id: SessionId, port: u16, request: Request) ->
 pub async fn tunnel(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    ApiPath((id, port)): ApiPath<(String, u16)>,
+    Extension(found): Extension<FoundSession>,
+    ApiPath((_id, port)): ApiPath<(String, u16)>,
     ApiWebSocket(upgrade): ApiWebSocket,
 ) -> AppResult<Response> {
     valid_port(port)?;
-    let (session, sandbox) = running_sandbox(&state, &caller, &id).await?;
+    let (session, sandbox) = running_sandbox(&state, &caller, found).await?;
     let stream = state.nodes.of(&session)?.connect_port(&sandbox, port).await?;
     tracing::info!(session = %session.id, port, "port tunnel opened");
     Ok(upgrade.on_upgrade(move |socket| async move {

@@ -20,7 +20,7 @@ use space_proto::client::AgentClient;
 use super::connect::{Code, RpcError};
 use super::{access_token, sandbox_caller, sandbox_of_request};
 use crate::AppState;
-use crate::api::running_sandbox;
+use crate::api::{find_session, woken_sandbox};
 use crate::auth::Caller;
 
 pub fn routes() -> Router<AppState> {
@@ -60,7 +60,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Envd {
 impl Envd {
     /// The session's running sandbox's agent (a paused `auto_resume` session is resumed).
     pub async fn agent(&self, state: &AppState) -> Result<(Session, AgentClient), RpcError> {
-        let (session, sandbox) = running_sandbox(state, &self.caller, self.id.as_str()).await?;
+        let session = find_session(state, &self.caller, self.id.as_str()).await?;
+        let (session, sandbox) = woken_sandbox(state, Some(&self.caller), session).await?;
         let agent = state.nodes.of(&session)?.agent(&sandbox).await?;
         Ok((session, agent))
     }
