@@ -201,12 +201,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// Servers and the benchmark get a thread per core; a command that makes a few requests and
-/// exits is served by one thread, which starts faster (no worker threads, no CPU quota read).
+/// Servers and the benchmark get a worker thread per core. A command that makes a request or
+/// two and exits gets one worker, which starts faster (one thread, no CPU quota read); one, not
+/// none: `exec` writes its output from the main thread, and while a full pipe blocks that
+/// write, keep-alives, Ctrl-C and stdin must still go on the worker.
 fn runtime_for(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
     match command {
         Command::Exec(_) | Command::Attach { .. } | Command::Kill(_) | Command::Ps { .. } => {
-            tokio::runtime::Builder::new_current_thread().enable_all().build()
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()
         }
         _ => tokio::runtime::Runtime::new(),
     }

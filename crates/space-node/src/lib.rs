@@ -57,9 +57,11 @@ pub struct NodeConfig {
     pub image_size_bytes: Option<u64>,
     pub id_map: IdMap,
     pub warm: WarmSettings,
-    /// Sandbox starts (root, runtime start, agent connection) run at once; more wait their
-    /// turn. Unbounded, a burst of cold creates starts so many processes and threads at once
-    /// that every other session's calls on the node wait behind them.
+    /// How many sandboxes may be starting from their template at once (cold creates and the
+    /// pool's pods, from the root's creation to the agent's and gateway's connection); more
+    /// wait their turn. Unbounded, a burst of cold creates starts so many processes and
+    /// threads at once that every other session's calls on the node wait behind them.
+    /// Restores, forks and resumes are not bounded by it.
     pub max_starting: usize,
     pub gateway: GatewayConfig,
     pub vm: VmConfig,

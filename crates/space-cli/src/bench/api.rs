@@ -120,8 +120,10 @@ pub async fn exec_round_trips(
         anyhow::Ok((samples, cli))
     }
     .await;
-    destroy(client, &id, false).await?;
-    result
+    let destroyed = destroy(client, &id, false).await;
+    let samples = result?;
+    destroyed?;
+    Ok(samples)
 }
 
 /// `n` runs of this very binary as `space exec ID -- true`, each timed from spawn to exit.
@@ -146,16 +148,18 @@ async fn cli_exec_round_trips(client: &Client, id: &str, n: usize) -> anyhow::Re
     .await?
 }
 
-/// Exec round trips of `true` on `id`, one after another until `stop` is set: what the user
-/// of another session sees while a burst loads the server.
+/// Exec round trips of `true` on `id`, one after another until `stop` is set (at least one):
+/// what the user of another session sees while a burst loads the server.
 pub async fn exec_until(client: Client, id: String, stop: Arc<AtomicBool>) -> anyhow::Result<Vec<Duration>> {
     let mut samples = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
+    loop {
         let t0 = Instant::now();
         run(&client, &id, &["true"]).await?;
         samples.push(t0.elapsed());
+        if stop.load(Ordering::Relaxed) {
+            return Ok(samples);
+        }
     }
-    Ok(samples)
 }
 
 /// `count` creates issued at once. Returns each create's latency, the time until the last

@@ -283,22 +283,23 @@ async fn throughput_measures(
     if let (Some(a), Some(b), Some(c)) = (before, after_intercepted, after_tunnelled) {
         let gib = (args.runs.max(1) as u64 * bytes) as f64 / (1u64 << 30) as f64;
         let per_gib = |d: Duration| d.as_secs_f64() / gib;
-        let gateway = per_gib(b.server - a.server);
+        let gateway = per_gib(b.server.saturating_sub(a.server));
+        let busy = per_gib(b.machine_busy.saturating_sub(a.machine_busy));
         // Intercepting decrypts and encrypts every byte once: the least any gateway spends.
         let floor = aes_gcm_seconds_per_gib().await.map(|s| 2.0 * s);
         // Had the gateway spent only that, and everything else the same CPU, the download
         // could at best have run on all cores at once: the ratio this machine allows.
-        let best_ratio = floor.map(|floor| {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-            let seconds_per_gib = (per_gib(b.machine_busy - a.machine_busy) - gateway + floor) / cores;
-            round(1024.0 / seconds_per_gib / direct.0)
-        });
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let best_ratio = floor
+            .map(|floor| (busy - gateway + floor) / cores)
+            .filter(|seconds_per_gib| *seconds_per_gib > 0.0)
+            .map(|seconds_per_gib| round(1024.0 / seconds_per_gib / direct.0));
         report.add_value(json!({
             "measure": "gateway_cpu_seconds_per_gib",
             "intercepted": round(gateway),
-            "tunnelled": round(per_gib(c.server - b.server)),
+            "tunnelled": round(per_gib(c.server.saturating_sub(b.server))),
             "aes_256_gcm_floor": floor.map(round),
-            "machine_busy_intercepted": round(per_gib(b.machine_busy - a.machine_busy)),
+            "machine_busy_intercepted": round(busy),
             "best_ratio_intercepted_over_direct_at_floor": best_ratio,
         }));
     }

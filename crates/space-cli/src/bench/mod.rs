@@ -290,7 +290,7 @@ async fn burst_measures(client: &Client, args: &BenchArgs, report: &mut Report) 
             let others = tokio::spawn(api::exec_until(client.clone(), bystander.clone(), stop.clone()));
             let burst = api::burst(client, template, count).await;
             stop.store(true, Ordering::Relaxed);
-            let others = others.await?;
+            let others = others.await;
             let (latencies, all, ids) = burst?;
             api::destroy_all(client, &ids).await;
             report.add(summarize(&format!("burst_{count}_create_{mode}"), latencies));
@@ -299,7 +299,7 @@ async fn burst_measures(client: &Client, args: &BenchArgs, report: &mut Report) 
                 "n": count,
                 "total_ms": round(all.as_secs_f64() * 1000.0),
             }));
-            let others = report.add(summarize(&format!("burst_{count}_other_session_exec_{mode}"), others?));
+            let others = report.add(summarize(&format!("burst_{count}_other_session_exec_{mode}"), others??));
             let p99 = others.p99_ms;
             report.add_value(json!({
                 "measure": format!("goal:burst_{count}_other_session_exec_{mode}_p99"),
@@ -311,6 +311,7 @@ async fn burst_measures(client: &Client, args: &BenchArgs, report: &mut Report) 
         anyhow::Ok(())
     }
     .await;
-    api::destroy(client, &bystander, true).await?;
-    result
+    let destroyed = api::destroy(client, &bystander, true).await;
+    result?;
+    destroyed
 }
