@@ -293,6 +293,11 @@ fn parse_pool(spec: &str, default_runtime: RuntimeKind) -> anyhow::Result<BTreeM
     Ok(sizes)
 }
 
+/// The CPUs this process may use: the node's defaults for concurrent work scale with them.
+fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 fn warm_settings(
     args: &NodeArgs,
     default_template: &str,
@@ -302,10 +307,9 @@ fn warm_settings(
         Some(spec) => parse_pool(spec, default_runtime)?,
         None => BTreeMap::from([((default_template.to_owned(), default_runtime), 4)]),
     };
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     Ok(WarmSettings {
         sizes,
-        max_filling: args.pool_fill_concurrency.unwrap_or(cpus / 2).max(1),
+        max_filling: args.pool_fill_concurrency.unwrap_or(host_cpus() as u32 / 2).max(1),
         pod_limits: Limits::from(&space_api::Resources::default()),
     })
 }
@@ -394,10 +398,7 @@ pub fn node_config(
         image_size_bytes: args.pool_size_gib.map(|g| g << 30),
         id_map: args.host.id_map(),
         warm: warm_settings(args, default_template, default_runtime)?,
-        max_starting: args
-            .start_concurrency
-            .unwrap_or(4 * std::thread::available_parallelism().map_or(1, |n| n.get()))
-            .max(1),
+        max_starting: args.start_concurrency.unwrap_or(4 * host_cpus()).max(1),
         gateway: gateway_config(args)?,
         vm: args.host.vm(),
         blob_store: args.blob_store.clone(),
