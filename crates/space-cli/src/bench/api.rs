@@ -112,9 +112,7 @@ pub async fn exec_round_trips(
     let result = async {
         let mut samples = Vec::with_capacity(n);
         for _ in 0..n {
-            let t0 = Instant::now();
-            run(client, &id, &["true"]).await?;
-            samples.push(t0.elapsed());
+            samples.push(timed_true(client, &id).await?);
         }
         let cli = cli_exec_round_trips(client, &id, cli_n).await?;
         anyhow::Ok((samples, cli))
@@ -153,13 +151,18 @@ async fn cli_exec_round_trips(client: &Client, id: &str, n: usize) -> anyhow::Re
 pub async fn exec_until(client: Client, id: String, stop: Arc<AtomicBool>) -> anyhow::Result<Vec<Duration>> {
     let mut samples = Vec::new();
     loop {
-        let t0 = Instant::now();
-        run(&client, &id, &["true"]).await?;
-        samples.push(t0.elapsed());
+        samples.push(timed_true(&client, &id).await?);
         if stop.load(Ordering::Relaxed) {
             return Ok(samples);
         }
     }
+}
+
+/// One exec round trip of `true` on `id` through the API.
+async fn timed_true(client: &Client, id: &str) -> anyhow::Result<Duration> {
+    let t0 = Instant::now();
+    run(client, id, &["true"]).await?;
+    Ok(t0.elapsed())
 }
 
 /// `count` creates issued at once. Returns each create's latency, the time until the last
