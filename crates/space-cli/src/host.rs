@@ -53,7 +53,7 @@ impl HostArgs {
 }
 
 /// `name` in this executable's directory.
-fn beside_this_executable(name: &str) -> PathBuf {
+pub(crate) fn beside_this_executable(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     exe.parent().unwrap_or(Path::new("/")).join(name)
 }

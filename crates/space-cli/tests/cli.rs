@@ -141,6 +141,37 @@ fn argument_errors_are_json_under_json() {
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("Usage:"), "{out:?}");
 }
 
+#[test]
+fn server_commands_hand_over_to_space_server_beside_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let space = dir.path().join("space");
+    std::fs::copy(common::SPACE, &space).unwrap();
+    // Without it: a JSON error that says where it looked and how to install it.
+    let out = std::process::Command::new(&space).args(["--json", "doctor"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let error: Value = serde_json::from_slice(&out.stderr).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    let wanted = dir.path().join("space-server");
+    assert!(message.contains(&*wanted.to_string_lossy()) && message.contains("install.sh"), "{error}");
+    assert_eq!(error["error"]["code"], "cli_error", "{error}");
+    // With one: the same process (pid) runs it with the same arguments; client commands stay.
+    std::fs::write(&wanted, "#!/bin/sh\necho \"$$ $*\"\n").unwrap();
+    std::fs::set_permissions(&wanted, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let child = std::process::Command::new(&space)
+        .args(["serve", "--listen", "127.0.0.1:1", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(ok(&out), format!("{pid} serve --listen 127.0.0.1:1 --json\n"));
+    let out = std::process::Command::new(&space)
+        .args(["--url", "http://127.0.0.1:1", "--api-key", "k", "status"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the space server"), "{out:?}");
+}
+
 /// Waits for `child` to exit; a CLI that hangs fails the test instead of the whole suite
 /// (the deadline is far beyond any healthy run).
 fn wait_or_kill(mut child: std::process::Child, what: &str) -> Output {

@@ -124,9 +124,10 @@ pub async fn exec_round_trips(
     Ok(samples)
 }
 
-/// `n` runs of this very binary as `space exec ID -- true`, each timed from spawn to exit.
+/// `n` runs of the `space` binary beside this one as `space exec ID -- true`, each timed from
+/// spawn to exit.
 async fn cli_exec_round_trips(client: &Client, id: &str, n: usize) -> anyhow::Result<Vec<Duration>> {
-    let mut command = std::process::Command::new(std::env::current_exe()?);
+    let mut command = std::process::Command::new(crate::host::beside_this_executable("space"));
     command
         .args(["exec", id, "--", "true"])
         .env("SPACE_URL", client.base())
