@@ -103,6 +103,33 @@ fn deleted_data_a_snapshot_holds_still_counts_and_the_snapshot_shows_it() {
     wait_used_below(&server, &id, 40 * MIB);
 }
 
+/// The pool's level-1 qgroups (one per session that had a root here), as of a fresh commit.
+fn session_groups(server: &Server) -> Vec<String> {
+    let pool = server.data_dir.join("pool");
+    assert!(std::process::Command::new("sync").arg("-f").arg(&pool).status().unwrap().success());
+    let out = std::process::Command::new("btrfs").args(["qgroup", "show", "-c", "--raw"]).arg(&pool).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines().filter(|l| l.starts_with("1/")).map(str::to_owned).collect()
+}
+
+#[test]
+fn a_destroyed_sessions_quota_group_is_removed_in_the_background() {
+    let server = Server::start();
+    let id = server.create_session(json!({ "disk_mib": 64 }));
+    assert_eq!(write(&server, &id, "/root/data", 8).0, 0);
+    let before = session_groups(&server);
+    assert_eq!(before.len(), 1, "one group, the session's: {before:?}");
+    assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
+    // The node deletes the root, the kernel's cleaner drops it, then the node's next sweep
+    // (every few seconds) removes what is left unused.
+    let removed = (0..120).any(|_| {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        session_groups(&server).is_empty()
+    });
+    assert!(removed, "still there: {:?}", session_groups(&server));
+}
+
 #[test]
 fn a_restore_does_not_reset_what_the_session_used() {
     let server = Server::start();

@@ -336,18 +336,20 @@ impl Node {
         Ok(())
     }
 
-    /// Starts the node's background work: keeping the warm pool filled and deleting
-    /// destroyed roots. Call once, after the start-up sweep.
+    /// Starts the node's background work: keeping the warm pool filled, deleting destroyed
+    /// roots and the quota groups they leave unused. Call once, after the start-up sweep.
     pub fn start_background(self: &Arc<Self>) {
         self.start_warm_pool();
         let node = self.clone();
         tokio::spawn(async move {
             loop {
                 let pool = node.pool.clone();
-                match blocking(move || Ok(pool.reclaim_trash(MAX_PENDING_DELETIONS)?)).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::debug!(roots = n, "deleted destroyed sandbox roots"),
-                    Err(e) => tracing::warn!(error = %e, "deleting destroyed sandbox roots"),
+                let reclaimed = blocking(move || {
+                    reclaim_disk(&pool);
+                    Ok(())
+                });
+                if let Err(e) = reclaimed.await {
+                    tracing::warn!(error = %e, "reclaiming disk");
                 }
                 let _ = tokio::time::timeout(RECLAIM_RECHECK, node.reclaim.notified()).await;
             }
@@ -501,4 +503,18 @@ fn progress_channel(report: impl Fn(Progress) + Send + 'static) -> tokio::sync::
         }
     });
     tx
+}
+
+/// Deletes destroyed roots, then the quota groups nothing uses any more; logs what fails.
+fn reclaim_disk(pool: &space_storage::Pool) {
+    match pool.reclaim_trash(MAX_PENDING_DELETIONS) {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!(roots = n, "deleted destroyed sandbox roots"),
+        Err(e) => tracing::warn!(error = %e, "deleting destroyed sandbox roots"),
+    }
+    match pool.sweep_quota_groups() {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!(qgroups = n, "removed unused quota groups"),
+        Err(e) => tracing::warn!(error = %e, "removing unused quota groups"),
+    }
 }

@@ -60,10 +60,35 @@ impl Pool {
     pub fn limit_session_disk(&self, sandbox: &SandboxId, session: &SessionId, limit_bytes: Option<u64>) -> Result<()> {
         let Some(quotas) = self.quotas() else { return Ok(()) };
         let group = session_group(session);
+        let _guard = self.quota_groups.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         quotas.create_group(group)?;
         quotas.limit(group, limit_bytes)?;
         let root = subvolume_id(&self.sandbox_root_path(sandbox))?;
         quotas.assign(QgroupId::of_subvolume(root), group)
+    }
+
+    /// Removes the qgroups nothing uses any more and returns how many: those of deleted
+    /// subvolumes charged for nothing, then session groups left without members. Without it
+    /// every session ever run here would keep its group, and every deleted root its own, for
+    /// the filesystem's life. The kernel refuses the groups still in use (see
+    /// [`Quotas::destroy_group`]). Only on the node's own image: on a filesystem the operator
+    /// mounted, the groups may be theirs.
+    pub fn sweep_quota_groups(&self) -> Result<usize> {
+        let (Some(quotas), Backing::Image { .. }) = (self.quotas(), self.backing()) else { return Ok(0) };
+        let groups = quotas.groups()?;
+        let mut removed = 0;
+        // Members first: a session group is only empty once its deleted roots' groups are gone.
+        for level in [0, 1] {
+            for &group in groups.iter().filter(|g| g.level() == level) {
+                if quotas.usage(group)? != Some(0) {
+                    continue;
+                }
+                // Only around the removal: starts wait on this lock, not on the scan.
+                let _guard = self.quota_groups.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                removed += usize::from(quotas.destroy_group(group)?);
+            }
+        }
+        Ok(removed)
     }
 
     /// Bytes the session is charged for on disk, as of the last transaction commit: data its

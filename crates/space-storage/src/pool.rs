@@ -77,6 +77,9 @@ pub struct Pool {
     quotas: Option<Quotas>,
     /// Two reclaimers racing on one trash entry would fail each other's deletions.
     reclaim: Mutex<()>,
+    /// Held while a session group is set up or unused groups are swept, so a sweep never
+    /// removes a group between its creation and its first member.
+    pub(crate) quota_groups: Mutex<()>,
     _lock: Flock<File>,
 }
 
@@ -111,7 +114,17 @@ impl Pool {
         let quotas = crate::disk::open_quotas(&root, &backing)?;
         tracing::info!(root = %root.display(), ?backing, disk_limits = quotas.is_some(), "storage pool open");
         let id_map = options.id_map;
-        Ok(Pool { data_dir, root, backing, id_map, templates, quotas, reclaim: Mutex::new(()), _lock: lock })
+        Ok(Pool {
+            data_dir,
+            root,
+            backing,
+            id_map,
+            templates,
+            quotas,
+            reclaim: Mutex::new(()),
+            quota_groups: Mutex::new(()),
+            _lock: lock,
+        })
     }
 
     /// Lazily unmounts the pool of `data_dir` if something is mounted there (for tests and

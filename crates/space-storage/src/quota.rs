@@ -111,6 +111,17 @@ impl QgroupId {
         (self.0 >> LEVEL_SHIFT, self.0 & ((1 << LEVEL_SHIFT) - 1))
     }
 
+    pub fn level(self) -> u64 {
+        self.level_and_id().0
+    }
+
+    /// The group sysfs names `<level>_<id>`; `None` for sysfs's other entries.
+    fn from_sysfs_name(name: &str) -> Option<QgroupId> {
+        let (level, id) = name.split_once('_')?;
+        let (level, id) = (level.parse::<u64>().ok()?, id.parse::<u64>().ok()?);
+        (level < 1 << (64 - LEVEL_SHIFT) && id < 1 << LEVEL_SHIFT).then_some(QgroupId(level << LEVEL_SHIFT | id))
+    }
+
     fn sysfs_name(self) -> String {
         let (level, id) = self.level_and_id();
         format!("{level}_{id}")
@@ -208,6 +219,31 @@ impl Quotas {
         }
     }
 
+    /// Removes `group` if the kernel lets it, and says whether it did. The kernel refuses
+    /// (`EBUSY`) a group with members and the level-0 group of a subvolume that exists or is
+    /// still charged for data, so only groups nothing uses go.
+    pub fn destroy_group(&self, group: QgroupId) -> Result<bool> {
+        let dir = &self.dir;
+        let args = QgroupCreateArgs { create: 0, qgroupid: group.0 };
+        // SAFETY: `dir` is an open fd for the call; the kernel only reads `args`.
+        match unsafe { ioctl::qgroup_create(dir.as_raw_fd(), &args) } {
+            Ok(_) => Ok(true),
+            Err(Errno::EBUSY | Errno::ENOENT) => Ok(false),
+            Err(e) => Err(StorageError::btrfs("qgroup destroy", &self.root, e)),
+        }
+    }
+
+    /// Every qgroup of the filesystem.
+    pub fn groups(&self) -> Result<Vec<QgroupId>> {
+        let dir = self.sysfs.join("qgroups");
+        let mut groups = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(|e| StorageError::io("read directory", &dir, e))? {
+            let entry = entry.map_err(|e| StorageError::io("read directory", &dir, e))?;
+            groups.extend(entry.file_name().to_str().and_then(QgroupId::from_sysfs_name));
+        }
+        Ok(groups)
+    }
+
     /// Makes `child` a member of `parent` (already a member is fine).
     pub fn assign(&self, child: QgroupId, parent: QgroupId) -> Result<()> {
         let dir = &self.dir;
@@ -260,6 +296,17 @@ fn read_number(path: &Path) -> Result<Option<u64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sysfs_names_parse_back_and_other_entries_do_not() {
+        for group in [QgroupId::of_subvolume(256), QgroupId::level1(0xabcdef), QgroupId::level1(u64::MAX)] {
+            assert_eq!(QgroupId::from_sysfs_name(&group.sysfs_name()), Some(group));
+        }
+        assert_eq!(QgroupId::level1(7).level(), 1);
+        for other in ["mode", "enabled", "drop_subtree_threshold", "0_", "_5", "1_x", "70000_1", "0_281474976710656"] {
+            assert_eq!(QgroupId::from_sysfs_name(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn qgroup_ids_print_as_btrfs_does() {
