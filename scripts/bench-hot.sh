@@ -5,6 +5,8 @@
 # end), so A/B runs of two builds can be interleaved on a quiet machine.
 # Not part of the tests; numbers go to docs/benchmarks.md.
 # Usage: [SPACE=path/to/space] [SERVER=path/to/space serving] scripts/bench-hot.sh [space bench arguments…]
+#   Each `space` needs its build's space-server beside it (`serve` and `bench` run there, and the
+#   bench times the `space` beside its space-server): copy both when comparing builds.
 #   e.g. scripts/bench-hot.sh --n 200 --exec-n 1000 --no-peers --burst 0
 #        scripts/bench-hot.sh --scale-only --scale 10000 --scale-live 500
 set -euo pipefail

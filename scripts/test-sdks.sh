@@ -22,7 +22,8 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 SPACE_BIN=${SPACE_BIN:-target/debug/space}
-if [ ! -x "$SPACE_BIN" ]; then
+# `space serve` and `space mcp` run in the space-server beside it.
+if [ ! -x "$SPACE_BIN" ] || [ ! -x "$(dirname "$SPACE_BIN")/space-server" ]; then
   echo "== building $SPACE_BIN"
   cargo build -p space-cli
 fi

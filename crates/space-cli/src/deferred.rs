@@ -17,13 +17,26 @@ impl<T: FromArgMatches> FromArgMatches for Deferred<T> {
     }
 }
 
+/// Builds `cmd` with `build`, keeping the description it was given: the derive sets the
+/// command's own description (its variant's doc) before a deferred build runs, and the type's
+/// doc, which `build` would set, must not replace it.
+fn keeping_about(cmd: Command, build: fn(Command) -> Command) -> Command {
+    let (about, long_about) = (cmd.get_about().cloned(), cmd.get_long_about().cloned());
+    let built = build(cmd);
+    let Some(about) = about else { return built };
+    match long_about {
+        Some(long) => built.about(about).long_about(long),
+        None => built.about(about).long_about(None::<&'static str>),
+    }
+}
+
 impl<T: Args> Args for Deferred<T> {
     fn augment_args(cmd: Command) -> Command {
-        cmd.defer(T::augment_args)
+        cmd.defer(|cmd| keeping_about(cmd, T::augment_args))
     }
 
     fn augment_args_for_update(cmd: Command) -> Command {
-        cmd.defer(T::augment_args_for_update)
+        cmd.defer(|cmd| keeping_about(cmd, T::augment_args_for_update))
     }
 
     fn group_id() -> Option<clap::Id> {
@@ -33,11 +46,11 @@ impl<T: Args> Args for Deferred<T> {
 
 impl<T: Subcommand> Subcommand for Deferred<T> {
     fn augment_subcommands(cmd: Command) -> Command {
-        cmd.defer(T::augment_subcommands)
+        cmd.defer(|cmd| keeping_about(cmd, T::augment_subcommands))
     }
 
     fn augment_subcommands_for_update(cmd: Command) -> Command {
-        cmd.defer(T::augment_subcommands_for_update)
+        cmd.defer(|cmd| keeping_about(cmd, T::augment_subcommands_for_update))
     }
 
     fn has_subcommand(name: &str) -> bool {

@@ -226,12 +226,27 @@ fn runs_in_server(command: &Command) -> bool {
 fn exec_server() -> anyhow::Error {
     use std::os::unix::process::CommandExt;
     let path = host::beside_this_executable(SERVER_BINARY);
-    let e = std::process::Command::new(&path).args(std::env::args_os().skip(1)).exec();
-    anyhow::Error::new(e).context(format!(
-        "starting {}: this command runs in the {SERVER_BINARY} binary, installed beside `space` \
-         (scripts/install.sh installs both)",
-        path.display()
-    ))
+    let how =
+        "this command runs in the space-server binary, installed beside `space` (scripts/install.sh installs both)";
+    if is_this_executable(&path) {
+        // A copy or link of `space` in its place would exec itself forever.
+        return anyhow::anyhow!("{} is this `space` binary, not space-server: {how}", path.display());
+    }
+    let mut args = std::env::args_os();
+    let mut command = std::process::Command::new(&path);
+    // Usage lines and `ps` keep saying what the user typed.
+    if let Some(arg0) = args.next() {
+        command.arg0(arg0);
+    }
+    let e = command.args(args).exec();
+    anyhow::Error::new(e).context(format!("starting {}: {how}", path.display()))
+}
+
+/// Whether `path` is the file this process runs.
+fn is_this_executable(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ours = std::fs::metadata("/proc/self/exe");
+    matches!((ours, std::fs::metadata(path)), (Ok(a), Ok(b)) if (a.dev(), a.ino()) == (b.dev(), b.ino()))
 }
 
 /// Runs `run` on an async runtime sized for the command, and reports its error.
@@ -409,6 +424,18 @@ mod tests {
         assert!(serve.get_arguments().any(|a| a.get_id() == "listen"), "serve's flags were not built");
         undocumented(&cli, "space", &mut missing);
         assert!(missing.is_empty(), "no help line: {missing:#?}");
+    }
+
+    #[test]
+    fn commands_keep_their_own_description_when_their_flags_are_built() {
+        let unbuilt = super::Cli::command();
+        let mut built = super::Cli::command();
+        built.build();
+        for command in unbuilt.get_subcommands() {
+            let after = built.find_subcommand(command.get_name()).expect("same commands");
+            let about = |c: &clap::Command| c.get_about().map(|a| a.to_string());
+            assert_eq!(about(command), about(after), "{}", command.get_name());
+        }
     }
 
     #[test]

@@ -165,11 +165,18 @@ fn server_commands_hand_over_to_space_server_beside_space() {
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
     assert_eq!(ok(&out), format!("{pid} serve --listen 127.0.0.1:1 --json\n"));
-    let out = std::process::Command::new(&space)
-        .args(["--url", "http://127.0.0.1:1", "--api-key", "k", "status"])
-        .output()
-        .unwrap();
+    let status = ["--url", "http://127.0.0.1:1", "--api-key", "k", "status"];
+    let out = std::process::Command::new(&space).args(status).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the space server"), "{out:?}");
+    // space-server runs the client's commands too.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_space-server")).args(status).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the space server"), "{out:?}");
+    // A link to `space` in its place is refused, not exec'd forever.
+    std::fs::remove_file(&wanted).unwrap();
+    std::os::unix::fs::symlink(&space, &wanted).unwrap();
+    let out = std::process::Command::new(&space).args(["doctor"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is this `space` binary, not space-server"), "{out:?}");
 }
 
 /// Waits for `child` to exit; a CLI that hangs fails the test instead of the whole suite

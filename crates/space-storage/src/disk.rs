@@ -70,25 +70,44 @@ impl Pool {
     /// Removes the qgroups nothing uses any more and returns how many: those of deleted
     /// subvolumes charged for nothing, then session groups left without members. Without it
     /// every session ever run here would keep its group, and every deleted root its own, for
-    /// the filesystem's life. The kernel refuses the groups still in use (see
-    /// [`Quotas::destroy_group`]). Only on the node's own image: on a filesystem the operator
-    /// mounted, the groups may be theirs.
+    /// the filesystem's life. The kernel refuses groups with members or charged for data (see
+    /// [`Quotas::destroy_group`]); a live subvolume's group is skipped here. Only on the node's
+    /// own image: on a filesystem the operator mounted, the groups may be theirs. A group that
+    /// cannot be read or removed does not stop the others; the first error is returned at the end.
     pub fn sweep_quota_groups(&self) -> Result<usize> {
         let (Some(quotas), Backing::Image { .. }) = (self.quotas(), self.backing()) else { return Ok(0) };
         let groups = quotas.groups()?;
-        let mut removed = 0;
+        let (mut removed, mut first_err) = (0, None);
         // Members first: a session group is only empty once its deleted roots' groups are gone.
         for level in [0, 1] {
             for &group in groups.iter().filter(|g| g.level() == level) {
-                if quotas.usage(group)? != Some(0) {
-                    continue;
+                match self.remove_if_unused(quotas, group) {
+                    Ok(done) => removed += usize::from(done),
+                    Err(e) => {
+                        tracing::warn!(%group, error = %e, "cannot remove an unused quota group");
+                        first_err.get_or_insert(e);
+                    }
                 }
-                // Only around the removal: starts wait on this lock, not on the scan.
-                let _guard = self.quota_groups.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                removed += usize::from(quotas.destroy_group(group)?);
             }
         }
-        Ok(removed)
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(removed),
+        }
+    }
+
+    fn remove_if_unused(&self, quotas: &Quotas, group: QgroupId) -> Result<bool> {
+        if quotas.usage(group)? != Some(0) {
+            return Ok(false);
+        }
+        if let Some(subvolume) = group.subvolume()
+            && quotas.subvolume_exists(subvolume)?
+        {
+            return Ok(false);
+        }
+        // Only around the removal: starts wait on this lock, not on the scan.
+        let _guard = self.quota_groups.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        quotas.destroy_group(group)
     }
 
     /// Bytes the session is charged for on disk, as of the last transaction commit: data its

@@ -68,6 +68,34 @@ struct InoLookupArgs {
     name: [u8; 4080],
 }
 
+/// `struct btrfs_ioctl_search_key`.
+#[repr(C)]
+#[derive(Default)]
+struct SearchKey {
+    tree_id: u64,
+    min_objectid: u64,
+    max_objectid: u64,
+    min_offset: u64,
+    max_offset: u64,
+    min_transid: u64,
+    max_transid: u64,
+    min_type: u32,
+    max_type: u32,
+    nr_items: u32,
+    unused: [u32; 9],
+}
+
+/// `struct btrfs_ioctl_search_args`: the key, then the items found (not read here).
+#[repr(C)]
+struct SearchArgs {
+    key: SearchKey,
+    buf: [u8; 3992],
+}
+
+/// `BTRFS_ROOT_TREE_OBJECTID` and `BTRFS_ROOT_ITEM_KEY`.
+const ROOT_TREE: u64 = 1;
+const ROOT_ITEM_KEY: u32 = 132;
+
 /// `struct btrfs_ioctl_fs_info_args` (only the fsid is read).
 #[repr(C)]
 struct FsInfoArgs {
@@ -80,10 +108,15 @@ struct FsInfoArgs {
 const _: () = assert!(std::mem::size_of::<InoLookupArgs>() == 4096);
 const _: () = assert!(std::mem::size_of::<FsInfoArgs>() == 1024);
 const _: () = assert!(std::mem::size_of::<QgroupLimitArgs>() == 48);
+const _: () = assert!(std::mem::size_of::<SearchKey>() == 104);
+const _: () = assert!(std::mem::size_of::<SearchArgs>() == 4096);
 
 mod ioctl {
-    use super::{FsInfoArgs, InoLookupArgs, QgroupAssignArgs, QgroupCreateArgs, QgroupLimitArgs, QuotaCtlArgs};
+    use super::{
+        FsInfoArgs, InoLookupArgs, QgroupAssignArgs, QgroupCreateArgs, QgroupLimitArgs, QuotaCtlArgs, SearchArgs,
+    };
     const MAGIC: u8 = 0x94;
+    nix::ioctl_readwrite!(tree_search, MAGIC, 17, SearchArgs);
     nix::ioctl_readwrite!(ino_lookup, MAGIC, 18, InoLookupArgs);
     nix::ioctl_read!(fs_info, MAGIC, 31, FsInfoArgs);
     nix::ioctl_readwrite!(quota_ctl, MAGIC, 40, QuotaCtlArgs);
@@ -113,6 +146,12 @@ impl QgroupId {
 
     pub fn level(self) -> u64 {
         self.level_and_id().0
+    }
+
+    /// The subvolume of a level-0 group.
+    pub fn subvolume(self) -> Option<u64> {
+        let (level, id) = self.level_and_id();
+        (level == 0).then_some(id)
     }
 
     /// The group sysfs names `<level>_<id>`; `None` for sysfs's other entries.
@@ -219,9 +258,34 @@ impl Quotas {
         }
     }
 
+    /// Whether subvolume `id` has a root item: it exists, or was deleted and the kernel's
+    /// cleaner has not dropped it yet.
+    pub fn subvolume_exists(&self, id: u64) -> Result<bool> {
+        let key = SearchKey {
+            tree_id: ROOT_TREE,
+            min_objectid: id,
+            max_objectid: id,
+            max_offset: u64::MAX,
+            max_transid: u64::MAX,
+            min_type: ROOT_ITEM_KEY,
+            max_type: ROOT_ITEM_KEY,
+            nr_items: 1,
+            ..SearchKey::default()
+        };
+        let mut args = SearchArgs { key, buf: [0; 3992] };
+        // SAFETY: `self.dir` is an open fd for the call; `args` is a `btrfs_ioctl_search_args`
+        // of the kernel's size (checked above): the kernel writes at most `buf`'s length of
+        // items and the number it found into `key.nr_items`.
+        unsafe { ioctl::tree_search(self.dir.as_raw_fd(), &mut args) }
+            .map_err(|e| StorageError::btrfs("search the root tree", &self.root, e))?;
+        Ok(args.key.nr_items > 0)
+    }
+
     /// Removes `group` if the kernel lets it, and says whether it did. The kernel refuses
-    /// (`EBUSY`) a group with members and the level-0 group of a subvolume that exists or is
-    /// still charged for data, so only groups nothing uses go.
+    /// (`EBUSY`) a group with members and a level-0 group still charged for data; whether it
+    /// refuses the group of a live subvolume charged for nothing (one whose data predates
+    /// simple quotas) depends on the kernel's version, so callers check that first
+    /// ([`Quotas::subvolume_exists`]).
     pub fn destroy_group(&self, group: QgroupId) -> Result<bool> {
         let dir = &self.dir;
         let args = QgroupCreateArgs { create: 0, qgroupid: group.0 };

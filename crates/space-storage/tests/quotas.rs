@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use common::TestPool;
 use space_api::{SandboxId, SessionId, SnapshotId};
-use space_storage::{Pool, SandboxIdentity, no_progress};
+use space_storage::quota::{QgroupId, Quotas, subvolume_id};
+use space_storage::{Pool, SandboxIdentity, btrfs, no_progress};
 
 const MIB: u64 = 1 << 20;
 
@@ -55,13 +56,22 @@ fn a_session_group_goes_with_its_last_root_and_snapshot_and_a_live_one_stays() {
     let snapshot = SnapshotId::generate();
     pool.snapshot_sandbox_root(&a, &gone, &snapshot).unwrap();
 
-    // The root goes, but the snapshot still holds the data it wrote: still charged, kept.
+    // The root goes, but the snapshot still holds the data it wrote: once the kernel's cleaner
+    // has dropped the root, its group and the session's are still charged, and both stay.
+    let quotas = Quotas::of(pool.root()).unwrap();
+    let (id_a, id_b) = (subvolume_id(&root_a).unwrap(), subvolume_id(&pool.sandbox_root_path(&b)).unwrap());
     pool.delete_sandbox_root(&a).unwrap();
-    sweep_until(pool, "the deleted root's own group was swept", || {
-        pool.session_disk_usage(&gone).unwrap().is_some_and(|used| used >= 4 * MIB)
-    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while quotas.subvolume_exists(id_a).unwrap() {
+        assert!(Instant::now() < deadline, "the cleaner did not drop the deleted root in 120 s");
+        btrfs::wait_for_one_deletion(pool.root()).unwrap();
+    }
+    let exists = (quotas.subvolume_exists(id_a).unwrap(), quotas.subvolume_exists(id_b).unwrap());
+    assert_eq!(exists, (false, true), "the deleted root and the live one");
     for _ in 0..3 {
         commit_and_sweep(pool);
+        let root_group = quotas.usage(QgroupId::of_subvolume(id_a)).unwrap();
+        assert!(root_group.is_some_and(|u| u >= 4 * MIB), "the deleted root's charged group went: {root_group:?}");
         let used = pool.session_disk_usage(&gone).unwrap();
         assert!(used.is_some_and(|u| u >= 4 * MIB), "a group still charged was removed: {used:?}");
     }
@@ -69,6 +79,8 @@ fn a_session_group_goes_with_its_last_root_and_snapshot_and_a_live_one_stays() {
     // Then the snapshot goes: nothing is charged to the session any more, and its group goes.
     pool.delete_snapshot(&gone, &snapshot).unwrap();
     sweep_until(pool, "the unused session group is removed", || pool.session_disk_usage(&gone).unwrap().is_none());
+    assert_eq!(quotas.usage(QgroupId::of_subvolume(id_a)).unwrap(), None, "the deleted root's group went first");
+    assert!(quotas.usage(QgroupId::of_subvolume(id_b)).unwrap().is_some(), "the live root's group stays");
     assert!(pool.session_disk_usage(&live).unwrap().is_some(), "the live session's group was removed");
 
     // A session whose group went gets it back, limit and all, with its next root.
