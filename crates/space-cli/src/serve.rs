@@ -294,7 +294,7 @@ fn parse_pool(spec: &str, default_runtime: RuntimeKind) -> anyhow::Result<BTreeM
 }
 
 /// The CPUs this process may use: the node's defaults for concurrent work scale with them.
-fn host_cpus() -> usize {
+pub(crate) fn host_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 

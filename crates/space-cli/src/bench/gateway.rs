@@ -289,7 +289,7 @@ async fn throughput_measures(
         let floor = aes_gcm_seconds_per_gib().await.map(|s| 2.0 * s);
         // Had the gateway spent only that, and everything else the same CPU, the download
         // could at best have run on all cores at once: the ratio this machine allows.
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let cores = crate::serve::host_cpus() as f64;
         let best_ratio = floor
             .map(|floor| (busy - gateway + floor) / cores)
             .filter(|seconds_per_gib| *seconds_per_gib > 0.0)
