@@ -10,6 +10,7 @@ use space_metrics::{RestoreReason, Start};
 use space_node_api::{DiskQuota, Limits, NodeApi, SandboxHandle, TemplateInfo};
 use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord, SandboxRecord, SessionRecord};
 use tokio::sync::{Notify, broadcast};
+use tokio::task::JoinHandle;
 
 use crate::AppState;
 use crate::auth::ADMIN_TENANT;
@@ -57,19 +58,7 @@ impl Reconciler {
             loop {
                 let lease = crate::replicas::lease_ms(crate::nodes::LEASE);
                 match state.store.claim_operation(space_store::now_ms(), lease).await {
-                    Ok(Some(op)) => {
-                        let state = state.clone();
-                        let this = self.clone();
-                        tokio::spawn(async move {
-                            let id = op.operation.id.clone();
-                            let result = perform(&state, op).await;
-                            if !matches!(result, Ok(Ended::Recorded)) {
-                                record_end(&state, &id, result.err()).await;
-                            }
-                            // No receiver: nobody waits.
-                            let _ = this.finished.send(id);
-                        });
-                    }
+                    Ok(Some(op)) => drop(self.perform_here(state.clone(), op)),
                     Ok(None) => break,
                     Err(e) => {
                         tracing::error!("claiming operations: {e}");
@@ -82,6 +71,25 @@ impl Reconciler {
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}
             }
         }
+    }
+
+    /// Runs operation `op`, which this replica has claimed, in a task of its own. The task
+    /// ends with the operation's end as this replica recorded it: `None` if it recorded none
+    /// (another replica took the operation over, or the store failed).
+    pub fn perform_here(&self, state: AppState, op: OperationRecord) -> JoinHandle<Option<AppResult<()>>> {
+        let finished = self.finished.clone();
+        tokio::spawn(async move {
+            let id = op.operation.id.clone();
+            let result = perform(&state, op).await;
+            let recorded = match result {
+                Ok(Ended::Recorded) => Some(Ok(())),
+                Ok(Ended::ToRecord) => record_end(&state, &id, None).await.then_some(Ok(())),
+                Err(e) => record_end(&state, &id, Some(&e)).await.then_some(Err(e)),
+            };
+            // No receiver: nobody waits.
+            let _ = finished.send(id);
+            recorded
+        })
     }
 
     /// Waits until operation `id` has finished, or `timeout` passed.
@@ -134,14 +142,19 @@ enum Ended {
     Recorded,
 }
 
-/// Records operation `id`'s end: `error`, or success.
-async fn record_end(state: &AppState, id: &OperationId, error: Option<AppError>) {
-    let error = error.map(|e| e.0);
-    let error = error.as_ref().map(|e| (e.code, e.message.as_str()));
+/// Records operation `id`'s end: `error`, or success; whether it was recorded.
+async fn record_end(state: &AppState, id: &OperationId, error: Option<&AppError>) -> bool {
+    let error = error.map(|e| (e.0.code, e.0.message.as_str()));
     match state.store.finish_operation(id, error).await {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(%id, "another replica took this operation over; its result counts"),
-        Err(e) => tracing::error!(%id, "recording operation result: {e}"),
+        Ok(true) => true,
+        Ok(false) => {
+            tracing::warn!(%id, "another replica took this operation over; its result counts");
+            false
+        }
+        Err(e) => {
+            tracing::error!(%id, "recording operation result: {e}");
+            false
+        }
     }
 }
 

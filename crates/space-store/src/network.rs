@@ -4,8 +4,9 @@ use space_api::egress::NetworkPolicy;
 use space_api::{CredentialId, OperationId, SessionId};
 use sqlx::Row;
 
+use crate::operations::Runner;
 use crate::sessions::insert_session_tx;
-use crate::{NewSession, Result, Store, StoreError, now_ms};
+use crate::{NewSession, OperationRecord, Result, Store, StoreError, now_ms};
 
 /// A session's stored egress settings.
 #[derive(Clone)]
@@ -43,8 +44,20 @@ fn policy_from(json: &str) -> Result<NetworkPolicy> {
 impl Store {
     /// [`Store::insert_session`] plus the session's egress settings and grants, atomically.
     pub async fn insert_session_with_egress(&self, new: &NewSession, egress: &NewSessionEgress) -> Result<OperationId> {
-        let ops = self.insert_sessions_with_egress(&[(new, egress)]).await?;
-        ops.into_iter().next().ok_or_else(|| crate::StoreError::Corrupt("no operation recorded".into()))
+        let ops = self.insert_sessions_run_by(&[(new, egress)], Runner::AnyReplica).await?;
+        Ok(one_operation(ops)?.operation.id)
+    }
+
+    /// [`Store::insert_session_with_egress`], its operation claimed by this handle's replica
+    /// under a lease of `lease_ms`: the caller runs it at once, no loop needs to claim it.
+    pub async fn insert_session_to_run(
+        &self,
+        new: &NewSession,
+        egress: &NewSessionEgress,
+        lease_ms: i64,
+    ) -> Result<OperationRecord> {
+        let runner = Runner::Claimed { replica: &self.replica, lease_until: now_ms().saturating_add(lease_ms) };
+        one_operation(self.insert_sessions_run_by(&[(new, egress)], runner).await?)
     }
 
     /// Several sessions (the children of a fork) in one transaction: all are recorded, or,
@@ -53,10 +66,21 @@ impl Store {
         &self,
         sessions: &[(&NewSession, &NewSessionEgress)],
     ) -> Result<Vec<OperationId>> {
+        let ops = self.insert_sessions_run_by(sessions, Runner::AnyReplica).await?;
+        Ok(ops.into_iter().map(|op| op.operation.id).collect())
+    }
+
+    /// [`Store::insert_sessions_with_egress`], each operation to be run by `runner`; one
+    /// operation per session, in their order.
+    async fn insert_sessions_run_by(
+        &self,
+        sessions: &[(&NewSession, &NewSessionEgress)],
+        runner: Runner<'_>,
+    ) -> Result<Vec<OperationRecord>> {
         let mut tx = self.write_tx().await?;
         let mut ops = Vec::new();
         for (new, egress) in sessions {
-            ops.push(insert_with_egress_tx(&mut tx, new, egress).await?);
+            ops.push(insert_with_egress_tx(&mut tx, new, egress, runner).await?);
         }
         tx.commit().await?;
         Ok(ops)
@@ -126,13 +150,19 @@ impl Store {
     }
 }
 
+/// The operation of an insert of one session.
+fn one_operation(mut ops: Vec<OperationRecord>) -> Result<OperationRecord> {
+    ops.pop().ok_or_else(|| StoreError::Corrupt("no operation recorded".into()))
+}
+
 /// The rows of one session of [`Store::insert_sessions_with_egress`], in its transaction.
 async fn insert_with_egress_tx(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     new: &NewSession,
     egress: &NewSessionEgress,
-) -> Result<OperationId> {
-    let op = insert_session_tx(tx, new).await?;
+    runner: Runner<'_>,
+) -> Result<OperationRecord> {
+    let op = insert_session_tx(tx, new, runner).await?;
     let e = &egress.egress;
     sqlx::query(
         "UPDATE sessions SET network_policy = $1, ca_cert = $2, ca_key_sealed = $3, idempotency_key = $5 WHERE id = $4",

@@ -105,22 +105,59 @@ fn op_from_row(row: &AnyRow) -> Result<OperationRecord> {
     })
 }
 
+/// Which replica runs a new operation.
+#[derive(Debug, Clone, Copy)]
+pub enum Runner<'a> {
+    /// The first whose loop claims it.
+    AnyReplica,
+    /// `replica`, which runs it at once: it is recorded claimed by it, leased until
+    /// `lease_until` (another replica takes it over only if that lease runs out).
+    Claimed { replica: &'a str, lease_until: i64 },
+}
+
 pub(crate) async fn insert_operation(conn: &mut sqlx::AnyConnection, new: &NewOperation) -> Result<OperationId> {
+    Ok(insert_operation_run_by(conn, new, Runner::AnyReplica).await?.operation.id)
+}
+
+/// Records operation `new`, to be run by `runner`; returns it as recorded.
+pub(crate) async fn insert_operation_run_by(
+    conn: &mut sqlx::AnyConnection,
+    new: &NewOperation,
+    runner: Runner<'_>,
+) -> Result<OperationRecord> {
     let id = OperationId::generate();
     let now = now_ms();
+    let (state, replica, lease_until) = match runner {
+        Runner::AnyReplica => (OperationState::Pending, None, None),
+        Runner::Claimed { replica, lease_until } => (OperationState::Running, Some(replica), Some(lease_until)),
+    };
     sqlx::query(
-        "INSERT INTO operations (id, tenant_id, session_id, kind, state, input, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, 'pending', $5, $6, $6)",
+        "INSERT INTO operations (id, tenant_id, session_id, kind, state, input, created_at, updated_at, claimed_by, lease_expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9)",
     )
     .bind(id.as_str())
     .bind(new.tenant_id.as_str())
     .bind(new.session_id.as_ref().map(|s| s.as_str()))
     .bind(new.kind.as_str())
+    .bind(state_str(state))
     .bind(&new.input)
     .bind(now)
+    .bind(replica)
+    .bind(lease_until)
     .execute(conn)
     .await?;
-    Ok(id)
+    let operation = Operation {
+        id,
+        kind: new.kind.as_str().to_owned(),
+        state,
+        session_id: new.session_id.clone(),
+        error: None,
+        error_code: None,
+        progress: None,
+        created_at: now,
+        updated_at: now,
+    };
+    Ok(OperationRecord { operation, kind: new.kind, input: new.input.clone(), tenant_id: new.tenant_id.clone() })
 }
 
 /// Records operation `id`'s end (failed with `error`, else succeeded) if `replica` still runs
@@ -316,6 +353,31 @@ mod tests {
         let op = store.operation(&t, &id).await.unwrap().unwrap();
         assert_eq!(op.state, OperationState::Failed);
         assert_eq!(op.error.as_deref(), Some("boom"));
+    }
+
+    #[tokio::test]
+    async fn a_create_run_by_the_replica_that_records_it_is_no_other_ones_until_its_lease_runs_out() {
+        let (store, _dir) = test_store().await;
+        let (a, b) = (store.clone().as_replica("a"), store.as_replica("b"));
+        let t = a.ensure_tenant("t").await.unwrap();
+        let new = crate::sessions::tests::a_new_session(&t);
+        let egress = crate::SessionEgressRecord { policy: Default::default(), ca_cert: None, ca_key_sealed: None };
+        let egress = crate::NewSessionEgress { egress, grants: vec![], inherited_from: None, idempotency_key: None };
+        let op = a.insert_session_to_run(&new, &egress, LEASE).await.unwrap();
+        let now = now_ms();
+        assert_eq!((op.kind, op.operation.session_id.as_ref()), (OperationKind::CreateSession, Some(&new.id)));
+        // What the caller is handed is what was recorded.
+        let stored = a.operation(&t, &op.operation.id).await.unwrap().unwrap();
+        assert_eq!((stored.state, stored.created_at), (OperationState::Running, op.operation.created_at));
+        assert_eq!(op.operation.state, OperationState::Running);
+        // No loop claims it, not even a's own; a renews its lease as for one it claimed.
+        assert!(a.claim_operation(now, LEASE).await.unwrap().is_none());
+        assert!(b.claim_operation(now, LEASE).await.unwrap().is_none());
+        assert_eq!(a.renew_operation_leases(now + LEASE).await.unwrap(), 1);
+        // a died: at its lease's end b takes the create over.
+        let taken = b.claim_operation(now + LEASE, LEASE).await.unwrap().unwrap();
+        assert_eq!(taken.operation.id, op.operation.id);
+        assert!(!a.finish_operation(&op.operation.id, None).await.unwrap(), "a's end no longer counts");
     }
 
     #[tokio::test]

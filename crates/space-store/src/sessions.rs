@@ -9,9 +9,9 @@ use space_api::{
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::operations::insert_operation;
+use crate::operations::{Runner, insert_operation, insert_operation_run_by};
 use crate::quotas::{Demand, check_quota_tx, counts_sandbox};
-use crate::{NewOperation, OperationKind, Result, Store, StoreError, now_ms, parse};
+use crate::{NewOperation, OperationKind, OperationRecord, Result, Store, StoreError, now_ms, parse};
 
 /// A session as stored, with its owner.
 #[derive(Debug, Clone)]
@@ -147,9 +147,9 @@ impl Store {
     /// it, atomically: a crash never leaves a session without the work that finishes it.
     pub async fn insert_session(&self, new: &NewSession) -> Result<OperationId> {
         let mut tx = self.write_tx().await?;
-        let op_id = insert_session_tx(&mut tx, new).await?;
+        let op = insert_session_tx(&mut tx, new, Runner::AnyReplica).await?;
         tx.commit().await?;
-        Ok(op_id)
+        Ok(op.operation.id)
     }
 
     /// The session created under Idempotency-Key `key`, and its create operation.
@@ -499,11 +499,13 @@ impl Store {
     }
 }
 
-/// The rows of [`Store::insert_session`], inside the caller's transaction.
+/// The rows of [`Store::insert_session`], inside the caller's transaction, its operation to be
+/// run by `runner`.
 pub(crate) async fn insert_session_tx(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     new: &NewSession,
-) -> Result<OperationId> {
+    runner: Runner<'_>,
+) -> Result<OperationRecord> {
     check_quota_tx(tx, &new.tenant_id, &Demand::new_session(&new.resources)).await?;
     let now = now_ms();
     sqlx::query(
@@ -537,8 +539,7 @@ pub(crate) async fn insert_session_tx(
         kind: OperationKind::CreateSession,
         input: None,
     };
-    let op_id = insert_operation(tx, &op).await?;
-    Ok(op_id)
+    insert_operation_run_by(tx, &op, runner).await
 }
 
 async fn insert_labels(
@@ -615,9 +616,15 @@ pub(crate) mod tests {
 
     pub(crate) async fn new_session(store: &Store, tenant: &str) -> (TenantId, SessionId) {
         let tenant_id = store.ensure_tenant(tenant).await.unwrap();
-        let id = SessionId::generate();
-        let new = NewSession {
-            id: id.clone(),
+        let new = a_new_session(&tenant_id);
+        store.insert_session(&new).await.unwrap();
+        (tenant_id, new.id)
+    }
+
+    /// A session of `tenant_id` with the defaults, to be inserted.
+    pub(crate) fn a_new_session(tenant_id: &TenantId) -> NewSession {
+        NewSession {
+            id: SessionId::generate(),
             tenant_id: tenant_id.clone(),
             template: "busybox".into(),
             runtime: Default::default(),
@@ -628,9 +635,7 @@ pub(crate) mod tests {
             snapshot_policy: SnapshotPolicy::off(),
             lifetime: Default::default(),
             meta: Default::default(),
-        };
-        store.insert_session(&new).await.unwrap();
-        (tenant_id, id)
+        }
     }
 
     #[tokio::test]

@@ -181,8 +181,21 @@ pub async fn create_session(
     };
     // The session's egress reaches the gateway before any sandbox of it starts.
     let op = crate::egress::insert_new_session(&state, &mut new, request.network, &request.grants, key).await?;
-    state.reconciler.wake();
-    created(&state, &caller, &new.id, Some(op), params.wait).await
+    let op_id = op.operation.id.clone();
+    // This replica runs it at once: no loop has to claim it, no waiter reads the store for it.
+    let running = state.reconciler.perform_here(state.clone(), op);
+    if !params.wait {
+        return created(&state, &caller, &new.id, None, false).await;
+    }
+    match tokio::time::timeout(WAIT, running).await {
+        Ok(Ok(Some(ended))) => {
+            answer_created(&state, &caller, &new.id, ended.map_err(|e| (e.0.code, e.0.message))).await
+        }
+        // Another replica took it over: the store has its end.
+        Ok(Ok(None)) => created(&state, &caller, &new.id, Some(op_id), true).await,
+        Ok(Err(e)) => Err(AppError::internal(format!("creating session {} failed: {e}", new.id))),
+        Err(_) => created(&state, &caller, &new.id, None, false).await,
+    }
 }
 
 fn create_meta(request: &CreateSessionRequest) -> AppResult<SessionMeta> {
@@ -234,13 +247,29 @@ async fn created(
         return Ok((StatusCode::ACCEPTED, ApiJson(session)));
     };
     let finished = state.reconciler.wait(state, &caller.tenant_id, &op, WAIT).await?;
+    let ended = match finished.state {
+        OperationState::Failed => Err((
+            finished.error_code.unwrap_or(ErrorCode::SandboxUnavailable),
+            finished.error.unwrap_or_else(|| "session creation failed".into()),
+        )),
+        _ => Ok(()),
+    };
+    answer_created(state, caller, id, ended).await
+}
+
+/// The answer to a create of session `id` whose operation `ended` (with an error's code and
+/// message).
+async fn answer_created(
+    state: &AppState,
+    caller: &Caller,
+    id: &SessionId,
+    ended: Result<(), (ErrorCode, String)>,
+) -> AppResult<(StatusCode, ApiJson<Session>)> {
     let session = find_session(state, caller, id.as_str()).await?;
-    if finished.state == OperationState::Failed {
-        let message = finished.error.unwrap_or_else(|| "session creation failed".into());
-        let code = finished.error_code.unwrap_or(ErrorCode::SandboxUnavailable);
-        return Err(AppError::new(code, format!("creating session {} failed: {message}", session.id)));
+    match ended {
+        Ok(()) => Ok((StatusCode::CREATED, ApiJson(session))),
+        Err((code, message)) => Err(AppError::new(code, format!("creating session {} failed: {message}", session.id))),
     }
-    Ok((StatusCode::CREATED, ApiJson(session)))
 }
 
 /// The caller's sessions, newest first, filtered by the query: `label=KEY=VALUE` (repeat it:

@@ -13,7 +13,7 @@ use space_api::error::echo;
 use space_api::{CredentialId, ErrorCode, Session, SessionId, SessionState, TenantId};
 use space_gateway::{Grant, SessionCa, SessionEgress, placeholder_for};
 use space_node_api::EgressControl;
-use space_store::{CredentialRecord, NewSession, NewSessionEgress, SessionEgressRecord, Store};
+use space_store::{CredentialRecord, NewSession, NewSessionEgress, OperationRecord, SessionEgressRecord, Store};
 
 use crate::AppState;
 use crate::error::{AppError, AppResult};
@@ -391,14 +391,15 @@ fn add_placeholders(env: &mut BTreeMap<String, String>, grants: &[CredentialReco
 /// Records a new session (see [`space_store::Store::insert_session_with_egress`]) with
 /// `policy` and the credentials named in `grants`, after pushing its egress to the gateway
 /// (so it is there before any sandbox starts). Validates the policy (400) and the grants
-/// (404). Placeholders of the grants are added to `new.env`.
+/// (404). Placeholders of the grants are added to `new.env`. Returns the create operation,
+/// claimed by this replica: the caller runs it ([`crate::reconciler::Reconciler::perform_here`]).
 pub async fn insert_new_session(
     state: &AppState,
     new: &mut NewSession,
     policy: Option<NetworkPolicy>,
     grants: &[String],
     idempotency_key: Option<String>,
-) -> AppResult<space_api::OperationId> {
+) -> AppResult<OperationRecord> {
     let mut policy = policy.unwrap_or_default();
     policy.validate().map_err(|e| AppError::bad_request(format!("network: {e}")))?;
     for list in [&mut policy.allow, &mut policy.deny] {
@@ -510,18 +511,20 @@ impl Egress<'_> {
 
     /// Records `new` with `stored`, after handing `egress` to the gateway of the node it will
     /// be placed on if that is known now (so it is there before any sandbox starts; else
-    /// [`push_placed`] does it); the gateway forgets it again if the store refuses.
+    /// [`push_placed`] does it); the gateway forgets it again if the store refuses. Its create
+    /// operation is this replica's to run at once.
     async fn insert(
         self,
         new: &NewSession,
         stored: &NewSessionEgress,
         egress: SessionEgress,
-    ) -> AppResult<space_api::OperationId> {
+    ) -> AppResult<OperationRecord> {
         let gateway = self.gateways.gateway(None);
         if let Some(gateway) = gateway {
             gateway.set_session_egress(&new.id, egress).await?;
         }
-        match self.store.insert_session_with_egress(new, stored).await {
+        let lease = crate::replicas::lease_ms(crate::nodes::LEASE);
+        match self.store.insert_session_to_run(new, stored, lease).await {
             Ok(op) => Ok(op),
             Err(e) => {
                 forget_quietly(gateway, &new.id).await;
