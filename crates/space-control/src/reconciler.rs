@@ -1,8 +1,10 @@
 //! Performs queued operations. The API only records intent (a session row and an operation);
-//! this loop makes it so. Every step is idempotent and named after ids, so a crash at any point
+//! this loop makes it so (a create's operation is run at once by the replica that recorded
+//! it, see [`Reconciler::perform_here`]). Every step is idempotent and named after ids, so a crash at any point
 //! is repaired by running the operation again.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, SessionId, SessionState, SnapshotId};
@@ -30,6 +32,28 @@ pub struct Reconciler {
     /// The id of each operation as it finishes: a waiter reads its operation again only when
     /// it is its own (a burst of creates does not make every waiter read at every end).
     finished: broadcast::Sender<OperationId>,
+    /// The operations this process is running: only their leases are renewed, so one that
+    /// was claimed but is not running (its task never started, or panicked) is taken over.
+    running: Arc<Mutex<HashSet<OperationId>>>,
+}
+
+/// An operation in [`Reconciler::running`] until this is dropped (also when its task panics).
+struct Running {
+    set: Arc<Mutex<HashSet<OperationId>>>,
+    id: OperationId,
+}
+
+impl Running {
+    fn new(set: &Arc<Mutex<HashSet<OperationId>>>, id: OperationId) -> Self {
+        set.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone());
+        Running { set: set.clone(), id }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.set.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+    }
 }
 
 impl Default for Reconciler {
@@ -40,7 +64,16 @@ impl Default for Reconciler {
 
 impl Reconciler {
     pub fn new() -> Self {
-        Reconciler { wake: Arc::new(Notify::new()), finished: broadcast::channel(FINISHED_BACKLOG).0 }
+        Reconciler {
+            wake: Arc::new(Notify::new()),
+            finished: broadcast::channel(FINISHED_BACKLOG).0,
+            running: Default::default(),
+        }
+    }
+
+    /// The operations this process is running now.
+    pub fn running(&self) -> Vec<OperationId> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
     }
 
     /// Tells the loop there is new work.
@@ -78,6 +111,7 @@ impl Reconciler {
     /// (another replica took the operation over, or the store failed).
     pub fn perform_here(&self, state: AppState, op: OperationRecord) -> JoinHandle<Option<AppResult<()>>> {
         let finished = self.finished.clone();
+        let running = Running::new(&self.running, op.operation.id.clone());
         tokio::spawn(async move {
             let id = op.operation.id.clone();
             let result = perform(&state, op).await;
@@ -86,6 +120,7 @@ impl Reconciler {
                 Ok(Ended::ToRecord) => record_end(&state, &id, None).await.then_some(Ok(())),
                 Err(e) => record_end(&state, &id, Some(&e)).await.then_some(Err(e)),
             };
+            drop(running);
             // No receiver: nobody waits.
             let _ = finished.send(id);
             recorded

@@ -105,7 +105,8 @@ fn locked(nodes: &Mutex<Kept>) -> MutexGuard<'_, Kept> {
 async fn beat(state: &AppState, nodes: &Arc<Mutex<Kept>>) -> AppResult<()> {
     announce(state).await?;
     let now = now_ms();
-    state.store.renew_operation_leases(now.saturating_add(lease_ms(LEASE))).await?;
+    let running = state.reconciler.running();
+    state.store.renew_operation_leases(&running, now.saturating_add(lease_ms(LEASE))).await?;
     let interrupted = state.store.idempotency_interrupt_unfinished(false, now).await?;
     if interrupted > 0 {
         tracing::info!(interrupted, "idempotent requests of a replica that stopped are interrupted");

@@ -70,6 +70,9 @@ fn parse_state(s: &str) -> Result<OperationState> {
     })
 }
 
+/// Leases renewed by one statement (each id is one of its parameters).
+const RENEWED_AT_ONCE: usize = 500;
+
 const OP_COLUMNS: &str =
     "id, kind, state, session_id, error, progress, created_at, updated_at, input, tenant_id, error_code";
 
@@ -285,14 +288,23 @@ impl Store {
         row.map(|r| op_from_row(&r)).transpose()
     }
 
-    /// Renews until `until` the leases of the operations this handle's replica runs.
-    pub async fn renew_operation_leases(&self, until: i64) -> Result<u64> {
-        Ok(sqlx::query("UPDATE operations SET lease_expires_at = $1 WHERE claimed_by = $2 AND state = 'running'")
-            .bind(until)
-            .bind(&*self.replica)
-            .execute(&self.writer)
-            .await?
-            .rows_affected())
+    /// Renews until `until` the leases of operations `ids`, those this handle's replica claimed
+    /// and is running. One it claimed but no longer runs (its task was never started, or
+    /// panicked) keeps its lease until it runs out, and is then claimed again.
+    pub async fn renew_operation_leases(&self, ids: &[OperationId], until: i64) -> Result<u64> {
+        let mut renewed = 0;
+        for chunk in ids.chunks(RENEWED_AT_ONCE) {
+            let list = (0..chunk.len()).map(|i| format!("${}", i + 3)).collect::<Vec<_>>().join(", ");
+            let sql = format!(
+                "UPDATE operations SET lease_expires_at = $1 WHERE claimed_by = $2 AND state = 'running' AND id IN ({list})"
+            );
+            let mut query = sqlx::query(&sql).bind(until).bind(&*self.replica);
+            for id in chunk {
+                query = query.bind(id.as_str());
+            }
+            renewed += query.execute(&self.writer).await?.rows_affected();
+        }
+        Ok(renewed)
     }
 
     /// Records the operation's end: `error` is the failure's (code, message). Only its
@@ -370,14 +382,30 @@ mod tests {
         let stored = a.operation(&t, &op.operation.id).await.unwrap().unwrap();
         assert_eq!((stored.state, stored.created_at), (OperationState::Running, op.operation.created_at));
         assert_eq!(op.operation.state, OperationState::Running);
-        // No loop claims it, not even a's own; a renews its lease as for one it claimed.
+        // No loop claims it while its lease holds, not even a's own.
         assert!(a.claim_operation(now, LEASE).await.unwrap().is_none());
-        assert!(b.claim_operation(now, LEASE).await.unwrap().is_none());
-        assert_eq!(a.renew_operation_leases(now + LEASE).await.unwrap(), 1);
-        // a died: at its lease's end b takes the create over.
+        assert!(b.claim_operation(now + LEASE - 2_000, LEASE).await.unwrap().is_none());
+        // a died before renewing it: at the lease's end b takes the create over.
         let taken = b.claim_operation(now + LEASE, LEASE).await.unwrap().unwrap();
         assert_eq!(taken.operation.id, op.operation.id);
         assert!(!a.finish_operation(&op.operation.id, None).await.unwrap(), "a's end no longer counts");
+    }
+
+    #[tokio::test]
+    async fn only_the_leases_of_operations_still_running_are_renewed() {
+        let (store, _dir) = test_store().await;
+        let t = store.ensure_tenant("t").await.unwrap();
+        let mut ids = Vec::new();
+        for _ in 0..RENEWED_AT_ONCE + 2 {
+            ids.push(store.insert_operation(&build(&t)).await.unwrap());
+            store.claim_operation(now_ms(), LEASE).await.unwrap().unwrap();
+        }
+        let now = now_ms();
+        // All but the first: its task is gone.
+        assert_eq!(store.renew_operation_leases(&ids[1..], now + 2 * LEASE).await.unwrap(), ids.len() as u64 - 1);
+        let again = store.claim_operation(now + LEASE, LEASE).await.unwrap().unwrap();
+        assert_eq!(again.operation.id, ids[0]);
+        assert!(store.claim_operation(now + LEASE, LEASE).await.unwrap().is_none());
     }
 
     #[tokio::test]
@@ -391,14 +419,14 @@ mod tests {
         // b starting requeues only its own; a's lease holds while a renews it.
         assert_eq!(b.requeue_running_operations().await.unwrap(), 0);
         assert!(b.claim_operation(now + LEASE - 1, LEASE).await.unwrap().is_none());
-        assert_eq!(a.renew_operation_leases(now + 2 * LEASE).await.unwrap(), 1);
+        assert_eq!(a.renew_operation_leases(std::slice::from_ref(&id), now + 2 * LEASE).await.unwrap(), 1);
         assert!(b.claim_operation(now + 2 * LEASE - 1, LEASE).await.unwrap().is_none());
         // a stopped renewing: at the lease's end b takes the operation over.
         let taken = b.claim_operation(now + 2 * LEASE, LEASE).await.unwrap().unwrap();
         assert_eq!((taken.operation.id.clone(), taken.operation.state), (id.clone(), OperationState::Running));
         // a, late, finishes it: that counts for nothing; b's end does.
         assert!(!a.finish_operation(&id, Some((ErrorCode::Internal, "late"))).await.unwrap());
-        assert_eq!(a.renew_operation_leases(now + 3 * LEASE).await.unwrap(), 0);
+        assert_eq!(a.renew_operation_leases(std::slice::from_ref(&id), now + 3 * LEASE).await.unwrap(), 0);
         assert!(b.finish_operation(&id, None).await.unwrap());
         let op = b.operation(&t, &id).await.unwrap().unwrap();
         assert_eq!((op.state, op.error), (OperationState::Succeeded, None));

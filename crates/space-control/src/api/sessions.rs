@@ -145,11 +145,12 @@ pub async fn create_session(
     ApiJson(request): ApiJson<CreateSessionRequest>,
 ) -> AppResult<(StatusCode, ApiJson<Session>)> {
     let key = key.map(|Extension(RunsUnderKey(key))| key);
+    let wait = params.wait.then(|| tokio::time::Instant::now() + WAIT);
     if let Some(key) = &key
         && let Some((id, op)) = state.store.session_created_under_key(&caller.tenant_id, key).await?
     {
         // A retry of a create a crash interrupted after the session was recorded.
-        return created(&state, &caller, &id, op, params.wait).await;
+        return created(&state, &caller, &id, op, wait).await;
     }
     let template = request.template.clone().unwrap_or_else(|| state.default_template.clone());
     check_template(&state, &caller.tenant_id, &template).await?;
@@ -184,17 +185,16 @@ pub async fn create_session(
     let op_id = op.operation.id.clone();
     // This replica runs it at once: no loop has to claim it, no waiter reads the store for it.
     let running = state.reconciler.perform_here(state.clone(), op);
-    if !params.wait {
-        return created(&state, &caller, &new.id, None, false).await;
-    }
-    match tokio::time::timeout(WAIT, running).await {
+    let Some(deadline) = wait else { return created(&state, &caller, &new.id, None, None).await };
+    match tokio::time::timeout_at(deadline, running).await {
         Ok(Ok(Some(ended))) => {
             answer_created(&state, &caller, &new.id, ended.map_err(|e| (e.0.code, e.0.message))).await
         }
-        // Another replica took it over: the store has its end.
-        Ok(Ok(None)) => created(&state, &caller, &new.id, Some(op_id), true).await,
+        // Its end was not recorded here (another replica took it over, or recording it
+        // failed and it runs again): the store will have it.
+        Ok(Ok(None)) => created(&state, &caller, &new.id, Some(op_id), wait).await,
         Ok(Err(e)) => Err(AppError::internal(format!("creating session {} failed: {e}", new.id))),
-        Err(_) => created(&state, &caller, &new.id, None, false).await,
+        Err(_) => created(&state, &caller, &new.id, None, None).await,
     }
 }
 
@@ -233,26 +233,29 @@ fn updated_meta(session: &Session, request: &UpdateSessionRequest) -> AppResult<
     Ok((meta != SessionMeta::of(session)).then_some(meta))
 }
 
-/// The answer to a create of session `id` by operation `op`: at once (`wait` false), or once
-/// the operation has finished.
+/// The answer to a create of session `id` by operation `op`: once the operation has finished,
+/// or 202 at once (no `wait` deadline) or when it has not finished by the deadline.
 async fn created(
     state: &AppState,
     caller: &Caller,
     id: &SessionId,
     op: Option<OperationId>,
-    wait: bool,
+    wait: Option<tokio::time::Instant>,
 ) -> AppResult<(StatusCode, ApiJson<Session>)> {
-    let (Some(op), true) = (op, wait) else {
+    let accepted = async {
         let session = find_session(state, caller, id.as_str()).await?;
-        return Ok((StatusCode::ACCEPTED, ApiJson(session)));
+        Ok((StatusCode::ACCEPTED, ApiJson(session)))
     };
-    let finished = state.reconciler.wait(state, &caller.tenant_id, &op, WAIT).await?;
+    let (Some(op), Some(deadline)) = (op, wait) else { return accepted.await };
+    let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let finished = state.reconciler.wait(state, &caller.tenant_id, &op, timeout).await?;
     let ended = match finished.state {
+        OperationState::Succeeded => Ok(()),
         OperationState::Failed => Err((
             finished.error_code.unwrap_or(ErrorCode::SandboxUnavailable),
             finished.error.unwrap_or_else(|| "session creation failed".into()),
         )),
-        _ => Ok(()),
+        OperationState::Pending | OperationState::Running => return accepted.await,
     };
     answer_created(state, caller, id, ended).await
 }
