@@ -55,8 +55,13 @@ fn debian_template_runs_python() {
     // procps's free and top read /proc/meminfo, which lxcfs answers from the session's cgroup.
     let r = server.exec(&id, &["sh", "-c", "free -m | awk '/^Mem:/ {print $2}'"]);
     assert_eq!(r["stdout"], "400\n", "free shows the session's memory: {r}");
-    let r = server.exec(&id, &["sh", "-c", "nohup sleep 1000 >/dev/null 2>&1 & echo started"]);
-    assert_eq!(r["stdout"], "started\n", "{r}");
-    let r = server.exec(&id, &["pgrep", "-c", "-x", "sleep"]);
-    assert_eq!(r["stdout"], "1\n", "nohup'd process must outlive its exec: {r}");
+    let r = server.exec(&id, &["sh", "-c", "nohup sleep 1000 >/dev/null 2>&1 & echo $!"]);
+    let pid = r["stdout"].as_str().unwrap_or_default().trim().to_owned();
+    assert!(pid.parse::<u32>().is_ok(), "{r}");
+    // The exec may end before nohup has become `sleep`: what matters is that it lives on.
+    let became_sleep = format!(
+        "for i in $(seq 100); do [ \"$(cat /proc/{pid}/comm 2>/dev/null)\" = sleep ] && exit 0; sleep 0.1; done; exit 1"
+    );
+    let r = server.exec(&id, &["sh", "-c", &became_sleep]);
+    assert_eq!(r["exit_code"], 0, "nohup'd process must outlive its exec: {r}");
 }

@@ -3,7 +3,7 @@
 //! it, see [`Reconciler::perform_here`]). Every step is idempotent and named after ids, so a crash at any point
 //! is repaired by running the operation again.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,25 +34,36 @@ pub struct Reconciler {
     finished: broadcast::Sender<OperationId>,
     /// The operations this process is running: only their leases are renewed, so one that
     /// was claimed but is not running (its task never started, or panicked) is taken over.
-    running: Arc<Mutex<HashSet<OperationId>>>,
+    running: RunningSet,
 }
 
-/// An operation in [`Reconciler::running`] until this is dropped (also when its task panics).
+/// The operations with a task in this process, each with its number of tasks: a replica
+/// whose beat stalled past a lease may claim again an operation it still runs.
+type RunningSet = Arc<Mutex<HashMap<OperationId, usize>>>;
+
+/// A task of an operation, counted in a [`RunningSet`] until this is dropped (also when the
+/// task panics).
 struct Running {
-    set: Arc<Mutex<HashSet<OperationId>>>,
+    set: RunningSet,
     id: OperationId,
 }
 
 impl Running {
-    fn new(set: &Arc<Mutex<HashSet<OperationId>>>, id: OperationId) -> Self {
-        set.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone());
+    fn new(set: &RunningSet, id: OperationId) -> Self {
+        *set.lock().unwrap_or_else(|e| e.into_inner()).entry(id.clone()).or_default() += 1;
         Running { set: set.clone(), id }
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.set.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+        let mut set = self.set.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tasks) = set.get_mut(&self.id) {
+            *tasks -= 1;
+            if *tasks == 0 {
+                set.remove(&self.id);
+            }
+        }
     }
 }
 
@@ -73,7 +84,7 @@ impl Reconciler {
 
     /// The operations this process is running now.
     pub fn running(&self) -> Vec<OperationId> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
     }
 
     /// Tells the loop there is new work.
@@ -699,4 +710,21 @@ async fn missing_nowhere(state: &AppState, name: &str) -> bool {
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_operation_is_running_while_any_of_its_tasks_is() {
+        let reconciler = Reconciler::new();
+        let id = OperationId::generate();
+        let first = Running::new(&reconciler.running, id.clone());
+        let second = Running::new(&reconciler.running, id.clone());
+        drop(first);
+        assert_eq!(reconciler.running(), vec![id]);
+        drop(second);
+        assert!(reconciler.running().is_empty());
+    }
 }
