@@ -398,16 +398,11 @@ fn answers_within(server: &Server, id: &str, secs: u32) -> bool {
     String::from_utf8_lossy(&common::curl(&args).stdout).contains("answering\\n")
 }
 
-/// `kill -9` of the server while a full snapshot or a fork of the live session runs: after
-/// the restart the session is running and answers. (CRIU used to outlive the server and, at
-/// the end of its dump, freeze again the sandbox the new server had thawed.)
-#[test]
-fn kill9_during_full_snapshots_and_forks_leaves_a_session_that_answers() {
-    require_root!();
-    let mut server = Server::start_with(&["--pool", ""]);
+/// A live session with a counter and 64 MiB of memory for CRIU to copy (so that what
+/// interrupts a full snapshot or a fork lands while CRIU works); returns its id.
+fn session_for_checkpoints(server: &Server) -> String {
     let id = server.create_session(json!({ "memory_mib": 512 }));
-    start_counter(&server, &id);
-    // Memory for CRIU to copy, so that the kill lands while it works.
+    start_counter(server, &id);
     let holder = r#"awk 'BEGIN { s = sprintf("%67108864s", ""); while (1) system("sleep 100000") }'"#;
     let (status, r) = server.call(
         "POST",
@@ -415,22 +410,103 @@ fn kill9_during_full_snapshots_and_forks_leaves_a_session_that_answers() {
         Some(json!({ "cmd": ["sh", "-c", holder], "background": true })),
     );
     assert_eq!(status, 200, "{r}");
-    counter_above(&server, &id, 2);
+    counter_above(server, &id, 2);
+    id
+}
+
+/// Round `round`'s call on session `id`: a full snapshot (even rounds) or a fork, as a curl
+/// that gives up after `max_secs` (if given), on a thread of its own.
+fn checkpoint_call(server: &Server, id: &str, round: u64, max_secs: Option<f64>) -> std::thread::JoinHandle<()> {
+    let (call, body) =
+        if round.is_multiple_of(2) { ("snapshots", json!({ "kind": "full" })) } else { ("fork", json!({ "count": 1 })) };
+    let (url, auth) = (format!("{}/v1/sessions/{id}/{call}", server.url), server.auth());
+    std::thread::spawn(move || {
+        let data = body.to_string();
+        let mut args: Vec<String> =
+            ["-s", "-X", "POST", "-H", &auth, "-H", "content-type: application/json", "-d", &data]
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+        if let Some(secs) = max_secs {
+            args.extend(["-m".to_string(), format!("{secs:.2}")]);
+        }
+        args.push(url);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        common::curl(&args);
+    })
+}
+
+/// `kill -9` of the server while a full snapshot or a fork of the live session runs: after
+/// the restart the session is running and answers, its processes too. (CRIU used to outlive
+/// the server and, at the end of its dump, freeze again the sandbox the new server had
+/// thawed; and split, the node cancelled the call of the control plane killed first, and
+/// CRIU with it, its parasite inside the sandbox's processes.)
+#[test]
+fn kill9_during_full_snapshots_and_forks_leaves_a_session_that_answers() {
+    require_root!();
+    let mut server = Server::start_with(&["--pool", ""]);
+    let id = session_for_checkpoints(&server);
     for round in 0..6u64 {
-        let (call, body) =
-            if round % 2 == 0 { ("snapshots", json!({ "kind": "full" })) } else { ("fork", json!({ "count": 1 })) };
-        let (url, auth) = (format!("{}/v1/sessions/{id}/{call}", server.url), server.auth());
-        let request = std::thread::spawn(move || {
-            let data = body.to_string();
-            common::curl(&["-s", "-X", "POST", "-H", &auth, "-H", "content-type: application/json", "-d", &data, &url])
-        });
+        let request = checkpoint_call(&server, &id, round, None);
         std::thread::sleep(Duration::from_millis(60 + round * 40));
         server.kill9();
         let _ = request.join();
         server.spawn();
-        eventually("the session is running again", || (session(&server, &id)["state"] == "running").then_some(()));
+        running_again(&server, &id, round);
         assert!(answers_within(&server, &id, 30), "round {round}: the session is running but does not answer");
         counter_above(&server, &id, counter(&server, &id));
+    }
+}
+
+/// A client that hangs up while a full snapshot or a fork of the live session is taken does
+/// not cut it short: it is finished (the snapshot is listed, the fork made), and the session
+/// runs on and answers, its processes too. (The request was cancelled with its client, and
+/// with it CRIU, killed with its parasite inside the sandbox's processes.)
+#[test]
+fn a_client_that_hangs_up_does_not_cut_full_snapshots_and_forks_short() {
+    require_root!();
+    let server = Server::start_with(&["--pool", ""]);
+    let id = session_for_checkpoints(&server);
+    let sessions_before = server.call("GET", "/v1/sessions", None).1["sessions"].as_array().map_or(0, Vec::len);
+    for round in 0..4u64 {
+        checkpoint_call(&server, &id, round, Some(0.05 + round as f64 * 0.05)).join().unwrap();
+        running_again(&server, &id, round);
+        assert!(answers_within(&server, &id, 30), "round {round}: the session is running but does not answer");
+        counter_above(&server, &id, counter(&server, &id));
+    }
+    // Two asked for, and one for each fork.
+    let full = eventually("four full snapshots are taken", || {
+        let listed = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None).1;
+        let snapshots = listed["snapshots"].as_array().cloned().unwrap_or_default();
+        (snapshots.iter().filter(|s| s["kind"] == "full").count() == 4).then_some(snapshots)
+    });
+    assert_eq!(full.len(), 4, "{full:?}");
+    let forks = eventually("both forks are made", || {
+        let listed = server.call("GET", "/v1/sessions", None).1;
+        let all = listed["sessions"].as_array().cloned().unwrap_or_default();
+        (all.len() == sessions_before + 2).then_some(all)
+    });
+    for fork in forks.iter().filter(|s| s["id"] != id.as_str()) {
+        let fork_id = fork["id"].as_str().unwrap();
+        running_again(&server, fork_id, 0);
+        assert!(answers_within(&server, fork_id, 30), "the fork {fork_id} does not answer");
+    }
+}
+
+/// Waits for session `id` to read `running` after a restart; a failure says what it reads
+/// instead, its events and the server's log.
+fn running_again(server: &Server, id: &str, round: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while session(server, id)["state"] != "running" {
+        if Instant::now() > deadline {
+            let events = server.call("GET", &format!("/v1/sessions/{id}/events"), None).1;
+            panic!(
+                "round {round}: the session is not running again: {}\nevents: {events}\n{}",
+                session(server, id),
+                server.log_text()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

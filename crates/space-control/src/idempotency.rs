@@ -7,6 +7,9 @@
 //! database test guesses of the value offline. Responses can hold one (a new API key): a
 //! handler marks those with [`CarriesSecret`], and they are never recorded; a retry learns
 //! that the first request succeeded, not what it answered.
+//!
+//! Every change (any method but GET, HEAD and OPTIONS), with a key or without, runs to its
+//! end on a task of its own: a client that hangs up does not cancel it half-way.
 
 use std::sync::Arc;
 
@@ -109,12 +112,13 @@ impl Idempotency {
 }
 
 pub async fn idempotency(State(state): State<Idempotency>, request: Request, next: Next) -> Result<Response, AppError> {
-    let Some(key) = request.headers().get(HEADER).cloned() else {
-        return Ok(next.run(request).await);
-    };
-    if !matches!(*request.method(), Method::POST | Method::DELETE) {
+    if !changes(request.method()) {
         return Ok(next.run(request).await);
     }
+    let keyed = matches!(*request.method(), Method::POST | Method::DELETE);
+    let Some(key) = request.headers().get(HEADER).filter(|_| keyed).cloned() else {
+        return to_completion(next.run(request)).await;
+    };
     let key = key
         .to_str()
         .ok()
@@ -169,15 +173,35 @@ pub async fn idempotency(State(state): State<Idempotency>, request: Request, nex
         }
     }
 
-    // On a task of its own: a client that goes away must not cancel the request half-way and
-    // leave its key in progress; the task runs it to the end and records the response.
+    // To completion: a request cancelled half-way would also leave its key in progress; the
+    // task runs it to the end and records the response.
     let mut request = Request::from_parts(parts, Body::from(body));
     request.extensions_mut().insert(RunsUnderKey(key.clone()));
-    // In the request's span, so what it logs carries the request id.
     let run = async move { run_and_record(&state, &caller.tenant_id, &key, next, request).await };
+    to_completion(run).await?
+}
+
+/// Whether a request of `method` may change something (and so runs to completion).
+fn changes(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// Middleware of routes without the idempotency layer (the E2B endpoint's): every change runs
+/// to its end, as [`idempotency`] runs those it sees.
+pub async fn changes_to_completion(request: Request, next: Next) -> Response {
+    if !changes(request.method()) {
+        return next.run(request).await;
+    }
+    to_completion(next.run(request)).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Runs a change on a task of its own, to its end: a client that goes away must not cancel it
+/// half-way (a sandbox left frozen, a snapshot row left `creating`, a CRIU dump cut short).
+/// In the request's span, so what it logs carries the request id.
+async fn to_completion<T: Send + 'static>(run: impl Future<Output = T> + Send + 'static) -> Result<T, AppError> {
     tokio::spawn(tracing::Instrument::in_current_span(run))
         .await
-        .map_err(|e| AppError::internal(format!("request task: {e}")))?
+        .map_err(|e| AppError::internal(format!("request task: {e}")))
 }
 
 /// Runs the request and records its response under `key` (see the module docs for what is

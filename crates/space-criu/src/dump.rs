@@ -24,6 +24,8 @@ const GHOST_IMAGE_PREFIX: &str = "ghost-file-";
 
 /// The log file a dump writes in its images directory.
 pub const DUMP_LOG: &str = "dump.log";
+/// What the tools a dump runs print (a `.log`: not counted as an image).
+const DUMP_STDERR: &str = "dump-stderr.log";
 
 /// What to dump and how.
 #[derive(Debug, Clone)]
@@ -79,7 +81,8 @@ impl Criu {
     pub async fn dump(&self, opts: &DumpOptions) -> Result<DumpStats> {
         tokio::fs::create_dir_all(&opts.images_dir).await.map_err(io_err("create images dir", &opts.images_dir))?;
         let log = opts.images_dir.join(DUMP_LOG);
-        let wall = run::criu(self, "dump", &dump_args(opts), &[], &log).await?;
+        let stderr = opts.images_dir.join(DUMP_STDERR);
+        let wall = run::criu(self, "dump", &dump_args(opts), &[], &log, &stderr).await?;
         let sizes = images_size(&opts.images_dir).await?;
         if sizes.ghosts > opts.ghost_total_limit {
             return Err(CriuError::GhostsTooLarge { bytes: sizes.ghosts, limit: opts.ghost_total_limit });

@@ -11,12 +11,14 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// A running CRIU process, recorded until this value is dropped.
+/// A running CRIU process, recorded until [`RunRecord::ended`]. Only that removes the record:
+/// a wait that is itself cut short (the runtime shutting down) leaves it for the next start.
 #[derive(Debug)]
 pub(crate) struct RunRecord(PathBuf);
 
-impl Drop for RunRecord {
-    fn drop(&mut self) {
+impl RunRecord {
+    /// The process ended (it was waited for).
+    pub(crate) fn ended(self) {
         let _ = std::fs::remove_file(&self.0);
     }
 }
@@ -91,7 +93,7 @@ mod tests {
         let mut child = std::process::Command::new("sleep").arg("0.3").spawn().unwrap();
         let pid = child.id();
         let record = record(dir.path(), pid).expect("recorded");
-        std::mem::forget(record); // as if the server died: the record stays
+        drop(record); // as if the server died: the record stays
         std::fs::write(dir.path().join("criu-1"), "1 1\n").unwrap(); // pid 1 started later than tick 1
         assert_eq!(wait_for_survivors(dir.path(), Duration::from_secs(10)), 1);
         assert_eq!(start_time(pid), None, "returned while the process still ran");

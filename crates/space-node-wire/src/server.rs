@@ -92,7 +92,7 @@ async fn answer(served: Arc<Served>, mut request: Request<Incoming>) -> Result<R
     Ok(match (parts.method, parts.uri.path()) {
         (Method::GET, paths::INFO) => json(StatusCode::OK, &info(node.as_ref(), &served.incarnation).await),
         (Method::POST, paths::CALL) => match parse(&body) {
-            Ok(call) => calls::answer(&served, call).await,
+            Ok(call) => calls::answer(served.clone(), call).await,
             Err(e) => bad_request(e),
         },
         (Method::POST, paths::TEMPLATE) => match parse(&body) {

@@ -49,6 +49,7 @@ const TOKEN_PURPOSE: &str = "e2b-envd-access-token";
 /// The E2B endpoint's routes over the control plane's `state`.
 pub fn router(state: AppState) -> Router {
     let control = sandboxes::routes()
+        .route_layer(middleware::from_fn(crate::idempotency::changes_to_completion))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         .with_state(state.clone());
     let envd = envd::routes()

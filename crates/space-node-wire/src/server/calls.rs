@@ -1,5 +1,6 @@
 //! Answers the operations that answer once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::{Response, StatusCode};
@@ -13,7 +14,20 @@ use crate::ops::{Call, NodeFailure};
 /// and it failed, which tells it from a refusal of the request itself.
 pub(crate) const FAILED: StatusCode = StatusCode::UNPROCESSABLE_ENTITY;
 
-pub(super) async fn answer(served: &Served, call: Call) -> Response<Body> {
+/// Answers `call`. Every call but [`Call::WaitExit`] (which only waits) runs on a task of its
+/// own: a control plane that goes away (it crashed, or cancelled its request) must not cancel
+/// the node's work half-way, leaving a sandbox frozen or a CRIU dump unwaited.
+pub(super) async fn answer(served: Arc<Served>, call: Call) -> Response<Body> {
+    if matches!(call, Call::WaitExit { .. }) {
+        return perform(&served, call).await;
+    }
+    match tokio::spawn(async move { perform(&served, call).await }).await {
+        Ok(response) => response,
+        Err(e) => result::<()>(Err(NodeError::Failed(Box::new(e)))),
+    }
+}
+
+async fn perform(served: &Served, call: Call) -> Response<Body> {
     let node = served.node.clone();
     match call {
         Call::StartBackground => {
