@@ -80,6 +80,38 @@ fn background_processes_outlive_the_exec_that_started_them() {
     assert_eq!(status, 204);
 }
 
+/// A JSON exec's command ends when its client hangs up (unlike the API's other changes, which
+/// run to their end): a command without a time bound would otherwise run for ever.
+#[test]
+fn a_json_exec_is_killed_when_its_client_hangs_up() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    let body = json!({ "cmd": ["sh", "-c", "echo $$ > /tmp/exec.pid; exec sleep 1000"] }).to_string();
+    let url = format!("{}/v1/sessions/{id}/exec", server.url);
+    let auth = server.auth();
+    let out = common::curl(&[
+        "-s",
+        "-m",
+        "1",
+        "-X",
+        "POST",
+        "-H",
+        &auth,
+        "-H",
+        "content-type: application/json",
+        "-d",
+        &body,
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(28), "curl should have given up (exit 28)");
+    // Bounded: the command is killed once the server sees the connection closed.
+    let gone = "for _ in $(seq 100); do [ -d /proc/$(cat /tmp/exec.pid) ] || { echo gone; exit; }; sleep 0.1; done; \
+                echo still running";
+    let r = server.exec(&id, &["sh", "-c", gone]);
+    assert_eq!(r["stdout"], "gone\n", "{r}");
+}
+
 #[test]
 fn cli_streams_output_forwards_stdin_and_exits_with_the_command_code() {
     require_root!();

@@ -417,8 +417,11 @@ fn session_for_checkpoints(server: &Server) -> String {
 /// Round `round`'s call on session `id`: a full snapshot (even rounds) or a fork, as a curl
 /// that gives up after `max_secs` (if given), on a thread of its own.
 fn checkpoint_call(server: &Server, id: &str, round: u64, max_secs: Option<f64>) -> std::thread::JoinHandle<()> {
-    let (call, body) =
-        if round.is_multiple_of(2) { ("snapshots", json!({ "kind": "full" })) } else { ("fork", json!({ "count": 1 })) };
+    let (call, body) = if round.is_multiple_of(2) {
+        ("snapshots", json!({ "kind": "full" }))
+    } else {
+        ("fork", json!({ "count": 1 }))
+    };
     let (url, auth) = (format!("{}/v1/sessions/{id}/{call}", server.url), server.auth());
     std::thread::spawn(move || {
         let data = body.to_string();

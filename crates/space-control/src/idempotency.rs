@@ -9,7 +9,8 @@
 //! that the first request succeeded, not what it answered.
 //!
 //! Every change (any method but GET, HEAD and OPTIONS), with a key or without, runs to its
-//! end on a task of its own: a client that hangs up does not cancel it half-way.
+//! end on a task of its own: a client that hangs up does not cancel it half-way. An exec
+//! without a key is the exception ([`CANCELLABLE`]).
 
 use std::sync::Arc;
 
@@ -47,6 +48,17 @@ const RESUMABLE: &[(Method, &str)] = &[(Method::POST, "/v1/sessions")];
 
 fn resumable(method: &Method, route: Option<&MatchedPath>) -> bool {
     route.is_some_and(|r| RESUMABLE.iter().any(|(m, p)| m == method && *p == r.as_str()))
+}
+
+/// Changes that end with their client when it sends no key: an exec the client waits for is
+/// killed when it hangs up (the agent kills the process group of an exec whose stream is
+/// dropped), as a terminal's command ends with the terminal; one without a time bound would
+/// otherwise run for ever. An exec that should outlive its client asks for `background`. (With
+/// a key, an exec runs to its end like any change: its record must be finished.)
+const CANCELLABLE: &[(Method, &str)] = &[(Method::POST, "/v1/sessions/{id}/exec")];
+
+fn cancellable(method: &Method, route: Option<&MatchedPath>) -> bool {
+    route.is_some_and(|r| CANCELLABLE.iter().any(|(m, p)| m == method && *p == r.as_str()))
 }
 
 /// Response extension of a response that carries a secret: it is not recorded for replay.
@@ -117,6 +129,9 @@ pub async fn idempotency(State(state): State<Idempotency>, request: Request, nex
     }
     let keyed = matches!(*request.method(), Method::POST | Method::DELETE);
     let Some(key) = request.headers().get(HEADER).filter(|_| keyed).cloned() else {
+        if cancellable(request.method(), request.extensions().get::<MatchedPath>()) {
+            return Ok(next.run(request).await);
+        }
         return to_completion(next.run(request)).await;
     };
     let key = key
@@ -199,9 +214,11 @@ pub async fn changes_to_completion(request: Request, next: Next) -> Response {
 /// half-way (a sandbox left frozen, a snapshot row left `creating`, a CRIU dump cut short).
 /// In the request's span, so what it logs carries the request id.
 async fn to_completion<T: Send + 'static>(run: impl Future<Output = T> + Send + 'static) -> Result<T, AppError> {
-    tokio::spawn(tracing::Instrument::in_current_span(run))
-        .await
-        .map_err(|e| AppError::internal(format!("request task: {e}")))
+    tokio::spawn(tracing::Instrument::in_current_span(run)).await.map_err(|e| {
+        // A panic's message is the server's, not the client's.
+        tracing::error!(error = %e, "a request's task failed");
+        AppError::internal("the request failed inside the server (it is logged); try again")
+    })
 }
 
 /// Runs the request and records its response under `key` (see the module docs for what is

@@ -14,17 +14,38 @@ use crate::ops::{Call, NodeFailure};
 /// and it failed, which tells it from a refusal of the request itself.
 pub(crate) const FAILED: StatusCode = StatusCode::UNPROCESSABLE_ENTITY;
 
-/// Answers `call`. Every call but [`Call::WaitExit`] (which only waits) runs on a task of its
-/// own: a control plane that goes away (it crashed, or cancelled its request) must not cancel
-/// the node's work half-way, leaving a sandbox frozen or a CRIU dump unwaited.
+/// Answers `call`. A call that may change something runs on a task of its own: a control plane
+/// that goes away (it crashed, or cancelled its request) must not cancel the node's work
+/// half-way, leaving a sandbox frozen or a CRIU dump unwaited. One that only reads or waits is
+/// answered inline, so a control plane that gives up on it (a heartbeat's or placement's time
+/// bound) ends it.
 pub(super) async fn answer(served: Arc<Served>, call: Call) -> Response<Body> {
-    if matches!(call, Call::WaitExit { .. }) {
+    if only_reads(&call) {
         return perform(&served, call).await;
     }
     match tokio::spawn(async move { perform(&served, call).await }).await {
         Ok(response) => response,
         Err(e) => result::<()>(Err(NodeError::Failed(Box::new(e)))),
     }
+}
+
+/// Whether `call` only reads or waits (a call added later is taken to change something).
+fn only_reads(call: &Call) -> bool {
+    matches!(
+        call,
+        Call::Templates
+            | Call::ResolveTemplate { .. }
+            | Call::Capacity
+            | Call::PoolStatus
+            | Call::WaitExit { .. }
+            | Call::ExitReason { .. }
+            | Call::OomKills { .. }
+            | Call::SandboxStats { .. }
+            | Call::SnapshotDiskSize { .. }
+            | Call::DiskUsage { .. }
+            | Call::SnapshotExclusiveSize { .. }
+            | Call::SessionTraffic { .. }
+    )
 }
 
 async fn perform(served: &Served, call: Call) -> Response<Body> {
