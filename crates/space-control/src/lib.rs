@@ -135,6 +135,8 @@ pub struct AppState {
     pub admin_key_file: PathBuf,
     /// The control plane's data dir (template uploads wait in `uploads/` there).
     pub data_dir: PathBuf,
+    /// New sessions' ids with their gateway CAs, made ahead of time.
+    pub session_cas: Arc<egress::ca_stock::CaStock>,
 }
 
 impl AppState {
@@ -206,9 +208,11 @@ pub async fn start(
         e2b_domain: config.e2b_domain.clone(),
         admin_key_file,
         data_dir: config.data_dir.clone(),
+        session_cas: Default::default(),
     };
     api::template_uploads::remove_partial_uploads(&api::template_uploads::upload_dir(&config.data_dir));
     egress::spawn_audit_writers(&state);
+    state.session_cas.spawn_maker();
     keyring::spawn_forgetting(&state.keys);
     oauth::spawn_refresher(state.clone());
     if let Some(retention) = config.audit_retention {

@@ -167,8 +167,9 @@ pub async fn create_session(
     };
     check_lifetime(&state, runtime, &lifetime)?;
     let meta = create_meta(&request)?;
+    let (id, ca) = state.session_cas.take()?;
     let mut new = NewSession {
-        id: SessionId::generate(),
+        id,
         tenant_id: caller.tenant_id.clone(),
         template,
         runtime,
@@ -181,7 +182,7 @@ pub async fn create_session(
         meta,
     };
     // The session's egress reaches the gateway before any sandbox of it starts.
-    let op = crate::egress::insert_new_session(&state, &mut new, request.network, &request.grants, key).await?;
+    let op = crate::egress::insert_new_session(&state, &mut new, ca, request.network, &request.grants, key).await?;
     let op_id = op.operation.id.clone();
     // This replica runs it at once: no loop has to claim it, no waiter reads the store for it.
     let running = state.reconciler.perform_here(state.clone(), op);

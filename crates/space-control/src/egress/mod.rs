@@ -19,6 +19,8 @@ use crate::AppState;
 use crate::error::{AppError, AppResult};
 use crate::keyring::Keyring;
 
+pub mod ca_stock;
+
 /// Audit events written per transaction at most.
 const AUDIT_BATCH: usize = 512;
 /// Old audit events deleted per transaction at most.
@@ -346,12 +348,9 @@ async fn grants_of(egress: Egress<'_>, records: &[CredentialRecord]) -> AppResul
     Ok(grants)
 }
 
-/// A new CA for `session` of `tenant`, and its key sealed for it with the tenant's key.
-async fn new_ca(keys: &Keyring, tenant: &TenantId, session: &SessionId) -> AppResult<(SessionCa, Vec<u8>)> {
-    let ca = SessionCa::generate(session)
-        .map_err(|e| AppError::internal(format!("cannot create the session's certificate authority: {e}")))?;
-    let sealed = keys.seal(tenant, ca.key_pem.as_bytes(), &ca_owner(session)).await?;
-    Ok((ca, sealed))
+/// `session`'s CA key sealed for it with `tenant`'s key.
+async fn seal_ca(keys: &Keyring, tenant: &TenantId, session: &SessionId, ca: &SessionCa) -> AppResult<Vec<u8>> {
+    keys.seal(tenant, ca.key_pem.as_bytes(), &ca_owner(session)).await
 }
 
 async fn open_ca(keys: &Keyring, session: &SessionId, cert: &str, key_sealed: &[u8]) -> AppResult<SessionCa> {
@@ -388,14 +387,16 @@ fn add_placeholders(env: &mut BTreeMap<String, String>, grants: &[CredentialReco
     }
 }
 
-/// Records a new session (see [`space_store::Store::insert_session_with_egress`]) with
-/// `policy` and the credentials named in `grants`, after pushing its egress to the gateway
+/// Records a new session (see [`space_store::Store::insert_session_with_egress`]) with its CA
+/// `ca` (made for `new.id`, see [`ca_stock`]), `policy` and the credentials named in `grants`,
+/// after pushing its egress to the gateway
 /// (so it is there before any sandbox starts). Validates the policy (400) and the grants
 /// (404). Placeholders of the grants are added to `new.env`. Returns the create operation,
 /// claimed by this replica: the caller runs it ([`crate::reconciler::Reconciler::perform_here`]).
 pub async fn insert_new_session(
     state: &AppState,
     new: &mut NewSession,
+    ca: SessionCa,
     policy: Option<NetworkPolicy>,
     grants: &[String],
     idempotency_key: Option<String>,
@@ -409,7 +410,7 @@ pub async fn insert_new_session(
     }
     let records = resolve_grants(state, &new.tenant_id, grants).await?;
     add_placeholders(&mut new.env, &records);
-    let (ca, key_sealed) = new_ca(&state.keys, &new.tenant_id, &new.id).await?;
+    let key_sealed = seal_ca(&state.keys, &new.tenant_id, &new.id, &ca).await?;
     let gateway_grants = grants_of(state.egress(), &records).await?;
     let stored = NewSessionEgress {
         egress: SessionEgressRecord {
@@ -468,8 +469,7 @@ impl Egress<'_> {
             self.store.session_egress(parent).await?.ok_or_else(|| AppError::session_not_found(parent.as_str()))?;
         let ca = match (&record.ca_cert, &record.ca_key_sealed) {
             (Some(cert), Some(key)) => open_ca(self.keys, parent, cert, key).await?,
-            _ => SessionCa::generate(parent)
-                .map_err(|e| AppError::internal(format!("cannot create the session's certificate authority: {e}")))?,
+            _ => ca_stock::make_for(parent)?,
         };
         let grants = self.store.session_grants(parent).await?;
         let gateway_grants = grants_of(self, &grants).await?;
@@ -580,7 +580,8 @@ impl Egress<'_> {
         if let (Some(cert), Some(key)) = (&egress.ca_cert, &egress.ca_key_sealed) {
             return open_ca(self.keys, session, cert, key).await;
         }
-        let (ca, sealed) = new_ca(self.keys, tenant, session).await?;
+        let ca = ca_stock::make_for(session)?;
+        let sealed = seal_ca(self.keys, tenant, session, &ca).await?;
         match self.store.set_session_ca_if_missing(session, &ca.cert_pem, &sealed).await? {
             Some((cert, key)) if cert != ca.cert_pem => open_ca(self.keys, session, &cert, &key).await,
             _ => Ok(ca),
