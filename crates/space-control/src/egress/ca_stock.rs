@@ -78,19 +78,31 @@ pub fn make_for(id: &SessionId) -> AppResult<SessionCa> {
 mod tests {
     use super::*;
 
+    /// Waits (a generous bound only keeps a broken maker from hanging the test) until the
+    /// stock holds `n`.
+    async fn filled_to(stock: &CaStock, n: usize) {
+        for _ in 0..3000 {
+            if stock.len() == n {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the stock holds {} after 30 s, not {n}", stock.len());
+    }
+
     #[tokio::test]
-    async fn each_ca_is_handed_out_once_with_or_without_the_maker() {
+    async fn the_maker_keeps_the_stock_full_and_a_take_without_it_makes_one() {
         let idle = CaStock::default();
         let (id, ca) = idle.take().unwrap();
         assert!(ca.cert_pem.contains("BEGIN CERTIFICATE") && !id.as_str().is_empty());
+        assert_eq!(idle.len(), 0, "nothing makes ahead without the maker");
         let stock = Arc::new(CaStock::default());
         stock.spawn_maker();
-        let (mut ids, mut certs) = (std::collections::HashSet::new(), std::collections::HashSet::new());
-        for _ in 0..3 * STOCK {
-            let (id, ca) = stock.take().unwrap();
-            assert!(ids.insert(id), "an id was handed out twice");
-            assert!(certs.insert(ca.cert_pem), "a CA was handed out twice");
-            tokio::task::yield_now().await;
-        }
+        filled_to(&stock, STOCK).await;
+        let made: Vec<_> = stock.made.lock().unwrap().iter().map(|(id, _)| id.clone()).collect();
+        let (taken, _) = stock.take().unwrap();
+        assert_eq!(Some(&taken), made.last(), "a take hands out one made ahead");
+        filled_to(&stock, STOCK).await;
+        assert!(stock.made.lock().unwrap().iter().all(|(id, _)| *id != taken), "handed out twice");
     }
 }

@@ -389,10 +389,10 @@ fn add_placeholders(env: &mut BTreeMap<String, String>, grants: &[CredentialReco
 
 /// Records a new session (see [`space_store::Store::insert_session_with_egress`]) with its CA
 /// `ca` (made for `new.id`, see [`ca_stock`]), `policy` and the credentials named in `grants`,
-/// after pushing its egress to the gateway
-/// (so it is there before any sandbox starts). Validates the policy (400) and the grants
-/// (404). Placeholders of the grants are added to `new.env`. Returns the create operation,
-/// claimed by this replica: the caller runs it ([`crate::reconciler::Reconciler::perform_here`]).
+/// after pushing its egress to the gateway (so it is there before any sandbox starts).
+/// Validates the policy (400) and the grants (404). Placeholders of the grants are added to
+/// `new.env`. Returns the create operation, claimed by this replica: the caller runs it
+/// ([`crate::reconciler::Reconciler::perform_here`]).
 pub async fn insert_new_session(
     state: &AppState,
     new: &mut NewSession,
