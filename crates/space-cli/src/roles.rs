@@ -100,11 +100,7 @@ pub async fn run_node(args: NodeRoleArgs, data_dir: PathBuf) -> anyhow::Result<(
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let node: Arc<dyn NodeApi> = Arc::new(Node::open(config.owned_by(&args.identity.name)).await?);
     tracing::info!(listen = %args.listen, node = %args.identity.name, "serving the node API");
-    tokio::select! {
-        served = space_node_wire::serve(listener, tls, node) => served.context("serving the node API")?,
-        () = shutdown_signal() => {}
-    }
-    Ok(())
+    space_node_wire::serve(listener, tls, node, shutdown_signal()).await.context("serving the node API")
 }
 
 /// Runs a control plane over the nodes at `--node`.

@@ -459,20 +459,33 @@ pub async fn serve_control(
             }
         });
     }
+    // Both APIs stop on the signal, and each waits for the changes it runs (see
+    // `space_control::serve`) before the process ends.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut e2b = None;
     if let Some(listener) = e2b_listener {
         tracing::info!(listen = %listener.local_addr()?, "serving the E2B-compatible API");
-        // Ends with the process, as the metrics listener does.
-        let e2b = space_control::serve_e2b(state.clone(), listener, std::future::pending());
-        tokio::spawn(async move {
-            if let Err(e) = e2b.await {
+        let served = space_control::serve_e2b(state.clone(), listener, stop.clone().cancelled_owned());
+        e2b = Some(tokio::spawn(async move {
+            if let Err(e) = served.await {
                 tracing::error!(error = %e, "the E2B listener stopped");
             }
-        });
+        }));
     }
     let data_dir = config.data_dir.display();
     tracing::info!(listen = %config.listen, %data_dir, "space is serving; admin key in {data_dir}/admin.key");
-    space_control::serve(state, listener, shutdown_signal()).await?;
-    Ok(())
+    let signalled = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        signalled.cancel();
+    });
+    let served = space_control::serve(state, listener, stop.clone().cancelled_owned()).await;
+    // Also when the API's listener failed: the E2B endpoint does not outlive it.
+    stop.cancel();
+    if let Some(e2b) = e2b {
+        let _ = e2b.await;
+    }
+    Ok(served?)
 }
 
 pub async fn shutdown_signal() {

@@ -25,6 +25,7 @@ use space_store::{IdempotencyBegin, Store, StoreError};
 
 use crate::auth::Caller;
 use crate::error::{AppError, unreadable_body};
+use crate::server::Detached;
 
 pub const HEADER: &str = "idempotency-key";
 /// How long a key is remembered (records older are deleted at start-up), as Stripe does.
@@ -46,10 +47,6 @@ pub struct RunsUnderKey(pub String);
 /// session row), so a retry after a crash finds it instead of creating it twice.
 const RESUMABLE: &[(Method, &str)] = &[(Method::POST, "/v1/sessions")];
 
-fn resumable(method: &Method, route: Option<&MatchedPath>) -> bool {
-    route.is_some_and(|r| RESUMABLE.iter().any(|(m, p)| m == method && *p == r.as_str()))
-}
-
 /// Changes that end with their client when it sends no key: an exec the client waits for is
 /// killed when it hangs up (the agent kills the process group of an exec whose stream is
 /// dropped), as a terminal's command ends with the terminal; one without a time bound would
@@ -57,8 +54,9 @@ fn resumable(method: &Method, route: Option<&MatchedPath>) -> bool {
 /// a key, an exec runs to its end like any change: its record must be finished.)
 const CANCELLABLE: &[(Method, &str)] = &[(Method::POST, "/v1/sessions/{id}/exec")];
 
-fn cancellable(method: &Method, route: Option<&MatchedPath>) -> bool {
-    route.is_some_and(|r| CANCELLABLE.iter().any(|(m, p)| m == method && *p == r.as_str()))
+/// Whether the request of `method` to `route` is one of `list`'s.
+fn listed(list: &[(Method, &str)], method: &Method, route: Option<&MatchedPath>) -> bool {
+    route.is_some_and(|r| list.iter().any(|(m, p)| m == method && *p == r.as_str()))
 }
 
 /// Response extension of a response that carries a secret: it is not recorded for replay.
@@ -127,12 +125,13 @@ pub async fn idempotency(State(state): State<Idempotency>, request: Request, nex
     if !changes(request.method()) {
         return Ok(next.run(request).await);
     }
+    let detached = request.extensions().get::<Detached>().cloned();
     let keyed = matches!(*request.method(), Method::POST | Method::DELETE);
     let Some(key) = request.headers().get(HEADER).filter(|_| keyed).cloned() else {
-        if cancellable(request.method(), request.extensions().get::<MatchedPath>()) {
+        if listed(CANCELLABLE, request.method(), request.extensions().get::<MatchedPath>()) {
             return Ok(next.run(request).await);
         }
-        return to_completion(next.run(request)).await;
+        return to_completion(detached, next.run(request)).await;
     };
     let key = key
         .to_str()
@@ -164,7 +163,7 @@ pub async fn idempotency(State(state): State<Idempotency>, request: Request, nex
             ));
         }
         IdempotencyBegin::Interrupted
-            if resumable(&parts.method, parts.extensions.get::<MatchedPath>())
+            if listed(RESUMABLE, &parts.method, parts.extensions.get::<MatchedPath>())
                 && state.store.idempotency_resume(&caller.tenant_id, &key).await? => {}
         IdempotencyBegin::Interrupted => {
             return Err(AppError::new(
@@ -193,7 +192,7 @@ pub async fn idempotency(State(state): State<Idempotency>, request: Request, nex
     let mut request = Request::from_parts(parts, Body::from(body));
     request.extensions_mut().insert(RunsUnderKey(key.clone()));
     let run = async move { run_and_record(&state, &caller.tenant_id, &key, next, request).await };
-    to_completion(run).await?
+    to_completion(detached, run).await?
 }
 
 /// Whether a request of `method` may change something (and so runs to completion).
@@ -207,14 +206,25 @@ pub async fn changes_to_completion(request: Request, next: Next) -> Response {
     if !changes(request.method()) {
         return next.run(request).await;
     }
-    to_completion(next.run(request)).await.unwrap_or_else(IntoResponse::into_response)
+    let detached = request.extensions().get::<Detached>().cloned();
+    to_completion(detached, next.run(request)).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// Runs a change on a task of its own, to its end: a client that goes away must not cancel it
 /// half-way (a sandbox left frozen, a snapshot row left `creating`, a CRIU dump cut short).
-/// In the request's span, so what it logs carries the request id.
-async fn to_completion<T: Send + 'static>(run: impl Future<Output = T> + Send + 'static) -> Result<T, AppError> {
-    tokio::spawn(tracing::Instrument::in_current_span(run)).await.map_err(|e| {
+/// The server's [`Detached`] tracks it, so a graceful stop waits for it (a router called
+/// without the server, as in tests, has none). In the request's span, so what it logs carries
+/// the request id.
+async fn to_completion<T: Send + 'static>(
+    detached: Option<Detached>,
+    run: impl Future<Output = T> + Send + 'static,
+) -> Result<T, AppError> {
+    let run = tracing::Instrument::in_current_span(run);
+    let task = match detached {
+        Some(detached) => detached.spawn(run),
+        None => tokio::spawn(run),
+    };
+    task.await.map_err(|e| {
         // A panic's message is the server's, not the client's.
         tracing::error!(error = %e, "a request's task failed");
         AppError::internal("the request failed inside the server (it is logged); try again")
@@ -484,5 +494,43 @@ mod tests {
         let (status, replayed, _) = call(&app, "/v1/credentials", "k", body).await;
         assert_eq!((status, replayed), (StatusCode::CREATED, false), "a new record, not a false mismatch");
         assert!(call(&app, "/v1/credentials", "k", body).await.1);
+    }
+
+    /// A graceful stop waits for a change whose client has gone, instead of ending it with
+    /// the process.
+    #[tokio::test]
+    async fn a_graceful_stop_waits_for_a_change_whose_client_has_gone() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tokio::io::AsyncWriteExt;
+        let (started, release) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+        let done = Arc::new(AtomicBool::new(false));
+        let change = {
+            let (started, release, done) = (started.clone(), release.clone(), done.clone());
+            move || async move {
+                started.notify_one();
+                release.notified().await;
+                done.store(true, Ordering::SeqCst);
+                StatusCode::NO_CONTENT
+            }
+        };
+        let app = Router::new().route("/change", post(change)).layer(middleware::from_fn(changes_to_completion));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let limits = crate::server::testing::patient();
+        let server =
+            tokio::spawn(crate::server::serve_router(app, listener, limits, async move { drop(stopped.await) }));
+
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client.write_all(b"POST /change HTTP/1.1\r\nHost: x\r\ncontent-length: 0\r\n\r\n").await.unwrap();
+        started.notified().await;
+        drop(client);
+        stop.send(()).unwrap();
+        // No connection is left and nothing is accepted: only the change holds the server.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!server.is_finished(), "the server stopped before the change it ran had finished");
+        release.notify_one();
+        tokio::time::timeout(std::time::Duration::from_secs(10), server).await.unwrap().unwrap().unwrap();
+        assert!(done.load(Ordering::SeqCst), "the change was cut short");
     }
 }

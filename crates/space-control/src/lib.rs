@@ -244,7 +244,8 @@ pub async fn start(
     Ok(state)
 }
 
-/// Serves the API until `shutdown` resolves, within the state's [`HttpLimits`].
+/// Serves the API until `shutdown` resolves, within the state's [`HttpLimits`]; then waits
+/// for open requests and for the changes whose clients have gone (see [`server::Detached`]).
 pub async fn serve(
     state: AppState,
     listener: tokio::net::TcpListener,
@@ -254,7 +255,8 @@ pub async fn serve(
     server::serve_router(api::router(state), listener, limits, shutdown).await
 }
 
-/// Serves the E2B-compatible endpoint ([`e2b`]) until `shutdown` resolves.
+/// Serves the E2B-compatible endpoint ([`e2b`]) until `shutdown` resolves, and stops as
+/// [`serve`] does.
 pub async fn serve_e2b(
     state: AppState,
     listener: tokio::net::TcpListener,

@@ -148,9 +148,33 @@ fn is_connection_error(e: &io::Error) -> bool {
     )
 }
 
+/// Request extension: the tasks of changes that run on after their client went away
+/// ([`crate::idempotency`] puts every change on one). A graceful stop waits for them, as it
+/// waits for open requests.
+#[derive(Clone, Default)]
+pub struct Detached(tokio_util::task::TaskTracker);
+
+impl Detached {
+    pub(crate) fn spawn<F>(&self, run: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.0.spawn(run)
+    }
+
+    async fn finish(&self) {
+        self.0.close();
+        if !self.0.is_empty() {
+            tracing::info!(changes = self.0.len(), "waiting for changes whose clients have gone to finish");
+        }
+        self.0.wait().await;
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then stops accepting, lets open
-/// HTTP connections finish their requests and returns. Upgraded connections (WebSockets)
-/// are not waited for.
+/// HTTP connections finish their requests, waits for the changes they left running
+/// ([`Detached`]) and returns. Upgraded connections (WebSockets) are not waited for.
 pub async fn serve_router(
     app: Router,
     listener: TcpListener,
@@ -161,8 +185,14 @@ pub async fn serve_router(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).max_headers(PARSER_MAX_HEADERS);
     let body_idle = limits.body_idle_timeout;
+    let detached = Detached::default();
+    let tag = detached.clone();
     // Every body is read through the idle timeout: a handler cannot forget it.
-    let service = app.map_request(move |request: Request<Incoming>| request.map(|b| TimeoutBody::new(body_idle, b)));
+    let service = app.map_request(move |request: Request<Incoming>| {
+        let mut request = request.map(|b| TimeoutBody::new(body_idle, b));
+        request.extensions_mut().insert(tag.clone());
+        request
+    });
     let (stop, stopped) = watch::channel(false);
     // Each connection task holds a sender; `recv` returns `None` once all are gone.
     let (running, mut all_done) = mpsc::channel::<()>(1);
@@ -216,6 +246,7 @@ pub async fn serve_router(
     let _ = stop.send(true);
     drop(running);
     let _ = all_done.recv().await;
+    detached.finish().await;
     Ok(())
 }
 

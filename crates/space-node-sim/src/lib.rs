@@ -57,6 +57,26 @@ pub enum Op {
     PoolStatus,
 }
 
+/// A call a test holds ([`SimNode::hold_next`]): it says when it has begun, and goes on
+/// when the test releases it.
+#[derive(Debug, Default)]
+pub struct Held {
+    began: tokio::sync::Notify,
+    go: tokio::sync::Notify,
+}
+
+impl Held {
+    /// Returns once the held call has begun.
+    pub async fn began(&self) {
+        self.began.notified().await;
+    }
+
+    /// Lets the held call go on.
+    pub fn release(&self) {
+        self.go.notify_one();
+    }
+}
+
 /// Why a simulated operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
@@ -189,6 +209,8 @@ struct State {
     failures: HashMap<Op, u32>,
     /// The next call of each of these ops never returns (until the server is stopped).
     hang: HashSet<Op>,
+    /// The next call of each of these ops waits for the test to let it go on.
+    held: HashMap<Op, Arc<Held>>,
     /// The next call of each op fails for want of this disk space.
     out_of_space: HashMap<Op, OutOfSpace>,
     /// Whose disk each sandbox's root is charged to.
@@ -234,6 +256,7 @@ impl SimNode {
             traffic: HashMap::new(),
             failures: HashMap::new(),
             hang: HashSet::new(),
+            held: HashMap::new(),
             out_of_space: HashMap::new(),
             disk: HashMap::new(),
             ports: HashMap::new(),
@@ -344,9 +367,23 @@ impl SimNode {
         self.state().hang.insert(op);
     }
 
-    /// Waits for ever if a test asked `op` to hang.
+    /// Makes the next call of `op` wait until the test releases it ([`Held::release`]).
+    pub fn hold_next(&self, op: Op) -> Arc<Held> {
+        let held = Arc::new(Held::default());
+        self.state().held.insert(op, held.clone());
+        held
+    }
+
+    /// Waits for ever if a test asked `op` to hang, or until it lets a held `op` go on.
     async fn maybe_hang(&self, op: Op) {
-        let hang = self.state().hang.remove(&op);
+        let (hang, held) = {
+            let mut state = self.state();
+            (state.hang.remove(&op), state.held.remove(&op))
+        };
+        if let Some(held) = held {
+            held.began.notify_one();
+            held.go.notified().await;
+        }
         if hang {
             std::future::pending::<()>().await;
         }

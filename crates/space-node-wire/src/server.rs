@@ -1,6 +1,7 @@
 //! A node's end of the wire: answers control planes for any [`NodeApi`].
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -15,6 +16,7 @@ use space_api::RuntimeKind;
 use space_node_api::NodeApi;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::task::TaskTracker;
 
 use crate::ops::paths;
 use crate::{CheckpointSupport, NODE_API_VERSION, NodeInfo, Refusal, VERSION_HEADER, codes};
@@ -39,41 +41,65 @@ struct Served {
     background: std::sync::Once,
     /// This process's incarnation (see [`NodeInfo::incarnation`]).
     incarnation: String,
+    /// The calls that change something, which a graceful stop waits for.
+    changes: TaskTracker,
 }
 
-/// Serves `node` on `listener` until the listener fails. Each connection must complete the
-/// mutual TLS handshake `tls` requires before anything is read from it.
-pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, node: Arc<dyn NodeApi>) -> std::io::Result<()> {
+/// Serves `node` on `listener` until the listener fails or `shutdown` resolves. Each
+/// connection must complete the mutual TLS handshake `tls` requires before anything is read
+/// from it. On `shutdown` it stops accepting and waits for the calls that change something
+/// (they run on tasks of their own, see [`calls`]); calls that only read end with the process.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    node: Arc<dyn NodeApi>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(tls);
     let audit = streams::AuditSlot::new(node.take_audit_events());
     let incarnation = hex_token();
-    let served = Arc::new(Served { node, audit, background: std::sync::Once::new(), incarnation });
-    loop {
-        let (tcp, peer) = listener.accept().await?;
+    let changes = TaskTracker::new();
+    let served =
+        Arc::new(Served { node, audit, background: std::sync::Once::new(), incarnation, changes: changes.clone() });
+    let mut shutdown = std::pin::pin!(shutdown);
+    let accepted = loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => break Err(e),
+            },
+            () = &mut shutdown => break Ok(()),
+        };
         let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let served = served.clone();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::info!(%peer, error = %e, "refused a connection to the node API");
-                    return;
-                }
-                Err(_) => {
-                    tracing::info!(%peer, "a connection to the node API did not complete its TLS handshake");
-                    return;
-                }
-            };
-            let service = hyper::service::service_fn(move |request| answer(served.clone(), request));
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), service)
-                .with_upgrades()
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "a node API connection ended");
-            }
-        });
+        tokio::spawn(connection(acceptor.clone(), served.clone(), tcp, peer));
+    };
+    drop(listener);
+    changes.close();
+    if !changes.is_empty() {
+        tracing::info!(calls = changes.len(), "waiting for the node's calls that change something to finish");
+    }
+    changes.wait().await;
+    accepted
+}
+
+/// Serves one connection: its TLS handshake, then its requests.
+async fn connection(acceptor: TlsAcceptor, served: Arc<Served>, tcp: tokio::net::TcpStream, peer: SocketAddr) {
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            tracing::info!(%peer, error = %e, "refused a connection to the node API");
+            return;
+        }
+        Err(_) => {
+            tracing::info!(%peer, "a connection to the node API did not complete its TLS handshake");
+            return;
+        }
+    };
+    let service = hyper::service::service_fn(move |request| answer(served.clone(), request));
+    if let Err(e) =
+        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).with_upgrades().await
+    {
+        tracing::debug!(%peer, error = %e, "a node API connection ended");
     }
 }
 

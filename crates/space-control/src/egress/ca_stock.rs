@@ -21,7 +21,7 @@ const STOCK: usize = 4;
 pub struct CaStock {
     made: Mutex<Vec<(SessionId, SessionCa)>>,
     /// Wakes the maker when one is taken.
-    taken: Notify,
+    taken: Arc<Notify>,
 }
 
 impl CaStock {
@@ -36,28 +36,39 @@ impl CaStock {
         self.made.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// Keeps [`STOCK`] made, on the blocking threads, for as long as the process runs.
+    /// Keeps [`STOCK`] made, on the blocking threads, for as long as the stock is held by
+    /// anyone else: between fills the maker holds only its wake-up.
     pub fn spawn_maker(self: &Arc<Self>) {
-        let stock = self.clone();
+        let stock = Arc::downgrade(self);
         tokio::spawn(async move {
-            loop {
-                while stock.len() < STOCK {
-                    match tokio::task::spawn_blocking(make).await {
-                        Ok(Ok(made)) => stock.made.lock().unwrap_or_else(|e| e.into_inner()).push(made),
-                        // A create makes its own, and says why it cannot.
-                        Ok(Err(e)) => {
-                            tracing::warn!(error = %e.0.message, "cannot make a session CA ahead of time");
-                            break;
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot make a session CA ahead of time");
-                            break;
-                        }
-                    }
-                }
-                stock.taken.notified().await;
+            while let Some(held) = stock.upgrade() {
+                held.fill().await;
+                let taken = held.taken.clone();
+                drop(held);
+                taken.notified().await;
             }
         });
+    }
+
+    async fn fill(&self) {
+        while self.len() < STOCK {
+            let made = tokio::task::spawn_blocking(make).await.map_err(|e| e.to_string());
+            match made.and_then(|made| made.map_err(|e| e.0.message)) {
+                Ok(made) => self.made.lock().unwrap_or_else(|e| e.into_inner()).push(made),
+                // A create makes its own, and says why it cannot.
+                Err(why) => {
+                    tracing::warn!(error = %why, "cannot make a session CA ahead of time");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for CaStock {
+    /// Wakes the maker, which finds the stock gone and ends.
+    fn drop(&mut self) {
+        self.taken.notify_one();
     }
 }
 
@@ -104,5 +115,15 @@ mod tests {
         assert_eq!(Some(&taken), made.last(), "a take hands out one made ahead");
         filled_to(&stock, STOCK).await;
         assert!(stock.made.lock().unwrap().iter().all(|(id, _)| *id != taken), "handed out twice");
+        // Once the maker is between fills, it does not keep the stock alive.
+        let gone = Arc::downgrade(&stock);
+        drop(stock);
+        for _ in 0..3000 {
+            if gone.upgrade().is_none() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the maker keeps the stock alive");
     }
 }

@@ -52,7 +52,7 @@ async fn over_the_wire(sim: Arc<SimNode>) -> Arc<dyn space_node_api::NodeApi> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
     let address = listener.local_addr().expect("its address").to_string();
     let tls = server_config(&node, &ca.cert_pem).expect("the node's TLS");
-    tokio::spawn(space_node_wire::serve(listener, tls, sim.api()));
+    tokio::spawn(space_node_wire::serve(listener, tls, sim.api(), std::future::pending()));
     let client = space_node_wire::NodeClient::new(&address, client_config(&control, &ca.cert_pem).expect("TLS"))
         .expect("a node client");
     space_node_wire::RemoteNode::connect(client).await.expect("the node answers")

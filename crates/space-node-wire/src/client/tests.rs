@@ -28,7 +28,7 @@ impl Cluster {
         let address = listener.local_addr().unwrap().to_string();
         let tls = server_config(identity, &self.ca.cert_pem).unwrap();
         let node: Arc<dyn space_node_api::NodeApi> = SimNode::new(SimConfig::default());
-        tokio::spawn(serve(listener, tls, node));
+        tokio::spawn(serve(listener, tls, node, std::future::pending()));
         address
     }
 
@@ -189,7 +189,8 @@ async fn remote_with_sandbox() -> (Arc<SimNode>, Arc<crate::RemoteNode>, space_a
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let identity = cluster.ca.issue(Role::Node, "node-a", &["127.0.0.1".into()]).unwrap();
-    tokio::spawn(serve(listener, server_config(&identity, &cluster.ca.cert_pem).unwrap(), sim.api()));
+    let tls = server_config(&identity, &cluster.ca.cert_pem).unwrap();
+    tokio::spawn(serve(listener, tls, sim.api(), std::future::pending()));
     let remote = crate::RemoteNode::connect(cluster.client(&address, &cluster.control)).await.unwrap();
     let template = remote.ensure_template("busybox", Box::new(|_| {})).await.unwrap();
     let id = space_api::SandboxId::generate();
@@ -285,3 +286,41 @@ async fn an_endless_answer_fails_the_call() {
 
 #[path = "watch_tests.rs"]
 mod watch_tests;
+
+/// A node that is stopped waits for a call that changes something, also one whose caller has
+/// gone, instead of ending it with the process.
+#[tokio::test]
+async fn a_stopping_node_finishes_the_changes_its_callers_left() {
+    use space_node_api::NodeApi;
+    let cluster = Cluster::new();
+    let sim = SimNode::new(SimConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let identity = cluster.ca.issue(Role::Node, "node-a", &["127.0.0.1".into()]).unwrap();
+    let tls = server_config(&identity, &cluster.ca.cert_pem).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(listener, tls, sim.api(), async move { drop(stopped.await) }));
+    let remote = crate::RemoteNode::connect(cluster.client(&address, &cluster.control)).await.unwrap();
+    let template = remote.ensure_template("busybox", Box::new(|_| {})).await.unwrap();
+
+    let held = sim.hold_next(space_node_sim::Op::StartSandbox);
+    let id = space_api::SandboxId::generate();
+    let call = {
+        let (id, remote) = (id.clone(), remote.clone());
+        let disk = space_node_api::DiskQuota { session: space_api::SessionId::generate(), limit_bytes: None };
+        let limits = space_node_api::Limits { memory_mib: 256, millicpus: 1000, pids: 128 };
+        tokio::spawn(async move {
+            let _ = remote.start_sandbox(&id, &template, space_api::RuntimeKind::Linux, limits, &disk).await;
+        })
+    };
+    held.began().await;
+    call.abort();
+    drop(remote);
+    stop.send(()).unwrap();
+    // Nothing is accepted any more: only the held call keeps the server.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!server.is_finished(), "the node stopped before the call it was running had finished");
+    held.release();
+    tokio::time::timeout(std::time::Duration::from_secs(10), server).await.unwrap().unwrap().unwrap();
+    assert!(sim.sandboxes().iter().any(|s| s.id == id && s.alive), "the sandbox was never started");
+}

@@ -16,14 +16,16 @@ pub(crate) const FAILED: StatusCode = StatusCode::UNPROCESSABLE_ENTITY;
 
 /// Answers `call`. A call that may change something runs on a task of its own: a control plane
 /// that goes away (it crashed, or cancelled its request) must not cancel the node's work
-/// half-way, leaving a sandbox frozen or a CRIU dump unwaited. One that only reads or waits is
+/// half-way, leaving a sandbox frozen or a CRIU dump unwaited; a graceful stop waits for it
+/// (see [`super::serve`]). One that only reads or waits is
 /// answered inline, so a control plane that gives up on it (a heartbeat's or placement's time
 /// bound) ends it.
 pub(super) async fn answer(served: Arc<Served>, call: Call) -> Response<Body> {
     if only_reads(&call) {
         return perform(&served, call).await;
     }
-    match tokio::spawn(async move { perform(&served, call).await }).await {
+    let changes = served.changes.clone();
+    match changes.spawn(async move { perform(&served, call).await }).await {
         Ok(response) => response,
         Err(e) => result::<()>(Err(NodeError::Failed(Box::new(e)))),
     }
