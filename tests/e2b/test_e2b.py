@@ -283,6 +283,28 @@ def test_snapshots_are_listed_used_as_templates_and_deleted(sbx):
     assert not Sandbox.delete_snapshot(snapshot.snapshot_id)
 
 
+def test_a_snapshot_outlives_the_sandbox_it_was_taken_of():
+    sandbox = Sandbox.create(template=TEMPLATE, timeout=300)
+    sandbox.files.write("/tmp/state", "kept")
+    snapshot = sandbox.create_snapshot()
+    sandbox.kill()
+
+    def listed():
+        return [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+
+    wait_until(lambda: snapshot.snapshot_id in listed(), "the snapshot listed after its sandbox was killed")
+    restored = Sandbox.create(snapshot.snapshot_id)
+    try:
+        assert restored.files.read("/tmp/state") == "kept"
+    finally:
+        restored.kill()
+    assert Sandbox.delete_snapshot(snapshot.snapshot_id)
+    assert snapshot.snapshot_id not in listed()
+    with pytest.raises(SandboxException) as gone:
+        Sandbox.create(snapshot.snapshot_id)
+    assert snapshot.snapshot_id in str(gone.value)
+
+
 def test_network_allow_out_becomes_the_session_policy():
     sandbox = Sandbox.create(template=TEMPLATE, network={"allow_out": ["pypi.org", "10.9.8.7"]})
     try:

@@ -735,6 +735,11 @@ pub struct Snapshot {
     /// configured, or exporting it failed).
     #[serde(default)]
     pub durable: bool,
+    /// Kept when its session is destroyed, until it is deleted, and never pruned by the
+    /// snapshot schedule: new sessions can still be forked from it (as E2B's snapshots,
+    /// which the E2B endpoint takes so).
+    #[serde(default)]
+    pub outlives_session: bool,
 }
 
 /// What a session uses now (`GET /v1/sessions/{id}/stats`).
@@ -808,6 +813,9 @@ pub struct CreateSnapshotRequest {
     /// `disk` (default) or `full`.
     pub kind: Option<SnapshotKind>,
     pub name: Option<String>,
+    /// Keep it when the session is destroyed (default `false`: a session's snapshots go with
+    /// it). It is never pruned by the schedule either; delete it when it is no longer needed.
+    pub outlives_session: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -18,6 +18,10 @@ pub enum SnapshotCommand {
         /// Named snapshots are never pruned by the schedule.
         #[arg(long)]
         name: Option<String>,
+        /// Keep it when the session is destroyed, until it is deleted (new sessions can
+        /// still be forked from it); never pruned by the schedule.
+        #[arg(long)]
+        outlive_session: bool,
     },
     /// A session's snapshots, oldest first.
     List {
@@ -50,12 +54,12 @@ pub enum Kind {
 
 pub async fn run(client: &Client, command: SnapshotCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        SnapshotCommand::Create { id, kind, name } => {
+        SnapshotCommand::Create { id, kind, name, outlive_session } => {
             let kind = match kind {
                 Kind::Disk => SnapshotKind::Disk,
                 Kind::Full => SnapshotKind::Full,
             };
-            let request = CreateSnapshotRequest { kind: Some(kind), name };
+            let request = CreateSnapshotRequest { kind: Some(kind), name, outlives_session: Some(outlive_session) };
             let snapshot: Snapshot = client.post_json(&format!("/v1/sessions/{id}/snapshots"), &request).await?;
             if json {
                 return print_json(&snapshot);

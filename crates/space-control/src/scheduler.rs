@@ -73,7 +73,7 @@ async fn run_once(state: &AppState, full_unavailable_logged: &mut bool) -> AppRe
                         continue;
                     }
                 }
-                match take_snapshot(state, &record.tenant_id, &session.id, kind, None).await {
+                match take_snapshot(state, &record.tenant_id, &session.id, kind, Default::default()).await {
                     Ok(taken) => snapshots.push(taken),
                     Err(e) => tracing::warn!(session = %session.id, error = %e.0.message, "scheduled snapshot"),
                 }
@@ -169,11 +169,15 @@ fn due_kinds(policy: &SnapshotPolicy, session: &Session, snapshots: &[Snapshot],
         .collect()
 }
 
+/// What the retention policy weighs of `snapshot`: named ones and those that outlive their
+/// session are kept whatever their age.
+fn candidate(snapshot: &Snapshot) -> Candidate<'_> {
+    let keep = snapshot.name.is_some() || snapshot.outlives_session;
+    Candidate { id: snapshot.id.as_str(), created_at_ms: snapshot.created_at, kind: snapshot.kind, keep }
+}
+
 async fn prune_session(state: &AppState, session: &Session, snapshots: &[Snapshot], now: i64) -> AppResult<()> {
-    let candidates: Vec<Candidate> = snapshots
-        .iter()
-        .map(|s| Candidate { id: s.id.as_str(), created_at_ms: s.created_at, kind: s.kind, keep: s.name.is_some() })
-        .collect();
+    let candidates: Vec<Candidate> = snapshots.iter().map(candidate).collect();
     for id in prune(&session.snapshot_policy.retention, now, &candidates) {
         let Some(snapshot) = snapshots.iter().find(|s| s.id.as_str() == id) else { continue };
         state.store.delete_snapshot_row(&snapshot.id).await?;
@@ -202,6 +206,19 @@ mod tests {
             "name": null, "parent": null, "size_bytes": 0, "created_at": at,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn named_snapshots_and_those_that_outlive_their_session_are_never_pruned() {
+        let policy = space_api::policy::Retention { keep_all_s: 0, tiers: Vec::new() };
+        let at = |t| Snapshot { id: space_api::SnapshotId::generate(), ..snapshot(SnapshotKind::Disk, t) };
+        let named = Snapshot { name: Some("n".into()), ..at(1) };
+        let outliving = Snapshot { outlives_session: true, ..at(2) };
+        let all = [named, outliving, at(3), at(4)];
+        let candidates: Vec<Candidate> = all.iter().map(candidate).collect();
+        assert_eq!(candidates.iter().map(|c| c.keep).collect::<Vec<_>>(), [true, true, false, false]);
+        // A policy that keeps only the newest: the plain older one goes, the kept ones stay.
+        assert_eq!(prune(&policy, 1_000_000, &candidates), [all[2].id.as_str()]);
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub struct NewSnapshot {
     pub tenant_id: TenantId,
     pub kind: SnapshotKind,
     pub name: Option<String>,
+    /// Kept when its session is destroyed, and never pruned (see [`Snapshot::outlives_session`]).
+    pub outlives_session: bool,
     /// The node it is taken on.
     pub node_id: String,
 }
@@ -32,8 +34,8 @@ pub struct SnapshotPlace {
     pub export_key_sealed: Option<Vec<u8>>,
 }
 
-/// The last column is `durable`, as a number both backends decode alike.
-const COLUMNS: &str = "id, session_id, kind, name, parent, size_bytes, created_at, CAST(CASE WHEN export IS NULL THEN 0 ELSE 1 END AS BIGINT)";
+/// `durable` is a number both backends decode alike, as `outlives_session` is stored.
+const COLUMNS: &str = "id, session_id, kind, name, parent, size_bytes, created_at, CAST(CASE WHEN export IS NULL THEN 0 ELSE 1 END AS BIGINT), outlives_session";
 /// `size_bytes` of a snapshot not measured yet.
 const UNMEASURED: i64 = -1;
 
@@ -50,6 +52,7 @@ fn snapshot_from_row(row: &AnyRow) -> Result<Snapshot> {
         exclusive_bytes: None,
         created_at: row.get(6),
         durable: row.get::<i64, _>(7) != 0,
+        outlives_session: row.get::<i64, _>(8) != 0,
     })
 }
 
@@ -64,8 +67,8 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         sqlx::query(
-            "INSERT INTO snapshots (id, session_id, tenant_id, kind, name, parent, state, size_bytes, created_at, node_id)
-             VALUES ($1, $2, $3, $4, $5, $6, 'creating', 0, $7, $8)",
+            "INSERT INTO snapshots (id, session_id, tenant_id, kind, name, parent, state, size_bytes, created_at, node_id, outlives_session)
+             VALUES ($1, $2, $3, $4, $5, $6, 'creating', 0, $7, $8, $9)",
         )
         .bind(new.id.as_str())
         .bind(new.session_id.as_str())
@@ -75,6 +78,7 @@ impl Store {
         .bind(parent)
         .bind(now_ms())
         .bind(&new.node_id)
+        .bind(i64::from(new.outlives_session))
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -169,6 +173,17 @@ impl Store {
         Ok(by_session)
     }
 
+    /// The tenant's ready snapshots that outlived their destroyed sessions, oldest first.
+    pub async fn outliving_snapshots(&self, tenant: &TenantId) -> Result<Vec<Snapshot>> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM snapshots WHERE tenant_id = $1 AND state = 'ready' AND outlives_session = 1 \
+             AND session_id IN (SELECT id FROM sessions WHERE tenant_id = $1 AND state = 'destroyed') \
+             ORDER BY created_at, id"
+        );
+        let rows = sqlx::query(&sql).bind(tenant.as_str()).fetch_all(&self.pool).await?;
+        rows.iter().map(snapshot_from_row).collect()
+    }
+
     /// A ready snapshot of the tenant's, whichever session it belongs to.
     pub async fn snapshot(&self, tenant: &TenantId, id: &SnapshotId) -> Result<Option<Snapshot>> {
         let sql = format!("SELECT {COLUMNS} FROM snapshots WHERE id = $1 AND tenant_id = $2 AND state = 'ready'");
@@ -211,10 +226,8 @@ mod tests {
     use super::*;
     use crate::test_store;
 
-    #[tokio::test]
-    async fn snapshots_chain_and_only_ready_ones_show() {
-        let (store, _dir) = test_store().await;
-        let tenant = store.ensure_tenant("a").await.unwrap();
+    /// A session of `tenant`, recorded.
+    async fn session_of(store: &Store, tenant: &TenantId) -> SessionId {
         let session = SessionId::generate();
         let new = crate::NewSession {
             id: session.clone(),
@@ -230,14 +243,49 @@ mod tests {
             meta: Default::default(),
         };
         store.insert_session(&new).await.unwrap();
-        let snap = |name: Option<&str>| NewSnapshot {
+        session
+    }
+
+    /// A disk snapshot of `session` to record.
+    fn disk(session: &SessionId, tenant: &TenantId, name: Option<&str>, outlives_session: bool) -> NewSnapshot {
+        NewSnapshot {
             id: SnapshotId::generate(),
             session_id: session.clone(),
             tenant_id: tenant.clone(),
             kind: SnapshotKind::Disk,
             name: name.map(str::to_owned),
+            outlives_session,
             node_id: "node-a".into(),
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn snapshots_that_outlive_their_session_are_listed_once_it_is_destroyed() {
+        let (store, _dir) = test_store().await;
+        let tenant = store.ensure_tenant("a").await.unwrap();
+        let session = session_of(&store, &tenant).await;
+        let (kept, plain) = (disk(&session, &tenant, None, true), disk(&session, &tenant, None, false));
+        for new in [&kept, &plain] {
+            store.insert_snapshot(new).await.unwrap();
+            store.set_snapshot_ready(&new.id, Some(1)).await.unwrap();
+        }
+        let flags: Vec<bool> =
+            store.list_snapshots(&session).await.unwrap().iter().map(|s| s.outlives_session).collect();
+        assert_eq!(flags.iter().filter(|f| **f).count(), 1, "{flags:?}");
+        assert!(store.outliving_snapshots(&tenant).await.unwrap().is_empty(), "a live session's are listed with it");
+        assert!(store.transition(&session, &[SessionState::Creating], SessionState::Destroyed, None).await.unwrap());
+        let outliving = store.outliving_snapshots(&tenant).await.unwrap();
+        assert_eq!(outliving.iter().map(|s| &s.id).collect::<Vec<_>>(), [&kept.id]);
+        let other = store.ensure_tenant("b").await.unwrap();
+        assert!(store.outliving_snapshots(&other).await.unwrap().is_empty(), "another tenant sees them");
+    }
+
+    #[tokio::test]
+    async fn snapshots_chain_and_only_ready_ones_show() {
+        let (store, _dir) = test_store().await;
+        let tenant = store.ensure_tenant("a").await.unwrap();
+        let session = session_of(&store, &tenant).await;
+        let snap = |name: Option<&str>| disk(&session, &tenant, name, false);
         let first = snap(Some("before"));
         store.insert_snapshot(&first).await.unwrap();
         assert!(store.list_snapshots(&session).await.unwrap().is_empty(), "a creating snapshot is listed");

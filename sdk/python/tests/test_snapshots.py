@@ -76,3 +76,18 @@ def test_fork_from_a_snapshot(session, track):
     with child:
         assert child.files.read("/work/when.txt") == "at the snapshot"
     assert child.state == SessionState.DESTROYED
+
+
+def test_a_snapshot_that_outlives_its_session_is_forked_from_after_it(session, track):
+    session.files.write("/work/kept.txt", "kept")
+    snap = session.snapshot(outlives_session=True)
+    plain = session.snapshot()
+    assert (snap.outlives_session, plain.outlives_session) == (True, False)
+    session.destroy()
+    assert [s.id for s in session.snapshots()] == [snap.id]
+    (child,) = track(session.fork(from_snapshot=snap))
+    with child:
+        assert child.files.read("/work/kept.txt") == "kept"
+    session.delete_snapshot(snap)
+    with pytest.raises(SnapshotNotFoundError):
+        session.fork(from_snapshot=snap)

@@ -271,9 +271,17 @@ export class Session implements AsyncDisposable {
     });
   }
 
-  /** Takes a snapshot: `disk` (the files; default) or `full` (processes and memory too). */
-  async snapshot(options: { kind?: SnapshotKind; name?: string } = {}): Promise<Snapshot> {
-    const request: Schemas["CreateSnapshotRequest"] = { kind: options.kind ?? null, name: options.name ?? null };
+  /**
+   * Takes a snapshot: `disk` (the files; default) or `full` (processes and memory too). With
+   * `outlivesSession` it is kept when the session is destroyed (new sessions can still be forked
+   * from it) until it is deleted.
+   */
+  async snapshot(options: { kind?: SnapshotKind; name?: string; outlivesSession?: boolean } = {}): Promise<Snapshot> {
+    const request: Schemas["CreateSnapshotRequest"] = {
+      kind: options.kind ?? null,
+      name: options.name ?? null,
+      outlives_session: options.outlivesSession ?? null,
+    };
     const take = async () => {
       const snapshot = await this.client.json<Schemas["Snapshot"]>("POST", this.#path("/snapshots"), {
         json: dropNulls(request),

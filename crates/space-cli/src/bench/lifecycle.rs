@@ -43,7 +43,7 @@ pub(super) async fn quiet_session(client: &Client, template: &str) -> anyhow::Re
 }
 
 async fn snapshot(client: &Client, id: &str, kind: SnapshotKind) -> anyhow::Result<Snapshot> {
-    let request = CreateSnapshotRequest { kind: Some(kind), name: None };
+    let request = CreateSnapshotRequest { kind: Some(kind), ..Default::default() };
     client.post_json(&format!("/v1/sessions/{id}/snapshots"), &request).await
 }
 

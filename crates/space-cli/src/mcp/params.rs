@@ -299,7 +299,10 @@ impl SnapshotParams {
             Kind::Disk => SnapshotKind::Disk,
             Kind::Full => SnapshotKind::Full,
         };
-        Ok((session_path(&self.session_id, "/snapshots")?, CreateSnapshotRequest { kind: Some(kind), name: self.name }))
+        Ok((
+            session_path(&self.session_id, "/snapshots")?,
+            CreateSnapshotRequest { kind: Some(kind), name: self.name, outlives_session: None },
+        ))
     }
 }
 

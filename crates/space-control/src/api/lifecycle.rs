@@ -124,7 +124,8 @@ pub async fn create_snapshot(
     }
     let session = live_session(&state, &caller, &id).await?;
     let kind = request.kind.unwrap_or(SnapshotKind::Disk);
-    let snapshot = take_snapshot(&state, &caller.tenant_id, &session.id, kind, request.name).await?;
+    let keeping = Keeping { name: request.name, outlives_session: request.outlives_session.unwrap_or(false) };
+    let snapshot = take_snapshot(&state, &caller.tenant_id, &session.id, kind, keeping).await?;
     note_snapshot(&state, &snapshot, "").await;
     Ok((StatusCode::CREATED, ApiJson(snapshot)))
 }
@@ -146,6 +147,14 @@ pub(crate) async fn note_snapshot(state: &AppState, snapshot: &Snapshot, why: &s
     note(state, &snapshot.session_id, "snapshot", message).await;
 }
 
+/// How a snapshot is kept: its name (named ones are never pruned), and whether it outlives its
+/// session ([`Snapshot::outlives_session`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Keeping {
+    pub name: Option<String>,
+    pub outlives_session: bool,
+}
+
 /// Takes a snapshot under the session's lifecycle lock; the row exists (as `creating`)
 /// before anything is on disk, so a crash leaves a record of what to clean up.
 pub(crate) async fn take_snapshot(
@@ -153,7 +162,7 @@ pub(crate) async fn take_snapshot(
     tenant: &TenantId,
     id: &SessionId,
     kind: SnapshotKind,
-    name: Option<String>,
+    keeping: Keeping,
 ) -> AppResult<Snapshot> {
     let _guard = state.session_lock(id).await;
     let session = state.store.session(tenant, id).await?.ok_or_else(|| AppError::session_not_found(id.as_str()))?;
@@ -166,10 +175,10 @@ pub(crate) async fn take_snapshot(
         _ => return Err(invalid_state(&session, "be snapshotted")),
     };
     if kind != SnapshotKind::Full {
-        return snapshot_locked(state, tenant, &session, paused, kind, name).await;
+        return snapshot_locked(state, tenant, &session, paused, kind, keeping).await;
     }
     check_room_for_images(state, &session).await?;
-    let snapshot = snapshot_locked(state, tenant, &session, paused, kind, name).await?;
+    let snapshot = snapshot_locked(state, tenant, &session, paused, kind, keeping).await?;
     let node = state.nodes.of(&session)?;
     if let Err(e) = check_room_for_images(state, &session).await {
         state.store.delete_snapshot_row(&snapshot.id).await?;
@@ -188,7 +197,7 @@ pub(crate) async fn snapshot_locked(
     session: &Session,
     paused: bool,
     kind: SnapshotKind,
-    name: Option<String>,
+    keeping: Keeping,
 ) -> AppResult<Snapshot> {
     let (id, sandbox, node) = (&session.id, sandbox_of(session)?, state.nodes.of(session)?);
     let new = NewSnapshot {
@@ -196,7 +205,8 @@ pub(crate) async fn snapshot_locked(
         session_id: id.clone(),
         tenant_id: tenant.clone(),
         kind,
-        name,
+        name: keeping.name,
+        outlives_session: keeping.outlives_session,
         node_id: node.node_id(),
     };
     state.store.insert_snapshot(&new).await?;
@@ -371,7 +381,7 @@ pub(crate) async fn run_restore(
 
 /// Creates `count` new sessions from a snapshot of this one (unless `from` names one, a new
 /// snapshot of it as it is now: full if the node has CRIU, else disk). Each continues
-/// independently.
+/// independently. A destroyed session is forked from a snapshot that outlived it.
 #[utoipa::path(post, path = "/v1/sessions/{id}/fork", params(("id" = String, Path)), request_body = ForkRequest,
     responses((status = 201, body = SessionList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 429, body = ErrorBody), (status = 501, body = ErrorBody),
@@ -386,7 +396,21 @@ pub async fn fork(
     if count == 0 || count > MAX_FORK {
         return Err(AppError::bad_request(format!("count must be between 1 and {MAX_FORK}")));
     }
-    let parent = live_session(&state, &caller, &id).await?;
+    let parent = find_session(&state, &caller, &id).await?;
+    let named = match &request.from {
+        Some(from) => Some(find_snapshot(&state, &caller, &parent.id, from.as_str()).await?),
+        None => None,
+    };
+    // A destroyed session is forked only from a snapshot that outlived it.
+    if parent.state == SessionState::Destroyed && !named.as_ref().is_some_and(|s| s.outlives_session) {
+        return Err(AppError::new(
+            ErrorCode::NotFound,
+            format!(
+                "session {id} was destroyed; only its snapshots taken with outlives_session can still be forked \
+                 from (name one in `from`); or create a new session"
+            ),
+        ));
+    }
     let demand = Demand::new_session(&parent.resources);
     let demand = Demand {
         sessions: u64::from(count),
@@ -396,13 +420,13 @@ pub async fn fork(
     };
     // Before the snapshot, which a refused fork would leave behind; inserting checks again.
     state.store.check_quota(&caller.tenant_id, &demand).await?;
-    let snapshot = match &request.from {
-        Some(from) => find_snapshot(&state, &caller, &parent.id, from.as_str()).await?,
+    let snapshot = match named {
+        Some(snapshot) => snapshot,
         // Processes too when the node can checkpoint them; otherwise the files.
         None => {
             let full = require_checkpoints(&state, parent.runtime).is_ok();
             let kind = if full { SnapshotKind::Full } else { SnapshotKind::Disk };
-            let snapshot = take_snapshot(&state, &caller.tenant_id, &parent.id, kind, None).await?;
+            let snapshot = take_snapshot(&state, &caller.tenant_id, &parent.id, kind, Keeping::default()).await?;
             note_snapshot(&state, &snapshot, " to fork").await;
             snapshot
         }

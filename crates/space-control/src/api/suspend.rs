@@ -124,7 +124,7 @@ async fn snapshot_durably(
     node: &dyn NodeApi,
     force: bool,
 ) -> AppResult<Snapshot> {
-    let snapshot = snapshot_locked(state, tenant, session, true, SnapshotKind::Full, None).await?;
+    let snapshot = snapshot_locked(state, tenant, session, true, SnapshotKind::Full, Default::default()).await?;
     match crate::durable::export(state, node, &session.id, &snapshot.id).await {
         Ok(durable) => Ok(Snapshot { durable, ..snapshot }),
         Err(e) if force => {

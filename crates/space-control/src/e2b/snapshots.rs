@@ -1,6 +1,7 @@
 //! E2B's fork and snapshots. An E2B snapshot is a space snapshot of the session (memory and
-//! processes too where the node can checkpoint them); naming its id as a create's template
-//! forks a new session from it, as E2B starts a sandbox from a snapshot.
+//! processes too where the node can checkpoint them) that outlives it, as E2B's do: killing
+//! the sandbox leaves it until it is deleted. Naming its id as a create's template forks a new
+//! session from it, as E2B starts a sandbox from a snapshot.
 
 use std::collections::BTreeMap;
 
@@ -122,7 +123,8 @@ pub async fn create(
         None if require_checkpoints(&state, session.runtime).is_ok() => SnapshotKind::Full,
         None => SnapshotKind::Disk,
     };
-    let native = CreateSnapshotRequest { kind: Some(kind), name: request.name };
+    // E2B's snapshots stay when their sandbox is killed, until deleted.
+    let native = CreateSnapshotRequest { kind: Some(kind), name: request.name, outlives_session: Some(true) };
     let (_, ApiJson(snapshot)) =
         lifecycle::create_snapshot(State(state.clone()), Extension(caller), ApiPath(id), ApiJson(native)).await?;
     Ok((StatusCode::CREATED, Json(SnapshotInfo::of(&snapshot))))
@@ -138,7 +140,8 @@ pub struct SnapshotQuery {
     next_token: Option<String>,
 }
 
-/// `GET /snapshots`: the caller's snapshots (of one sandbox with `sandboxID`), newest first.
+/// `GET /snapshots`: the caller's snapshots (of one sandbox with `sandboxID`), newest first;
+/// without `sandboxID`, also those of sandboxes that were killed since.
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -151,6 +154,10 @@ pub async fn list(
     let mut snapshots = Vec::new();
     for session in &sessions {
         snapshots.extend(state.store.list_snapshots(&session.id).await.map_err(AppError::from)?);
+    }
+    if query.sandbox_id.is_none() {
+        // Those of sandboxes that were killed are still the caller's, as in E2B.
+        snapshots.extend(state.store.outliving_snapshots(&caller.tenant_id).await.map_err(AppError::from)?);
     }
     snapshots.retain(|s| query.name.as_ref().is_none_or(|n| s.name.as_ref() == Some(n)));
     snapshots.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| b.id.as_str().cmp(a.id.as_str())));

@@ -146,6 +146,39 @@ async fn fork_makes_independent_sessions_from_now_or_a_snapshot() {
     assert_eq!((status, from["sessions"][0]["state"].as_str()), (201, Some("running")), "{from}");
 }
 
+/// A snapshot taken with `outlives_session` stays when its session is destroyed (the others
+/// go with it): it is listed, new sessions are forked from it, and deleting it ends it.
+#[tokio::test]
+async fn a_snapshot_that_outlives_its_session_is_forked_from_after_it_until_deleted() {
+    let server = Server::start().await;
+    let id = server.session().await;
+    server.write_file(&id, "/tmp/f", "kept").await;
+    let (status, kept) = server.act(&id, "snapshots", json!({ "kind": "disk", "outlives_session": true })).await;
+    assert_eq!((status, kept["outlives_session"].as_bool()), (201, Some(true)), "{kept}");
+    let kept = kept["id"].as_str().unwrap().to_owned();
+    let other = server.snapshot(&id, "disk").await;
+    assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).await.0, 200);
+
+    let (_, list) = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None).await;
+    let listed: Vec<&str> = list["snapshots"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+    assert_eq!(listed, [kept.as_str()], "{list}");
+    let on_node: Vec<String> = server.sim.snapshots().iter().map(|s| s.as_str().to_owned()).collect();
+    assert_eq!(on_node, [kept.as_str()], "only the kept snapshot is left on the node");
+    assert_error(&server.act(&id, "fork", json!({ "from": other })).await, 404, "snapshot_not_found");
+    assert_error(&server.act(&id, "fork", json!({})).await, 404, "not_found");
+
+    let (status, forks) = server.act(&id, "fork", json!({ "from": kept })).await;
+    assert_eq!((status, forks["sessions"][0]["state"].as_str()), (201, Some("running")), "{forks}");
+    let child = forks["sessions"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(server.read_file(&child, "/tmp/f").await, "kept");
+
+    let path = format!("/v1/sessions/{id}/snapshots/{kept}");
+    assert_eq!(server.call("DELETE", &path, None).await.0, 204);
+    assert!(server.sim.snapshots().is_empty(), "{:?}", server.sim.snapshots());
+    assert_error(&server.act(&id, "fork", json!({ "from": kept })).await, 404, "snapshot_not_found");
+    assert_eq!(server.read_file(&child, "/tmp/f").await, "kept", "the fork does not depend on it");
+}
+
 #[tokio::test]
 async fn destroy_works_from_every_state_and_ends_everything() {
     let server = Server::start().await;

@@ -207,10 +207,14 @@ def snapshot_id(snapshot: SnapshotRef) -> str:
     return snapshot.id if isinstance(snapshot, Snapshot) else str(snapshot)
 
 
-def snapshot_body(kind: Union[str, SnapshotKind], name: Optional[str]) -> Dict[str, Any]:
+def snapshot_body(
+    kind: Union[str, SnapshotKind], name: Optional[str], outlives_session: bool = False
+) -> Dict[str, Any]:
     body: Dict[str, Any] = {"kind": str(kind)}
     if name is not None:
         body["name"] = name
+    if outlives_session:
+        body["outlives_session"] = True
     return body
 
 

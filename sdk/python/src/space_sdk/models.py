@@ -251,6 +251,7 @@ class Snapshot(Model):
     exclusive_bytes: Optional[int] = None
     created_at: int = 0
     durable: bool = False
+    outlives_session: bool = False
 
 
 @dataclass

@@ -450,11 +450,15 @@ class Session:
         """Saves processes, memory and files to disk and frees the sandbox (needs CRIU)."""
         return self._set(self._transport.json("POST", f"{self._path}/suspend", headers=idempotency_headers()))
 
-    def snapshot(self, kind: Union[str, SnapshotKind] = "disk", name: Optional[str] = None) -> Snapshot:
-        """A snapshot: ``"disk"`` (files, O(1)) or ``"full"`` (files and processes, CRIU)."""
-        data = self._transport.json(
-            "POST", f"{self._path}/snapshots", json=rq.snapshot_body(kind, name), headers=idempotency_headers()
-        )
+    def snapshot(
+        self, kind: Union[str, SnapshotKind] = "disk", name: Optional[str] = None, *, outlives_session: bool = False
+    ) -> Snapshot:
+        """A snapshot: ``"disk"`` (files, O(1)) or ``"full"`` (files and processes, CRIU).
+
+        ``outlives_session``: kept when the session is destroyed (new sessions can still be forked
+        from it) until it is deleted."""
+        body = rq.snapshot_body(kind, name, outlives_session)
+        data = self._transport.json("POST", f"{self._path}/snapshots", json=body, headers=idempotency_headers())
         return Snapshot.from_json(data)
 
     def snapshots(self) -> List[Snapshot]:

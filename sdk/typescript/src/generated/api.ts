@@ -575,7 +575,7 @@ export interface paths {
         /**
          * Creates `count` new sessions from a snapshot of this one (unless `from` names one, a new
          *     snapshot of it as it is now: full if the node has CRIU, else disk). Each continues
-         *     independently.
+         *     independently. A destroyed session is forked from a snapshot that outlived it.
          */
         post: operations["fork"];
         delete?: never;
@@ -1385,6 +1385,11 @@ export interface components {
         CreateSnapshotRequest: {
             kind?: null | components["schemas"]["SnapshotKind"];
             name?: string | null;
+            /**
+             * @description Keep it when the session is destroyed (default `false`: a session's snapshots go with
+             *     it). It is never pruned by the schedule either; delete it when it is no longer needed.
+             */
+            outlives_session?: boolean | null;
         };
         /** @description A new API key (`POST /v1/keys`, `POST /v1/keys/{id}/rotate`). */
         CreatedKey: {
@@ -2270,6 +2275,12 @@ export interface components {
             kind: components["schemas"]["SnapshotKind"];
             /** @description Given by the user; named snapshots are never pruned by the schedule. */
             name?: string | null;
+            /**
+             * @description Kept when its session is destroyed, until it is deleted, and never pruned by the
+             *     snapshot schedule: new sessions can still be forked from it (as E2B's snapshots,
+             *     which the E2B endpoint takes so).
+             */
+            outlives_session?: boolean;
             parent?: null | components["schemas"]["SnapshotId"];
             session_id: components["schemas"]["SessionId"];
             /**

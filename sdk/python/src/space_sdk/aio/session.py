@@ -409,8 +409,10 @@ class AsyncSession:
     async def suspend(self) -> "AsyncSession":
         return await self._lifecycle("suspend")
 
-    async def snapshot(self, kind: Union[str, SnapshotKind] = "disk", name: Optional[str] = None) -> Snapshot:
-        body = rq.snapshot_body(kind, name)
+    async def snapshot(
+        self, kind: Union[str, SnapshotKind] = "disk", name: Optional[str] = None, *, outlives_session: bool = False
+    ) -> Snapshot:
+        body = rq.snapshot_body(kind, name, outlives_session)
         return Snapshot.from_json(
             await self._transport.json("POST", f"{self._path}/snapshots", json=body, headers=idempotency_headers())
         )
