@@ -98,20 +98,8 @@ fn idempotency_key_replays_the_first_response() {
     require_root!();
     let server = Server::start();
     let create = |key: &str, body: &str| {
-        let out = common::curl(&[
-            "-s",
-            "-X",
-            "POST",
-            "-H",
-            &server.auth(),
-            "-H",
-            &format!("Idempotency-Key: {key}"),
-            "-H",
-            "content-type: application/json",
-            "-d",
-            body,
-            &format!("{}/v1/sessions", server.url),
-        ]);
+        let header = format!("Idempotency-Key: {key}");
+        let out = common::post_json(&format!("{}/v1/sessions", server.url), &server.auth(), body, &["-H", &header]);
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
     let first = create("k1", "{}");
@@ -287,22 +275,7 @@ fn exec_output_is_capped_by_its_size_in_json() {
     let path = server.data_dir.join("nul.json");
     let body = json!({ "cmd": ["head", "-c", "20000000", "/dev/zero"] }).to_string();
     let url = format!("{}/v1/sessions/{id}/exec", server.url);
-    let out = common::curl(&[
-        "-s",
-        "-o",
-        path.to_str().unwrap(),
-        "-w",
-        "%{http_code}",
-        "-X",
-        "POST",
-        "-H",
-        &auth,
-        "-H",
-        "content-type: application/json",
-        "-d",
-        &body,
-        &url,
-    ]);
+    let out = common::post_json(&url, &auth, &body, &["-o", path.to_str().unwrap(), "-w", "%{http_code}"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
     let size = std::fs::metadata(&path).unwrap().len();
     assert!(size <= (16 << 20) + 4096, "{size} bytes of JSON");

@@ -90,20 +90,7 @@ fn a_json_exec_is_killed_when_its_client_hangs_up() {
     let body = json!({ "cmd": ["sh", "-c", "echo $$ > /tmp/exec.pid; exec sleep 1000"] }).to_string();
     let url = format!("{}/v1/sessions/{id}/exec", server.url);
     let auth = server.auth();
-    let out = common::curl(&[
-        "-s",
-        "-m",
-        "1",
-        "-X",
-        "POST",
-        "-H",
-        &auth,
-        "-H",
-        "content-type: application/json",
-        "-d",
-        &body,
-        &url,
-    ]);
+    let out = common::post_json(&url, &auth, &body, &["-m", "1"]);
     assert_eq!(out.status.code(), Some(28), "curl should have given up (exit 28)");
     // Bounded: the command is killed once the server sees the connection closed.
     let gone = "for _ in $(seq 100); do [ -d /proc/$(cat /tmp/exec.pid) ] || { echo gone; exit; }; sleep 0.1; done; \

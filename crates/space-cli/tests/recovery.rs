@@ -50,23 +50,8 @@ fn kill9_during_create_leaves_nothing_orphaned() {
 }
 
 /// `curl` arguments of a create under `Idempotency-Key: key`, printing the status last.
-fn keyed_create<'a>(auth: &'a str, header: &'a str, url: &'a str) -> Vec<&'a str> {
-    vec![
-        "-s",
-        "-w",
-        "\n%{http_code}",
-        "-X",
-        "POST",
-        "-H",
-        auth,
-        "-H",
-        header,
-        "-H",
-        "content-type: application/json",
-        "-d",
-        "{}",
-        url,
-    ]
+fn keyed_create(auth: &str, header: &str, url: &str) -> Vec<String> {
+    common::post_json_args(url, auth, "{}", &["-H", header, "-w", "\n%{http_code}"])
 }
 
 #[test]
@@ -88,7 +73,8 @@ fn a_create_retried_under_its_key_after_kill9_makes_one_session() {
         let _ = first.kill();
         let _ = first.wait();
         server.spawn();
-        let out = common::curl(&keyed_create(&auth, &header, &url));
+        let args = keyed_create(&auth, &header, &url);
+        let out = common::curl(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let (body, status) = text.rsplit_once('\n').unwrap();
         assert_eq!(status, "201", "round {round}: {body}");
@@ -152,21 +138,7 @@ fn kill9_during_restore_and_fork_leaves_stable_sessions_and_usable_snapshots() {
         let call = std::thread::spawn(move || {
             let auth = format!("Authorization: Bearer {key}");
             let url = format!("{url}{path}");
-            let data = body.to_string();
-            common::curl(&[
-                "-s",
-                "-m",
-                "5",
-                "-X",
-                "POST",
-                "-H",
-                &auth,
-                "-H",
-                "content-type: application/json",
-                "-d",
-                &data,
-                &url,
-            ]);
+            common::post_json(&url, &auth, &body.to_string(), &["-m", "5"]);
         });
         std::thread::sleep(Duration::from_millis(2 + round * 7));
         server.kill9();

@@ -393,9 +393,7 @@ fn answers_within(server: &Server, id: &str, secs: u32) -> bool {
     let body = json!({ "cmd": ["echo", "answering"] }).to_string();
     let secs = secs.to_string();
     let auth = server.auth();
-    let args =
-        ["-s", "-m", &secs, "-X", "POST", "-H", &auth, "-H", "content-type: application/json", "-d", &body, &url];
-    String::from_utf8_lossy(&common::curl(&args).stdout).contains("answering\\n")
+    String::from_utf8_lossy(&common::post_json(&url, &auth, &body, &["-m", &secs]).stdout).contains("answering\\n")
 }
 
 /// A live session with a counter and 64 MiB of memory for CRIU to copy (so that what
@@ -424,18 +422,9 @@ fn checkpoint_call(server: &Server, id: &str, round: u64, max_secs: Option<f64>)
     };
     let (url, auth) = (format!("{}/v1/sessions/{id}/{call}", server.url), server.auth());
     std::thread::spawn(move || {
-        let data = body.to_string();
-        let mut args: Vec<String> =
-            ["-s", "-X", "POST", "-H", &auth, "-H", "content-type: application/json", "-d", &data]
-                .iter()
-                .map(|a| a.to_string())
-                .collect();
-        if let Some(secs) = max_secs {
-            args.extend(["-m".to_string(), format!("{secs:.2}")]);
-        }
-        args.push(url);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        common::curl(&args);
+        let secs = max_secs.map(|secs| format!("{secs:.2}"));
+        let bound: Vec<&str> = secs.iter().flat_map(|secs| ["-m", secs.as_str()]).collect();
+        common::post_json(&url, &auth, &body.to_string(), &bound);
     })
 }
 

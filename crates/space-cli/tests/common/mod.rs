@@ -591,6 +591,18 @@ pub fn curl(args: &[&str]) -> Output {
     Command::new("curl").args(args).output().expect("curl")
 }
 
+/// curl's arguments for a JSON POST of `body` to `url` with `auth` (an `Authorization:`
+/// header line); `extra` (more headers, `-m`, `-o`, `-w`) go before the URL.
+pub fn post_json_args(url: &str, auth: &str, body: &str, extra: &[&str]) -> Vec<String> {
+    let head = ["-s", "-X", "POST", "-H", auth, "-H", "content-type: application/json", "-d", body];
+    head.iter().chain(extra).chain([&url]).map(|a| a.to_string()).collect()
+}
+
+/// Runs curl with [`post_json_args`].
+pub fn post_json(url: &str, auth: &str, body: &str, extra: &[&str]) -> Output {
+    Command::new("curl").args(post_json_args(url, auth, body, extra)).output().expect("curl")
+}
+
 fn read_pids(path: &Path) -> Vec<u32> {
     std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
