@@ -167,6 +167,8 @@ pub async fn create_session(
     };
     check_lifetime(&state, runtime, &lifetime)?;
     let meta = create_meta(&request)?;
+    let egress = crate::egress::check_new_egress(&state, &caller.tenant_id, request.network, &request.grants).await?;
+    // Taken once the request is known good: a refused one uses up no CA.
     let (id, ca) = state.session_cas.take()?;
     let mut new = NewSession {
         id,
@@ -182,7 +184,7 @@ pub async fn create_session(
         meta,
     };
     // The session's egress reaches the gateway before any sandbox of it starts.
-    let op = crate::egress::insert_new_session(&state, &mut new, ca, request.network, &request.grants, key).await?;
+    let op = crate::egress::insert_new_session(&state, &mut new, ca, egress, key).await?;
     let op_id = op.operation.id.clone();
     // This replica runs it at once: no loop has to claim it, no waiter reads the store for it.
     let running = state.reconciler.perform_here(state.clone(), op);

@@ -387,20 +387,20 @@ fn add_placeholders(env: &mut BTreeMap<String, String>, grants: &[CredentialReco
     }
 }
 
-/// Records a new session (see [`space_store::Store::insert_session_with_egress`]) with its CA
-/// `ca` (made for `new.id`, see [`ca_stock`]), `policy` and the credentials named in `grants`,
-/// after pushing its egress to the gateway (so it is there before any sandbox starts).
-/// Validates the policy (400) and the grants (404). Placeholders of the grants are added to
-/// `new.env`. Returns the create operation, claimed by this replica: the caller runs it
-/// ([`crate::reconciler::Reconciler::perform_here`]).
-pub async fn insert_new_session(
+/// A new session's network policy, checked (400) and lowercased, and the credentials its
+/// `grants` name, found (404): what [`insert_new_session`] records.
+pub struct NewEgress {
+    policy: NetworkPolicy,
+    grants: Vec<CredentialRecord>,
+}
+
+/// Checks a new session's `policy` and `grants` of `tenant` before anything is made for it.
+pub async fn check_new_egress(
     state: &AppState,
-    new: &mut NewSession,
-    ca: SessionCa,
+    tenant: &TenantId,
     policy: Option<NetworkPolicy>,
     grants: &[String],
-    idempotency_key: Option<String>,
-) -> AppResult<OperationRecord> {
+) -> AppResult<NewEgress> {
     let mut policy = policy.unwrap_or_default();
     policy.validate().map_err(|e| AppError::bad_request(format!("network: {e}")))?;
     for list in [&mut policy.allow, &mut policy.deny] {
@@ -408,7 +408,22 @@ pub async fn insert_new_session(
             *p = p.to_ascii_lowercase();
         }
     }
-    let records = resolve_grants(state, &new.tenant_id, grants).await?;
+    Ok(NewEgress { policy, grants: resolve_grants(state, tenant, grants).await? })
+}
+
+/// Records a new session (see [`space_store::Store::insert_session_with_egress`]) with its CA
+/// `ca` (made for `new.id`, see [`ca_stock`]) and `egress`, after pushing its egress to the
+/// gateway (so it is there before any sandbox starts). Placeholders of the grants are added
+/// to `new.env`. Returns the create operation, claimed by this replica: the caller runs it
+/// ([`crate::reconciler::Reconciler::perform_here`]).
+pub async fn insert_new_session(
+    state: &AppState,
+    new: &mut NewSession,
+    ca: SessionCa,
+    egress: NewEgress,
+    idempotency_key: Option<String>,
+) -> AppResult<OperationRecord> {
+    let NewEgress { policy, grants: records } = egress;
     add_placeholders(&mut new.env, &records);
     let key_sealed = seal_ca(&state.keys, &new.tenant_id, &new.id, &ca).await?;
     let gateway_grants = grants_of(state.egress(), &records).await?;
