@@ -162,18 +162,7 @@ async fn insert_with_egress_tx(
     egress: &NewSessionEgress,
     runner: Runner<'_>,
 ) -> Result<OperationRecord> {
-    let op = insert_session_tx(tx, new, runner).await?;
-    let e = &egress.egress;
-    sqlx::query(
-        "UPDATE sessions SET network_policy = $1, ca_cert = $2, ca_key_sealed = $3, idempotency_key = $5 WHERE id = $4",
-    )
-    .bind(serde_json::to_string(&e.policy).unwrap_or_default())
-    .bind(&e.ca_cert)
-    .bind(&e.ca_key_sealed)
-    .bind(new.id.as_str())
-    .bind(egress.idempotency_key.as_deref())
-    .execute(&mut **tx)
-    .await?;
+    let op = insert_session_tx(tx, new, Some(egress), runner).await?;
     for credential in &egress.grants {
         sqlx::query(
             "INSERT INTO grants (session_id, credential_id, created_at, inherited_from) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",

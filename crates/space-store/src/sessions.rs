@@ -147,7 +147,7 @@ impl Store {
     /// it, atomically: a crash never leaves a session without the work that finishes it.
     pub async fn insert_session(&self, new: &NewSession) -> Result<OperationId> {
         let mut tx = self.write_tx().await?;
-        let op = insert_session_tx(&mut tx, new, Runner::AnyReplica).await?;
+        let op = insert_session_tx(&mut tx, new, None, Runner::AnyReplica).await?;
         tx.commit().await?;
         Ok(op.operation.id)
     }
@@ -504,14 +504,16 @@ impl Store {
 pub(crate) async fn insert_session_tx(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     new: &NewSession,
+    egress: Option<&crate::NewSessionEgress>,
     runner: Runner<'_>,
 ) -> Result<OperationRecord> {
     check_quota_tx(tx, &new.tenant_id, &Demand::new_session(&new.resources)).await?;
     let now = now_ms();
+    let policy = egress.map(|e| serde_json::to_string(&e.egress.policy).unwrap_or_default());
     sqlx::query(
-        "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy, lifetime, runtime, name, labels, metadata, auto_resume, forked_from)
+        "INSERT INTO sessions (id, tenant_id, template, state, resources, env, created_at, updated_at, source_snapshot, template_version, snapshot_policy, lifetime, runtime, name, labels, metadata, auto_resume, forked_from, network_policy, ca_cert, ca_key_sealed, idempotency_key)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                 (SELECT session_id FROM snapshots WHERE id = $8))",
+                 (SELECT session_id FROM snapshots WHERE id = $8), COALESCE($17, '{}'), $18, $19, $20)",
     )
     .bind(new.id.as_str())
     .bind(new.tenant_id.as_str())
@@ -529,6 +531,10 @@ pub(crate) async fn insert_session_tx(
     .bind(serde_json::to_string(&new.meta.labels).unwrap_or_default())
     .bind(serde_json::to_string(&new.meta.metadata).unwrap_or_default())
     .bind(new.meta.auto_resume)
+    .bind(policy)
+    .bind(egress.and_then(|e| e.egress.ca_cert.clone()))
+    .bind(egress.and_then(|e| e.egress.ca_key_sealed.clone()))
+    .bind(egress.and_then(|e| e.idempotency_key.clone()))
     .execute(&mut **tx)
     .await?;
     insert_labels(tx, &new.id, &new.meta.labels).await?;
