@@ -293,6 +293,8 @@ def test_a_snapshot_outlives_the_sandbox_it_was_taken_of():
         return [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
 
     wait_until(lambda: snapshot.snapshot_id in listed(), "the snapshot listed after its sandbox was killed")
+    of_killed = Sandbox.list_snapshots(sandbox_id=sandbox.sandbox_id).next_items()
+    assert [s.snapshot_id for s in of_killed] == [snapshot.snapshot_id]
     restored = Sandbox.create(snapshot.snapshot_id)
     try:
         assert restored.files.read("/tmp/state") == "kept"

@@ -16,7 +16,7 @@ use space_node_wire::{NodeClient, RemoteNode, WireError};
 
 use crate::serve::{
     ControlArgs, LogArgs, NodeArgs, init_logging, node_config, raise_fd_limit, require_root, serve_control,
-    server_config, shutdown_signal,
+    server_config, stop_on_signals,
 };
 
 /// How long `space control` keeps trying to reach its node at start (it may be starting too).
@@ -100,7 +100,9 @@ pub async fn run_node(args: NodeRoleArgs, data_dir: PathBuf) -> anyhow::Result<(
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let node: Arc<dyn NodeApi> = Arc::new(Node::open(config.owned_by(&args.identity.name)).await?);
     tracing::info!(listen = %args.listen, node = %args.identity.name, "serving the node API");
-    space_node_wire::serve(listener, tls, node, shutdown_signal()).await.context("serving the node API")
+    let stop = tokio_util::sync::CancellationToken::new();
+    stop_on_signals(&stop);
+    space_node_wire::serve(listener, tls, node, stop.cancelled_owned()).await.context("serving the node API")
 }
 
 /// Runs a control plane over the nodes at `--node`.

@@ -474,11 +474,7 @@ pub async fn serve_control(
     }
     let data_dir = config.data_dir.display();
     tracing::info!(listen = %config.listen, %data_dir, "space is serving; admin key in {data_dir}/admin.key");
-    let signalled = stop.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        signalled.cancel();
-    });
+    stop_on_signals(&stop);
     let served = space_control::serve(state, listener, stop.clone().cancelled_owned()).await;
     // Also when the API's listener failed: the E2B endpoint does not outlive it.
     stop.cancel();
@@ -486,6 +482,19 @@ pub async fn serve_control(
         let _ = e2b.await;
     }
     Ok(served?)
+}
+
+/// Cancels `stop` at the first SIGTERM or SIGINT; a second one ends the process at once,
+/// without waiting for what is still running (recovery finishes it, as after a crash).
+pub fn stop_on_signals(stop: &tokio_util::sync::CancellationToken) {
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        stop.cancel();
+        shutdown_signal().await;
+        tracing::warn!("a second signal: stopping now; what was still running is recovered at the next start");
+        std::process::exit(130);
+    });
 }
 
 pub async fn shutdown_signal() {

@@ -43,12 +43,16 @@ struct Served {
     incarnation: String,
     /// The calls that change something, which a graceful stop waits for.
     changes: TaskTracker,
+    /// Set once the node stops: connections still open are refused new changes (see
+    /// [`calls`]), so the wait for those running ends.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// Serves `node` on `listener` until the listener fails or `shutdown` resolves. Each
 /// connection must complete the mutual TLS handshake `tls` requires before anything is read
-/// from it. On `shutdown` it stops accepting and waits for the calls that change something
-/// (they run on tasks of their own, see [`calls`]); calls that only read end with the process.
+/// from it. On `shutdown` it stops accepting, refuses further changes (503 `node_stopping`)
+/// and waits for the calls that change something (they run on tasks of their own, see
+/// [`calls`]); calls that only read end with the process.
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
@@ -59,8 +63,9 @@ pub async fn serve(
     let audit = streams::AuditSlot::new(node.take_audit_events());
     let incarnation = hex_token();
     let changes = TaskTracker::new();
-    let served =
-        Arc::new(Served { node, audit, background: std::sync::Once::new(), incarnation, changes: changes.clone() });
+    let stopping = std::sync::atomic::AtomicBool::new(false);
+    let background = std::sync::Once::new();
+    let served = Arc::new(Served { node, audit, background, incarnation, changes: changes.clone(), stopping });
     let mut shutdown = std::pin::pin!(shutdown);
     let accepted = loop {
         let (tcp, peer) = tokio::select! {
@@ -74,6 +79,7 @@ pub async fn serve(
         tokio::spawn(connection(acceptor.clone(), served.clone(), tcp, peer));
     };
     drop(listener);
+    served.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
     changes.close();
     if !changes.is_empty() {
         tracing::info!(calls = changes.len(), "waiting for the node's calls that change something to finish");
@@ -209,6 +215,6 @@ fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
     respond(status, "application/json", Full::new(Bytes::from(body)).boxed_unsync())
 }
 
-fn refuse(status: StatusCode, code: &str, message: String) -> Response<Body> {
+pub(crate) fn refuse(status: StatusCode, code: &str, message: String) -> Response<Body> {
     json(status, &Refusal { code: code.into(), message })
 }

@@ -39,10 +39,16 @@ impl std::fmt::Debug for SealedValue {
     }
 }
 
+/// Sessions (`sessions` rows) whose CA key may still be opened: those not destroyed, and
+/// destroyed ones that a snapshot outlived.
+pub(crate) const OPENED: &str = "state <> 'destroyed' OR EXISTS (SELECT 1 FROM snapshots k \
+     WHERE k.session_id = sessions.id AND k.outlives_session = 1)";
+
 impl Store {
-    /// Every credential value, and the CA key of every session not destroyed (a destroyed
-    /// session's key is never opened again). Not the data keys of snapshot exports: there may
-    /// be many, and the start-up check needs only some value of each key.
+    /// Every credential value, and the CA key of every session whose key may still be opened:
+    /// one not destroyed, or a destroyed one with a snapshot that outlived it (a fork from it
+    /// opens the key). Not the data keys of snapshot exports: there may be many, and the
+    /// start-up check needs only some value of each key.
     pub async fn sealed_values(&self) -> Result<Vec<SealedValue>> {
         let mut out = Vec::new();
         let rows = sqlx::query("SELECT tenant_id, id, name, value_sealed FROM credentials ORDER BY tenant_id, name")
@@ -51,11 +57,10 @@ impl Store {
         for row in &rows {
             out.push(credential_value(row)?);
         }
-        let rows = sqlx::query(
-            "SELECT id, ca_key_sealed FROM sessions WHERE ca_key_sealed IS NOT NULL AND state <> 'destroyed' ORDER BY id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+        let sql = format!(
+            "SELECT id, ca_key_sealed FROM sessions WHERE ca_key_sealed IS NOT NULL AND ({OPENED}) ORDER BY id"
+        );
+        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
         for row in &rows {
             out.push(ca_value(row)?);
         }

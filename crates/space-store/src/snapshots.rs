@@ -173,15 +173,26 @@ impl Store {
         Ok(by_session)
     }
 
-    /// The tenant's ready snapshots that outlived their destroyed sessions, oldest first.
+    /// The tenant's ready snapshots that outlive their sessions, of sessions destroyed or
+    /// being destroyed, oldest first.
     pub async fn outliving_snapshots(&self, tenant: &TenantId) -> Result<Vec<Snapshot>> {
         let sql = format!(
             "SELECT {COLUMNS} FROM snapshots WHERE tenant_id = $1 AND state = 'ready' AND outlives_session = 1 \
-             AND session_id IN (SELECT id FROM sessions WHERE tenant_id = $1 AND state = 'destroyed') \
-             ORDER BY created_at, id"
+             AND session_id IN (SELECT id FROM sessions WHERE tenant_id = $1 \
+             AND state IN ('destroyed', 'destroying')) ORDER BY created_at, id"
         );
         let rows = sqlx::query(&sql).bind(tenant.as_str()).fetch_all(&self.pool).await?;
         rows.iter().map(snapshot_from_row).collect()
+    }
+
+    /// How many snapshots of the tenant's (in any state) outlive their sessions.
+    pub async fn kept_snapshot_count(&self, tenant: &TenantId) -> Result<u64> {
+        let count: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM snapshots WHERE tenant_id = $1 AND outlives_session = 1")
+                .bind(tenant.as_str())
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(u64::try_from(count).unwrap_or(0))
     }
 
     /// A ready snapshot of the tenant's, whichever session it belongs to.
@@ -278,6 +289,28 @@ mod tests {
         assert_eq!(outliving.iter().map(|s| &s.id).collect::<Vec<_>>(), [&kept.id]);
         let other = store.ensure_tenant("b").await.unwrap();
         assert!(store.outliving_snapshots(&other).await.unwrap().is_empty(), "another tenant sees them");
+    }
+
+    /// A destroyed session's CA key is opened again by a fork from a snapshot that outlived
+    /// it, so a move to another tenant key must re-seal it, until that snapshot is deleted.
+    #[tokio::test]
+    async fn a_destroyed_sessions_ca_key_stays_sealed_while_a_snapshot_outlives_it() {
+        let (store, _dir) = test_store().await;
+        let tenant = store.ensure_tenant("a").await.unwrap();
+        let session = session_of(&store, &tenant).await;
+        store.set_session_ca_if_missing(&session, "cert", &[7]).await.unwrap();
+        let kept = disk(&session, &tenant, None, true);
+        store.insert_snapshot(&kept).await.unwrap();
+        store.set_snapshot_ready(&kept.id, Some(1)).await.unwrap();
+        assert!(store.transition(&session, &[SessionState::Creating], SessionState::Destroyed, None).await.unwrap());
+        let sealed_ca = |values: Vec<crate::SealedValue>| {
+            values.iter().any(|v| matches!(&v.owner, crate::SealedOwner::SessionCa { session: s } if *s == session))
+        };
+        assert!(sealed_ca(store.tenant_sealed_values(&tenant).await.unwrap()), "the tenant's list");
+        assert!(sealed_ca(store.sealed_values().await.unwrap()), "the start-up check's list");
+        store.delete_snapshot_row(&kept.id).await.unwrap();
+        assert!(!sealed_ca(store.tenant_sealed_values(&tenant).await.unwrap()), "nothing opens it any more");
+        assert!(!sealed_ca(store.sealed_values().await.unwrap()));
     }
 
     #[tokio::test]

@@ -115,7 +115,8 @@ impl Store {
     }
 
     /// What is sealed for `tenant`: its credentials' values, the CA keys of its sessions that
-    /// are not destroyed and the data keys of its snapshots' exports.
+    /// may still be opened (see [`crate::sealed::OPENED`]) and the data keys of its snapshots'
+    /// exports.
     pub async fn tenant_sealed_values(&self, tenant: &TenantId) -> Result<Vec<SealedValue>> {
         let mut out = Vec::new();
         let rows =
@@ -126,13 +127,12 @@ impl Store {
         for row in &rows {
             out.push(credential_value(row)?);
         }
-        let rows = sqlx::query(
+        let sql = format!(
             "SELECT id, ca_key_sealed FROM sessions WHERE tenant_id = $1 AND ca_key_sealed IS NOT NULL \
-             AND state <> 'destroyed' ORDER BY id",
-        )
-        .bind(tenant.as_str())
-        .fetch_all(&self.pool)
-        .await?;
+             AND ({}) ORDER BY id",
+            crate::sealed::OPENED
+        );
+        let rows = sqlx::query(&sql).bind(tenant.as_str()).fetch_all(&self.pool).await?;
         for row in &rows {
             out.push(ca_value(row)?);
         }

@@ -125,9 +125,32 @@ pub async fn create_snapshot(
     let session = live_session(&state, &caller, &id).await?;
     let kind = request.kind.unwrap_or(SnapshotKind::Disk);
     let keeping = Keeping { name: request.name, outlives_session: request.outlives_session.unwrap_or(false) };
+    if keeping.outlives_session {
+        check_room_to_keep(&state, &caller.tenant_id).await?;
+    }
     let snapshot = take_snapshot(&state, &caller.tenant_id, &session.id, kind, keeping).await?;
     note_snapshot(&state, &snapshot, "").await;
     Ok((StatusCode::CREATED, ApiJson(snapshot)))
+}
+
+/// How many snapshots that outlive their sessions a tenant may have: they count against no
+/// session's disk limit once their session is destroyed, so their number is bounded instead.
+pub(crate) const MAX_KEPT_SNAPSHOTS: u64 = 100;
+
+/// 429 `quota_exceeded` once the tenant has [`MAX_KEPT_SNAPSHOTS`] snapshots that outlive
+/// their sessions.
+pub(crate) async fn check_room_to_keep(state: &AppState, tenant: &TenantId) -> AppResult<()> {
+    let kept = state.store.kept_snapshot_count(tenant).await?;
+    if kept < MAX_KEPT_SNAPSHOTS {
+        return Ok(());
+    }
+    Err(AppError::new(
+        ErrorCode::QuotaExceeded,
+        format!(
+            "the tenant has {kept} snapshots that outlive their sessions, the most it may keep; delete some \
+             (DELETE /v1/sessions/{{id}}/snapshots/{{snapshot}}) before keeping another"
+        ),
+    ))
 }
 
 /// Records an event of `kind` on the session. The work it tells of is done, so a failure
@@ -379,6 +402,27 @@ pub(crate) async fn run_restore(
     find_session(state, caller, id.as_str()).await
 }
 
+/// A destroyed (or destroying) session is forked only from a snapshot that outlived it, and
+/// only with a tenant's key: a session token's reach ends with its session.
+fn check_fork_of_destroyed(caller: &Caller, id: &str, named: Option<&Snapshot>) -> AppResult<()> {
+    if caller.scope.is_some() {
+        return Err(AppError::new(
+            ErrorCode::NotFound,
+            format!("session {id} was destroyed; forking from its snapshots takes an API key, not a session token"),
+        ));
+    }
+    if named.is_some_and(|s| s.outlives_session) {
+        return Ok(());
+    }
+    Err(AppError::new(
+        ErrorCode::NotFound,
+        format!(
+            "session {id} was destroyed; only its snapshots taken with outlives_session can still be forked from \
+             (name one in `from`); or create a new session"
+        ),
+    ))
+}
+
 /// Creates `count` new sessions from a snapshot of this one (unless `from` names one, a new
 /// snapshot of it as it is now: full if the node has CRIU, else disk). Each continues
 /// independently. A destroyed session is forked from a snapshot that outlived it.
@@ -401,15 +445,8 @@ pub async fn fork(
         Some(from) => Some(find_snapshot(&state, &caller, &parent.id, from.as_str()).await?),
         None => None,
     };
-    // A destroyed session is forked only from a snapshot that outlived it.
-    if parent.state == SessionState::Destroyed && !named.as_ref().is_some_and(|s| s.outlives_session) {
-        return Err(AppError::new(
-            ErrorCode::NotFound,
-            format!(
-                "session {id} was destroyed; only its snapshots taken with outlives_session can still be forked \
-                 from (name one in `from`); or create a new session"
-            ),
-        ));
+    if matches!(parent.state, SessionState::Destroying | SessionState::Destroyed) {
+        check_fork_of_destroyed(&caller, &id, named.as_ref())?;
     }
     let demand = Demand::new_session(&parent.resources);
     let demand = Demand {

@@ -9,11 +9,12 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
-use space_api::{CreateSnapshotRequest, ForkRequest, Session, Snapshot, SnapshotId, SnapshotKind};
+use space_api::{CreateSnapshotRequest, ForkRequest, Session, SessionState, Snapshot, SnapshotId, SnapshotKind};
 
 use super::errors::{E2bError, E2bResult};
 use super::sandboxes::{E2bJson, SandboxOut, end_in, sandbox};
 use crate::AppState;
+use crate::api::find_session;
 use crate::api::lifecycle::{self, require_checkpoints};
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiPath, ApiQuery, AppError};
@@ -140,24 +141,32 @@ pub struct SnapshotQuery {
     next_token: Option<String>,
 }
 
-/// `GET /snapshots`: the caller's snapshots (of one sandbox with `sandboxID`), newest first;
-/// without `sandboxID`, also those of sandboxes that were killed since.
+/// `GET /snapshots`: the caller's snapshots (of one sandbox with `sandboxID`), newest first,
+/// also those of sandboxes that were killed since.
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     ApiQuery(query): ApiQuery<SnapshotQuery>,
 ) -> E2bResult<(HeaderMap, Json<Vec<SnapshotInfo>>)> {
-    let sessions = match &query.sandbox_id {
-        Some(id) => vec![sandbox(&state, &caller, id).await?],
-        None => super::sandboxes::matching(&state, &caller, None, &["running", "paused"]).await?,
-    };
     let mut snapshots = Vec::new();
-    for session in &sessions {
-        snapshots.extend(state.store.list_snapshots(&session.id).await.map_err(AppError::from)?);
-    }
-    if query.sandbox_id.is_none() {
-        // Those of sandboxes that were killed are still the caller's, as in E2B.
-        snapshots.extend(state.store.outliving_snapshots(&caller.tenant_id).await.map_err(AppError::from)?);
+    match &query.sandbox_id {
+        Some(id) => {
+            // A sandbox that was killed keeps the snapshots that outlive it, as in E2B.
+            let session = match sandbox(&state, &caller, id).await {
+                Ok(session) => session,
+                Err(gone) => find_session(&state, &caller, id).await.map_err(|_| gone)?,
+            };
+            let all = state.store.list_snapshots(&session.id).await.map_err(AppError::from)?;
+            let killed = matches!(session.state, SessionState::Destroyed | SessionState::Destroying);
+            snapshots.extend(all.into_iter().filter(|s| !killed || s.outlives_session));
+        }
+        None => {
+            let sessions = super::sandboxes::matching(&state, &caller, None, &["running", "paused"]).await?;
+            for session in &sessions {
+                snapshots.extend(state.store.list_snapshots(&session.id).await.map_err(AppError::from)?);
+            }
+            snapshots.extend(state.store.outliving_snapshots(&caller.tenant_id).await.map_err(AppError::from)?);
+        }
     }
     snapshots.retain(|s| query.name.as_ref().is_none_or(|n| s.name.as_ref() == Some(n)));
     snapshots.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| b.id.as_str().cmp(a.id.as_str())));

@@ -179,6 +179,22 @@ async fn a_snapshot_that_outlives_its_session_is_forked_from_after_it_until_dele
     assert_eq!(server.read_file(&child, "/tmp/f").await, "kept", "the fork does not depend on it");
 }
 
+/// Snapshots that outlive their sessions count against no session's disk limit once it is
+/// gone, so a tenant keeps a bounded number of them.
+#[tokio::test]
+async fn a_tenant_keeps_a_bounded_number_of_snapshots_beyond_their_sessions() {
+    let server = Server::start().await;
+    let id = server.session().await;
+    let keep = json!({ "kind": "disk", "outlives_session": true });
+    for n in 0..100 {
+        let (status, body) = server.act(&id, "snapshots", keep.clone()).await;
+        assert_eq!(status, 201, "snapshot {n}: {body}");
+    }
+    let refused = server.act(&id, "snapshots", keep).await;
+    assert_error(&refused, 429, "quota_exceeded");
+    assert_eq!(server.act(&id, "snapshots", json!({ "kind": "disk" })).await.0, 201, "others are not bounded");
+}
+
 #[tokio::test]
 async fn destroy_works_from_every_state_and_ends_everything() {
     let server = Server::start().await;

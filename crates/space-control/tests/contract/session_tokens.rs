@@ -121,3 +121,25 @@ async fn token_requests_that_cannot_work_are_refused() {
     let reply = server.call_as(&other, "POST", &path, Some(json!({ "scopes": [] }))).await;
     assert_error(&reply, 404, "not_found");
 }
+
+/// A token's reach ends with its session: a snapshot that outlived it is forked from with a
+/// tenant's key only.
+#[tokio::test]
+async fn a_token_cannot_fork_its_destroyed_session_from_a_snapshot_that_outlived_it() {
+    let server = Server::start().await;
+    let tenant = server.tenant_key("agents").await;
+    let root = server.session_as(&tenant).await;
+    let body = json!({ "scopes": ["read", "exec", "snapshot", "fork"], "ttl_secs": 600 });
+    let (sub, _) = token(&server, &tenant, &root, body).await;
+    let keep = json!({ "kind": "disk", "outlives_session": true });
+    let (status, kept) = server.call_as(&sub, "POST", &format!("/v1/sessions/{root}/snapshots"), Some(keep)).await;
+    assert_eq!(status, 201, "{kept}");
+    assert_eq!(server.call_as(&tenant, "DELETE", &format!("/v1/sessions/{root}"), None).await.0, 200);
+    let fork = Some(json!({ "from": kept["id"] }));
+    let refused = server.call_as(&sub, "POST", &format!("/v1/sessions/{root}/fork"), fork.clone()).await;
+    let (_, message) = error_of(&refused.1);
+    assert_error(&refused, 404, "not_found");
+    assert!(message.contains("API key"), "{message}");
+    let (status, forks) = server.call_as(&tenant, "POST", &format!("/v1/sessions/{root}/fork"), fork).await;
+    assert_eq!(status, 201, "the tenant's key can: {forks}");
+}

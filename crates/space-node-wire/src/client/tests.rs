@@ -303,6 +303,10 @@ async fn a_stopping_node_finishes_the_changes_its_callers_left() {
     let remote = crate::RemoteNode::connect(cluster.client(&address, &cluster.control)).await.unwrap();
     let template = remote.ensure_template("busybox", Box::new(|_| {})).await.unwrap();
 
+    // Two connections open (and idle) now: one is cut with the held call, one stays.
+    let (a, b) = tokio::join!(remote.capacity(), remote.capacity());
+    a.unwrap();
+    b.unwrap();
     let held = sim.hold_next(space_node_sim::Op::StartSandbox);
     let id = space_api::SandboxId::generate();
     let call = {
@@ -315,11 +319,14 @@ async fn a_stopping_node_finishes_the_changes_its_callers_left() {
     };
     held.began().await;
     call.abort();
-    drop(remote);
     stop.send(()).unwrap();
-    // Nothing is accepted any more: only the held call keeps the server.
+    // Nothing is accepted any more, and a connection still open is refused new changes: only
+    // the held call keeps the server.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let refused = remote.destroy_sandbox(&space_api::SandboxId::generate()).await.unwrap_err();
+    assert!(refused.to_string().contains("node_stopping"), "{refused}");
     assert!(!server.is_finished(), "the node stopped before the call it was running had finished");
+    drop(remote);
     held.release();
     tokio::time::timeout(std::time::Duration::from_secs(10), server).await.unwrap().unwrap().unwrap();
     assert!(sim.sandboxes().iter().any(|s| s.id == id && s.alive), "the sandbox was never started");

@@ -24,8 +24,17 @@ pub(super) async fn answer(served: Arc<Served>, call: Call) -> Response<Body> {
     if only_reads(&call) {
         return perform(&served, call).await;
     }
-    let changes = served.changes.clone();
-    match changes.spawn(async move { perform(&served, call).await }).await {
+    // Counted before the stop is checked: a stop that begins after the check waits for it.
+    let counted = served.changes.token();
+    if served.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        let message = "the node is stopping; try again once it is back".to_owned();
+        return super::refuse(StatusCode::SERVICE_UNAVAILABLE, "node_stopping", message);
+    }
+    let task = tokio::spawn(async move {
+        let _counted = counted;
+        perform(&served, call).await
+    });
+    match task.await {
         Ok(response) => response,
         Err(e) => result::<()>(Err(NodeError::Failed(Box::new(e)))),
     }
