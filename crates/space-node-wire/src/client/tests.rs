@@ -32,6 +32,21 @@ impl Cluster {
         address
     }
 
+    /// `sim` served as `node-a` until `shutdown`: the server's task, and the control plane's
+    /// [`RemoteNode`] of it.
+    async fn serve_sim(
+        &self,
+        sim: &Arc<SimNode>,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> (tokio::task::JoinHandle<std::io::Result<()>>, Arc<crate::RemoteNode>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let identity = self.ca.issue(Role::Node, "node-a", &["127.0.0.1".into()]).unwrap();
+        let tls = server_config(&identity, &self.ca.cert_pem).unwrap();
+        let server = tokio::spawn(serve(listener, tls, sim.api(), shutdown));
+        (server, crate::RemoteNode::connect(self.client(&address, &self.control)).await.unwrap())
+    }
+
     async fn good_node(&self) -> String {
         self.node(&self.ca.issue(Role::Node, "node-a", &["127.0.0.1".into()]).unwrap()).await
     }
@@ -184,14 +199,8 @@ async fn an_unknown_operation_is_refused_with_its_code() {
 /// running sandbox.
 async fn remote_with_sandbox() -> (Arc<SimNode>, Arc<crate::RemoteNode>, space_api::SandboxId) {
     use space_node_api::NodeApi;
-    let cluster = Cluster::new();
     let sim = SimNode::new(SimConfig::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    let identity = cluster.ca.issue(Role::Node, "node-a", &["127.0.0.1".into()]).unwrap();
-    let tls = server_config(&identity, &cluster.ca.cert_pem).unwrap();
-    tokio::spawn(serve(listener, tls, sim.api(), std::future::pending()));
-    let remote = crate::RemoteNode::connect(cluster.client(&address, &cluster.control)).await.unwrap();
+    let (_, remote) = Cluster::new().serve_sim(&sim, std::future::pending()).await;
     let template = remote.ensure_template("busybox", Box::new(|_| {})).await.unwrap();
     let id = space_api::SandboxId::generate();
     let disk = space_node_api::DiskQuota { session: space_api::SessionId::generate(), limit_bytes: None };
@@ -292,15 +301,9 @@ mod watch_tests;
 #[tokio::test]
 async fn a_stopping_node_finishes_the_changes_its_callers_left() {
     use space_node_api::NodeApi;
-    let cluster = Cluster::new();
     let sim = SimNode::new(SimConfig::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    let identity = cluster.ca.issue(Role::Node, "node-a", &["127.0.0.1".into()]).unwrap();
-    let tls = server_config(&identity, &cluster.ca.cert_pem).unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, tls, sim.api(), async move { drop(stopped.await) }));
-    let remote = crate::RemoteNode::connect(cluster.client(&address, &cluster.control)).await.unwrap();
+    let (server, remote) = Cluster::new().serve_sim(&sim, async move { drop(stopped.await) }).await;
     let template = remote.ensure_template("busybox", Box::new(|_| {})).await.unwrap();
 
     // Two connections open (and idle) now: one is cut with the held call, one stays.
