@@ -143,6 +143,11 @@ mod tests {
         let ca = SessionCa::generate(&session).unwrap();
         assert!(ca.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(ca.key_pem.contains("PRIVATE KEY"));
+        // ECDSA P-256, the session's id in its name (docs/egress.md).
+        assert_eq!(KeyPair::from_pem(&ca.key_pem).unwrap().algorithm(), &PKCS_ECDSA_P256_SHA256);
+        let der: CertificateDer = certificates_from_pem(ca.cert_pem.as_bytes()).unwrap().remove(0).into();
+        let common_name = format!("space session {session} CA");
+        assert!(der.windows(common_name.len()).any(|w| w == common_name.as_bytes()), "its name is not in it");
         let (chain, _key) = issue_leaf(&ca, "api.test").unwrap();
         assert_eq!(chain.len(), 2);
 
