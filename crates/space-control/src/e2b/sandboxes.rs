@@ -327,15 +327,20 @@ impl Listed {
 
 /// A session of the caller that E2B would call a sandbox: not destroyed, not being destroyed.
 pub(super) async fn sandbox(state: &AppState, caller: &Caller, id: &str) -> E2bResult<Session> {
-    // Only "not found" is E2B's 404: a database that is down must not read as a sandbox gone.
-    let session = find_session(state, caller, id).await.map_err(|e| match e.0.code {
-        space_api::ErrorCode::NotFound => E2bError::no_sandbox(id),
-        _ => E2bError::from(e),
-    })?;
+    let session = any_sandbox(state, caller, id).await?;
     match session.state {
         SessionState::Destroyed | SessionState::Destroying => Err(E2bError::no_sandbox(id)),
         _ => Ok(session),
     }
+}
+
+/// The caller's session `id`, also one killed (destroyed) or being killed.
+pub(super) async fn any_sandbox(state: &AppState, caller: &Caller, id: &str) -> E2bResult<Session> {
+    // Only "not found" is E2B's 404: a database that is down must not read as a sandbox gone.
+    find_session(state, caller, id).await.map_err(|e| match e.0.code {
+        space_api::ErrorCode::NotFound => E2bError::no_sandbox(id),
+        _ => E2bError::from(e),
+    })
 }
 
 async fn get_sandbox(

@@ -12,9 +12,8 @@ use serde::{Deserialize, Serialize};
 use space_api::{CreateSnapshotRequest, ForkRequest, Session, SessionState, Snapshot, SnapshotId, SnapshotKind};
 
 use super::errors::{E2bError, E2bResult};
-use super::sandboxes::{E2bJson, SandboxOut, end_in, sandbox};
+use super::sandboxes::{E2bJson, SandboxOut, any_sandbox, end_in, sandbox};
 use crate::AppState;
-use crate::api::find_session;
 use crate::api::lifecycle::{self, require_checkpoints};
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiPath, ApiQuery, AppError};
@@ -152,10 +151,7 @@ pub async fn list(
     match &query.sandbox_id {
         Some(id) => {
             // A sandbox that was killed keeps the snapshots that outlive it, as in E2B.
-            let session = match sandbox(&state, &caller, id).await {
-                Ok(session) => session,
-                Err(gone) => find_session(&state, &caller, id).await.map_err(|_| gone)?,
-            };
+            let session = any_sandbox(&state, &caller, id).await?;
             let all = state.store.list_snapshots(&session.id).await.map_err(AppError::from)?;
             let killed = matches!(session.state, SessionState::Destroyed | SessionState::Destroying);
             snapshots.extend(all.into_iter().filter(|s| !killed || s.outlives_session));
@@ -170,6 +166,8 @@ pub async fn list(
     }
     snapshots.retain(|s| query.name.as_ref().is_none_or(|n| s.name.as_ref() == Some(n)));
     snapshots.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| b.id.as_str().cmp(a.id.as_str())));
+    // A session killed between the two reads above has its kept snapshots in both.
+    snapshots.dedup_by(|a, b| a.id == b.id);
     let start = match &query.next_token {
         Some(token) => snapshots
             .iter()
