@@ -235,6 +235,21 @@ def test_timeout_with_auto_pause_keeps_a_running_process_and_connect_resumes_it(
         sandbox.kill()
 
 
+def test_an_auto_resumed_sandbox_gets_its_timeout_again():
+    """E2B: a call to a sandbox paused at its timeout resumes it, with the create's timeout
+    (at least 5 minutes) counted from the resume."""
+    sandbox = Sandbox.create(template=TEMPLATE, timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        sandbox.files.write("/tmp/kept", "yes")
+        wait_until(lambda: sandbox.get_info().state == SandboxState.PAUSED, "the pause at timeout", 90)
+        assert sandbox.commands.run("cat /tmp/kept").stdout == "yes"
+        info = sandbox.get_info()
+        assert info.state == SandboxState.RUNNING
+        assert info.end_at.timestamp() > time.time() + 240, info.end_at
+    finally:
+        sandbox.kill()
+
+
 def test_pause_and_connect_keep_processes_and_files(sbx):
     sbx.files.write("/tmp/kept", "yes")
     sleeper = sbx.commands.run("sleep 600", background=True)

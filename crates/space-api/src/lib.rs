@@ -6,6 +6,7 @@ pub mod egress;
 pub mod error;
 pub mod idmap;
 pub mod ids;
+pub mod lifetime;
 pub mod node;
 pub mod nodes;
 pub mod policy;
@@ -19,6 +20,7 @@ pub use idmap::IdMap;
 pub use ids::{
     CredentialId, IdError, KeyId, NodeId, OperationId, SandboxId, SessionId, SnapshotId, TenantId, TenantKeyId,
 };
+pub use lifetime::{MaxAgeAction, SessionLifetime};
 pub use node::{BUILD_CONTEXT_PRIVATE_DIR, TemplateBuild, TemplateInfo, TemplateSource};
 pub use nodes::{DrainFailure, DrainReport, Node, NodeCapacity, NodeList, NodeState};
 pub use policy::{Retention, RetentionTier, SnapshotPolicy};

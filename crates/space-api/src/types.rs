@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::ids::{OperationId, SandboxId, SessionId, SnapshotId};
+use crate::lifetime::{MaxAgeAction, SessionLifetime};
 
 /// Where a session is in its life. Transitional states (`creating`, `destroying`) always end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -124,6 +125,10 @@ pub struct CreateSessionRequest {
     pub max_age_secs: Option<u64>,
     /// `suspend`: reaching `max_age_secs` suspends the session instead of destroying it.
     pub on_max_age: Option<MaxAgeAction>,
+    /// When a call resumes the suspended session (`auto_resume`), it ends (or, with
+    /// `on_max_age: suspend`, suspends again) this many seconds after that resume. Default:
+    /// an auto-resume leaves the maximum age as it is.
+    pub auto_resume_max_age_secs: Option<u64>,
     /// Where the session may connect to; default: nowhere (deny all).
     pub network: Option<crate::egress::NetworkPolicy>,
     /// Names of credentials to grant to the session (see `POST /v1/credentials`).
@@ -153,6 +158,8 @@ pub struct UpdateSessionRequest {
     /// As at creation; 0 turns it off.
     pub max_age_secs: Option<u64>,
     pub on_max_age: Option<MaxAgeAction>,
+    /// As at creation; 0 turns it off.
+    pub auto_resume_max_age_secs: Option<u64>,
     /// A new name; `""` removes it.
     pub name: Option<String>,
     /// Replaces all the labels (`{}` removes them).
@@ -160,69 +167,6 @@ pub struct UpdateSessionRequest {
     /// Replaces all the metadata (`{}` removes it).
     pub metadata: Option<BTreeMap<String, String>>,
     pub auto_resume: Option<bool>,
-}
-
-/// When a session ends or sleeps on its own.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct SessionLifetime {
-    /// Suspended after this many idle seconds.
-    pub idle_timeout_secs: Option<u64>,
-    /// Destroyed (or, with `on_max_age: suspend`, suspended) this many seconds after creation.
-    pub max_age_secs: Option<u64>,
-    /// What reaching `max_age_secs` does (default `destroy`).
-    #[serde(default, skip_serializing_if = "MaxAgeAction::is_destroy")]
-    pub on_max_age: MaxAgeAction,
-}
-
-/// What a session's maximum age does to it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum MaxAgeAction {
-    /// The session is destroyed.
-    #[default]
-    Destroy,
-    /// The session is suspended (memory and files kept) and its maximum age cleared; it
-    /// resumes as any suspended session does. Needs full snapshots (CRIU or the vm runtime).
-    Suspend,
-}
-
-impl MaxAgeAction {
-    pub fn is_destroy(&self) -> bool {
-        *self == MaxAgeAction::Destroy
-    }
-}
-
-impl SessionLifetime {
-    /// Longest accepted value of either: a year.
-    pub const MAX_SECS: u64 = 366 * 24 * 3600;
-
-    /// Applies an update where `Some(0)` turns a setting off.
-    pub fn updated(
-        self,
-        idle_timeout_secs: Option<u64>,
-        max_age_secs: Option<u64>,
-        on_max_age: Option<MaxAgeAction>,
-    ) -> SessionLifetime {
-        let pick = |new: Option<u64>, old| match new {
-            Some(0) => None,
-            Some(n) => Some(n),
-            None => old,
-        };
-        SessionLifetime {
-            idle_timeout_secs: pick(idle_timeout_secs, self.idle_timeout_secs),
-            max_age_secs: pick(max_age_secs, self.max_age_secs),
-            on_max_age: on_max_age.unwrap_or(self.on_max_age),
-        }
-    }
-
-    pub fn validate(&self) -> Result<(), String> {
-        for (name, value) in [("idle_timeout_secs", self.idle_timeout_secs), ("max_age_secs", self.max_age_secs)] {
-            if value.is_some_and(|v| v == 0 || v > Self::MAX_SECS) {
-                return Err(format!("{name} must be between 1 and {} seconds", Self::MAX_SECS));
-            }
-        }
-        Ok(())
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -57,6 +57,11 @@ pub struct Settings {
     /// files kept; resume it as any suspended session).
     #[arg(long, value_name = "ACTION", value_parser = parse_max_age_action)]
     on_max_age: Option<space_api::MaxAgeAction>,
+    /// When a call resumes the suspended session (`--auto-resume`), it ends (or with
+    /// `--on-max-age suspend`, suspends again) this long after that resume, e.g. `5m`
+    /// (default: the maximum age stays as it is; `update --auto-resume-max-age 0` turns it off).
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_secs)]
+    auto_resume_max_age: Option<u64>,
     /// A name to recognise the session by (`update --name ''` removes it).
     #[arg(long)]
     name: Option<String>,
@@ -286,6 +291,7 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
                 idle_timeout_secs: settings.idle_timeout,
                 max_age_secs: settings.max_age,
                 on_max_age: settings.on_max_age,
+                auto_resume_max_age_secs: settings.auto_resume_max_age,
                 network: (!network.is_empty()).then_some(NetworkPolicy {
                     allow: network.allow,
                     deny: network.deny,
@@ -341,6 +347,7 @@ pub async fn run(client: &Client, command: SessionCommand, json: bool) -> anyhow
                 idle_timeout_secs: settings.idle_timeout,
                 max_age_secs: settings.max_age,
                 on_max_age: settings.on_max_age,
+                auto_resume_max_age_secs: settings.auto_resume_max_age,
                 labels: (!settings.labels.is_empty()).then(|| parse_pairs("label", &settings.labels)).transpose()?,
                 metadata: (!settings.metadata.is_empty())
                     .then(|| parse_pairs("metadata", &settings.metadata))

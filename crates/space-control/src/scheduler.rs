@@ -12,7 +12,9 @@
 use std::time::Duration;
 
 use space_api::policy::{Candidate, next_due, prune};
-use space_api::{MaxAgeAction, Session, SessionState, Snapshot, SnapshotKind, SnapshotPolicy, TenantId};
+use space_api::{
+    MaxAgeAction, Session, SessionState, Snapshot, SnapshotKind, SnapshotPolicy, TenantId, UpdateSessionRequest,
+};
 use space_store::now_ms;
 
 use crate::AppState;
@@ -116,7 +118,7 @@ async fn suspend_at_max_age(state: &AppState, tenant: &TenantId, session: &Sessi
     }
     // Read again: the suspend took a while, and a setting may have changed meanwhile.
     let Some(now) = state.store.session(tenant, &session.id).await? else { return Ok(true) };
-    let lifetime = now.lifetime.updated(None, Some(0), None);
+    let lifetime = now.lifetime.updated(&UpdateSessionRequest { max_age_secs: Some(0), ..Default::default() });
     state.store.set_settings(&now.id, &now.snapshot_policy, &lifetime).await?;
     let message = format!("suspended: the session reached its maximum age of {max_age} s");
     state.store.record_event(&session.id, "max_age", &message).await?;

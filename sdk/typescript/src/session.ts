@@ -41,6 +41,9 @@ export interface SessionSettings {
   idleTimeoutMs?: number;
   /** Destroy the session this long after it was created (rounded up to seconds). */
   maxAgeMs?: number;
+  /** When a call resumes the suspended session (`autoResume`), it ends this long after that
+   * resume (rounded up to seconds). */
+  autoResumeMaxAgeMs?: number;
   /** Automatic snapshots and their retention. */
   snapshotPolicy?: SnapshotPolicy;
 }
@@ -162,6 +165,7 @@ export class Session implements AsyncDisposable {
       snapshot_policy: options.snapshotPolicy ? (snakeize(options.snapshotPolicy) as Schemas["SnapshotPolicy"]) : null,
       idle_timeout_secs: seconds(options.idleTimeoutMs) ?? null,
       max_age_secs: seconds(options.maxAgeMs) ?? null,
+      auto_resume_max_age_secs: seconds(options.autoResumeMaxAgeMs) ?? null,
       ...extensions(options),
     };
     const info = await client.json<Schemas["Session"]>("POST", "/v1/sessions", { json: dropNulls(request), idempotent: true });
@@ -221,6 +225,7 @@ export class Session implements AsyncDisposable {
     const request: Schemas["UpdateSessionRequest"] = {
       idle_timeout_secs: seconds(settings.idleTimeoutMs) ?? null,
       max_age_secs: seconds(settings.maxAgeMs) ?? null,
+      auto_resume_max_age_secs: seconds(settings.autoResumeMaxAgeMs) ?? null,
       snapshot_policy: settings.snapshotPolicy ? (snakeize(settings.snapshotPolicy) as Schemas["SnapshotPolicy"]) : null,
       ...extensions(settings),
     };

@@ -164,6 +164,7 @@ pub async fn create_session(
         idle_timeout_secs: request.idle_timeout_secs,
         max_age_secs: request.max_age_secs,
         on_max_age: request.on_max_age.unwrap_or_default(),
+        auto_resume_max_age_secs: request.auto_resume_max_age_secs,
     };
     check_lifetime(&state, runtime, &lifetime)?;
     let meta = create_meta(&request)?;
@@ -315,7 +316,7 @@ pub async fn update_session(
     ApiJson(request): ApiJson<UpdateSessionRequest>,
 ) -> AppResult<ApiJson<Session>> {
     let session = find_session(&state, &caller, &id).await?;
-    let lifetime = session.lifetime.updated(request.idle_timeout_secs, request.max_age_secs, request.on_max_age);
+    let lifetime = session.lifetime.updated(&request);
     if lifetime != session.lifetime {
         check_lifetime(&state, session.runtime, &lifetime)?;
     }

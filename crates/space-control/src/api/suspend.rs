@@ -3,7 +3,10 @@
 
 use axum::Extension;
 use axum::extract::State;
-use space_api::{ErrorBody, ErrorCode, SandboxId, Session, SessionId, SessionState, Snapshot, SnapshotKind, TenantId};
+use space_api::{
+    ErrorBody, ErrorCode, SandboxId, Session, SessionId, SessionLifetime, SessionState, Snapshot, SnapshotKind,
+    TenantId,
+};
 use space_node_api::NodeApi;
 
 use super::find_session;
@@ -189,9 +192,22 @@ pub(crate) async fn wake(state: &AppState, caller: &Caller, session: &Session) -
         return Ok(session);
     }
     tracing::info!(session = %session.id, "resuming a suspended session on use (auto_resume)");
+    // Set before the resume, so that a maximum age passed while suspended does not suspend
+    // the session again at the scheduler's next tick.
+    let session = renew_max_age(state, session).await?;
     let resumed = resume_locked(state, caller, &session).await?;
     state.store.record_event(&session.id, "auto_resume", "resumed on use: a call needed its sandbox").await?;
     Ok(resumed)
+}
+
+/// The session with its maximum age set to end `auto_resume_max_age_secs` from now, when it
+/// has that setting.
+async fn renew_max_age(state: &AppState, mut session: Session) -> AppResult<Session> {
+    let Some(secs) = session.lifetime.auto_resume_max_age_secs else { return Ok(session) };
+    let max_age = SessionLifetime::max_age_ending_in(session.created_at, space_store::now_ms(), secs);
+    session.lifetime.max_age_secs = Some(max_age);
+    state.store.set_settings(&session.id, &session.snapshot_policy, &session.lifetime).await?;
+    Ok(session)
 }
 
 /// 409 `session_suspended`: how to resume it, or make calls resume it.

@@ -4,7 +4,8 @@
 //! E2B's `timeout` is an absolute end: the session's maximum age is set so that it ends
 //! `timeout` seconds from now, and `on_timeout: pause` (E2B's auto-pause) makes reaching it
 //! suspend the session (memory kept) instead of destroying it. A resume or connect sets a new
-//! end, so time spent paused never counts against the timeout.
+//! end, so time spent paused never counts against the timeout; an auto-resume sets one too
+//! (`auto_resume_max_age_secs`: the create's timeout, at least 5 minutes, as E2B does).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use axum::routing::{any, get, post};
 use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use space_api::{CreateSessionRequest, MaxAgeAction, Session, SessionState, UpdateSessionRequest};
+use space_api::{CreateSessionRequest, MaxAgeAction, Session, SessionLifetime, SessionState, UpdateSessionRequest};
 use space_store::now_ms;
 
 use super::errors::{E2bError, E2bResult};
@@ -28,6 +29,8 @@ use crate::error::{ApiJson, ApiPath, ApiQuery};
 
 /// E2B's default timeout when a create names none.
 pub(super) const DEFAULT_TIMEOUT_SECS: u64 = 15;
+/// The shortest timeout an auto-resume gives (E2B's: the create's timeout, at least 5 minutes).
+const AUTO_RESUME_MIN_TIMEOUT_SECS: u64 = 300;
 /// Most sandboxes one list page holds.
 const MAX_PAGE: usize = 100;
 
@@ -152,10 +155,10 @@ fn template_of(state: &AppState, name: &str) -> String {
 }
 
 fn check_timeout(timeout: u64) -> E2bResult<u64> {
-    if timeout == 0 || timeout > space_api::SessionLifetime::MAX_SECS {
+    if timeout == 0 || timeout > SessionLifetime::MAX_SECS {
         return Err(E2bError::bad_request(format!(
             "timeout must be between 1 and {} seconds",
-            space_api::SessionLifetime::MAX_SECS
+            SessionLifetime::MAX_SECS
         )));
     }
     Ok(timeout)
@@ -172,6 +175,7 @@ async fn create(
     let network = super::network::policy(request.allow_internet_access, request.network.as_ref())?;
     let public = request.network.as_ref().is_none_or(|n| n.public_traffic());
     let traffic = if public { super::TRAFFIC_PUBLIC } else { super::TRAFFIC_TOKEN };
+    let auto_resume = request.auto_resume.is_some_and(|a| a.enabled);
     let native = CreateSessionRequest {
         labels: BTreeMap::from([(super::TRAFFIC_LABEL.to_owned(), traffic.to_owned())]),
         template: Some(template_of(&state, &request.template_id)),
@@ -179,7 +183,8 @@ async fn create(
         metadata: request.metadata.unwrap_or_default(),
         max_age_secs: Some(timeout),
         on_max_age: (request.auto_pause == Some(true)).then_some(MaxAgeAction::Suspend),
-        auto_resume: request.auto_resume.is_some_and(|a| a.enabled),
+        auto_resume,
+        auto_resume_max_age_secs: auto_resume.then(|| timeout.max(AUTO_RESUME_MIN_TIMEOUT_SECS)),
         network,
         ..CreateSessionRequest::default()
     };
@@ -250,7 +255,7 @@ fn e2b_state(state: SessionState) -> &'static str {
 
 /// When the session ends (or pauses) on its own: creation plus its maximum age.
 fn end_at(session: &Session) -> i64 {
-    let age = session.lifetime.max_age_secs.unwrap_or(space_api::SessionLifetime::MAX_SECS);
+    let age = session.lifetime.max_age_secs.unwrap_or(SessionLifetime::MAX_SECS);
     session.created_at.saturating_add((age as i64).saturating_mul(1000))
 }
 
@@ -373,8 +378,8 @@ struct TimeoutRequest {
 /// Sets the session to end `timeout` seconds from now (its maximum age counts from creation).
 pub(super) async fn end_in(state: &AppState, caller: &Caller, session: &Session, timeout: u64) -> E2bResult<Session> {
     let timeout = check_timeout(timeout)?;
-    let lived = (now_ms() - session.created_at).max(0) as u64 / 1000;
-    let update = UpdateSessionRequest { max_age_secs: Some(lived + timeout), ..UpdateSessionRequest::default() };
+    let max_age = SessionLifetime::max_age_ending_in(session.created_at, now_ms(), timeout);
+    let update = UpdateSessionRequest { max_age_secs: Some(max_age), ..UpdateSessionRequest::default() };
     let path = ApiPath(session.id.to_string());
     let ApiJson(session) =
         sessions::update_session(State(state.clone()), Extension(caller.clone()), path, ApiJson(update)).await?;

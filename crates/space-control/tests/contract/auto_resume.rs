@@ -122,3 +122,43 @@ async fn a_wake_over_the_tenants_quota_is_refused_and_leaves_it_suspended() {
     let (_, events) = server.call_as(&key, "GET", &format!("/v1/sessions/{id}/events"), None).await;
     assert!(!events["events"].as_array().unwrap().iter().any(|e| e["kind"] == "auto_resume"), "{events}");
 }
+
+/// `auto_resume_max_age_secs`: an auto-resume sets the session to end that long after it (E2B's
+/// timeout after an auto-resume); without it the maximum age stays as it was.
+#[tokio::test]
+async fn an_auto_resume_sets_the_maximum_age_it_was_asked_to() {
+    let server = Server::start().await;
+    let lifetime = json!({ "auto_resume": true, "max_age_secs": 3600, "on_max_age": "suspend" });
+    let mut renewing = lifetime.clone();
+    renewing["auto_resume_max_age_secs"] = json!(900);
+    for (body, expected) in [(renewing, 900), (lifetime, 3600)] {
+        let (status, session) = server.call("POST", "/v1/sessions", Some(body)).await;
+        assert_eq!(status, 201, "{session}");
+        let id = session["id"].as_str().unwrap();
+        server.act(id, "suspend", json!({})).await;
+        let (status, ran) = server.exec(id, &["true"]).await;
+        assert_eq!(status, 200, "{ran}");
+        let session = server.get(id).await;
+        let max_age = session["lifetime"]["max_age_secs"].as_u64().unwrap();
+        // Counted from creation: the seconds the session has lived are added (a test runs
+        // far under a minute).
+        assert!((expected..expected + 60).contains(&max_age), "{expected}: {session}");
+        assert_eq!(session["state"], "running", "{session}");
+    }
+}
+
+#[tokio::test]
+async fn auto_resume_max_age_is_changed_turned_off_and_checked_like_the_others() {
+    let server = Server::start().await;
+    let (_, session) = server.call("POST", "/v1/sessions", Some(json!({ "auto_resume_max_age_secs": 300 }))).await;
+    let id = session["id"].as_str().unwrap();
+    assert_eq!(session["lifetime"]["auto_resume_max_age_secs"], 300, "{session}");
+    let path = format!("/v1/sessions/{id}");
+    let (status, patched) = server.call("PATCH", &path, Some(json!({ "auto_resume_max_age_secs": 0 }))).await;
+    assert_eq!(status, 200, "{patched}");
+    assert!(patched["lifetime"].get("auto_resume_max_age_secs").is_none(), "turned off: {patched}");
+    let too_long = json!({ "auto_resume_max_age_secs": 400 * 24 * 3600 });
+    let reply = server.call("PATCH", &path, Some(too_long)).await;
+    assert_error(&reply, 400, "bad_request");
+    assert!(error_of(&reply.1).1.contains("auto_resume_max_age_secs must be between 1 and"), "{}", reply.1);
+}

@@ -177,6 +177,8 @@ class SessionLifetime(Model):
     max_age_secs: Optional[int] = None
     #: ``"destroy"`` (default) or ``"suspend"``: what reaching ``max_age_secs`` does.
     on_max_age: str = "destroy"
+    #: When a call resumes the suspended session (``auto_resume``), it ends this many seconds later.
+    auto_resume_max_age_secs: Optional[int] = None
 
 
 @dataclass

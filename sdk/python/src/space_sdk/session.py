@@ -271,6 +271,7 @@ class Session:
         idle_timeout: Duration = None,
         max_age: Duration = None,
         on_max_age: Optional[str] = None,
+        auto_resume_max_age: Union[Duration, int] = None,
         cpus: Optional[float] = None,
         memory_mib: Optional[int] = None,
         pids: Optional[int] = None,
@@ -291,7 +292,8 @@ class Session:
         ``template`` defaults to the server's; ``allow`` lists hosts it may reach
         (``"pypi.org"``, ``"*.github.com"``; default: none); ``grants`` names credentials it
         may use; ``idle_timeout`` (seconds or ``timedelta``) suspends it when idle;
-        ``auto_resume`` wakes it on the next call after that."""
+        ``auto_resume`` wakes it on the next call after that, and ``auto_resume_max_age`` then
+        ends it (or with ``on_max_age="suspend"`` suspends it again) that long after."""
         body = rq.create_body(
             template=template,
             runtime=runtime,
@@ -302,6 +304,7 @@ class Session:
             idle_timeout=idle_timeout,
             max_age=max_age,
             on_max_age=on_max_age,
+            auto_resume_max_age=auto_resume_max_age,
             cpus=cpus,
             memory_mib=memory_mib,
             pids=pids,
@@ -405,6 +408,7 @@ class Session:
         idle_timeout: Union[Duration, int] = None,
         max_age: Union[Duration, int] = None,
         on_max_age: Optional[str] = None,
+        auto_resume_max_age: Union[Duration, int] = None,
         snapshot_policy: Union[SnapshotPolicy, Mapping[str, Any], None] = None,
         name: Optional[str] = None,
         labels: Optional[Mapping[str, str]] = None,
@@ -412,11 +416,13 @@ class Session:
         auto_resume: Optional[bool] = None,
     ) -> SessionInfo:
         """Changes settings; ``idle_timeout=0`` or ``max_age=0`` turns that one off;
-        ``on_max_age="suspend"`` suspends the session at its maximum age instead of destroying it."""
+        ``on_max_age="suspend"`` suspends the session at its maximum age instead of destroying it;
+        ``auto_resume_max_age`` is the maximum age an auto-resume sets, counted from it."""
         body = rq.update_body(
             idle_timeout=idle_timeout,
             max_age=max_age,
             on_max_age=on_max_age,
+            auto_resume_max_age=auto_resume_max_age,
             snapshot_policy=snapshot_policy,
             name=name,
             labels=labels,

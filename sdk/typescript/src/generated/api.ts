@@ -1319,6 +1319,13 @@ export interface components {
              *     it first (otherwise they answer 409 `session_suspended`). Default: false.
              */
             auto_resume?: boolean;
+            /**
+             * Format: int64
+             * @description When a call resumes the suspended session (`auto_resume`), it ends (or, with
+             *     `on_max_age: suspend`, suspends again) this many seconds after that resume. Default:
+             *     an auto-resume leaves the maximum age as it is.
+             */
+            auto_resume_max_age_secs?: number | null;
             /** Format: double */
             cpus?: number | null;
             /**
@@ -2173,6 +2180,12 @@ export interface components {
         SessionLifetime: {
             /**
              * Format: int64
+             * @description When a call resumes the suspended session (`auto_resume`), its maximum age is set to
+             *     end this many seconds after that resume (E2B's timeout after an auto-resume).
+             */
+            auto_resume_max_age_secs?: number | null;
+            /**
+             * Format: int64
              * @description Suspended after this many idle seconds.
              */
             idle_timeout_secs?: number | null;
@@ -2539,6 +2552,11 @@ export interface components {
         };
         UpdateSessionRequest: {
             auto_resume?: boolean | null;
+            /**
+             * Format: int64
+             * @description As at creation; 0 turns it off.
+             */
+            auto_resume_max_age_secs?: number | null;
             /**
              * Format: int64
              * @description As at creation; 0 turns it off.
