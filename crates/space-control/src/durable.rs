@@ -129,6 +129,29 @@ pub async fn node_for_snapshot(
     }
 }
 
+/// Deletes snapshot `snapshot` of `session`: its row, then its copies on the node it was taken
+/// on and on the session's node (which imported it to resume, restore or fork there). A copy
+/// left behind (its node down, failing or not driven here) has no row, so it is an orphan,
+/// which that node's sweep removes when it next starts. Returns why a copy was left, if one was.
+pub async fn delete_snapshot(state: &AppState, session: &Session, snapshot: &SnapshotId) -> AppResult<Option<String>> {
+    let taken_on = state.store.snapshot_place(snapshot).await?.and_then(|place| place.node_id);
+    state.store.delete_snapshot_row(snapshot).await?;
+    let mut holders: Vec<String> = taken_on.into_iter().chain(session.node.clone()).collect();
+    holders.dedup();
+    let mut left = None;
+    for id in holders {
+        let deleted = match state.nodes.find(&id) {
+            Some(node) => node.delete_snapshot(&session.id, snapshot).await.map_err(|e| e.to_string()),
+            None => Err("the node is not driven by this control plane".to_owned()),
+        };
+        if let Err(why) = deleted {
+            tracing::warn!(%snapshot, node = %id, error = %why, "a deleted snapshot's copy stays until the node's sweep");
+            left = Some(format!("snapshot {snapshot} stays on node {id} until its sweep: {why}"));
+        }
+    }
+    Ok(left)
+}
+
 /// Associated data that binds an export's sealed data key to its snapshot.
 pub fn export_key_owner(session: &SessionId, snapshot: &SnapshotId) -> String {
     format!("snapshot-export/{session}/{snapshot}")

@@ -555,9 +555,8 @@ async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()
         }
         // Those that outlive the session stay, on its node, until they are deleted.
         for snapshot in state.store.list_snapshots(&id).await?.into_iter().filter(|s| !s.outlives_session) {
-            state.store.delete_snapshot_row(&snapshot.id).await?;
-            if let Err(e) = node.delete_snapshot(&id, &snapshot.id).await {
-                last_error = Some(e.to_string());
+            if let Some(left) = crate::durable::delete_snapshot(state, &record.session, &snapshot.id).await? {
+                last_error = Some(left);
             }
         }
     }

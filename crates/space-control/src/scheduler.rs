@@ -182,8 +182,7 @@ async fn prune_session(state: &AppState, session: &Session, snapshots: &[Snapsho
     let candidates: Vec<Candidate> = snapshots.iter().map(candidate).collect();
     for id in prune(&session.snapshot_policy.retention, now, &candidates) {
         let Some(snapshot) = snapshots.iter().find(|s| s.id.as_str() == id) else { continue };
-        state.store.delete_snapshot_row(&snapshot.id).await?;
-        state.nodes.of(session)?.delete_snapshot(&session.id, &snapshot.id).await?;
+        crate::durable::delete_snapshot(state, session, &snapshot.id).await?;
     }
     Ok(())
 }

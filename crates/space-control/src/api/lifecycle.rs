@@ -344,9 +344,8 @@ pub async fn delete_snapshot(
 ) -> AppResult<StatusCode> {
     let session = find_session(&state, &caller, &id).await?;
     let snapshot = find_snapshot(&state, &caller, &session.id, &snapshot).await?;
-    let node = state.nodes.of(&session)?;
-    state.store.delete_snapshot_row(&snapshot.id).await?;
-    node.delete_snapshot(&session.id, &snapshot.id).await?;
+    // Deleted once its row is: a copy a node could not delete now goes at its sweep.
+    crate::durable::delete_snapshot(&state, &session, &snapshot.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -159,3 +159,23 @@ async fn a_fork_placed_away_from_its_parents_node_leaves_no_egress_there() {
     // lease, yet answering) holds none of its policy, CA or credentials.
     assert!(!server.sims[0].has_egress(&fork), "node-a forgot it");
 }
+
+/// A snapshot taken on node-a and imported by node-b (the session resumed there) is deleted
+/// from both: its owner's node is no longer the node it was taken on.
+#[tokio::test]
+async fn a_deleted_snapshot_goes_from_the_node_it_was_taken_on_and_the_one_that_imported_it() {
+    let server = two_nodes(Some(SimBlobs::default())).await;
+    let id = suspended_on_a(&server).await;
+    let snapshot = snapshots(&server, &id).await.last().unwrap()["id"].as_str().unwrap().to_owned();
+    let (status, body) = server.call("POST", "/v1/nodes/node-a/cordon", Some(json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, resumed) = server.act(&id, "resume", json!({})).await;
+    assert_eq!((status, resumed["node"].as_str()), (200, Some("node-b")), "{resumed}");
+    let holds = |node: usize| server.sims[node].snapshots().iter().any(|s| s.as_str() == snapshot);
+    assert!(holds(0) && holds(1), "taken on node-a, imported by node-b");
+
+    let (status, body) = server.call("DELETE", &format!("/v1/sessions/{id}/snapshots/{snapshot}"), None).await;
+    assert_eq!(status, 204, "{body}");
+    assert!(!holds(0), "gone from node-a, where it was taken");
+    assert!(!holds(1), "gone from node-b, which imported it");
+}
