@@ -334,10 +334,34 @@ def test_network_allow_out_becomes_the_session_policy():
         sandbox.kill()
 
 
+def test_internet_access_is_any_public_host_when_asked():
+    """allow_internet_access=True opens the sandbox to any host (`*`, every IPv4 range: the
+    gateway still refuses private and the node's addresses); saying nothing is the operator's
+    choice, closed on this server (no --e2b-internet-by-default)."""
+
+    def policy(sandbox):
+        return native("GET", f"/v1/sessions/{sandbox.sandbox_id}/network", key=os.environ["E2B_API_KEY"])["policy"]
+
+    sandbox = Sandbox.create(template=TEMPLATE, allow_internet_access=True, network={"deny_out": ["evil.example"]})
+    try:
+        opened = policy(sandbox)
+        assert (opened["allow"], opened["cidrs"], opened["deny"]) == (["*"], ["0.0.0.0/0"], ["evil.example"])
+        sandbox.update_network({"allow_internet_access": False, "allow_out": ["pypi.org"]})
+        closed = policy(sandbox)
+        assert (closed["allow"], closed["cidrs"]) == (["pypi.org"], [])
+    finally:
+        sandbox.kill()
+    quiet = Sandbox.create(template=TEMPLATE)
+    try:
+        assert policy(quiet)["allow"] == []
+    finally:
+        quiet.kill()
+
+
 def test_what_space_cannot_honour_fails_with_a_clear_error():
-    with pytest.raises(SandboxException) as everything:
-        Sandbox.create(template=TEMPLATE, allow_internet_access=True)
-    assert "allowOut" in str(everything.value)
+    with pytest.raises(SandboxException) as ranges:
+        Sandbox.create(template=TEMPLATE, allow_internet_access=True, network={"deny_out": ["203.0.113.0/24"]})
+    assert "allow_internet_access=False" in str(ranges.value)
     with pytest.raises(SandboxException) as unknown:
         Sandbox.create(template="no-such-template")
     assert "no-such-template" in str(unknown.value)

@@ -14,14 +14,19 @@ pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
 const MAX_PATTERN_LEN: usize = 255;
 /// Entries per list of a policy.
 pub const MAX_POLICY_ENTRIES: usize = 256;
+/// The policy entry that matches every host name. Only a policy's `allow` and `deny` take it:
+/// a credential's hosts are checked by [`validate_host_pattern`], which refuses it, and
+/// matched by [`host_matches`], which never reads it so; no grant matches every host.
+pub const ANY_HOST: &str = "*";
 
 /// Where a session's sandboxes may connect to. Default deny: nothing is reachable until a
 /// host is allowed (or a credential granted for it). `deny` wins over `allow`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkPolicy {
-    /// Host names: `api.github.com` (exactly that name) or `*.pypi.org` (any name below
-    /// `pypi.org`, not `pypi.org` itself).
+    /// Host names: `api.github.com` (exactly that name), `*.pypi.org` (any name below
+    /// `pypi.org`, not `pypi.org` itself) or `*` (any name; the gateway still refuses names
+    /// that resolve to private, loopback or the node's own addresses).
     #[serde(default)]
     pub allow: Vec<String>,
     /// Host patterns refused even when `allow` (or a grant) matches them.
@@ -64,7 +69,7 @@ impl NetworkPolicy {
                 return Err(format!("{name} has {} entries; at most {MAX_POLICY_ENTRIES} are allowed", list.len()));
             }
         }
-        for pattern in self.allow.iter().chain(&self.deny) {
+        for pattern in self.allow.iter().chain(&self.deny).filter(|p| *p != ANY_HOST) {
             validate_host_pattern(pattern)?;
         }
         if self.ports.contains(&0) {
@@ -107,10 +112,11 @@ impl NetworkPolicy {
     /// the hosts of the session's grants as allowed.
     pub fn allows_host<'a>(&'a self, host: &str, granted: impl IntoIterator<Item = &'a str>) -> bool {
         let host = normalize_host(host);
-        if self.deny.iter().any(|p| host_matches(p, &host)) {
+        let listed = |p: &String| p == ANY_HOST || host_matches(p, &host);
+        if self.deny.iter().any(listed) {
             return false;
         }
-        self.allow.iter().map(String::as_str).chain(granted).any(|p| host_matches(p, &host))
+        self.allow.iter().any(listed) || granted.into_iter().any(|p| host_matches(p, &host))
     }
 
     pub fn allows_port(&self, port: u16) -> bool {
@@ -516,6 +522,23 @@ mod tests {
         assert!(!policy.allows_host("secret.example.com", ["secret.example.com"]));
         assert!(policy.allows_host("api.other.org", ["api.other.org"]));
         assert!(!policy.allows_host("api.other.org", []));
+    }
+
+    #[test]
+    fn any_host_is_a_policy_entry_only_and_deny_still_wins() {
+        let policy =
+            NetworkPolicy { allow: vec![ANY_HOST.into()], deny: vec!["*.corp.test".into()], ..Default::default() };
+        assert_eq!(policy.validate(), Ok(()));
+        assert!(policy.allows_host("pypi.org", []) && policy.allows_host("a.b.example.com", []));
+        assert!(!policy.allows_host("git.corp.test", []), "deny wins over *");
+        let deny_all =
+            NetworkPolicy { allow: vec![ANY_HOST.into()], deny: vec![ANY_HOST.into()], ..Default::default() };
+        assert!(!deny_all.allows_host("pypi.org", []));
+        // A credential's hosts never match every name: `*` is not a host pattern, and a grant
+        // that held one anyway would match only a host named `*`.
+        assert!(validate_host_pattern(ANY_HOST).is_err());
+        assert!(!host_matches(ANY_HOST, "pypi.org"));
+        assert!(!NetworkPolicy::default().allows_host("pypi.org", [ANY_HOST]));
     }
 
     #[test]

@@ -106,6 +106,11 @@ pub struct ControlArgs {
     /// served by the E2B listener (default: --preview-domain).
     #[arg(long, value_name = "DOMAIN", value_parser = parse_preview_domain)]
     pub e2b_domain: Option<String>,
+    /// E2B sandboxes whose create says nothing of the internet may reach any public host, as
+    /// in E2B (network policy `allow: ["*"]`; private and the node's own addresses stay
+    /// refused). Off by default: they reach only what they list (docs/e2b.md).
+    #[arg(long)]
+    pub e2b_internet_by_default: bool,
 }
 
 /// What a node is told: its host tools, storage, warm pool and gateway.
@@ -361,6 +366,7 @@ pub fn server_config(args: &ControlArgs, data_dir: &Path) -> ServerConfig {
         allow_wildcard_credential_hosts: args.allow_wildcard_credential_hosts,
         preview_domain: args.preview_domain.clone(),
         e2b_domain: args.e2b_domain.clone().or_else(|| args.preview_domain.clone()),
+        e2b_internet_by_default: args.e2b_internet_by_default,
         replica: space_control::DEFAULT_REPLICA.into(),
         oauth: space_oauth::NetConfig {
             refused_addresses: space_control::keyring::refused_addresses(true),

@@ -89,6 +89,9 @@ pub struct ServerConfig {
     /// `{port}-{session}.{domain}` it serves (`None`: none; `space serve` defaults it to the
     /// preview domain).
     pub e2b_domain: Option<String>,
+    /// Whether an E2B sandbox whose create says nothing of the internet may reach any public
+    /// host, as in E2B (`false`: only what it lists, space's default deny).
+    pub e2b_internet_by_default: bool,
     /// This replica's name, unique among those sharing the database (`space serve`:
     /// [`space_store::DEFAULT_REPLICA`]).
     pub replica: String,
@@ -131,6 +134,8 @@ pub struct AppState {
     pub preview_domain: Option<String>,
     /// See [`ServerConfig::e2b_domain`].
     pub e2b_domain: Option<String>,
+    /// See [`ServerConfig::e2b_internet_by_default`].
+    pub e2b_internet_by_default: bool,
     /// `DATA_DIR/admin.key`: a rotation of the admin key it holds writes the new key there.
     pub admin_key_file: PathBuf,
     /// The control plane's data dir (template uploads wait in `uploads/` there).
@@ -206,6 +211,7 @@ pub async fn start(
         http: config.http.clone(),
         preview_domain: config.preview_domain.clone(),
         e2b_domain: config.e2b_domain.clone(),
+        e2b_internet_by_default: config.e2b_internet_by_default,
         admin_key_file,
         data_dir: config.data_dir.clone(),
         session_cas: Default::default(),

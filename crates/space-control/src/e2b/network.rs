@@ -1,16 +1,17 @@
 //! E2B's network options onto a session's egress policy.
 //!
 //! space denies a sandbox's egress unless its policy allows it; E2B allows everything unless
-//! told otherwise. A create's `allowOut` entries become allowed hosts (DNS names) or address
-//! ranges (addresses and CIDRs), its `denyOut` names denied hosts. Denying everything
-//! (`0.0.0.0/0`, or `allow_internet_access: false`) is what space does anyway. What cannot
-//! be expressed is refused with a message, never dropped.
+//! told otherwise, and an operator chooses which of the two a create that says nothing gets
+//! (`--e2b-internet-by-default`). A create's `allowOut` entries become allowed hosts (DNS
+//! names) or address ranges (addresses and CIDRs), its `denyOut` names denied hosts; the
+//! internet is the policy entry `*`. What cannot be expressed is refused with a message,
+//! never dropped.
 
 use axum::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
-use space_api::egress::{Cidr, NetworkPolicy};
+use space_api::egress::{ANY_HOST, Cidr, NetworkPolicy};
 
 use super::errors::{E2bError, E2bResult};
 use super::sandboxes::{E2bJson, sandbox};
@@ -49,7 +50,8 @@ pub async fn update(
     E2bJson(request): E2bJson<NetworkConfig>,
 ) -> E2bResult<StatusCode> {
     let session = sandbox(&state, &caller, &id).await?;
-    let policy = policy(request.allow_internet_access, Some(&request))?.unwrap_or_default();
+    let internet_by_default = state.e2b_internet_by_default;
+    let policy = policy(request.allow_internet_access, Some(&request), internet_by_default)?.unwrap_or_default();
     let replaced = state.store.update_network_policy(&session.id, |_| Ok(policy)).await.map_err(AppError::from)?;
     replaced.ok_or_else(|| E2bError::no_sandbox(&id))?.map_err(E2bError::bad_request)?;
     crate::egress::push_session(&state, &session.id).await?;
@@ -59,41 +61,64 @@ pub async fn update(
 /// Ranges meaning "every address".
 const EVERYWHERE: [&str; 2] = ["0.0.0.0/0", "::/0"];
 
-/// The native policy for a create's network options (`None`: space's default, deny all).
-pub fn policy(allow_internet: Option<bool>, config: Option<&NetworkConfig>) -> E2bResult<Option<NetworkPolicy>> {
-    if allow_internet == Some(true) && config.is_none_or(|c| c.allow_out.is_empty()) {
-        return Err(everything_refused());
-    }
-    let Some(config) = config else { return Ok(None) };
+/// The native policy for E2B's network options (`None`: space's default, deny all).
+///
+/// As in E2B, a sandbox reaches the internet unless `allow_internet_access` is false or
+/// `denyOut` holds every address, and `allowOut` wins over `denyOut`; what a create says
+/// nothing of is the operator's choice, `internet_by_default` (space's deny by default unless
+/// `space serve --e2b-internet-by-default`). The internet is `allow: ["*"]` with every IPv4
+/// range: the gateway still refuses private, loopback and the node's own addresses.
+pub fn policy(
+    allow_internet: Option<bool>,
+    config: Option<&NetworkConfig>,
+    internet_by_default: bool,
+) -> E2bResult<Option<NetworkPolicy>> {
+    let empty = NetworkConfig::default();
+    let config = config.unwrap_or(&empty);
     if !config.other.is_empty() {
         let fields: Vec<&str> = config.other.keys().map(String::as_str).collect();
         tracing::warn!(?fields, "E2B network fields space does not know were ignored");
     }
+    let everything = |list: &[String]| list.iter().any(|e| EVERYWHERE.contains(&e.as_str()));
+    let internet = everything(&config.allow_out)
+        || (!everything(&config.deny_out) && allow_internet.unwrap_or(internet_by_default));
     let mut policy = NetworkPolicy::default();
-    for entry in &config.allow_out {
-        if EVERYWHERE.contains(&entry.as_str()) {
-            return Err(everything_refused());
-        }
-        if is_address(entry) {
-            policy.cidrs.push(as_cidr(entry));
-        } else {
-            policy.allow.push(entry.clone());
+    if internet {
+        policy.allow.push(ANY_HOST.to_owned());
+        policy.cidrs.push(EVERYWHERE[0].to_owned());
+    }
+    for entry in config.allow_out.iter().filter(|e| !EVERYWHERE.contains(&e.as_str())) {
+        match is_address(entry) {
+            true => policy.cidrs.push(as_cidr(entry)),
+            false => policy.allow.push(entry.clone()),
         }
     }
-    for entry in &config.deny_out {
-        if EVERYWHERE.contains(&entry.as_str()) {
-            continue;
-        }
+    for entry in config.deny_out.iter().filter(|e| !EVERYWHERE.contains(&e.as_str())) {
         if is_address(entry) {
-            return Err(E2bError::bad_request(format!(
-                "denyOut {}: space denies every address not allowed, so list what to allow in allowOut instead",
-                space_api::error::echo(entry)
-            )));
+            return Err(address_deny_refused(entry, internet));
         }
         policy.deny.push(entry.clone());
     }
+    if policy == NetworkPolicy::default() {
+        return Ok(None);
+    }
     policy.validate().map_err(E2bError::bad_request)?;
     Ok(Some(policy))
+}
+
+/// space denies by name only: an address range can be left out of what is allowed, not
+/// denied inside it.
+fn address_deny_refused(entry: &str, internet: bool) -> E2bError {
+    let entry = space_api::error::echo(entry);
+    E2bError::bad_request(match internet {
+        true => format!(
+            "denyOut {entry}: space cannot deny an address range while the internet is allowed; set \
+             allow_internet_access=False and list what to reach in allowOut"
+        ),
+        false => format!(
+            "denyOut {entry}: space denies every address not allowed, so list what to allow in allowOut instead"
+        ),
+    })
 }
 
 fn is_address(entry: &str) -> bool {
@@ -108,13 +133,6 @@ fn as_cidr(entry: &str) -> String {
     }
 }
 
-fn everything_refused() -> E2bError {
-    E2bError::bad_request(
-        "space does not open a sandbox to the whole internet: name the hosts it may reach in network.allowOut \
-         (e.g. [\"pypi.org\", \"*.pythonhosted.org\"]); see docs/e2b.md",
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,13 +144,33 @@ mod tests {
             deny_out: vec!["0.0.0.0/0".into(), "evil.example".into()],
             ..NetworkConfig::default()
         };
-        let made = policy(None, Some(&config)).unwrap().unwrap();
-        assert_eq!(made.allow, ["pypi.org"]);
-        assert_eq!(made.cidrs, ["10.1.2.3/32", "192.0.2.0/24"]);
-        assert_eq!(made.deny, ["evil.example"]);
-        let open = NetworkConfig { allow_out: vec!["0.0.0.0/0".into()], ..NetworkConfig::default() };
-        assert!(policy(None, Some(&open)).is_err());
-        assert!(policy(Some(true), None).is_err());
-        assert!(policy(Some(false), None).unwrap().is_none());
+        for by_default in [false, true] {
+            let made = policy(None, Some(&config), by_default).unwrap().unwrap();
+            assert_eq!(made.allow, ["pypi.org"], "denyOut 0.0.0.0/0 closes the internet");
+            assert_eq!(made.cidrs, ["10.1.2.3/32", "192.0.2.0/24"]);
+            assert_eq!(made.deny, ["evil.example"]);
+        }
+        let listed = NetworkConfig { allow_out: vec!["pypi.org".into()], ..NetworkConfig::default() };
+        assert_eq!(policy(None, Some(&listed), false).unwrap().unwrap().allow, ["pypi.org"]);
+        assert!(policy(Some(false), None, true).unwrap().is_none(), "closed: space's default");
+        assert!(policy(None, None, false).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_internet_is_any_host_and_every_ipv4_range() {
+        let open = |made: Option<NetworkPolicy>| {
+            let made = made.unwrap();
+            made.allow.contains(&ANY_HOST.to_owned()) && made.cidrs.contains(&"0.0.0.0/0".to_owned())
+        };
+        assert!(open(policy(Some(true), None, false).unwrap()), "asked for");
+        assert!(open(policy(None, None, true).unwrap()), "the operator's default");
+        let everything = NetworkConfig { allow_out: vec!["0.0.0.0/0".into()], ..NetworkConfig::default() };
+        assert!(open(policy(Some(false), Some(&everything), false).unwrap()), "allowOut wins over denyOut");
+        let denied = NetworkConfig { deny_out: vec!["evil.example".into()], ..NetworkConfig::default() };
+        let made = policy(None, Some(&denied), true).unwrap().unwrap();
+        assert_eq!((made.allow, made.deny), (vec![ANY_HOST.to_owned()], vec!["evil.example".to_owned()]));
+        let range = NetworkConfig { deny_out: vec!["203.0.113.0/24".into()], ..NetworkConfig::default() };
+        let refused = policy(Some(true), Some(&range), false).unwrap_err();
+        assert!(refused.message.contains("allow_internet_access=False"), "{}", refused.message);
     }
 }

@@ -172,7 +172,8 @@ async fn create(
     warn_unknown("create", &request.other);
     request.refuse_unsupported()?;
     let timeout = check_timeout(request.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
-    let network = super::network::policy(request.allow_internet_access, request.network.as_ref())?;
+    let internet_by_default = state.e2b_internet_by_default;
+    let network = super::network::policy(request.allow_internet_access, request.network.as_ref(), internet_by_default)?;
     let public = request.network.as_ref().is_none_or(|n| n.public_traffic());
     let traffic = if public { super::TRAFFIC_PUBLIC } else { super::TRAFFIC_TOKEN };
     let auto_resume = request.auto_resume.is_some_and(|a| a.enabled);
@@ -189,7 +190,9 @@ async fn create(
         ..CreateSessionRequest::default()
     };
     if let Some(snapshot) = super::snapshots::as_template(&state, &caller, &request.template_id).await? {
-        if !native.env.is_empty() || native.network.is_some() || native.on_max_age.is_some() || native.auto_resume {
+        // What the request itself says: the operator's internet default is no network option.
+        let network_asked = request.network.is_some() || request.allow_internet_access.is_some();
+        if !native.env.is_empty() || network_asked || native.on_max_age.is_some() || native.auto_resume {
             return Err(E2bError::bad_request(
                 "a sandbox from a snapshot keeps its source's envVars, network, lifecycle and autoResume; \
                  send only timeout and metadata",

@@ -325,6 +325,7 @@ async fn serve(data_dir: std::path::PathBuf, nodes: Vec<Arc<dyn space_node_api::
         default_disk_mib: DEFAULT_DISK_MIB,
         preview_domain: Some(PREVIEW_DOMAIN.into()),
         e2b_domain: None,
+        e2b_internet_by_default: false,
         replica: space_store::DEFAULT_REPLICA.into(),
         // Token endpoints anywhere: the contract tests run theirs on loopback.
         oauth: Default::default(),

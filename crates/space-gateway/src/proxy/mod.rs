@@ -37,6 +37,8 @@ mod upgrade;
 mod upstream;
 
 #[cfg(test)]
+mod any_host_tests;
+#[cfg(test)]
 mod limit_tests;
 #[cfg(test)]
 mod tests;

@@ -1682,8 +1682,9 @@ export interface components {
          */
         NetworkPolicy: {
             /**
-             * @description Host names: `api.github.com` (exactly that name) or `*.pypi.org` (any name below
-             *     `pypi.org`, not `pypi.org` itself).
+             * @description Host names: `api.github.com` (exactly that name), `*.pypi.org` (any name below
+             *     `pypi.org`, not `pypi.org` itself) or `*` (any name; the gateway still refuses names
+             *     that resolve to private, loopback or the node's own addresses).
              */
             allow?: string[];
             /** @description Address ranges (`203.0.113.0/24`) that may be reached by address instead of by name. */
