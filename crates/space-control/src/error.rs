@@ -90,6 +90,14 @@ fn quota_exceeded(over: &space_store::QuotaExceeded) -> AppError {
         QuotaLimit::Sessions | QuotaLimit::DiskMib | QuotaLimit::UnlimitedDisk => {
             "destroy sessions you no longer need, or ask the operator to raise the quota"
         }
+        QuotaLimit::KeptSnapshots => {
+            return AppError::new(
+                ErrorCode::QuotaExceeded,
+                format!(
+                    "{over}; delete some (DELETE /v1/sessions/{{id}}/snapshots/{{snapshot}}) before keeping another"
+                ),
+            );
+        }
     };
     AppError::new(
         ErrorCode::QuotaExceeded,

@@ -79,6 +79,8 @@ pub enum QuotaLimit {
     DiskMib,
     /// A disk quota is set and the session asks for no disk limit.
     UnlimitedDisk,
+    /// Snapshots that outlive their sessions: a bound of the server's, not a tenant setting.
+    KeptSnapshots,
 }
 
 /// A request that would take its tenant over a quota: which limit, what is in use, what the
@@ -113,6 +115,13 @@ impl fmt::Display for QuotaExceeded {
                 format!("{} MiB", self.in_use),
                 format!("{} MiB", self.requested),
             ),
+            QuotaLimit::KeptSnapshots => {
+                return write!(
+                    f,
+                    "tenant {:?} has {} snapshots that outlive their sessions, the most it may keep ({})",
+                    self.tenant, self.in_use, self.max
+                );
+            }
             QuotaLimit::UnlimitedDisk => {
                 return write!(
                     f,

@@ -8,7 +8,7 @@ use space_api::{SessionId, SessionState, Snapshot, SnapshotId, SnapshotKind, Ten
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::{Result, Store, StoreError, now_ms, parse};
+use crate::{QuotaExceeded, QuotaLimit, Result, Store, StoreError, now_ms, parse};
 
 /// What [`Store::insert_snapshot`] records.
 #[derive(Debug, Clone)]
@@ -57,9 +57,29 @@ fn snapshot_from_row(row: &AnyRow) -> Result<Snapshot> {
 }
 
 impl Store {
-    /// Records a snapshot about to be taken; its parent is the session's newest ready one.
-    pub async fn insert_snapshot(&self, new: &NewSnapshot) -> Result<()> {
+    /// Records a snapshot about to be taken; its parent is the session's newest ready one. One
+    /// that outlives its session is refused (`QuotaExceeded`, nothing written) when its tenant
+    /// already keeps `max_kept` such snapshots: counted in the write transaction, so that
+    /// concurrent snapshots cannot go over together.
+    pub async fn insert_snapshot(&self, new: &NewSnapshot, max_kept: u64) -> Result<()> {
         let mut tx = self.write_tx().await?;
+        if new.outlives_session {
+            let kept: i64 =
+                sqlx::query_scalar("SELECT COUNT(*) FROM snapshots WHERE tenant_id = $1 AND outlives_session = 1")
+                    .bind(new.tenant_id.as_str())
+                    .fetch_one(&mut *tx)
+                    .await?;
+            let kept = u64::try_from(kept).unwrap_or(0);
+            if kept >= max_kept {
+                return Err(StoreError::QuotaExceeded(QuotaExceeded {
+                    tenant: new.tenant_id.to_string(),
+                    limit: QuotaLimit::KeptSnapshots,
+                    max: max_kept,
+                    in_use: kept,
+                    requested: 1,
+                }));
+            }
+        }
         let parent: Option<String> = sqlx::query_scalar(
             "SELECT id FROM snapshots WHERE session_id = $1 AND state = 'ready' ORDER BY created_at DESC, id LIMIT 1",
         )
@@ -185,16 +205,6 @@ impl Store {
         rows.iter().map(snapshot_from_row).collect()
     }
 
-    /// How many snapshots of the tenant's (in any state) outlive their sessions.
-    pub async fn kept_snapshot_count(&self, tenant: &TenantId) -> Result<u64> {
-        let count: i64 =
-            sqlx::query_scalar("SELECT COUNT(*) FROM snapshots WHERE tenant_id = $1 AND outlives_session = 1")
-                .bind(tenant.as_str())
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(u64::try_from(count).unwrap_or(0))
-    }
-
     /// A ready snapshot of the tenant's, whichever session it belongs to.
     pub async fn snapshot(&self, tenant: &TenantId, id: &SnapshotId) -> Result<Option<Snapshot>> {
         let sql = format!("SELECT {COLUMNS} FROM snapshots WHERE id = $1 AND tenant_id = $2 AND state = 'ready'");
@@ -277,7 +287,7 @@ mod tests {
         let session = session_of(&store, &tenant).await;
         let (kept, plain) = (disk(&session, &tenant, None, true), disk(&session, &tenant, None, false));
         for new in [&kept, &plain] {
-            store.insert_snapshot(new).await.unwrap();
+            store.insert_snapshot(new, u64::MAX).await.unwrap();
             store.set_snapshot_ready(&new.id, Some(1)).await.unwrap();
         }
         let flags: Vec<bool> =
@@ -291,6 +301,29 @@ mod tests {
         assert!(store.outliving_snapshots(&other).await.unwrap().is_empty(), "another tenant sees them");
     }
 
+    /// However many arrive together, a tenant's kept snapshots stop at the bound; others
+    /// (and another tenant's) are not counted against it.
+    #[tokio::test]
+    async fn kept_snapshots_stop_at_the_bound_also_when_taken_together() {
+        let (store, _dir) = test_store().await;
+        let tenant = store.ensure_tenant("a").await.unwrap();
+        let session = session_of(&store, &tenant).await;
+        let attempts = (0..8).map(|_| {
+            let (store, new) = (&store, disk(&session, &tenant, None, true));
+            async move { store.insert_snapshot(&new, 3).await }
+        });
+        let results = futures::future::join_all(attempts).await;
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 3, "{results:?}");
+        for refused in results.iter().filter_map(|r| r.as_ref().err()) {
+            let StoreError::QuotaExceeded(over) = refused else { panic!("{refused:?}") };
+            assert_eq!((over.limit, over.max, over.in_use), (QuotaLimit::KeptSnapshots, 3, 3));
+        }
+        store.insert_snapshot(&disk(&session, &tenant, None, false), 3).await.unwrap();
+        let other = store.ensure_tenant("b").await.unwrap();
+        let theirs = session_of(&store, &other).await;
+        store.insert_snapshot(&disk(&theirs, &other, None, true), 3).await.unwrap();
+    }
+
     /// A destroyed session's CA key is opened again by a fork from a snapshot that outlived
     /// it, so a move to another tenant key must re-seal it, until that snapshot is deleted.
     #[tokio::test]
@@ -300,7 +333,7 @@ mod tests {
         let session = session_of(&store, &tenant).await;
         store.set_session_ca_if_missing(&session, "cert", &[7]).await.unwrap();
         let kept = disk(&session, &tenant, None, true);
-        store.insert_snapshot(&kept).await.unwrap();
+        store.insert_snapshot(&kept, u64::MAX).await.unwrap();
         store.set_snapshot_ready(&kept.id, Some(1)).await.unwrap();
         assert!(store.transition(&session, &[SessionState::Creating], SessionState::Destroyed, None).await.unwrap());
         let sealed_ca = |values: Vec<crate::SealedValue>| {
@@ -320,13 +353,13 @@ mod tests {
         let session = session_of(&store, &tenant).await;
         let snap = |name: Option<&str>| disk(&session, &tenant, name, false);
         let first = snap(Some("before"));
-        store.insert_snapshot(&first).await.unwrap();
+        store.insert_snapshot(&first, u64::MAX).await.unwrap();
         assert!(store.list_snapshots(&session).await.unwrap().is_empty(), "a creating snapshot is listed");
         store.set_snapshot_ready(&first.id, None).await.unwrap();
         assert_eq!(store.list_snapshots(&session).await.unwrap()[0].size_bytes, None);
         store.set_snapshot_size(&first.id, 42).await.unwrap();
         let second = snap(None);
-        store.insert_snapshot(&second).await.unwrap();
+        store.insert_snapshot(&second, u64::MAX).await.unwrap();
         store.set_snapshot_ready(&second.id, Some(7)).await.unwrap();
         let list = store.list_snapshots(&session).await.unwrap();
         assert_eq!(list.len(), 2);

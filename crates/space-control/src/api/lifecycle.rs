@@ -125,33 +125,15 @@ pub async fn create_snapshot(
     let session = live_session(&state, &caller, &id).await?;
     let kind = request.kind.unwrap_or(SnapshotKind::Disk);
     let keeping = Keeping { name: request.name, outlives_session: request.outlives_session.unwrap_or(false) };
-    if keeping.outlives_session {
-        check_room_to_keep(&state, &caller.tenant_id).await?;
-    }
     let snapshot = take_snapshot(&state, &caller.tenant_id, &session.id, kind, keeping).await?;
     note_snapshot(&state, &snapshot, "").await;
     Ok((StatusCode::CREATED, ApiJson(snapshot)))
 }
 
-/// How many snapshots that outlive their sessions a tenant may have: they count against no
-/// session's disk limit once their session is destroyed, so their number is bounded instead.
+/// How many snapshots that outlive their sessions a tenant may have (429 `quota_exceeded`
+/// past it): they count against no session's disk limit once their session is destroyed, so
+/// their number is bounded instead.
 pub(crate) const MAX_KEPT_SNAPSHOTS: u64 = 100;
-
-/// 429 `quota_exceeded` once the tenant has [`MAX_KEPT_SNAPSHOTS`] snapshots that outlive
-/// their sessions.
-pub(crate) async fn check_room_to_keep(state: &AppState, tenant: &TenantId) -> AppResult<()> {
-    let kept = state.store.kept_snapshot_count(tenant).await?;
-    if kept < MAX_KEPT_SNAPSHOTS {
-        return Ok(());
-    }
-    Err(AppError::new(
-        ErrorCode::QuotaExceeded,
-        format!(
-            "the tenant has {kept} snapshots that outlive their sessions, the most it may keep; delete some \
-             (DELETE /v1/sessions/{{id}}/snapshots/{{snapshot}}) before keeping another"
-        ),
-    ))
-}
 
 /// Records an event of `kind` on the session. The work it tells of is done, so a failure
 /// to record it is logged rather than answered.
@@ -232,7 +214,7 @@ pub(crate) async fn snapshot_locked(
         outlives_session: keeping.outlives_session,
         node_id: node.node_id(),
     };
-    state.store.insert_snapshot(&new).await?;
+    state.store.insert_snapshot(&new, MAX_KEPT_SNAPSHOTS).await?;
     let began = Instant::now();
     let taken = match kind {
         SnapshotKind::Disk => node.snapshot_disk(&sandbox, id, &new.id, paused).await.map(|()| None),

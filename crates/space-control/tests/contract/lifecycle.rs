@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::harness::{Server, assert_error};
+use crate::harness::{Server, assert_error, error_of};
 
 const LIFECYCLE: [&str; 4] = ["pause", "resume", "suspend", "snapshots"];
 
@@ -192,6 +192,8 @@ async fn a_tenant_keeps_a_bounded_number_of_snapshots_beyond_their_sessions() {
     }
     let refused = server.act(&id, "snapshots", keep).await;
     assert_error(&refused, 429, "quota_exceeded");
+    let message = error_of(&refused.1).1;
+    assert!(message.contains("100 snapshots that outlive their sessions") && message.contains("DELETE"), "{message}");
     assert_eq!(server.act(&id, "snapshots", json!({ "kind": "disk" })).await.0, 201, "others are not bounded");
 }
 
