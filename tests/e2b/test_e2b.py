@@ -385,6 +385,27 @@ def test_metrics_report_memory(sbx):
     assert metrics and metrics[-1].mem_used > 0 and metrics[-1].mem_total >= metrics[-1].mem_used
 
 
+def test_logs_tell_what_happened_to_the_sandbox(sbx, tenant_key):
+    """E2B's logs endpoints (the E2B CLI's `sandbox logs`) answer with the session's events."""
+    import httpx
+
+    api, headers = os.environ["E2B_API_URL"], {"X-API-Key": tenant_key}
+    sbx.pause()
+    sbx.connect()
+    path = f"{api}/v2/sandboxes/{sbx.sandbox_id}/logs"
+    logs = httpx.get(path, headers=headers).json()["logs"]
+    assert {"running", "suspended"} <= {e["fields"].get("to") for e in logs}, logs
+    assert all(e["level"] in ("debug", "info", "warn", "error") and e["timestamp"] for e in logs), logs
+    newest = httpx.get(path, headers=headers, params={"direction": "backward", "limit": 1}).json()["logs"]
+    assert newest == logs[-1:], newest
+    v1 = httpx.get(f"{api}/sandboxes/{sbx.sandbox_id}/logs", headers=headers).json()
+    assert [line["line"] for line in v1["logs"]] == [e["message"] for e in v1["logEntries"]] and v1["logs"]
+    bad = httpx.get(path, headers=headers, params={"direction": "sideways"})
+    assert bad.status_code == 400 and "forward or backward" in bad.json()["message"], bad.text
+    missing = httpx.get(f"{api}/v2/sandboxes/ses_doesnotexist00000000/logs", headers=headers)
+    assert missing.status_code == 404, missing.text
+
+
 def test_bad_input_gets_e2b_and_connect_errors_never_a_crash(sbx, tenant_key):
     import httpx
 

@@ -18,6 +18,7 @@ mod envd;
 mod errors;
 mod files;
 mod filesystem;
+mod logs;
 mod messages;
 mod metrics;
 mod network;

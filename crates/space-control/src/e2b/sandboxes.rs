@@ -39,6 +39,8 @@ pub fn routes() -> Router<AppState> {
         .route("/sandboxes", post(create).get(list_v1))
         .route("/v2/sandboxes", post(create).get(list_v2))
         .route("/sandboxes/{id}", get(get_sandbox).delete(kill))
+        .route("/sandboxes/{id}/logs", get(super::logs::logs_v1))
+        .route("/v2/sandboxes/{id}/logs", get(super::logs::logs_v2))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/sandboxes/{id}/refreshes", post(refresh))
         .route("/sandboxes/{id}/pause", post(pause))
