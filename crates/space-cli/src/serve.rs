@@ -466,7 +466,8 @@ pub async fn serve_control(
         });
     }
     // Both APIs stop on the signal, and each waits for the changes it runs (see
-    // `space_control::serve`) before the process ends.
+    // `space_control::serve`), then the reconciler for its operations, before the process
+    // ends.
     let stop = tokio_util::sync::CancellationToken::new();
     let mut e2b = None;
     if let Some(listener) = e2b_listener {
@@ -481,12 +482,16 @@ pub async fn serve_control(
     let data_dir = config.data_dir.display();
     tracing::info!(listen = %config.listen, %data_dir, "space is serving; admin key in {data_dir}/admin.key");
     stop_on_signals(&stop);
+    let reconciler = state.reconciler.clone();
     let served = space_control::serve(state, listener, stop.clone().cancelled_owned()).await;
     // Also when the API's listener failed: the E2B endpoint does not outlive it.
     stop.cancel();
     if let Some(e2b) = e2b {
         let _ = e2b.await;
     }
+    // Once nothing can start more: the operations the APIs queued (a create answered 202, a
+    // destroy without waiting) finish too.
+    reconciler.stop().await;
     Ok(served?)
 }
 

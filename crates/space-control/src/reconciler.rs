@@ -13,6 +13,8 @@ use space_node_api::{DiskQuota, Limits, NodeApi, SandboxHandle, TemplateInfo};
 use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord, SandboxRecord, SessionRecord};
 use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::AppState;
 use crate::auth::ADMIN_TENANT;
@@ -35,6 +37,10 @@ pub struct Reconciler {
     /// The operations this process is running: only their leases are renewed, so one that
     /// was claimed but is not running (its task never started, or panicked) is taken over.
     running: RunningSet,
+    /// The tasks of those operations and of their clean-up: a graceful stop waits for them.
+    tasks: TaskTracker,
+    /// Cancelled by [`Reconciler::stop`]: the loop claims nothing more.
+    stopping: CancellationToken,
 }
 
 /// The operations with a task in this process, each with its number of tasks: a replica
@@ -79,7 +85,21 @@ impl Reconciler {
             wake: Arc::new(Notify::new()),
             finished: broadcast::channel(FINISHED_BACKLOG).0,
             running: Default::default(),
+            tasks: TaskTracker::new(),
+            stopping: CancellationToken::new(),
         }
+    }
+
+    /// Stops claiming operations and waits for those this process runs (a graceful stop, once
+    /// the API that starts them has stopped). What is left queued is claimed at the next start
+    /// or by another replica.
+    pub async fn stop(&self) {
+        self.stopping.cancel();
+        self.tasks.close();
+        if !self.tasks.is_empty() {
+            tracing::info!(operations = self.tasks.len(), "waiting for the operations under way to finish");
+        }
+        self.tasks.wait().await;
     }
 
     /// The operations this process is running now.
@@ -98,7 +118,7 @@ impl Reconciler {
     }
 
     async fn run(self, state: AppState) {
-        loop {
+        while !self.stopping.is_cancelled() {
             loop {
                 let lease = crate::replicas::lease_ms(crate::nodes::LEASE);
                 match state.store.claim_operation(space_store::now_ms(), lease).await {
@@ -113,6 +133,7 @@ impl Reconciler {
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                _ = self.stopping.cancelled() => {}
             }
         }
     }
@@ -123,7 +144,7 @@ impl Reconciler {
     pub fn perform_here(&self, state: AppState, op: OperationRecord) -> JoinHandle<Option<AppResult<()>>> {
         let finished = self.finished.clone();
         let running = Running::new(&self.running, op.operation.id.clone());
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             let id = op.operation.id.clone();
             let result = perform(&state, op).await;
             let recorded = match result {
@@ -590,7 +611,7 @@ fn remove_in_background(state: AppState, node: Arc<dyn NodeApi>, sandboxes: Vec<
     if sandboxes.is_empty() {
         return;
     }
-    tokio::spawn(async move {
+    state.reconciler.tasks.clone().spawn(async move {
         for sandbox in sandboxes {
             if let Err(e) = remove_sandbox(node.as_ref(), &state, &sandbox).await {
                 tracing::warn!(%sandbox, error = %e.0.message, "cannot remove a retired sandbox; recovery will");

@@ -24,6 +24,10 @@ pub struct Server {
     /// Everything the server runs (API, reconciler, the node's agents) runs here: dropping
     /// it stops all of it at once, as `kill -9` would.
     runtime: Option<tokio::runtime::Runtime>,
+    /// Cancelling it stops the API gracefully (see [`Server::stop_gracefully`]); `serving`
+    /// ends once that stop has finished.
+    graceful: tokio_util::sync::CancellationToken,
+    serving: Option<tokio::task::JoinHandle<()>>,
     // Last: removed after the server stopped using it.
     dir: Arc<tempfile::TempDir>,
 }
@@ -92,13 +96,25 @@ impl Server {
             });
         }
         let data_dir = dir.path().to_owned();
-        let (url, metrics_url) = runtime.spawn(serve(data_dir, nodes)).await.expect("the control plane starts");
+        let graceful = tokio_util::sync::CancellationToken::new();
+        let (url, metrics_url, serving) =
+            runtime.spawn(serve(data_dir, nodes, graceful.clone())).await.expect("the control plane starts");
         let admin = std::fs::read_to_string(dir.path().join("admin.key")).expect("the admin key").trim().to_owned();
         let http = reqwest::Client::new();
         let sim = sims[0].clone();
-        let server = Server { url, metrics_url, admin, sim, sims, http, runtime: Some(runtime), dir };
+        let serving = Some(serving);
+        let server =
+            Server { url, metrics_url, admin, sim, sims, http, runtime: Some(runtime), graceful, serving, dir };
         server.wait_for_template("busybox").await;
         server
+    }
+
+    /// Stops the server as `space serve` does on SIGTERM: the API stops accepting and waits
+    /// for its requests and their changes, then the reconciler for its operations. The
+    /// handle ends when all of that has.
+    pub fn stop_gracefully(&mut self) -> tokio::task::JoinHandle<()> {
+        self.graceful.cancel();
+        self.serving.take().expect("stopped once")
     }
 
     /// Stops everything the server runs, at once (no graceful shutdown): the crash that
@@ -301,9 +317,13 @@ pub const PREVIEW_DOMAIN: &str = "preview.test";
 /// The disk limit of sessions created without one.
 pub const DEFAULT_DISK_MIB: u64 = 1024;
 
-/// Starts the control plane and serves it, and its metrics, on loopback ports; returns their
-/// URLs.
-async fn serve(data_dir: std::path::PathBuf, nodes: Vec<Arc<dyn space_node_api::NodeApi>>) -> (String, String) {
+/// Starts the control plane and serves it, and its metrics, on loopback ports, until
+/// `graceful` is cancelled; returns their URLs and the task serving the API.
+async fn serve(
+    data_dir: std::path::PathBuf,
+    nodes: Vec<Arc<dyn space_node_api::NodeApi>>,
+    graceful: tokio_util::sync::CancellationToken,
+) -> (String, String, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
     let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
     let metrics_url = format!("http://{}", metrics.local_addr().expect("the port"));
@@ -333,8 +353,12 @@ async fn serve(data_dir: std::path::PathBuf, nodes: Vec<Arc<dyn space_node_api::
     let state =
         space_control::start(&config, async |_node_id: &str| Ok(nodes)).await.expect("the control plane starts");
     tokio::spawn(space_control::serve_metrics(state.clone(), metrics, std::future::pending()));
-    tokio::spawn(space_control::serve(state, listener, std::future::pending()));
-    (format!("http://{}", config.listen), metrics_url)
+    let reconciler = state.reconciler.clone();
+    let serving = tokio::spawn(async move {
+        space_control::serve(state, listener, graceful.cancelled_owned()).await.expect("serving the API");
+        reconciler.stop().await;
+    });
+    (format!("http://{}", config.listen), metrics_url, serving)
 }
 
 /// The database of the server on `data_dir`: SQLite in it, or, when the tests run under

@@ -272,3 +272,23 @@ pub async fn wait_until(done: impl Fn() -> bool) {
     }
     panic!("the condition never held");
 }
+
+/// A graceful stop (SIGTERM) waits for the operations under way: a create answered 202 is
+/// finished before the server ends, not left for recovery at the next start.
+#[tokio::test]
+async fn a_graceful_stop_finishes_the_operations_under_way() {
+    let mut server = Server::start().await;
+    let held = server.sim.hold_next(space_node_sim::Op::StartSandbox);
+    let (status, created) = server.call("POST", "/v1/sessions?wait=false", Some(json!({}))).await;
+    assert_eq!(status, 202, "{created}");
+    let id: space_api::SessionId = created["id"].as_str().unwrap().parse().unwrap();
+    held.began().await;
+    let stopping = server.stop_gracefully();
+    // The API has nothing open (the create was answered): only the operation holds the stop.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!stopping.is_finished(), "the server stopped before the create under way had finished");
+    held.release();
+    stopping.await.unwrap();
+    let record = server.store_as("test").await.session_any(&id).await.unwrap().unwrap();
+    assert_eq!(record.session.state, space_api::SessionState::Running, "finished before the stop ended");
+}
