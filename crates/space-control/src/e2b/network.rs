@@ -11,7 +11,7 @@ use axum::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
-use space_api::egress::{ANY_HOST, Cidr, NetworkPolicy};
+use space_api::egress::{ANY_HOST, Cidr, NetworkPolicy, host_matches};
 
 use super::errors::{E2bError, E2bResult};
 use super::sandboxes::{E2bJson, sandbox};
@@ -79,6 +79,8 @@ pub fn policy(
         let fields: Vec<&str> = config.other.keys().map(String::as_str).collect();
         tracing::warn!(?fields, "E2B network fields space does not know were ignored");
     }
+    // The create's top-level flag, else the one in its network options (an update's).
+    let allow_internet = allow_internet.or(config.allow_internet_access);
     let everything = |list: &[String]| list.iter().any(|e| EVERYWHERE.contains(&e.as_str()));
     let internet = everything(&config.allow_out)
         || (!everything(&config.deny_out) && allow_internet.unwrap_or(internet_by_default));
@@ -99,11 +101,30 @@ pub fn policy(
         }
         policy.deny.push(entry.clone());
     }
+    check_allowed_not_denied(&policy)?;
     if policy == NetworkPolicy::default() {
         return Ok(None);
     }
     policy.validate().map_err(E2bError::bad_request)?;
     Ok(Some(policy))
+}
+
+/// E2B's `allowOut` wins over its `denyOut`, space's `deny` over its `allow`: a name both
+/// allow and a deny pattern take would be denied, so it is refused rather than turned around.
+fn check_allowed_not_denied(policy: &NetworkPolicy) -> E2bResult<()> {
+    let named = policy.allow.iter().filter(|a| *a != ANY_HOST);
+    for allowed in named {
+        let name = allowed.trim_start_matches("*.");
+        if let Some(denied) = policy.deny.iter().find(|d| *d == ANY_HOST || host_matches(d, name) || *d == allowed) {
+            return Err(E2bError::bad_request(format!(
+                "allowOut {} is also denied by denyOut {}: space denies what both name (E2B allows it); leave it \
+                 out of denyOut or list the denied names one by one",
+                space_api::error::echo(allowed),
+                space_api::error::echo(denied)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// space denies by name only: an address range can be left out of what is allowed, not
@@ -169,6 +190,19 @@ mod tests {
         let denied = NetworkConfig { deny_out: vec!["evil.example".into()], ..NetworkConfig::default() };
         let made = policy(None, Some(&denied), true).unwrap().unwrap();
         assert_eq!((made.allow, made.deny), (vec![ANY_HOST.to_owned()], vec!["evil.example".to_owned()]));
+        let nested = NetworkConfig { allow_internet_access: Some(true), ..NetworkConfig::default() };
+        assert!(open(policy(None, Some(&nested), false).unwrap()), "the flag inside the network options");
+        let both = NetworkConfig {
+            allow_out: vec!["api.x.test".into()],
+            deny_out: vec!["*.x.test".into()],
+            ..NetworkConfig::default()
+        };
+        let refused = policy(None, Some(&both), false).unwrap_err();
+        assert!(
+            refused.message.starts_with(r#"allowOut "api.x.test" is also denied by denyOut "*.x.test""#),
+            "{}",
+            refused.message
+        );
         let range = NetworkConfig { deny_out: vec!["203.0.113.0/24".into()], ..NetworkConfig::default() };
         let refused = policy(Some(true), Some(&range), false).unwrap_err();
         assert!(refused.message.contains("allow_internet_access=False"), "{}", refused.message);

@@ -192,8 +192,10 @@ async fn create(
         ..CreateSessionRequest::default()
     };
     if let Some(snapshot) = super::snapshots::as_template(&state, &caller, &request.template_id).await? {
-        // What the request itself says: the operator's internet default is no network option.
-        let network_asked = request.network.is_some() || request.allow_internet_access.is_some();
+        // What the request itself says: the operator's internet default is no network option,
+        // and neither is `allow_internet_access: true`, E2B's default, which SDKs before 2.x
+        // send with every create.
+        let network_asked = request.network.is_some() || request.allow_internet_access == Some(false);
         if !native.env.is_empty() || network_asked || native.on_max_age.is_some() || native.auto_resume {
             return Err(E2bError::bad_request(
                 "a sandbox from a snapshot keeps its source's envVars, network, lifecycle and autoResume; \

@@ -83,3 +83,35 @@ async fn any_host_does_not_reach_private_upstreams() {
     assert_eq!(event.decision, AuditDecision::Denied);
     assert_eq!(event.reason.as_deref(), Some("private upstream address 127.0.0.1"));
 }
+
+#[tokio::test]
+async fn any_host_still_injects_a_credential_for_its_own_host_only() {
+    let mut setup = setup(true, any_host(&[])).await;
+    let (status, stream) = setup.connect("api.test:443").await;
+    assert_eq!(status, 200);
+    // The session's CA: the granted host is intercepted, as without `*`.
+    let root = rustls::pki_types::CertificateDer::from(
+        crate::certificates_from_pem(setup.ca.cert_pem.as_bytes()).unwrap().remove(0),
+    );
+    let tls = Setup::tls(stream, "api.test", root).await.unwrap();
+    let mut sender = http_client(tls).await;
+    let (status, body) = get(&mut sender, "api.test", "/x", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.contains(&format!("authorization: Bearer {SECRET}\n")), "{body}");
+    assert_eq!(setup.event().await.decision, AuditDecision::Injected);
+}
+
+/// Every address (`cidrs: ["0.0.0.0/0"]`, E2B's internet) is every public one: link-local
+/// metadata, Azure's host service and private ranges stay refused.
+#[tokio::test]
+async fn every_address_leaves_out_metadata_and_private_ranges() {
+    let policy = NetworkPolicy { cidrs: vec!["0.0.0.0/0".into()], ..any_host(&[]) };
+    let mut setup = setup(false, policy).await;
+    for address in ["169.254.169.254", "168.63.129.16", "10.0.0.1", "127.0.0.1"] {
+        let (status, _) = setup.connect(&format!("{address}:443")).await;
+        assert_eq!(status, 403, "{address}");
+        let event = setup.event().await;
+        assert_eq!(event.decision, AuditDecision::Denied);
+        assert_eq!(event.reason.as_deref(), Some(format!("private upstream address {address}").as_str()));
+    }
+}

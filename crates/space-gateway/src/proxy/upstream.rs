@@ -30,7 +30,8 @@ impl std::fmt::Display for UpstreamError {
 }
 
 /// Whether `ip` is loopback, private, shared (CGNAT), link-local, unspecified, multicast or
-/// broadcast (or reserved): never an upstream unless the operator allows it.
+/// broadcast (or reserved), or a cloud host's own service on a public address: never an
+/// upstream unless the operator allows it.
 pub fn is_private(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_private_v4(v4),
@@ -70,6 +71,9 @@ fn is_private_v4(ip: Ipv4Addr) -> bool {
         || a >= 240 // reserved
         || (a == 192 && b == 0 && ip.octets()[2] == 0) // IETF protocol assignments
         || (a == 198 && (b & 0xfe) == 18) // benchmarking 198.18/15
+        // Azure's WireServer: the VM's host answers it (agent, metadata, health), as
+        // 169.254.169.254 is answered elsewhere, though the address is public.
+        || ip == Ipv4Addr::new(168, 63, 129, 16)
 }
 
 /// A TCP connection to the first of `addrs` that answers, with TCP_NODELAY.
@@ -164,12 +168,21 @@ mod tests {
             "::ffff:10.0.0.1",
             "::ffff:127.0.0.1",
             "64:ff9b::a9fe:a9fe",
+            "168.63.129.16",
+            "::ffff:168.63.129.16",
         ] {
             assert!(is_private(private.parse().unwrap()), "{private}");
         }
-        for public in
-            ["8.8.8.8", "1.1.1.1", "172.32.0.1", "100.128.0.1", "203.0.113.5", "2606:4700::1111", "::ffff:8.8.8.8"]
-        {
+        for public in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "172.32.0.1",
+            "100.128.0.1",
+            "203.0.113.5",
+            "168.63.129.17",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+        ] {
             assert!(!is_private(public.parse().unwrap()), "{public}");
         }
     }
