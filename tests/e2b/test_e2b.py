@@ -204,6 +204,34 @@ def test_watch_dir_reports_changes(sbx):
     watch.stop()
 
 
+def test_watch_events_carry_their_entry_when_asked(sbx):
+    """envd 0.6.3's include_entry: a created file's event has its info; a removed one's none.
+    allow_network_mounts (0.6.4) is accepted: a sandbox has no network mount to refuse."""
+    sbx.files.make_dir("/entries")
+    watch = sbx.files.watch_dir("/entries", include_entry=True, allow_network_mounts=True)
+    sbx.files.write("/entries/new.txt", "12345")
+    sbx.files.remove("/entries/new.txt")
+    seen = []
+
+    def both():
+        seen.extend(watch.get_new_events())
+        types = {e.type for e in seen if e.name == "new.txt"}
+        return FilesystemEventType.CREATE in types and FilesystemEventType.REMOVE in types
+
+    wait_until(both, "create and remove events")
+    watch.stop()
+    created = [e for e in seen if e.type == FilesystemEventType.CREATE and e.entry is not None]
+    assert created and created[0].entry.path == "/entries/new.txt", seen
+    assert all(e.entry is None for e in seen if e.type == FilesystemEventType.REMOVE), seen
+
+
+def test_file_metadata_is_refused_saying_so(sbx):
+    with pytest.raises(SandboxException) as refused:
+        sbx.files.write("/tmp/described", "x", metadata={"owner": "agent"})
+    assert "file metadata" in str(refused.value) and "not supported" in str(refused.value)
+    assert not sbx.files.exists("/tmp/described")
+
+
 def test_set_timeout_kills_at_the_new_end():
     sandbox = Sandbox.create(template=TEMPLATE, timeout=600)
     sandbox.set_timeout(2)

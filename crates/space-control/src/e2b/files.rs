@@ -83,6 +83,10 @@ pub async fn download(
         .map_err(|e| E2bError::new(500, e.to_string()))
 }
 
+/// The headers an upload's file metadata comes in (`X-Metadata-{key}`; lower-case, as HTTP
+/// header names are read).
+const METADATA_HEADER: &str = "x-metadata-";
+
 pub async fn upload(
     State(state): State<AppState>,
     Extension(envd_state): Extension<Arc<EnvdState>>,
@@ -97,6 +101,12 @@ pub async fn upload(
         .is_some_and(|v| v.starts_with("multipart/form-data"));
     if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v != "identity") {
         return Err(E2bError::bad_request("compressed uploads are not supported; send the file uncompressed"));
+    }
+    if headers.keys().any(|name| name.as_str().starts_with(METADATA_HEADER)) {
+        return Err(E2bError::unsupported(
+            "file metadata (`metadata=`, kept by envd as extended attributes)",
+            "write it to a file beside the one it describes, or keep it in the sandbox's metadata",
+        ));
     }
     let user = query.username.as_deref();
     if !is_multipart {

@@ -221,24 +221,39 @@ fn event(watched: &str, event: space_proto::WatchEvent) -> Option<FilesystemEven
     Some(FilesystemEvent { name, event_type, entry: None })
 }
 
-fn refuse_unsupported(request: &WatchDirRequest) -> Result<(), RpcError> {
-    if request.include_entry {
-        return Err(RpcError::new(Code::Unimplemented, "includeEntry is not supported: stat the entry when needed"));
-    }
-    Ok(())
+/// A watch under way: the directory it reports under, and how to stat what changed when
+/// the request asked for each event's entry (`include_entry`).
+struct Watching {
+    path: String,
+    agent: AgentClient,
+    include_entry: bool,
 }
 
+impl Watching {
+    /// envd's event for `change`, with the entry's info when it was asked for and the entry
+    /// is there to stat (a removed or renamed-away one is not, as in envd).
+    async fn event(&self, change: space_proto::WatchEvent) -> Option<FilesystemEvent> {
+        let changed = change.path.clone();
+        let mut event = event(&self.path, change)?;
+        if self.include_entry && [EVENT_TYPES[1], EVENT_TYPES[2]].contains(&event.event_type) {
+            event.entry = self.agent.stat(&changed).await.ok().map(entry);
+        }
+        Some(event)
+    }
+}
+
+/// Starts watching the request's directory. `allowNetworkMounts` needs nothing: a sandbox
+/// has no network filesystem for envd to refuse by default.
 async fn start_watch(
     state: &AppState,
     envd_state: &EnvdState,
     envd: &Envd,
     headers: &HeaderMap,
     request: &WatchDirRequest,
-) -> Result<(String, WatchEvents), RpcError> {
-    refuse_unsupported(request)?;
+) -> Result<(Arc<Watching>, WatchEvents), RpcError> {
     let (agent, path) = resolve(state, envd_state, envd, headers, &request.path).await?;
     let events = agent.watch(&path, request.recursive).await?;
-    Ok((path, events))
+    Ok((Arc::new(Watching { path, agent, include_entry: request.include_entry }), events))
 }
 
 /// Streams a directory's changes: a `start` message, then one per change.
@@ -254,14 +269,17 @@ async fn watch_dir(
         let slot = state.watches.acquire(&envd.caller.tenant_id, &envd.id)?;
         Ok::<_, RpcError>((slot, start_watch(&state, &envd_state, &envd, &headers, &request).await?))
     };
-    let (slot, (path, events)) = match started.await {
+    let (slot, (watching, events)) = match started.await {
         Ok(watch) => watch,
         Err(error) => return StreamError(error).into_response(),
     };
     let busy = (state.activity.busy(&envd.id), slot);
     let changes = events
         .take_while(|e| std::future::ready(e.is_ok()))
-        .filter_map(move |e| std::future::ready(e.ok().and_then(|e| event(&path, e))))
+        .filter_map(move |e| {
+            let watching = watching.clone();
+            async move { watching.event(e.ok()?).await }
+        })
         .map(move |e| {
             let _ = &busy;
             Ok(WatchDirResponse::Filesystem(Box::new(e)))
@@ -308,12 +326,12 @@ async fn create_watcher(
         }
     }
     let slot = state.watches.acquire(&envd.caller.tenant_id, &envd.id)?;
-    let (path, mut events) = start_watch(&state, &envd_state, &envd, &headers, &request).await?;
+    let (watching, mut events) = start_watch(&state, &envd_state, &envd, &headers, &request).await?;
     let pending = Arc::new(Mutex::new(Vec::new()));
     let sink = pending.clone();
     let task = tokio::spawn(async move {
         while let Some(Ok(change)) = events.next().await {
-            let Some(change) = event(&path, change) else { continue };
+            let Some(change) = watching.event(change).await else { continue };
             let mut sink = sink.lock().unwrap_or_else(|e| e.into_inner());
             if sink.len() < MAX_PENDING_EVENTS {
                 sink.push(change);

@@ -41,9 +41,9 @@ pub use errors::E2bError;
 
 /// The port envd listens on in an E2B sandbox; its host names start with it.
 pub const ENVD_PORT: u16 = 49983;
-/// The envd version reported to the SDKs, which enable features by it: the highest whose
-/// features are all served here.
-pub const ENVD_VERSION: &str = "0.5.7";
+/// The envd version reported to the SDKs, which enable features by it: every feature up to
+/// it is served, except file metadata (0.6.2), which uploads refuse with a 501 saying so.
+pub const ENVD_VERSION: &str = "0.6.4";
 /// What envd access tokens are derived for (see [`crate::idempotency::Idempotency::token`]).
 const TOKEN_PURPOSE: &str = "e2b-envd-access-token";
 
