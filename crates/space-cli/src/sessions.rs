@@ -17,7 +17,8 @@ use crate::units;
 /// Network policy flags of `create` and `policy`.
 #[derive(clap::Args)]
 pub struct NetworkFlags {
-    /// Host the session may reach: `api.github.com` or `*.pypi.org` (repeatable).
+    /// Host the session may reach: `api.github.com`, `*.pypi.org` or `*` for any public host
+    /// (repeatable).
     #[arg(long = "allow", value_name = "PATTERN")]
     allow: Vec<String>,
     /// Host refused even if allowed or granted (repeatable).

@@ -62,8 +62,8 @@ pub struct CreateSessionParams {
     /// `linux` or `vm`. Default: the server's default runtime.
     pub runtime: Option<Runtime>,
     /// Host names the sandbox may connect to on ports 80 and 443, e.g. `pypi.org`,
-    /// `files.pythonhosted.org` or `*.github.com` (any name below github.com). Default: none,
-    /// the sandbox has no network access.
+    /// `files.pythonhosted.org`, `*.github.com` (any name below github.com) or `*` (any public
+    /// host). Default: none, the sandbox has no network access.
     #[serde(default)]
     pub allow: Vec<String>,
     /// Environment variables set for every command in the session.
