@@ -404,6 +404,9 @@ def test_what_space_cannot_honour_fails_with_a_clear_error():
         with pytest.raises(SandboxException) as volumes:
             Sandbox.create(template=TEMPLATE, volume_mounts={"/data": "vol"})
         assert "volumes" in str(volumes.value)
+        with pytest.raises(SandboxException) as proxied:
+            Sandbox.create(template=TEMPLATE, network={"egress_proxy": {"address": "proxy.test:1080"}})
+        assert "501" in str(proxied.value) and "egressProxy" in str(proxied.value)
     finally:
         sandbox.kill()
 

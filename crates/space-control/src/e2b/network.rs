@@ -75,6 +75,7 @@ pub fn policy(
 ) -> E2bResult<Option<NetworkPolicy>> {
     let empty = NetworkConfig::default();
     let config = config.unwrap_or(&empty);
+    refuse_unsupported(config)?;
     if !config.other.is_empty() {
         let fields: Vec<&str> = config.other.keys().map(String::as_str).collect();
         tracing::warn!(?fields, "E2B network fields space does not know were ignored");
@@ -107,6 +108,35 @@ pub fn policy(
     }
     policy.validate().map_err(E2bError::bad_request)?;
     Ok(Some(policy))
+}
+
+/// E2B network features space does not have, each with what to do instead: they change
+/// where traffic goes or what it carries, so they are refused rather than ignored.
+const UNSUPPORTED: [(&str, &str); 3] = [
+    ("egressProxy", "a sandbox's traffic leaves through the node's gateway only; leave egressProxy out"),
+    (
+        "rules",
+        "grant a space credential instead (docs/egress.md): the gateway injects it for its hosts, and the \
+         sandbox never sees it",
+    ),
+    ("maskRequestHost", "leave maskRequestHost out: requests keep the host they name"),
+];
+
+/// 501 for a set E2B network feature space does not have (an empty or null one is nothing).
+fn refuse_unsupported(config: &NetworkConfig) -> E2bResult<()> {
+    for (field, instead) in UNSUPPORTED {
+        let set = config.other.get(field).is_some_and(|value| match value {
+            serde_json::Value::Null => false,
+            serde_json::Value::String(s) => !s.is_empty(),
+            serde_json::Value::Object(o) => !o.is_empty(),
+            serde_json::Value::Array(a) => !a.is_empty(),
+            _ => true,
+        });
+        if set {
+            return Err(E2bError::unsupported(&format!("network.{field}"), instead));
+        }
+    }
+    Ok(())
 }
 
 /// E2B's `allowOut` wins over its `denyOut`, space's `deny` over its `allow`: a name both
@@ -203,6 +233,14 @@ mod tests {
             "{}",
             refused.message
         );
+        let proxy = serde_json::json!({ "egressProxy": { "address": "proxy.test:1080" }, "rules": {} });
+        let proxied: NetworkConfig = serde_json::from_value(proxy).unwrap();
+        let refused = policy(None, Some(&proxied), false).unwrap_err();
+        assert_eq!(refused.code, 501);
+        assert!(refused.message.starts_with("network.egressProxy is not supported"), "{}", refused.message);
+        let empty: NetworkConfig =
+            serde_json::from_value(serde_json::json!({ "rules": {}, "egressProxy": null })).unwrap();
+        assert!(policy(None, Some(&empty), false).is_ok(), "empty ones are nothing to refuse");
         let range = NetworkConfig { deny_out: vec!["203.0.113.0/24".into()], ..NetworkConfig::default() };
         let refused = policy(Some(true), Some(&range), false).unwrap_err();
         assert!(refused.message.contains("allow_internet_access=False"), "{}", refused.message);
