@@ -252,7 +252,7 @@ def _exists(sandbox):
 def test_timeout_with_auto_pause_keeps_a_running_process_and_connect_resumes_it():
     sandbox = Sandbox.create(template=TEMPLATE, timeout=3, lifecycle={"on_timeout": "pause"})
     try:
-        counter = sandbox.commands.run("i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.2; done", background=True)
+        counter = sandbox.commands.run("i=0; while true; do i=$((i+1)); echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; sleep 0.2; done", background=True)
         wait_until(lambda: sandbox.get_info().state == SandboxState.PAUSED, "the pause at timeout", 90)
         resumed = Sandbox.connect(sandbox.sandbox_id, timeout=120)
         assert resumed.get_info().state == SandboxState.RUNNING

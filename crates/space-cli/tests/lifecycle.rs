@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::Server;
 use serde_json::{Value, json};
 
-const COUNTER: &str = "n=0; while :; do n=$((n+1)); echo $n > /root/c; sleep 0.05; done";
+const COUNTER: &str = "n=0; while :; do n=$((n+1)); echo $n > /root/c.new; mv /root/c.new /root/c; sleep 0.05; done";
 
 fn start_counter(server: &Server, id: &str) {
     let body = json!({ "cmd": ["sh", "-c", COUNTER], "background": true });

@@ -232,7 +232,10 @@ fn a_suspended_vm_resumes_its_processes_also_after_a_server_restart() {
     require_root!();
     let mut server = Server::start_with(&["--pool", ""]);
     let (id, _) = vm_session(&server);
-    let body = json!({ "cmd": ["sh", "-c", "n=0; while :; do n=$((n+1)); echo $n > /root/c; sleep 0.05; done"], "background": true });
+    // Each value is renamed into place: a read (or a suspend) between a truncate and its write
+    // would find the file empty.
+    let count = "n=0; while :; do n=$((n+1)); echo $n > /root/c.new; mv /root/c.new /root/c; sleep 0.05; done";
+    let body = json!({ "cmd": ["sh", "-c", count], "background": true });
     let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
     assert_eq!(status, 200, "{r}");
     // 100 MiB held in guest memory by a process (a tmpfs file it keeps open).
