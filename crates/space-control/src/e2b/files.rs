@@ -87,6 +87,24 @@ pub async fn download(
 /// header names are read).
 const METADATA_HEADER: &str = "x-metadata-";
 
+/// How much of a refused upload's body is read before the answer (past it, the connection
+/// is closed).
+const REFUSED_BODY_READ: usize = 8 << 20;
+
+/// Why an upload is refused from its headers alone, if it is.
+fn refusal(headers: &HeaderMap) -> Option<E2bError> {
+    if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v != "identity") {
+        return Some(E2bError::bad_request("compressed uploads are not supported; send the file uncompressed"));
+    }
+    if headers.keys().any(|name| name.as_str().starts_with(METADATA_HEADER)) {
+        return Some(E2bError::unsupported(
+            "file metadata (`metadata=`, kept by envd as extended attributes)",
+            "write it to a file beside the one it describes, or keep it in the sandbox's metadata",
+        ));
+    }
+    None
+}
+
 pub async fn upload(
     State(state): State<AppState>,
     Extension(envd_state): Extension<Arc<EnvdState>>,
@@ -99,14 +117,11 @@ pub async fn upload(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("multipart/form-data"));
-    if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v != "identity") {
-        return Err(E2bError::bad_request("compressed uploads are not supported; send the file uncompressed"));
-    }
-    if headers.keys().any(|name| name.as_str().starts_with(METADATA_HEADER)) {
-        return Err(E2bError::unsupported(
-            "file metadata (`metadata=`, kept by envd as extended attributes)",
-            "write it to a file beside the one it describes, or keep it in the sandbox's metadata",
-        ));
+    if let Some(refused) = refusal(&headers) {
+        // Read first: a client still sending the body would meet a closed connection (a
+        // broken pipe) instead of the answer.
+        let _ = axum::body::to_bytes(request.into_body(), REFUSED_BODY_READ).await;
+        return Err(refused);
     }
     let user = query.username.as_deref();
     if !is_multipart {

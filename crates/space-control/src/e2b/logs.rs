@@ -85,9 +85,8 @@ pub async fn logs_v1(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<LogsQuery>,
 ) -> E2bResult<Json<Logs>> {
-    let session = any_sandbox(&state, &caller, &id).await?;
-    let page = Page::of(LogsQuery { cursor: query.start, limit: query.limit, ..LogsQuery::default() })?;
-    let entries = page.select(state.store.events(&session.id).await.map_err(crate::error::AppError::from)?);
+    let v1 = LogsQuery { cursor: query.start, limit: query.limit, ..LogsQuery::default() };
+    let entries = entries(&state, &caller, &id, v1).await?;
     let logs = entries.iter().map(|e| Line { timestamp: e.timestamp.clone(), line: e.message.clone() }).collect();
     Ok(Json(Logs { logs, log_entries: entries }))
 }
@@ -100,10 +99,15 @@ pub async fn logs_v2(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<LogsQuery>,
 ) -> E2bResult<Json<LogsV2>> {
-    let session = any_sandbox(&state, &caller, &id).await?;
+    Ok(Json(LogsV2 { logs: entries(&state, &caller, &id, query).await? }))
+}
+
+/// The page `query` asks for of sandbox `id`'s events, once the sandbox is found the
+/// caller's (authorization before validation).
+async fn entries(state: &AppState, caller: &Caller, id: &str, query: LogsQuery) -> E2bResult<Vec<Entry>> {
+    let session = any_sandbox(state, caller, id).await?;
     let page = Page::of(query)?;
-    let events = state.store.events(&session.id).await.map_err(crate::error::AppError::from)?;
-    Ok(Json(LogsV2 { logs: page.select(events) }))
+    Ok(page.select(state.store.events(&session.id).await.map_err(crate::error::AppError::from)?))
 }
 
 impl Page {
