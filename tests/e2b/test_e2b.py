@@ -225,11 +225,32 @@ def test_watch_events_carry_their_entry_when_asked(sbx):
     assert all(e.entry is None for e in seen if e.type == FilesystemEventType.REMOVE), seen
 
 
-def test_file_metadata_is_refused_saying_so(sbx):
-    with pytest.raises(SandboxException) as refused:
-        sbx.files.write("/tmp/described", "x", metadata={"owner": "agent"})
-    assert "file metadata" in str(refused.value) and "not supported" in str(refused.value)
-    assert not sbx.files.exists("/tmp/described")
+def test_file_metadata_is_kept_as_envd_keeps_it(sbx):
+    """envd 0.6.2's metadata: `user.e2b.*` attributes on the file, shown by get_info, list and
+    rename (set by anyone), replaced whole by the next upload; bad metadata is a 400."""
+    import httpx
+
+    written = sbx.files.write("/tmp/described", "x", metadata={"Owner": "agent 7", "n": "1"})
+    assert written.metadata == {"owner": "agent 7", "n": "1"}
+    read = 'import os; print(os.getxattr("/tmp/described", "user.e2b.owner").decode())'
+    assert sbx.commands.run(f"python3 -c '{read}'").stdout.strip() == "agent 7"
+    setter = 'import os; os.setxattr("/tmp/described", "user.e2b.set_by", b"a program")'
+    sbx.commands.run(f"python3 -c '{setter}'")
+    assert sbx.files.get_info("/tmp/described").metadata == {"owner": "agent 7", "n": "1", "set_by": "a program"}
+    listed = [e for e in sbx.files.list("/tmp") if e.name == "described"]
+    assert listed[0].metadata["owner"] == "agent 7", listed
+    assert sbx.files.rename("/tmp/described", "/tmp/moved").metadata["set_by"] == "a program"
+    sbx.files.write("/tmp/moved", "y")
+    assert sbx.files.get_info("/tmp/moved").metadata is None
+    # What the SDK checks before sending, the sandbox checks again.
+    upload = httpx.post(
+        f"{os.environ['E2B_SANDBOX_URL']}/files",
+        params={"path": "/tmp/refused"},
+        headers={"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token, "X-Metadata-K": "v" * 5000},
+        content=b"z",
+    )
+    assert upload.status_code == 400 and "exceeds 4096" in upload.json()["message"], upload.text
+    assert not sbx.files.exists("/tmp/refused")
 
 
 def test_set_timeout_kills_at_the_new_end():

@@ -60,6 +60,7 @@ impl Contents {
             gid: 0,
             modified_ms: 0,
             symlink_target: None,
+            metadata: Default::default(),
         })
     }
 
@@ -206,7 +207,7 @@ fn immediate(inside: &Inside, request: Request) -> Reply {
     match request {
         Request::Health => {
             let processes = contents.processes.iter().filter(|p| p.exit.is_none()).count() as u32;
-            Reply::Health { agent_version: "sim".into(), uptime_ms: 0, processes }
+            Reply::Health { agent_version: "sim".into(), uptime_ms: 0, processes, features: Vec::new() }
         }
         Request::ListProcesses => Reply::Processes { processes: contents.processes.clone() },
         Request::Signal { pid, .. } | Request::Attach { pid } if !contents.processes.iter().any(|p| p.pid == pid) => {
@@ -223,7 +224,7 @@ fn immediate(inside: &Inside, request: Request) -> Reply {
             Reply::Ok
         }
         Request::AllowCheckpoint | Request::FreezeRoot { .. } | Request::Reseed { .. } => Reply::Ok,
-        Request::Stat { path } => contents.stat(&path).map_or_else(|| not_found(&path), |stat| Reply::Stat { stat }),
+        Request::Stat { path } => contents.stat(&path).map_or_else(|| not_found(&path), |stat| Reply::Stat { stat: Box::new(stat) }),
         Request::ListDir { path } => match contents.stat(&path) {
             None => not_found(&path),
             Some(stat) if stat.kind != FileKind::Dir => {

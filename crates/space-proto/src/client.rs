@@ -16,6 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::codec::{DATA_CHUNK, DataChannel, Frame, FrameError};
 use crate::duplex::{FrameReceiver, FrameSender, OnSendersDropped, duplex};
+use crate::file_metadata::{self, FileMetadata};
 use crate::messages::{
     ErrorKind, ExecInput, ExecSpec, ExitStatus, FileStat, ProcessInfo, PtySize, Reply, Request, WatchEvent,
 };
@@ -143,6 +144,8 @@ pub struct AgentHealth {
     pub uptime_ms: u64,
     /// Processes started by the agent that are still running.
     pub processes: u32,
+    /// What the agent does beyond the requests every agent answers.
+    pub features: Vec<String>,
 }
 
 /// Chunks of a downloaded file.
@@ -224,8 +227,8 @@ impl AgentClient {
 
     pub async fn health(&self) -> Result<AgentHealth, AgentError> {
         match self.call(&Request::Health).await? {
-            Reply::Health { agent_version, uptime_ms, processes } => {
-                Ok(AgentHealth { agent_version, uptime_ms, processes })
+            Reply::Health { agent_version, uptime_ms, processes, features } => {
+                Ok(AgentHealth { agent_version, uptime_ms, processes, features })
             }
             other => Err(unexpected(&other)),
         }
@@ -289,7 +292,7 @@ impl AgentClient {
     /// `lstat`: a symlink is described, not followed.
     pub async fn stat(&self, path: &str) -> Result<FileStat, AgentError> {
         match self.call(&Request::Stat { path: path.into() }).await? {
-            Reply::Stat { stat } => Ok(stat),
+            Reply::Stat { stat } => Ok(*stat),
             other => Err(unexpected(&other)),
         }
     }
@@ -332,8 +335,37 @@ impl AgentClient {
     where
         S: Stream<Item = Result<Bytes, std::io::Error>> + Send,
     {
+        self.upload_file(Request::WriteFile { path: path.into(), mode, metadata: FileMetadata::new() }, data).await
+    }
+
+    /// [`Self::write_file`], the file appearing with `metadata` (none if it is empty). An
+    /// agent that cannot store metadata (one restored from a snapshot older than the
+    /// feature) is asked first, and the upload refused as [`ErrorKind::Unsupported`]
+    /// before anything is written.
+    pub async fn write_file_with_metadata<S>(
+        &self,
+        path: &str,
+        mode: Option<u32>,
+        metadata: FileMetadata,
+        data: S,
+    ) -> Result<u64, AgentError>
+    where
+        S: Stream<Item = Result<Bytes, std::io::Error>> + Send,
+    {
+        if !metadata.is_empty() && !self.health().await?.features.iter().any(|f| f == file_metadata::FEATURE) {
+            let why = "this sandbox's agent cannot store file metadata (it runs the code of an older \
+                       snapshot): upload without metadata, or use a sandbox created since";
+            return Err(remote(ErrorKind::Unsupported, why.into()));
+        }
+        self.upload_file(Request::WriteFile { path: path.into(), mode, metadata }, data).await
+    }
+
+    async fn upload_file<S>(&self, request: Request, data: S) -> Result<u64, AgentError>
+    where
+        S: Stream<Item = Result<Bytes, std::io::Error>> + Send,
+    {
         let mut stream = self.open_stream().await?;
-        send_message(&mut stream, &Request::WriteFile { path: path.into(), mode }).await?;
+        send_message(&mut stream, &request).await?;
         let (mut sink, mut replies) = stream.split();
         let upload = upload(&mut sink, data);
         tokio::select! {
@@ -626,6 +658,19 @@ mod tests {
             .ok()
         });
         AgentClient::connect(a).await.unwrap()
+    }
+
+    /// An agent of a build before file metadata would drop it: it is asked first and the
+    /// upload refused before it starts.
+    #[tokio::test]
+    async fn metadata_is_not_sent_to_an_agent_that_would_drop_it() {
+        let old = r#"{"type":"health","agent_version":"0.1.0","uptime_ms":5,"processes":0}"#;
+        let client = fake_agent(vec![Frame::Message(Bytes::from_static(old.as_bytes()))]).await;
+        let metadata = FileMetadata::from([("k".into(), "v".into())]);
+        let refused =
+            client.write_file_with_metadata("/f", None, metadata, futures::stream::empty()).await.unwrap_err();
+        assert_eq!(refused.kind(), Some(ErrorKind::Unsupported));
+        assert!(refused.to_string().contains("cannot store file metadata"), "{refused}");
     }
 
     #[tokio::test]

@@ -85,7 +85,12 @@ mod tests {
                 ..Default::default()
             }))
             .unwrap(),
-            Frame::message(&Request::WriteFile { path: "/tmp/x".into(), mode: Some(0o644) }).unwrap(),
+            Frame::message(&Request::WriteFile {
+                path: "/tmp/x".into(),
+                mode: Some(0o644),
+                metadata: Default::default(),
+            })
+            .unwrap(),
             Frame::message(&Reply::Exited { status: Default::default() }).unwrap(),
             Frame::message(&Reply::error(crate::messages::ErrorKind::NotFound, "nope")).unwrap(),
             Frame::message(&ExecInput::Resize(PtySize { rows: 1, cols: 2 })).unwrap(),

@@ -18,6 +18,7 @@
 pub mod client;
 pub mod codec;
 pub mod duplex;
+pub mod file_metadata;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod messages;
@@ -30,6 +31,7 @@ pub use client::{
 };
 pub use codec::{DataChannel, Frame, FrameCodec, FrameError};
 pub use duplex::{FrameReceiver, FrameSender, OnSendersDropped, duplex};
+pub use file_metadata::FileMetadata;
 pub use messages::*;
 pub use mux::{FramedStream, Hello, MuxClient, MuxError, PROTOCOL_VERSION, handshake, next_frame, send_message, serve};
 pub use stream::MuxStream;

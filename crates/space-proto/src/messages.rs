@@ -36,6 +36,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::file_metadata::FileMetadata;
+
 /// What the names of the temporary files an upload is written to (then renamed into place)
 /// start with: watchers that speak for another API may leave them out.
 pub const UPLOAD_TEMP_PREFIX: &str = ".spaced-upload-";
@@ -105,9 +107,16 @@ pub enum Request {
     ReadFile {
         path: String,
     },
+    /// Uploads a file. Its `metadata` (see [`FileMetadata`]) is set on the new file before
+    /// it is renamed into place, so the file never exists without it; a file written without
+    /// metadata has none (an upload replaces the file and its metadata whole). An agent
+    /// whose health does not list [`crate::file_metadata::FEATURE`] would ignore the field: ask
+    /// first.
     WriteFile {
         path: String,
         mode: Option<u32>,
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        metadata: FileMetadata,
     },
     ListDir {
         path: String,
@@ -220,6 +229,10 @@ pub struct FileStat {
     pub gid: u32,
     pub modified_ms: i64,
     pub symlink_target: Option<String>,
+    /// The entry's user-defined metadata (empty for entries that have none, and from
+    /// agents that predate it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: FileMetadata,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -273,6 +286,10 @@ pub enum Reply {
         agent_version: String,
         uptime_ms: u64,
         processes: u32,
+        /// What this agent does beyond the requests every agent answers (agents restored
+        /// from old snapshots run the code they were dumped with).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        features: Vec<String>,
     },
     Started {
         pid: u32,
@@ -284,7 +301,8 @@ pub enum Reply {
         processes: Vec<ProcessInfo>,
     },
     Stat {
-        stat: FileStat,
+        /// Boxed: every reply would otherwise be as large as a stat.
+        stat: Box<FileStat>,
     },
     Entries {
         entries: Vec<FileStat>,
@@ -348,5 +366,20 @@ mod tests {
         // Entropy is bytes: anything else is a bad request, not a truncated value.
         assert!(serde_json::from_str::<Request>(r#"{"op":"reseed","entropy":[256],"unix_time_ns":5}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"op":"reseed","entropy":[1],"unix_time_ns":-1}"#).is_err());
+    }
+
+    /// Metadata is optional both ways: a request or stat without it reads as empty, and an
+    /// upload without it is written as older nodes wrote it.
+    #[test]
+    fn file_metadata_is_optional_on_the_wire() {
+        let plain = Request::WriteFile { path: "/f".into(), mode: None, metadata: FileMetadata::new() };
+        assert_eq!(serde_json::to_string(&plain).unwrap(), r#"{"op":"write_file","path":"/f","mode":null}"#);
+        let old: Request = serde_json::from_str(r#"{"op":"write_file","path":"/f","mode":null}"#).unwrap();
+        assert_eq!(old, plain);
+        let stat = r#"{"name":"f","path":"/f","kind":"file","size":1,"mode":420,"uid":0,"gid":0,"modified_ms":0,"symlink_target":null}"#;
+        assert!(serde_json::from_str::<FileStat>(stat).unwrap().metadata.is_empty());
+        let health: Reply =
+            serde_json::from_str(r#"{"type":"health","agent_version":"0","uptime_ms":1,"processes":0}"#).unwrap();
+        assert!(matches!(health, Reply::Health { features, .. } if features.is_empty()));
     }
 }

@@ -9,7 +9,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
-use space_proto::{DataChannel, ErrorKind, ExecInput, FileKind, FileStat, Frame, FramedStream, Reply};
+use space_proto::{DataChannel, ErrorKind, ExecInput, FileKind, FileMetadata, FileStat, Frame, FramedStream, Reply};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::error::{invalid, io_reply};
@@ -78,6 +78,7 @@ pub fn file_stat(path: &Path, meta: &Metadata) -> FileStat {
         gid: meta.gid(),
         modified_ms: meta.mtime().saturating_mul(1000).saturating_add(meta.mtime_nsec() / 1_000_000),
         symlink_target,
+        metadata: crate::metadata::read(path),
     }
 }
 
@@ -86,7 +87,7 @@ pub async fn stat(path: String) -> Reply {
     let result = blocking(move || {
         let path = resolve(&path)?;
         let meta = fs::symlink_metadata(&path).map_err(on(&path))?;
-        Ok(Reply::Stat { stat: file_stat(&path, &meta) })
+        Ok(Reply::Stat { stat: Box::new(file_stat(&path, &meta)) })
     });
     result.await.unwrap_or_else(|e| e)
 }
@@ -236,8 +237,9 @@ impl Drop for TempFile {
     }
 }
 
-/// A fresh temporary file next to `target`, so the final rename stays on one filesystem.
-fn create_temp(target: &Path, mode: u32) -> Result<(File, TempFile), Reply> {
+/// A fresh temporary file next to `target`, so the final rename stays on one filesystem,
+/// with its mode and metadata set.
+fn create_temp(target: &Path, mode: u32, metadata: &FileMetadata) -> Result<(File, TempFile), Reply> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let parent = target.parent().unwrap_or(Path::new("/"));
     fs::create_dir_all(parent).map_err(on(parent))?;
@@ -252,6 +254,7 @@ fn create_temp(target: &Path, mode: u32) -> Result<(File, TempFile), Reply> {
                 let guard = TempFile { path: Some(tmp) };
                 // Explicitly, because the umask would strip bits from the create mode.
                 file.set_permissions(fs::Permissions::from_mode(mode)).map_err(on(target))?;
+                crate::metadata::write(&file, metadata).map_err(|e| metadata_error(target, &e))?;
                 return Ok((file, guard));
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -260,14 +263,21 @@ fn create_temp(target: &Path, mode: u32) -> Result<(File, TempFile), Reply> {
     }
 }
 
+/// Why metadata could not be set on `target`'s new file: mostly a filesystem without user
+/// extended attributes (`ENOTSUP`: `/proc`, tmpfs before Linux 6.6).
+fn metadata_error(target: &Path, e: &io::Error) -> Reply {
+    io_reply(&format!("file metadata on {}", target.display()), e)
+}
+
 /// `Request::WriteFile`: `Data(File)` chunks then `ExecInput::Eof`; `Done{bytes}`.
 /// The data goes to a temporary file renamed over the target on success, so a failed or
 /// abandoned upload never leaves a half-written file.
-pub async fn write_file(mut stream: FramedStream, path: String, mode: Option<u32>) {
+pub async fn write_file(mut stream: FramedStream, path: String, mode: Option<u32>, metadata: FileMetadata) {
     let mode = mode.unwrap_or(DEFAULT_MODE) & 0o7777;
     let created = blocking(move || {
         let target = resolve(&path)?;
-        let (file, temp) = create_temp(&target, mode)?;
+        space_proto::file_metadata::check(&metadata).map_err(invalid)?;
+        let (file, temp) = create_temp(&target, mode, &metadata)?;
         Ok((file, temp, target))
     });
     let (file, mut temp, target) = match created.await {

@@ -21,6 +21,7 @@ pub mod fdio;
 pub mod files;
 pub mod freeze;
 pub mod guest;
+mod metadata;
 pub mod port;
 pub mod process;
 pub mod pty;

@@ -40,6 +40,7 @@ impl Agent {
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             uptime_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
             processes: u32::try_from(self.table.running().len()).unwrap_or(u32::MAX),
+            features: vec![space_proto::file_metadata::FEATURE.to_owned()],
         }
     }
 
@@ -250,7 +251,7 @@ async fn dispatch(stream: FramedStream, agent: Arc<Agent>, request: Request) {
         Request::Exec(spec) => return exec::exec(stream, agent, spec).await,
         Request::Attach { pid } => return exec::attach(stream, agent, pid).await,
         Request::ReadFile { path } => return files::read_file(stream, path).await,
-        Request::WriteFile { path, mode } => return files::write_file(stream, path, mode).await,
+        Request::WriteFile { path, mode, metadata } => return files::write_file(stream, path, mode, metadata).await,
         Request::Watch { path, recursive } => return watch::watch(stream, path, recursive).await,
         Request::Health => agent.health(),
         Request::Signal { pid, signal } => exec::signal(&agent, pid, signal),

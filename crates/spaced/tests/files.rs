@@ -88,6 +88,54 @@ async fn overwrite_empty_and_default_mode() {
     .await;
 }
 
+/// Metadata is stored as `user.e2b.*` attributes, shown by stat and listings (including
+/// attributes set by anyone else under that prefix, and none outside it), and replaced whole
+/// by the next upload.
+#[tokio::test]
+async fn uploads_keep_their_metadata_as_extended_attributes() {
+    let daemon = Daemon::start();
+    guarded(async {
+        let client = daemon.client().await;
+        let health = client.health().await.unwrap();
+        assert!(health.features.iter().any(|f| f == space_proto::file_metadata::FEATURE), "{health:?}");
+        let path = daemon.path("described.txt");
+        let metadata = space_proto::FileMetadata::from([("owner".into(), "agent 7".into()), ("n".into(), "1".into())]);
+        let data = futures::stream::iter([Ok(Bytes::from_static(b"x"))]);
+        assert_eq!(client.write_file_with_metadata(&path, None, metadata.clone(), data).await.unwrap(), 1);
+        assert_eq!(xattr::get(&path, "user.e2b.owner").unwrap().as_deref(), Some(&b"agent 7"[..]));
+        assert_eq!(client.stat(&path).await.unwrap().metadata, metadata);
+
+        xattr::set(&path, "user.e2b.set_by", b"a program").unwrap();
+        xattr::set(&path, "user.other", b"not metadata").unwrap();
+        let listed = client.list_dir(&daemon.path("")).await.unwrap();
+        let entry = listed.iter().find(|e| e.name == "described.txt").unwrap();
+        assert_eq!(entry.metadata.keys().collect::<Vec<_>>(), ["n", "owner", "set_by"]);
+
+        upload(&client, &path, None, b"replaced").await;
+        assert!(client.stat(&path).await.unwrap().metadata.is_empty());
+        assert!(xattr::list(&path).unwrap().next().is_none());
+    })
+    .await;
+}
+
+/// Metadata the agent cannot store is refused before anything is written.
+#[tokio::test]
+async fn unstorable_metadata_writes_nothing() {
+    let daemon = Daemon::start();
+    guarded(async {
+        let client = daemon.client().await;
+        let path = daemon.path("refused.txt");
+        for (key, value) in [("tab\there", "v"), ("k", "caf\u{e9}"), ("", "v")] {
+            let metadata = space_proto::FileMetadata::from([(key.to_owned(), value.to_owned())]);
+            let data = futures::stream::iter([Ok(Bytes::from_static(b"x"))]);
+            let refused = client.write_file_with_metadata(&path, None, metadata, data).await;
+            assert_eq!(kind(refused), Some(ErrorKind::InvalidInput), "{key:?}={value:?}");
+        }
+        assert_eq!(kind(client.stat(&path).await), Some(ErrorKind::NotFound));
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn failed_upload_leaves_no_file() {
     let daemon = Daemon::start();

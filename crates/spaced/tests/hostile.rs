@@ -88,7 +88,12 @@ async fn wrong_frames_inside_conversations() {
         // An upload that sends stdout data.
         let path = daemon.path("upload.bin");
         let mut stream = client.open_stream().await.unwrap();
-        space_proto::send_message(&mut stream, &Request::WriteFile { path: path.clone(), mode: None }).await.unwrap();
+        space_proto::send_message(
+            &mut stream,
+            &Request::WriteFile { path: path.clone(), mode: None, metadata: Default::default() },
+        )
+        .await
+        .unwrap();
         stream.send(Frame::Data(DataChannel::Stdout, Bytes::from_static(b"x"))).await.unwrap();
         assert_eq!(outcome(&mut stream).await, Some(ErrorKind::InvalidInput));
         assert!(!std::path::Path::new(&path).exists());

@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, header};
 use axum::response::Response;
 use futures::{Stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
+use space_proto::FileMetadata;
 
 use super::envd::{Envd, EnvdState};
 use super::errors::{E2bError, E2bResult};
@@ -29,6 +30,8 @@ pub struct Written {
     path: String,
     #[serde(rename = "type")]
     file_type: &'static str,
+    #[serde(skip_serializing_if = "FileMetadata::is_empty")]
+    metadata: FileMetadata,
 }
 
 /// The agent, and `path` made absolute: relative to the home of `username`.
@@ -91,18 +94,25 @@ const METADATA_HEADER: &str = "x-metadata-";
 /// is closed).
 const REFUSED_BODY_READ: usize = 8 << 20;
 
-/// Why an upload is refused from its headers alone, if it is.
-fn refusal(headers: &HeaderMap) -> Option<E2bError> {
+/// Why an upload is refused from its headers alone, if it is; else the metadata its files
+/// get (envd's rules: the first of repeated headers counts, keys are the lower-cased rest of
+/// the name).
+fn from_headers(headers: &HeaderMap) -> E2bResult<FileMetadata> {
     if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v != "identity") {
-        return Some(E2bError::bad_request("compressed uploads are not supported; send the file uncompressed"));
+        return Err(E2bError::bad_request("compressed uploads are not supported; send the file uncompressed"));
     }
-    if headers.keys().any(|name| name.as_str().starts_with(METADATA_HEADER)) {
-        return Some(E2bError::unsupported(
-            "file metadata (`metadata=`, kept by envd as extended attributes)",
-            "write it to a file beside the one it describes, or keep it in the sandbox's metadata",
-        ));
+    let mut metadata = FileMetadata::new();
+    for name in headers.keys() {
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER) else { continue };
+        let value = headers
+            .get(name)
+            .map(|v| v.to_str())
+            .transpose()
+            .map_err(|_| E2bError::bad_request(format!("metadata {key:?}: values must be printable US-ASCII")))?;
+        metadata.insert(key.to_owned(), value.unwrap_or_default().to_owned());
     }
-    None
+    space_proto::file_metadata::check(&metadata).map_err(E2bError::bad_request)?;
+    Ok(metadata)
 }
 
 pub async fn upload(
@@ -117,18 +127,21 @@ pub async fn upload(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("multipart/form-data"));
-    if let Some(refused) = refusal(&headers) {
-        // Read first: a client still sending the body would meet a closed connection (a
-        // broken pipe) instead of the answer.
-        let _ = axum::body::to_bytes(request.into_body(), REFUSED_BODY_READ).await;
-        return Err(refused);
-    }
+    let metadata = match from_headers(&headers) {
+        Ok(metadata) => metadata,
+        Err(refused) => {
+            // Read first: a client still sending the body would meet a closed connection (a
+            // broken pipe) instead of the answer.
+            let _ = axum::body::to_bytes(request.into_body(), REFUSED_BODY_READ).await;
+            return Err(refused);
+        }
+    };
     let user = query.username.as_deref();
     if !is_multipart {
         let path = query.path.as_deref().ok_or_else(|| E2bError::bad_request("an upload needs ?path="))?;
         let (agent, path) = resolve(&state, &envd_state, &envd, user, path).await?;
         let body = request.into_body().into_data_stream().map_err(std::io::Error::other);
-        return Ok(axum::Json(vec![write(&agent, path, body).await?]));
+        return Ok(axum::Json(vec![write(&agent, path, &metadata, body).await?]));
     }
     let request = bounded_preamble(request)?;
     let mut parts = Multipart::from_request(request, &()).await.map_err(|e| E2bError::bad_request(e.body_text()))?;
@@ -144,7 +157,7 @@ pub async fn upload(
             _ => return Err(E2bError::bad_request("each file part needs its path as its file name")),
         };
         let (agent, path) = resolve(&state, &envd_state, &envd, user, &path).await?;
-        written.push(write_part(&agent, path, field).await?);
+        written.push(write_part(&agent, path, &metadata, field).await?);
     }
     if written.is_empty() {
         return Err(E2bError::bad_request("the upload holds no part named \"file\""));
@@ -155,11 +168,12 @@ pub async fn upload(
 async fn write(
     agent: &space_proto::client::AgentClient,
     path: String,
+    metadata: &FileMetadata,
     data: impl Stream<Item = std::io::Result<bytes::Bytes>> + Send + Unpin + 'static,
 ) -> E2bResult<Written> {
-    agent.write_file(&path, None, data).await.map_err(agent_error)?;
+    agent.write_file_with_metadata(&path, None, metadata.clone(), data).await.map_err(agent_error)?;
     let name = path.rsplit('/').next().unwrap_or_default().to_owned();
-    Ok(Written { name, path, file_type: "file" })
+    Ok(Written { name, path, file_type: "file", metadata: metadata.clone() })
 }
 
 /// A part borrows the whole request's body, so it is handed to the agent through a channel
@@ -167,6 +181,7 @@ async fn write(
 async fn write_part(
     agent: &space_proto::client::AgentClient,
     path: String,
+    metadata: &FileMetadata,
     mut field: axum::extract::multipart::Field<'_>,
 ) -> E2bResult<Written> {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
@@ -184,7 +199,7 @@ async fn write_part(
         }
     };
     let data = tokio_stream_of(rx);
-    let (written, ()) = tokio::join!(write(agent, path, data), feed);
+    let (written, ()) = tokio::join!(write(agent, path, metadata, data), feed);
     written
 }
 
@@ -251,5 +266,34 @@ mod tests {
         let no_boundary =
             Request::post("/files").header(header::CONTENT_TYPE, "multipart/form-data").body(Body::empty());
         assert!(bounded_preamble(no_boundary.unwrap()).is_err());
+    }
+
+    /// envd's header rules: lower-cased keys, the first of repeated headers, printable values.
+    #[test]
+    fn metadata_comes_from_the_headers_as_envd_reads_them() {
+        let mut headers = HeaderMap::new();
+        headers.insert("X-Metadata-Owner", "agent 7".parse().unwrap());
+        headers.append("x-metadata-n", "1".parse().unwrap());
+        headers.append("x-metadata-n", "2".parse().unwrap());
+        headers.insert("x-other", "ignored".parse().unwrap());
+        let metadata = from_headers(&headers).unwrap();
+        assert_eq!(metadata, FileMetadata::from([("n".into(), "1".into()), ("owner".into(), "agent 7".into())]));
+        assert!(from_headers(&HeaderMap::new()).unwrap().is_empty());
+
+        let refused = |name: &str, value: &[u8]| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                header::HeaderValue::from_bytes(value).unwrap(),
+            );
+            let error = from_headers(&headers).unwrap_err();
+            assert_eq!(error.code, 400, "{name}: {value:?}");
+            error.message
+        };
+        assert!(refused("x-metadata-k", "caf\u{e9}".as_bytes()).contains("printable"));
+        assert!(refused("x-metadata-k", b"a\tb").contains("printable"));
+        assert!(refused("x-metadata-k", &[b'v'; 4096]).contains("exceeds 4096"));
+        assert!(refused("x-metadata-", b"v").contains("1 to 246"));
+        assert!(refused("content-encoding", b"gzip").contains("uncompressed"));
     }
 }

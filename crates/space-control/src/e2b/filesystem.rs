@@ -97,6 +97,7 @@ pub fn entry(stat: FileStat) -> EntryInfo {
         group: owner(stat.gid),
         modified_time: super::rfc3339(stat.modified_ms),
         symlink_target: stat.symlink_target,
+        metadata: stat.metadata,
     }
 }
 

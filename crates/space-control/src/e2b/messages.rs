@@ -263,6 +263,8 @@ pub struct EntryInfo {
     pub modified_time: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    #[serde(skip_serializing_if = "space_proto::FileMetadata::is_empty")]
+    pub metadata: space_proto::FileMetadata,
 }
 
 #[derive(Debug, Clone, Serialize)]

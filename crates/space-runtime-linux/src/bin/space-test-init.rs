@@ -64,6 +64,7 @@ async fn handle(mut stream: FramedStream, started: Instant) {
             agent_version: env!("CARGO_PKG_VERSION").into(),
             uptime_ms: started.elapsed().as_millis() as u64,
             processes: 0,
+            features: Vec::new(),
         },
         Ok(Request::Exec(spec)) => return exec(stream, spec).await,
         Ok(_) => Reply::error(ErrorKind::Unsupported, "space-test-init serves only health and exec"),
