@@ -224,7 +224,9 @@ fn immediate(inside: &Inside, request: Request) -> Reply {
             Reply::Ok
         }
         Request::AllowCheckpoint | Request::FreezeRoot { .. } | Request::Reseed { .. } => Reply::Ok,
-        Request::Stat { path } => contents.stat(&path).map_or_else(|| not_found(&path), |stat| Reply::Stat { stat: Box::new(stat) }),
+        Request::Stat { path } => {
+            contents.stat(&path).map_or_else(|| not_found(&path), |stat| Reply::Stat { stat: Box::new(stat) })
+        }
         Request::ListDir { path } => match contents.stat(&path) {
             None => not_found(&path),
             Some(stat) if stat.kind != FileKind::Dir => {

@@ -186,8 +186,7 @@ pub(crate) async fn take_snapshot(
     let snapshot = snapshot_locked(state, tenant, &session, paused, kind, keeping).await?;
     let node = state.nodes.of(&session)?;
     if let Err(e) = check_room_for_images(state, &session).await {
-        state.store.delete_snapshot_row(&snapshot.id).await?;
-        node.delete_snapshot(&session.id, &snapshot.id).await?;
+        crate::durable::delete_snapshot(state, &session, &snapshot.id).await?;
         return Err(e);
     }
     crate::durable::export_in_background(state, node, &session.id, &snapshot.id);
@@ -230,8 +229,7 @@ pub(crate) async fn snapshot_locked(
             }
         }
         Err(e) => {
-            node.delete_snapshot(id, &new.id).await?;
-            state.store.delete_snapshot_row(&new.id).await?;
+            crate::durable::delete_snapshot(state, session, &new.id).await?;
             return Err(e.into());
         }
     }

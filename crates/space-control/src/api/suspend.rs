@@ -137,8 +137,7 @@ async fn snapshot_durably(
             Ok(snapshot)
         }
         Err(e) => {
-            state.store.delete_snapshot_row(&snapshot.id).await?;
-            node.delete_snapshot(&session.id, &snapshot.id).await?;
+            crate::durable::delete_snapshot(state, session, &snapshot.id).await?;
             let message = format!("{}; retry, or suspend with force=true to keep it on that node only", e.0.message);
             Err(AppError::new(ErrorCode::BlobStoreUnavailable, message))
         }

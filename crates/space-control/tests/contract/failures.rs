@@ -110,6 +110,23 @@ async fn failed_pause_snapshot_and_agent_calls_change_nothing() {
     assert!(server.sim.snapshots().is_empty());
 }
 
+/// A snapshot that fails is answered with its own error even when removing what it left fails
+/// too: the left copy has no row, so it is an orphan for the node's sweep.
+#[tokio::test]
+async fn a_failed_snapshot_whose_clean_up_fails_answers_its_own_error() {
+    let server = Server::start().await;
+    let id = server.session().await;
+    server.sim.fail_next(Op::SnapshotDisk, 1);
+    server.sim.fail_next(Op::DeleteSnapshot, 1);
+    let reply = server.act(&id, "snapshots", json!({ "kind": "disk" })).await;
+    assert_error(&reply, 503, "sandbox_unavailable");
+    assert!(error_of(&reply.1).1.contains("SnapshotDisk"), "{}", reply.1);
+    let (_, snapshots) = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None).await;
+    assert_eq!(snapshots["snapshots"].as_array().map(Vec::len), Some(0), "{snapshots}");
+    let taken = server.act(&id, "snapshots", json!({ "kind": "disk" })).await;
+    assert_eq!(taken.0, 201, "{}", taken.1);
+}
+
 /// A destroy whose node cleanup fails still ends the session (with the error recorded); a
 /// second destroy finds nothing to do.
 #[tokio::test]
