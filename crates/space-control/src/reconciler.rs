@@ -4,9 +4,11 @@
 //! is repaired by running the operation again.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, SessionId, SessionState, SnapshotId};
 use space_metrics::{RestoreReason, Start};
 use space_node_api::{DiskQuota, Limits, NodeApi, SandboxHandle, TemplateInfo};
@@ -35,7 +37,7 @@ pub struct Reconciler {
     /// it is its own (a burst of creates does not make every waiter read at every end).
     finished: broadcast::Sender<OperationId>,
     /// The operations this process is running: only their leases are renewed, so one that
-    /// was claimed but is not running (its task never started, or panicked) is taken over.
+    /// was claimed but is not running (its task never started) is taken over.
     running: RunningSet,
     /// The tasks of those operations and of their clean-up: a graceful stop waits for them.
     tasks: TaskTracker,
@@ -146,7 +148,11 @@ impl Reconciler {
         let running = Running::new(&self.running, op.operation.id.clone());
         self.tasks.spawn(async move {
             let id = op.operation.id.clone();
-            let result = perform(&state, op).await;
+            let (kind, session) = (op.kind, op.operation.session_id.clone());
+            let result = match AssertUnwindSafe(perform(&state, op)).catch_unwind().await {
+                Ok(result) => result,
+                Err(panic) => Err(panicked(&state, &id, kind, session.as_ref(), panic_message(panic)).await),
+            };
             let recorded = match result {
                 Ok(Ended::Recorded) => Some(Ok(())),
                 Ok(Ended::ToRecord) => record_end(&state, &id, None).await.then_some(Ok(())),
@@ -186,6 +192,35 @@ impl Reconciler {
             let look_again = deadline.min(tokio::time::Instant::now() + WAIT_POLL);
             let _ = tokio::time::timeout_at(look_again, ended_here(&mut finished, id)).await;
         }
+    }
+}
+
+/// The error an operation that panicked ends with. It is not run again: a panic is a bug,
+/// which would recur at every claim. A create's session fails with it, as when its sandbox
+/// cannot start; other sessions keep the state the operation left (destroy works from each).
+async fn panicked(
+    state: &AppState,
+    id: &OperationId,
+    kind: OperationKind,
+    session: Option<&SessionId>,
+    why: String,
+) -> AppError {
+    tracing::error!(%id, ?kind, panic = %why, "an operation panicked; it is failed, not retried");
+    let message = format!("operation {id} failed unexpectedly ({why}); it is not retried: please report it");
+    if let (OperationKind::CreateSession, Some(session)) = (kind, session) {
+        let failed = state.store.transition(session, &[SessionState::Creating], SessionState::Failed, Some(&message));
+        if let Err(e) = failed.await {
+            tracing::error!(%session, error = %e, "recording the failed create of a panicked operation");
+        }
+    }
+    AppError::internal(message)
+}
+
+/// What a panic said (`panic!` gives a `&str` or a `String`).
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    match panic.downcast::<String>() {
+        Ok(message) => *message,
+        Err(panic) => panic.downcast_ref::<&str>().map_or_else(|| "no message".into(), |s| s.to_string()),
     }
 }
 

@@ -103,7 +103,11 @@ fn locked(nodes: &Mutex<Kept>) -> MutexGuard<'_, Kept> {
 /// wait minutes for a node that does not answer, and the beats (this replica's leases)
 /// must go on meanwhile. A takeover that failed is tried again at a later beat.
 async fn beat(state: &AppState, nodes: &Arc<Mutex<Kept>>) -> AppResult<()> {
-    announce(state).await?;
+    // The replica's lease and its operations' are separate rows: a failure to renew the one
+    // must not let the others run out.
+    if let Err(e) = announce(state).await {
+        tracing::warn!(error = %e, "renewing this replica's lease");
+    }
     let now = now_ms();
     let running = state.reconciler.running();
     state.store.renew_operation_leases(&running, now.saturating_add(lease_ms(LEASE))).await?;

@@ -207,6 +207,8 @@ struct State {
     /// gateway counts them.
     traffic: HashMap<SessionId, SessionTraffic>,
     failures: HashMap<Op, u32>,
+    /// Ops whose next call panics (a bug in a node, as the control plane meets it).
+    panics: HashSet<Op>,
     /// The next call of each of these ops never returns (until the server is stopped).
     hang: HashSet<Op>,
     /// The next call of each of these ops waits for the test to let it go on.
@@ -255,6 +257,7 @@ impl SimNode {
             egress: HashMap::new(),
             traffic: HashMap::new(),
             failures: HashMap::new(),
+            panics: HashSet::new(),
             hang: HashSet::new(),
             held: HashMap::new(),
             out_of_space: HashMap::new(),
@@ -280,6 +283,11 @@ impl SimNode {
     /// The next `times` calls of `op` fail (after which it works again).
     pub fn fail_next(&self, op: Op, times: u32) {
         *self.state().failures.entry(op).or_default() += times;
+    }
+
+    /// The next call of `op` panics.
+    pub fn panic_next(&self, op: Op) {
+        self.state().panics.insert(op);
     }
 
     /// Calls of `op` work again, however many failures were asked for.
@@ -418,8 +426,12 @@ impl SimNode {
 }
 
 impl State {
-    /// Fails with [`SimError::Injected`] if a test asked `op` to fail.
+    /// Fails with [`SimError::Injected`] if a test asked `op` to fail (panics if it asked
+    /// that).
     fn injected(&mut self, op: Op) -> Result<(), SimError> {
+        if self.panics.remove(&op) {
+            panic!("simulated panic in {op:?}");
+        }
         match self.failures.get_mut(&op) {
             Some(n) if *n > 0 => {
                 *n -= 1;

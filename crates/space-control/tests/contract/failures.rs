@@ -26,6 +26,22 @@ async fn a_create_the_node_cannot_start_fails_the_session_and_leaves_nothing() {
     server.session().await;
 }
 
+/// A node call that panics (a bug) fails its operation once: the create's session fails
+/// saying why, instead of staying `creating` while the operation is claimed again and again.
+/// Over the network the panic is the node's: its connection drops and the create fails too.
+#[tokio::test]
+async fn an_operation_that_panics_fails_its_session_and_is_not_retried() {
+    let server = Server::start().await;
+    server.sim.panic_next(Op::StartSandbox);
+    let reply = server.call("POST", "/v1/sessions", Some(json!({}))).await;
+    assert!(matches!(reply.0, 500 | 503), "{reply:?}");
+    let (_, list) = server.call("GET", "/v1/sessions", None).await;
+    let failed = &list["sessions"][0];
+    assert_eq!(failed["state"], "failed", "{list}");
+    assert!(failed["error"].as_str().is_some_and(|e| !e.is_empty()), "{failed}");
+    server.session().await;
+}
+
 /// A built-in built on first use: a failed build fails that create, and the next one builds.
 #[tokio::test]
 async fn a_failed_template_build_fails_the_create_and_a_retry_builds_it() {
