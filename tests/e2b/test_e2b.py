@@ -20,7 +20,9 @@ from e2b import (
     SandboxException,
     SandboxQuery,
     SandboxState,
+    Template,
 )
+from e2b.exceptions import BuildException
 
 TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "debian")
 
@@ -251,6 +253,38 @@ def test_file_metadata_is_kept_as_envd_keeps_it(sbx):
     )
     assert upload.status_code == 400 and "exceeds 4096" in upload.json()["message"], upload.text
     assert not sbx.files.exists("/tmp/refused")
+
+
+def test_a_template_built_with_e2bs_template_sdk_runs_its_steps(tmp_path):
+    """Template.build: RUN, ENV, COPY of the context's files, WORKDIR and USER, as a template
+    of the tenant's own that creates start from; a failing step fails the build with its output."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "hello.txt").write_text("from the context")
+    name = f"e2b-built-{os.getpid()}"
+    template = (
+        Template(file_context_path=str(tmp_path))
+        .from_template(TEMPLATE)
+        .set_envs({"GREETING": "it's $HOME"})
+        .run_cmd("echo built > /tmp/built")
+        .copy("app", "/srv/app")
+        .set_workdir("/srv/app")
+    )
+    logs = []
+    Template.build(template, name, on_build_logs=logs.append)
+    assert any("RUN" in str(entry) for entry in logs), logs
+    sandbox = Sandbox.create(template=name)
+    try:
+        assert sandbox.commands.run("cat /tmp/built").stdout == "built\n"
+        assert sandbox.commands.run("cat /srv/app/hello.txt").stdout == "from the context"
+        assert sandbox.commands.run('printf %s "$GREETING"').stdout == "it's $HOME"
+        assert sandbox.commands.run("pwd").stdout.strip() == "/srv/app"
+    finally:
+        sandbox.kill()
+    failing = Template().from_template(TEMPLATE).run_cmd("echo on the way; exit 7")
+    with pytest.raises(BuildException) as failed:
+        Template.build(failing, name)
+    assert "7" in str(failed.value), failed.value
+    native("DELETE", f"/v1/templates/{name}?force=true", key=os.environ["E2B_API_KEY"])
 
 
 def test_set_timeout_kills_at_the_new_end():

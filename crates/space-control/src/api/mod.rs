@@ -20,7 +20,7 @@ pub(crate) mod suspend;
 mod system;
 mod template_builds;
 pub(crate) mod template_uploads;
-mod templates;
+pub(crate) mod templates;
 mod tenant_keys;
 mod tenants;
 pub(crate) mod usage;

@@ -119,7 +119,8 @@ pub async fn upload_template(
         UploadFormat::DockerArchive => TemplateSource::DockerArchive { file: file.clone() },
         UploadFormat::OciArchive => TemplateSource::OciArchive { file: file.clone(), tag: params.tag },
     };
-    let input = TemplateInput { name, path: Some(source.to_string()), uploaded: Some(file), build: None };
+    let input =
+        TemplateInput { name, path: Some(source.to_string()), uploaded: Some(file), build: None, e2b_build: None };
     let op = queue(&state, &caller, OperationKind::ImportTemplate, input).await?;
     // The import owns the upload now, and removes it when it ends.
     upload.keep();

@@ -113,7 +113,13 @@ fn import_input(caller: &Caller, request: ImportTemplateRequest) -> AppResult<Te
         // A registry reference: the node pulls it, so only its form is checked here.
         space_image::RegistryRef::parse(&request.path)
             .map_err(|e| AppError::bad_request(format!("{e}: write docker://HOST[:PORT]/REPOSITORY[:TAG]")))?;
-        return Ok(TemplateInput { name: request.name, path: Some(request.path), uploaded: None, build: None });
+        return Ok(TemplateInput {
+            name: request.name,
+            path: Some(request.path),
+            uploaded: None,
+            build: None,
+            e2b_build: None,
+        });
     };
     if !path.is_absolute() {
         return Err(AppError::bad_request(
@@ -126,7 +132,7 @@ fn import_input(caller: &Caller, request: ImportTemplateRequest) -> AppResult<Te
             echo(&path.to_string_lossy())
         )));
     }
-    Ok(TemplateInput { name: request.name, path: Some(request.path), uploaded: None, build: None })
+    Ok(TemplateInput { name: request.name, path: Some(request.path), uploaded: None, build: None, e2b_build: None })
 }
 
 /// Imports a root filesystem (directory or tarball) or an OCI image (`oci:DIR[:TAG]`,
@@ -241,7 +247,7 @@ pub async fn build_template(
             ),
         ));
     }
-    let input = TemplateInput { name: request.name, path: None, uploaded: None, build: None };
+    let input = TemplateInput { name: request.name, path: None, uploaded: None, build: None, e2b_build: None };
     let op = queue(&state, &caller, OperationKind::BuildTemplate, input).await?;
     Ok((StatusCode::ACCEPTED, ApiJson(op)))
 }

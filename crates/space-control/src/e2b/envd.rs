@@ -191,16 +191,44 @@ impl Users {
 const MAX_PASSWD: usize = 1 << 20;
 
 async fn lookup(agent: &AgentClient, name: &str) -> Option<User> {
+    let bytes = read_small(agent, "/etc/passwd", MAX_PASSWD).await?;
+    passwd_entry(&String::from_utf8_lossy(&bytes), name)
+}
+
+/// File `path` of the sandbox, if it is there and at most `max` bytes.
+async fn read_small(agent: &AgentClient, path: &str, max: usize) -> Option<Vec<u8>> {
     use futures::StreamExt;
-    let (_, mut chunks) = agent.read_file("/etc/passwd").await.ok()?;
+    let (_, mut chunks) = agent.read_file(path).await.ok()?;
     let mut bytes = Vec::new();
     while let Some(chunk) = chunks.next().await {
         bytes.extend_from_slice(&chunk.ok()?);
-        if bytes.len() > MAX_PASSWD {
+        if bytes.len() > max {
             return None;
         }
     }
-    passwd_entry(&String::from_utf8_lossy(&bytes), name)
+    Some(bytes)
+}
+
+/// The working directory the sandbox's template gives commands (a Dockerfile's or an E2B
+/// template's `WORKDIR`), per session: commands that name none start there, as in E2B,
+/// else in their user's home.
+#[derive(Default)]
+pub struct Workdirs(Mutex<HashMap<SessionId, Option<String>>>);
+
+impl Workdirs {
+    pub async fn of(&self, id: &SessionId, agent: &AgentClient) -> Option<String> {
+        if let Some(cached) = self.0.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned() {
+            return cached;
+        }
+        let defaults = read_small(agent, space_proto::EXEC_DEFAULTS_PATH, 64 << 10).await;
+        let cwd = defaults.and_then(|d| serde_json::from_slice::<space_proto::ExecDefaults>(&d).ok()?.cwd);
+        let mut workdirs = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if workdirs.len() >= MAX_CACHED_USERS {
+            workdirs.clear();
+        }
+        workdirs.insert(id.clone(), cwd.clone());
+        cwd
+    }
 }
 
 fn passwd_entry(passwd: &str, name: &str) -> Option<User> {
@@ -217,6 +245,7 @@ fn passwd_entry(passwd: &str, name: &str) -> Option<User> {
 #[derive(Default)]
 pub struct EnvdState {
     pub users: Users,
+    pub workdirs: Workdirs,
     pub tags: super::process::Tags,
     pub inputs: super::process::Inputs,
 }

@@ -43,6 +43,12 @@ impl E2bError {
     }
 }
 
+impl From<space_store::StoreError> for E2bError {
+    fn from(error: space_store::StoreError) -> E2bError {
+        AppError::from(error).into()
+    }
+}
+
 impl From<AppError> for E2bError {
     fn from(error: AppError) -> E2bError {
         let status = match error.0.code {

@@ -25,6 +25,8 @@ mod network;
 mod process;
 mod sandboxes;
 mod snapshots;
+mod template_steps;
+mod templates;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -38,11 +40,12 @@ use tower::ServiceExt;
 use crate::AppState;
 use crate::auth::Caller;
 pub use errors::E2bError;
+pub use templates::files_dir;
 
 /// The port envd listens on in an E2B sandbox; its host names start with it.
 pub const ENVD_PORT: u16 = 49983;
 /// The envd version reported to the SDKs, which enable features by it: every feature up to
-/// it is served, except file metadata (0.6.2), which uploads refuse with a 501 saying so.
+/// it is served.
 pub const ENVD_VERSION: &str = "0.6.4";
 /// What envd access tokens are derived for (see [`crate::idempotency::Idempotency::token`]).
 const TOKEN_PURPOSE: &str = "e2b-envd-access-token";
@@ -50,6 +53,7 @@ const TOKEN_PURPOSE: &str = "e2b-envd-access-token";
 /// The E2B endpoint's routes over the control plane's `state`.
 pub fn router(state: AppState) -> Router {
     let control = sandboxes::routes()
+        .merge(templates::routes())
         .route_layer(middleware::from_fn(crate::idempotency::changes_to_completion))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         .with_state(state.clone());

@@ -220,11 +220,15 @@ async fn started(
     env.insert("HOME".into(), user.home.clone());
     env.extend(config.envs.clone());
     let argv = std::iter::once(config.cmd.clone()).chain(config.args.iter().cloned()).collect();
+    let cwd = match config.cwd.clone().filter(|c| !c.is_empty()) {
+        Some(cwd) => cwd,
+        None => envd_state.workdirs.of(&envd.id, &agent).await.unwrap_or_else(|| user.home.clone()),
+    };
     let tty = request.pty.and_then(|p| p.size).map(|s| PtySize { rows: clamp(s.rows), cols: clamp(s.cols) });
     let spec = ExecSpec {
         argv,
         env,
-        cwd: Some(config.cwd.clone().filter(|c| !c.is_empty()).unwrap_or(user.home.clone())),
+        cwd: Some(cwd),
         uid: Some(user.uid),
         gid: Some(user.gid),
         tty,
