@@ -284,7 +284,16 @@ def test_a_template_built_with_e2bs_template_sdk_runs_its_steps(tmp_path):
     with pytest.raises(BuildException) as failed:
         Template.build(failing, name)
     assert "7" in str(failed.value), failed.value
-    native("DELETE", f"/v1/templates/{name}?force=true", key=os.environ["E2B_API_KEY"])
+    # The template is listed, exists by name, and deletes through E2B's API.
+    import httpx
+
+    api, headers = os.environ["E2B_API_URL"], {"X-API-Key": os.environ["E2B_API_KEY"]}
+    listed = {t["templateID"]: t for t in httpx.get(f"{api}/templates", headers=headers).json()}
+    assert listed[name]["buildCount"] == 1 and not listed[name]["public"], listed
+    assert listed[TEMPLATE]["public"], listed
+    assert Template.exists(name) and not Template.exists(f"{name}-missing")
+    assert httpx.delete(f"{api}/templates/{name}", headers=headers).status_code == 204
+    assert not Template.exists(name)
 
 
 def test_set_timeout_kills_at_the_new_end():

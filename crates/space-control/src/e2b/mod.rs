@@ -25,6 +25,7 @@ mod network;
 mod process;
 mod sandboxes;
 mod snapshots;
+mod template_list;
 mod template_steps;
 mod templates;
 

@@ -186,18 +186,15 @@ pub async fn list(
     Ok((headers, Json(page)))
 }
 
-/// `DELETE /templates/{id}`: E2B deletes snapshots as templates. Templates themselves are the
-/// operator's (`space template`), so only snapshots are deleted here.
+/// `DELETE /templates/{id}`: E2B deletes snapshots as templates; any other id names one of
+/// the caller's templates ([`super::template_list::delete_template`]).
 pub async fn delete(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
 ) -> E2bResult<StatusCode> {
     let Some(snapshot) = as_template(&state, &caller, &id).await? else {
-        return Err(E2bError::not_found(format!(
-            "no snapshot {} of yours; templates are managed by the server's operator (`space template`)",
-            space_api::error::clip(&id)
-        )));
+        return super::template_list::delete_template(state, caller, id).await;
     };
     let path = ApiPath((snapshot.session_id.to_string(), snapshot.id.to_string()));
     lifecycle::delete_snapshot(State(state), Extension(caller), path).await?;

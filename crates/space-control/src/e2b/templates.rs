@@ -44,6 +44,9 @@ pub fn routes() -> Router<AppState> {
         .route("/templates/{id}/files/{hash}", get(upload_link).put(receive_files).layer(DefaultBodyLimit::disable()))
         .route("/v2/templates/{id}/builds/{build}", post(start_build))
         .route("/templates/{id}/builds/{build}/status", get(status))
+        .route("/templates", get(super::template_list::list))
+        .route("/v2/templates", get(super::template_list::list))
+        .route("/templates/aliases/{alias}", get(super::template_list::alias))
 }
 
 #[derive(Debug, Deserialize)]
