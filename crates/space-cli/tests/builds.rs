@@ -249,6 +249,10 @@ fn a_tenants_build_is_its_own_template() {
     assert!(!ok && err.contains("unknown template"), "{err}");
     let (_, out, _) = as_key(&other, &["template", "list"]);
     assert!(!out.contains("app") && out.matches("base").count() == 1, "acme's app and base stay its own: {out}");
+    // A scoped name (`SCOPE..NAME`) names no other tenant's template.
+    std::fs::write(dir.join("Dockerfile"), "FROM someone..app\n").unwrap();
+    let (ok, _, err) = as_key(&other, &["template", "build", "stolen", ctx]);
+    assert!(!ok && err.contains("no `..`"), "{err}");
     std::fs::write(dir.join("Dockerfile"), "FROM docker://127.0.0.1:1/x:y\n").unwrap();
     let (ok, _, err) = as_key(&other, &["template", "build", "pulled", ctx]);
     assert!(!ok && err.contains("line 1") && err.contains("only the operator"), "{err}");

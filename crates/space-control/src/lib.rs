@@ -217,8 +217,12 @@ pub async fn start(
         session_cas: Default::default(),
     };
     api::template_uploads::remove_partial_uploads(&api::template_uploads::upload_dir(&config.data_dir));
-    // Files uploaded for E2B template builds wait only for their build's steps.
-    let _ = std::fs::remove_dir_all(e2b::files_dir(&config.data_dir));
+    // Files uploaded for E2B template builds wait for builds within a run, not across runs.
+    if let Err(e) = std::fs::remove_dir_all(e2b::files_dir(&config.data_dir))
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(error = %e, "could not remove the files uploaded for E2B template builds");
+    }
     egress::spawn_audit_writers(&state);
     state.session_cas.spawn_maker();
     keyring::spawn_forgetting(&state.keys);

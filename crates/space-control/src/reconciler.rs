@@ -694,9 +694,6 @@ pub struct TemplateInput {
     /// A Dockerfile build (its context is the upload).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build: Option<space_api::TemplateBuild>,
-    /// The build's id in E2B's API, for a build made through it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub e2b_build: Option<String>,
 }
 
 /// Builds (or imports) the template on every node, then removes the upload it read, if any.
@@ -747,7 +744,7 @@ pub async fn prepare_templates(state: &AppState, names: &[String]) -> AppResult<
         if missing_nowhere(state, name).await {
             continue;
         }
-        let input = TemplateInput { name: name.clone(), path: None, uploaded: None, build: None, e2b_build: None };
+        let input = TemplateInput { name: name.clone(), path: None, uploaded: None, build: None };
         let input = serde_json::to_string(&input).unwrap_or_default();
         let new = NewOperation {
             tenant_id: tenant.clone(),

@@ -128,7 +128,15 @@ pub(crate) async fn insert_operation_run_by(
     new: &NewOperation,
     runner: Runner<'_>,
 ) -> Result<OperationRecord> {
-    let id = OperationId::generate();
+    insert_operation_with_id(conn, OperationId::generate(), new, runner).await
+}
+
+async fn insert_operation_with_id(
+    conn: &mut sqlx::AnyConnection,
+    id: OperationId,
+    new: &NewOperation,
+    runner: Runner<'_>,
+) -> Result<OperationRecord> {
     let now = now_ms();
     let (state, replica, lease_until) = match runner {
         Runner::AnyReplica => (OperationState::Pending, None, None),
@@ -192,6 +200,13 @@ impl Store {
     pub async fn insert_operation(&self, new: &NewOperation) -> Result<OperationId> {
         let mut conn = self.pool.acquire().await?;
         insert_operation(&mut conn, new).await
+    }
+
+    /// [`Self::insert_operation`] under an id the caller chose (and may have handed out
+    /// already); an id in use fails.
+    pub async fn insert_operation_as(&self, id: &OperationId, new: &NewOperation) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        insert_operation_with_id(&mut conn, id.clone(), new, Runner::AnyReplica).await.map(drop)
     }
 
     pub async fn operation(&self, tenant: &TenantId, id: &OperationId) -> Result<Option<Operation>> {

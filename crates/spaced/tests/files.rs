@@ -111,6 +111,18 @@ async fn uploads_keep_their_metadata_as_extended_attributes() {
         let entry = listed.iter().find(|e| e.name == "described.txt").unwrap();
         assert_eq!(entry.metadata.keys().collect::<Vec<_>>(), ["n", "owner", "set_by"]);
 
+        // What a program piles on is shown up to the upload limit, no further (on tmpfs, which
+        // holds more attributes per file than ext4's 4 KiB).
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let piled = shm.path().join("piled");
+        std::fs::write(&piled, b"x").unwrap();
+        for n in 0..8 {
+            xattr::set(&piled, format!("user.e2b.big{n}"), &[b'v'; 1024]).unwrap();
+        }
+        let shown = client.stat(piled.to_str().unwrap()).await.unwrap().metadata;
+        let bytes: usize = shown.iter().map(|(k, v)| 9 + k.len() + v.len()).sum();
+        assert!(!shown.is_empty() && bytes <= space_proto::file_metadata::MAX_TOTAL, "{bytes} bytes in {shown:?}");
+
         upload(&client, &path, None, b"replaced").await;
         assert!(client.stat(&path).await.unwrap().metadata.is_empty());
         assert!(xattr::list(&path).unwrap().next().is_none());

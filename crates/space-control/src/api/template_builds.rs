@@ -90,7 +90,7 @@ pub async fn build_dockerfile(
         // A pull reaches whatever the node's network does: the operator's to allow.
         registry: caller.admin,
     };
-    let input = TemplateInput { name, path: None, uploaded: Some(context), build: Some(build), e2b_build: None };
+    let input = TemplateInput { name, path: None, uploaded: Some(context), build: Some(build) };
     let op = queue(&state, &caller, OperationKind::BuildDockerfile, input).await?;
     // The build owns the context now, and removes it when it ends.
     upload.keep();

@@ -119,8 +119,7 @@ pub async fn upload_template(
         UploadFormat::DockerArchive => TemplateSource::DockerArchive { file: file.clone() },
         UploadFormat::OciArchive => TemplateSource::OciArchive { file: file.clone(), tag: params.tag },
     };
-    let input =
-        TemplateInput { name, path: Some(source.to_string()), uploaded: Some(file), build: None, e2b_build: None };
+    let input = TemplateInput { name, path: Some(source.to_string()), uploaded: Some(file), build: None };
     let op = queue(&state, &caller, OperationKind::ImportTemplate, input).await?;
     // The import owns the upload now, and removes it when it ends.
     upload.keep();
@@ -141,7 +140,7 @@ pub(crate) async fn receive_upload(state: &AppState, body: Body, sha256: &str) -
     let id = hex::encode(rand::random::<[u8; 12]>());
     let partial_path = dir.join(format!("{id}.{PARTIAL}"));
     let partial = Removal(Some(partial_path.clone()));
-    receive(body, &partial_path, state.http.template_upload_max_bytes, &expected).await?;
+    receive(body, &partial_path, state.http.template_upload_max_bytes, Some(&expected)).await?;
     let file = dir.join(format!("{id}.upload"));
     tokio::fs::rename(&partial_path, &file)
         .await
@@ -157,8 +156,9 @@ fn too_large(limit: u64) -> AppError {
     AppError::new(ErrorCode::PayloadTooLarge, space_api::upload_too_large(limit))
 }
 
-/// Streams `body` into `path`, at most `limit` bytes, and checks its sha256.
-async fn receive(body: Body, path: &Path, limit: u64, expected: &str) -> AppResult<()> {
+/// Streams `body` into `path`, at most `limit` bytes, and checks its sha256 when one is
+/// expected.
+pub(crate) async fn receive(body: Body, path: &Path, limit: u64, expected: Option<&str>) -> AppResult<()> {
     let internal = |e: std::io::Error| AppError::internal(format!("writing the upload {}: {e}", path.display()));
     let mut file = tokio::fs::File::create(path).await.map_err(internal)?;
     let mut hasher = Sha256::new();
@@ -182,7 +182,9 @@ async fn receive(body: Body, path: &Path, limit: u64, expected: &str) -> AppResu
     }
     file.sync_all().await.map_err(internal)?;
     let actual = hex::encode(hasher.finalize());
-    if actual != expected {
+    if let Some(expected) = expected
+        && actual != expected
+    {
         return Err(AppError::bad_request(format!(
             "the upload's sha256 is {actual}, not {expected}: it was cut short or altered on the way; send it again"
         )));

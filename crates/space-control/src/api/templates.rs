@@ -62,13 +62,27 @@ pub(crate) async fn queue(
     kind: OperationKind,
     input: TemplateInput,
 ) -> AppResult<Operation> {
+    queue_as(state, caller, kind, input, None).await
+}
+
+/// [`queue`], under operation id `id` when given (one handed out before).
+pub(crate) async fn queue_as(
+    state: &AppState,
+    caller: &Caller,
+    kind: OperationKind,
+    input: TemplateInput,
+    id: Option<space_api::OperationId>,
+) -> AppResult<Operation> {
     let new = NewOperation {
         tenant_id: caller.tenant_id.clone(),
         session_id: None,
         kind,
         input: Some(serde_json::to_string(&input).unwrap_or_default()),
     };
-    let id = state.store.insert_operation(&new).await?;
+    let id = match id {
+        Some(id) => state.store.insert_operation_as(&id, &new).await.map(|()| id)?,
+        None => state.store.insert_operation(&new).await?,
+    };
     state.reconciler.wake();
     // Answer quickly: clients follow long builds through GET /v1/operations/{id}.
     state.reconciler.wait(state, &caller.tenant_id, &id, Duration::from_millis(200)).await
@@ -113,13 +127,7 @@ fn import_input(caller: &Caller, request: ImportTemplateRequest) -> AppResult<Te
         // A registry reference: the node pulls it, so only its form is checked here.
         space_image::RegistryRef::parse(&request.path)
             .map_err(|e| AppError::bad_request(format!("{e}: write docker://HOST[:PORT]/REPOSITORY[:TAG]")))?;
-        return Ok(TemplateInput {
-            name: request.name,
-            path: Some(request.path),
-            uploaded: None,
-            build: None,
-            e2b_build: None,
-        });
+        return Ok(TemplateInput { name: request.name, path: Some(request.path), uploaded: None, build: None });
     };
     if !path.is_absolute() {
         return Err(AppError::bad_request(
@@ -132,7 +140,7 @@ fn import_input(caller: &Caller, request: ImportTemplateRequest) -> AppResult<Te
             echo(&path.to_string_lossy())
         )));
     }
-    Ok(TemplateInput { name: request.name, path: Some(request.path), uploaded: None, build: None, e2b_build: None })
+    Ok(TemplateInput { name: request.name, path: Some(request.path), uploaded: None, build: None })
 }
 
 /// Imports a root filesystem (directory or tarball) or an OCI image (`oci:DIR[:TAG]`,
@@ -247,7 +255,7 @@ pub async fn build_template(
             ),
         ));
     }
-    let input = TemplateInput { name: request.name, path: None, uploaded: None, build: None, e2b_build: None };
+    let input = TemplateInput { name: request.name, path: None, uploaded: None, build: None };
     let op = queue(&state, &caller, OperationKind::BuildTemplate, input).await?;
     Ok((StatusCode::ACCEPTED, ApiJson(op)))
 }

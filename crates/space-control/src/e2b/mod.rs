@@ -25,6 +25,7 @@ mod network;
 mod process;
 mod sandboxes;
 mod snapshots;
+mod template_context;
 mod template_list;
 mod template_steps;
 mod templates;
@@ -57,6 +58,7 @@ pub fn router(state: AppState) -> Router {
         .merge(templates::routes())
         .route_layer(middleware::from_fn(crate::idempotency::changes_to_completion))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        .merge(templates::upload_routes())
         .with_state(state.clone());
     let envd = envd::routes()
         .route_layer(middleware::from_fn_with_state(state.clone(), envd::require_access_token))

@@ -48,6 +48,13 @@ async fn visible(state: &AppState, caller: &Caller) -> E2bResult<BTreeMap<String
     for template in all.iter().filter_map(|t| crate::api::templates::visible_view(&caller.tenant_id, t)) {
         named.entry(template.name.clone()).or_default().push(template);
     }
+    // A tenant's own template of a name is the one its creates start from: the global one of
+    // that name is not the caller's to see through it.
+    for versions in named.values_mut() {
+        if versions.iter().any(|t| t.scope == TemplateScope::Own) {
+            versions.retain(|t| t.scope == TemplateScope::Own);
+        }
+    }
     Ok(named)
 }
 

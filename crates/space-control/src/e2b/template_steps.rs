@@ -77,16 +77,26 @@ fn from(start: &BuildStart, default_template: &str) -> Result<String, E2bError> 
     match (start.from_template.as_deref(), start.from_image.as_deref()) {
         (Some(_), Some(_)) => Err(E2bError::bad_request("give fromTemplate or fromImage, not both")),
         (Some("base" | ""), None) | (None, None) => Ok(default_template.to_owned()),
-        (Some(template), None) => Ok(template.to_owned()),
+        (Some(template), None) => {
+            // A template name, as any name a user gives: no `..` (scoped names), nothing that
+            // could end the Dockerfile's line.
+            crate::api::templates::check_name(template)?;
+            Ok(template.to_owned())
+        }
         (None, Some(image)) if E2B_BASE_IMAGES.contains(&image) => Ok(default_template.to_owned()),
         (None, Some(image)) => registry_image(image).map(|r| format!("docker://{r}")),
     }
 }
 
+/// Whether `start` builds on an image pulled from a registry (not a template).
+pub fn pulls_an_image(start: &BuildStart) -> bool {
+    start.from_template.is_none() && start.from_image.as_deref().is_some_and(|i| !E2B_BASE_IMAGES.contains(&i))
+}
+
 /// A Docker image name as a registry reference: Docker Hub's short names made whole
 /// (`python:3.12` is `docker.io/library/python:3.12`).
 fn registry_image(image: &str) -> Result<String, E2bError> {
-    if image.is_empty() || image.contains(|c: char| c.is_whitespace() || c == '$' || c.is_control()) {
+    if image.is_empty() || image.contains(|c: char| c.is_whitespace() || c.is_control() || "$\\\"'".contains(c)) {
         return Err(E2bError::bad_request(format!("fromImage {image:?} is not an image name")));
     }
     let first = image.split('/').next().unwrap_or_default();
@@ -180,7 +190,7 @@ fn checked_user(user: &str) -> Result<&str, String> {
 
 /// A path as written: nothing the builder would expand or unquote, and on one line.
 fn plain(path: &str) -> Result<&str, String> {
-    if path.is_empty() || path.contains(['$', '\\', '"', '\'', '\n', '\r']) {
+    if path.is_empty() || path.contains(|c: char| c.is_control() || "$\\\"'".contains(c)) {
         return Err(format!("{path:?} must be a path without $, quotes, backslashes or line breaks"));
     }
     Ok(path)

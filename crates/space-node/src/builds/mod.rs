@@ -241,6 +241,12 @@ impl Node {
             }
             Some(reference) => self.image_layer(&reference, build.no_cache, log).await?,
             None => {
+                // `..` is how scoped names are written: a tenant's FROM names its own template
+                // or a global one, never another tenant's by its scoped name.
+                if build.own_prefix.is_some() && image.contains("..") {
+                    let message = format!("FROM {image:?}: template names hold no `..`");
+                    return Err(BuildError::Step { line: instruction.line, message }.into());
+                }
                 let own = build.own_prefix.as_ref().map(|prefix| format!("{prefix}{image}"));
                 let name = match own.as_deref().and_then(|own| self.resolve_template(own)) {
                     Some(own) => own.name,
