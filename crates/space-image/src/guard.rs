@@ -21,11 +21,19 @@ pub struct TarGuard<R> {
     next_header: u64,
     header: [u8; BLOCK as usize],
     limit: u64,
+    /// Within a pax extended header's data: the last bytes seen, to find a `size` record
+    /// across reads.
+    pax_tail: Option<Vec<u8>>,
 }
+
+/// A pax record that overrides the next entry's size: the guard would then look for the next
+/// header elsewhere than the parser does, so it is refused (tar writes one only for files of
+/// 8 GiB and more).
+const PAX_SIZE: &[u8] = b" size=";
 
 impl<R: Read> TarGuard<R> {
     pub fn new(inner: R, limit: u64) -> Self {
-        TarGuard { inner, pos: 0, next_header: 0, header: [0; BLOCK as usize], limit }
+        TarGuard { inner, pos: 0, next_header: 0, header: [0; BLOCK as usize], limit, pax_tail: None }
     }
 
     /// Bytes passed so far.
@@ -45,6 +53,7 @@ impl<R: Read> TarGuard<R> {
                 // Data: skip to the next header (or the end of what we have).
                 let skip = (self.next_header.max(self.pos) - self.pos).min(bytes.len() as u64);
                 let skip = if skip == 0 { bytes.len() as u64 } else { skip };
+                self.scan_pax(&bytes[..skip as usize])?;
                 self.advance(&mut bytes, skip);
                 continue;
             }
@@ -59,6 +68,18 @@ impl<R: Read> TarGuard<R> {
         Ok(())
     }
 
+    /// Refuses a pax `size` record in `data`, part of a pax header's data.
+    fn scan_pax(&mut self, data: &[u8]) -> io::Result<()> {
+        let Some(tail) = self.pax_tail.as_mut() else { return Ok(()) };
+        tail.extend_from_slice(data);
+        if tail.windows(PAX_SIZE.len()).any(|w| w == PAX_SIZE) {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "a tar pax header overrides an entry's size"));
+        }
+        let keep = tail.len().saturating_sub(PAX_SIZE.len() - 1);
+        tail.drain(..keep);
+        Ok(())
+    }
+
     fn advance(&mut self, bytes: &mut &[u8], n: u64) {
         *bytes = &bytes[n as usize..];
         self.pos += n;
@@ -68,6 +89,8 @@ impl<R: Read> TarGuard<R> {
     fn header_done(&mut self) -> io::Result<()> {
         let size = entry_size(&self.header)?;
         let kind = self.header[156];
+        // The data of a pax header (`x`, or `g` for every entry after it) is scanned.
+        self.pax_tail = matches!(kind, b'x' | b'g').then(Vec::new);
         if METADATA_TYPES.contains(&kind) && size > MAX_METADATA_ENTRY {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -80,27 +103,13 @@ impl<R: Read> TarGuard<R> {
     }
 }
 
-/// The size field of a tar header: octal digits, or base-256 when the top bit is set.
-/// An all-zero block (end of archive) has size 0.
+/// The size of a tar header's entry, read as the tar parser reads it (so both find the next
+/// header in the same place). An all-zero block (end of archive) has size 0.
 fn entry_size(header: &[u8; BLOCK as usize]) -> io::Result<u64> {
-    let field = &header[124..136];
-    if field[0] & 0x80 != 0 {
-        let mut value: u64 = u64::from(field[0] & 0x7f);
-        for &b in &field[1..] {
-            value = value
-                .checked_mul(256)
-                .and_then(|v| v.checked_add(u64::from(b)))
-                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "a tar size field overflows"))?;
-        }
-        return Ok(value);
-    }
-    let digits: Vec<u8> =
-        field.iter().copied().skip_while(|b| *b == b' ').take_while(|b| (b'0'..=b'7').contains(b)).collect();
-    if digits.is_empty() {
+    if header.iter().all(|b| *b == 0) {
         return Ok(0);
     }
-    let text = std::str::from_utf8(&digits).unwrap_or("0");
-    u64::from_str_radix(text, 8).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a tar size field overflows"))
+    tar::Header::from_byte_slice(header).entry_size()
 }
 
 impl<R: Read> Read for TarGuard<R> {
@@ -155,5 +164,39 @@ mod tests {
         // The tar parser still reads what passed the guard.
         let mut archive = tar::Archive::new(TarGuard::new(&ok[..], u64::MAX));
         assert_eq!(archive.entries().unwrap().count(), 2);
+    }
+
+    /// What the parser would read into memory is judged by the size the parser reads: a size
+    /// field it trims, or a pax record that overrides it, gets no past the guard.
+    #[test]
+    fn sizes_are_read_as_the_parser_reads_them() {
+        let mut long_name = tar_with(tar::EntryType::GNULongName, 4);
+        // "\t" then octal digits: the parser trims it to 8 GiB - 1.
+        long_name[124..136].copy_from_slice(b"\t7777777777\0");
+        let mut fixed = tar::Header::new_old();
+        fixed.as_mut_bytes().copy_from_slice(&long_name[..512]);
+        fixed.set_cksum();
+        long_name[..512].copy_from_slice(fixed.as_bytes());
+        let error = read_all(&long_name, u64::MAX, 4096).unwrap_err();
+        assert!(error.to_string().contains("metadata entry"), "{error}");
+
+        let mut builder = tar::Builder::new(Vec::new());
+        builder.append_pax_extensions([("size", &b"4"[..])]).unwrap();
+        let mut header = tar::Header::new_ustar();
+        header.set_size(0);
+        builder.append_data(&mut header, "f", &b""[..]).unwrap();
+        let overridden = builder.into_inner().unwrap();
+        for chunk in [1, 100, 4096] {
+            let error = read_all(&overridden, u64::MAX, chunk).unwrap_err();
+            assert!(error.to_string().contains("overrides"), "chunk {chunk}: {error}");
+        }
+        // Pax records of other kinds (Python's tarfile writes `mtime`) pass.
+        let mut builder = tar::Builder::new(Vec::new());
+        builder.append_pax_extensions([("mtime", &b"1.5"[..])]).unwrap();
+        let mut header = tar::Header::new_ustar();
+        header.set_size(1);
+        builder.append_data(&mut header, "f", &b"x"[..]).unwrap();
+        let plain = builder.into_inner().unwrap();
+        assert_eq!(read_all(&plain, u64::MAX, 7).unwrap(), plain.len() as u64);
     }
 }

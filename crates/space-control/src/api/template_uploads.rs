@@ -62,6 +62,10 @@ pub fn upload_dir(data_dir: &Path) -> PathBuf {
 pub(crate) struct Removal(Option<PathBuf>);
 
 impl Removal {
+    pub(crate) fn new(path: PathBuf) -> Self {
+        Removal(Some(path))
+    }
+
     pub(crate) fn keep(mut self) {
         self.0 = None;
     }

@@ -83,6 +83,9 @@ fn append_under(
         header.set_gid(0);
         header.set_size(0);
         let path = prefix.join(&name);
+        if !matches!(kind, EntryType::Regular | EntryType::Continuous) && entry.size() != 0 {
+            return Err(bad(format!("{} is a {kind:?} that claims data", name.display())));
+        }
         match kind {
             EntryType::Regular | EntryType::Continuous => {
                 budget.bytes = budget.bytes.checked_sub(entry.size()).ok_or_else(|| {

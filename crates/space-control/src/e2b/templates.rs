@@ -7,9 +7,9 @@
 //! operation's (`…/builds/{build}/status`). The template is the caller's own (a tenant's name,
 //! the admin's global), as with the native API.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
@@ -25,7 +25,7 @@ use super::errors::{E2bError, E2bResult};
 use super::sandboxes::E2bJson;
 use super::template_steps::{self, BuildStart};
 use crate::AppState;
-use crate::api::template_uploads::{receive, remove, upload_dir};
+use crate::api::template_uploads::{Removal, receive, remove, upload_dir};
 use crate::api::templates::{own_name, queue_as};
 use crate::auth::Caller;
 use crate::error::{ApiPath, ApiQuery};
@@ -37,8 +37,12 @@ const UPLOAD_TTL: Duration = Duration::from_secs(3600);
 const LINK_TTL_MS: i64 = 3_600_000;
 /// What upload links are keyed for.
 const LINK_PURPOSE: &str = "e2b-template-upload";
-/// How much of a refused upload's body is read before the answer.
-const REFUSED_BODY_READ: usize = 8 << 20;
+/// How much of a refused upload's body is read (and dropped) before the answer.
+const REFUSED_BODY_READ: u64 = 8 << 20;
+/// How long an upload waits for the tenant's upload before it.
+const TURN_WAIT: Duration = Duration::from_secs(600);
+/// A tenant's template builds queued or running at once (their contexts are on disk).
+const MAX_ACTIVE_BUILDS: usize = 2;
 
 /// The calls that take the caller's API key.
 pub fn routes() -> Router<AppState> {
@@ -182,16 +186,15 @@ pub struct LinkQuery {
     token: String,
 }
 
-/// Tenants with an upload under way: one at a time each, so what waits stays within bounds.
-static UPLOADING: LazyLock<Mutex<HashSet<TenantId>>> = LazyLock::new(Mutex::default);
+/// Each tenant's uploads go one at a time (its SDK may send several at once), so what waits
+/// for builds is counted before each is taken in.
+static TURNS: LazyLock<Mutex<HashMap<TenantId, Arc<tokio::sync::Mutex<()>>>>> = LazyLock::new(Mutex::default);
 
-/// Ends a tenant's turn to upload when dropped.
-struct Turn(TenantId);
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        UPLOADING.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.0);
-    }
+async fn turn_of(tenant: &TenantId) -> E2bResult<tokio::sync::OwnedMutexGuard<()>> {
+    let turn = TURNS.lock().unwrap_or_else(|e| e.into_inner()).entry(tenant.clone()).or_default().clone();
+    tokio::time::timeout(TURN_WAIT, turn.lock_owned())
+        .await
+        .map_err(|_| E2bError::new(429, "this tenant's uploads before this one take too long: try again"))
 }
 
 /// `PUT /e2b-template-files/{tenant}/{hash}?expires&token`: a (gzipped) tar of a step's
@@ -202,22 +205,41 @@ async fn receive_files(
     ApiQuery(link): ApiQuery<LinkQuery>,
     body: Body,
 ) -> E2bResult<StatusCode> {
-    match admit_upload(&state, &tenant, &hash, &link) {
-        Ok((path, turn, room)) => {
-            let stored = store_upload(&state, &path, body, room).await;
-            drop(turn);
-            stored.map(|()| StatusCode::CREATED)
-        }
-        Err(refused) => {
-            // Read first: a client still sending would meet a closed connection instead.
-            let _ = axum::body::to_bytes(body, REFUSED_BODY_READ).await;
-            Err(refused)
-        }
+    let admitted = admit_upload(&state, &tenant, &hash, &link);
+    let (path, tenant) = match admitted {
+        Ok(admitted) => admitted,
+        Err(refused) => return Err(drained(body, refused).await),
+    };
+    let _turn = turn_of(&tenant).await?;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    expire_uploads(dir);
+    let limit = state.http.template_upload_max_bytes;
+    let room = limit.saturating_sub(waiting_bytes(dir));
+    if room == 0 {
+        let full =
+            format!("uploads waiting for builds hold {limit} bytes already: start those builds, or wait an hour");
+        return Err(drained(body, E2bError::new(507, full)).await);
     }
+    store_upload(&state, &path, body, room).await.map(|()| StatusCode::CREATED)
 }
 
-/// The upload's path, the tenant's turn, and the room it has, if the link holds.
-fn admit_upload(state: &AppState, tenant: &str, hash: &str, link: &LinkQuery) -> E2bResult<(PathBuf, Turn, u64)> {
+/// `refused`, once up to [`REFUSED_BODY_READ`] bytes of `body` were read and dropped: a
+/// client still sending would otherwise meet a closed connection instead of the answer.
+async fn drained(body: Body, refused: E2bError) -> E2bError {
+    use futures::TryStreamExt;
+    let mut stream = body.into_data_stream();
+    let mut read = 0u64;
+    while read < REFUSED_BODY_READ {
+        match stream.try_next().await {
+            Ok(Some(chunk)) => read += chunk.len() as u64,
+            _ => break,
+        }
+    }
+    refused
+}
+
+/// The upload's path and tenant, if the link holds.
+fn admit_upload(state: &AppState, tenant: &str, hash: &str, link: &LinkQuery) -> E2bResult<(PathBuf, TenantId)> {
     let refused = || E2bError::new(403, "this upload link is not valid (or expired): ask for a new one");
     let tenant: TenantId = tenant.parse().map_err(|_| refused())?;
     let expected = link_token(state, &tenant, hash, link.expires);
@@ -225,39 +247,21 @@ fn admit_upload(state: &AppState, tenant: &str, hash: &str, link: &LinkQuery) ->
     if !valid || link.expires < space_store::now_ms() {
         return Err(refused());
     }
-    let path = uploaded(state, &tenant, hash)?;
-    if !UPLOADING.lock().unwrap_or_else(|e| e.into_inner()).insert(tenant.clone()) {
-        return Err(E2bError::new(429, "another upload of this tenant's template files is under way: one at a time"));
-    }
-    let turn = Turn(tenant);
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    expire_uploads(dir);
-    let limit = state.http.template_upload_max_bytes;
-    let room = limit.saturating_sub(waiting_bytes(dir));
-    if room == 0 {
-        return Err(E2bError::new(
-            507,
-            format!("uploads waiting for builds hold {limit} bytes already: start those builds, or wait an hour"),
-        ));
-    }
-    Ok((path, turn, room))
+    Ok((uploaded(state, &tenant, hash)?, tenant))
 }
 
+/// Streams the upload into the tenant's directory, at most `room` bytes; nothing is left of
+/// one that fails or whose client goes away.
 async fn store_upload(state: &AppState, path: &Path, body: Body, room: u64) -> E2bResult<()> {
+    let failed = |e: std::io::Error| E2bError::new(500, format!("keeping the upload: {e}"));
     let dir = path.parent().unwrap_or(Path::new("/"));
-    tokio::fs::create_dir_all(dir).await.map_err(|e| E2bError::new(500, format!("keeping the upload: {e}")))?;
+    tokio::fs::create_dir_all(dir).await.map_err(failed)?;
     let partial = upload_dir(&state.data_dir).join(format!("{}.partial", hex::encode(rand::random::<[u8; 12]>())));
-    let received = receive(body, &partial, room, None).await;
-    let kept = match received {
-        Ok(()) => {
-            tokio::fs::rename(&partial, path).await.map_err(|e| E2bError::new(500, format!("keeping the upload: {e}")))
-        }
-        Err(e) => Err(e.into()),
-    };
-    if kept.is_err() {
-        remove(&partial);
-    }
-    kept
+    let removal = Removal::new(partial.clone());
+    receive(body, &partial, room, None).await?;
+    tokio::fs::rename(&partial, path).await.map_err(failed)?;
+    removal.keep();
+    Ok(())
 }
 
 /// `POST /v2/templates/{id}/builds/{build}`: the steps, queued as a Dockerfile build whose
@@ -276,6 +280,15 @@ async fn start_build(
     if !start.other.is_empty() {
         let fields: Vec<&String> = start.other.keys().collect();
         tracing::info!(?fields, "E2B template build fields space does not know");
+    }
+    let builds = state.store.list_operations(&caller.tenant_id, OperationKind::BuildDockerfile, 100).await?;
+    let active =
+        builds.iter().filter(|b| matches!(b.operation.state, OperationState::Pending | OperationState::Running));
+    if active.count() >= MAX_ACTIVE_BUILDS {
+        return Err(E2bError::new(
+            429,
+            format!("{MAX_ACTIVE_BUILDS} template builds of yours are under way: wait for one to end"),
+        ));
     }
     if template_steps::pulls_an_image(&start) && !caller.admin {
         return Err(E2bError::new(
