@@ -21,19 +21,14 @@ pub struct TarGuard<R> {
     next_header: u64,
     header: [u8; BLOCK as usize],
     limit: u64,
-    /// Within a pax extended header's data: the last bytes seen, to find a `size` record
-    /// across reads.
-    pax_tail: Option<Vec<u8>>,
+    /// Within a pax header's entry: its data so far (at most [`MAX_METADATA_ENTRY`]), read
+    /// when the next header comes.
+    pax: Option<Vec<u8>>,
 }
-
-/// A pax record that overrides the next entry's size: the guard would then look for the next
-/// header elsewhere than the parser does, so it is refused (tar writes one only for files of
-/// 8 GiB and more).
-const PAX_SIZE: &[u8] = b" size=";
 
 impl<R: Read> TarGuard<R> {
     pub fn new(inner: R, limit: u64) -> Self {
-        TarGuard { inner, pos: 0, next_header: 0, header: [0; BLOCK as usize], limit, pax_tail: None }
+        TarGuard { inner, pos: 0, next_header: 0, header: [0; BLOCK as usize], limit, pax: None }
     }
 
     /// Bytes passed so far.
@@ -68,15 +63,11 @@ impl<R: Read> TarGuard<R> {
         Ok(())
     }
 
-    /// Refuses a pax `size` record in `data`, part of a pax header's data.
+    /// Keeps `data`, part of a pax header's entry.
     fn scan_pax(&mut self, data: &[u8]) -> io::Result<()> {
-        let Some(tail) = self.pax_tail.as_mut() else { return Ok(()) };
-        tail.extend_from_slice(data);
-        if tail.windows(PAX_SIZE.len()).any(|w| w == PAX_SIZE) {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "a tar pax header overrides an entry's size"));
+        if let Some(pax) = self.pax.as_mut() {
+            pax.extend_from_slice(data);
         }
-        let keep = tail.len().saturating_sub(PAX_SIZE.len() - 1);
-        tail.drain(..keep);
         Ok(())
     }
 
@@ -87,10 +78,14 @@ impl<R: Read> TarGuard<R> {
 
     /// A whole header has been seen: check it and find the next one.
     fn header_done(&mut self) -> io::Result<()> {
+        if let Some(pax) = self.pax.take() {
+            refuse_size_records(&pax)?;
+        }
         let size = entry_size(&self.header)?;
         let kind = self.header[156];
-        // The data of a pax header (`x`, or `g` for every entry after it) is scanned.
-        self.pax_tail = matches!(kind, b'x' | b'g').then(Vec::new);
+        // The data of a pax header (`x`, or `g` for every entry after it) is read whole
+        // (it is bounded below) before the parser sees the header it applies to.
+        self.pax = matches!(kind, b'x' | b'g').then(Vec::new);
         if METADATA_TYPES.contains(&kind) && size > MAX_METADATA_ENTRY {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -101,6 +96,22 @@ impl<R: Read> TarGuard<R> {
         self.next_header = self.next_header.saturating_add(BLOCK).saturating_add(padded);
         Ok(())
     }
+}
+
+/// Refuses a pax `size` record among `data`'s records (`LEN KEYWORD=VALUE\n` each): it
+/// overrides the next entry's size, so the guard would look for the next header elsewhere
+/// than the parser does (tar writes one only for files of 8 GiB and more).
+fn refuse_size_records(data: &[u8]) -> io::Result<()> {
+    let mut rest = data;
+    while let Some(space) = rest.iter().position(|b| *b == b' ') {
+        let Some(len) = std::str::from_utf8(&rest[..space]).ok().and_then(|l| l.parse::<usize>().ok()) else { break };
+        let Some(record) = rest.get(space + 1..len) else { break };
+        if record.starts_with(b"size=") {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "a tar pax header overrides an entry's size"));
+        }
+        rest = &rest[len..];
+    }
+    Ok(())
 }
 
 /// The size of a tar header's entry, read as the tar parser reads it (so both find the next
@@ -190,9 +201,10 @@ mod tests {
             let error = read_all(&overridden, u64::MAX, chunk).unwrap_err();
             assert!(error.to_string().contains("overrides"), "chunk {chunk}: {error}");
         }
-        // Pax records of other kinds (Python's tarfile writes `mtime`) pass.
+        // Pax records of other kinds (Python's tarfile writes `mtime`) pass, whatever their
+        // values say.
         let mut builder = tar::Builder::new(Vec::new());
-        builder.append_pax_extensions([("mtime", &b"1.5"[..])]).unwrap();
+        builder.append_pax_extensions([("mtime", &b"1.5"[..]), ("SCHILY.xattr.user.a", &b"x size=9"[..])]).unwrap();
         let mut header = tar::Header::new_ustar();
         header.set_size(1);
         builder.append_data(&mut header, "f", &b"x"[..]).unwrap();
