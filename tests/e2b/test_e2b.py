@@ -296,6 +296,34 @@ def test_a_template_built_with_e2bs_template_sdk_runs_its_steps(tmp_path):
     assert not Template.exists(name)
 
 
+def test_template_file_uploads_take_only_their_own_link():
+    """The COPY upload link is keyed to the tenant, the hash and its expiry: another hash,
+    an altered expiry or token, and no token at all are refused before anything is kept."""
+    import httpx
+
+    api, headers = os.environ["E2B_API_URL"], {"X-API-Key": os.environ["E2B_API_KEY"]}
+    name, hash_a, hash_b = f"e2b-links-{os.getpid()}", "a" * 64, "b" * 64
+    link = httpx.get(f"{api}/templates/{name}/files/{hash_a}", headers=headers)
+    assert link.status_code == 201 and link.json()["present"] is False, link.text
+    url = link.json()["url"]
+    assert "token=" in url and "X-API-Key" not in link.text
+    path, query = url.split("?", 1)
+    params = dict(p.split("=", 1) for p in query.split("&"))
+    forged = [
+        (path.replace(hash_a, hash_b), params),
+        (path, {**params, "expires": str(int(params["expires"]) + 1)}),
+        (path, {**params, "token": "0" * len(params["token"])}),
+    ]
+    for target, query in forged:
+        refused = httpx.put(target, params=query, content=b"not a tar")
+        assert refused.status_code == 403 and "not valid" in refused.json()["message"], refused.text
+    assert httpx.put(path, content=b"x").status_code == 400  # no token: the query is refused
+    kept = httpx.put(path, params=params, content=b"any bytes")
+    assert kept.status_code == 201, kept.text
+    assert httpx.get(f"{api}/templates/{name}/files/{hash_a}", headers=headers).json()["present"] is True
+    assert httpx.get(f"{api}/templates/{name}/files/{hash_b}", headers=headers).json()["present"] is False
+
+
 def test_set_timeout_kills_at_the_new_end():
     sandbox = Sandbox.create(template=TEMPLATE, timeout=600)
     sandbox.set_timeout(2)
