@@ -310,6 +310,14 @@ pub(crate) fn host_target(domain: &str, headers: &HeaderMap) -> Option<(SessionI
     space_api::ports::parse_preview_label(label)
 }
 
+/// The scheme and host a request was sent to, as its client named them: the base of links
+/// handed back to it.
+pub(crate) fn origin(headers: &HeaderMap) -> (&str, &str) {
+    let scheme = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()).unwrap_or("http");
+    let host = headers.get(HOST).and_then(|v| v.to_str().ok()).unwrap_or("localhost");
+    (scheme, host)
+}
+
 fn access(
     state: &AppState,
     headers: &HeaderMap,
@@ -317,8 +325,7 @@ fn access(
     port: u16,
     record: Option<&PortRecord>,
 ) -> PortAccess {
-    let scheme = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()).unwrap_or("http");
-    let host = headers.get(HOST).and_then(|v| v.to_str().ok()).unwrap_or("localhost");
+    let (scheme, host) = origin(headers);
     let preview_url = state
         .preview_domain
         .as_deref()

@@ -117,3 +117,23 @@ pub async fn envelope(request: Request, next: Next) -> Response {
     }
     response
 }
+
+/// How much of a refused upload's body is read (and dropped) before the answer (past it, the
+/// connection is closed).
+const REFUSED_BODY_READ: u64 = 8 << 20;
+
+/// `refused`, once up to [`REFUSED_BODY_READ`] bytes of `body` were read and dropped: a
+/// client still sending would otherwise meet a closed connection (a broken pipe) instead of
+/// the answer.
+pub(super) async fn drained(body: axum::body::Body, refused: E2bError) -> E2bError {
+    use futures::TryStreamExt;
+    let mut stream = body.into_data_stream();
+    let mut read = 0u64;
+    while read < REFUSED_BODY_READ {
+        match stream.try_next().await {
+            Ok(Some(chunk)) => read += chunk.len() as u64,
+            _ => break,
+        }
+    }
+    refused
+}

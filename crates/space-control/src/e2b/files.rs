@@ -90,10 +90,6 @@ pub async fn download(
 /// header names are read).
 const METADATA_HEADER: &str = "x-metadata-";
 
-/// How much of a refused upload's body is read before the answer (past it, the connection
-/// is closed).
-const REFUSED_BODY_READ: usize = 8 << 20;
-
 /// Why an upload is refused from its headers alone, if it is; else the metadata its files
 /// get (envd's rules: the first of repeated headers counts, keys are the lower-cased rest of
 /// the name).
@@ -129,12 +125,7 @@ pub async fn upload(
         .is_some_and(|v| v.starts_with("multipart/form-data"));
     let metadata = match from_headers(&headers) {
         Ok(metadata) => metadata,
-        Err(refused) => {
-            // Read first: a client still sending the body would meet a closed connection (a
-            // broken pipe) instead of the answer.
-            let _ = axum::body::to_bytes(request.into_body(), REFUSED_BODY_READ).await;
-            return Err(refused);
-        }
+        Err(refused) => return Err(super::errors::drained(request.into_body(), refused).await),
     };
     let user = query.username.as_deref();
     if !is_multipart {

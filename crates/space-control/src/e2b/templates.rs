@@ -37,8 +37,6 @@ const UPLOAD_TTL: Duration = Duration::from_secs(3600);
 const LINK_TTL_MS: i64 = 3_600_000;
 /// What upload links are keyed for.
 const LINK_PURPOSE: &str = "e2b-template-upload";
-/// How much of a refused upload's body is read (and dropped) before the answer.
-const REFUSED_BODY_READ: u64 = 8 << 20;
 /// How long an upload waits for the tenant's upload before it.
 const TURN_WAIT: Duration = Duration::from_secs(600);
 /// A tenant's template builds queued or running at once (their contexts are on disk).
@@ -138,8 +136,7 @@ async fn upload_link(
     let path = uploaded(&state, &caller.tenant_id, &hash)?;
     expire_uploads(path.parent().unwrap_or(Path::new("/")));
     let present = tokio::fs::try_exists(&path).await.map_err(|e| E2bError::new(500, format!("uploads: {e}")))?;
-    let host = headers.get("host").and_then(|v| v.to_str().ok()).unwrap_or("localhost");
-    let scheme = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()).unwrap_or("http");
+    let (scheme, host) = crate::api::ports::origin(&headers);
     let tenant = &caller.tenant_id;
     let expires = space_store::now_ms().saturating_add(LINK_TTL_MS);
     let token = link_token(&state, tenant, &hash, expires);
@@ -208,7 +205,7 @@ async fn receive_files(
     let admitted = admit_upload(&state, &tenant, &hash, &link);
     let (path, tenant) = match admitted {
         Ok(admitted) => admitted,
-        Err(refused) => return Err(drained(body, refused).await),
+        Err(refused) => return Err(super::errors::drained(body, refused).await),
     };
     let _turn = turn_of(&tenant).await?;
     let dir = path.parent().unwrap_or(Path::new("/"));
@@ -218,24 +215,9 @@ async fn receive_files(
     if room == 0 {
         let full =
             format!("uploads waiting for builds hold {limit} bytes already: start those builds, or wait an hour");
-        return Err(drained(body, E2bError::new(507, full)).await);
+        return Err(super::errors::drained(body, E2bError::new(507, full)).await);
     }
     store_upload(&state, &path, body, room).await.map(|()| StatusCode::CREATED)
-}
-
-/// `refused`, once up to [`REFUSED_BODY_READ`] bytes of `body` were read and dropped: a
-/// client still sending would otherwise meet a closed connection instead of the answer.
-async fn drained(body: Body, refused: E2bError) -> E2bError {
-    use futures::TryStreamExt;
-    let mut stream = body.into_data_stream();
-    let mut read = 0u64;
-    while read < REFUSED_BODY_READ {
-        match stream.try_next().await {
-            Ok(Some(chunk)) => read += chunk.len() as u64,
-            _ => break,
-        }
-    }
-    refused
 }
 
 /// The upload's path and tenant, if the link holds.
