@@ -6,16 +6,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::SnapshotId;
 
-/// The data key a snapshot's objects are encrypted with in the blob store (docs/byok.md):
-/// made and kept sealed by the control plane, handed in clear only to the node that exports
-/// or imports the snapshot, over the node API. Never printed; zeroed when dropped.
+/// A snapshot's data key (docs/byok.md): a full snapshot's process images are sealed with it
+/// on its node, and its objects in the blob store are encrypted with it. Made and kept sealed
+/// by the control plane, handed in clear only to the node that takes, starts from, exports or
+/// imports the snapshot, over the node API. Never printed; zeroed when dropped.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct ExportKey(zeroize::Zeroizing<[u8; 32]>);
+pub struct SnapshotKey(zeroize::Zeroizing<[u8; 32]>);
 
-impl ExportKey {
-    pub fn new(bytes: [u8; 32]) -> ExportKey {
-        ExportKey(zeroize::Zeroizing::new(bytes))
+impl SnapshotKey {
+    pub fn new(bytes: [u8; 32]) -> SnapshotKey {
+        SnapshotKey(zeroize::Zeroizing::new(bytes))
     }
 
     pub fn bytes(&self) -> &[u8; 32] {
@@ -23,26 +24,26 @@ impl ExportKey {
     }
 }
 
-impl std::fmt::Debug for ExportKey {
+impl std::fmt::Debug for SnapshotKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ExportKey(..)")
+        f.write_str("SnapshotKey(..)")
     }
 }
 
-impl TryFrom<String> for ExportKey {
+impl TryFrom<String> for SnapshotKey {
     type Error = String;
 
-    fn try_from(text: String) -> Result<ExportKey, String> {
+    fn try_from(text: String) -> Result<SnapshotKey, String> {
         let text = zeroize::Zeroizing::new(text);
         let mut bytes = zeroize::Zeroizing::new([0u8; 32]);
         hex::decode_to_slice(text.as_bytes(), &mut bytes[..])
-            .map_err(|_| "an export key is 64 hex digits".to_owned())?;
-        Ok(ExportKey(bytes))
+            .map_err(|_| "a snapshot key is 64 hex digits".to_owned())?;
+        Ok(SnapshotKey(bytes))
     }
 }
 
-impl From<ExportKey> for String {
-    fn from(key: ExportKey) -> String {
+impl From<SnapshotKey> for String {
+    fn from(key: SnapshotKey) -> String {
         hex::encode(&key.0[..])
     }
 }
@@ -81,7 +82,7 @@ pub struct SnapshotExport {
     #[serde(default)]
     pub spaced: Option<BlobRef>,
     /// Whether the root's stream and the process images are encrypted (with an
-    /// [`ExportKey`]; the `spaced` binary is not tenant data and is not). Exports made before
+    /// [`SnapshotKey`]; the `spaced` binary is not tenant data and is not). Exports made before
     /// encryption existed are not.
     #[serde(default)]
     pub encrypted: bool,

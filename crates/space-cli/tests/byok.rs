@@ -7,7 +7,8 @@
 //! (after which the old key version can be retired); going back to the local key needs the
 //! KMS no more; a restart opens the tenant's data from the stored key. And a tenant's
 //! suspended session in the blob store: encrypted (no plaintext of what its files and memory
-//! held), resumed on another node only while the key is usable.
+//! held), resumed on another node only while the key is usable; on its node's own disk: its
+//! process images sealed, resumed only while the key is usable.
 
 mod common;
 
@@ -331,6 +332,58 @@ fn a_tenants_suspended_session_is_encrypted_in_the_blob_store_and_moves_only_wit
     assert_eq!(status, 200, "{r}");
     let out = r["stdout"].as_str().unwrap();
     assert!(out.starts_with(&format!("{marker}\n")) && !out.ends_with("\n0\n"), "file and process came back: {r}");
+}
+
+/// One node without a blob store: a tenant's session suspended onto the node's own disk has
+/// its process images sealed there (no file of the node's images holds a marker a process
+/// kept in memory, and nothing stays in memory after), and it resumes only while the
+/// tenant's key is usable (503 `key_unavailable` while revoked, the session still suspended).
+#[test]
+fn a_tenants_suspended_session_is_sealed_on_its_nodes_disk_and_resumes_only_with_its_key() {
+    require_root!();
+    let (key, token) = customer_key();
+    let server = Server::start_with(&["--key-cache-ttl", "0"]);
+    let tenant = server.tenant_key("acme");
+    set_key(&server, "acme", &key, &token);
+    let (status, r) = server.call_as(&tenant, "POST", "/v1/sessions", Some(json!({})));
+    assert_eq!(status, 201, "{r}");
+    let id = r["id"].as_str().unwrap().to_owned();
+    let exec = |body: Value| server.call_as(&tenant, "POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    // Only in a process's memory (its environment): a file would be in the snapshot's root,
+    // which is a btrfs subvolume like the running sandbox's (docs/byok.md).
+    let marker = format!("byok-memory-{}", random_hex(12));
+    let script = "read m; M=$m exec sleep 100000 < /dev/null > /dev/null 2>&1 &";
+    let (status, r) = exec(json!({ "cmd": ["sh", "-c", script], "stdin": format!("{marker}\n") }));
+    assert_eq!((status, r["exit_code"].as_i64()), (200, Some(0)), "{r}");
+    let (status, r) = server.call_as(&tenant, "POST", &format!("/v1/sessions/{id}/suspend"), Some(json!({})));
+    assert_eq!((status, r["state"].as_str()), (200, Some("suspended")), "{r}");
+    let images = server.data_dir.join("images");
+    let held: Vec<_> = std::fs::read_dir(images.join(&id)).unwrap().flatten().collect();
+    assert!(!held.is_empty(), "no images of the session under {}", images.display());
+    let holding = files_holding(&images, marker.as_bytes());
+    assert!(holding.is_empty(), "the node's images hold the marker in clear: {holding:?}");
+    let in_memory: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("space-"))
+        .flat_map(|e| files_holding(&e.path(), marker.as_bytes()))
+        .collect();
+    assert!(in_memory.is_empty(), "images left in clear in memory: {in_memory:?}");
+
+    allow(&key, false);
+    let resume = || server.call_as(&tenant, "POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
+    assert_key_unavailable(resume(), &key);
+    let (_, r) = server.call_as(&tenant, "GET", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(r["state"], "suspended", "a refused resume leaves the session as it was: {r}");
+
+    allow(&key, true);
+    let (status, r) = resume();
+    assert_eq!((status, r["state"].as_str()), (200, Some("running")), "{r}\n{}", server.log_text());
+    let (status, r) = exec(
+        json!({ "cmd": ["sh", "-c", "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c byok-memory"] }),
+    );
+    assert_eq!(status, 200, "{r}");
+    assert_ne!(r["stdout"].as_str(), Some("0\n"), "the process came back: {r}");
 }
 
 /// An OAuth credential under the tenant's key: its client secret is sealed with it, so while

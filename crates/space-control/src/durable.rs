@@ -2,13 +2,16 @@
 //! snapshot exports it to the blob store, and the export is recorded with the snapshot, so a
 //! session resumes, restores or forks on any node, also once the node it ran on is lost.
 //!
-//! Each export is encrypted with a fresh data key, sealed with the session's tenant's key
-//! and recorded with it; the node gets the key in clear only for the export or an import
-//! (docs/byok.md). A tenant key that is unavailable stops both with `key_unavailable`.
+//! Each snapshot that leaves its node's memory has a data key of its own, sealed with the
+//! session's tenant's key and recorded with the snapshot: a full snapshot's when it is taken
+//! (its process images are sealed with it on the node), another's when it is exported. An
+//! export is encrypted with it. The node gets the key in clear only to take, start from,
+//! export or import the snapshot (docs/byok.md). A tenant key that is unavailable stops each
+//! with `key_unavailable`.
 
 use std::sync::Arc;
 
-use space_api::durable::ExportKey;
+use space_api::durable::SnapshotKey;
 use space_api::error::ErrorCode;
 use space_api::{Session, SessionId, SnapshotId};
 use space_node_api::{NodeApi, NodeError};
@@ -37,11 +40,16 @@ async fn export_held(
     session: &SessionId,
     snapshot: &SnapshotId,
 ) -> AppResult<bool> {
-    let tenant =
-        state.store.session_any(session).await?.ok_or_else(|| AppError::session_not_found(session.as_str()))?.tenant_id;
-    let key = space_keys::data_key().map_err(crate::keyring::key_error)?;
-    let key_sealed = state.keys.seal(&tenant, &key[..], &export_key_owner(session, snapshot)).await?;
-    match node.export_snapshot(session, snapshot, Some(&ExportKey::new(*key))).await {
+    let recorded = state.store.snapshot_place(snapshot).await?.and_then(|place| place.key_sealed);
+    let (key, key_sealed) = match recorded {
+        Some(sealed) => (open_snapshot_key(state, session, snapshot, &sealed).await?, sealed),
+        None => {
+            let tenant = state.store.session_any(session).await?;
+            let tenant = tenant.ok_or_else(|| AppError::session_not_found(session.as_str()))?.tenant_id;
+            new_snapshot_key(state, &tenant, session, snapshot).await?
+        }
+    };
+    match node.export_snapshot(session, snapshot, Some(&key)).await {
         // A node that does not encrypt (an older one) would put the tenant's data in clear.
         Ok(export) if !export.encrypted => Err(AppError::new(
             ErrorCode::BlobStoreUnavailable,
@@ -82,7 +90,8 @@ pub fn export_in_background(state: &AppState, node: Arc<dyn NodeApi>, session: &
 }
 
 /// The node a sandbox of `session` starts on from `snapshot` (taken of `origin`: the session
-/// itself, or the parent of a fork), with the snapshot there.
+/// itself, or the parent of a fork), with the snapshot there, and the snapshot's data key
+/// that the start needs (`key_unavailable` while its tenant's key is).
 ///
 /// The session's own node, if it is placed and that node is not lost; else where the snapshot
 /// is kept; otherwise placement picks one. With `leave_cordoned` (a resume or a fork: no
@@ -95,13 +104,17 @@ pub async fn node_for_snapshot(
     origin: &Session,
     snapshot: &SnapshotId,
     leave_cordoned: bool,
-) -> AppResult<Arc<dyn NodeApi>> {
+) -> AppResult<(Arc<dyn NodeApi>, Option<SnapshotKey>)> {
     let place = state.store.snapshot_place(snapshot).await?.ok_or_else(|| {
         AppError::new(
             ErrorCode::SnapshotNotFound,
             format!("snapshot {snapshot} was deleted before the sandbox started"),
         )
     })?;
+    let key = match &place.key_sealed {
+        Some(sealed) => Some(open_snapshot_key(state, &origin.id, snapshot, sealed).await?),
+        None => None,
+    };
     let lost = crate::placement::lost_nodes(state).await?;
     // A cordoned node keeps what cannot leave it; a durable snapshot leaves it (a drain).
     let cordoned = match leave_cordoned && place.export.is_some() {
@@ -116,14 +129,18 @@ pub async fn node_for_snapshot(
     };
     let target_id = target.node_id();
     if kept_on.as_deref() == Some(target_id.as_str()) {
-        return Ok(target);
+        return Ok((target, key));
     }
     let Some(export) = place.export else {
         return Err(not_durable(snapshot, kept_on.as_deref(), &lost, &target_id, session));
     };
-    let key = export_key(state, &origin.id, snapshot, &export, place.export_key_sealed.as_deref()).await?;
-    match target.import_snapshot(&origin.id, snapshot, &export, key.as_ref()).await {
-        Ok(()) => Ok(target),
+    if export.encrypted && key.is_none() {
+        return Err(AppError::internal(format!(
+            "snapshot {snapshot}'s export is encrypted, but no key is recorded for it"
+        )));
+    }
+    match target.import_snapshot(&origin.id, snapshot, &export, key.as_ref().filter(|_| export.encrypted)).await {
+        Ok(()) => Ok((target, key)),
         Err(NodeError::Corrupt(why)) => Err(corrupt(state, origin, snapshot, &why).await),
         Err(e) => Err(e.into()),
     }
@@ -152,33 +169,40 @@ pub async fn delete_snapshot(state: &AppState, session: &Session, snapshot: &Sna
     Ok(left)
 }
 
-/// Associated data that binds an export's sealed data key to its snapshot.
-pub fn export_key_owner(session: &SessionId, snapshot: &SnapshotId) -> String {
+/// Associated data that binds a sealed snapshot key to its snapshot (named for exports, for
+/// which such keys were first made: keys sealed then must still open).
+pub fn snapshot_key_owner(session: &SessionId, snapshot: &SnapshotId) -> String {
     format!("snapshot-export/{session}/{snapshot}")
 }
 
-/// The data key of an encrypted export, unsealed (`key_unavailable` when the tenant's key
-/// is); `None` for an export made before exports were encrypted.
-async fn export_key(
+/// A fresh data key for `snapshot` of `session`, and the key sealed with `tenant`'s key
+/// (`key_unavailable` when that is).
+pub async fn new_snapshot_key(
+    state: &AppState,
+    tenant: &space_api::TenantId,
+    session: &SessionId,
+    snapshot: &SnapshotId,
+) -> AppResult<(SnapshotKey, Vec<u8>)> {
+    let key = space_keys::data_key().map_err(crate::keyring::key_error)?;
+    let sealed = state.keys.seal(tenant, &key[..], &snapshot_key_owner(session, snapshot)).await?;
+    Ok((SnapshotKey::new(*key), sealed))
+}
+
+/// A snapshot's recorded data key, unsealed (`key_unavailable` when its tenant's key is).
+async fn open_snapshot_key(
     state: &AppState,
     session: &SessionId,
     snapshot: &SnapshotId,
-    export: &space_api::durable::SnapshotExport,
-    sealed: Option<&[u8]>,
-) -> AppResult<Option<ExportKey>> {
-    if !export.encrypted {
-        return Ok(None);
-    }
-    let sealed = sealed.ok_or_else(|| {
-        AppError::internal(format!("snapshot {snapshot}'s export is encrypted, but no key is recorded for it"))
-    })?;
-    let opened = state.keys.open(sealed, &export_key_owner(session, snapshot)).await.map_err(|e| {
-        AppError::new(e.0.code, format!("the key of snapshot {snapshot} in the blob store: {}", e.0.message))
-    })?;
-    let bytes: [u8; 32] = opened[..]
-        .try_into()
-        .map_err(|_| AppError::internal(format!("snapshot {snapshot}'s export key is not 32 bytes")))?;
-    Ok(Some(ExportKey::new(bytes)))
+    sealed: &[u8],
+) -> AppResult<SnapshotKey> {
+    let opened = state
+        .keys
+        .open(sealed, &snapshot_key_owner(session, snapshot))
+        .await
+        .map_err(|e| AppError::new(e.0.code, format!("the key of snapshot {snapshot}: {}", e.0.message)))?;
+    let bytes: [u8; 32] =
+        opened[..].try_into().map_err(|_| AppError::internal(format!("snapshot {snapshot}'s key is not 32 bytes")))?;
+    Ok(SnapshotKey::new(bytes))
 }
 
 /// Of the nodes that can be reached, the one a sandbox starts on from a snapshot: the

@@ -138,7 +138,7 @@ fn owner(owner: &SealedOwner) -> String {
     match owner {
         SealedOwner::Credential { tenant_id, id, .. } => credential_owner(tenant_id, id),
         SealedOwner::SessionCa { session } => ca_owner(session),
-        SealedOwner::SnapshotKey { session, snapshot } => crate::durable::export_key_owner(session, snapshot),
+        SealedOwner::SnapshotKey { session, snapshot } => crate::durable::snapshot_key_owner(session, snapshot),
     }
 }
 
@@ -146,7 +146,7 @@ fn describe(owner: &SealedOwner) -> String {
     match owner {
         SealedOwner::Credential { tenant_id, name, .. } => format!("credential {name:?} of tenant {tenant_id}"),
         SealedOwner::SessionCa { session } => format!("the CA key of session {session}"),
-        SealedOwner::SnapshotKey { snapshot, .. } => format!("the key of snapshot {snapshot}'s export"),
+        SealedOwner::SnapshotKey { snapshot, .. } => format!("the key of snapshot {snapshot}"),
     }
 }
 

@@ -427,7 +427,8 @@ async fn start_snapshot_sandbox(
 ) -> AppResult<Started> {
     let origin_session =
         state.store.session_any(origin).await?.ok_or_else(|| AppError::session_not_found(origin.as_str()))?.session;
-    let node = crate::durable::node_for_snapshot(state, session, &origin_session, snapshot, leave_cordoned).await?;
+    let (node, key) =
+        crate::durable::node_for_snapshot(state, session, &origin_session, snapshot, leave_cordoned).await?;
     let node_id = node.node_id();
     let new = NewSandbox {
         id: &sandbox,
@@ -448,7 +449,9 @@ async fn start_snapshot_sandbox(
     }
     let limits = Limits::from(&session.resources);
     let disk = disk_quota(session);
-    let handle = node.start_sandbox_from_snapshot(&sandbox, origin, snapshot, session.runtime, limits, &disk).await?;
+    let handle = node
+        .start_sandbox_from_snapshot(&sandbox, origin, snapshot, session.runtime, limits, &disk, key.as_ref())
+        .await?;
     state.store.set_sandbox_running(&sandbox, handle.pid).await?;
     node.join_session_network(&handle.id, &session.id).await?;
     Ok((node, handle))

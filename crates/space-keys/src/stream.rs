@@ -98,6 +98,14 @@ pub fn encrypt_file(data_key: &[u8], src: &Path, dst: &Path) -> Result<()> {
     output.flush().map_err(|e| io(dst, "writing", e))
 }
 
+/// Whether `path` begins as [`encrypt_file`] begins what it writes (its magic and version).
+/// Says nothing of whether it opens: [`decrypt_file`] checks that.
+pub fn is_sealed(path: &Path) -> std::io::Result<bool> {
+    let mut head = [0u8; MAGIC.len() + 1];
+    let read = fill(&mut File::open(path)?, &mut head)?;
+    Ok(read == head.len() && &head[..MAGIC.len()] == MAGIC && head[MAGIC.len()] == VERSION)
+}
+
 /// Decrypts `src` (written by [`encrypt_file`]) into `dst` (created or truncated), synced
 /// with `sync` (not for a scratch file). A file that does not open whole is
 /// [`KeyError::Corrupt`], and what was written of `dst` is removed (a `dst` that was never
@@ -190,6 +198,19 @@ mod tests {
             assert!(!back.exists(), "a file that does not open leaves nothing");
         }
         opened
+    }
+
+    #[test]
+    fn sealed_files_are_told_from_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let (plain, sealed, short) = (dir.path().join("p"), dir.path().join("s"), dir.path().join("t"));
+        std::fs::write(&plain, plaintext(100)).unwrap();
+        std::fs::write(&short, &MAGIC[..4]).unwrap();
+        encrypt_file(&key(), &plain, &sealed).unwrap();
+        assert!(is_sealed(&sealed).unwrap());
+        assert!(!is_sealed(&plain).unwrap());
+        assert!(!is_sealed(&short).unwrap());
+        assert!(is_sealed(&dir.path().join("missing")).is_err());
     }
 
     #[test]

@@ -28,7 +28,7 @@ use space_gateway::{Gateway, SessionEgress, SessionTraffic};
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-pub use space_api::durable::{BlobSweep, ExportKey, SnapshotExport};
+pub use space_api::durable::{BlobSweep, SnapshotExport, SnapshotKey};
 pub use space_api::{TemplateBuild, TemplateInfo, TemplateSource};
 pub use space_runtime::{Limits, SandboxHandle, SandboxStats};
 
@@ -253,7 +253,9 @@ pub trait NodeApi: EgressControl + 'static {
     /// Starts sandbox `id` from a snapshot of `session`: a full snapshot's processes continue
     /// where they were; a disk snapshot's root boots afresh with a new identity. The new root
     /// is charged to `disk` before anything in it runs. `runtime` is the session's: the one its
-    /// snapshots were taken in.
+    /// snapshots were taken in. `key` is the snapshot's data key, if it has one: a full
+    /// snapshot's process images are sealed with it on the node (docs/byok.md).
+    #[allow(clippy::too_many_arguments)] // one call's whole request
     async fn start_sandbox_from_snapshot(
         &self,
         id: &SandboxId,
@@ -262,6 +264,7 @@ pub trait NodeApi: EgressControl + 'static {
         runtime: RuntimeKind,
         limits: Limits,
         disk: &DiskQuota,
+        key: Option<&SnapshotKey>,
     ) -> Result<SandboxHandle>;
     /// Kills the sandbox and removes everything it had on the node. Idempotent.
     async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()>;
@@ -302,13 +305,16 @@ pub trait NodeApi: EgressControl + 'static {
         already_paused: bool,
     ) -> Result<()>;
     /// Root and every process; the sandbox is left as found. Returns the snapshot's size.
-    /// On failure a partial snapshot may remain: the caller deletes it.
+    /// With `key` (the snapshot's data key), the process images are in clear only in memory
+    /// and sealed with it on disk. On failure a partial snapshot may remain: the caller
+    /// deletes it.
     async fn snapshot_full(
         &self,
         sandbox: &SandboxId,
         session: &SessionId,
         snapshot: &SnapshotId,
         already_paused: bool,
+        key: Option<&SnapshotKey>,
     ) -> Result<u64>;
     /// The apparent size of a disk snapshot's files.
     async fn snapshot_disk_size(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<u64>;
@@ -318,12 +324,13 @@ pub trait NodeApi: EgressControl + 'static {
     async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize>;
     /// Stores the snapshot in the node's blob store (whole: root, and a full snapshot's
     /// processes) and says what it became; [`NodeError::NoBlobStore`] on a node without one.
-    /// With `key`, the root and the process images are encrypted with it (docs/byok.md).
+    /// With `key` (the snapshot's data key, when it has one), the root and the process images
+    /// are encrypted with it (docs/byok.md).
     async fn export_snapshot(
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<SnapshotExport>;
     /// Makes the snapshot on this node from its export, every part checked
     /// ([`NodeError::Corrupt`] if one does not match). Idempotent: a snapshot the node holds
@@ -334,7 +341,7 @@ pub trait NodeApi: EgressControl + 'static {
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &SnapshotExport,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<()>;
     /// Deletes every object of the node's blob store that `keep` (SHA-256s) does not name and
     /// that is at least `min_age` old, for at most `budget`; [`NodeError::NoBlobStore`] on a

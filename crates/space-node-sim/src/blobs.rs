@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use space_api::durable::{BlobRef, BlobSweep, DiskExport, ExportKey, SnapshotExport};
+use space_api::durable::{BlobRef, BlobSweep, DiskExport, SnapshotExport, SnapshotKey};
 
 use crate::SimError;
 use crate::agent::Contents;
@@ -25,7 +25,7 @@ struct Stored {
     contents: Contents,
     corrupt: bool,
     /// The key it was encrypted with, which importing it needs.
-    key: Option<ExportKey>,
+    key: Option<SnapshotKey>,
 }
 
 impl SimBlobs {
@@ -48,7 +48,7 @@ impl SimBlobs {
         self.objects().stored.values_mut().for_each(|s| s.corrupt = true);
     }
 
-    pub(crate) fn put(&self, full: bool, contents: Contents, key: Option<&ExportKey>) -> SnapshotExport {
+    pub(crate) fn put(&self, full: bool, contents: Contents, key: Option<&SnapshotKey>) -> SnapshotExport {
         let mut objects = self.objects();
         objects.next += 1;
         let stream = BlobRef { sha256: format!("{:064x}", objects.next), size: contents.size() };
@@ -81,7 +81,11 @@ impl SimBlobs {
 
     /// What `export` holds: whether it is full, and its contents. An encrypted one opens
     /// with its key only, as a real one decrypts.
-    pub(crate) fn get(&self, export: &SnapshotExport, with: Option<&ExportKey>) -> Result<(bool, Contents), SimError> {
+    pub(crate) fn get(
+        &self,
+        export: &SnapshotExport,
+        with: Option<&SnapshotKey>,
+    ) -> Result<(bool, Contents), SimError> {
         let key = &export.disk.stream.sha256;
         match self.objects().stored.get(key) {
             Some(s) if s.corrupt => Err(SimError::CorruptBlob(key.clone())),

@@ -194,6 +194,9 @@ struct Snapshot {
     session: SessionId,
     full: bool,
     contents: Contents,
+    /// The key a full snapshot's images are sealed with on the node: a start from it needs
+    /// that very key, as a real node's decryption does.
+    sealed: Option<space_api::durable::SnapshotKey>,
 }
 
 struct State {
@@ -509,6 +512,7 @@ impl State {
         snapshot: &SnapshotId,
         already_paused: bool,
         full: bool,
+        key: Option<&space_api::durable::SnapshotKey>,
     ) -> Result<u64, SimError> {
         let inside = self.running(sandbox)?.inside.clone();
         let said = if already_paused { "paused" } else { "running" };
@@ -522,7 +526,8 @@ impl State {
         let contents = inside.contents();
         let contents = if full { contents.clone() } else { contents.files_only() };
         let size = contents.size();
-        self.snapshots.insert(snapshot.clone(), Snapshot { session: session.clone(), full, contents });
+        let sealed = key.filter(|_| full).cloned();
+        self.snapshots.insert(snapshot.clone(), Snapshot { session: session.clone(), full, contents, sealed });
         Ok(size)
     }
 }

@@ -9,8 +9,8 @@ use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, Progress, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{
-    BlobSweep, DiskQuota, DiskUsage, EgressControl, ExportKey, Limits, LogFn, NodeApi, NodeError, PortStream,
-    ProgressFn, Result, SandboxHandle, SandboxStats, SnapshotExport,
+    BlobSweep, DiskQuota, DiskUsage, EgressControl, Limits, LogFn, NodeApi, NodeError, PortStream, ProgressFn, Result,
+    SandboxHandle, SandboxStats, SnapshotExport, SnapshotKey,
 };
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -173,6 +173,7 @@ impl NodeApi for SimNode {
         runtime: RuntimeKind,
         _limits: Limits,
         disk: &DiskQuota,
+        key: Option<&SnapshotKey>,
     ) -> Result<SandboxHandle> {
         let mut state = self.state();
         state.injected(Op::StartFromSnapshot)?;
@@ -180,6 +181,11 @@ impl NodeApi for SimNode {
         let snap = found.ok_or_else(|| SimError::NoSnapshot(snapshot.clone()))?;
         if snap.full {
             state.config.checkpoints.clone().map_err(NodeError::CheckpointUnavailable)?;
+        }
+        if snap.sealed.is_some() && snap.sealed.as_ref() != key {
+            return Err(
+                SimError::CorruptBlob(format!("snapshot {snapshot}'s images do not open with the key given")).into()
+            );
         }
         let contents = snap.contents.clone();
         let handle = state.boot(id, runtime, contents)?;
@@ -298,7 +304,7 @@ impl NodeApi for SimNode {
     ) -> Result<()> {
         let mut state = self.state();
         state.injected(Op::SnapshotDisk)?;
-        state.take_snapshot(sandbox, session, snapshot, already_paused, false)?;
+        state.take_snapshot(sandbox, session, snapshot, already_paused, false, None)?;
         Ok(())
     }
 
@@ -308,11 +314,12 @@ impl NodeApi for SimNode {
         session: &SessionId,
         snapshot: &SnapshotId,
         already_paused: bool,
+        key: Option<&SnapshotKey>,
     ) -> Result<u64> {
         let mut state = self.state();
         state.config.checkpoints.clone().map_err(NodeError::CheckpointUnavailable)?;
         state.injected(Op::SnapshotFull)?;
-        Ok(state.take_snapshot(sandbox, session, snapshot, already_paused, true)?)
+        Ok(state.take_snapshot(sandbox, session, snapshot, already_paused, true, key)?)
     }
 
     async fn snapshot_disk_size(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<u64> {
@@ -332,7 +339,7 @@ impl NodeApi for SimNode {
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<SnapshotExport> {
         let mut state = self.state();
         let blobs = state.config.blobs.clone().ok_or(SimError::NoBlobStore)?;
@@ -352,7 +359,7 @@ impl NodeApi for SimNode {
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &SnapshotExport,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<()> {
         let mut state = self.state();
         let blobs = state.config.blobs.clone().ok_or(SimError::NoBlobStore)?;
@@ -361,7 +368,9 @@ impl NodeApi for SimNode {
             return Ok(());
         }
         let (full, contents) = blobs.get(export, key)?;
-        state.snapshots.insert(snapshot.clone(), Snapshot { session: session.clone(), full, contents });
+        // Images arrive as they were exported: sealed with the export's key.
+        let sealed = key.filter(|_| full && export.encrypted).cloned();
+        state.snapshots.insert(snapshot.clone(), Snapshot { session: session.clone(), full, contents, sealed });
         Ok(())
     }
 

@@ -11,7 +11,9 @@ use space_api::{TemplateBuild, TemplateSource};
 use serde::{Deserialize, Serialize};
 use space_api::{Progress, RuntimeKind, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::SessionEgress;
-use space_node_api::{DiskQuota, ExportKey, Limits, NodeError, OutOfSpace, PortFailure, SandboxHandle, SnapshotExport};
+use space_node_api::{
+    DiskQuota, Limits, NodeError, OutOfSpace, PortFailure, SandboxHandle, SnapshotExport, SnapshotKey,
+};
 
 /// Paths of the node API.
 pub mod paths {
@@ -67,6 +69,7 @@ pub enum Call {
         runtime: RuntimeKind,
         limits: Limits,
         disk: DiskQuota,
+        key: Option<SnapshotKey>,
     },
     DestroySandbox {
         id: SandboxId,
@@ -108,6 +111,7 @@ pub enum Call {
         session: SessionId,
         snapshot: SnapshotId,
         already_paused: bool,
+        key: Option<SnapshotKey>,
     },
     SnapshotDiskSize {
         session: SessionId,
@@ -128,14 +132,14 @@ pub enum Call {
         session: SessionId,
         snapshot: SnapshotId,
         #[serde(default)]
-        key: Option<ExportKey>,
+        key: Option<SnapshotKey>,
     },
     ImportSnapshot {
         session: SessionId,
         snapshot: SnapshotId,
         export: SnapshotExport,
         #[serde(default)]
-        key: Option<ExportKey>,
+        key: Option<SnapshotKey>,
     },
     SweepBlobs {
         keep: Vec<String>,

@@ -22,8 +22,8 @@ use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId};
 use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{
-    DiskQuota, DiskUsage, EgressControl, ExportKey, Limits, LogFn, NodeApi, NodeError, PortStream, ProgressFn, Result,
-    SandboxHandle, SandboxStats, SnapshotExport, TemplateInfo,
+    DiskQuota, DiskUsage, EgressControl, Limits, LogFn, NodeApi, NodeError, PortStream, ProgressFn, Result,
+    SandboxHandle, SandboxStats, SnapshotExport, SnapshotKey, TemplateInfo,
 };
 use space_proto::client::AgentClient;
 use tokio::sync::Mutex;
@@ -254,6 +254,7 @@ impl NodeApi for RemoteNode {
         runtime: RuntimeKind,
         limits: Limits,
         disk: &DiskQuota,
+        key: Option<&SnapshotKey>,
     ) -> Result<SandboxHandle> {
         let call = Call::StartSandboxFromSnapshot {
             id: id.clone(),
@@ -262,6 +263,7 @@ impl NodeApi for RemoteNode {
             runtime,
             limits,
             disk: disk.clone(),
+            key: key.cloned(),
         };
         self.call(&call).await
     }
@@ -367,6 +369,7 @@ impl NodeApi for RemoteNode {
         session: &SessionId,
         snapshot: &SnapshotId,
         already_paused: bool,
+        key: Option<&SnapshotKey>,
     ) -> Result<u64> {
         self.drop_agent(sandbox).await;
         let call = Call::SnapshotFull {
@@ -374,6 +377,7 @@ impl NodeApi for RemoteNode {
             session: session.clone(),
             snapshot: snapshot.clone(),
             already_paused,
+            key: key.cloned(),
         };
         self.call(&call).await
     }
@@ -390,7 +394,7 @@ impl NodeApi for RemoteNode {
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<SnapshotExport> {
         self.call(&Call::ExportSnapshot { session: session.clone(), snapshot: snapshot.clone(), key: key.cloned() })
             .await
@@ -401,7 +405,7 @@ impl NodeApi for RemoteNode {
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &SnapshotExport,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<()> {
         let call = Call::ImportSnapshot {
             session: session.clone(),

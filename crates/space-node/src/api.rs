@@ -164,9 +164,10 @@ impl NodeApi for Node {
         runtime: RuntimeKind,
         limits: Limits,
         disk: &DiskQuota,
+        key: Option<&api::SnapshotKey>,
     ) -> Result<SandboxHandle> {
         let started = match self.snapshot_is_full(session, snapshot) {
-            true => self.restore_sandbox(id, session, snapshot, runtime, limits, disk).await,
+            true => self.restore_sandbox(id, session, snapshot, runtime, limits, disk, key).await,
             false => Node::start_sandbox_from_snapshot(self, id, session, snapshot, runtime, limits, disk).await,
         };
         Ok(started?)
@@ -259,8 +260,9 @@ impl NodeApi for Node {
         session: &SessionId,
         snapshot: &SnapshotId,
         already_paused: bool,
+        key: Option<&api::SnapshotKey>,
     ) -> Result<u64> {
-        Ok(Node::snapshot_full(self, sandbox, session, snapshot, already_paused).await?)
+        Ok(Node::snapshot_full(self, sandbox, session, snapshot, already_paused, key).await?)
     }
 
     async fn snapshot_disk_size(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<u64> {
@@ -279,7 +281,7 @@ impl NodeApi for Node {
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
-        key: Option<&api::ExportKey>,
+        key: Option<&api::SnapshotKey>,
     ) -> Result<api::SnapshotExport> {
         Ok(Node::export_snapshot(self, session, snapshot, key).await?)
     }
@@ -289,7 +291,7 @@ impl NodeApi for Node {
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &api::SnapshotExport,
-        key: Option<&api::ExportKey>,
+        key: Option<&api::SnapshotKey>,
     ) -> Result<()> {
         Ok(Node::import_snapshot(self, session, snapshot, export, key).await?)
     }

@@ -7,15 +7,22 @@
 //! (the pool's copy, see [`Node::open`]) into it, and thaws.
 //! Agent streams open at that moment (attached execs, watches) end; the processes keep
 //! running and can be attached to again.
+//!
+//! Given the snapshot's data key, the process images are written to memory only and sealed
+//! into the pool after the thaw, and a restore unseals them into memory again (in_memory.rs);
+//! without one (a caller that predates sealing) they are written to the pool in clear.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use space_api::RuntimeKind;
+use space_api::durable::SnapshotKey;
 use space_api::{SandboxId, SessionId, SnapshotId};
 use space_metrics::CheckpointStep;
 use space_node_api::DiskQuota;
 use space_runtime::{CheckpointArtifacts, Limits, SandboxHandle, SandboxSpec};
 
+use crate::in_memory::InMemory;
 use crate::{Node, NodeError, Result, blocking, poisoned};
 
 /// How long the sandbox's agent gets to close its ends of the node's connections.
@@ -33,25 +40,28 @@ impl Node {
     }
 
     /// Takes a full snapshot of a running (or, `already_paused`, paused) sandbox; it is left
-    /// as it was found. Returns its size (root and images). On failure the snapshot directory
-    /// may hold a partial snapshot: the caller deletes it.
+    /// as it was found. Returns its size (root and images). With `key`, the images are sealed
+    /// with it. On failure the snapshot directory may hold a partial snapshot: the caller
+    /// deletes it.
     pub async fn snapshot_full(
         &self,
         sandbox: &SandboxId,
         session: &SessionId,
         snapshot: &SnapshotId,
         already_paused: bool,
+        key: Option<&SnapshotKey>,
     ) -> Result<u64> {
         let runtime = self.runtimes.of(sandbox)?;
         runtime.checkpoint_support().map_err(space_runtime::RuntimeError::CheckpointUnavailable)?;
         let kept = self.kept_spaced.clone();
+        let plain = key.map(|_| self.in_memory(snapshot.as_str())).transpose()?;
         if already_paused {
             // Its agent must run to let CRIU in and to let go of the connection.
             runtime.resume(sandbox).await?;
         }
         self.allow_checkpoint(sandbox).await;
         let gate = self.close_agent(sandbox)?;
-        let taken = self.checkpoint_frozen(sandbox, session, snapshot).await;
+        let taken = self.checkpoint_frozen(sandbox, session, snapshot, plain.as_ref().map(InMemory::path)).await;
         // As found: a paused sandbox frozen again also when the checkpoint failed early.
         let restored_state = match already_paused {
             true => runtime.pause(sandbox).await,
@@ -65,15 +75,26 @@ impl Node {
         }
         let image_bytes = taken?;
         restored_state?;
+        if let (Some(key), Some(plain)) = (key, plain) {
+            let (key, images) = (key.clone(), self.pool.snapshot_images_dir(session, snapshot));
+            blocking(move || Ok(space_volume::sealed::seal_images(&key, plain.path(), &images)?)).await?;
+        }
         let pool = self.pool.clone();
         let (ses, snap) = (session.clone(), snapshot.clone());
         blocking(move || Ok(pool.link_snapshot_binary(&ses, &snap, &kept)?)).await?;
         Ok(self.snapshot_disk_size(session, snapshot).await? + image_bytes)
     }
 
-    /// Waits for the agent to let go, freezes, checkpoints and snapshots the root; returns the
-    /// images' size. Leaves the sandbox frozen.
-    async fn checkpoint_frozen(&self, sandbox: &SandboxId, session: &SessionId, snapshot: &SnapshotId) -> Result<u64> {
+    /// Waits for the agent to let go, freezes, checkpoints (into `plain` when given, else the
+    /// pool's images directory) and snapshots the root; returns the images' size. Leaves the
+    /// sandbox frozen.
+    async fn checkpoint_frozen(
+        &self,
+        sandbox: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        plain: Option<&Path>,
+    ) -> Result<u64> {
         let runtime = self.runtimes.of(sandbox)?;
         runtime.wait_agent_released(sandbox, RELEASE_TIMEOUT).await?;
         runtime.pause(sandbox).await?;
@@ -81,7 +102,8 @@ impl Node {
         if let Some(dir) = images.parent() {
             std::fs::create_dir_all(dir).map_err(|e| NodeError::Internal(format!("create {}: {e}", dir.display())))?;
         }
-        let artifacts = self.checkpoint_artifacts(runtime.kind(), session, snapshot);
+        let images = plain.map_or(images, Path::to_owned);
+        let artifacts = self.checkpoint_artifacts(runtime.kind(), images, session, snapshot);
         let stats = runtime
             .checkpoint(sandbox, &artifacts)
             .await
@@ -94,7 +116,8 @@ impl Node {
     }
 
     /// Starts sandbox `id` by restoring a full snapshot: its processes continue where they
-    /// were, with the snapshot's hostname and files.
+    /// were, with the snapshot's hostname and files. Sealed images need the snapshot's `key`.
+    #[allow(clippy::too_many_arguments)] // the node API's call, plus the key
     pub async fn restore_sandbox(
         &self,
         id: &SandboxId,
@@ -103,12 +126,16 @@ impl Node {
         runtime: RuntimeKind,
         limits: Limits,
         disk: &DiskQuota,
+        key: Option<&SnapshotKey>,
     ) -> Result<SandboxHandle> {
         let rt = self.runtimes.get(runtime)?;
+        let images = self.pool.snapshot_images_dir(session, snapshot);
+        let plain = self.unseal(id, &images, key).await?;
         // Charged before a single process is restored: they continue at once.
         let root = self.root_from_snapshot(id, session, snapshot, rt.root_disk(), None, disk).await?;
         let spec = SandboxSpec { id: id.clone(), root, hostname: String::new(), limits };
-        let artifacts = match self.checkpoint_artifacts(runtime, session, snapshot) {
+        let images = plain.as_ref().map_or(images, |plain| plain.path().to_owned());
+        let artifacts = match self.checkpoint_artifacts(runtime, images, session, snapshot) {
             CheckpointArtifacts::Criu { images, spaced } => {
                 CheckpointArtifacts::Criu { images, spaced: self.restore_binary(spaced).await? }
             }
@@ -119,6 +146,7 @@ impl Node {
             .restore(&spec, &artifacts)
             .await
             .inspect_err(|_| space_metrics::checkpoint_error(runtime, CheckpointStep::Restore))?;
+        drop(plain);
         let agent = self.connect(id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
         self.connect_to_gateway_or_destroy(&handle).await?;
@@ -141,14 +169,28 @@ impl Node {
         blocking(move || Ok(pool.keep_binary(&link)?)).await
     }
 
-    /// Where `runtime`'s checkpoint of `snapshot` lives.
+    /// The images in `images` unsealed into memory, if they are sealed (with `key`, which
+    /// they then need); `None` for images kept in clear.
+    async fn unseal(&self, id: &SandboxId, images: &Path, key: Option<&SnapshotKey>) -> Result<Option<InMemory>> {
+        let dir = images.to_owned();
+        if !blocking(move || Ok(space_volume::sealed::images_sealed(&dir)?)).await? {
+            return Ok(None);
+        }
+        let key = key.ok_or(space_volume::VolumeError::SealedWithoutKey)?.clone();
+        let plain = self.in_memory(id.as_str())?;
+        let (src, dst) = (images.to_owned(), plain.path().to_owned());
+        blocking(move || Ok(space_volume::sealed::unseal_images(&key, &src, &dst)?)).await?;
+        Ok(Some(plain))
+    }
+
+    /// `runtime`'s checkpoint of `snapshot`, its images in `images`.
     fn checkpoint_artifacts(
         &self,
         runtime: RuntimeKind,
+        images: PathBuf,
         session: &SessionId,
         snapshot: &SnapshotId,
     ) -> CheckpointArtifacts {
-        let images = self.pool.snapshot_images_dir(session, snapshot);
         match runtime {
             RuntimeKind::Linux => {
                 CheckpointArtifacts::Criu { images, spaced: self.pool.snapshot_binary(session, snapshot) }

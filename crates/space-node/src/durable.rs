@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use space_api::{SessionId, SnapshotId};
-use space_node_api::{BlobSweep, ExportKey, SnapshotExport};
+use space_node_api::{BlobSweep, SnapshotExport, SnapshotKey};
 
 use crate::{Node, NodeError, Result};
 
@@ -16,7 +16,7 @@ impl Node {
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<SnapshotExport> {
         let volumes = self.volumes.as_ref().ok_or(NodeError::NoBlobStore)?;
         Ok(volumes.export_snapshot(session, snapshot, None, key).await?)
@@ -28,7 +28,7 @@ impl Node {
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &SnapshotExport,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<()> {
         let volumes = self.volumes.as_ref().ok_or(NodeError::NoBlobStore)?;
         volumes.import_snapshot(session, snapshot, export, key).await?;

@@ -13,6 +13,7 @@ mod durable;
 pub(crate) use disk::charge;
 mod egress;
 mod images;
+mod in_memory;
 mod lifecycle;
 mod pod_templates;
 mod ports;
@@ -148,6 +149,8 @@ pub struct Node {
     connect_gates: Mutex<HashMap<SandboxId, tokio::sync::watch::Receiver<()>>>,
     /// The pool's copy of the node's `spaced`, which sandboxes run (see checkpoint.rs).
     kept_spaced: PathBuf,
+    /// Where process images are in clear while sealed or unsealed (see in_memory.rs).
+    in_memory_root: PathBuf,
     /// Snapshots to and from the blob store, if the node has one.
     volumes: Option<space_volume::Volumes>,
     template_builds: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -224,6 +227,8 @@ impl Node {
             tracing::info!(runtime = %runtime.runtime, available = runtime.available, detail = %runtime.detail, "runtime");
         }
         let pool = Arc::new(pool);
+        let in_memory_root = in_memory::root_for(&config.data_dir)?;
+        in_memory::clear(&in_memory_root);
         let volumes = match &config.blob_store {
             Some(url) => {
                 let blobs = space_blob::BlobStore::open(url).map_err(space_volume::VolumeError::from)?;
@@ -239,6 +244,7 @@ impl Node {
             agents: Mutex::new(HashMap::new()),
             connect_gates: Mutex::new(HashMap::new()),
             kept_spaced,
+            in_memory_root,
             volumes,
             template_builds: tokio::sync::Mutex::new(HashMap::new()),
             warm: warm::WarmPool::new(&config.warm),

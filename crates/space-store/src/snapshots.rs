@@ -22,6 +22,9 @@ pub struct NewSnapshot {
     pub outlives_session: bool,
     /// The node it is taken on.
     pub node_id: String,
+    /// Its data key, sealed (a full snapshot's process images are sealed with it on its node;
+    /// its export is encrypted with it).
+    pub key_sealed: Option<Vec<u8>>,
 }
 
 /// Where a snapshot is: the node it was taken on (`None` for one taken before snapshots
@@ -30,8 +33,9 @@ pub struct NewSnapshot {
 pub struct SnapshotPlace {
     pub node_id: Option<String>,
     pub export: Option<SnapshotExport>,
-    /// The export's data key, sealed (an encrypted export has one).
-    pub export_key_sealed: Option<Vec<u8>>,
+    /// The snapshot's data key, sealed: recorded when a full snapshot is taken (its process
+    /// images are sealed with it) or when it is exported (an encrypted export has one).
+    pub key_sealed: Option<Vec<u8>>,
 }
 
 /// `durable` is a number both backends decode alike, as `outlives_session` is stored.
@@ -87,8 +91,8 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         sqlx::query(
-            "INSERT INTO snapshots (id, session_id, tenant_id, kind, name, parent, state, size_bytes, created_at, node_id, outlives_session)
-             VALUES ($1, $2, $3, $4, $5, $6, 'creating', 0, $7, $8, $9)",
+            "INSERT INTO snapshots (id, session_id, tenant_id, kind, name, parent, state, size_bytes, created_at, node_id, outlives_session, export_key_sealed)
+             VALUES ($1, $2, $3, $4, $5, $6, 'creating', 0, $7, $8, $9, $10)",
         )
         .bind(new.id.as_str())
         .bind(new.session_id.as_str())
@@ -99,6 +103,7 @@ impl Store {
         .bind(now_ms())
         .bind(&new.node_id)
         .bind(i64::from(new.outlives_session))
+        .bind(new.key_sealed.as_deref())
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -126,7 +131,8 @@ impl Store {
     }
 
     /// Records that the snapshot is durable: every part of it is in the blob store, encrypted
-    /// with the data key `key_sealed` holds when there is one.
+    /// with the data key `key_sealed` holds when there is one (the snapshot's own, if it had
+    /// one already).
     pub async fn set_snapshot_export(
         &self,
         id: &SnapshotId,
@@ -156,7 +162,7 @@ impl Store {
             .map(serde_json::from_str)
             .transpose()
             .map_err(|e| StoreError::Corrupt(format!("export of snapshot {id}: {e}")))?;
-        Ok(Some(SnapshotPlace { node_id: row.get(0), export, export_key_sealed: row.get(2) }))
+        Ok(Some(SnapshotPlace { node_id: row.get(0), export, key_sealed: row.get(2) }))
     }
 
     pub async fn delete_snapshot_row(&self, id: &SnapshotId) -> Result<()> {
@@ -277,6 +283,7 @@ mod tests {
             name: name.map(str::to_owned),
             outlives_session,
             node_id: "node-a".into(),
+            key_sealed: None,
         }
     }
 
@@ -358,9 +365,11 @@ mod tests {
         store.set_snapshot_ready(&first.id, None).await.unwrap();
         assert_eq!(store.list_snapshots(&session).await.unwrap()[0].size_bytes, None);
         store.set_snapshot_size(&first.id, 42).await.unwrap();
-        let second = snap(None);
+        // A full snapshot's key is recorded with its row, before it is taken.
+        let second = NewSnapshot { kind: SnapshotKind::Full, key_sealed: Some(vec![4]), ..snap(None) };
         store.insert_snapshot(&second, u64::MAX).await.unwrap();
         store.set_snapshot_ready(&second.id, Some(7)).await.unwrap();
+        assert_eq!(store.snapshot_place(&second.id).await.unwrap().unwrap().key_sealed, Some(vec![4]));
         let list = store.list_snapshots(&session).await.unwrap();
         assert_eq!(list.len(), 2);
         // Read for every session in some states at once, as the schedule does.
@@ -382,7 +391,7 @@ mod tests {
             encrypted: true,
         };
         store.set_snapshot_export(&second.id, &export, Some(&[5])).await.unwrap();
-        assert_eq!(store.snapshot_place(&second.id).await.unwrap().unwrap().export_key_sealed, Some(vec![5]));
+        assert_eq!(store.snapshot_place(&second.id).await.unwrap().unwrap().key_sealed, Some(vec![5]));
         assert_eq!(store.all_snapshot_exports().await.unwrap(), [export]);
         store.delete_snapshot_row(&first.id).await.unwrap();
         assert_eq!(store.all_snapshots().await.unwrap().len(), 1);

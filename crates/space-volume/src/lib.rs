@@ -3,16 +3,19 @@
 //! processes ran — and arrives on any node from them, each checked, then `btrfs receive`d
 //! (docs/storage.md, "Durable snapshots").
 //!
-//! Given an [`ExportKey`], the root's stream and the process images are encrypted on their
-//! way out (space-keys' chunked stream format) and checked and decrypted on their way in, so
-//! the blob store holds no tenant data in clear (docs/byok.md). The `spaced` binary is not
-//! tenant data: it stays in clear, shared by every snapshot that ran it.
+//! Given an [`SnapshotKey`], the root's stream is encrypted on its way out (space-keys' chunked
+//! stream format) and checked and decrypted on its way in; process images are encrypted on
+//! the node already ([`sealed`]) and travel as they are (images of a snapshot taken before
+//! that are encrypted on their way out). So the blob store holds no tenant data in clear
+//! (docs/byok.md). The `spaced` binary is not tenant data: it stays in clear, shared by every
+//! snapshot that ran it.
 //!
 //! A snapshot whose parent was exported already can go as a stream against that parent, so
 //! only what changed travels; importing it needs the parent imported first. What an export
 //! returns, the control plane records: the hashes are what the import checks against, so the
 //! blob store cannot substitute other bytes.
 
+pub mod sealed;
 mod snapshot;
 
 use std::collections::HashSet;
@@ -20,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use space_api::durable::{DiskExport, ExportKey, ExportedFile, SnapshotExport};
+pub use space_api::durable::{DiskExport, ExportedFile, SnapshotExport, SnapshotKey};
 use space_api::{SessionId, SnapshotId};
 use space_blob::{BlobError, BlobRef, BlobStore, BlobSweep};
 pub use space_keys::KeyError;
@@ -46,6 +49,8 @@ pub enum VolumeError {
     Key(#[from] space_keys::KeyError),
     #[error("the snapshot's export is encrypted, and no key was given to import it")]
     NoKey,
+    #[error("the snapshot's process images are encrypted on the node, and no key was given to open them")]
+    SealedWithoutKey,
 }
 
 pub type Result<T, E = VolumeError> = std::result::Result<T, E>;
@@ -75,7 +80,7 @@ impl Volumes {
         session: &SessionId,
         snapshot: &SnapshotId,
         parent: Option<&SnapshotId>,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<DiskExport> {
         let stream = self.scratch_file(snapshot, "send")?;
         let result = self.send_and_store(session, snapshot, parent, &stream, key).await;
@@ -89,7 +94,7 @@ impl Volumes {
         snapshot: &SnapshotId,
         parent: Option<&SnapshotId>,
         stream: &Path,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<BlobRef> {
         let (pool, out) = (self.pool.clone(), stream.to_owned());
         let (session, snapshot_id, parent) = (session.clone(), snapshot.clone(), parent.cloned());
@@ -102,7 +107,7 @@ impl Volumes {
 
     /// Stores `path` in the blob store, encrypted with `key` when given (through a scratch
     /// file, removed after).
-    async fn put_file(&self, snapshot: &SnapshotId, path: &Path, key: Option<&ExportKey>) -> Result<BlobRef> {
+    async fn put_file(&self, snapshot: &SnapshotId, path: &Path, key: Option<&SnapshotKey>) -> Result<BlobRef> {
         let Some(key) = key else { return Ok(self.blobs.put_file(path).await?) };
         let sealed = self.scratch_file(snapshot, "sealed")?;
         let (key, src, dst) = (key.clone(), path.to_owned(), sealed.clone());
@@ -117,16 +122,15 @@ impl Volumes {
         stored
     }
 
-    /// Fetches `blob` (checked against its hash) into `dest`, decrypted with `key` when given
-    /// (a blob that does not decrypt whole is [`space_keys::KeyError::Corrupt`]; `dest` is
-    /// then removed). A `scratch` destination (read once and removed) is not synced.
-    async fn get_file(
+    /// Fetches `blob` (checked against its hash) into the scratch file `dest` (read once and
+    /// removed, so not synced), decrypted with `key` when given (a blob that does not decrypt
+    /// whole is [`space_keys::KeyError::Corrupt`]; `dest` is then removed).
+    async fn get_scratch(
         &self,
         snapshot: &SnapshotId,
         blob: &BlobRef,
         dest: &Path,
-        key: Option<&ExportKey>,
-        scratch: bool,
+        key: Option<&SnapshotKey>,
     ) -> Result<()> {
         let Some(key) = key else { return Ok(self.blobs.get_to_file(blob, dest).await?) };
         let sealed = self.scratch_file(snapshot, "sealed")?;
@@ -134,7 +138,7 @@ impl Volumes {
         let decrypted = match fetched {
             Ok(()) => {
                 let (key, src, dst) = (key.clone(), sealed.clone(), dest.to_owned());
-                tokio::task::spawn_blocking(move || space_keys::stream::decrypt_file(key.bytes(), &src, &dst, !scratch))
+                tokio::task::spawn_blocking(move || space_keys::stream::decrypt_file(key.bytes(), &src, &dst, false))
                     .await
                     .map_err(VolumeError::from)
                     .and_then(|r| r.map_err(VolumeError::from))
@@ -153,7 +157,7 @@ impl Volumes {
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &DiskExport,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<()> {
         let stream = self.scratch_file(snapshot, "receive")?;
         let result = self.fetch_and_receive(session, snapshot, export, &stream, key).await;
@@ -167,9 +171,9 @@ impl Volumes {
         snapshot: &SnapshotId,
         export: &DiskExport,
         stream: &Path,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<()> {
-        self.get_file(snapshot, &export.stream, stream, key, true).await?;
+        self.get_scratch(snapshot, &export.stream, stream, key).await?;
         let (pool, input) = (self.pool.clone(), stream.to_owned());
         let (session, snapshot) = (session.clone(), snapshot.clone());
         tokio::task::spawn_blocking(move || pool.receive_snapshot(&session, &snapshot, &input)).await??;

@@ -9,23 +9,24 @@ use space_api::durable::plain_file_name;
 use space_api::{SessionId, SnapshotId};
 use space_blob::BlobRef;
 
-use crate::{ExportKey, ExportedFile, Result, SnapshotExport, VolumeError, Volumes};
+use crate::{ExportedFile, Result, SnapshotExport, SnapshotKey, VolumeError, Volumes};
 
 /// The mode CRIU gives the image files it writes (its `CR_FD_PERM`, less the umask's write
 /// bit for the group).
-const IMAGE_MODE: u32 = 0o644;
+pub(crate) const IMAGE_MODE: u32 = 0o644;
 
 impl Volumes {
     /// Stores the snapshot in the blob store: its root (against `parent`, a snapshot of the
     /// same session exported before, when given) and, for a full snapshot, every file of its
-    /// process images and its binary. With `key`, the root's stream and the images are
-    /// encrypted with it.
+    /// process images and its binary. With `key` (the snapshot's own data key), the root's
+    /// stream is encrypted with it, and images in clear too; images sealed on the node already
+    /// go as they are (they need `key`: their export says it is encrypted).
     pub async fn export_snapshot(
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
         parent: Option<&SnapshotId>,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<SnapshotExport> {
         let disk = self.export_disk(session, snapshot, parent, key).await?;
         let encrypted = key.is_some();
@@ -33,10 +34,17 @@ impl Volumes {
             return Ok(SnapshotExport { disk, images: Vec::new(), spaced: None, encrypted });
         }
         let dir = self.pool.snapshot_images_dir(session, snapshot);
+        let sealed = crate::sealed::images_sealed(&dir)?;
+        if sealed && key.is_none() {
+            return Err(VolumeError::SealedWithoutKey);
+        }
         let mut images = Vec::new();
         for name in plain_files(&dir)? {
             let path = dir.join(&name);
-            let blob = self.put_file(snapshot, &path, key).await?;
+            let blob = match sealed {
+                true => self.blobs.put_file(&path).await?,
+                false => self.put_file(snapshot, &path, key).await?,
+            };
             images.push(ExportedFile { blob, name });
         }
         let binary = self.pool.snapshot_binary(session, snapshot);
@@ -53,13 +61,15 @@ impl Volumes {
     /// Makes the snapshot in this pool from its export, every part checked against its hash
     /// ([`space_blob::BlobError::Corrupt`] if one does not match). A snapshot the pool holds
     /// whole already is left as it is; on failure nothing of it stays. An encrypted export
-    /// needs its `key` ([`VolumeError::NoKey`] without), and every object must decrypt whole.
+    /// needs its `key` ([`VolumeError::NoKey`] without), and its root's stream must decrypt
+    /// whole; its process images are kept encrypted, as the node keeps its own, and are
+    /// opened (and checked) by a restore.
     pub async fn import_snapshot(
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &SnapshotExport,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<()> {
         let _one_at_a_time = self.imports.lock().await;
         if self.holds(session, snapshot, export) {
@@ -83,7 +93,7 @@ impl Volumes {
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &SnapshotExport,
-        key: Option<&ExportKey>,
+        key: Option<&SnapshotKey>,
     ) -> Result<()> {
         let dir = self.pool.snapshot_images_dir(session, snapshot);
         if let Some(bad) = export.images.iter().find(|f| !plain_file_name(&f.name)) {
@@ -98,7 +108,7 @@ impl Volumes {
         std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
         for file in &export.images {
             let path = dir.join(&file.name);
-            self.get_file(snapshot, &file.blob, &path, key, false).await?;
+            self.blobs.get_to_file(&file.blob, &path).await?;
             // As CRIU writes its own: the restored tasks read them from inside the sandbox's
             // user namespace. The images root (0700, root's) keeps everyone else out.
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(IMAGE_MODE)).map_err(|e| io(&path, e))?;
@@ -130,12 +140,12 @@ impl Volumes {
     }
 }
 
-fn io(path: &Path, source: std::io::Error) -> VolumeError {
+pub(crate) fn io(path: &Path, source: std::io::Error) -> VolumeError {
     VolumeError::Io { path: path.to_owned(), source }
 }
 
 /// The names of the files in `dir`, which must hold plain files only (what CRIU writes).
-fn plain_files(dir: &Path) -> Result<Vec<String>> {
+pub(crate) fn plain_files(dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
         let entry = entry.map_err(|e| io(dir, e))?;

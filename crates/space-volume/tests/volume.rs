@@ -8,7 +8,7 @@ use std::sync::Arc;
 use space_api::{SandboxId, SessionId, SnapshotId};
 use space_blob::{BlobError, BlobStore};
 use space_storage::{Pool, PoolOptions, SandboxIdentity, no_progress};
-use space_volume::{ExportKey, VolumeError, Volumes};
+use space_volume::{SnapshotKey, VolumeError, Volumes};
 
 /// A pool of its own in a temporary directory; dropping it deletes what it holds and
 /// unmounts it, also when the test failed.
@@ -255,7 +255,7 @@ async fn an_encrypted_export_holds_no_plaintext_and_opens_with_its_key_only() {
     let blobs = space_blob::store_under_test(blob_dir.path());
     let (session, _, second) = two_snapshots(from.pool());
     make_full(from.pool(), &session, &second, from.dir.path());
-    let key = ExportKey::new([9u8; 32]);
+    let key = SnapshotKey::new([9u8; 32]);
 
     let export = from.volumes(&blobs).export_snapshot(&session, &second, None, Some(&key)).await.unwrap();
     assert!(export.encrypted && export.is_full());
@@ -271,7 +271,7 @@ async fn an_encrypted_export_holds_no_plaintext_and_opens_with_its_key_only() {
     let importer = to.volumes(&blobs);
     let err = importer.import_snapshot(&session, &second, &export, None).await.unwrap_err();
     assert!(matches!(err, VolumeError::NoKey), "{err:?}");
-    let wrong = ExportKey::new([8u8; 32]);
+    let wrong = SnapshotKey::new([8u8; 32]);
     let err = importer.import_snapshot(&session, &second, &export, Some(&wrong)).await.unwrap_err();
     assert!(matches!(err, VolumeError::Key(space_keys::KeyError::Corrupt { .. })), "{err:?}");
     assert!(to.pool().list_snapshots().unwrap().is_empty(), "nothing of a failed import stays");
@@ -279,7 +279,43 @@ async fn an_encrypted_export_holds_no_plaintext_and_opens_with_its_key_only() {
     importer.import_snapshot(&session, &second, &export, Some(&key)).await.unwrap();
     let dst = to.pool();
     assert_eq!(std::fs::read(snapshot_file(dst, &session, &second, "tmp/second")).unwrap(), vec![7u8; 1 << 20]);
+    // The images stay encrypted, as the node keeps its own; a restore opens them.
     let images = dst.snapshot_images_dir(&session, &second);
-    assert_eq!(std::fs::read(images.join("pages-1.img")).unwrap(), vec![3u8; 300_000]);
+    assert!(space_volume::sealed::images_sealed(&images).unwrap());
+    let opened = to.dir.path().join("opened");
+    space_volume::sealed::unseal_images(&key, &images, &opened).unwrap();
+    assert_eq!(std::fs::read(opened.join("pages-1.img")).unwrap(), vec![3u8; 300_000]);
     assert_eq!(std::fs::read(dst.snapshot_binary(&session, &second)).unwrap(), b"a static spaced");
+}
+
+/// Images the node sealed already go to the blob store as they are (no second encryption),
+/// only with a key (their export must say it is encrypted), and come back sealed.
+#[tokio::test]
+async fn images_sealed_on_the_node_travel_as_they_are() {
+    let (from, to) = (TestPool::new("at-rest-from"), TestPool::new("at-rest-to"));
+    let blob_dir = tempfile::tempdir().unwrap();
+    let blobs = space_blob::store_under_test(blob_dir.path());
+    let (session, _, second) = two_snapshots(from.pool());
+    make_full(from.pool(), &session, &second, from.dir.path());
+    let key = SnapshotKey::new([4u8; 32]);
+    let images = from.pool().snapshot_images_dir(&session, &second);
+    let plain = from.dir.path().join("plain");
+    std::fs::rename(&images, &plain).unwrap();
+    space_volume::sealed::seal_images(&key, &plain, &images).unwrap();
+
+    let exporter = from.volumes(&blobs);
+    let err = exporter.export_snapshot(&session, &second, None, None).await.unwrap_err();
+    assert!(matches!(err, VolumeError::SealedWithoutKey), "{err:?}");
+    let export = exporter.export_snapshot(&session, &second, None, Some(&key)).await.unwrap();
+    assert!(export.encrypted);
+    for file in &export.images {
+        let stored = blobs.get_bytes(&file.blob).await.unwrap();
+        assert_eq!(&stored[..], std::fs::read(images.join(&file.name)).unwrap(), "{} re-encrypted", file.name);
+    }
+
+    to.volumes(&blobs).import_snapshot(&session, &second, &export, Some(&key)).await.unwrap();
+    let arrived = to.pool().snapshot_images_dir(&session, &second);
+    let opened = to.dir.path().join("opened");
+    space_volume::sealed::unseal_images(&key, &arrived, &opened).unwrap();
+    assert_eq!(std::fs::read(opened.join("core-1.img")).unwrap(), b"registers");
 }

@@ -204,20 +204,29 @@ pub(crate) async fn snapshot_locked(
     keeping: Keeping,
 ) -> AppResult<Snapshot> {
     let (id, sandbox, node) = (&session.id, sandbox_of(session)?, state.nodes.of(session)?);
+    let snapshot_id = SnapshotId::generate();
+    // A full snapshot's process images are sealed with a key of its own on the node.
+    let key = match kind {
+        SnapshotKind::Full => Some(crate::durable::new_snapshot_key(state, tenant, id, &snapshot_id).await?),
+        SnapshotKind::Disk => None,
+    };
     let new = NewSnapshot {
-        id: SnapshotId::generate(),
+        id: snapshot_id,
         session_id: id.clone(),
         tenant_id: tenant.clone(),
         kind,
         name: keeping.name,
         outlives_session: keeping.outlives_session,
         node_id: node.node_id(),
+        key_sealed: key.as_ref().map(|(_, sealed)| sealed.clone()),
     };
     state.store.insert_snapshot(&new, MAX_KEPT_SNAPSHOTS).await?;
     let began = Instant::now();
     let taken = match kind {
         SnapshotKind::Disk => node.snapshot_disk(&sandbox, id, &new.id, paused).await.map(|()| None),
-        SnapshotKind::Full => node.snapshot_full(&sandbox, id, &new.id, paused).await.map(Some),
+        SnapshotKind::Full => {
+            node.snapshot_full(&sandbox, id, &new.id, paused, key.as_ref().map(|(key, _)| key)).await.map(Some)
+        }
     };
     space_metrics::snapshot_taken(kind, session.runtime, taken.is_ok(), began.elapsed());
     match taken {

@@ -76,9 +76,9 @@ async fn perform(served: &Served, call: Call) -> Response<Body> {
         Call::StartSandbox { id, template, runtime, limits, disk } => {
             result(node.start_sandbox(&id, &template, runtime, limits, &disk).await)
         }
-        Call::StartSandboxFromSnapshot { id, session, snapshot, runtime, limits, disk } => {
-            result(node.start_sandbox_from_snapshot(&id, &session, &snapshot, runtime, limits, &disk).await)
-        }
+        Call::StartSandboxFromSnapshot { id, session, snapshot, runtime, limits, disk, key } => result(
+            node.start_sandbox_from_snapshot(&id, &session, &snapshot, runtime, limits, &disk, key.as_ref()).await,
+        ),
         Call::DestroySandbox { id } => result(node.destroy_sandbox(&id).await),
         Call::PauseSandbox { id } => result(node.pause_sandbox(&id).await),
         Call::ResumeSandbox { id } => result(node.resume_sandbox(&id).await),
@@ -91,8 +91,8 @@ async fn perform(served: &Served, call: Call) -> Response<Body> {
         Call::SnapshotDisk { sandbox, session, snapshot, already_paused } => {
             result(node.snapshot_disk(&sandbox, &session, &snapshot, already_paused).await)
         }
-        Call::SnapshotFull { sandbox, session, snapshot, already_paused } => {
-            result(node.snapshot_full(&sandbox, &session, &snapshot, already_paused).await)
+        Call::SnapshotFull { sandbox, session, snapshot, already_paused, key } => {
+            result(node.snapshot_full(&sandbox, &session, &snapshot, already_paused, key.as_ref()).await)
         }
         Call::SnapshotDiskSize { session, snapshot } => result(node.snapshot_disk_size(&session, &snapshot).await),
         Call::DeleteSnapshot { session, snapshot } => result(node.delete_snapshot(&session, &snapshot).await),
