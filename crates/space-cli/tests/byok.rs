@@ -12,6 +12,8 @@
 
 mod common;
 
+use std::os::unix::fs::MetadataExt;
+
 use common::Server;
 use common::nodes::ExtraNode;
 use common::upstream::{Upstream, random_hex};
@@ -362,12 +364,12 @@ fn a_tenants_suspended_session_is_sealed_on_its_nodes_disk_and_resumes_only_with
     assert!(!held.is_empty(), "no images of the session under {}", images.display());
     let holding = files_holding(&images, marker.as_bytes());
     assert!(holding.is_empty(), "the node's images hold the marker in clear: {holding:?}");
-    let in_memory: Vec<String> = std::fs::read_dir("/dev/shm")
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("space-"))
-        .flat_map(|e| files_holding(&e.path(), marker.as_bytes()))
-        .collect();
+    // The node's directory in memory (docs/operator-guide.md): its own, so no other test's
+    // server changes it meanwhile.
+    let data = std::fs::metadata(&server.data_dir).unwrap();
+    let own = std::path::PathBuf::from(format!("/dev/shm/space-{}-{}", data.dev(), data.ino()));
+    assert!(own.is_dir(), "the node made no directory in memory at {}", own.display());
+    let in_memory = files_holding(&own, marker.as_bytes());
     assert!(in_memory.is_empty(), "images left in clear in memory: {in_memory:?}");
 
     allow(&key, false);

@@ -1,6 +1,6 @@
 //! Files encrypted in authenticated chunks, so that one of any size is encrypted and checked
 //! streaming, never held in memory (snapshot streams and process images on their way to the
-//! blob store).
+//! blob store, and process images at rest on their node).
 //!
 //! Layout: `MAGIC (8) | version (1) | salt (32) | chunk 0 | chunk 1 | … | chunk n`. Each chunk
 //! is [`CHUNK`] bytes of plaintext (the last one fewer, possibly none) sealed with AES-256-GCM
@@ -9,12 +9,16 @@
 //! STREAM construction, as age and Tink use). A chunk moved, repeated, dropped, altered, or a
 //! file cut at a chunk boundary fails to open, and so does the same file under another key.
 
+mod writer;
+
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
 
-use aws_lc_rs::aead::{Aad, Nonce};
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce};
 use aws_lc_rs::hkdf;
+
+use writer::Writer;
 
 use crate::{KEY_LEN, KeyError, Result, TAG_LEN, aead_key, random};
 
@@ -27,7 +31,7 @@ const HEADER_LEN: usize = MAGIC.len() + 1 + SALT_LEN;
 pub const CHUNK: usize = 1 << 20;
 const INFO: &[u8] = b"space-keys/stream/v1";
 
-fn subkey(data_key: &[u8], salt: &[u8]) -> Result<aws_lc_rs::aead::LessSafeKey> {
+fn subkey(data_key: &[u8], salt: &[u8]) -> Result<LessSafeKey> {
     if data_key.len() != KEY_LEN {
         return Err(KeyError::Crypto(format!("a stream key is {KEY_LEN} bytes, not {}", data_key.len())));
     }
@@ -65,37 +69,49 @@ fn io(path: &Path, what: &str, e: std::io::Error) -> KeyError {
 }
 
 /// Encrypts `src` into `dst` (created or truncated) under `data_key`. Not synced: `dst` is
-/// a file on its way elsewhere (the blob store syncs its own copy).
+/// a file on its way elsewhere (the blob store syncs its own copy), or one whose copy in the
+/// pool the filesystem commits.
 pub fn encrypt_file(data_key: &[u8], src: &Path, dst: &Path) -> Result<()> {
-    let mut input = BufReader::with_capacity(CHUNK, File::open(src).map_err(|e| io(src, "opening", e))?);
-    let mut output = BufWriter::with_capacity(CHUNK + TAG_LEN, File::create(dst).map_err(|e| io(dst, "creating", e))?);
+    let mut input = File::open(src).map_err(|e| io(src, "opening", e))?;
+    let mut output = File::create(dst).map_err(|e| io(dst, "creating", e))?;
     let salt = random::<SALT_LEN>()?;
     let mut header = MAGIC.to_vec();
     header.push(VERSION);
     header.extend_from_slice(&salt);
     output.write_all(&header).map_err(|e| io(dst, "writing", e))?;
     let key = subkey(data_key, &salt)?;
-    // One chunk read ahead, so that the last one is known when it is sealed.
-    let mut current = vec![0u8; CHUNK];
-    let mut next = vec![0u8; CHUNK];
-    let mut len = fill(&mut input, &mut current).map_err(|e| io(src, "reading", e))?;
+    let writer = Writer::start(output, CHUNK + TAG_LEN).map_err(|e| io(dst, "writing", e))?;
+    let sealed = seal_chunks(&key, &header, &mut input, &writer, src);
+    let written = writer.finish().map_err(|e| io(dst, "writing", e));
+    sealed.and(written.map(drop))
+}
+
+/// Seals `input` chunk by chunk and hands the chunks to `writer`; stops early (`Ok`) if the
+/// writer fails, which [`Writer::finish`] then reports.
+fn seal_chunks(key: &LessSafeKey, header: &[u8], input: &mut File, writer: &Writer, src: &Path) -> Result<()> {
+    let Some(mut current) = writer.buffer(CHUNK + TAG_LEN) else { return Ok(()) };
+    let mut len = fill(input, &mut current[..CHUNK]).map_err(|e| io(src, "reading", e))?;
     let mut index = 0u64;
     loop {
-        let next_len = if len == CHUNK { fill(&mut input, &mut next).map_err(|e| io(src, "reading", e))? } else { 0 };
-        let last = next_len == 0;
-        let tag = key
-            .seal_in_place_separate_tag(nonce(index, last), Aad::from(&header[..]), &mut current[..len])
-            .map_err(|_| KeyError::Crypto("encryption failed".into()))?;
-        output.write_all(&current[..len]).map_err(|e| io(dst, "writing", e))?;
-        output.write_all(tag.as_ref()).map_err(|e| io(dst, "writing", e))?;
-        if last {
-            break;
+        // One chunk read ahead, so that the last one is known when it is sealed.
+        let mut next = None;
+        if len == CHUNK {
+            let Some(mut buffer) = writer.buffer(CHUNK + TAG_LEN) else { return Ok(()) };
+            let read = fill(input, &mut buffer[..CHUNK]).map_err(|e| io(src, "reading", e))?;
+            next = Some((buffer, read)).filter(|(_, read)| *read > 0);
         }
-        std::mem::swap(&mut current, &mut next);
-        len = next_len;
+        let tag = key
+            .seal_in_place_separate_tag(nonce(index, next.is_none()), Aad::from(header), &mut current[..len])
+            .map_err(|_| KeyError::Crypto("encryption failed".into()))?;
+        current[len..len + TAG_LEN].copy_from_slice(tag.as_ref());
+        current.truncate(len + TAG_LEN);
+        if !writer.write(current) {
+            return Ok(());
+        }
+        let Some((buffer, read)) = next else { return Ok(()) };
+        (current, len) = (buffer, read);
         index += 1;
     }
-    output.flush().map_err(|e| io(dst, "writing", e))
 }
 
 /// Whether `path` begins as [`encrypt_file`] begins what it writes (its magic and version).
@@ -112,7 +128,7 @@ pub fn is_sealed(path: &Path) -> std::io::Result<bool> {
 /// created is left alone).
 pub fn decrypt_file(data_key: &[u8], src: &Path, dst: &Path, sync: bool) -> Result<()> {
     let corrupt = || KeyError::Corrupt { owner: src.display().to_string() };
-    let mut input = BufReader::with_capacity(CHUNK + TAG_LEN, File::open(src).map_err(|e| io(src, "opening", e))?);
+    let mut input = File::open(src).map_err(|e| io(src, "opening", e))?;
     let mut header = [0u8; HEADER_LEN];
     if fill(&mut input, &mut header).map_err(|e| io(src, "reading", e))? != HEADER_LEN
         || &header[..MAGIC.len()] != MAGIC
@@ -121,50 +137,51 @@ pub fn decrypt_file(data_key: &[u8], src: &Path, dst: &Path, sync: bool) -> Resu
         return Err(corrupt());
     }
     let key = subkey(data_key, &header[MAGIC.len() + 1..])?;
-    let output = BufWriter::with_capacity(CHUNK, File::create(dst).map_err(|e| io(dst, "creating", e))?);
-    let result = decrypt_chunks(&key, &header, src, input, output, dst, sync);
+    let output = File::create(dst).map_err(|e| io(dst, "creating", e))?;
+    let result = Writer::start(output, CHUNK + TAG_LEN).map_err(|e| io(dst, "writing", e)).and_then(|writer| {
+        let opened = open_chunks(&key, &header, &mut input, &writer, src);
+        let written = writer.finish().map_err(|e| io(dst, "writing", e));
+        let file = opened.and(written)?;
+        if sync {
+            file.sync_all().map_err(|e| io(dst, "syncing", e))?;
+        }
+        Ok(())
+    });
     if result.is_err() {
         let _ = std::fs::remove_file(dst);
     }
     result
 }
 
-fn decrypt_chunks(
-    key: &aws_lc_rs::aead::LessSafeKey,
-    header: &[u8],
-    src: &Path,
-    mut input: impl Read,
-    mut output: BufWriter<File>,
-    dst: &Path,
-    sync: bool,
-) -> Result<()> {
+/// Opens `input`'s chunks one by one and hands the plaintext to `writer`; stops early (`Ok`)
+/// if the writer fails, which [`Writer::finish`] then reports.
+fn open_chunks(key: &LessSafeKey, header: &[u8], input: &mut File, writer: &Writer, src: &Path) -> Result<()> {
     let corrupt = || KeyError::Corrupt { owner: src.display().to_string() };
-    let mut current = vec![0u8; CHUNK + TAG_LEN];
-    let mut next = vec![0u8; CHUNK + TAG_LEN];
-    let mut len = fill(&mut input, &mut current).map_err(|e| io(src, "reading", e))?;
+    let Some(mut current) = writer.buffer(CHUNK + TAG_LEN) else { return Ok(()) };
+    let mut len = fill(input, &mut current).map_err(|e| io(src, "reading", e))?;
     let mut index = 0u64;
     loop {
         if len < TAG_LEN {
             return Err(corrupt());
         }
-        let next_len =
-            if len == CHUNK + TAG_LEN { fill(&mut input, &mut next).map_err(|e| io(src, "reading", e))? } else { 0 };
-        let last = next_len == 0;
-        let plain =
-            key.open_in_place(nonce(index, last), Aad::from(header), &mut current[..len]).map_err(|_| corrupt())?;
-        output.write_all(plain).map_err(|e| io(dst, "writing", e))?;
-        if last {
-            break;
+        let mut next = None;
+        if len == CHUNK + TAG_LEN {
+            let Some(mut buffer) = writer.buffer(CHUNK + TAG_LEN) else { return Ok(()) };
+            let read = fill(input, &mut buffer).map_err(|e| io(src, "reading", e))?;
+            next = Some((buffer, read)).filter(|(_, read)| *read > 0);
         }
-        std::mem::swap(&mut current, &mut next);
-        len = next_len;
+        let plain = key
+            .open_in_place(nonce(index, next.is_none()), Aad::from(header), &mut current[..len])
+            .map_err(|_| corrupt())?
+            .len();
+        current.truncate(plain);
+        if !writer.write(current) {
+            return Ok(());
+        }
+        let Some((buffer, read)) = next else { return Ok(()) };
+        (current, len) = (buffer, read);
         index += 1;
     }
-    let file = output.into_inner().map_err(|e| io(dst, "writing", e.into_error()))?;
-    if sync {
-        file.sync_all().map_err(|e| io(dst, "syncing", e))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
