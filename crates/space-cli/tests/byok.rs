@@ -274,6 +274,20 @@ fn files_holding(dir: &std::path::Path, marker: &[u8]) -> Vec<String> {
     found
 }
 
+/// Resumes suspended session `id` with `key` revoked (503 `key_unavailable`, the session
+/// still suspended), then with it allowed again; the resumed session.
+fn resume_only_with_key(server: &Server, tenant: &str, id: &str, key: &str) -> Value {
+    allow(key, false);
+    let resume = || server.call_as(tenant, "POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
+    assert_key_unavailable(resume(), key);
+    let (_, r) = server.call_as(tenant, "GET", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(r["state"], "suspended", "a refused resume leaves the session as it was: {r}");
+    allow(key, true);
+    let (status, r) = resume();
+    assert_eq!((status, r["state"].as_str()), (200, Some("running")), "{r}\n{}", server.log_text());
+    r
+}
+
 /// Two nodes sharing a blob store (a directory): a tenant's session with a marker in a file
 /// and in a process's memory is suspended into the blob store, where no object holds the
 /// marker; its node cordoned, it resumes on the other node only while the tenant's key is
@@ -318,15 +332,7 @@ fn a_tenants_suspended_session_is_encrypted_in_the_blob_store_and_moves_only_wit
 
     let out = server.cli(&["node", "cordon", &placed]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    allow(&key, false);
-    let resume = || server.call_as(&tenant, "POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
-    assert_key_unavailable(resume(), &key);
-    let (_, r) = server.call_as(&tenant, "GET", &format!("/v1/sessions/{id}"), None);
-    assert_eq!(r["state"], "suspended", "a refused resume leaves the session as it was: {r}");
-
-    allow(&key, true);
-    let (status, r) = resume();
-    assert_eq!((status, r["state"].as_str()), (200, Some("running")), "{r}\n{}", server.log_text());
+    let r = resume_only_with_key(&server, &tenant, &id, &key);
     assert_ne!(r["node"].as_str(), Some(placed.as_str()), "it moved off the cordoned node: {r}");
     let (status, r) = exec(
         json!({ "cmd": ["sh", "-c", "cat /root/marker; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c byok-marker"] }),
@@ -372,15 +378,7 @@ fn a_tenants_suspended_session_is_sealed_on_its_nodes_disk_and_resumes_only_with
     let in_memory = files_holding(&own, marker.as_bytes());
     assert!(in_memory.is_empty(), "images left in clear in memory: {in_memory:?}");
 
-    allow(&key, false);
-    let resume = || server.call_as(&tenant, "POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
-    assert_key_unavailable(resume(), &key);
-    let (_, r) = server.call_as(&tenant, "GET", &format!("/v1/sessions/{id}"), None);
-    assert_eq!(r["state"], "suspended", "a refused resume leaves the session as it was: {r}");
-
-    allow(&key, true);
-    let (status, r) = resume();
-    assert_eq!((status, r["state"].as_str()), (200, Some("running")), "{r}\n{}", server.log_text());
+    resume_only_with_key(&server, &tenant, &id, &key);
     let (status, r) = exec(
         json!({ "cmd": ["sh", "-c", "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c byok-memory"] }),
     );
