@@ -238,11 +238,13 @@ fn a_suspended_vm_resumes_its_processes_also_after_a_server_restart() {
     let body = json!({ "cmd": ["sh", "-c", count], "background": true });
     let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
     assert_eq!(status, 200, "{r}");
-    // 100 MiB held in guest memory by a process (a tmpfs file it keeps open).
+    // 320 MiB of the guest's 512 held in its memory (a tmpfs file). The state is written into
+    // the node's memory to be sealed: charged to the VM's cgroup, whose limit leaves room for
+    // one copy of its RAM only, QEMU would be killed mid-suspend.
     sh(
         &server,
         &id,
-        "mkdir -p /mnt/m && mount -t tmpfs tmpfs /mnt/m && head -c 104857600 /dev/urandom > /mnt/m/blob && md5sum /mnt/m/blob > /root/sum",
+        "mkdir -p /mnt/m && mount -t tmpfs -o size=400m tmpfs /mnt/m && head -c 335544320 /dev/urandom > /mnt/m/blob && md5sum /mnt/m/blob > /root/sum",
     );
     std::thread::sleep(std::time::Duration::from_millis(300));
     let before = counter(&server, &id);

@@ -17,12 +17,13 @@ pub(crate) fn root_for(data_dir: &Path) -> Result<PathBuf> {
     Ok(Path::new(SHM).join(format!("space-{}-{}", meta.dev(), meta.ino())))
 }
 
-/// Removes what a node that stopped meanwhile left in its directory in memory.
+/// Removes what a node that stopped meanwhile left in its directory in memory, and makes it
+/// again at once: while it is there (root's, 0700), nobody else can take its name in the
+/// world-writable `/dev/shm` (whose sticky bit keeps it root's).
 pub(crate) fn clear(root: &Path) {
-    if let Err(e) = std::fs::remove_dir_all(root)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::warn!(path = %root.display(), error = %e, "cannot clear the node's directory in memory");
+    remove(root);
+    if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(root) {
+        tracing::warn!(path = %root.display(), error = %e, "cannot make the node's directory in memory");
     }
 }
 
@@ -37,11 +38,15 @@ impl InMemory {
 
 impl Drop for InMemory {
     fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(path = %self.0.display(), error = %e, "cannot remove images in memory");
-        }
+        remove(&self.0);
+    }
+}
+
+fn remove(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %dir.display(), error = %e, "cannot remove images in memory");
     }
 }
 
@@ -73,7 +78,7 @@ impl Node {
             )));
         }
         let dir = InMemory(root.join(name));
-        clear(dir.path());
+        remove(dir.path());
         Ok(dir)
     }
 }

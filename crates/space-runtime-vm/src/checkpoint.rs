@@ -31,6 +31,9 @@ pub const STATE_FILE: &str = "vm.state";
 pub const STATE_RECORD: &str = "vm.json";
 /// Version of the directory's layout and of [`StateRecord`].
 const STATE_FORMAT: u32 = 1;
+/// What a state holds beside the guest's RAM (devices, the migration stream's framing), as
+/// reserved ahead in memory: QEMU writes past it if it needs to.
+const STATE_MARGIN: u64 = 64 << 20;
 /// The name the state's descriptor gets in QEMU's monitor.
 pub(crate) const STATE_FD: &str = "state";
 /// How often a migration's progress is asked for.
@@ -111,6 +114,9 @@ impl VmRuntime {
             .mode(0o600)
             .open(&state_path)
             .map_err(VmError::io("create", &state_path))?;
+        // Its RAM and a margin for the devices' state (a template's state holds no RAM).
+        let ram = if ram_in_template { 0 } else { boot.machine.memory_mib << 20 };
+        crate::sys::reserve_if_in_memory(&file, ram + STATE_MARGIN).map_err(VmError::io("reserve", &state_path))?;
         let saved = async {
             self.migrate_out(&mut qmp, &file, ram_in_template).await?;
             let state_bytes = file.metadata().map_err(VmError::io("stat", &state_path))?.len();

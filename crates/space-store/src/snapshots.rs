@@ -131,8 +131,9 @@ impl Store {
     }
 
     /// Records that the snapshot is durable: every part of it is in the blob store, encrypted
-    /// with the data key `key_sealed` holds when there is one (the snapshot's own, if it had
-    /// one already).
+    /// with the data key `key_sealed` holds when there is one. A key recorded already (the
+    /// snapshot's own, which the export used) is kept as it is: a tenant key change may have
+    /// re-wrapped it while the export ran.
     pub async fn set_snapshot_export(
         &self,
         id: &SnapshotId,
@@ -140,12 +141,14 @@ impl Store {
         key_sealed: Option<&[u8]>,
     ) -> Result<()> {
         let json = serde_json::to_string(export).map_err(|e| StoreError::Corrupt(format!("snapshot export: {e}")))?;
-        sqlx::query("UPDATE snapshots SET export = $1, export_key_sealed = $2 WHERE id = $3")
-            .bind(json)
-            .bind(key_sealed)
-            .bind(id.as_str())
-            .execute(&self.writer)
-            .await?;
+        sqlx::query(
+            "UPDATE snapshots SET export = $1, export_key_sealed = COALESCE(export_key_sealed, $2) WHERE id = $3",
+        )
+        .bind(json)
+        .bind(key_sealed)
+        .bind(id.as_str())
+        .execute(&self.writer)
+        .await?;
         Ok(())
     }
 
@@ -370,6 +373,9 @@ mod tests {
         store.insert_snapshot(&second, u64::MAX).await.unwrap();
         store.set_snapshot_ready(&second.id, Some(7)).await.unwrap();
         assert_eq!(store.snapshot_place(&second.id).await.unwrap().unwrap().key_sealed, Some(vec![4]));
+        // Re-wrapped while it was exported: the export's end keeps the re-wrapped key.
+        let owner = crate::SealedOwner::SnapshotKey { session: session.clone(), snapshot: second.id.clone() };
+        assert!(store.replace_sealed(&owner, &[4], &[5]).await.unwrap());
         let list = store.list_snapshots(&session).await.unwrap();
         assert_eq!(list.len(), 2);
         // Read for every session in some states at once, as the schedule does.
@@ -390,7 +396,7 @@ mod tests {
             spaced: Some(blob(2)),
             encrypted: true,
         };
-        store.set_snapshot_export(&second.id, &export, Some(&[5])).await.unwrap();
+        store.set_snapshot_export(&second.id, &export, Some(&[4])).await.unwrap();
         assert_eq!(store.snapshot_place(&second.id).await.unwrap().unwrap().key_sealed, Some(vec![5]));
         assert_eq!(store.all_snapshot_exports().await.unwrap(), [export]);
         store.delete_snapshot_row(&first.id).await.unwrap();
