@@ -43,11 +43,7 @@ async fn export_held(
     let recorded = state.store.snapshot_place(snapshot).await?.and_then(|place| place.key_sealed);
     let (key, key_sealed) = match recorded {
         Some(sealed) => (open_snapshot_key(state, session, snapshot, &sealed).await?, sealed),
-        None => {
-            let tenant = state.store.session_any(session).await?;
-            let tenant = tenant.ok_or_else(|| AppError::session_not_found(session.as_str()))?.tenant_id;
-            new_snapshot_key(state, &tenant, session, snapshot).await?
-        }
+        None => first_snapshot_key(state, session, snapshot).await?,
     };
     match node.export_snapshot(session, snapshot, Some(&key)).await {
         // A node that does not encrypt (an older one) would put the tenant's data in clear.
@@ -186,6 +182,26 @@ pub async fn new_snapshot_key(
     let key = space_keys::data_key().map_err(crate::keyring::key_error)?;
     let sealed = state.keys.seal(tenant, &key[..], &snapshot_key_owner(session, snapshot)).await?;
     Ok((SnapshotKey::new(*key), sealed))
+}
+
+/// A data key for a snapshot that has none (a disk snapshot being exported), recorded before
+/// the export, so that every export of it uses one key: the one recorded first.
+async fn first_snapshot_key(
+    state: &AppState,
+    session: &SessionId,
+    snapshot: &SnapshotId,
+) -> AppResult<(SnapshotKey, Vec<u8>)> {
+    let tenant = state.store.session_any(session).await?;
+    let tenant = tenant.ok_or_else(|| AppError::session_not_found(session.as_str()))?.tenant_id;
+    let (key, sealed) = new_snapshot_key(state, &tenant, session, snapshot).await?;
+    match state.store.record_snapshot_key(snapshot, &sealed).await? {
+        Some(kept) if kept == sealed => Ok((key, sealed)),
+        Some(kept) => Ok((open_snapshot_key(state, session, snapshot, &kept).await?, kept)),
+        None => Err(AppError::new(
+            ErrorCode::SnapshotNotFound,
+            format!("snapshot {snapshot} was deleted before its export began"),
+        )),
+    }
 }
 
 /// A snapshot's recorded data key, unsealed (`key_unavailable` when its tenant's key is).

@@ -152,6 +152,23 @@ impl Store {
         Ok(())
     }
 
+    /// Records `key_sealed` as the snapshot's data key unless it has one already (another
+    /// export of it recorded one first); the key it has then, `None` if it is gone.
+    pub async fn record_snapshot_key(&self, id: &SnapshotId, key_sealed: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query("UPDATE snapshots SET export_key_sealed = COALESCE(export_key_sealed, $1) WHERE id = $2")
+            .bind(key_sealed)
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let kept: Option<Option<Vec<u8>>> = sqlx::query_scalar("SELECT export_key_sealed FROM snapshots WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(kept.flatten())
+    }
+
     /// Where a ready snapshot is, if it exists.
     pub async fn snapshot_place(&self, id: &SnapshotId) -> Result<Option<SnapshotPlace>> {
         let row =
@@ -398,6 +415,10 @@ mod tests {
         };
         store.set_snapshot_export(&second.id, &export, Some(&[4])).await.unwrap();
         assert_eq!(store.snapshot_place(&second.id).await.unwrap().unwrap().key_sealed, Some(vec![5]));
+        // A snapshot without a key gets the first one recorded; later ones get that one back.
+        assert_eq!(store.record_snapshot_key(&first.id, &[6]).await.unwrap(), Some(vec![6]));
+        assert_eq!(store.record_snapshot_key(&first.id, &[7]).await.unwrap(), Some(vec![6]));
+        assert_eq!(store.record_snapshot_key(&SnapshotId::generate(), &[8]).await.unwrap(), None);
         assert_eq!(store.all_snapshot_exports().await.unwrap(), [export]);
         store.delete_snapshot_row(&first.id).await.unwrap();
         assert_eq!(store.all_snapshots().await.unwrap().len(), 1);
