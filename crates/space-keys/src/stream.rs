@@ -86,25 +86,41 @@ pub fn encrypt_file(data_key: &[u8], src: &Path, dst: &Path) -> Result<()> {
     sealed.and(written.map(drop))
 }
 
-/// Seals `input` chunk by chunk and hands the chunks to `writer`; stops early (`Ok`) if the
-/// writer fails, which [`Writer::finish`] then reports.
+/// Seals `input` chunk by chunk and hands the chunks to `writer`.
 fn seal_chunks(key: &LessSafeKey, header: &[u8], input: &mut File, writer: &Writer, src: &Path) -> Result<()> {
+    each_chunk(input, CHUNK, writer, src, |chunk, len, index, last| {
+        let tag = key
+            .seal_in_place_separate_tag(nonce(index, last), Aad::from(header), &mut chunk[..len])
+            .map_err(|_| KeyError::Crypto("encryption failed".into()))?;
+        chunk[len..len + TAG_LEN].copy_from_slice(tag.as_ref());
+        chunk.truncate(len + TAG_LEN);
+        Ok(())
+    })
+}
+
+/// Reads `input` in pieces of `piece` bytes into buffers of `writer`, one piece read ahead
+/// so that the last one is known (a piece is the last if the one after it is empty), lets
+/// `each` turn each piece (its length, index and whether it is the last) into what is
+/// written, and hands it over. Stops early (`Ok`) if the writer fails, which
+/// [`Writer::finish`] then reports.
+fn each_chunk(
+    input: &mut File,
+    piece: usize,
+    writer: &Writer,
+    src: &Path,
+    mut each: impl FnMut(&mut Vec<u8>, usize, u64, bool) -> Result<()>,
+) -> Result<()> {
     let Some(mut current) = writer.buffer(CHUNK + TAG_LEN) else { return Ok(()) };
-    let mut len = fill(input, &mut current[..CHUNK]).map_err(|e| io(src, "reading", e))?;
+    let mut len = fill(input, &mut current[..piece]).map_err(|e| io(src, "reading", e))?;
     let mut index = 0u64;
     loop {
-        // One chunk read ahead, so that the last one is known when it is sealed.
         let mut next = None;
-        if len == CHUNK {
+        if len == piece {
             let Some(mut buffer) = writer.buffer(CHUNK + TAG_LEN) else { return Ok(()) };
-            let read = fill(input, &mut buffer[..CHUNK]).map_err(|e| io(src, "reading", e))?;
+            let read = fill(input, &mut buffer[..piece]).map_err(|e| io(src, "reading", e))?;
             next = Some((buffer, read)).filter(|(_, read)| *read > 0);
         }
-        let tag = key
-            .seal_in_place_separate_tag(nonce(index, next.is_none()), Aad::from(header), &mut current[..len])
-            .map_err(|_| KeyError::Crypto("encryption failed".into()))?;
-        current[len..len + TAG_LEN].copy_from_slice(tag.as_ref());
-        current.truncate(len + TAG_LEN);
+        each(&mut current, len, index, next.is_none())?;
         if !writer.write(current) {
             return Ok(());
         }
@@ -114,12 +130,17 @@ fn seal_chunks(key: &LessSafeKey, header: &[u8], input: &mut File, writer: &Writ
     }
 }
 
+/// Whether `head` begins as [`encrypt_file`] begins what it writes: its magic and version.
+fn begins_sealed(head: &[u8]) -> bool {
+    head.len() > MAGIC.len() && &head[..MAGIC.len()] == MAGIC && head[MAGIC.len()] == VERSION
+}
+
 /// Whether `path` begins as [`encrypt_file`] begins what it writes (its magic and version).
 /// Says nothing of whether it opens: [`decrypt_file`] checks that.
 pub fn is_sealed(path: &Path) -> std::io::Result<bool> {
     let mut head = [0u8; MAGIC.len() + 1];
     let read = fill(&mut File::open(path)?, &mut head)?;
-    Ok(read == head.len() && &head[..MAGIC.len()] == MAGIC && head[MAGIC.len()] == VERSION)
+    Ok(begins_sealed(&head[..read]))
 }
 
 /// Decrypts `src` (written by [`encrypt_file`]) into `dst` (created or truncated), synced
@@ -130,10 +151,7 @@ pub fn decrypt_file(data_key: &[u8], src: &Path, dst: &Path, sync: bool) -> Resu
     let corrupt = || KeyError::Corrupt { owner: src.display().to_string() };
     let mut input = File::open(src).map_err(|e| io(src, "opening", e))?;
     let mut header = [0u8; HEADER_LEN];
-    if fill(&mut input, &mut header).map_err(|e| io(src, "reading", e))? != HEADER_LEN
-        || &header[..MAGIC.len()] != MAGIC
-        || header[MAGIC.len()] != VERSION
-    {
+    if fill(&mut input, &mut header).map_err(|e| io(src, "reading", e))? != HEADER_LEN || !begins_sealed(&header) {
         return Err(corrupt());
     }
     let key = subkey(data_key, &header[MAGIC.len() + 1..])?;
@@ -153,35 +171,18 @@ pub fn decrypt_file(data_key: &[u8], src: &Path, dst: &Path, sync: bool) -> Resu
     result
 }
 
-/// Opens `input`'s chunks one by one and hands the plaintext to `writer`; stops early (`Ok`)
-/// if the writer fails, which [`Writer::finish`] then reports.
+/// Opens `input`'s chunks one by one and hands the plaintext to `writer`.
 fn open_chunks(key: &LessSafeKey, header: &[u8], input: &mut File, writer: &Writer, src: &Path) -> Result<()> {
     let corrupt = || KeyError::Corrupt { owner: src.display().to_string() };
-    let Some(mut current) = writer.buffer(CHUNK + TAG_LEN) else { return Ok(()) };
-    let mut len = fill(input, &mut current).map_err(|e| io(src, "reading", e))?;
-    let mut index = 0u64;
-    loop {
+    each_chunk(input, CHUNK + TAG_LEN, writer, src, |chunk, len, index, last| {
         if len < TAG_LEN {
             return Err(corrupt());
         }
-        let mut next = None;
-        if len == CHUNK + TAG_LEN {
-            let Some(mut buffer) = writer.buffer(CHUNK + TAG_LEN) else { return Ok(()) };
-            let read = fill(input, &mut buffer).map_err(|e| io(src, "reading", e))?;
-            next = Some((buffer, read)).filter(|(_, read)| *read > 0);
-        }
-        let plain = key
-            .open_in_place(nonce(index, next.is_none()), Aad::from(header), &mut current[..len])
-            .map_err(|_| corrupt())?
-            .len();
-        current.truncate(plain);
-        if !writer.write(current) {
-            return Ok(());
-        }
-        let Some((buffer, read)) = next else { return Ok(()) };
-        (current, len) = (buffer, read);
-        index += 1;
-    }
+        let plain =
+            key.open_in_place(nonce(index, last), Aad::from(header), &mut chunk[..len]).map_err(|_| corrupt())?.len();
+        chunk.truncate(plain);
+        Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! processes ran — and arrives on any node from them, each checked, then `btrfs receive`d
 //! (docs/storage.md, "Durable snapshots").
 //!
-//! Given an [`SnapshotKey`], the root's stream is encrypted on its way out (space-keys' chunked
+//! Given a [`SnapshotKey`], the root's stream is encrypted on its way out (space-keys' chunked
 //! stream format) and checked and decrypted on its way in; process images are encrypted on
 //! the node already ([`sealed`]) and travel as they are (images of a snapshot taken before
 //! that are encrypted on their way out). So the blob store holds no tenant data in clear

@@ -17,25 +17,28 @@ use crate::{Result, SnapshotKey, VolumeError};
 /// Encrypts every file of `plain` (a checkpoint's directory) into `images`, which is created
 /// and must not exist yet; each file keeps its name.
 pub fn seal_images(key: &SnapshotKey, plain: &Path, images: &Path) -> Result<()> {
-    std::fs::create_dir(images).map_err(|e| io(images, e))?;
-    for name in plain_files(plain)? {
-        let dst = images.join(&name);
-        space_keys::stream::encrypt_file(key.bytes(), &plain.join(&name), &dst)?;
-        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(IMAGE_MODE)).map_err(|e| io(&dst, e))?;
-    }
-    Ok(())
+    each_image(plain, images, |src, dst| space_keys::stream::encrypt_file(key.bytes(), src, dst))
 }
 
 /// Decrypts every file of `images` (sealed by [`seal_images`], or imported encrypted) into
 /// `plain`, which is created and must not exist yet. A file that does not open whole with
 /// `key` is [`space_keys::KeyError::Corrupt`].
 pub fn unseal_images(key: &SnapshotKey, images: &Path, plain: &Path) -> Result<()> {
-    std::fs::create_dir(plain).map_err(|e| io(plain, e))?;
-    for name in plain_files(images)? {
-        let dst = plain.join(&name);
-        space_keys::stream::decrypt_file(key.bytes(), &images.join(&name), &dst, false)?;
-        // As CRIU writes its own: restored tasks read them from inside the sandbox's user
-        // namespace.
+    each_image(images, plain, |src, dst| space_keys::stream::decrypt_file(key.bytes(), src, dst, false))
+}
+
+/// Makes `to` (which must not exist yet) and writes into it, with `write`, a file of each
+/// name in `from`, with the mode CRIU gives its own images: restored tasks read them from
+/// inside the sandbox's user namespace.
+fn each_image(
+    from: &Path,
+    to: &Path,
+    write: impl Fn(&Path, &Path) -> std::result::Result<(), space_keys::KeyError>,
+) -> Result<()> {
+    std::fs::create_dir(to).map_err(|e| io(to, e))?;
+    for name in plain_files(from)? {
+        let dst = to.join(&name);
+        write(&from.join(&name), &dst)?;
         std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(IMAGE_MODE)).map_err(|e| io(&dst, e))?;
     }
     Ok(())
