@@ -2,9 +2,11 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{CriuError, Result, io_err};
+use crate::streamer::{ImageStore, Streamer, streamer_err};
 use crate::{AGENT_DIR, Criu, SELF_EXE, flag, run};
 
 /// The image's names for the two host mounts a restore must provide again (see
@@ -28,12 +30,15 @@ pub const DUMP_LOG: &str = "dump.log";
 const DUMP_STDERR: &str = "dump-stderr.log";
 
 /// What to dump and how.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DumpOptions {
     /// Host pid of the sandbox's pid 1.
     pub pid: u32,
-    /// Where the images go (created if missing; must not hold another dump).
+    /// Where the images go (created if missing; must not hold another dump), or with `store`
+    /// where only the dump's log is.
     pub images_dir: PathBuf,
+    /// Where the images go instead, streamed (see streamer.rs): none is ever a file here.
+    pub store: Option<Arc<dyn ImageStore>>,
     /// Resume the tree after the dump instead of killing it.
     pub leave_running: bool,
     /// Checkpoint established TCP connections (they are all inside the sandbox's own network
@@ -56,6 +61,7 @@ impl DumpOptions {
         DumpOptions {
             pid,
             images_dir: images_dir.into(),
+            store: None,
             leave_running: false,
             tcp_established: true,
             freeze_cgroup: None,
@@ -82,8 +88,23 @@ impl Criu {
         tokio::fs::create_dir_all(&opts.images_dir).await.map_err(io_err("create images dir", &opts.images_dir))?;
         let log = opts.images_dir.join(DUMP_LOG);
         let stderr = opts.images_dir.join(DUMP_STDERR);
-        let wall = run::criu(self, "dump", &dump_args(opts), &[], &log, &stderr).await?;
-        let sizes = images_size(&opts.images_dir).await?;
+        let streamer = match &opts.store {
+            Some(store) => Some(Streamer::capture(&opts.images_dir, store.clone()).map_err(streamer_err)?),
+            None => None,
+        };
+        let ran = run::criu(self, "dump", &dump_args(opts), &[], &log, &stderr).await;
+        let captured = match streamer {
+            Some(streamer) => Some(streamer.finished().await),
+            None => None,
+        };
+        // An image that could not be kept (a full disk) fails CRIU too, which then only
+        // reports a broken pipe: the streamer's error says why.
+        let captured = captured.transpose().map_err(streamer_err)?;
+        let wall = ran?;
+        let sizes = match captured {
+            Some(captured) => images_captured(&captured),
+            None => images_size(&opts.images_dir).await?,
+        };
         if sizes.ghosts > opts.ghost_total_limit {
             return Err(CriuError::GhostsTooLarge { bytes: sizes.ghosts, limit: opts.ghost_total_limit });
         }
@@ -117,6 +138,9 @@ pub(crate) fn dump_args(opts: &DumpOptions) -> Vec<OsString> {
     if opts.leave_running {
         args.push("--leave-running".into());
     }
+    if opts.store.is_some() {
+        args.push("--stream".into());
+    }
     if let Some(cgroup) = &opts.freeze_cgroup {
         flag(&mut args, "--freeze-cgroup", cgroup);
     }
@@ -149,6 +173,18 @@ pub(crate) fn common_args(args: &mut Vec<OsString>, tcp_established: bool) {
 struct ImageSizes {
     total: u64,
     ghosts: u64,
+}
+
+/// The sizes of what a streamed dump wrote.
+fn images_captured(captured: &[(String, u64)]) -> ImageSizes {
+    let mut sizes = ImageSizes::default();
+    for (name, len) in captured {
+        sizes.total += len;
+        if name.starts_with(GHOST_IMAGE_PREFIX) {
+            sizes.ghosts += len;
+        }
+    }
+    sizes
 }
 
 async fn images_size(dir: &Path) -> Result<ImageSizes> {

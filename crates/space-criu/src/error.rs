@@ -39,6 +39,13 @@ pub enum CriuError {
     )]
     GhostsTooLarge { bytes: u64, limit: u64 },
 
+    /// A streamed dump's images could not be kept, or a streamed restore's served.
+    #[error("CRIU's images through the image streamer: {source}")]
+    Streamer {
+        #[source]
+        source: std::io::Error,
+    },
+
     /// CRIU reported success but the restored tree is not what a sandbox must be.
     #[error("restored tree: {0}")]
     Restored(String),

@@ -26,6 +26,7 @@ mod kerndat;
 mod restore;
 mod rpc;
 mod run;
+mod streamer;
 mod survivors;
 mod userns_image;
 
@@ -37,6 +38,7 @@ pub use error::{CriuError, Result};
 pub use kerndat::CACHE_DIR as KERNDAT_CACHE_DIR;
 pub use restore::{CgroupRoot, RestoreOptions, RestoredTree, WORK_PREFIX, sweep_leftover_work};
 pub use space_sandbox_init::{AGENT_DIR, SELF_EXE};
+pub use streamer::ImageStore;
 pub use survivors::wait_for_survivors;
 
 /// Where `scripts/install-criu.sh` puts its wrapper.

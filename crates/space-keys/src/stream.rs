@@ -51,7 +51,7 @@ fn nonce(index: u64, last: bool) -> Nonce {
 }
 
 /// Reads until `buf` is full or the input ends; how many bytes were read.
-fn fill(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+fn fill(input: &mut (impl Read + ?Sized), buf: &mut [u8]) -> std::io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match input.read(&mut buf[filled..]) {
@@ -73,7 +73,15 @@ fn io(path: &Path, what: &str, e: std::io::Error) -> KeyError {
 /// pool the filesystem commits.
 pub fn encrypt_file(data_key: &[u8], src: &Path, dst: &Path) -> Result<()> {
     let mut input = File::open(src).map_err(|e| io(src, "opening", e))?;
-    let mut output = File::create(dst).map_err(|e| io(dst, "creating", e))?;
+    let output = File::create(dst).map_err(|e| io(dst, "creating", e))?;
+    seal_into(data_key, &mut input, src, output, dst).map(drop)
+}
+
+/// Encrypts what `input` (named `src` in errors) holds up to its end into `output` (named
+/// `dst`), which must be empty; the plaintext's length. `input` may be a pipe: it is read
+/// once, in order.
+pub fn seal_into(data_key: &[u8], input: &mut dyn Read, src: &Path, output: File, dst: &Path) -> Result<u64> {
+    let mut output = output;
     let salt = random::<SALT_LEN>()?;
     let mut header = MAGIC.to_vec();
     header.push(VERSION);
@@ -81,51 +89,58 @@ pub fn encrypt_file(data_key: &[u8], src: &Path, dst: &Path) -> Result<()> {
     output.write_all(&header).map_err(|e| io(dst, "writing", e))?;
     let key = subkey(data_key, &salt)?;
     let writer = Writer::start(output, CHUNK + TAG_LEN).map_err(|e| io(dst, "writing", e))?;
-    let sealed = seal_chunks(&key, &header, &mut input, &writer, src);
+    let sealed = seal_chunks(&key, &header, input, &writer, src);
     let written = writer.finish().map_err(|e| io(dst, "writing", e));
-    sealed.and(written.map(drop))
+    let len = sealed?;
+    written.map(|_| len)
 }
 
-/// Seals `input` chunk by chunk and hands the chunks to `writer`.
-fn seal_chunks(key: &LessSafeKey, header: &[u8], input: &mut File, writer: &Writer, src: &Path) -> Result<()> {
-    each_chunk(input, CHUNK, writer, src, |chunk, len, index, last| {
+/// Seals `input` chunk by chunk and hands the chunks to `writer`; the plaintext's length.
+fn seal_chunks(key: &LessSafeKey, header: &[u8], input: &mut dyn Read, writer: &Writer, src: &Path) -> Result<u64> {
+    let mut total = 0;
+    each_chunk(input, CHUNK, writer, src, |chunk, index, last| {
+        total += chunk.len() as u64;
         let tag = key
-            .seal_in_place_separate_tag(nonce(index, last), Aad::from(header), &mut chunk[..len])
+            .seal_in_place_separate_tag(nonce(index, last), Aad::from(header), chunk)
             .map_err(|_| KeyError::Crypto("encryption failed".into()))?;
-        chunk[len..len + TAG_LEN].copy_from_slice(tag.as_ref());
-        chunk.truncate(len + TAG_LEN);
+        chunk.extend_from_slice(tag.as_ref());
         Ok(())
-    })
+    })?;
+    Ok(total)
 }
 
 /// Reads `input` in pieces of `piece` bytes into buffers of `writer`, one piece read ahead
 /// so that the last one is known (a piece is the last if the one after it is empty), lets
-/// `each` turn each piece (its length, index and whether it is the last) into what is
-/// written, and hands it over. Stops early (`Ok`) if the writer fails, which
-/// [`Writer::finish`] then reports.
+/// `each` turn each piece (with its index and whether it is the last) into what is written,
+/// and hands it over. Stops early (`Ok`) if the writer fails, which [`Writer::finish`] then
+/// reports.
 fn each_chunk(
-    input: &mut File,
+    input: &mut dyn Read,
     piece: usize,
     writer: &Writer,
     src: &Path,
-    mut each: impl FnMut(&mut Vec<u8>, usize, u64, bool) -> Result<()>,
+    mut each: impl FnMut(&mut Vec<u8>, u64, bool) -> Result<()>,
 ) -> Result<()> {
-    let Some(mut current) = writer.buffer(CHUNK + TAG_LEN) else { return Ok(()) };
-    let mut len = fill(input, &mut current[..piece]).map_err(|e| io(src, "reading", e))?;
+    let mut read = |buffer: &mut Vec<u8>| {
+        // Into the buffer's spare room, which is not zeroed first: most images are small.
+        Read::take(&mut *input, piece as u64).read_to_end(buffer).map_err(|e| io(src, "reading", e))
+    };
+    let Some(mut current) = writer.buffer() else { return Ok(()) };
+    let mut len = read(&mut current)?;
     let mut index = 0u64;
     loop {
         let mut next = None;
         if len == piece {
-            let Some(mut buffer) = writer.buffer(CHUNK + TAG_LEN) else { return Ok(()) };
-            let read = fill(input, &mut buffer[..piece]).map_err(|e| io(src, "reading", e))?;
-            next = Some((buffer, read)).filter(|(_, read)| *read > 0);
+            let Some(mut buffer) = writer.buffer() else { return Ok(()) };
+            let more = read(&mut buffer)?;
+            next = Some((buffer, more)).filter(|(_, more)| *more > 0);
         }
-        each(&mut current, len, index, next.is_none())?;
+        each(&mut current, index, next.is_none())?;
         if !writer.write(current) {
             return Ok(());
         }
-        let Some((buffer, read)) = next else { return Ok(()) };
-        (current, len) = (buffer, read);
+        let Some((buffer, more)) = next else { return Ok(()) };
+        (current, len) = (buffer, more);
         index += 1;
     }
 }
@@ -148,38 +163,53 @@ pub fn is_sealed(path: &Path) -> std::io::Result<bool> {
 /// [`KeyError::Corrupt`], and what was written of `dst` is removed (a `dst` that was never
 /// created is left alone).
 pub fn decrypt_file(data_key: &[u8], src: &Path, dst: &Path, sync: bool) -> Result<()> {
-    let corrupt = || KeyError::Corrupt { owner: src.display().to_string() };
     let mut input = File::open(src).map_err(|e| io(src, "opening", e))?;
-    let mut header = [0u8; HEADER_LEN];
-    if fill(&mut input, &mut header).map_err(|e| io(src, "reading", e))? != HEADER_LEN || !begins_sealed(&header) {
-        return Err(corrupt());
-    }
-    let key = subkey(data_key, &header[MAGIC.len() + 1..])?;
-    let output = File::create(dst).map_err(|e| io(dst, "creating", e))?;
-    let result = Writer::start(output, CHUNK + TAG_LEN).map_err(|e| io(dst, "writing", e)).and_then(|writer| {
-        let opened = open_chunks(&key, &header, &mut input, &writer, src);
-        let written = writer.finish().map_err(|e| io(dst, "writing", e));
-        let file = opened.and(written)?;
-        if sync {
-            file.sync_all().map_err(|e| io(dst, "syncing", e))?;
-        }
-        Ok(())
+    let mut created = false;
+    let create = || {
+        created = true;
+        File::create(dst).map_err(|e| io(dst, "creating", e))
+    };
+    let result = open_into(data_key, &mut input, src, create, dst).and_then(|file| match sync {
+        true => file.sync_all().map_err(|e| io(dst, "syncing", e)),
+        false => Ok(()),
     });
-    if result.is_err() {
+    if result.is_err() && created {
         let _ = std::fs::remove_file(dst);
     }
     result
 }
 
-/// Opens `input`'s chunks one by one and hands the plaintext to `writer`.
-fn open_chunks(key: &LessSafeKey, header: &[u8], input: &mut File, writer: &Writer, src: &Path) -> Result<()> {
+/// Decrypts what `input` (named `src` in errors; written by [`seal_into`]) holds into the
+/// file `output` makes (named `dst`), which is only made once the header checks. Input that
+/// does not open whole is [`KeyError::Corrupt`]; what was written of it before that is
+/// the caller's to remove. `input` may be a pipe, and so may the output.
+pub fn open_into(
+    data_key: &[u8],
+    input: &mut dyn Read,
+    src: &Path,
+    output: impl FnOnce() -> Result<File>,
+    dst: &Path,
+) -> Result<File> {
     let corrupt = || KeyError::Corrupt { owner: src.display().to_string() };
-    each_chunk(input, CHUNK + TAG_LEN, writer, src, |chunk, len, index, last| {
-        if len < TAG_LEN {
+    let mut header = [0u8; HEADER_LEN];
+    if fill(input, &mut header).map_err(|e| io(src, "reading", e))? != HEADER_LEN || !begins_sealed(&header) {
+        return Err(corrupt());
+    }
+    let key = subkey(data_key, &header[MAGIC.len() + 1..])?;
+    let writer = Writer::start(output()?, CHUNK + TAG_LEN).map_err(|e| io(dst, "writing", e))?;
+    let opened = open_chunks(&key, &header, input, &writer, src);
+    let written = writer.finish().map_err(|e| io(dst, "writing", e));
+    opened.and(written)
+}
+
+/// Opens `input`'s chunks one by one and hands the plaintext to `writer`.
+fn open_chunks(key: &LessSafeKey, header: &[u8], input: &mut dyn Read, writer: &Writer, src: &Path) -> Result<()> {
+    let corrupt = || KeyError::Corrupt { owner: src.display().to_string() };
+    each_chunk(input, CHUNK + TAG_LEN, writer, src, |chunk, index, last| {
+        if chunk.len() < TAG_LEN {
             return Err(corrupt());
         }
-        let plain =
-            key.open_in_place(nonce(index, last), Aad::from(header), &mut chunk[..len]).map_err(|_| corrupt())?.len();
+        let plain = key.open_in_place(nonce(index, last), Aad::from(header), chunk).map_err(|_| corrupt())?.len();
         chunk.truncate(plain);
         Ok(())
     })

@@ -8,11 +8,12 @@
 //! Agent streams open at that moment (attached execs, watches) end; the processes keep
 //! running and can be attached to again.
 //!
-//! Given the snapshot's data key, the process images are written to memory only and sealed
-//! into the pool after the thaw, and a restore unseals them into memory again (in_memory.rs);
-//! without one (a caller that predates sealing) they are written to the pool in clear.
+//! Given the snapshot's data key, the process images never reach the node's disk in clear:
+//! CRIU streams them through the linux runtime, which seals them into the pool as they come;
+//! a VM's state is written to memory only and sealed into the pool after the thaw. A restore
+//! unseals them into memory (in_memory.rs). Without a key (a caller that predates sealing)
+//! they are written to the pool in clear.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use space_api::RuntimeKind;
@@ -20,7 +21,7 @@ use space_api::durable::SnapshotKey;
 use space_api::{SandboxId, SessionId, SnapshotId};
 use space_metrics::CheckpointStep;
 use space_node_api::DiskQuota;
-use space_runtime::{CheckpointArtifacts, Limits, SandboxHandle, SandboxSpec};
+use space_runtime::{CheckpointArtifacts, Limits, SandboxHandle, SandboxSpec, SealedImages};
 
 use crate::in_memory::InMemory;
 use crate::{Node, NodeError, Result, blocking, poisoned};
@@ -61,7 +62,8 @@ impl Node {
         }
         self.allow_checkpoint(sandbox).await;
         let gate = self.close_agent(sandbox)?;
-        let taken = self.checkpoint_frozen(sandbox, session, snapshot, plain.as_ref().map(InMemory::path)).await;
+        let artifacts = self.checkpoint_artifacts(runtime.kind(), session, snapshot, plain.as_ref(), key);
+        let taken = self.checkpoint_frozen(sandbox, session, snapshot, &artifacts).await;
         // As found: a paused sandbox frozen again also when the checkpoint failed early.
         let restored_state = match already_paused {
             true => runtime.pause(sandbox).await,
@@ -75,7 +77,7 @@ impl Node {
         }
         let image_bytes = taken?;
         restored_state?;
-        if let (Some(key), Some(plain)) = (key, plain) {
+        if let (CheckpointArtifacts::VmState { .. }, Some(key), Some(plain)) = (&artifacts, key, plain) {
             let (key, images) = (key.clone(), self.pool.snapshot_images_dir(session, snapshot));
             blocking(move || Ok(space_volume::sealed::seal_images(&key, plain.path(), &images)?)).await?;
         }
@@ -85,15 +87,14 @@ impl Node {
         Ok(self.snapshot_disk_size(session, snapshot).await? + image_bytes)
     }
 
-    /// Waits for the agent to let go, freezes, checkpoints (into `plain` when given, else the
-    /// pool's images directory) and snapshots the root; returns the images' size. Leaves the
-    /// sandbox frozen.
+    /// Waits for the agent to let go, freezes, checkpoints into `artifacts` and snapshots the
+    /// root; returns the images' size. Leaves the sandbox frozen.
     async fn checkpoint_frozen(
         &self,
         sandbox: &SandboxId,
         session: &SessionId,
         snapshot: &SnapshotId,
-        plain: Option<&Path>,
+        artifacts: &CheckpointArtifacts,
     ) -> Result<u64> {
         let runtime = self.runtimes.of(sandbox)?;
         runtime.wait_agent_released(sandbox, RELEASE_TIMEOUT).await?;
@@ -102,10 +103,8 @@ impl Node {
         if let Some(dir) = images.parent() {
             std::fs::create_dir_all(dir).map_err(|e| NodeError::Internal(format!("create {}: {e}", dir.display())))?;
         }
-        let images = plain.map_or(images, Path::to_owned);
-        let artifacts = self.checkpoint_artifacts(runtime.kind(), images, session, snapshot);
         let stats = runtime
-            .checkpoint(sandbox, &artifacts)
+            .checkpoint(sandbox, artifacts)
             .await
             .inspect_err(|_| space_metrics::checkpoint_error(runtime.kind(), CheckpointStep::Dump))?;
         tracing::debug!(%sandbox, dump = ?stats.wall, image_bytes = stats.image_bytes, "checkpointed");
@@ -129,15 +128,13 @@ impl Node {
         key: Option<&SnapshotKey>,
     ) -> Result<SandboxHandle> {
         let rt = self.runtimes.get(runtime)?;
-        let images = self.pool.snapshot_images_dir(session, snapshot);
-        let plain = self.unseal(id, &images, key).await?;
+        let plain = self.unseal(id, session, snapshot, key).await?;
         // Charged before a single process is restored: they continue at once.
         let root = self.root_from_snapshot(id, session, snapshot, rt.root_disk(), None, disk).await?;
         let spec = SandboxSpec { id: id.clone(), root, hostname: String::new(), limits };
-        let images = plain.as_ref().map_or(images, |plain| plain.path().to_owned());
-        let artifacts = match self.checkpoint_artifacts(runtime, images, session, snapshot) {
-            CheckpointArtifacts::Criu { images, spaced } => {
-                CheckpointArtifacts::Criu { images, spaced: self.restore_binary(spaced).await? }
+        let artifacts = match self.checkpoint_artifacts(runtime, session, snapshot, plain.as_ref(), None) {
+            CheckpointArtifacts::Criu { images, spaced, sealed } => {
+                CheckpointArtifacts::Criu { images, spaced: self.restore_binary(spaced).await?, sealed }
             }
             other => other,
         };
@@ -169,32 +166,45 @@ impl Node {
         blocking(move || Ok(pool.keep_binary(&link)?)).await
     }
 
-    /// The images in `images` unsealed into memory, if they are sealed (with `key`, which
+    /// The images of `snapshot` opened into memory, if they are sealed (with `key`, which
     /// they then need); `None` for images kept in clear.
-    async fn unseal(&self, id: &SandboxId, images: &Path, key: Option<&SnapshotKey>) -> Result<Option<InMemory>> {
-        let dir = images.to_owned();
+    async fn unseal(
+        &self,
+        id: &SandboxId,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        key: Option<&SnapshotKey>,
+    ) -> Result<Option<InMemory>> {
+        let images = self.pool.snapshot_images_dir(session, snapshot);
+        let dir = images.clone();
         if !blocking(move || Ok(space_volume::sealed::images_sealed(&dir)?)).await? {
             return Ok(None);
         }
         let key = key.ok_or(space_volume::VolumeError::SealedWithoutKey)?.clone();
         let plain = self.in_memory(id.as_str())?;
-        let (src, dst) = (images.to_owned(), plain.path().to_owned());
-        blocking(move || Ok(space_volume::sealed::unseal_images(&key, &src, &dst)?)).await?;
+        let dst = plain.path().to_owned();
+        blocking(move || Ok(space_volume::sealed::unseal_images(&key, &images, &dst)?)).await?;
         Ok(Some(plain))
     }
 
-    /// `runtime`'s checkpoint of `snapshot`, its images in `images`.
+    /// `runtime`'s checkpoint of `snapshot`: in the pool, or in `plain` (a directory in
+    /// memory), and with `key` (a checkpoint's) sealed as it is written (see the module docs).
     fn checkpoint_artifacts(
         &self,
         runtime: RuntimeKind,
-        images: PathBuf,
         session: &SessionId,
         snapshot: &SnapshotId,
+        plain: Option<&InMemory>,
+        key: Option<&SnapshotKey>,
     ) -> CheckpointArtifacts {
+        let pool_images = self.pool.snapshot_images_dir(session, snapshot);
+        let images = plain.map_or_else(|| pool_images.clone(), |plain| plain.path().to_owned());
         match runtime {
-            RuntimeKind::Linux => {
-                CheckpointArtifacts::Criu { images, spaced: self.pool.snapshot_binary(session, snapshot) }
-            }
+            RuntimeKind::Linux => CheckpointArtifacts::Criu {
+                images,
+                spaced: self.pool.snapshot_binary(session, snapshot),
+                sealed: plain.zip(key).map(|(_, key)| SealedImages { dir: pool_images, key: key.clone() }),
+            },
             RuntimeKind::Vm => CheckpointArtifacts::VmState { state: images },
         }
     }

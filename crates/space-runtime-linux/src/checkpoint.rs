@@ -6,15 +6,18 @@
 //! and leaves it frozen, so the memory image and the root snapshot show the same instant.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
-use space_criu::{CgroupRoot, Criu, DumpOptions, RestoreOptions};
+use space_criu::{CgroupRoot, Criu, DumpOptions, ImageStore, RestoreOptions};
 use space_runtime::{
     CheckpointArtifacts, CheckpointStats, Runtime, RuntimeError, RuntimeKind, SandboxHandle, SandboxId, SandboxSpec,
+    SealedImages,
 };
 
 use crate::LinuxRuntime;
 use crate::boot::Pid1;
+use crate::sealed_images::SealedStore;
 
 /// How often [`wait_agent_released`] looks at the sandbox's socket table.
 const RELEASE_POLL: Duration = Duration::from_millis(2);
@@ -96,12 +99,17 @@ fn socket_inodes(text: &str, table: &str) -> Vec<u64> {
         .collect()
 }
 
-/// The CRIU images directory and the `spaced` the tree ran, or `WrongKind`.
-fn criu_artifacts(artifacts: &CheckpointArtifacts) -> Result<(&Path, &Path), RuntimeError> {
+/// The CRIU images directory, the `spaced` the tree ran and where the images are sealed, or
+/// `WrongKind`.
+fn criu_artifacts(artifacts: &CheckpointArtifacts) -> Result<(&Path, &Path, Option<&SealedImages>), RuntimeError> {
     match artifacts {
-        CheckpointArtifacts::Criu { images, spaced } => Ok((images, spaced)),
+        CheckpointArtifacts::Criu { images, spaced, sealed } => Ok((images, spaced, sealed.as_ref())),
         _ => Err(RuntimeError::WrongKind { runtime: RuntimeKind::Linux, what: "a VM state checkpoint" }),
     }
+}
+
+fn store(sealed: &SealedImages) -> Arc<dyn ImageStore> {
+    Arc::new(SealedStore(sealed.clone()))
 }
 
 pub(crate) async fn checkpoint(
@@ -109,14 +117,18 @@ pub(crate) async fn checkpoint(
     id: &SandboxId,
     artifacts: &CheckpointArtifacts,
 ) -> Result<CheckpointStats, RuntimeError> {
-    let (images_dir, _) = criu_artifacts(artifacts)?;
+    let (images_dir, _, sealed) = criu_artifacts(artifacts)?;
     let criu = criu(rt)?;
+    if let Some(sealed) = sealed {
+        std::fs::create_dir_all(&sealed.dir).map_err(|source| RuntimeError::Io { path: sealed.dir.clone(), source })?;
+    }
     let pid = running_pid(rt, id)?;
     let name = rt.cgroup_name(id);
     if !rt.cgroups.is_frozen(&name) {
         return Err(RuntimeError::Checkpoint(format!("sandbox {id} must be paused first")));
     }
     let mut opts = DumpOptions::new(pid, images_dir);
+    opts.store = sealed.map(store);
     opts.leave_running = true;
     opts.freeze_cgroup = Some(rt.cgroups.freezer_dir(&name));
     opts.cgroup_controllers = dumped_controllers(rt.cgroups.hierarchy_paths(&name));
@@ -130,7 +142,11 @@ pub(crate) async fn restore(
     spec: &SandboxSpec,
     artifacts: &CheckpointArtifacts,
 ) -> Result<SandboxHandle, RuntimeError> {
-    let (images_dir, spaced) = criu_artifacts(artifacts)?;
+    let (images_dir, spaced, sealed) = criu_artifacts(artifacts)?;
+    if sealed.is_some() {
+        // CRIU's RPC, through which restores run, cannot stream: the caller opens them first.
+        return Err(RuntimeError::Restore("sealed images must be opened into `images` for a restore".into()));
+    }
     let rootfs = crate::rootfs_of(spec)?;
     let criu = criu(rt)?.clone();
     if let Some(handle) = rt.running(&spec.id) {

@@ -16,6 +16,7 @@
 mod boot;
 mod checkpoint;
 mod sealed;
+mod sealed_images;
 mod spawn;
 mod teardown;
 

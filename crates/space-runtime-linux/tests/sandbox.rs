@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use std::path::PathBuf;
 
-use space_runtime::{CheckpointArtifacts, Limits, Runtime, RuntimeError};
+use space_runtime::{CheckpointArtifacts, Limits, Runtime, RuntimeError, SealedImages, SnapshotKey};
 
 #[tokio::test]
 async fn sandbox_is_isolated_and_destroyed_cleanly() {
@@ -407,11 +407,25 @@ async fn a_checkpoint_whose_deleted_files_exceed_the_total_ghost_limit_fails() {
     t.rt.wait_agent_released(&spec.id, std::time::Duration::from_secs(5)).await.expect("agent released");
     t.rt.pause(&spec.id).await.expect("pause");
     let images = tempfile::tempdir().unwrap();
-    let err = t
-        .rt
-        .checkpoint(&spec.id, &CheckpointArtifacts::Criu { images: images.path().join("dump"), spaced: PathBuf::new() })
-        .await
-        .expect_err("over the ghost limit");
-    assert!(err.to_string().contains("deleted but still open files"), "{err}");
+    // In the images directory, and streamed into sealed images (where the sizes are counted
+    // as they come).
+    let sealed = SealedImages { dir: images.path().join("sealed"), key: SnapshotKey::new([7; 32]) };
+    for (n, sealed) in [None, Some(sealed)].into_iter().enumerate() {
+        let work = images.path().join(format!("dump-{n}"));
+        let artifacts = CheckpointArtifacts::Criu { images: work.clone(), spaced: PathBuf::new(), sealed };
+        let err = t.rt.checkpoint(&spec.id, &artifacts).await.expect_err("over the ghost limit");
+        assert!(err.to_string().contains("deleted but still open files"), "{err}");
+    }
+    let in_clear: Vec<_> = std::fs::read_dir(images.path().join("dump-1"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".img"))
+        .collect();
+    assert!(in_clear.is_empty(), "a streamed dump wrote images in clear: {in_clear:?}");
+    let sealed: Vec<_> = std::fs::read_dir(images.path().join("sealed")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(sealed.iter().any(|p| p.ends_with("inventory.img")), "the images were not kept: {sealed:?}");
+    for path in sealed {
+        assert!(std::fs::read(&path).unwrap().starts_with(b"spacekv1"), "{} is not sealed", path.display());
+    }
     t.rt.destroy(&spec.id).await.expect("destroy");
 }

@@ -291,7 +291,8 @@ async fn the_runtime_trait_checkpoints_and_restores() {
     rt.wait_agent_released(&vm.id, Duration::from_secs(5)).await.expect("release");
     rt.pause(&vm.id).await.expect("pause");
     let artifacts = CheckpointArtifacts::VmState { state: t.dir.path().join("state") };
-    let criu = CheckpointArtifacts::Criu { images: t.dir.path().join("images"), spaced: "/bin/true".into() };
+    let criu =
+        CheckpointArtifacts::Criu { images: t.dir.path().join("images"), spaced: "/bin/true".into(), sealed: None };
     assert!(matches!(rt.checkpoint(&vm.id, &criu).await, Err(RuntimeError::WrongKind { .. })));
     let stats = rt.checkpoint(&vm.id, &artifacts).await.expect("checkpoint");
     assert!(stats.image_bytes > 0 && !stats.wall.is_zero(), "{stats:?}");

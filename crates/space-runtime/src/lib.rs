@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+pub use space_api::durable::SnapshotKey;
 pub use space_api::{IdMap, RuntimeKind, SandboxId};
 use space_proto::client::AgentClient;
 
@@ -101,10 +102,20 @@ pub enum AgentTransport {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CheckpointArtifacts {
     /// A CRIU image directory, and the `spaced` binary the checkpointed tree ran (a restore
-    /// must run that very binary again).
-    Criu { images: PathBuf, spaced: PathBuf },
+    /// must run that very binary again). With `sealed` (a checkpoint's only: a restore is
+    /// given its images opened into `images`), a checkpoint's images go there, and `images`
+    /// gets only CRIU's log.
+    Criu { images: PathBuf, spaced: PathBuf, sealed: Option<SealedImages> },
     /// The VMM's saved device and memory state.
     VmState { state: PathBuf },
+}
+
+/// Where a checkpoint's images are kept encrypted with their snapshot's key (in `space-keys`'
+/// stream format, file by file), sealed as the checkpoint writes them: never in clear.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedImages {
+    pub dir: PathBuf,
+    pub key: SnapshotKey,
 }
 
 /// Point-in-time resource usage.

@@ -37,11 +37,11 @@ impl Writer {
         Ok(Writer { full, empty, thread })
     }
 
-    /// An empty buffer of `len` bytes to fill; `None` once the writer has failed (see
-    /// [`Writer::finish`]).
-    pub(super) fn buffer(&self, len: usize) -> Option<Vec<u8>> {
+    /// An empty buffer (with room for a chunk) to fill; `None` once the writer has failed
+    /// (see [`Writer::finish`]).
+    pub(super) fn buffer(&self) -> Option<Vec<u8>> {
         let mut buffer = self.empty.recv().ok()?;
-        buffer.resize(len, 0);
+        buffer.clear();
         Some(buffer)
     }
 
