@@ -102,7 +102,7 @@ impl Criu {
         let captured = captured.transpose().map_err(streamer_err)?;
         let wall = ran?;
         let sizes = match captured {
-            Some(captured) => images_captured(&captured),
+            Some(captured) => ImageSizes::of(&captured),
             None => images_size(&opts.images_dir).await?,
         };
         if sizes.ghosts > opts.ghost_total_limit {
@@ -175,39 +175,44 @@ struct ImageSizes {
     ghosts: u64,
 }
 
-/// The sizes of what a streamed dump wrote.
-fn images_captured(captured: &[(String, u64)]) -> ImageSizes {
-    let mut sizes = ImageSizes::default();
-    for (name, len) in captured {
-        sizes.total += len;
-        if name.starts_with(GHOST_IMAGE_PREFIX) {
-            sizes.ghosts += len;
+impl ImageSizes {
+    /// The sizes of the images named, with their lengths.
+    fn of(images: &[(String, u64)]) -> ImageSizes {
+        let mut sizes = ImageSizes::default();
+        for (name, len) in images {
+            sizes.total += len;
+            if name.starts_with(GHOST_IMAGE_PREFIX) {
+                sizes.ghosts += len;
+            }
         }
+        sizes
     }
-    sizes
 }
 
 async fn images_size(dir: &Path) -> Result<ImageSizes> {
-    let mut sizes = ImageSizes::default();
+    let mut images = Vec::new();
     let mut entries = tokio::fs::read_dir(dir).await.map_err(io_err("read images dir", dir))?;
     while let Some(entry) = entries.next_entry().await.map_err(io_err("read images dir", dir))? {
         let name = entry.file_name().to_string_lossy().into_owned();
         match entry.metadata().await {
-            Ok(meta) if meta.is_file() && !name.ends_with(".log") => {
-                sizes.total += meta.len();
-                if name.starts_with(GHOST_IMAGE_PREFIX) {
-                    sizes.ghosts += meta.len();
-                }
-            }
+            Ok(meta) if meta.is_file() && !name.ends_with(".log") => images.push((name, meta.len())),
             _ => {}
         }
     }
-    Ok(sizes)
+    Ok(ImageSizes::of(&images))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Nowhere;
+
+    impl ImageStore for Nowhere {
+        fn put(&self, _: &str, _: &mut dyn std::io::Read) -> std::io::Result<u64> {
+            Ok(0)
+        }
+    }
 
     fn strings(args: &[OsString]) -> Vec<String> {
         args.iter().map(|a| a.to_string_lossy().into_owned()).collect()
@@ -249,6 +254,9 @@ mod tests {
         opts.cgroup_controllers = vec!["cpu".into(), "memory".into()];
         let joined = strings(&dump_args(&opts)).join(" ");
         assert!(joined.contains("--leave-running") && !joined.contains("--tcp-established"));
+        assert!(!joined.contains("--stream"));
+        opts.store = Some(Arc::new(Nowhere));
+        assert!(strings(&dump_args(&opts)).contains(&"--stream".to_owned()), "a dump into a store is streamed");
         assert!(joined.contains("--cgroup-dump-controller cpu --cgroup-dump-controller memory"), "{joined}");
     }
 }

@@ -38,6 +38,9 @@ struct Request {
     filename: String,
 }
 
+/// The room asked for in each image's pipe (Linux's default most a user may ask for).
+const PIPE_SIZE: nix::libc::c_int = 1 << 20;
+
 /// What a dump wrote: each image's name and length.
 pub(crate) type Captured = Vec<(String, u64)>;
 
@@ -102,6 +105,9 @@ fn capture(mut connection: UnixStream, store: Arc<dyn ImageStore>) -> std::io::R
     let mut images = Vec::new();
     while let Some(name) = next_request(&mut connection)? {
         let mut pipe = File::from(receive_fd(&connection)?);
+        // A pipe of CRIU's default 64 KiB wakes the two sides ~16 times per MiB of memory.
+        // Best effort: the system's `pipe-max-size` may be lower.
+        let _ = nix::fcntl::fcntl(&pipe, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
         let store = store.clone();
         images.push(std::thread::Builder::new().name("criu-image-in".into()).spawn(move || {
             let len = store.put(&name, &mut pipe).map_err(|e| in_image(&name, e))?;

@@ -143,7 +143,8 @@ impl Node {
             .restore(&spec, &artifacts)
             .await
             .inspect_err(|_| space_metrics::checkpoint_error(runtime, CheckpointStep::Restore))?;
-        drop(plain);
+        // Freeing the images' memory takes a few milliseconds the resumed sandbox need not wait.
+        tokio::task::spawn_blocking(move || drop(plain));
         let agent = self.connect(id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
         self.connect_to_gateway_or_destroy(&handle).await?;
