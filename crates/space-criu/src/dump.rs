@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{CriuError, Result, io_err};
-use crate::streamer::{ImageStore, Streamer, streamer_err};
+use crate::streamer::{CaptureError, ImageStore, Streamer};
 use crate::{AGENT_DIR, Criu, SELF_EXE, flag, run};
 
 /// The image's names for the two host mounts a restore must provide again (see
@@ -89,26 +89,38 @@ impl Criu {
         let log = opts.images_dir.join(DUMP_LOG);
         let stderr = opts.images_dir.join(DUMP_STDERR);
         let streamer = match &opts.store {
-            Some(store) => Some(Streamer::capture(&opts.images_dir, store.clone()).map_err(streamer_err)?),
+            Some(store) => Some(
+                Streamer::capture(&opts.images_dir, store.clone(), GHOST_IMAGE_PREFIX, opts.ghost_total_limit)
+                    .map_err(CaptureError::from)?,
+            ),
             None => None,
         };
         let ran = run::criu(self, "dump", &dump_args(opts), &[], &log, &stderr).await;
-        let captured = match streamer {
-            Some(streamer) => Some(streamer.finished().await),
-            None => None,
-        };
-        // An image that could not be kept (a full disk) fails CRIU too, which then only
-        // reports a broken pipe: the streamer's error says why.
-        let captured = captured.transpose().map_err(streamer_err)?;
-        let wall = ran?;
-        let sizes = match captured {
-            Some(captured) => ImageSizes::of(&captured),
+        let sizes = match streamer {
+            Some(streamer) => ImageSizes::of(&streamed(ran.as_ref().err(), streamer.finished().await)?),
             None => images_size(&opts.images_dir).await?,
         };
+        let wall = ran?;
         if sizes.ghosts > opts.ghost_total_limit {
             return Err(CriuError::GhostsTooLarge { bytes: sizes.ghosts, limit: opts.ghost_total_limit });
         }
         Ok(DumpStats { wall, image_bytes: sizes.total })
+    }
+}
+
+/// What a streamed dump kept, or why it failed: an image not kept or ghost files over their
+/// limit cut CRIU short (which then only reports a broken pipe), so they say why; otherwise
+/// CRIU's own failure (`criu_failed`) does, ahead of the streamer's.
+fn streamed(
+    criu_failed: Option<&CriuError>,
+    captured: std::result::Result<Vec<(String, u64)>, CaptureError>,
+) -> Result<Vec<(String, u64)>> {
+    match captured {
+        Ok(captured) => Ok(captured),
+        Err(CaptureError::GhostsOverLimit { taken, limit }) => Err(CriuError::GhostsTooLarge { bytes: taken, limit }),
+        Err(e @ CaptureError::NotKept { .. }) => Err(e.into()),
+        Err(e) if criu_failed.is_none() => Err(e.into()),
+        Err(_) => Ok(Vec::new()),
     }
 }
 

@@ -34,17 +34,14 @@ pub enum CriuError {
 
     /// The dump's copies of deleted-but-open files add up to more than a snapshot may hold.
     #[error(
-        "the sandbox's deleted but still open files take {bytes} bytes in the snapshot, more than the {limit} a \
+        "the sandbox's deleted but still open files take at least {bytes} bytes in the snapshot, more than the {limit} a \
          snapshot may hold: close them (or end the processes holding them) and take it again"
     )]
     GhostsTooLarge { bytes: u64, limit: u64 },
 
-    /// A streamed dump's images could not be kept, or a streamed restore's served.
-    #[error("CRIU's images through the image streamer: {source}")]
-    Streamer {
-        #[source]
-        source: std::io::Error,
-    },
+    /// A streamed dump's images could not all be kept.
+    #[error("CRIU's images through the image streamer: {0}")]
+    Streamer(#[from] crate::streamer::CaptureError),
 
     /// CRIU reported success but the restored tree is not what a sandbox must be.
     #[error("restored tree: {0}")]

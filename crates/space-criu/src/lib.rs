@@ -38,7 +38,7 @@ pub use error::{CriuError, Result};
 pub use kerndat::CACHE_DIR as KERNDAT_CACHE_DIR;
 pub use restore::{CgroupRoot, RestoreOptions, RestoredTree, WORK_PREFIX, sweep_leftover_work};
 pub use space_sandbox_init::{AGENT_DIR, SELF_EXE};
-pub use streamer::ImageStore;
+pub use streamer::{CaptureError, ImageStore};
 pub use survivors::wait_for_survivors;
 
 /// Where `scripts/install-criu.sh` puts its wrapper.

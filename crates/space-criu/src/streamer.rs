@@ -17,6 +17,7 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
@@ -44,34 +45,60 @@ const PIPE_SIZE: nix::libc::c_int = 1 << 20;
 /// What a dump wrote: each image's name and length.
 pub(crate) type Captured = Vec<(String, u64)>;
 
+/// Why a streamed dump's images were not all kept.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// The store could not keep an image (CRIU then fails too, on a broken pipe).
+    #[error("image {name} could not be kept: {source}")]
+    NotKept {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The dump's ghost files (deleted files held open, copied whole) went over their limit,
+    /// and the dump was cut short there.
+    #[error("the dump's ghost files took {taken} bytes, over their limit of {limit}")]
+    GhostsOverLimit { taken: u64, limit: u64 },
+    /// Talking with CRIU failed (it ended, or sent what it does not send).
+    #[error("talking with CRIU: {0}")]
+    Protocol(#[from] std::io::Error),
+}
+
 /// A streamer listening in an images directory for the one CRIU run that connects to it.
 /// Dropped without [`Streamer::finish`] (its caller went away), it lets the images still
 /// coming be kept, so that CRIU is never stuck on a pipe nobody reads, and goes once they are.
 pub(crate) struct Streamer {
     socket: PathBuf,
-    thread: Option<JoinHandle<std::io::Result<Captured>>>,
+    thread: Option<JoinHandle<Result<Captured, CaptureError>>>,
 }
 
 impl Streamer {
-    /// Takes a dump's images into `store`; CRIU is run with `--stream` on `dir`.
-    pub(crate) fn capture(dir: &Path, store: Arc<dyn ImageStore>) -> std::io::Result<Streamer> {
+    /// Takes a dump's images into `store`, its ghost files (images named `ghost_prefix…`) up
+    /// to `ghost_limit` bytes together; CRIU is run with `--stream` on `dir`.
+    pub(crate) fn capture(
+        dir: &Path,
+        store: Arc<dyn ImageStore>,
+        ghost_prefix: &'static str,
+        ghost_limit: u64,
+    ) -> std::io::Result<Streamer> {
         let socket = dir.join(CAPTURE_SOCKET);
         let listener = UnixListener::bind(&socket)?;
+        let ghosts = Arc::new(Ghosts { prefix: ghost_prefix, limit: ghost_limit, taken: AtomicU64::new(0) });
         let thread = std::thread::Builder::new().name("criu-streamer".into()).spawn(move || {
             let (connection, _) = listener.accept()?;
             drop(listener);
-            capture(connection, store)
+            capture(connection, &store, &ghosts)
         })?;
         Ok(Streamer { socket, thread: Some(thread) })
     }
 
     /// Once CRIU has ended: waits for every image to be kept, and says what went wrong with
-    /// any of them. A CRIU that never connected is stood in for by a connection
-    /// that sends nothing.
-    pub(crate) fn finish(mut self) -> std::io::Result<Captured> {
+    /// any of them. A CRIU that never connected is stood in for by a connection that sends
+    /// nothing.
+    pub(crate) fn finish(mut self) -> Result<Captured, CaptureError> {
         self.stop_waiting();
         let Some(thread) = self.thread.take() else { return Ok(Vec::new()) };
-        thread.join().map_err(|_| std::io::Error::other("the image streamer panicked"))?
+        thread.join().map_err(|_| panicked())?
     }
 
     /// Ends the wait for a CRIU that never connected: a connection of our own, closed at once,
@@ -83,7 +110,7 @@ impl Streamer {
     }
 
     /// [`Streamer::finish`], off the async threads.
-    pub(crate) async fn finished(self) -> std::io::Result<Captured> {
+    pub(crate) async fn finished(self) -> Result<Captured, CaptureError> {
         tokio::task::spawn_blocking(move || self.finish()).await.map_err(std::io::Error::other)?
     }
 }
@@ -96,33 +123,83 @@ impl Drop for Streamer {
     }
 }
 
-pub(crate) fn streamer_err(source: std::io::Error) -> crate::CriuError {
-    crate::CriuError::Streamer { source }
+/// The bytes a dump's ghost files may take together, and those taken so far.
+struct Ghosts {
+    prefix: &'static str,
+    limit: u64,
+    taken: AtomicU64,
 }
 
-/// A dump: each image CRIU opens is put into `store` on a thread of its own.
-fn capture(mut connection: UnixStream, store: Arc<dyn ImageStore>) -> std::io::Result<Captured> {
+/// An image's pipe that counts what it gives against [`Ghosts`], and fails past the limit:
+/// the image's thread then drops the pipe, and CRIU stops on it.
+struct Counted<'a> {
+    pipe: &'a mut File,
+    ghosts: &'a Ghosts,
+}
+
+impl Read for Counted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let read = self.pipe.read(buf)?;
+        let taken = self.ghosts.taken.fetch_add(read as u64, Ordering::Relaxed) + read as u64;
+        if taken > self.ghosts.limit {
+            return Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, "ghost files over their limit"));
+        }
+        Ok(read)
+    }
+}
+
+/// A dump: each image CRIU opens is put into `store` on a thread of its own. Every thread is
+/// waited for, whatever fails; an image not kept says more than CRIU's end, which it causes.
+fn capture(
+    mut connection: UnixStream,
+    store: &Arc<dyn ImageStore>,
+    ghosts: &Arc<Ghosts>,
+) -> Result<Captured, CaptureError> {
     let mut images = Vec::new();
-    while let Some(name) = next_request(&mut connection)? {
-        let mut pipe = File::from(receive_fd(&connection)?);
+    let asked = take_images(&mut connection, store, ghosts, &mut images);
+    let mut captured = Vec::new();
+    for image in images {
+        captured.push(image.join().map_err(|_| panicked())??);
+    }
+    asked?;
+    Ok(captured)
+}
+
+type ImageThread = JoinHandle<Result<(String, u64), CaptureError>>;
+
+/// Starts a thread for each image CRIU asks to write, until CRIU is done.
+fn take_images(
+    connection: &mut UnixStream,
+    store: &Arc<dyn ImageStore>,
+    ghosts: &Arc<Ghosts>,
+    images: &mut Vec<ImageThread>,
+) -> std::io::Result<()> {
+    while let Some(name) = next_request(connection)? {
+        let mut pipe = File::from(receive_fd(connection)?);
         // A pipe of CRIU's default 64 KiB wakes the two sides ~16 times per MiB of memory.
         // Best effort: the system's `pipe-max-size` may be lower.
         let _ = nix::fcntl::fcntl(&pipe, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
-        let store = store.clone();
+        let (store, ghosts) = (store.clone(), ghosts.clone());
         images.push(std::thread::Builder::new().name("criu-image-in".into()).spawn(move || {
-            let len = store.put(&name, &mut pipe).map_err(|e| in_image(&name, e))?;
-            Ok((name, len))
+            let kept = match name.starts_with(ghosts.prefix) {
+                true => store.put(&name, &mut Counted { pipe: &mut pipe, ghosts: &ghosts }),
+                false => store.put(&name, &mut pipe),
+            };
+            match kept {
+                Ok(len) => Ok((name, len)),
+                Err(_) if ghosts.taken.load(Ordering::Relaxed) > ghosts.limit => Err(CaptureError::GhostsOverLimit {
+                    taken: ghosts.taken.load(Ordering::Relaxed),
+                    limit: ghosts.limit,
+                }),
+                Err(source) => Err(CaptureError::NotKept { name, source }),
+            }
         })?);
     }
-    images.into_iter().map(|thread| thread.join().map_err(|_| panicked())?).collect()
+    Ok(())
 }
 
-fn panicked() -> std::io::Error {
-    std::io::Error::other("an image's thread panicked")
-}
-
-fn in_image(name: &str, e: std::io::Error) -> std::io::Error {
-    std::io::Error::new(e.kind(), format!("image {name}: {e}"))
+fn panicked() -> CaptureError {
+    CaptureError::Protocol(std::io::Error::other("an image streamer's thread panicked"))
 }
 
 /// The next image CRIU asks for; `None` once CRIU has closed its end.
@@ -241,7 +318,7 @@ mod tests {
     fn a_dump_is_kept_with_images_written_side_by_side() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Memory::default());
-        let streamer = Streamer::capture(dir.path(), store.clone()).unwrap();
+        let streamer = Streamer::capture(dir.path(), store.clone(), "ghost-file-", u64::MAX).unwrap();
         let mut criu = Criu::connect(dir.path());
         let mut pagemap = criu.open("pagemap-1.img");
         let mut pages = criu.open("pages-1.img");
@@ -261,15 +338,57 @@ mod tests {
     #[test]
     fn a_criu_that_never_connects_ends_the_streamer_and_a_bad_name_fails_it() {
         let dir = tempfile::tempdir().unwrap();
-        let streamer = Streamer::capture(dir.path(), Arc::new(Memory::default())).unwrap();
+        let streamer = Streamer::capture(dir.path(), Arc::new(Memory::default()), "ghost-file-", 0).unwrap();
         assert!(streamer.finish().unwrap().is_empty());
 
-        let streamer = Streamer::capture(dir.path(), Arc::new(Memory::default())).unwrap();
+        let streamer = Streamer::capture(dir.path(), Arc::new(Memory::default()), "ghost-file-", 0).unwrap();
         let mut criu = Criu::connect(dir.path());
         let body = Request { filename: "../escape.img".into() }.encode_to_vec();
         criu.0.write_all(&[(body.len() as u32).to_le_bytes().as_slice(), &body].concat()).unwrap();
         drop(criu);
         let failed = streamer.finish().unwrap_err();
-        assert_eq!(failed.kind(), std::io::ErrorKind::InvalidData, "{failed}");
+        assert!(
+            matches!(&failed, CaptureError::Protocol(e) if e.kind() == std::io::ErrorKind::InvalidData),
+            "{failed}"
+        );
+    }
+
+    #[test]
+    fn ghost_files_over_their_limit_stop_the_dump_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Memory::default());
+        let streamer = Streamer::capture(dir.path(), store.clone(), "ghost-file-", 1000).unwrap();
+        let mut criu = Criu::connect(dir.path());
+        criu.open("pages-1.img").write_all(&[1; 5000]).unwrap();
+        criu.open("ghost-file-1.img").write_all(&[2; 600]).unwrap();
+        // The streamer stops reading this one part way: CRIU would see a broken pipe.
+        let _ = criu.open("ghost-file-2.img").write_all(&[3; 600]);
+        drop(criu);
+        let failed = streamer.finish().unwrap_err();
+        assert!(matches!(failed, CaptureError::GhostsOverLimit { taken, limit: 1000 } if taken > 1000), "{failed}");
+        assert!(!store.0.lock().unwrap().contains_key("ghost-file-2.img"), "the ghost over the limit was kept");
+    }
+
+    /// A store that keeps nothing.
+    struct Full;
+
+    impl ImageStore for Full {
+        fn put(&self, _: &str, _: &mut dyn Read) -> std::io::Result<u64> {
+            Err(std::io::Error::from(std::io::ErrorKind::StorageFull))
+        }
+    }
+
+    #[test]
+    fn an_image_not_kept_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let streamer = Streamer::capture(dir.path(), Arc::new(Full), "ghost-file-", u64::MAX).unwrap();
+        let mut criu = Criu::connect(dir.path());
+        let _ = criu.open("core-7.img").write_all(b"registers");
+        drop(criu);
+        let failed = streamer.finish().unwrap_err();
+        assert!(
+            matches!(&failed, CaptureError::NotKept { name, source } if name == "core-7.img" && source.kind() == std::io::ErrorKind::StorageFull),
+            "{failed}"
+        );
     }
 }

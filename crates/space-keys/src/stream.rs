@@ -166,8 +166,9 @@ pub fn decrypt_file(data_key: &[u8], src: &Path, dst: &Path, sync: bool) -> Resu
     let mut input = File::open(src).map_err(|e| io(src, "opening", e))?;
     let mut created = false;
     let create = || {
+        let file = File::create(dst).map_err(|e| io(dst, "creating", e))?;
         created = true;
-        File::create(dst).map_err(|e| io(dst, "creating", e))
+        Ok(file)
     };
     let result = open_into(data_key, &mut input, src, create, dst).and_then(|file| match sync {
         true => file.sync_all().map_err(|e| io(dst, "syncing", e)),

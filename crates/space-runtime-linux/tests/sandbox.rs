@@ -423,7 +423,8 @@ async fn a_checkpoint_whose_deleted_files_exceed_the_total_ghost_limit_fails() {
         .collect();
     assert!(in_clear.is_empty(), "a streamed dump wrote images in clear: {in_clear:?}");
     let sealed: Vec<_> = std::fs::read_dir(images.path().join("sealed")).unwrap().map(|e| e.unwrap().path()).collect();
-    assert!(sealed.iter().any(|p| p.ends_with("inventory.img")), "the images were not kept: {sealed:?}");
+    // The streamed dump stops when the ghost files pass the limit, before its last images.
+    assert!(sealed.iter().any(|p| p.ends_with("core-1.img")), "the images were not kept: {sealed:?}");
     for path in sealed {
         assert!(std::fs::read(&path).unwrap().starts_with(b"spacekv1"), "{} is not sealed", path.display());
     }
