@@ -180,11 +180,10 @@ pub fn decrypt_file(data_key: &[u8], src: &Path, dst: &Path, sync: bool) -> Resu
     result
 }
 
-/// Decrypts what `input` (named `src` in errors; written by [`seal_into`]) holds into the
-/// file `output` makes (named `dst`), which is only made once the header checks. Input that
-/// does not open whole is [`KeyError::Corrupt`]; what was written of it before that is
-/// the caller's to remove. `input` may be a pipe, and so may the output.
-pub fn open_into(
+/// Decrypts what `input` (named `src` in errors) holds into the file `output` makes (named
+/// `dst`), which is only made once the header checks. Input that does not open whole is
+/// [`KeyError::Corrupt`]; what was written of it before that is the caller's to remove.
+fn open_into(
     data_key: &[u8],
     input: &mut dyn Read,
     src: &Path,
