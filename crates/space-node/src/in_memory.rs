@@ -12,7 +12,8 @@ const SHM: &str = "/dev/shm";
 
 /// This node's directory in memory: named by its data directory's device and inode, so that
 /// servers sharing a machine never share one, and a restarted node finds its own leftovers.
-pub(crate) fn root_for(data_dir: &Path) -> Result<PathBuf> {
+/// (Test harnesses remove it with the data dir.)
+pub fn root_for(data_dir: &Path) -> Result<PathBuf> {
     let meta = std::fs::metadata(data_dir).map_err(|e| internal(data_dir, "stat", &e))?;
     Ok(Path::new(SHM).join(format!("space-{}-{}", meta.dev(), meta.ino())))
 }

@@ -37,6 +37,7 @@ use space_storage::{IdMap, Pool, PoolOptions};
 
 pub use builds::BuildError;
 pub use images::ROOT_IMAGE_BYTES;
+pub use in_memory::root_for as in_memory_root;
 pub use space_gateway::{Gateway, GatewayConfig, SandboxLimits, certificates_from_pem, parse_dns_server};
 pub use space_node_api::NodeApi;
 pub use space_storage::{BUILTINS, TemplateInfo};

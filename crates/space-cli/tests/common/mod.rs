@@ -702,10 +702,9 @@ fn remove_node_leftovers(data_dir: &Path, cgroup_parent: &str, node: Option<&str
             .output();
     }
     let _ = Command::new("umount").arg("-l").arg(&pool).output();
-    // The node's directory in memory, named by its data dir (docs/operator-guide.md).
-    if let Ok(meta) = std::fs::metadata(data_dir) {
-        use std::os::unix::fs::MetadataExt;
-        let _ = std::fs::remove_dir_all(format!("/dev/shm/space-{}-{}", meta.dev(), meta.ino()));
+    // The node's directory in memory, named by its data dir.
+    if let Ok(dir) = space_node::in_memory_root(data_dir) {
+        let _ = std::fs::remove_dir_all(dir);
     }
     let _ = std::fs::remove_dir_all(data_dir);
 }
