@@ -1,5 +1,5 @@
-//! Files encrypted in authenticated chunks, so that one of any size is encrypted and checked
-//! streaming, never held in memory (snapshot streams and process images on their way to the
+//! Files encrypted in authenticated chunks, so that one of any size is encrypted as it streams
+//! and checked chunk by chunk, never held in memory (snapshot streams and process images on their way to the
 //! blob store, and process images at rest on their node).
 //!
 //! Layout: `MAGIC (8) | version (1) | salt (32) | chunk 0 | chunk 1 | … | chunk n`. Each chunk
@@ -9,6 +9,7 @@
 //! STREAM construction, as age and Tink use). A chunk moved, repeated, dropped, altered, or a
 //! file cut at a chunk boundary fails to open, and so does the same file under another key.
 
+mod open;
 mod writer;
 
 use std::fs::File;
@@ -163,14 +164,14 @@ pub fn is_sealed(path: &Path) -> std::io::Result<bool> {
 /// [`KeyError::Corrupt`], and what was written of `dst` is removed (a `dst` that was never
 /// created is left alone).
 pub fn decrypt_file(data_key: &[u8], src: &Path, dst: &Path, sync: bool) -> Result<()> {
-    let mut input = File::open(src).map_err(|e| io(src, "opening", e))?;
+    let input = File::open(src).map_err(|e| io(src, "opening", e))?;
     let mut created = false;
     let create = || {
         let file = File::create(dst).map_err(|e| io(dst, "creating", e))?;
         created = true;
         Ok(file)
     };
-    let result = open_into(data_key, &mut input, src, create, dst).and_then(|file| match sync {
+    let result = open::open_file(data_key, &input, src, create, dst).and_then(|file| match sync {
         true => file.sync_all().map_err(|e| io(dst, "syncing", e)),
         false => Ok(()),
     });
@@ -178,41 +179,6 @@ pub fn decrypt_file(data_key: &[u8], src: &Path, dst: &Path, sync: bool) -> Resu
         let _ = std::fs::remove_file(dst);
     }
     result
-}
-
-/// Decrypts what `input` (named `src` in errors) holds into the file `output` makes (named
-/// `dst`), which is only made once the header checks. Input that does not open whole is
-/// [`KeyError::Corrupt`]; what was written of it before that is the caller's to remove.
-fn open_into(
-    data_key: &[u8],
-    input: &mut dyn Read,
-    src: &Path,
-    output: impl FnOnce() -> Result<File>,
-    dst: &Path,
-) -> Result<File> {
-    let corrupt = || KeyError::Corrupt { owner: src.display().to_string() };
-    let mut header = [0u8; HEADER_LEN];
-    if fill(input, &mut header).map_err(|e| io(src, "reading", e))? != HEADER_LEN || !begins_sealed(&header) {
-        return Err(corrupt());
-    }
-    let key = subkey(data_key, &header[MAGIC.len() + 1..])?;
-    let writer = Writer::start(output()?, CHUNK + TAG_LEN).map_err(|e| io(dst, "writing", e))?;
-    let opened = open_chunks(&key, &header, input, &writer, src);
-    let written = writer.finish().map_err(|e| io(dst, "writing", e));
-    opened.and(written)
-}
-
-/// Opens `input`'s chunks one by one and hands the plaintext to `writer`.
-fn open_chunks(key: &LessSafeKey, header: &[u8], input: &mut dyn Read, writer: &Writer, src: &Path) -> Result<()> {
-    let corrupt = || KeyError::Corrupt { owner: src.display().to_string() };
-    each_chunk(input, CHUNK + TAG_LEN, writer, src, |chunk, index, last| {
-        if chunk.len() < TAG_LEN {
-            return Err(corrupt());
-        }
-        let plain = key.open_in_place(nonce(index, last), Aad::from(header), chunk).map_err(|_| corrupt())?.len();
-        chunk.truncate(plain);
-        Ok(())
-    })
 }
 
 #[cfg(test)]

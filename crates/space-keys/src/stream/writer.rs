@@ -1,5 +1,5 @@
-//! Chunks written on a thread of their own, so that writing one overlaps sealing or opening
-//! the next: on a machine with two cores a file is encrypted in about the time of the slower
+//! Chunks written on a thread of their own, so that writing one overlaps sealing the next
+//! (sealing reads a stream, which only one thread can): on a machine with two cores a file is encrypted in about the time of the slower
 //! of the two instead of their sum. Buffers come back from the writer for reuse (a fresh
 //! 1 MiB buffer per chunk would be a page fault per 4 KiB).
 
