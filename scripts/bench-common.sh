@@ -11,8 +11,8 @@ stop_servers() { # DATA_DIR...
             btrfs subvolume delete -c "$s" >/dev/null 2>&1 || true
         done
         umount -l "$dir/pool" 2>/dev/null || true
-        # The node's directory for images in memory is named by its data dir (space-node's in_memory.rs).
-        [ -d "$dir" ] && rm -rf "/dev/shm/space-$(stat -c %d-%i "$dir")"
+        # The node's tmpfs for images in clear (space-node's in_memory.rs).
+        umount -l "$dir/memory" 2>/dev/null || true
     done
     rm -rf "$WORK"
 }

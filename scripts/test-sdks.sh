@@ -73,8 +73,6 @@ cleanup() {
   if grep -q " $DATA_DIR" /proc/mounts; then
     echo "$DATA_DIR is still mounted: left in place" >&2
   else
-    # The node's directory for images in memory is named by its data dir (space-node's in_memory.rs).
-    rm -rf "/dev/shm/space-$(stat -c %d-%i "$DATA_DIR" 2>/dev/null)"
     rm -rf "$DATA_DIR"
   fi
   if [ "$status" = 0 ]; then rm -f "$LOG"; else echo "server log kept at $LOG" >&2; fi

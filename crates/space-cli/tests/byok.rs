@@ -370,11 +370,12 @@ fn a_tenants_suspended_session_is_sealed_on_its_nodes_disk_and_resumes_only_with
     assert!(!held.is_empty(), "no images of the session under {}", images.display());
     let holding = files_holding(&images, marker.as_bytes());
     assert!(holding.is_empty(), "the node's images hold the marker in clear: {holding:?}");
-    // The node's directory in memory (docs/operator-guide.md): its own, so no other test's
-    // server changes it meanwhile.
-    let data = std::fs::metadata(&server.data_dir).unwrap();
-    let own = std::path::PathBuf::from(format!("/dev/shm/space-{}-{}", data.dev(), data.ino()));
-    assert!(own.is_dir(), "the node made no directory in memory at {}", own.display());
+    // The node's tmpfs (docs/operator-guide.md): mounted there, the node's alone.
+    let own = space_node::in_memory_root(&server.data_dir);
+    let tmpfs = nix::sys::statfs::statfs(&own).unwrap().filesystem_type() == nix::sys::statfs::TMPFS_MAGIC;
+    let (meta, data) = (std::fs::metadata(&own).unwrap(), std::fs::metadata(&server.data_dir).unwrap());
+    assert!(tmpfs && meta.dev() != data.dev(), "the node mounted no tmpfs at {}", own.display());
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o700), "{}", own.display());
     let in_memory = files_holding(&own, marker.as_bytes());
     assert!(in_memory.is_empty(), "images left in clear in memory: {in_memory:?}");
 

@@ -128,9 +128,31 @@ impl Node {
         key: Option<&SnapshotKey>,
     ) -> Result<SandboxHandle> {
         let rt = self.runtimes.get(runtime)?;
-        let plain = self.unseal(id, session, snapshot, key).await?;
-        // Charged before a single process is restored: they continue at once.
-        let root = self.root_from_snapshot(id, session, snapshot, rt.root_disk(), None, disk).await?;
+        // Side by side: the images are opened while the root is copied. Both run to their end,
+        // and images that do not open (the tenant's key revoked) leave no root behind. The
+        // root is charged before a single process is restored: they continue at once.
+        let (plain, root) = tokio::join!(
+            self.unseal(id, session, snapshot, key),
+            self.root_from_snapshot(id, session, snapshot, rt.root_disk(), None, disk)
+        );
+        let plain = match plain {
+            Ok(plain) => plain,
+            Err(e) => {
+                if root.is_ok()
+                    && let Err(left) = self.destroy_sandbox(id).await
+                {
+                    tracing::warn!(sandbox = %id, error = %left, "cannot remove the root of a restore that failed");
+                }
+                return Err(e);
+            }
+        };
+        let root = match root {
+            Ok(root) => root,
+            Err(e) => {
+                tokio::task::spawn_blocking(move || drop(plain));
+                return Err(e);
+            }
+        };
         let spec = SandboxSpec { id: id.clone(), root, hostname: String::new(), limits };
         let artifacts = match self.checkpoint_artifacts(runtime, session, snapshot, plain.as_ref(), None) {
             CheckpointArtifacts::Criu { images, spaced, sealed } => {
@@ -139,10 +161,12 @@ impl Node {
             other => other,
         };
         self.runtimes.record(id, runtime);
+        let start = std::time::Instant::now();
         let handle = rt
             .restore(&spec, &artifacts)
             .await
             .inspect_err(|_| space_metrics::checkpoint_error(runtime, CheckpointStep::Restore))?;
+        tracing::debug!(sandbox = %id, restore = ?start.elapsed(), "restored");
         // Freeing the images' memory takes a few milliseconds the resumed sandbox need not wait.
         tokio::task::spawn_blocking(move || drop(plain));
         let agent = self.connect(id).await?;
@@ -184,7 +208,9 @@ impl Node {
         let key = key.ok_or(space_volume::VolumeError::SealedWithoutKey)?.clone();
         let plain = self.in_memory(id.as_str())?;
         let dst = plain.path().to_owned();
+        let start = std::time::Instant::now();
         blocking(move || Ok(space_volume::sealed::unseal_images(&key, &images, &dst)?)).await?;
+        tracing::debug!(sandbox = %id, opened = ?start.elapsed(), "images opened into memory");
         Ok(Some(plain))
     }
 

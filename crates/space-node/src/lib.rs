@@ -228,8 +228,8 @@ impl Node {
             tracing::info!(runtime = %runtime.runtime, available = runtime.available, detail = %runtime.detail, "runtime");
         }
         let pool = Arc::new(pool);
-        let in_memory_root = in_memory::root_for(&config.data_dir)?;
-        in_memory::clear(&in_memory_root);
+        let in_memory_root = in_memory::root_for(&config.data_dir);
+        in_memory::mount(&in_memory_root)?;
         let volumes = match &config.blob_store {
             Some(url) => {
                 let blobs = space_blob::BlobStore::open(url).map_err(space_volume::VolumeError::from)?;

@@ -537,8 +537,9 @@ impl BenchServer {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let pool = self.data_dir.join("pool");
-        let _ = tokio::process::Command::new("umount").arg("-l").arg(&pool).output().await;
+        for mounted in [self.data_dir.join("pool"), space_node::in_memory_root(&self.data_dir)] {
+            let _ = tokio::process::Command::new("umount").arg("-l").arg(&mounted).output().await;
+        }
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }

@@ -702,10 +702,8 @@ fn remove_node_leftovers(data_dir: &Path, cgroup_parent: &str, node: Option<&str
             .output();
     }
     let _ = Command::new("umount").arg("-l").arg(&pool).output();
-    // The node's directory in memory, named by its data dir.
-    if let Ok(dir) = space_node::in_memory_root(data_dir) {
-        let _ = std::fs::remove_dir_all(dir);
-    }
+    // The node's tmpfs for images in clear.
+    let _ = Command::new("umount").arg("-l").arg(space_node::in_memory_root(data_dir)).output();
     let _ = std::fs::remove_dir_all(data_dir);
 }
 
