@@ -109,6 +109,31 @@ fn an_exec_resumes_a_suspended_auto_resume_session_and_gets_its_output() {
     assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
 }
 
+/// A process of another user than the sandbox's root comes back as that user, holding a file
+/// only that user may open (the restore's work directory, through which CRIU reads the images,
+/// is entered only by the sandbox's root: restored tasks get their own ids back after that).
+#[test]
+fn a_process_of_another_user_is_resumed_as_that_user() {
+    require_root!();
+    let server = Server::start_with(&["--pool", ""]);
+    let id = server.create_session(json!({}));
+    stdout(&server, &id, "mkdir -p -m 700 /home/u && chown 1000:1000 /home/u");
+    let script = "exec 3>/home/u/held; exec sleep 100000";
+    let body = json!({ "cmd": ["sh", "-c", script], "uid": 1000, "gid": 1000, "background": true });
+    let (status, r) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(body));
+    assert_eq!(status, 200, "{r}");
+    let held = "for p in /proc/[0-9]*; do [ \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" = 'sleep 100000 ' ] && \
+        grep -E '^(Uid|Gid):' $p/status | awk '{print $2}' | tr '\\n' ' '; done; true";
+    let before =
+        eventually("the other user's process runs", || Some(stdout(&server, &id, held)).filter(|s| !s.is_empty()));
+    assert_eq!(before, "1000 1000", "not the other user's: {before}");
+
+    suspend(&server, &id);
+    resume(&server, &id);
+    assert_eq!(stdout(&server, &id, held), before, "{}", server.log_text());
+    assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
+}
+
 #[test]
 fn suspended_processes_continue_after_a_server_restart() {
     require_root!();

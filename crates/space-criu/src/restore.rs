@@ -129,11 +129,7 @@ impl Criu {
     /// thread: don't.
     pub async fn restore(&self, opts: &RestoreOptions) -> Result<RestoredTree> {
         let log = opts.log_file.clone().unwrap_or_else(|| opts.images_dir.join(default_log_name()));
-        let work = tempfile::Builder::new()
-            .prefix(&opts.work_prefix)
-            .permissions(std::fs::Permissions::from_mode(0o711))
-            .tempdir()
-            .map_err(io_err("create a temp dir", &std::env::temp_dir()))?;
+        let work = work_dir(&opts.work_prefix, opts.sandbox_root)?;
         let images = work.path().join(IMAGES_VIEW);
         std::fs::create_dir(&images).map_err(io_err("create", &images))?;
         let rewritten = work.path().join("userns.img");
@@ -465,6 +461,23 @@ fn default_log_name() -> String {
     format!("restore-{nanos}.log")
 }
 
+/// The restore's work directory in the temp dir, which anyone can list: entered only by root
+/// and by the sandbox's root (its group: the restored tasks read the images through it as
+/// that root, and the images themselves, which are anyone's to read, are in clear).
+fn work_dir(prefix: &str, (_, gid): (u32, u32)) -> Result<tempfile::TempDir> {
+    let temp = std::env::temp_dir();
+    let work = tempfile::Builder::new()
+        .prefix(prefix)
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .map_err(io_err("create a temp dir", &temp))?;
+    nix::unistd::chown(work.path(), None, Some(nix::unistd::Gid::from_raw(gid)))
+        .map_err(|e| io_err("chown", work.path())(e.into()))?;
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o710))
+        .map_err(io_err("chmod", work.path()))?;
+    Ok(work)
+}
+
 /// Creates the agent directory (or accepts an empty one) and gives it to sandbox root.
 fn prepare_agent_dir(dir: &Path, (uid, gid): (u32, u32)) -> Result<()> {
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
@@ -595,6 +608,31 @@ mod tests {
             assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o700));
         }
         assert!(find_socket(&dir).is_err(), "a plain file is no socket");
+    }
+
+    /// Files in a restore's work directory (the images' view) are reached by root and the
+    /// sandbox's root alone: another user is refused at the directory (EACCES), the sandbox's
+    /// root gets through.
+    #[test]
+    fn a_restores_work_dir_is_entered_only_by_the_sandboxs_root() {
+        assert_eq!(nix_ids().0, 0, "needs root: it runs a command as other users");
+        let sandbox_root = (100_000, 100_000);
+        let work = work_dir("space-criu-test-", sandbox_root).unwrap();
+        let image = work.path().join("pages-1.img");
+        std::fs::write(&image, "in clear").unwrap();
+        std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let read_as = |(uid, gid): (u32, u32)| {
+            use std::os::unix::process::CommandExt;
+            let out = std::process::Command::new("cat").arg(&image).uid(uid).gid(gid).output().unwrap();
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        };
+        let (read, _, error) = read_as((65_534, 65_534));
+        assert!(!read && error.contains("Permission denied"), "another user read it: {error}");
+        assert_eq!(read_as(sandbox_root), (true, "in clear".to_owned(), String::new()));
     }
 
     fn nix_ids() -> (u32, u32) {
