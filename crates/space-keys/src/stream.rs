@@ -1,6 +1,6 @@
 //! Files encrypted in authenticated chunks, so that one of any size is encrypted as it streams
-//! and checked chunk by chunk, never held in memory (snapshot streams and process images on their way to the
-//! blob store, and process images at rest on their node).
+//! and checked chunk by chunk, never held in memory (snapshot streams and process images on
+//! their way to the blob store, and process images at rest on their node).
 //!
 //! Layout: `MAGIC (8) | version (1) | salt (32) | chunk 0 | chunk 1 | … | chunk n`. Each chunk
 //! is [`CHUNK`] bytes of plaintext (the last one fewer, possibly none) sealed with AES-256-GCM
