@@ -110,8 +110,9 @@ fn an_exec_resumes_a_suspended_auto_resume_session_and_gets_its_output() {
 }
 
 /// A process of another user than the sandbox's root comes back as that user, holding a file
-/// only that user may open (the restore's work directory, through which CRIU reads the images,
-/// is entered only by the sandbox's root: restored tasks get their own ids back after that).
+/// in a directory only that user may enter: restores work with the restore's work directory
+/// entered only by the sandbox's root (CRIU opens files as that root, and gives each task its
+/// own ids back last).
 #[test]
 fn a_process_of_another_user_is_resumed_as_that_user() {
     require_root!();

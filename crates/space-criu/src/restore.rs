@@ -462,8 +462,9 @@ fn default_log_name() -> String {
 }
 
 /// The restore's work directory in the temp dir, which anyone can list: entered only by root
-/// and by the sandbox's root (its group: the restored tasks read the images through it as
-/// that root, and the images themselves, which are anyone's to read, are in clear).
+/// and by the sandbox's root (its group), which CRIU's restored root task is when it reaches
+/// the new root and the agent dir's bind in it by path. Nobody else: the images' view in it
+/// holds images anyone may read (restored tasks read them as the sandbox's root), in clear.
 fn work_dir(prefix: &str, (_, gid): (u32, u32)) -> Result<tempfile::TempDir> {
     let temp = std::env::temp_dir();
     let work = tempfile::Builder::new()
@@ -623,7 +624,8 @@ mod tests {
         std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o644)).unwrap();
         let read_as = |(uid, gid): (u32, u32)| {
             use std::os::unix::process::CommandExt;
-            let out = std::process::Command::new("cat").arg(&image).uid(uid).gid(gid).output().unwrap();
+            let mut cat = std::process::Command::new("cat");
+            let out = cat.arg(&image).env("LC_ALL", "C").uid(uid).gid(gid).output().unwrap();
             (
                 out.status.success(),
                 String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -157,10 +157,11 @@ fn capture(
 ) -> Result<Captured, CaptureError> {
     let mut images = Vec::new();
     let asked = take_images(&mut connection, store, ghosts, &mut images);
-    let mut captured = Vec::new();
-    for image in images {
-        captured.push(image.join().map_err(|_| panicked())??);
-    }
+    // All joined before any error is returned: a caller that cleans up after a failed dump
+    // must not race a thread still writing its image.
+    let joined: Vec<_> =
+        images.into_iter().map(|image| image.join().map_err(|_| panicked()).and_then(|kept| kept)).collect();
+    let captured = joined.into_iter().collect::<Result<Vec<_>, _>>()?;
     asked?;
     Ok(captured)
 }
