@@ -1,7 +1,8 @@
 //! Chunks written on a thread of their own, so that writing one overlaps sealing the next
-//! (sealing reads a stream, which only one thread can): on a machine with two cores a file is encrypted in about the time of the slower
-//! of the two instead of their sum. Buffers come back from the writer for reuse (a fresh
-//! 1 MiB buffer per chunk would be a page fault per 4 KiB).
+//! (sealing reads a stream, which only one thread can): on a machine with two cores a file is
+//! encrypted in about the time of the slower of the two instead of their sum. Buffers come
+//! back from the writer for reuse (a fresh 1 MiB buffer per chunk would be a page fault per
+//! 4 KiB).
 
 use std::fs::File;
 use std::io::Write;
