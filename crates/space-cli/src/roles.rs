@@ -102,7 +102,9 @@ pub async fn run_node(args: NodeRoleArgs, data_dir: PathBuf) -> anyhow::Result<(
     tracing::info!(listen = %args.listen, node = %args.identity.name, "serving the node API");
     let stop = tokio_util::sync::CancellationToken::new();
     stop_on_signals(&stop);
-    space_node_wire::serve(listener, tls, node, stop.cancelled_owned()).await.context("serving the node API")
+    space_node_wire::serve(listener, tls, node, data_dir.join("staged"), stop.cancelled_owned())
+        .await
+        .context("serving the node API")
 }
 
 /// Runs a control plane over the nodes at `--node`.

@@ -323,6 +323,38 @@ fn images_upload_over_the_api_checked_and_bounded() {
     assert!(uploads_left(&small).is_empty(), "{:?}", uploads_left(&small));
 }
 
+/// A node on another host cannot read the control plane's disk: an upload and a build's
+/// context reach it as copies of their own, removed once its work ends. (The harness runs a
+/// split server's control plane in a mount namespace of its own, its uploads on a tmpfs that
+/// the node does not see.)
+#[test]
+fn uploads_and_build_contexts_reach_a_node_that_cannot_read_the_control_planes_disk() {
+    require_root!();
+    let server = Server::start_split(&[]);
+    let dir = server.data_dir.join("image-src");
+    make_image(&dir);
+    let archive = format!("docker-archive:{}", dir.join("image.tar").display());
+    let out = server.cli(&["template", "import", "--upload", "uploaded", &archive]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    session_runs_with_image_config(&server, "uploaded");
+
+    let ctx = server.data_dir.join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::write(ctx.join("Dockerfile"), "FROM uploaded\nCOPY note.txt /srv/\n").unwrap();
+    std::fs::write(ctx.join("note.txt"), "from the context\n").unwrap();
+    let out = server.cli(&["template", "build", "built", ctx.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = session_runs_with_image_config(&server, "built");
+    assert_eq!(server.exec(&id, &["cat", "/srv/note.txt"])["stdout"], "from the context\n");
+
+    // The node keeps nothing it was sent; the control plane's uploads were never on this
+    // mount namespace's disk.
+    let staged: Vec<_> = std::fs::read_dir(server.data_dir.join("staged")).unwrap().flatten().collect();
+    assert!(staged.is_empty(), "{staged:?}");
+    let hidden: Vec<_> = std::fs::read_dir(server.data_dir.join("control/uploads")).unwrap().flatten().collect();
+    assert!(hidden.is_empty(), "{hidden:?}");
+}
+
 /// An image in a registry serves as a Dockerfile's base: its layers, and its config as the
 /// starting point of the build's environment, working directory and user. An image on the
 /// server's host does not: that is the admin's to import.

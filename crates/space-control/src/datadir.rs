@@ -20,7 +20,7 @@ pub const DATA_DIR_MODE: u32 = 0o711;
 const PRIVATE_FILES: &[&str] = &["space.db", "space.db-wal", "space.db-shm", "admin.key", "pool.lock", "pool.img"];
 
 /// Directories of the data dir that only root may enter.
-const PRIVATE_DIRS: &[&str] = &["keys", "images", "memory"];
+const PRIVATE_DIRS: &[&str] = &["keys", "images", "memory", "uploads", "staged"];
 
 #[derive(Debug, thiserror::Error)]
 #[error("{what} {}: {source}", path.display())]

@@ -33,6 +33,7 @@ pub mod scheduler;
 pub mod scope;
 pub mod server;
 pub mod template_scope;
+pub mod template_work;
 pub mod watches;
 
 use std::net::SocketAddr;
@@ -250,7 +251,7 @@ pub async fn start(
     replicas::spawn_beats(state.clone(), kept);
     reconciler.spawn(state.clone());
     scheduler::spawn(state.clone(), config.scheduler_tick);
-    reconciler::prepare_templates(&state, &config.prepare_templates)
+    template_work::prepare_templates(&state, &config.prepare_templates)
         .await
         .map_err(context("queueing template builds"))?;
     Ok(state)

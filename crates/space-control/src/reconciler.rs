@@ -9,17 +9,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use space_api::{ErrorCode, OperationId, OperationState, Progress, SandboxId, SessionId, SessionState, SnapshotId};
+use space_api::{ErrorCode, OperationId, OperationState, SandboxId, SessionId, SessionState, SnapshotId};
 use space_metrics::{RestoreReason, Start};
-use space_node_api::{DiskQuota, Limits, NodeApi, SandboxHandle, TemplateInfo};
-use space_store::{NewOperation, NewSandbox, OperationKind, OperationRecord, SandboxRecord, SessionRecord};
+use space_node_api::{DiskQuota, Limits, NodeApi, SandboxHandle};
+use space_store::{NewSandbox, OperationKind, OperationRecord, SandboxRecord, SessionRecord};
 use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::AppState;
-use crate::auth::ADMIN_TENANT;
 use crate::error::{AppError, AppResult};
 
 /// How often a waiter looks at an operation that this replica is not running.
@@ -266,7 +265,7 @@ async fn perform(state: &AppState, op: OperationRecord) -> AppResult<Ended> {
         OperationKind::DestroySession => destroy_session(state, &op).await,
         OperationKind::RestoreSession => restore_session(state, &op).await,
         OperationKind::BuildTemplate | OperationKind::ImportTemplate | OperationKind::BuildDockerfile => {
-            build_template(state, &op).await
+            crate::template_work::build_template(state, &op).await
         }
     };
     done.map(|()| Ended::ToRecord)
@@ -344,7 +343,7 @@ async fn start_sandbox(
     };
     // The session's tenant's own template of that name, else the global one.
     let name = crate::template_scope::resolve(node.as_ref(), &op.tenant_id, &session.template).await;
-    let template = ensure_template(state, node.as_ref(), &op.operation.id, &name).await?;
+    let template = crate::template_work::ensure_template(state, node.as_ref(), &op.operation.id, &name).await?;
     let limits = Limits::from(&session.resources);
     let node_id = node.node_id();
     let mut sandbox = NewSandbox {
@@ -574,24 +573,6 @@ async fn roll_back_restore(
     Ok(())
 }
 
-async fn ensure_template(
-    state: &AppState,
-    node: &dyn NodeApi,
-    op: &OperationId,
-    name: &str,
-) -> AppResult<TemplateInfo> {
-    let store = state.store.clone();
-    let op = op.clone();
-    let progress = move |p: Progress| {
-        let store = store.clone();
-        let op = op.clone();
-        tokio::spawn(async move {
-            let _ = store.set_operation_progress(&op, &p).await;
-        });
-    };
-    Ok(node.ensure_template(name, Box::new(progress)).await?)
-}
-
 async fn destroy_session(state: &AppState, op: &OperationRecord) -> AppResult<()> {
     let id = session_of(op)?;
     let Some(record) = state.store.session_any(&id).await? else {
@@ -684,91 +665,6 @@ pub fn watch_exit(state: AppState, node: Arc<dyn NodeApi>, session: SessionId, h
         let _ = state.store.transition(&session, &from, SessionState::Failed, Some(&message)).await;
         let _ = remove_sandbox(node.as_ref(), &state, &handle.id).await;
     });
-}
-
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct TemplateInput {
-    pub name: String,
-    pub path: Option<String>,
-    /// An upload the import reads (`POST /v1/templates/uploads`), removed once the operation
-    /// ends, however it ends.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uploaded: Option<std::path::PathBuf>,
-    /// A Dockerfile build (its context is the upload).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub build: Option<space_api::TemplateBuild>,
-}
-
-/// Builds (or imports) the template on every node, then removes the upload it read, if any.
-async fn build_template(state: &AppState, op: &OperationRecord) -> AppResult<()> {
-    let input: TemplateInput = serde_json::from_str(op.input.as_deref().unwrap_or(""))
-        .map_err(|e| AppError::internal(format!("bad template operation input: {e}")))?;
-    let result = build_everywhere(state, op, &input).await;
-    if let Some(upload) = &input.uploaded {
-        crate::api::template_uploads::remove(upload);
-    }
-    result
-}
-
-/// Builds (or imports) the template on every node, one after the other: a session may be
-/// placed on any of them. An import's path is read on each node's host.
-async fn build_everywhere(state: &AppState, op: &OperationRecord, input: &TemplateInput) -> AppResult<()> {
-    for (_, node) in state.nodes.iter() {
-        if let Some(build) = &input.build {
-            crate::build_logs::build(state, node.as_ref(), &op.operation.id, &input.name, build).await?;
-            continue;
-        }
-        match &input.path {
-            Some(path) => {
-                let store = state.store.clone();
-                let id = op.operation.id.clone();
-                let progress = move |p: Progress| {
-                    let store = store.clone();
-                    let id = id.clone();
-                    tokio::spawn(async move {
-                        let _ = store.set_operation_progress(&id, &p).await;
-                    });
-                };
-                let source = space_api::TemplateSource::parse(path);
-                node.import_template(&input.name, &source, Box::new(progress)).await?;
-            }
-            None => {
-                ensure_template(state, node.as_ref(), &op.operation.id, &input.name).await?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Queues builds of built-in templates that some node misses.
-pub async fn prepare_templates(state: &AppState, names: &[String]) -> AppResult<()> {
-    let tenant = state.store.ensure_tenant(ADMIN_TENANT).await?;
-    for name in names {
-        if missing_nowhere(state, name).await {
-            continue;
-        }
-        let input = TemplateInput { name: name.clone(), path: None, uploaded: None, build: None };
-        let input = serde_json::to_string(&input).unwrap_or_default();
-        let new = NewOperation {
-            tenant_id: tenant.clone(),
-            session_id: None,
-            kind: OperationKind::BuildTemplate,
-            input: Some(input),
-        };
-        state.store.insert_operation(&new).await?;
-    }
-    state.reconciler.wake();
-    Ok(())
-}
-
-/// Whether every node has template `name`.
-async fn missing_nowhere(state: &AppState, name: &str) -> bool {
-    for (_, node) in state.nodes.iter() {
-        if node.resolve_template(name).await.is_none() {
-            return false;
-        }
-    }
-    true
 }
 
 #[cfg(test)]

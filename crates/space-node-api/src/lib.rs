@@ -18,6 +18,7 @@
 //! (checkpoint windows, freezing its root) stays the node's own.
 
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -192,6 +193,18 @@ pub trait NodeApi: EgressControl + 'static {
     /// Deletes version `version` of `name`; whether it existed. Sandboxes made from it keep
     /// working (their roots are independent snapshots).
     async fn delete_template(&self, name: &str, version: u64) -> Result<bool>;
+    /// Puts `file`, a file on the control plane's host (a template upload, a build's context),
+    /// where this node's template work can read it, and returns its path there. A node that
+    /// shares the control plane's host reads it where it is; a node reached over the network
+    /// receives a copy, checked against the bytes sent.
+    async fn stage_file(&self, file: &Path) -> Result<PathBuf> {
+        Ok(file.to_owned())
+    }
+    /// Removes a copy [`NodeApi::stage_file`] made. A file the node read where it was is the
+    /// caller's: nothing is removed.
+    async fn unstage_file(&self, _staged: &Path) -> Result<()> {
+        Ok(())
+    }
 
     fn is_builtin(&self, name: &str) -> bool {
         self.builtin_templates().iter().any(|b| b == name)

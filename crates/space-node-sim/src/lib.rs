@@ -226,6 +226,9 @@ struct State {
     next_pid: u32,
     /// Snapshots exported while a sandbox of their session ran (not frozen).
     exported_while_running: Vec<SnapshotId>,
+    /// The files template work read (an import's archive, a build's context): each path and
+    /// the bytes it held then.
+    template_reads: Vec<(std::path::PathBuf, Vec<u8>)>,
 }
 
 /// What a test sees of one simulated sandbox.
@@ -269,6 +272,7 @@ impl SimNode {
             background: false,
             next_pid: 1000,
             exported_while_running: Vec::new(),
+            template_reads: Vec::new(),
         };
         Arc::new(SimNode { state: Mutex::new(state), audit, audit_events: Mutex::new(Some(audit_events)) })
     }
@@ -425,6 +429,19 @@ impl SimNode {
     /// the snapshot and before the export was done.
     pub fn exported_while_running(&self) -> Vec<SnapshotId> {
         self.state().exported_while_running.clone()
+    }
+
+    /// Reads `path` as template work would, and records it (see [`SimNode::template_reads`]).
+    fn read_for_template(&self, path: &std::path::Path) -> Result<(), SimError> {
+        let bytes =
+            std::fs::read(path).map_err(|source| SimError::Import { path: path.display().to_string(), source })?;
+        self.state().template_reads.push((path.to_owned(), bytes));
+        Ok(())
+    }
+
+    /// The files template work read, in order: where each was and the bytes it held.
+    pub fn template_reads(&self) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+        self.state().template_reads.clone()
     }
 }
 

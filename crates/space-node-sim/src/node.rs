@@ -81,8 +81,11 @@ impl NodeApi for SimNode {
         self.state().injected(Op::ImportTemplate)?;
         // The node's host is this host: what the import would read must exist.
         if let Some(path) = source.host_path() {
-            std::fs::symlink_metadata(path)
+            let meta = std::fs::symlink_metadata(path)
                 .map_err(|error| SimError::Import { path: path.display().to_string(), source: error })?;
+            if meta.is_file() {
+                self.read_for_template(path)?;
+            }
         }
         Ok(self.state().add_template(name, format!("imported from {source} (simulated)")))
     }
@@ -98,6 +101,9 @@ impl NodeApi for SimNode {
         // What the real node checks before any step: the Dockerfile parses.
         let file = space_dockerfile::parse(&build.dockerfile)
             .map_err(|e| NodeError::BuildFailed(format!("Dockerfile {e}")))?;
+        if let Some(context) = &build.context {
+            self.read_for_template(context)?;
+        }
         for (i, instruction) in file.instructions.iter().enumerate() {
             log(format!("Step {}/{} : {} (simulated)", i + 1, file.instructions.len(), instruction.text));
         }

@@ -275,6 +275,7 @@ fn refusal<T>(status: StatusCode, theirs: Option<u32>, ours: u32, body: &[u8]) -
     Err(WireError::Refused { status: status.as_u16(), code, message })
 }
 
+mod stage;
 #[cfg(test)]
 mod tests;
 

@@ -27,6 +27,13 @@ pub enum WireError {
         quiet.as_secs()
     )]
     Unresponsive { address: String, quiet: std::time::Duration },
+    /// A file could not be sent to the node (see [`crate::NodeClient::stage`]).
+    #[error("sending a file to node {address}")]
+    Send { address: String, source: std::io::Error },
+    #[error("the node could not keep the file sent to it: {message}")]
+    StageFailed { message: String },
+    #[error("the node's copy of the file sent to it ({}) differs from what was sent", path.display())]
+    StagedCopyDiffers { path: PathBuf },
     #[error("talking HTTP to the node")]
     Http(#[from] hyper::Error),
     #[error("building a request to the node")]

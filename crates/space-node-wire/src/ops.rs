@@ -6,6 +6,8 @@
 //! left unanswered. Operations that stream (template builds with their progress, audit
 //! events, agent connections and port tunnels) have paths of their own (see [`paths`]).
 
+use std::path::PathBuf;
+
 use space_api::{TemplateBuild, TemplateSource};
 
 use serde::{Deserialize, Serialize};
@@ -29,6 +31,9 @@ pub mod paths {
     pub const AGENT: &str = "/v1/agent";
     /// `POST` a [`super::PortCall`], upgraded: the bytes of one TCP connection.
     pub const PORT: &str = "/v1/port";
+    /// `POST` a [`super::StageCall`], upgraded: the file's bytes go to the node, then one
+    /// [`super::StageAnswer`] comes back as a line of JSON.
+    pub const STAGE: &str = "/v1/stage";
 }
 
 /// The `Upgrade` protocol of [`paths::AGENT`] and [`paths::PORT`].
@@ -175,6 +180,10 @@ pub enum Call {
     SessionTraffic {
         session: SessionId,
     },
+    /// Removes a file [`paths::STAGE`] received (see [`StageAnswer::Staged`]).
+    Unstage {
+        path: PathBuf,
+    },
 }
 
 /// A template operation, answered with its progress as it goes.
@@ -215,6 +224,27 @@ pub struct AgentCall {
 pub struct PortCall {
     pub sandbox: SandboxId,
     pub port: u16,
+}
+
+/// A file sent to the node for its template work (an upload, a build's context): exactly
+/// `len` bytes follow on the upgraded connection.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StageCall {
+    pub len: u64,
+}
+
+/// What the node says once a [`StageCall`]'s bytes have arrived.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum StageAnswer {
+    /// Kept at `path` on the node's host; `sha256` is what the node received.
+    Staged {
+        path: PathBuf,
+        sha256: String,
+    },
+    Failed {
+        message: String,
+    },
 }
 
 /// A [`NodeError`] on the wire: its class, and its whole chain of causes as text.

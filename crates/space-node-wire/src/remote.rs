@@ -208,6 +208,14 @@ impl NodeApi for RemoteNode {
         self.call(&Call::DeleteTemplate { name: name.into(), version }).await
     }
 
+    async fn stage_file(&self, file: &std::path::Path) -> Result<std::path::PathBuf> {
+        self.client.stage(file).await.map_err(node_error)
+    }
+
+    async fn unstage_file(&self, staged: &std::path::Path) -> Result<()> {
+        self.call(&Call::Unstage { path: staged.to_owned() }).await
+    }
+
     async fn capacity(&self) -> Result<space_api::NodeCapacity> {
         self.call(&Call::Capacity).await
     }

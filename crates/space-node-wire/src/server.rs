@@ -24,6 +24,7 @@ pub(crate) use calls::FAILED;
 
 pub(crate) mod calls;
 mod relay;
+mod stage;
 mod streams;
 
 /// Largest request body a node reads.
@@ -46,26 +47,31 @@ struct Served {
     /// Set once the node stops: connections still open are refused new changes (see
     /// [`calls`]), so the wait for those running ends.
     stopping: std::sync::atomic::AtomicBool,
+    /// Files sent for template work (see [`stage`]).
+    staging: Arc<stage::Staging>,
 }
 
 /// Serves `node` on `listener` until the listener fails or `shutdown` resolves. Each
 /// connection must complete the mutual TLS handshake `tls` requires before anything is read
 /// from it. On `shutdown` it stops accepting, refuses further changes (503 `node_stopping`)
 /// and waits for the calls that change something (they run on tasks of their own, see
-/// [`calls`]); calls that only read end with the process.
+/// [`calls`]); calls that only read end with the process. Files a control plane sends for
+/// template work are kept in `staging`, which is emptied first.
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
     node: Arc<dyn NodeApi>,
+    staging: std::path::PathBuf,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let staging = Arc::new(stage::Staging::open(staging)?);
     let acceptor = TlsAcceptor::from(tls);
     let audit = streams::AuditSlot::new(node.take_audit_events());
     let incarnation = hex_token();
     let changes = TaskTracker::new();
     let stopping = std::sync::atomic::AtomicBool::new(false);
     let background = std::sync::Once::new();
-    let served = Arc::new(Served { node, audit, background, incarnation, changes: changes.clone(), stopping });
+    let served = Arc::new(Served { node, audit, background, incarnation, changes: changes.clone(), stopping, staging });
     let mut shutdown = std::pin::pin!(shutdown);
     let accepted = loop {
         let (tcp, peer) = tokio::select! {
@@ -138,6 +144,10 @@ async fn answer(served: Arc<Served>, mut request: Request<Incoming>) -> Result<R
         },
         (Method::POST, paths::PORT) => match parse(&body) {
             Ok(call) => relay::port(node, call, upgrade).await,
+            Err(e) => bad_request(e),
+        },
+        (Method::POST, paths::STAGE) => match parse(&body) {
+            Ok(call) => served.staging.clone().receive(call, upgrade),
             Err(e) => bad_request(e),
         },
         (method, path) => refuse(

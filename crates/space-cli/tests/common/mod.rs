@@ -82,6 +82,10 @@ const NODE_FLAGS: &[&str] = &[
     "--blob-store",
 ];
 
+/// `sh -c` script that mounts a tmpfs of its own over `$1/uploads`, then runs the rest of its
+/// arguments (in the mount namespace `unshare` made, so only that process sees the mount).
+const HIDE_UPLOADS: &str = r#"dir=$1; shift; mkdir -p "$dir/uploads" && mount -t tmpfs -o mode=0700,size=2g space-uploads "$dir/uploads" && exec "$@""#;
+
 /// `args` split into the node's flags and the control plane's, each flag with its value.
 fn split_flags(args: &[String]) -> (Vec<String>, Vec<String>) {
     let (mut node, mut control) = (Vec::new(), Vec::new());
@@ -273,9 +277,14 @@ impl Server {
         if self.child.is_some() {
             return Ok(());
         }
+        // The control plane keeps its uploads where its node cannot read them, as on a host of
+        // its own: a mount of its own, in a mount namespace of its own.
         let control = self.launch(
             "space control",
-            Command::new(SPACE)
+            Command::new("unshare")
+                .args(["--mount", "--propagation", "private", "--", "sh", "-c", HIDE_UPLOADS, "sh"])
+                .arg(self.control_dir())
+                .arg(SPACE)
                 .args(["control", "--listen", &format!("127.0.0.1:{}", self.port)])
                 .args(["--node", &format!("127.0.0.1:{}", self.node_port), "--name", "control-1"])
                 .args(self.extra_nodes.iter().flat_map(|address| ["--node", address]))

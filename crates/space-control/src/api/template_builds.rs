@@ -23,7 +23,7 @@ use crate::api::template_uploads::receive_upload;
 use crate::api::templates::{own_name, queue};
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiQuery, AppError, AppResult};
-use crate::reconciler::TemplateInput;
+use crate::template_work::TemplateInput;
 
 /// Largest Dockerfile read from a context.
 const MAX_DOCKERFILE: u64 = 1 << 20;

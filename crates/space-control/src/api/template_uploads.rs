@@ -1,8 +1,9 @@
 //! Templates uploaded over the API, so a remote CLI can make them: a root filesystem tarball,
 //! a `docker save` archive or a tar of an OCI image layout, streamed into the control plane's
-//! data dir (bounded in size, checked against the sha256 the client sends), then imported as
-//! a file on the server's host is (archives are read in place), and removed once the import
-//! ends. An upload the client abandons is removed with the request.
+//! data dir (bounded in size, checked against the sha256 the client sends), then imported by
+//! each node as a file on its host is (archives are read in place; a node on another host gets
+//! a copy, see `template_work`), and removed once the import ends. An upload the client
+//! abandons is removed with the request.
 
 use std::path::{Path, PathBuf};
 
@@ -22,7 +23,7 @@ use crate::AppState;
 use crate::api::templates::{own_name, queue};
 use crate::auth::Caller;
 use crate::error::{ApiJson, ApiQuery, AppError, AppResult, body_timeout, is_body_timeout};
-use crate::reconciler::TemplateInput;
+use crate::template_work::TemplateInput;
 
 const PARTIAL: &str = "partial";
 
@@ -83,6 +84,12 @@ impl Drop for Removal {
     }
 }
 
+/// Makes `dir` and the directories above it that are missing, root's alone: uploads are
+/// tenants' files, and the data dir above them is traversable (0711).
+pub(crate) async fn private_dir(dir: &Path) -> std::io::Result<()> {
+    tokio::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).await
+}
+
 /// Removes uploads a crash cut short (`*.partial`); the others belong to queued imports.
 pub fn remove_partial_uploads(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
@@ -103,8 +110,8 @@ pub fn remove(path: &Path) {
 }
 
 /// Uploads a template and imports it; returns the import's operation (follow it with
-/// `GET /v1/operations/{id}`). A tenant's upload is its own template; the admin's is global. The node that imports reads the upload from the control
-/// plane's data dir: `space serve`, where both share the host.
+/// `GET /v1/operations/{id}`). A tenant's upload is its own template; the admin's is global.
+/// Each node on another host imports a copy the control plane sends it.
 #[utoipa::path(post, path = "/v1/templates/uploads", params(UploadParams),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 202, body = Operation), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
@@ -138,9 +145,7 @@ pub(crate) async fn receive_upload(state: &AppState, body: Body, sha256: &str) -
         return Err(AppError::bad_request("sha256 must be the body's sha256 as 64 hex digits"));
     }
     let dir = upload_dir(&state.data_dir);
-    tokio::fs::create_dir_all(&dir)
-        .await
-        .map_err(|e| AppError::internal(format!("creating {}: {e}", dir.display())))?;
+    private_dir(&dir).await.map_err(|e| AppError::internal(format!("creating {}: {e}", dir.display())))?;
     let id = hex::encode(rand::random::<[u8; 12]>());
     let partial_path = dir.join(format!("{id}.{PARTIAL}"));
     let partial = Removal(Some(partial_path.clone()));

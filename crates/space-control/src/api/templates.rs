@@ -18,7 +18,7 @@ use utoipa::IntoParams;
 use crate::AppState;
 use crate::auth::{Admin, Caller};
 use crate::error::{ApiJson, ApiPath, ApiQuery, AppError, AppResult};
-use crate::reconciler::TemplateInput;
+use crate::template_work::TemplateInput;
 
 /// `info` as `tenant` sees it (`None`: another tenant's).
 pub(crate) fn visible_view(tenant: &space_api::TenantId, info: &TemplateInfo) -> Option<Template> {

@@ -25,11 +25,11 @@ use super::errors::{E2bError, E2bResult};
 use super::sandboxes::E2bJson;
 use super::template_steps::{self, BuildStart};
 use crate::AppState;
-use crate::api::template_uploads::{Removal, receive, remove, upload_dir};
+use crate::api::template_uploads::{Removal, private_dir, receive, remove, upload_dir};
 use crate::api::templates::{own_name, queue_as};
 use crate::auth::Caller;
 use crate::error::{ApiPath, ApiQuery};
-use crate::reconciler::TemplateInput;
+use crate::template_work::TemplateInput;
 
 /// How long an uploaded file waits for builds that use it.
 const UPLOAD_TTL: Duration = Duration::from_secs(3600);
@@ -237,7 +237,7 @@ fn admit_upload(state: &AppState, tenant: &str, hash: &str, link: &LinkQuery) ->
 async fn store_upload(state: &AppState, path: &Path, body: Body, room: u64) -> E2bResult<()> {
     let failed = |e: std::io::Error| E2bError::new(500, format!("keeping the upload: {e}"));
     let dir = path.parent().unwrap_or(Path::new("/"));
-    tokio::fs::create_dir_all(dir).await.map_err(failed)?;
+    private_dir(dir).await.map_err(failed)?;
     let partial = upload_dir(&state.data_dir).join(format!("{}.partial", hex::encode(rand::random::<[u8; 12]>())));
     let removal = Removal::new(partial.clone());
     receive(body, &partial, room, None).await?;

@@ -84,3 +84,47 @@ async fn builds_are_checked_then_run_with_their_log_kept() {
         .collect();
     assert_eq!(webs, ["global", "own"], "the admin's global web and the tenant's own: {templates}");
 }
+
+/// Where each node read `bytes` from, checked against how it is reached: a node over the
+/// network (`SPACE_CONTRACT_NODE=wire`) reads a copy its server kept, never the control
+/// plane's file; one in the same process reads the control plane's file. Either way nothing
+/// read is left once the work ended.
+fn read_from_its_own_copy(server: &Server, bytes: &[u8]) {
+    let uploads = server.data_dir().join("uploads");
+    let wire = std::env::var("SPACE_CONTRACT_NODE").as_deref() == Ok("wire");
+    for (i, sim) in server.sims.iter().enumerate() {
+        let reads = sim.template_reads();
+        let (path, read) = reads.last().expect("the node read the upload");
+        assert_eq!(read, bytes, "node {i} read what was uploaded");
+        match wire {
+            true => assert!(path.starts_with(server.data_dir().join(format!("node-{i}-staged"))), "{}", path.display()),
+            false => assert!(path.starts_with(&uploads), "{}", path.display()),
+        }
+        assert!(!path.exists(), "{} is removed once the work ended", path.display());
+    }
+    let left: Vec<_> = std::fs::read_dir(&uploads).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(left.iter().all(|p| p.ends_with("e2b-files")), "{left:?}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&uploads).unwrap().permissions().mode() & 0o777, 0o700, "uploads are root's alone");
+}
+
+#[tokio::test]
+async fn every_node_reads_an_upload_and_a_build_context_from_a_file_on_its_own_host() {
+    let node = |id: &str| space_node_sim::SimConfig { node_id: id.into(), ..Default::default() };
+    let server = Server::start_with_nodes(vec![node("node-a"), node("node-b")]).await;
+    server.wait_for_template("busybox").await;
+    let admin = server.admin.clone();
+
+    let tarball = b"a root filesystem tarball, as the simulated node reads it".to_vec();
+    let upload = format!("/v1/templates/uploads?name=rootfs&sha256={}", hex::encode(Sha256::digest(&tarball)));
+    let (status, op) = server.post_bytes(&admin, &upload, tarball.clone()).await;
+    assert_eq!(status, 202, "{op}");
+    assert_eq!(server.wait_operation(op["id"].as_str().unwrap()).await["state"], "succeeded");
+    read_from_its_own_copy(&server, &tarball);
+
+    let build = context(&[("Dockerfile", "FROM busybox\nCOPY app.txt /\n"), ("app.txt", "x")]);
+    let (status, op) = server.post_bytes(&admin, &path("", &build), build.clone()).await;
+    assert_eq!(status, 202, "{op}");
+    assert_eq!(server.wait_operation(op["id"].as_str().unwrap()).await["state"], "succeeded");
+    read_from_its_own_copy(&server, &build);
+}

@@ -45,7 +45,8 @@ const NODE_VAR: &str = "SPACE_CONTRACT_NODE";
 
 /// `sim` served on a loopback port with a cluster of its own, and the control plane's
 /// client of it.
-async fn over_the_wire(sim: Arc<SimNode>) -> Arc<dyn space_node_api::NodeApi> {
+/// `staging` is where the node's server keeps the files sent to it.
+async fn over_the_wire(sim: Arc<SimNode>, staging: std::path::PathBuf) -> Arc<dyn space_node_api::NodeApi> {
     use space_node_wire::cluster::{ClusterCa, Role};
     use space_node_wire::tls::{client_config, server_config};
     let ca = ClusterCa::generate("contract").expect("a cluster CA");
@@ -56,7 +57,7 @@ async fn over_the_wire(sim: Arc<SimNode>) -> Arc<dyn space_node_api::NodeApi> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
     let address = listener.local_addr().expect("its address").to_string();
     let tls = server_config(&node, &ca.cert_pem).expect("the node's TLS");
-    tokio::spawn(space_node_wire::serve(listener, tls, sim.api(), std::future::pending()));
+    tokio::spawn(space_node_wire::serve(listener, tls, sim.api(), staging, std::future::pending()));
     let client = space_node_wire::NodeClient::new(&address, client_config(&control, &ca.cert_pem).expect("TLS"))
         .expect("a node client");
     space_node_wire::RemoteNode::connect(client).await.expect("the node answers")
@@ -88,9 +89,12 @@ impl Server {
             .build()
             .expect("the server's runtime");
         let mut nodes = Vec::new();
-        for sim in &sims {
+        for (i, sim) in sims.iter().enumerate() {
+            let staging = dir.path().join(format!("node-{i}-staged"));
             nodes.push(match std::env::var(NODE_VAR).as_deref() {
-                Ok("wire") => runtime.spawn(over_the_wire(sim.clone())).await.expect("the node's wire server starts"),
+                Ok("wire") => {
+                    runtime.spawn(over_the_wire(sim.clone(), staging)).await.expect("the node's wire server starts")
+                }
                 Ok("in-process") | Err(_) => sim.api(),
                 Ok(other) => panic!("{NODE_VAR}={other:?}: use \"wire\" or \"in-process\""),
             });

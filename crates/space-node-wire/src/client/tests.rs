@@ -13,13 +13,20 @@ use crate::tls::{client_config, server_config};
 struct Cluster {
     ca: ClusterCa,
     control: Identity,
+    /// Where its nodes keep the files sent to them, each in a directory of its own.
+    staging: tempfile::TempDir,
 }
 
 impl Cluster {
     fn new() -> Cluster {
         let ca = ClusterCa::generate("test").unwrap();
         let control = ca.issue(Role::Control, "control-1", &[]).unwrap();
-        Cluster { ca, control }
+        Cluster { ca, control, staging: tempfile::tempdir().unwrap() }
+    }
+
+    /// A staging directory for one more node.
+    fn node_staging(&self) -> std::path::PathBuf {
+        self.staging.path().join(hex::encode(rand::random::<[u8; 4]>()))
     }
 
     /// A node presenting `identity`, trusting this cluster's authority; its address.
@@ -28,7 +35,7 @@ impl Cluster {
         let address = listener.local_addr().unwrap().to_string();
         let tls = server_config(identity, &self.ca.cert_pem).unwrap();
         let node: Arc<dyn space_node_api::NodeApi> = SimNode::new(SimConfig::default());
-        tokio::spawn(serve(listener, tls, node, std::future::pending()));
+        tokio::spawn(serve(listener, tls, node, self.node_staging(), std::future::pending()));
         address
     }
 
@@ -43,7 +50,7 @@ impl Cluster {
         let address = listener.local_addr().unwrap().to_string();
         let identity = self.ca.issue(Role::Node, "node-a", &["127.0.0.1".into()]).unwrap();
         let tls = server_config(&identity, &self.ca.cert_pem).unwrap();
-        let server = tokio::spawn(serve(listener, tls, sim.api(), shutdown));
+        let server = tokio::spawn(serve(listener, tls, sim.api(), self.node_staging(), shutdown));
         (server, crate::RemoteNode::connect(self.client(&address, &self.control)).await.unwrap())
     }
 
@@ -229,6 +236,33 @@ async fn the_agent_relay_refuses_what_only_the_node_may_ask() {
     }
     // The connection still serves what it may.
     assert!(agent.health().await.is_ok());
+}
+
+/// A file sent to a node arrives whole in the node's staging directory, and goes when the
+/// control plane says; nothing else can be removed that way.
+#[tokio::test]
+async fn a_file_sent_to_a_node_arrives_whole_and_goes_when_unstaged() {
+    use space_node_api::NodeApi;
+    let cluster = Cluster::new();
+    let sim = SimNode::new(SimConfig::default());
+    let (_, remote) = cluster.serve_sim(&sim, std::future::pending()).await;
+    let dir = tempfile::tempdir().unwrap();
+    for len in [0usize, 1, (3 << 20) + 17] {
+        let file = dir.path().join(format!("upload-{len}"));
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 31 + i / 7919) as u8).collect();
+        std::fs::write(&file, &bytes).unwrap();
+        let staged = remote.stage_file(&file).await.unwrap();
+        assert!(staged.starts_with(cluster.staging.path()), "{}", staged.display());
+        assert_eq!(std::fs::read(&staged).unwrap(), bytes, "{len} bytes");
+        remote.unstage_file(&staged).await.unwrap();
+        assert!(!staged.exists());
+        // Only what the node staged: the control plane's own file is not the node's to remove.
+        let err = remote.unstage_file(&file).await.unwrap_err();
+        assert!(err.to_string().contains("not a file this node staged"), "{err}");
+        assert!(file.exists());
+    }
+    let err = remote.stage_file(&dir.path().join("missing")).await.unwrap_err();
+    assert!(format!("{:?}", err).contains("NotFound"), "{err:?}");
 }
 
 /// A node's failure reaches the control plane as the class it had on the node.

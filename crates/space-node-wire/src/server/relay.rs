@@ -69,7 +69,7 @@ pub(super) async fn port(node: Arc<dyn NodeApi>, call: PortCall, upgrade: OnUpgr
     switching()
 }
 
-async fn upgraded(upgrade: OnUpgrade) -> Option<TokioIo<hyper::upgrade::Upgraded>> {
+pub(super) async fn upgraded(upgrade: OnUpgrade) -> Option<TokioIo<hyper::upgrade::Upgraded>> {
     match upgrade.await {
         Ok(io) => Some(TokioIo::new(io)),
         Err(e) => {
@@ -79,7 +79,7 @@ async fn upgraded(upgrade: OnUpgrade) -> Option<TokioIo<hyper::upgrade::Upgraded
     }
 }
 
-fn switching() -> Response<Body> {
+pub(super) fn switching() -> Response<Body> {
     let mut response = respond(StatusCode::SWITCHING_PROTOCOLS, "application/octet-stream", Body::default());
     let headers = response.headers_mut();
     headers.insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("upgrade"));
