@@ -171,6 +171,10 @@ pub struct NodeArgs {
     /// 443) and audited.
     #[arg(long, value_name = "N", default_value_t = SandboxLimits::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
     pub gateway_max_connections: usize,
+    /// What one Dockerfile `RUN` step may write, e.g. `20g` or `512m` (`0`: as much as the
+    /// pool holds). A step past it fails the build with "Disk quota exceeded".
+    #[arg(long, value_name = "SIZE", default_value = "20g", value_parser = crate::units::parse_mib)]
+    pub build_step_disk: u64,
 }
 
 #[derive(Args)]
@@ -408,6 +412,7 @@ pub fn node_config(
         gateway: gateway_config(args)?,
         vm: args.host.vm(),
         blob_store: args.blob_store.clone(),
+        build_step_disk_bytes: (args.build_step_disk > 0).then_some(args.build_step_disk << 20),
         id: String::new(),
     })
 }

@@ -136,6 +136,28 @@ fn a_failing_step_fails_the_build_with_its_output_and_keeps_earlier_layers() {
     assert!(err.contains("line 2: missing.txt is not in the build context"), "{err}");
 }
 
+/// A `RUN` step writes at most `--build-step-disk`: past it the write fails with EDQUOT and
+/// the build with the step's output; within it the step's files become the layer.
+#[test]
+fn a_run_step_cannot_write_past_the_build_step_disk_limit() {
+    require_root!();
+    let server = Server::start_with(&["--build-step-disk", "64m"]);
+    let dir = server.data_dir.join("ctx");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = server.data_dir.join("Dockerfile.big");
+    std::fs::write(&file, "FROM busybox\nRUN dd if=/dev/urandom of=/big bs=1M count=100\n").unwrap();
+    let (ok, out, err) = build(&server, "big", &dir, &["-f", file.to_str().unwrap()]);
+    assert!(!ok, "100 MiB do not fit in 64 MiB: {out}");
+    assert!(err.contains("line 2") && err.contains("Disk quota exceeded"), "EDQUOT expected: {err}");
+    assert!(versions(&server, "big").is_empty());
+
+    std::fs::write(&file, "FROM busybox\nRUN dd if=/dev/urandom of=/small bs=1M count=40 && test ! -e /big\n").unwrap();
+    let (ok, out, err) = build(&server, "small", &dir, &["-f", file.to_str().unwrap()]);
+    assert!(ok, "40 MiB fit in 64 MiB: {out}\n{err}");
+    let id = server.create_session(json!({ "template": "small" }));
+    assert_eq!(server.exec(&id, &["sh", "-c", "wc -c < /small"])["stdout"], "41943040\n");
+}
+
 /// A symlink in the context is copied as a symlink, and later steps that write through it
 /// stay in the layer: its target is resolved inside the image, never on the host.
 #[test]

@@ -70,6 +70,9 @@ pub struct NodeConfig {
     /// Where snapshots are exported to (a directory or `s3://…`, see `space_blob::BlobStore`);
     /// `None`: they stay on this node's disk.
     pub blob_store: Option<String>,
+    /// What one Dockerfile `RUN` step may write (`None`: as much as the pool holds). A step
+    /// past it fails with `EDQUOT`, as a session past its disk limit does.
+    pub build_step_disk_bytes: Option<u64>,
     /// The node's id (set by [`NodeConfig::owned_by`]).
     pub id: String,
 }

@@ -70,6 +70,7 @@ const NODE_FLAGS: &[&str] = &[
     "--pool",
     "--pool-size-gib",
     "--pool-fill-concurrency",
+    "--build-step-disk",
     "--start-concurrency",
     "--template-cache",
     "--cgroup-parent",

@@ -148,6 +148,12 @@ impl Node {
         let (pool, sid, source) = (self.pool.clone(), id.clone(), parent.to_path_buf());
         let identity = crate::egress::sandbox_identity(&hostname);
         let root = blocking(move || Ok(pool.create_build_root(&sid, &source, identity)?)).await?;
+        // Charged to a session of its own, bounded: a step cannot fill the pool other
+        // tenants' sessions write to.
+        let disk =
+            space_node_api::DiskQuota { session: session.clone(), limit_bytes: self.config.build_step_disk_bytes };
+        let (pool, sid) = (self.pool.clone(), id.clone());
+        blocking(move || crate::charge(&pool, &sid, Some(&disk))).await?;
         self.boot(id, RuntimeKind::Linux, RootDisk::Directory(root), STEP_LIMITS, &hostname, None).await?;
         // A session of its own, as a session's sandbox has: the gateway then decides the
         // step's traffic by the allow list (none: nothing) and the step trusts its CA.
