@@ -175,6 +175,10 @@ pub struct NodeArgs {
     /// pool holds). A step past it fails the build with "Disk quota exceeded".
     #[arg(long, value_name = "SIZE", default_value = "20g", value_parser = crate::units::parse_mib)]
     pub build_step_disk: u64,
+    /// Layers of the Dockerfile build cache that no build used for this long are deleted,
+    /// e.g. `7d` or `12h` (`0`: kept until the pool is removed).
+    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = crate::units::parse_secs)]
+    pub build_cache_max_age: u64,
 }
 
 #[derive(Args)]
@@ -413,6 +417,8 @@ pub fn node_config(
         vm: args.host.vm(),
         blob_store: args.blob_store.clone(),
         build_step_disk_bytes: (args.build_step_disk > 0).then_some(args.build_step_disk << 20),
+        build_cache_max_age: (args.build_cache_max_age > 0)
+            .then_some(std::time::Duration::from_secs(args.build_cache_max_age)),
         id: String::new(),
     })
 }

@@ -158,6 +158,34 @@ fn a_run_step_cannot_write_past_the_build_step_disk_limit() {
     assert_eq!(server.exec(&id, &["sh", "-c", "wc -c < /small"])["stdout"], "41943040\n");
 }
 
+/// The build cache's layers that no build used for `--build-cache-max-age` are deleted once
+/// no build runs; the templates made from them stay, and the next build runs its steps again.
+#[test]
+fn layers_no_build_used_lately_are_pruned_and_their_templates_stay() {
+    require_root!();
+    let server = Server::start_with(&["--build-cache-max-age", "1s"]);
+    let dir = server.data_dir.join("ctx");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("Dockerfile"), "FROM busybox\nRUN echo built > /built\n").unwrap();
+    let (ok, out, err) = build(&server, "pruned", &dir, &[]);
+    assert!(ok, "{out}\n{err}");
+    let cache = server.data_dir.join("pool/build-cache");
+    let layers = || -> Vec<String> {
+        let names = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned());
+        names.filter(|n| !n.starts_with('.')).collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !layers().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "still cached: {:?}", layers());
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    let id = server.create_session(json!({ "template": "pruned" }));
+    assert_eq!(server.exec(&id, &["cat", "/built"])["stdout"], "built\n");
+    let (ok, out, err) = build(&server, "pruned", &dir, &[]);
+    assert!(ok, "{out}\n{err}");
+    assert!(!out.contains("Using cache"), "the pruned layer is built again: {out}");
+}
+
 /// A symlink in the context is copied as a symlink, and later steps that write through it
 /// stay in the layer: its target is resolved inside the image, never on the host.
 #[test]

@@ -73,6 +73,9 @@ pub struct NodeConfig {
     /// What one Dockerfile `RUN` step may write (`None`: as much as the pool holds). A step
     /// past it fails with `EDQUOT`, as a session past its disk limit does.
     pub build_step_disk_bytes: Option<u64>,
+    /// Layers of the build cache no build used for longer are deleted (`None`: kept until
+    /// the pool is removed).
+    pub build_cache_max_age: Option<std::time::Duration>,
     /// The node's id (set by [`NodeConfig::owned_by`]).
     pub id: String,
 }
@@ -164,6 +167,9 @@ pub struct Node {
     reclaim: tokio::sync::Notify,
     /// Sandboxes running a build's step: no session knows them, and no sweep may take them.
     build_sandboxes: Mutex<HashSet<SandboxId>>,
+    /// Held (shared) by every Dockerfile build, and alone by the pruning of its layer cache,
+    /// which never deletes a layer a build is about to start from.
+    builds: tokio::sync::RwLock<()>,
     gateway: Arc<Gateway>,
     /// Each started sandbox's trusted roots, read while it starts, for the session bundle.
     system_bundles: Mutex<HashMap<SandboxId, bytes::Bytes>>,
@@ -181,6 +187,9 @@ const MAX_PENDING_DELETIONS: u64 = 2;
 const AGENT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Retries deletions that failed, and catches roots retired by an earlier run.
 const RECLAIM_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often (at most) the build cache is looked through for layers to prune; as often as
+/// layers expire, when they are kept for less.
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// `sbx_abcdefgh…` → `abcdefghijkl`: short, unique enough, valid as a hostname. Derived from
 /// the sandbox (not the session) so a pod has its identity before any session binds it.
@@ -255,6 +264,7 @@ impl Node {
             pod_templates: Default::default(),
             reclaim: tokio::sync::Notify::new(),
             build_sandboxes: Mutex::new(HashSet::new()),
+            builds: tokio::sync::RwLock::new(()),
             gateway,
             starts: tokio::sync::Semaphore::new(config.max_starting.max(1)),
             system_bundles: Mutex::new(HashMap::new()),
@@ -352,6 +362,7 @@ impl Node {
         self.start_warm_pool();
         let node = self.clone();
         tokio::spawn(async move {
+            let mut pruned_at: Option<std::time::Instant> = None;
             loop {
                 let pool = node.pool.clone();
                 let reclaimed = blocking(move || {
@@ -361,9 +372,27 @@ impl Node {
                 if let Err(e) = reclaimed.await {
                     tracing::warn!(error = %e, "reclaiming disk");
                 }
+                let every = node.config.build_cache_max_age.map_or(PRUNE_EVERY, |age| age.min(PRUNE_EVERY));
+                if pruned_at.is_none_or(|at| at.elapsed() >= every) && node.prune_build_cache().await {
+                    pruned_at = Some(std::time::Instant::now());
+                }
                 let _ = tokio::time::timeout(RECLAIM_RECHECK, node.reclaim.notified()).await;
             }
         });
+    }
+
+    /// Deletes the build cache's layers unused for longer than the node keeps them, unless a
+    /// build runs; whether it looked (it did not while a build ran).
+    async fn prune_build_cache(&self) -> bool {
+        let Some(max_age) = self.config.build_cache_max_age else { return true };
+        let Ok(_alone) = self.builds.try_write() else { return false };
+        let layers = self.pool.layers();
+        match blocking(move || Ok(layers.prune(max_age)?)).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(layers = n, "pruned build cache layers no build used lately"),
+            Err(e) => tracing::warn!(error = %e, "pruning the build cache"),
+        }
+        true
     }
 
     /// The egress gateway of this node's sandboxes.

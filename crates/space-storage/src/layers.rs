@@ -4,7 +4,9 @@
 //! their layers here and starts from the last one, as Docker's layer cache does. Layers are
 //! already id-shifted like templates: a sandbox runs on a writable snapshot of one.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
@@ -19,6 +21,9 @@ use space_api::IdMap;
 /// The directory of the cache under the pool root.
 pub(crate) const LAYERS_DIR: &str = "build-cache";
 const STAGING_PREFIX: &str = ".staging-";
+/// Under the cache: an empty file per layer, named by its key, whose mtime is when a build
+/// last used it (a read-only subvolume's own times cannot be changed).
+const USED_DIR: &str = ".used";
 
 /// The cached layers of one pool.
 #[derive(Debug, Clone)]
@@ -114,7 +119,52 @@ impl Layers {
             Err(Errno::EEXIST) => {}
             Err(e) => return Err(e).ctx("rename layer into place", &target),
         }
+        self.touch(&staged.key)?;
         Ok(target)
+    }
+
+    /// Records that a build used layer `key` now: pruning counts its age from here.
+    pub fn touch(&self, key: &str) -> Result<()> {
+        self.touch_at(key, SystemTime::now())
+    }
+
+    fn touch_at(&self, key: &str, when: SystemTime) -> Result<()> {
+        self.path(key)?;
+        let dir = self.dir.join(USED_DIR);
+        std::fs::create_dir_all(&dir).ctx("create directory", &dir)?;
+        let marker = dir.join(key);
+        let file =
+            std::fs::File::options().create(true).truncate(false).write(true).open(&marker).ctx("open", &marker)?;
+        file.set_modified(when).ctx("set the time of", &marker)
+    }
+
+    /// Deletes every layer no build used for longer than `max_age` (a layer never used since
+    /// it was made counts from its making); how many. Templates made from a layer are
+    /// snapshots of their own and stay. Only call while no build runs: a build may be about
+    /// to start from a layer it found.
+    pub fn prune(&self, max_age: Duration) -> Result<usize> {
+        self.prune_at(SystemTime::now(), max_age)
+    }
+
+    fn prune_at(&self, now: SystemTime, max_age: Duration) -> Result<usize> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            entries => entries.ctx("read directory", &self.dir)?,
+        };
+        let mut pruned = 0;
+        for entry in entries {
+            let entry = entry.ctx("read directory", &self.dir)?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(layer) = self.path(&name) else { continue };
+            let marker = self.dir.join(USED_DIR).join(&name);
+            let Some(used) = last_used(&marker, &layer) else { continue };
+            if now.duration_since(used).is_ok_and(|age| age > max_age) {
+                remove_any(&layer)?;
+                remove_any(&marker)?;
+                pruned += 1;
+            }
+        }
+        Ok(pruned)
     }
 
     /// Removes the staging copies an interrupted build left. Only call while no build runs
@@ -131,9 +181,54 @@ impl Layers {
     }
 }
 
+/// When a layer was last used: its marker's mtime, else (a layer made before markers were)
+/// when it was renamed into place (its root's ctime: a snapshot keeps its source's mtime).
+fn last_used(marker: &Path, layer: &Path) -> Option<SystemTime> {
+    if let Ok(time) = std::fs::metadata(marker).and_then(|m| m.modified()) {
+        return Some(time);
+    }
+    let meta = std::fs::symlink_metadata(layer).ok()?;
+    let secs = u64::try_from(meta.ctime()).ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
+}
+
 impl Pool {
     /// The layer cache of Dockerfile builds.
     pub fn layers(&self) -> Layers {
         Layers::new(self.root().join(LAYERS_DIR))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_go_once_unused_for_longer_than_the_age_and_nothing_else_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let layers = Layers::new(dir.path().join(LAYERS_DIR));
+        // Plain directories stand for the subvolumes: pruning only reads names and times.
+        for name in ["aa01", "bb02", "cc03", ".staging-dd04-0000", "not-a-key"] {
+            std::fs::create_dir_all(layers.dir.join(name)).unwrap();
+        }
+        let now = SystemTime::now();
+        let day = Duration::from_secs(24 * 3600);
+        layers.touch_at("aa01", now - 10 * day).unwrap();
+        layers.touch_at("bb02", now - day).unwrap();
+        assert!(layers.touch_at("../escape", now).is_err());
+
+        assert_eq!(layers.prune_at(now, 7 * day).unwrap(), 1);
+        assert!(!layers.dir.join("aa01").exists() && !layers.dir.join(USED_DIR).join("aa01").exists());
+        // cc03 has no marker: it counts from when it was put in place (now).
+        for kept in ["bb02", "cc03", ".staging-dd04-0000", "not-a-key"] {
+            assert!(layers.dir.join(kept).exists(), "{kept}");
+        }
+        assert_eq!(layers.prune_at(now + 8 * day, 7 * day).unwrap(), 2);
+        for kept in [".staging-dd04-0000", "not-a-key", USED_DIR] {
+            assert!(layers.dir.join(kept).exists(), "{kept}");
+        }
+        assert_eq!(std::fs::read_dir(layers.dir.join(USED_DIR)).unwrap().count(), 0);
+        // A cache that was never made prunes nothing.
+        assert_eq!(Layers::new(dir.path().join("none")).prune(day).unwrap(), 0);
     }
 }

@@ -71,6 +71,7 @@ const NODE_FLAGS: &[&str] = &[
     "--pool-size-gib",
     "--pool-fill-concurrency",
     "--build-step-disk",
+    "--build-cache-max-age",
     "--start-concurrency",
     "--template-cache",
     "--cgroup-parent",

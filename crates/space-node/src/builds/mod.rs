@@ -171,6 +171,7 @@ impl Node {
         log: impl Fn(String) + Send + Sync + 'static,
     ) -> Result<TemplateInfo> {
         space_storage::validate_template_name(name)?;
+        let _building = self.builds.read().await;
         let capped = CappedLog::new(log);
         let log = |line: String| capped.line(line);
         let built = self.build_steps(name, build, report, &log).await;
@@ -329,8 +330,10 @@ impl Node {
 
     /// The cached layer of `key`, unless the build runs without its cache; said in the log.
     fn cached(&self, key: &str, no_cache: bool, log: &impl Fn(String)) -> Result<Option<PathBuf>> {
-        let layer = if no_cache { None } else { self.pool.layers().get(key)? };
+        let layers = self.pool.layers();
+        let layer = if no_cache { None } else { layers.get(key)? };
         if layer.is_some() {
+            layers.touch(key)?;
             log(" ---> Using cache".into());
         }
         Ok(layer)
