@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use space_api::error::ErrorCode;
-use space_api::{NodeCapacity, PoolStatus, Session};
+use space_api::{NodeCapacity, PoolStatus, Session, TenantId};
 use space_node_api::NodeApi;
 use space_store::now_ms;
 
@@ -36,9 +36,29 @@ impl Candidate {
 }
 
 /// The node a new session from a template goes to: one whose lease holds, that is not
-/// cordoned and whose memory fits the session, at the lowest [`Candidate::cost`] (ties: by
-/// id). A control plane with one node places there without asking anything.
+/// cordoned, that has the session's template (`tenant`'s own or the global one of that name)
+/// or can build it (a built-in), and whose memory fits the session, at the lowest
+/// [`Candidate::cost`] (ties: by id). A control plane with one node places there without
+/// asking anything.
+pub async fn place_from_template(
+    state: &AppState,
+    session: &Session,
+    tenant: &TenantId,
+) -> AppResult<Arc<dyn NodeApi>> {
+    place_among(state, session, Some(tenant)).await
+}
+
+/// The node a session that needs no template (its root comes from a snapshot) goes to: as
+/// [`place_from_template`], whatever templates the nodes have.
 pub async fn place(state: &AppState, session: &Session) -> AppResult<Arc<dyn NodeApi>> {
+    place_among(state, session, None).await
+}
+
+async fn place_among(
+    state: &AppState,
+    session: &Session,
+    template_of: Option<&TenantId>,
+) -> AppResult<Arc<dyn NodeApi>> {
     if state.nodes.len() == 1 {
         return Ok(state.nodes.first().clone());
     }
@@ -50,12 +70,16 @@ pub async fn place(state: &AppState, session: &Session) -> AppResult<Arc<dyn Nod
         let Ok(node) = state.nodes.get(&record.heartbeat.id) else { continue };
         candidates.push((record, node));
     }
-    let answers = futures::future::join_all(candidates.iter().map(|(_, node)| ask(node.as_ref()))).await;
+    let asked =
+        candidates.iter().map(|(_, node)| ask(node.as_ref(), template_of.map(|t| (t, session.template.as_str()))));
+    let answers = futures::future::join_all(asked).await;
+    let answered = answers.iter().filter(|a| a.is_some()).count();
     let weighed: Vec<Candidate> = candidates
         .iter()
         .zip(answers)
         .filter_map(|((record, _), answer)| Some((record, answer?)))
-        .map(|(record, (capacity, pool))| Candidate {
+        .filter(|(_, (_, _, has_template))| *has_template)
+        .map(|(record, (capacity, pool, _))| Candidate {
             id: record.heartbeat.id.clone(),
             cpus: capacity.cpus,
             memory_mib: capacity.memory_mib,
@@ -63,6 +87,15 @@ pub async fn place(state: &AppState, session: &Session) -> AppResult<Arc<dyn Nod
             ready_pod: has_ready_pod(&pool, session),
         })
         .collect();
+    if answered > 0 && weighed.is_empty() {
+        return Err(AppError::new(
+            ErrorCode::UnknownTemplate,
+            format!(
+                "none of the {answered} ready nodes has template {:?}: import or build it again, so every node has it",
+                session.template
+            ),
+        ));
+    }
     let chosen = best(&weighed, session.resources.memory_mib).ok_or_else(|| no_node(session, weighed.len()))?;
     state.nodes.get(&chosen.id)
 }
@@ -100,24 +133,55 @@ where
             Err(_) => tracing::warn!(node = %id, "the node did not answer within {} s: asking the next", ASK.as_secs()),
         }
     }
-    Err(AppError::new(
+    Err(none_answered(state))
+}
+
+fn none_answered(state: &AppState) -> AppError {
+    AppError::new(
         ErrorCode::SandboxUnavailable,
         format!(
             "none of this control plane's {} nodes answered within {} s: `space node list` shows them; try again",
             state.nodes.len(),
             ASK.as_secs()
         ),
-    ))
+    )
 }
 
-/// A node's capacity and pool now, if it answers: one that died since its last heartbeat
-/// fails the capacity call and is passed over.
-async fn ask(node: &dyn NodeApi) -> Option<(NodeCapacity, PoolStatus)> {
-    let answer = async { (node.capacity().await, node.pool_status().await) };
+/// A node's capacity and pool now, and whether it has `template` (a tenant's name; `None`:
+/// none is needed), if it answers: one that died since its last heartbeat fails the
+/// capacity call and is passed over.
+async fn ask(node: &dyn NodeApi, template: Option<(&TenantId, &str)>) -> Option<(NodeCapacity, PoolStatus, bool)> {
+    let has_template = async {
+        match template {
+            None => true,
+            Some((_, name)) if node.is_builtin(name) => true,
+            Some((tenant, name)) => crate::template_scope::find(node, tenant, name).await.is_some(),
+        }
+    };
+    let answer = async { tokio::join!(node.capacity(), node.pool_status(), has_template) };
     match tokio::time::timeout(ASK, answer).await {
-        Ok((Ok(capacity), pool)) => Some((capacity, pool)),
+        Ok((Ok(capacity), pool, has_template)) => Some((capacity, pool, has_template)),
         _ => None,
     }
+}
+
+/// What each node whose lease holds says to `question`, asked at once, each for at most
+/// [`ASK`] (one that does not answer meanwhile is left out); an error if none answers.
+pub(crate) async fn every_answer<T, F>(state: &AppState, question: impl Fn(Arc<dyn NodeApi>) -> F) -> AppResult<Vec<T>>
+where
+    F: std::future::Future<Output = T>,
+{
+    let lost = lost_nodes(state).await?;
+    let asked = state
+        .nodes
+        .iter()
+        .filter(|(id, _)| !lost.contains(*id))
+        .map(|(_, node)| tokio::time::timeout(ASK, question(node.clone())));
+    let answers: Vec<T> = futures::future::join_all(asked).await.into_iter().filter_map(Result::ok).collect();
+    if answers.is_empty() {
+        return Err(none_answered(state));
+    }
+    Ok(answers)
 }
 
 fn has_ready_pod(pool: &PoolStatus, session: &Session) -> bool {

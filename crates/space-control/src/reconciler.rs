@@ -339,7 +339,7 @@ async fn start_sandbox(
     // a sandbox there, removed above); else placement picks the node.
     let node = match &session.node {
         Some(_) => state.nodes.of(session)?,
-        None => crate::placement::place(state, session).await?,
+        None => crate::placement::place_from_template(state, session, &op.tenant_id).await?,
     };
     // The session's tenant's own template of that name, else the global one.
     let name = crate::template_scope::resolve(node.as_ref(), &op.tenant_id, &session.template).await;

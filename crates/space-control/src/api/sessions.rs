@@ -126,7 +126,12 @@ pub(super) async fn check_template(state: &AppState, tenant: &TenantId, name: &s
             }
         }
     };
-    let Some(available) = crate::placement::first_answer(state, known).await? else { return Ok(()) };
+    // Known if any node has it: placement then picks one that does.
+    let answers = crate::placement::every_answer(state, known).await?;
+    let Some(answers) = answers.into_iter().collect::<Option<Vec<Vec<String>>>>() else { return Ok(()) };
+    let mut available: Vec<String> = answers.into_iter().flatten().collect();
+    available.sort();
+    available.dedup();
     Err(AppError::new(
         ErrorCode::UnknownTemplate,
         format!("unknown template {}; available: {}", echo(name), available.join(", ")),

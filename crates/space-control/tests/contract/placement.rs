@@ -157,3 +157,44 @@ async fn a_node_that_stops_answering_is_lost_and_new_sessions_go_to_the_others()
     let id = server.session().await;
     assert_eq!(node_of(&server.get(&id).await), "node-a");
 }
+
+/// A node that lacks a template (it joined after the template was imported) takes no session
+/// from it: they go to the nodes that have it, whichever node is asked first; with no node
+/// left that has it, the create is refused as an unknown template.
+#[tokio::test]
+async fn sessions_from_a_template_go_only_to_the_nodes_that_have_it() {
+    use sha2::{Digest, Sha256};
+    let server = two_nodes().await;
+    server.wait_for_template("busybox").await;
+    let body = b"a root filesystem tarball".to_vec();
+    let path = format!("/v1/templates/uploads?name=web&sha256={}", hex::encode(Sha256::digest(&body)));
+    let (status, op) = server.post_bytes(&server.admin, &path, body).await;
+    assert_eq!(status, 202, "{op}");
+    assert_eq!(server.wait_operation(op["id"].as_str().unwrap()).await["state"], "succeeded");
+
+    for (lacking, having) in [(1, "node-a"), (0, "node-b")] {
+        for sim in &server.sims {
+            if sim.api().resolve_template("web").await.is_none() {
+                sim.api()
+                    .import_template(
+                        "web",
+                        &space_api::TemplateSource::Registry { reference: "r/web".into() },
+                        Box::new(|_| {}),
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+        let removed = server.sims[lacking].api().resolve_template("web").await.unwrap();
+        assert!(server.sims[lacking].api().delete_template("web", removed.version).await.unwrap());
+        for _ in 0..3 {
+            let (status, session) = server.call("POST", "/v1/sessions", Some(json!({"template": "web"}))).await;
+            assert_eq!(status, 201, "{session}");
+            assert_eq!(node_of(&session), having, "{session}");
+        }
+    }
+    let removed = server.sims[1].api().resolve_template("web").await.unwrap();
+    assert!(server.sims[1].api().delete_template("web", removed.version).await.unwrap());
+    let refused = server.call("POST", "/v1/sessions", Some(json!({"template": "web"}))).await;
+    crate::harness::assert_error(&refused, 400, "unknown_template");
+}
