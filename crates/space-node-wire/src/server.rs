@@ -65,6 +65,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let staging = Arc::new(stage::Staging::open(staging)?);
+    staging.clone().sweep_old();
     let acceptor = TlsAcceptor::from(tls);
     let audit = streams::AuditSlot::new(node.take_audit_events());
     let incarnation = hex_token();

@@ -169,7 +169,9 @@ fn too_large(limit: u64) -> AppError {
 /// expected.
 pub(crate) async fn receive(body: Body, path: &Path, limit: u64, expected: Option<&str>) -> AppResult<()> {
     let internal = |e: std::io::Error| AppError::internal(format!("writing the upload {}: {e}", path.display()));
-    let mut file = tokio::fs::File::create(path).await.map_err(internal)?;
+    // A fresh random name: never an existing file, never through a link; root's alone.
+    let open = tokio::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).await;
+    let mut file = open.map_err(internal)?;
     let mut hasher = Sha256::new();
     let mut size = 0u64;
     let mut stream = body.into_data_stream();

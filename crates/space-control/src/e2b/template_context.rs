@@ -5,6 +5,7 @@
 //! outside its upload's directory. The node's builder reads the result as any context.
 
 use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use tar::{EntryType, Header};
@@ -34,7 +35,8 @@ pub fn build_context(uploads: &[PathBuf], context: &Path, limit: u64) -> E2bResu
 
 fn assemble(uploads: &[PathBuf], context: &Path, limit: u64) -> E2bResult<()> {
     let failed = |e: std::io::Error| E2bError::new(500, format!("assembling the build context: {e}"));
-    let mut out = tar::Builder::new(std::fs::File::create(context).map_err(failed)?);
+    let file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(context);
+    let mut out = tar::Builder::new(file.map_err(failed)?);
     let mut budget = Budget { bytes: limit, entries: MAX_ENTRIES };
     for upload in uploads {
         let hash = upload.file_name().and_then(|n| n.to_str()).unwrap_or_default();

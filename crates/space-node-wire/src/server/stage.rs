@@ -1,12 +1,12 @@
 //! Files a control plane sends for a node's template work (an upload, a build's context): a
 //! node on another host cannot read them where the control plane keeps them. Each arrives on
 //! an upgraded connection, is kept in the node's staging directory under a name of the
-//! node's choosing, and is removed when the control plane says so ([`Call::Unstage`]), when
-//! it stays there longer than [`MAX_AGE`], or at the node's next start.
+//! node's choosing, and is removed when the control plane says so ([`Call::Unstage`]), once
+//! it stayed there longer than [`MAX_AGE`] (looked for hourly), or at the node's next start.
 //!
 //! [`Call::Unstage`]: crate::ops::Call::Unstage
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -22,9 +22,12 @@ use crate::ops::{StageAnswer, StageCall};
 
 /// How long the bytes may stop coming before the node gives up on a file.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
-/// A staged file older than this is a leftover (its control plane died before removing it):
-/// removed when the next one arrives.
+/// A staged file older than this is a leftover (its control plane died before removing it).
 const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+/// How often leftovers are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
+/// Free space a staged file must leave on the node's disk.
+const MARGIN: u64 = 1 << 30;
 const PARTIAL: &str = "partial";
 
 /// The node's staging directory.
@@ -34,8 +37,19 @@ pub(crate) struct Staging {
 
 impl Staging {
     /// Makes `dir` (root's, 0700) and empties it: what a stopped node staged, nobody removes.
+    /// A `dir` that is anything but a directory (a symbolic link above all) is refused.
     pub(crate) fn open(dir: PathBuf) -> std::io::Result<Staging> {
-        std::fs::create_dir_all(&dir)?;
+        match std::fs::symlink_metadata(&dir) {
+            Ok(meta) if !meta.is_dir() => {
+                let message = format!("{} is not a directory: remove it", dir.display());
+                return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, message));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
+            }
+            Err(e) => return Err(e),
+        }
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         for entry in std::fs::read_dir(&dir)? {
             remove(&entry?.path());
@@ -43,11 +57,25 @@ impl Staging {
         Ok(Staging { dir })
     }
 
-    /// Answers `101`, then receives the file on the upgraded connection.
+    /// Removes the files staged longer than [`MAX_AGE`] ago every [`SWEEP_EVERY`], for as long
+    /// as the node serves: those whose control plane died before it removed them.
+    pub(crate) fn sweep_old(self: std::sync::Arc<Self>) {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SWEEP_EVERY).await;
+                self.remove_old();
+            }
+        });
+    }
+
+    /// Answers `101`, then receives the file on the upgraded connection; a file larger than
+    /// the staging directory's free space is refused (507) before any byte is sent.
     pub(super) fn receive(self: std::sync::Arc<Self>, call: StageCall, upgrade: OnUpgrade) -> Response<Body> {
+        if let Err(message) = self.room_for(call.len) {
+            return super::refuse(hyper::StatusCode::INSUFFICIENT_STORAGE, "out_of_space", message);
+        }
         tokio::spawn(async move {
             let Some(mut io) = upgraded(upgrade).await else { return };
-            self.remove_old();
             let answer = match self.keep(&mut io, call.len).await {
                 Ok((path, sha256)) => StageAnswer::Staged { path, sha256 },
                 Err(message) => StageAnswer::Failed { message },
@@ -94,6 +122,19 @@ impl Staging {
         }
     }
 
+    /// Whether `len` more bytes fit the staging directory's file system (keeping a margin).
+    fn room_for(&self, len: u64) -> Result<(), String> {
+        let stat = nix::sys::statvfs::statvfs(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let free = stat.blocks_available().saturating_mul(stat.fragment_size());
+        match free.saturating_sub(MARGIN) >= len {
+            true => Ok(()),
+            false => Err(format!(
+                "the node's disk has {free} bytes free at {}, not enough for a file of {len}: free space there",
+                self.dir.display()
+            )),
+        }
+    }
+
     fn remove_old(&self) {
         let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
         for entry in entries.flatten() {
@@ -108,7 +149,9 @@ impl Staging {
 /// Copies exactly `len` bytes of `io` into a new file at `path`; their sha256.
 async fn write(io: &mut (impl AsyncReadExt + Unpin), len: u64, path: &Path) -> Result<String, String> {
     let failed = |e: std::io::Error| format!("writing {}: {e}", path.display());
-    let mut file = tokio::fs::File::create(path).await.map_err(failed)?;
+    // Never an existing file, never through a link: the name is fresh and random.
+    let mut file =
+        tokio::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).await.map_err(failed)?;
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; 256 << 10];
     let mut left = len;
@@ -173,6 +216,23 @@ mod tests {
         staging.unstage(&inside).unwrap();
         assert!(!inside.exists());
         staging.unstage(&inside).unwrap();
+    }
+
+    #[test]
+    fn a_file_larger_than_the_free_space_is_refused_and_a_link_is_no_staging_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let staging = Staging::open(dir.path().join("staged")).unwrap();
+        assert!(staging.room_for(1).is_ok());
+        let err = staging.room_for(u64::MAX / 2).unwrap_err();
+        assert!(err.contains("not enough for a file of"), "{err}");
+
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("kept"), "x").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.path().join("link")).unwrap();
+        let Err(err) = Staging::open(dir.path().join("link")) else { panic!("a link was taken") };
+        assert!(err.to_string().contains("is not a directory"), "{err}");
+        assert!(elsewhere.join("kept").exists(), "nothing behind the link was removed");
     }
 
     #[test]
