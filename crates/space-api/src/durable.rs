@@ -64,6 +64,16 @@ pub struct DiskExport {
     pub parent: Option<SnapshotId>,
 }
 
+/// A global template in the blob store, so a node that never built it can run it: its root as
+/// a `btrfs send` stream, what it is (its exact version kept), and the id range its files are
+/// shifted into (a node with another range cannot use it as it is).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateExport {
+    pub info: crate::TemplateInfo,
+    pub id_map: crate::IdMap,
+    pub stream: BlobRef,
+}
+
 /// One file of a full snapshot's process images.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExportedFile {

@@ -322,3 +322,61 @@ fn a_session_whose_node_is_killed_resumes_on_the_other_from_its_durable_snapshot
     assert_eq!(after["stdout"], "gone\n", "written after the snapshot: lost with the node");
     assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
 }
+
+/// Builds template `name` from a Dockerfile whose `RUN` writes a fresh UUID to `/made`: two
+/// nodes that each ran the step would hold different ones.
+fn build_unique(server: &Server, name: &str) {
+    let dir = server.data_dir.join(format!("ctx-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("Dockerfile"), "FROM busybox\nRUN cat /proc/sys/kernel/random/uuid > /made\n").unwrap();
+    let out = server.cli(&["template", "build", name, dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), server.log_text());
+}
+
+/// What `/made` holds in a session of `template` on each node, by node id (new sessions go
+/// to the less loaded of two equal nodes, so they alternate while they live).
+fn made_on_each_node(server: &Server, template: &str) -> BTreeMap<String, String> {
+    let (mut made, mut ids) = (BTreeMap::new(), Vec::new());
+    for _ in 0..6 {
+        let id = server.create_session(json!({ "template": template }));
+        let node = get(server, &id)["node"].as_str().unwrap().to_owned();
+        made.insert(node, server.exec(&id, &["cat", "/made"])["stdout"].as_str().unwrap().to_owned());
+        ids.push(id);
+        if made.len() == 2 {
+            break;
+        }
+    }
+    for id in ids {
+        assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
+    }
+    made
+}
+
+/// Nodes sharing a blob store: a template built before a node joined reaches it when the
+/// control plane starts with it, and one built with both nodes is built once and imported by
+/// the other; either way both nodes run the very same files (the UUID its one `RUN` wrote).
+#[test]
+fn templates_travel_to_every_node_through_the_blob_store() {
+    require_root!();
+    let blobs = tempfile::Builder::new().prefix("space-test-blobs-").tempdir_in("/var/tmp").unwrap();
+    let store = blobs.path().to_str().unwrap().to_owned();
+    let mut server = Server::start_split(&["--blob-store", &store]);
+    build_unique(&server, "before");
+    let second = ExtraNode::start_with(&server, "2", &["--blob-store", &store]);
+    server.add_node(&second);
+    let given = second.data_dir.join("pool/templates/before@1.json");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !given.exists() {
+        assert!(std::time::Instant::now() < deadline, "the new node never got `before`:\n{}", server.log_text());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    build_unique(&server, "after");
+    for template in ["before", "after"] {
+        let made = made_on_each_node(&server, template);
+        assert_eq!(made.len(), 2, "{template}: sessions on both nodes: {made:?}");
+        let uuids: Vec<&String> = made.values().collect();
+        assert_eq!(uuids[0], uuids[1], "{template}: one build, the same files on both nodes: {made:?}");
+    }
+    drop(second);
+    drop(server);
+}

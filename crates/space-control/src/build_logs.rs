@@ -3,7 +3,7 @@
 //! the same operation (cut short by a crash) wrote.
 
 use space_api::{OperationId, Progress, TemplateBuild};
-use space_node_api::NodeApi;
+use space_node_api::{NodeApi, TemplateInfo};
 use space_store::Store;
 use tokio::sync::mpsc;
 
@@ -22,7 +22,7 @@ pub(crate) async fn build(
     op: &OperationId,
     name: &str,
     build: &TemplateBuild,
-) -> AppResult<()> {
+) -> AppResult<TemplateInfo> {
     let first = state.store.next_operation_log_seq(op).await?;
     let (tx, rx) = mpsc::unbounded_channel::<String>();
     let writer = tokio::spawn(write(state.store.clone(), op.clone(), first, rx));
@@ -41,8 +41,7 @@ pub(crate) async fn build(
     // The log function is gone with the call: the writer ends once it wrote what is queued,
     // so a client sees every line before the operation ends.
     let _ = writer.await;
-    built?;
-    Ok(())
+    Ok(built?)
 }
 
 async fn write(store: Store, op: OperationId, first: i64, mut rx: mpsc::UnboundedReceiver<String>) {

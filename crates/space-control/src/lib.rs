@@ -254,6 +254,7 @@ pub async fn start(
     template_work::prepare_templates(&state, &config.prepare_templates)
         .await
         .map_err(context("queueing template builds"))?;
+    tokio::spawn(template_work::share_templates(state.clone()));
     Ok(state)
 }
 

@@ -29,6 +29,11 @@ pub fn node_name(caller: &Caller, name: &str) -> String {
     }
 }
 
+/// Whether node template `node_name` is global (the operator's), not a tenant's own.
+pub fn is_global(node_name: &str) -> bool {
+    !node_name.contains(SEPARATOR)
+}
+
 /// The name `tenant` sees for node template `node_name`, and whether it is global; `None`
 /// when it is another tenant's.
 pub fn visible(tenant: &TenantId, node_name: &str) -> Option<(String, bool)> {

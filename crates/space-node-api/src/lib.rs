@@ -29,7 +29,7 @@ use space_gateway::{Gateway, SessionEgress, SessionTraffic};
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-pub use space_api::durable::{BlobSweep, SnapshotExport, SnapshotKey};
+pub use space_api::durable::{BlobSweep, SnapshotExport, SnapshotKey, TemplateExport};
 pub use space_api::{TemplateBuild, TemplateInfo, TemplateSource};
 pub use space_runtime::{Limits, SandboxHandle, SandboxStats};
 
@@ -356,6 +356,12 @@ pub trait NodeApi: EgressControl + 'static {
         export: &SnapshotExport,
         key: Option<&SnapshotKey>,
     ) -> Result<()>;
+    /// Stores version `version` of global template `name` in the node's blob store, so a
+    /// node that never built it can import it ([`NodeError::NoBlobStore`] without one).
+    async fn export_template(&self, name: &str, version: u64) -> Result<TemplateExport>;
+    /// Makes the template `export` describes on this node, its very version, unless the node
+    /// has that version already.
+    async fn import_template_export(&self, export: &TemplateExport) -> Result<TemplateInfo>;
     /// Deletes every object of the node's blob store that `keep` (SHA-256s) does not name and
     /// that is at least `min_age` old, for at most `budget`; [`NodeError::NoBlobStore`] on a
     /// node without one. The caller makes sure no export is under way meanwhile

@@ -4,7 +4,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use space_api::durable::{BlobRef, BlobSweep, DiskExport, SnapshotExport, SnapshotKey};
+use space_api::TemplateInfo;
+use space_api::durable::{BlobRef, BlobSweep, DiskExport, SnapshotExport, SnapshotKey, TemplateExport};
 
 use crate::SimError;
 use crate::agent::Contents;
@@ -16,6 +17,8 @@ pub struct SimBlobs(Arc<Mutex<Objects>>);
 #[derive(Debug, Default)]
 struct Objects {
     stored: HashMap<String, Stored>,
+    /// Templates exported, by their object's name.
+    templates: HashMap<String, TemplateInfo>,
     next: u64,
 }
 
@@ -57,6 +60,24 @@ impl SimBlobs {
         let spaced = full.then(|| BlobRef { sha256: "5".repeat(64), size: 1 });
         let encrypted = key.is_some();
         SnapshotExport { disk: DiskExport { stream, parent: None }, images: Vec::new(), spaced, encrypted }
+    }
+
+    /// How many templates were exported to it.
+    pub fn templates(&self) -> usize {
+        self.objects().templates.len()
+    }
+
+    pub(crate) fn put_template(&self, info: &TemplateInfo) -> TemplateExport {
+        let mut objects = self.objects();
+        objects.next += 1;
+        let stream = BlobRef { sha256: format!("{:064x}", objects.next), size: info.size_bytes };
+        objects.templates.insert(stream.sha256.clone(), info.clone());
+        TemplateExport { info: info.clone(), id_map: space_api::IdMap::default(), stream }
+    }
+
+    pub(crate) fn get_template(&self, export: &TemplateExport) -> Result<TemplateInfo, SimError> {
+        let key = &export.stream.sha256;
+        self.objects().templates.get(key).cloned().ok_or_else(|| SimError::CorruptBlob(format!("{key} is missing")))
     }
 
     /// Deletes every object `keep` does not name, whatever its age (the simulated store keeps

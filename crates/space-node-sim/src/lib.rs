@@ -55,6 +55,8 @@ pub enum Op {
     ImportSnapshot,
     SweepBlobs,
     PoolStatus,
+    ExportTemplate,
+    ImportTemplateExport,
 }
 
 /// A call a test holds ([`SimNode::hold_next`]): it says when it has begun, and goes on
@@ -229,6 +231,8 @@ struct State {
     /// The files template work read (an import's archive, a build's context): each path and
     /// the bytes it held then.
     template_reads: Vec<(std::path::PathBuf, Vec<u8>)>,
+    /// Templates made here from another node's export.
+    template_imports: usize,
 }
 
 /// What a test sees of one simulated sandbox.
@@ -273,6 +277,7 @@ impl SimNode {
             next_pid: 1000,
             exported_while_running: Vec::new(),
             template_reads: Vec::new(),
+            template_imports: 0,
         };
         Arc::new(SimNode { state: Mutex::new(state), audit, audit_events: Mutex::new(Some(audit_events)) })
     }
@@ -437,6 +442,11 @@ impl SimNode {
             std::fs::read(path).map_err(|source| SimError::Import { path: path.display().to_string(), source })?;
         self.state().template_reads.push((path.to_owned(), bytes));
         Ok(())
+    }
+
+    /// How many templates were made here from another node's export.
+    pub fn template_imports(&self) -> usize {
+        self.state().template_imports
     }
 
     /// The files template work read, in order: where each was and the bytes it held.

@@ -1,5 +1,6 @@
 //! [`NodeApi`] of the simulated node.
 
+use space_api::durable::TemplateExport;
 use space_api::{TemplateBuild, TemplateSource};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -378,6 +379,31 @@ impl NodeApi for SimNode {
         let sealed = key.filter(|_| full && export.encrypted).cloned();
         state.snapshots.insert(snapshot.clone(), Snapshot { session: session.clone(), full, contents, sealed });
         Ok(())
+    }
+
+    async fn export_template(&self, name: &str, version: u64) -> Result<TemplateExport> {
+        let mut state = self.state();
+        let blobs = state.config.blobs.clone().ok_or(SimError::NoBlobStore)?;
+        state.injected(Op::ExportTemplate)?;
+        let found = state.templates.iter().find(|t| t.name == name && t.version == version).cloned();
+        let info = found.ok_or_else(|| NodeError::UnknownTemplate {
+            name: format!("{name}@{version}"),
+            available: String::new(),
+        })?;
+        Ok(blobs.put_template(&info))
+    }
+
+    async fn import_template_export(&self, export: &TemplateExport) -> Result<TemplateInfo> {
+        let mut state = self.state();
+        let blobs = state.config.blobs.clone().ok_or(SimError::NoBlobStore)?;
+        state.injected(Op::ImportTemplateExport)?;
+        let info = blobs.get_template(export)?;
+        if !state.templates.iter().any(|t| t.name == info.name && t.version == info.version) {
+            state.templates.push(info.clone());
+            state.templates.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
+            state.template_imports += 1;
+        }
+        Ok(info)
     }
 
     async fn sweep_blobs(

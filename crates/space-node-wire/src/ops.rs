@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use space_api::{Progress, RuntimeKind, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::SessionEgress;
 use space_node_api::{
-    DiskQuota, Limits, NodeError, OutOfSpace, PortFailure, SandboxHandle, SnapshotExport, SnapshotKey,
+    DiskQuota, Limits, NodeError, OutOfSpace, PortFailure, SandboxHandle, SnapshotExport, SnapshotKey, TemplateExport,
 };
 
 /// Paths of the node API.
@@ -179,6 +179,13 @@ pub enum Call {
     },
     SessionTraffic {
         session: SessionId,
+    },
+    ExportTemplate {
+        name: String,
+        version: u64,
+    },
+    ImportTemplateExport {
+        export: TemplateExport,
     },
     /// Removes a file [`paths::STAGE`] received (see [`StageAnswer::Staged`]).
     Unstage {

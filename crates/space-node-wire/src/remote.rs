@@ -208,6 +208,14 @@ impl NodeApi for RemoteNode {
         self.call(&Call::DeleteTemplate { name: name.into(), version }).await
     }
 
+    async fn export_template(&self, name: &str, version: u64) -> Result<space_node_api::TemplateExport> {
+        self.call(&Call::ExportTemplate { name: name.into(), version }).await
+    }
+
+    async fn import_template_export(&self, export: &space_node_api::TemplateExport) -> Result<TemplateInfo> {
+        self.call(&Call::ImportTemplateExport { export: export.clone() }).await
+    }
+
     async fn stage_file(&self, file: &std::path::Path) -> Result<std::path::PathBuf> {
         self.client.stage(file).await.map_err(node_error)
     }

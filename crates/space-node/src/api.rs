@@ -296,6 +296,14 @@ impl NodeApi for Node {
         Ok(Node::import_snapshot(self, session, snapshot, export, key).await?)
     }
 
+    async fn export_template(&self, name: &str, version: u64) -> Result<api::TemplateExport> {
+        Ok(Node::export_template(self, name, version).await?)
+    }
+
+    async fn import_template_export(&self, export: &api::TemplateExport) -> Result<api::TemplateInfo> {
+        Ok(Node::import_template_export(self, export).await?)
+    }
+
     async fn sweep_blobs(
         &self,
         keep: &HashSet<String>,

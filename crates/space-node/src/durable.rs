@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use space_api::{SessionId, SnapshotId};
+use space_api::durable::TemplateExport;
+use space_api::{SessionId, SnapshotId, TemplateInfo};
 use space_node_api::{BlobSweep, SnapshotExport, SnapshotKey};
 
 use crate::{Node, NodeError, Result};
@@ -34,6 +35,23 @@ impl Node {
         volumes.import_snapshot(session, snapshot, export, key).await?;
         tracing::info!(%session, %snapshot, bytes = export.size(), "snapshot imported from the blob store");
         Ok(())
+    }
+
+    /// Stores version `version` of global template `name` in the blob store; says what it
+    /// became.
+    pub async fn export_template(&self, name: &str, version: u64) -> Result<TemplateExport> {
+        let volumes = self.volumes.as_ref().ok_or(NodeError::NoBlobStore)?;
+        let info = self.pool.templates().get(name, version)?;
+        Ok(volumes.export_template(&info).await?)
+    }
+
+    /// Makes the template `export` describes here, its very version, unless it is here already.
+    pub async fn import_template_export(&self, export: &TemplateExport) -> Result<TemplateInfo> {
+        let volumes = self.volumes.as_ref().ok_or(NodeError::NoBlobStore)?;
+        let info = volumes.import_template(export).await?;
+        tracing::info!(template = %format!("{}@{}", info.name, info.version), bytes = export.stream.size,
+            "template imported from the blob store");
+        Ok(info)
     }
 
     /// Deletes the blob store's objects that `keep` does not name, once `min_age` old, for

@@ -198,7 +198,10 @@ impl TemplateStore {
             };
             if leftover {
                 tracing::warn!(path = %path.display(), "removing leftover of an interrupted template build");
-                remove_any(&path)?;
+                match file.starts_with(".receive-") {
+                    true => crate::transfer::remove_received(&path),
+                    false => remove_any(&path)?,
+                }
             }
         }
         Ok(())
@@ -283,7 +286,7 @@ impl TemplateStore {
     }
 
     /// Makes the renamed subvolume durable, then writes the metadata that makes it visible.
-    fn publish(&self, info: &TemplateInfo) -> Result<()> {
+    pub(crate) fn publish(&self, info: &TemplateInfo) -> Result<()> {
         let dir = std::fs::File::open(&self.dir).ctx("open", &self.dir)?;
         nix::unistd::syncfs(&dir).ctx("sync pool", &self.dir)?;
         let json = serde_json::to_vec_pretty(info).map_err(|e| StorageError::BadMetadata {

@@ -8,12 +8,16 @@
 use std::path::Path;
 use std::process::Command;
 
-use space_api::{SessionId, SnapshotId};
+use nix::errno::Errno;
+use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+use space_api::{SessionId, SnapshotId, TemplateInfo};
 
 use crate::btrfs;
 use crate::cmd;
 use crate::error::{IoContext, Result, StorageError};
 use crate::pool::Pool;
+use crate::template::TemplateStore;
+use crate::util::remove_any;
 
 impl Pool {
     /// Writes the send stream of the snapshot's root to `out`: whole, or against `parent`
@@ -53,5 +57,77 @@ impl Pool {
             return Err(StorageError::NotAStream { path: stream.to_owned() });
         }
         Ok(())
+    }
+}
+
+impl TemplateStore {
+    /// Writes the send stream of template `info` (a read-only subvolume) to `out`.
+    pub fn send(&self, info: &TemplateInfo, out: &Path) -> Result<()> {
+        let root = self.path(info)?;
+        let mut send = Command::new("btrfs");
+        send.args(["send", "--quiet", "-f"]).arg(out).arg(&root);
+        cmd::run(&mut send, "a template is a read-only subvolume of this pool").map(drop)
+    }
+
+    /// Makes template `info`, its very version, from a stream [`TemplateStore::send`] wrote in
+    /// a pool whose templates have this store's id range. A version this store has already is
+    /// left as it is (and answered). Nothing is left of a stream that does not receive whole.
+    pub fn receive(&self, info: &TemplateInfo, stream: &Path) -> Result<TemplateInfo> {
+        if let Ok(existing) = self.get(&info.name, info.version) {
+            return Ok(existing);
+        }
+        let target = self.path(info)?;
+        let dir = self.dir().join(format!(".receive-{}-{:08x}", info.name, rand::random::<u32>()));
+        std::fs::create_dir(&dir).ctx("create directory", &dir)?;
+        let received = receive_into(&dir, stream).and_then(|subvolume| {
+            // btrfs moves a subvolume to another directory only while it is writable.
+            btrfs::set_readonly(&subvolume, false)?;
+            match renameat2(AT_FDCWD, &subvolume, AT_FDCWD, &target, RenameFlags::RENAME_NOREPLACE) {
+                Ok(()) => btrfs::set_readonly(&target, true),
+                // Received meanwhile by another import: that one stands.
+                Err(Errno::EEXIST) => Ok(()),
+                Err(e) => Err(e).ctx("rename template into place", &target),
+            }
+        });
+        remove_received(&dir);
+        received?;
+        if self.get(&info.name, info.version).is_err() {
+            self.publish(info)?;
+        }
+        self.get(&info.name, info.version)
+    }
+}
+
+/// `btrfs receive`s `stream` into the empty directory `dir`; the one read-only subvolume it made.
+fn receive_into(dir: &Path, stream: &Path) -> Result<std::path::PathBuf> {
+    let mut receive = Command::new("btrfs");
+    // `--chroot`: whatever paths the stream names, nothing lands outside `dir`.
+    receive.args(["receive", "--quiet", "--chroot", "-f"]).arg(stream).arg(dir);
+    cmd::run(&mut receive, "a template's stream is a whole subvolume")?;
+    let mut made = std::fs::read_dir(dir).ctx("read directory", dir)?;
+    let (Some(Ok(first)), None) = (made.next(), made.next()) else {
+        return Err(StorageError::NotAStream { path: stream.to_owned() });
+    };
+    let subvolume = first.path();
+    if !btrfs::is_subvolume(&subvolume)? || !btrfs::is_readonly(&subvolume)? {
+        return Err(StorageError::NotAStream { path: stream.to_owned() });
+    }
+    Ok(subvolume)
+}
+
+/// Removes a receive's directory and the subvolume a failed receive left in it (a directory
+/// holding a subvolume is not removed whole by `remove_dir_all`).
+pub(crate) fn remove_received(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if let Err(e) = remove_any(&entry.path()) {
+                tracing::warn!(path = %entry.path().display(), error = %e, "could not remove a received template");
+            }
+        }
+    }
+    if let Err(e) = std::fs::remove_dir(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %dir.display(), error = %e, "could not remove a template's receive directory");
     }
 }

@@ -71,3 +71,39 @@ fn bytes_that_are_not_a_send_stream_are_refused() {
     assert!(matches!(err, StorageError::Command { .. }), "{err}");
     assert!(!t.pool().snapshot_dir(&session, &snapshot).join("rootfs").exists());
 }
+
+/// A template sent from one pool is received in another as the same version with the same
+/// metadata and files, read-only; receiving it again changes nothing, and a stream that is
+/// not a template's leaves nothing behind.
+#[test]
+fn a_template_sent_from_one_pool_is_received_whole_in_another() {
+    let (Some(from), Some(to)) = (TestPool::new("tsend"), TestPool::new("trecv")) else {
+        return;
+    };
+    let sent = from.pool().templates().build_builtin("busybox", None, &no_progress).unwrap();
+    let stream = from.data_dir().join("template.stream");
+    from.pool().templates().send(&sent, &stream).unwrap();
+
+    let store = to.pool().templates();
+    let mut wanted = sent.clone();
+    wanted.version = 3;
+    let received = store.receive(&wanted, &stream).unwrap();
+    assert_eq!(received, wanted, "the very version and metadata");
+    assert_eq!(store.list().unwrap(), vec![wanted.clone()]);
+    let root = store.path(&received).unwrap();
+    assert!(btrfs::is_readonly(&root).unwrap());
+    let original = from.pool().templates().path(&sent).unwrap();
+    for file in ["bin/busybox", "etc/passwd", "etc/profile"] {
+        assert_eq!(std::fs::read(root.join(file)).unwrap(), std::fs::read(original.join(file)).unwrap(), "{file}");
+        assert_eq!(owner(&root.join(file)), owner(&original.join(file)), "{file}");
+    }
+    assert_eq!(store.receive(&wanted, &stream).unwrap(), received, "a second receive changes nothing");
+
+    let garbage = to.data_dir().join("garbage.stream");
+    std::fs::write(&garbage, b"not a btrfs stream").unwrap();
+    let mut other = sent.clone();
+    other.name = "other".into();
+    assert!(store.receive(&other, &garbage).is_err());
+    let left: Vec<_> = std::fs::read_dir(store.dir()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left.len(), 2, "only busybox@3 and its metadata: {left:?}");
+}

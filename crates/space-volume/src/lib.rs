@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use space_api::durable::{DiskExport, ExportedFile, SnapshotExport, SnapshotKey};
+use space_api::TemplateInfo;
+pub use space_api::durable::{DiskExport, ExportedFile, SnapshotExport, SnapshotKey, TemplateExport};
 use space_api::{SessionId, SnapshotId};
 use space_blob::{BlobError, BlobRef, BlobStore, BlobSweep};
 pub use space_keys::KeyError;
@@ -51,6 +52,12 @@ pub enum VolumeError {
     NoKey,
     #[error("the snapshot's process images are encrypted on the node, and no key was given to open them")]
     SealedWithoutKey,
+    /// A template from a node whose templates are shifted into another id range.
+    #[error(
+        "the template's files belong to ids from {} (a node started with another --uid-base); this node's start at {}",
+        theirs.host_base, ours.host_base
+    )]
+    OtherIdRange { theirs: space_api::IdMap, ours: space_api::IdMap },
 }
 
 pub type Result<T, E = VolumeError> = std::result::Result<T, E>;
@@ -186,9 +193,55 @@ impl Volumes {
         Ok(self.blobs.sweep(keep, min_age, budget).await?)
     }
 
+    /// Stores global template `info` in the blob store (its root's send stream; a template
+    /// is no tenant's data, so it goes in clear).
+    pub async fn export_template(&self, info: &TemplateInfo) -> Result<TemplateExport> {
+        let templates = self.pool.templates().clone();
+        let stream = self.scratch_named(&format!("template-{}-{}.send", info.name, info.version))?;
+        let (sent, out) = (info.clone(), stream.clone());
+        let store = templates.clone();
+        let stored = match tokio::task::spawn_blocking(move || store.send(&sent, &out)).await {
+            Ok(Ok(())) => self.blobs.put_file(&stream).await.map_err(VolumeError::from),
+            Ok(Err(e)) => Err(e.into()),
+            Err(e) => Err(e.into()),
+        };
+        let _ = std::fs::remove_file(&stream);
+        Ok(TemplateExport { info: info.clone(), id_map: templates.id_map(), stream: stored? })
+    }
+
+    /// Makes the template `export` describes (its very version) in this pool, its stream
+    /// checked against its hash first. A version the pool has already is left as it is.
+    /// Templates shifted into another id range than this pool's are refused.
+    pub async fn import_template(&self, export: &TemplateExport) -> Result<TemplateInfo> {
+        let templates = self.pool.templates().clone();
+        if export.id_map != templates.id_map() {
+            return Err(VolumeError::OtherIdRange { theirs: export.id_map, ours: templates.id_map() });
+        }
+        if let Ok(existing) = templates.get(&export.info.name, export.info.version) {
+            return Ok(existing);
+        }
+        let stream = self.scratch_named(&format!("template-{}-{}.receive", export.info.name, export.info.version))?;
+        let received = match self.blobs.get_to_file(&export.stream, &stream).await {
+            Ok(()) => {
+                let (info, input) = (export.info.clone(), stream.clone());
+                tokio::task::spawn_blocking(move || templates.receive(&info, &input))
+                    .await
+                    .map_err(VolumeError::from)
+                    .and_then(|r| r.map_err(VolumeError::from))
+            }
+            Err(e) => Err(e.into()),
+        };
+        let _ = std::fs::remove_file(&stream);
+        received
+    }
+
     fn scratch_file(&self, snapshot: &SnapshotId, what: &str) -> Result<PathBuf> {
+        self.scratch_named(&format!("{snapshot}.{what}"))
+    }
+
+    fn scratch_named(&self, name: &str) -> Result<PathBuf> {
         std::fs::create_dir_all(&self.scratch)
             .map_err(|source| VolumeError::Io { path: self.scratch.clone(), source })?;
-        Ok(self.scratch.join(format!("{snapshot}.{what}")))
+        Ok(self.scratch.join(name))
     }
 }

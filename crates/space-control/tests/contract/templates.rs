@@ -99,3 +99,40 @@ async fn tenants_have_templates_of_their_own() {
     let (_, list) = server.call_as(&acme, "GET", "/v1/templates", None).await;
     assert!(!names(&list).iter().any(|(n, _)| n == "web"), "{list}");
 }
+
+/// With a blob store, a global template is made on the first node only, and the others import
+/// its export: they read no upload and run the same files. A node that lacks it later (one
+/// added after the import) is given it when the control plane starts. A tenant's own template
+/// stays out of the blob store: each node makes it from the upload.
+#[tokio::test]
+async fn global_templates_travel_through_the_blob_store_and_tenants_own_do_not() {
+    use space_node_sim::{SimBlobs, SimConfig};
+    let blobs = SimBlobs::default();
+    let node = |id: &str| SimConfig { node_id: id.into(), blobs: Some(blobs.clone()), ..SimConfig::default() };
+    let server = Server::start_with_nodes(vec![node("node-a"), node("node-b")]).await;
+    server.wait_for_template("busybox").await;
+    upload(&server, &server.admin.clone(), "web").await;
+    let (a, b) = (&server.sims[0], &server.sims[1]);
+    assert_eq!((a.template_reads().len(), b.template_reads().len()), (1, 0), "only node-a read the upload");
+    assert_eq!((a.template_imports(), b.template_imports()), (0, 1), "node-b imported node-a's export");
+    assert_eq!(blobs.templates(), 1);
+    let web = a.api().resolve_template("web").await.unwrap();
+    assert_eq!(b.api().resolve_template("web").await, Some(web.clone()), "the same version on both");
+
+    let acme = server.tenant_key("acme").await;
+    upload(&server, &acme, "mine").await;
+    assert_eq!((a.template_reads().len(), b.template_reads().len()), (2, 1), "each node read the tenant's upload");
+    assert_eq!(blobs.templates(), 1, "a tenant's template is not exported");
+
+    // node-b loses it (as a node added later never had it): the next start gives it back.
+    assert!(b.api().delete_template("web", web.version).await.unwrap());
+    let server = server.stop().start().await;
+    let b = &server.sims[1];
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while b.api().resolve_template("web").await.is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "node-b never got web back");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(b.api().resolve_template("web").await, Some(web));
+    assert_eq!(b.template_imports(), 1);
+}

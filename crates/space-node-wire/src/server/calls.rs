@@ -118,6 +118,8 @@ async fn perform(served: &Served, call: Call) -> Response<Body> {
         Call::SetSessionEgress { session, egress } => result(node.set_session_egress(&session, egress).await),
         Call::ForgetSessionEgress { session } => result(node.forget_session_egress(&session).await),
         Call::SessionTraffic { session } => ok(&node.session_traffic(&session).await),
+        Call::ExportTemplate { name, version } => result(node.export_template(&name, version).await),
+        Call::ImportTemplateExport { export } => result(node.import_template_export(&export).await),
         Call::Unstage { path } => result(served.staging.unstage(&path)),
     }
 }
