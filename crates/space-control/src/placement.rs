@@ -74,11 +74,14 @@ async fn place_among(
         candidates.iter().map(|(_, node)| ask(node.as_ref(), template_of.map(|t| (t, session.template.as_str()))));
     let answers = futures::future::join_all(asked).await;
     let answered = answers.iter().filter(|a| a.is_some()).count();
+    // The tenant's own template wins over the global one of that name wherever it is: a node
+    // that has only the global one (its own never reached it) does not run the session.
+    let own_somewhere = answers.iter().flatten().any(|(_, _, has)| *has == Has::Own);
     let weighed: Vec<Candidate> = candidates
         .iter()
         .zip(answers)
         .filter_map(|((record, _), answer)| Some((record, answer?)))
-        .filter(|(_, (_, _, has_template))| *has_template)
+        .filter(|(_, (_, _, has))| *has == Has::Own || (*has == Has::Global && !own_somewhere))
         .map(|(record, (capacity, pool, _))| Candidate {
             id: record.heartbeat.id.clone(),
             cpus: capacity.cpus,
@@ -147,15 +150,28 @@ fn none_answered(state: &AppState) -> AppError {
     )
 }
 
-/// A node's capacity and pool now, and whether it has `template` (a tenant's name; `None`:
-/// none is needed), if it answers: one that died since its last heartbeat fails the
-/// capacity call and is passed over.
-async fn ask(node: &dyn NodeApi, template: Option<(&TenantId, &str)>) -> Option<(NodeCapacity, PoolStatus, bool)> {
+/// Which template of a session's name a node has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Has {
+    /// The tenant's own (also: no template is needed).
+    Own,
+    /// Only the global one (or it is a built-in, which every node builds).
+    Global,
+    Neither,
+}
+
+/// A node's capacity and pool now, and which `template` (a tenant's name; `None`: none is
+/// needed) it has, if it answers: one that died since its last heartbeat fails the capacity
+/// call and is passed over.
+async fn ask(node: &dyn NodeApi, template: Option<(&TenantId, &str)>) -> Option<(NodeCapacity, PoolStatus, Has)> {
     let has_template = async {
-        match template {
-            None => true,
-            Some((_, name)) if node.is_builtin(name) => true,
-            Some((tenant, name)) => crate::template_scope::find(node, tenant, name).await.is_some(),
+        let Some((tenant, name)) = template else { return Has::Own };
+        if crate::template_scope::own(node, tenant, name).await.is_some() {
+            Has::Own
+        } else if node.is_builtin(name) || node.resolve_template(name).await.is_some() {
+            Has::Global
+        } else {
+            Has::Neither
         }
     };
     let answer = async { tokio::join!(node.capacity(), node.pool_status(), has_template) };

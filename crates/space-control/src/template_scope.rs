@@ -45,7 +45,7 @@ pub fn visible(tenant: &TenantId, node_name: &str) -> Option<(String, bool)> {
 }
 
 /// `tenant`'s own template `name` on `node`, if it has one.
-async fn own(node: &dyn NodeApi, tenant: &TenantId, name: &str) -> Option<TemplateInfo> {
+pub async fn own(node: &dyn NodeApi, tenant: &TenantId, name: &str) -> Option<TemplateInfo> {
     node.resolve_template(&format!("{}{SEPARATOR}{name}", scope(tenant))).await
 }
 

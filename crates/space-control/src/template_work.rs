@@ -2,7 +2,7 @@
 //! each node that does not share the control plane's host, and built-in templates prepared
 //! at start.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -56,8 +56,12 @@ async fn build_everywhere(state: &AppState, op: &OperationRecord, input: &Templa
             }
         }
         let built = build_staged(state, node, op, input).await?;
-        if travels && i == 0 {
-            export = export_built(node.as_ref(), &built).await;
+        if i == 0 {
+            // A version deleted before and made again is no longer deleted.
+            state.store.forget_template_deleted(&built.name, built.version).await?;
+            if travels {
+                export = export_built(node.as_ref(), &built).await;
+            }
         }
     }
     Ok(())
@@ -115,6 +119,9 @@ async fn unstage(node: &dyn NodeApi, path: &std::path::Path) {
 /// The blob store's copy of template `built`, just made on `node`; `None` when the node has
 /// no blob store or the export failed (logged): each node then builds the template itself.
 async fn export_built(node: &dyn NodeApi, built: &TemplateInfo) -> Option<TemplateExport> {
+    if !crate::template_scope::is_global(&built.name) {
+        return None;
+    }
     match node.export_template(&built.name, built.version).await {
         Ok(export) => Some(export),
         Err(NodeError::NoBlobStore) => None,
@@ -152,18 +159,25 @@ async fn build_on(
     Ok(node.import_template(&input.name, &source, recorded_progress(state, &op.operation.id)).await?)
 }
 
-/// Gives every node the newest version of each global template that another node has and it
-/// lacks (a node added after that template was made), through the blob store: one export per
-/// template, one import per node that lacks it. Built-ins are left to each node, which builds
-/// them; without a blob store nothing moves (logged), and placement passes such a node over
-/// for those templates.
+/// Finishes the template deletes a node missed (it was down), then gives every node the newest
+/// version of each global template that another node has and it lacks (a node added after
+/// that template was made), through the blob store: one export per template, one import per
+/// node that lacks it. Nodes whose lease ran out are left out; built-ins are left to each
+/// node, which builds them; without a blob store nothing moves, and placement passes such a
+/// node over for those templates.
 pub async fn share_templates(state: AppState) {
     if state.nodes.len() < 2 {
         return;
     }
+    let (Ok(deleted), Ok(lost)) = (state.store.deleted_templates().await, crate::placement::lost_nodes(&state).await)
+    else {
+        return tracing::warn!("could not read the deleted templates or the nodes: templates are not shared now");
+    };
+    let deleted: HashSet<(String, u64)> = deleted.into_iter().collect();
     let mut held = Vec::new();
-    for (id, node) in state.nodes.iter() {
-        let newest = newest_global(node.as_ref()).await;
+    for (id, node) in state.nodes.iter().filter(|(id, _)| !lost.contains(*id)) {
+        finish_deletes(id, node.as_ref(), &deleted).await;
+        let newest = newest_global(node.as_ref(), &deleted).await;
         held.push((id.to_owned(), node.clone(), newest));
     }
     let mut wanted: BTreeMap<String, (TemplateInfo, Arc<dyn NodeApi>)> = BTreeMap::new();
@@ -192,10 +206,28 @@ pub async fn share_templates(state: AppState) {
     }
 }
 
-/// The newest version of each global template `node` has that is not a built-in, by name.
-async fn newest_global(node: &dyn NodeApi) -> BTreeMap<String, TemplateInfo> {
+/// Deletes from `node` the template versions deleted through the API while it was down.
+async fn finish_deletes(id: &str, node: &dyn NodeApi, deleted: &HashSet<(String, u64)>) {
+    for info in node.templates().await {
+        if deleted.contains(&(info.name.clone(), info.version)) {
+            match node.delete_template(&info.name, info.version).await {
+                Ok(_) => tracing::info!(node = %id, template = %format!("{}@{}", info.name, info.version),
+                    "finished a template delete the node missed"),
+                Err(e) => tracing::warn!(node = %id, template = %info.name, error = %e,
+                    "could not finish a template delete the node missed"),
+            }
+        }
+    }
+}
+
+/// The newest version of each global template `node` has that is not a built-in nor
+/// deleted, by name.
+async fn newest_global(node: &dyn NodeApi, deleted: &HashSet<(String, u64)>) -> BTreeMap<String, TemplateInfo> {
     let mut newest = BTreeMap::new();
     for info in node.templates().await {
+        if deleted.contains(&(info.name.clone(), info.version)) {
+            continue;
+        }
         let newer = newest.get(&info.name).is_none_or(|t: &TemplateInfo| t.version < info.version);
         if newer && crate::template_scope::is_global(&info.name) && !node.is_builtin(&info.name) {
             newest.insert(info.name.clone(), info);

@@ -38,8 +38,13 @@ impl Node {
     }
 
     /// Stores version `version` of global template `name` in the blob store; says what it
-    /// became.
+    /// became. A tenant's template is refused.
     pub async fn export_template(&self, name: &str, version: u64) -> Result<TemplateExport> {
+        // A tenant's own template (its name holds the tenant's scope and `..`) stays here: the
+        // blob store holds no tenant data in clear.
+        if name.contains("..") {
+            return Err(NodeError::Internal(format!("{name} is a tenant's template, which is never exported")));
+        }
         let volumes = self.volumes.as_ref().ok_or(NodeError::NoBlobStore)?;
         let info = self.pool.templates().get(name, version)?;
         Ok(volumes.export_template(&info).await?)

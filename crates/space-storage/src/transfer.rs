@@ -8,7 +8,6 @@
 use std::path::Path;
 use std::process::Command;
 
-use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
 use space_api::{SessionId, SnapshotId, TemplateInfo};
 
@@ -70,31 +69,45 @@ impl TemplateStore {
     }
 
     /// Makes template `info`, its very version, from a stream [`TemplateStore::send`] wrote in
-    /// a pool whose templates have this store's id range. A version this store has already is
-    /// left as it is (and answered). Nothing is left of a stream that does not receive whole.
+    /// a pool whose templates have this store's id range. That version, if this store has it
+    /// already with the same metadata, is left as it is; another template under that version
+    /// (made here apart, or deleted and made again elsewhere while this node missed it) is
+    /// replaced. Nothing is left of a stream that does not receive whole, and nothing is
+    /// published before it is whole and read-only. Call one at a time per store.
     pub fn receive(&self, info: &TemplateInfo, stream: &Path) -> Result<TemplateInfo> {
-        if let Ok(existing) = self.get(&info.name, info.version) {
-            return Ok(existing);
+        match self.get(&info.name, info.version) {
+            Ok(existing) if &existing == info => return Ok(existing),
+            Ok(_) => {
+                tracing::info!(template = %format!("{}@{}", info.name, info.version), "replacing another template of that version");
+                self.delete(&info.name, info.version)?;
+            }
+            Err(_) => {}
         }
         let target = self.path(info)?;
         let dir = self.dir().join(format!(".receive-{}-{:08x}", info.name, rand::random::<u32>()));
         std::fs::create_dir(&dir).ctx("create directory", &dir)?;
-        let received = receive_into(&dir, stream).and_then(|subvolume| {
-            // btrfs moves a subvolume to another directory only while it is writable.
-            btrfs::set_readonly(&subvolume, false)?;
-            match renameat2(AT_FDCWD, &subvolume, AT_FDCWD, &target, RenameFlags::RENAME_NOREPLACE) {
-                Ok(()) => btrfs::set_readonly(&target, true),
-                // Received meanwhile by another import: that one stands.
-                Err(Errno::EEXIST) => Ok(()),
-                Err(e) => Err(e).ctx("rename template into place", &target),
-            }
-        });
+        let placed = receive_into(&dir, stream).and_then(|subvolume| place(&subvolume, &target));
         remove_received(&dir);
-        received?;
-        if self.get(&info.name, info.version).is_err() {
-            self.publish(info)?;
+        placed?;
+        if let Err(e) = self.publish(info) {
+            let _ = remove_any(&target);
+            return Err(e);
         }
         self.get(&info.name, info.version)
+    }
+}
+
+/// Moves the received `subvolume` to `target` and makes it read-only; `target` is gone again
+/// if that fails. A `target` that exists (a build here is publishing that version) is not
+/// taken.
+fn place(subvolume: &Path, target: &Path) -> Result<()> {
+    // btrfs moves a subvolume to another directory only while it is writable.
+    btrfs::set_readonly(subvolume, false)?;
+    match renameat2(AT_FDCWD, subvolume, AT_FDCWD, target, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => btrfs::set_readonly(target, true).inspect_err(|_| {
+            let _ = remove_any(target);
+        }),
+        Err(e) => Err(e).ctx("rename template into place", target),
     }
 }
 

@@ -98,6 +98,12 @@ fn a_template_sent_from_one_pool_is_received_whole_in_another() {
         assert_eq!(owner(&root.join(file)), owner(&original.join(file)), "{file}");
     }
     assert_eq!(store.receive(&wanted, &stream).unwrap(), received, "a second receive changes nothing");
+    // Another template under that version (made again after a delete this pool missed)
+    // replaces it.
+    let mut again = wanted.clone();
+    again.created_at_ms += 1;
+    assert_eq!(store.receive(&again, &stream).unwrap(), again);
+    assert_eq!(store.list().unwrap(), vec![again.clone()]);
 
     let garbage = to.data_dir().join("garbage.stream");
     std::fs::write(&garbage, b"not a btrfs stream").unwrap();

@@ -21,6 +21,7 @@ mod quotas;
 mod sealed;
 mod sessions;
 mod snapshots;
+mod templates;
 mod tenant_keys;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -54,13 +54,24 @@ pub enum VolumeError {
     SealedWithoutKey,
     /// A template from a node whose templates are shifted into another id range.
     #[error(
-        "the template's files belong to ids from {} (a node started with another --uid-base); this node's start at {}",
-        theirs.host_base, ours.host_base
+        "the template's files belong to host ids {}..{} (a node started with another --uid-base); this node's are {}..{}: \
+         each such node builds the template itself",
+        theirs.host_base, u64::from(theirs.host_base) + u64::from(theirs.count),
+        ours.host_base, u64::from(ours.host_base) + u64::from(ours.count)
     )]
     OtherIdRange { theirs: space_api::IdMap, ours: space_api::IdMap },
 }
 
 pub type Result<T, E = VolumeError> = std::result::Result<T, E>;
+
+/// Runs `work` on the blocking pool: its outcome, or [`VolumeError::Interrupted`].
+async fn blocking<T, E>(work: impl FnOnce() -> std::result::Result<T, E> + Send + 'static) -> Result<T>
+where
+    T: Send + 'static,
+    E: Into<VolumeError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(work).await?.map_err(Into::into)
+}
 
 /// A pool and the blob store its snapshots are exported to, with a scratch directory for
 /// streams on their way (outside the pool: they are not part of any root).
@@ -145,10 +156,7 @@ impl Volumes {
         let decrypted = match fetched {
             Ok(()) => {
                 let (key, src, dst) = (key.clone(), sealed.clone(), dest.to_owned());
-                tokio::task::spawn_blocking(move || space_keys::stream::decrypt_file(key.bytes(), &src, &dst, false))
-                    .await
-                    .map_err(VolumeError::from)
-                    .and_then(|r| r.map_err(VolumeError::from))
+                blocking(move || space_keys::stream::decrypt_file(key.bytes(), &src, &dst, false)).await
             }
             Err(e) => Err(e.into()),
         };
@@ -197,13 +205,13 @@ impl Volumes {
     /// is no tenant's data, so it goes in clear).
     pub async fn export_template(&self, info: &TemplateInfo) -> Result<TemplateExport> {
         let templates = self.pool.templates().clone();
-        let stream = self.scratch_named(&format!("template-{}-{}.send", info.name, info.version))?;
+        let stream =
+            self.scratch_named(&format!("template-{}-{}-{:08x}.send", info.name, info.version, rand::random::<u32>()))?;
         let (sent, out) = (info.clone(), stream.clone());
         let store = templates.clone();
-        let stored = match tokio::task::spawn_blocking(move || store.send(&sent, &out)).await {
-            Ok(Ok(())) => self.blobs.put_file(&stream).await.map_err(VolumeError::from),
-            Ok(Err(e)) => Err(e.into()),
-            Err(e) => Err(e.into()),
+        let stored = match blocking(move || store.send(&sent, &out)).await {
+            Ok(()) => self.blobs.put_file(&stream).await.map_err(VolumeError::from),
+            Err(e) => Err(e),
         };
         let _ = std::fs::remove_file(&stream);
         Ok(TemplateExport { info: info.clone(), id_map: templates.id_map(), stream: stored? })
@@ -217,17 +225,16 @@ impl Volumes {
         if export.id_map != templates.id_map() {
             return Err(VolumeError::OtherIdRange { theirs: export.id_map, ours: templates.id_map() });
         }
-        if let Ok(existing) = templates.get(&export.info.name, export.info.version) {
-            return Ok(existing);
+        // One import at a time (see `imports`): the store receives one template at a time.
+        let _one_at_a_time = self.imports.lock().await;
+        if templates.get(&export.info.name, export.info.version).is_ok_and(|existing| existing == export.info) {
+            return Ok(export.info.clone());
         }
         let stream = self.scratch_named(&format!("template-{}-{}.receive", export.info.name, export.info.version))?;
         let received = match self.blobs.get_to_file(&export.stream, &stream).await {
             Ok(()) => {
                 let (info, input) = (export.info.clone(), stream.clone());
-                tokio::task::spawn_blocking(move || templates.receive(&info, &input))
-                    .await
-                    .map_err(VolumeError::from)
-                    .and_then(|r| r.map_err(VolumeError::from))
+                blocking(move || templates.receive(&info, &input)).await
             }
             Err(e) => Err(e.into()),
         };

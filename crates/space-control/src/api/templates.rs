@@ -228,10 +228,21 @@ pub async fn delete_template(
             ),
         ));
     }
+    // Recorded first: a node that misses the delete (it is down) has it finished when a
+    // control plane starts, and never gives the version back to the others.
+    for version in &versions {
+        state.store.record_template_deleted(&node_name, u64::from(*version)).await?;
+    }
+    let mut failed = None;
     for (_, node) in state.nodes.iter() {
         for version in &versions {
-            node.delete_template(&node_name, u64::from(*version)).await?;
+            if let Err(e) = node.delete_template(&node_name, u64::from(*version)).await {
+                failed.get_or_insert(e);
+            }
         }
+    }
+    if let Some(e) = failed {
+        return Err(e.into());
     }
     tracing::info!(template = %node_name, ?versions, forced = !in_use_by.is_empty(), "deleted template");
     Ok(ApiJson(TemplateDeleted { name, versions, in_use_by }))

@@ -198,3 +198,36 @@ async fn sessions_from_a_template_go_only_to_the_nodes_that_have_it() {
     let refused = server.call("POST", "/v1/sessions", Some(json!({"template": "web"}))).await;
     crate::harness::assert_error(&refused, 400, "unknown_template");
 }
+
+/// A tenant's own template wins over the global one of that name on every node: a node that
+/// has only the global one (the tenant's never reached it) takes none of the tenant's
+/// sessions from that name, while other tenants' sessions go anywhere.
+#[tokio::test]
+async fn a_tenants_own_template_is_not_swapped_for_the_global_one_on_a_node_that_lacks_it() {
+    use sha2::{Digest, Sha256};
+    let server = two_nodes().await;
+    server.wait_for_template("busybox").await;
+    let acme = server.tenant_key("acme").await;
+    for key in [&server.admin, &acme] {
+        let body = format!("a root filesystem tarball of {key}").into_bytes();
+        let path = format!("/v1/templates/uploads?name=web&sha256={}", hex::encode(Sha256::digest(&body)));
+        let (status, op) = server.post_bytes(key, &path, body).await;
+        assert_eq!(status, 202, "{op}");
+        assert_eq!(server.wait_operation_as(key, op["id"].as_str().unwrap()).await["state"], "succeeded");
+    }
+    let owns = server.sims[1].api().templates().await.into_iter().find(|t| t.name.ends_with("..web")).unwrap();
+    assert!(server.sims[1].api().delete_template(&owns.name, owns.version).await.unwrap());
+    for _ in 0..3 {
+        let (status, session) = server.call_as(&acme, "POST", "/v1/sessions", Some(json!({"template": "web"}))).await;
+        assert_eq!(status, 201, "{session}");
+        assert_eq!(node_of(&session), "node-a", "{session}");
+    }
+    let other = server.tenant_key("other").await;
+    let mut nodes = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        let (status, session) = server.call_as(&other, "POST", "/v1/sessions", Some(json!({"template": "web"}))).await;
+        assert_eq!(status, 201, "{session}");
+        nodes.insert(node_of(&session));
+    }
+    assert_eq!(nodes.len(), 2, "another tenant's sessions of the global template go to both nodes: {nodes:?}");
+}

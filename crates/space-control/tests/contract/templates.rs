@@ -133,6 +133,21 @@ async fn global_templates_travel_through_the_blob_store_and_tenants_own_do_not()
         assert!(tokio::time::Instant::now() < deadline, "node-b never got web back");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    assert_eq!(b.api().resolve_template("web").await, Some(web));
+    assert_eq!(b.api().resolve_template("web").await, Some(web.clone()));
     assert_eq!(b.template_imports(), 1);
+
+    // A delete node-b misses (here: it keeps a copy of the version) is finished at the next
+    // start, and the version never comes back to node-a.
+    let (status, deleted) = server.call("DELETE", "/v1/templates/web", None).await;
+    assert_eq!(status, 200, "{deleted}");
+    let source = space_api::TemplateSource::Registry { reference: "r/web".into() };
+    let kept = server.sims[1].api().import_template("web", &source, Box::new(|_| {})).await.unwrap();
+    assert_eq!(kept.version, web.version, "node-b holds the deleted version again");
+    let server = server.stop().start().await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server.sims[1].api().resolve_template("web").await.is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "node-b kept the deleted version");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(server.sims[0].api().resolve_template("web").await, None, "it never came back to node-a");
 }
