@@ -35,7 +35,8 @@ pub fn build_context(uploads: &[PathBuf], context: &Path, limit: u64) -> E2bResu
 
 fn assemble(uploads: &[PathBuf], context: &Path, limit: u64) -> E2bResult<()> {
     let failed = |e: std::io::Error| E2bError::new(500, format!("assembling the build context: {e}"));
-    let file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(context);
+    // Root's alone (its directory is too); a fresh name in production, reused by the tests.
+    let file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(context);
     let mut out = tar::Builder::new(file.map_err(failed)?);
     let mut budget = Budget { bytes: limit, entries: MAX_ENTRIES };
     for upload in uploads {
