@@ -226,8 +226,11 @@ async fn peer_measures(client: &Client, args: &BenchArgs, data_dir: &Path, repor
     let n = args.peer_n;
     eprintln!("peers on {} ({n} runs each)", rootfs.display());
     let work = std::env::temp_dir().join(format!("space-bench-{}", std::process::id()));
-    let root = rootfs.clone();
-    let runc = tokio::task::spawn_blocking(move || peers::runc_true(&root, &work, n)).await??;
+    let (root, bundles) = (rootfs.clone(), work.clone());
+    let runc = tokio::task::spawn_blocking(move || peers::runc_true(&root, &bundles, n)).await;
+    // The bundle inside went with its run; the directory that held it goes too.
+    let _ = std::fs::remove_dir(&work);
+    let runc = runc??;
     report.add(summarize("runc_run_true", runc));
     let bwrap = tokio::task::spawn_blocking(move || peers::bwrap_true(&rootfs, n)).await??;
     report.add(summarize("bwrap_true", bwrap));
