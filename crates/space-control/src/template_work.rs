@@ -37,11 +37,12 @@ pub(crate) async fn build_template(state: &AppState, op: &OperationRecord) -> Ap
 }
 
 /// Builds (or imports) the template on every node, one after the other: a session may be
-/// placed on any of them. A global template imported or built from a Dockerfile is made on the
-/// first node only when the nodes have a blob store: the others import that node's export of it, so every node runs the same
-/// files (a tenant's own templates stay out of the blob store, and are built on each node). An
-/// upload (or a build's context) is sent to each node that builds and does not share this
-/// host, and removed there once its work ends; an import's path is read on each node's host.
+/// placed on any of them. A global template imported or built from a Dockerfile is made on
+/// the first node only when the nodes have a blob store: the others import that node's
+/// export of it, so every node runs the same files (a tenant's own templates stay out of the
+/// blob store, and are built on each node). An upload (or a build's context) is sent to each
+/// node that builds and does not share this host, and removed there once its work ends; an
+/// import's path is read on each node's host.
 async fn build_everywhere(state: &AppState, op: &OperationRecord, input: &TemplateInput) -> AppResult<()> {
     // A built-in (neither imported nor built from a Dockerfile) each node builds itself.
     let made = input.path.is_some() || input.build.is_some();
