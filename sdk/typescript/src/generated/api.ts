@@ -1059,8 +1059,8 @@ export interface paths {
         put?: never;
         /**
          * Uploads a template and imports it; returns the import's operation (follow it with
-         *     `GET /v1/operations/{id}`). A tenant's upload is its own template; the admin's is global. The node that imports reads the upload from the control
-         *     plane's data dir: `space serve`, where both share the host.
+         *     `GET /v1/operations/{id}`). A tenant's upload is its own template; the admin's is global.
+         *     Each node on another host imports a copy the control plane sends it.
          */
         post: operations["upload_template"];
         delete?: never;
