@@ -177,8 +177,9 @@ pub async fn share_templates(state: AppState) {
     let deleted: HashSet<(String, u64)> = deleted.into_iter().collect();
     let mut held = Vec::new();
     for (id, node) in state.nodes.iter().filter(|(id, _)| !lost.contains(*id)) {
-        finish_deletes(id, node.as_ref(), &deleted).await;
-        let newest = newest_global(node.as_ref(), &deleted).await;
+        let templates = node.templates().await;
+        finish_deletes(id, node.as_ref(), &templates, &deleted).await;
+        let newest = newest_global(node.as_ref(), templates, &deleted);
         held.push((id.to_owned(), node.clone(), newest));
     }
     let mut wanted: BTreeMap<String, (TemplateInfo, Arc<dyn NodeApi>)> = BTreeMap::new();
@@ -207,9 +208,10 @@ pub async fn share_templates(state: AppState) {
     }
 }
 
-/// Deletes from `node` the template versions deleted through the API while it was down.
-async fn finish_deletes(id: &str, node: &dyn NodeApi, deleted: &HashSet<(String, u64)>) {
-    for info in node.templates().await {
+/// Deletes from `node` (which has `templates`) the template versions deleted through the API
+/// while it was down.
+async fn finish_deletes(id: &str, node: &dyn NodeApi, templates: &[TemplateInfo], deleted: &HashSet<(String, u64)>) {
+    for info in templates {
         if deleted.contains(&(info.name.clone(), info.version)) {
             match node.delete_template(&info.name, info.version).await {
                 Ok(_) => tracing::info!(node = %id, template = %format!("{}@{}", info.name, info.version),
@@ -221,11 +223,15 @@ async fn finish_deletes(id: &str, node: &dyn NodeApi, deleted: &HashSet<(String,
     }
 }
 
-/// The newest version of each global template `node` has that is not a built-in nor
-/// deleted, by name.
-async fn newest_global(node: &dyn NodeApi, deleted: &HashSet<(String, u64)>) -> BTreeMap<String, TemplateInfo> {
+/// The newest version of each global template of `templates` (`node`'s) that is not a
+/// built-in nor deleted, by name.
+fn newest_global(
+    node: &dyn NodeApi,
+    templates: Vec<TemplateInfo>,
+    deleted: &HashSet<(String, u64)>,
+) -> BTreeMap<String, TemplateInfo> {
     let mut newest = BTreeMap::new();
-    for info in node.templates().await {
+    for info in templates {
         if deleted.contains(&(info.name.clone(), info.version)) {
             continue;
         }

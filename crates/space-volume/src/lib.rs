@@ -129,12 +129,9 @@ impl Volumes {
         let Some(key) = key else { return Ok(self.blobs.put_file(path).await?) };
         let sealed = self.scratch_file(snapshot, "sealed")?;
         let (key, src, dst) = (key.clone(), path.to_owned(), sealed.clone());
-        let encrypted =
-            tokio::task::spawn_blocking(move || space_keys::stream::encrypt_file(key.bytes(), &src, &dst)).await;
-        let stored = match encrypted {
-            Ok(Ok(())) => self.blobs.put_file(&sealed).await.map_err(VolumeError::from),
-            Ok(Err(e)) => Err(e.into()),
-            Err(e) => Err(e.into()),
+        let stored = match blocking(move || space_keys::stream::encrypt_file(key.bytes(), &src, &dst)).await {
+            Ok(()) => self.blobs.put_file(&sealed).await.map_err(VolumeError::from),
+            Err(e) => Err(e),
         };
         let _ = std::fs::remove_file(&sealed);
         stored
@@ -204,17 +201,15 @@ impl Volumes {
     /// Stores global template `info` in the blob store (its root's send stream; a template
     /// is no tenant's data, so it goes in clear).
     pub async fn export_template(&self, info: &TemplateInfo) -> Result<TemplateExport> {
-        let templates = self.pool.templates().clone();
         let stream =
             self.scratch_named(&format!("template-{}-{}-{:08x}.send", info.name, info.version, rand::random::<u32>()))?;
-        let (sent, out) = (info.clone(), stream.clone());
-        let store = templates.clone();
+        let (store, sent, out) = (self.pool.templates().clone(), info.clone(), stream.clone());
         let stored = match blocking(move || store.send(&sent, &out)).await {
             Ok(()) => self.blobs.put_file(&stream).await.map_err(VolumeError::from),
             Err(e) => Err(e),
         };
         let _ = std::fs::remove_file(&stream);
-        Ok(TemplateExport { info: info.clone(), id_map: templates.id_map(), stream: stored? })
+        Ok(TemplateExport { info: info.clone(), id_map: self.pool.templates().id_map(), stream: stored? })
     }
 
     /// Makes the template `export` describes (its very version) in this pool, its stream
