@@ -64,6 +64,18 @@ pub struct DiskExport {
     pub parent: Option<SnapshotId>,
 }
 
+/// An ancestor's root that a node must hold before it can receive an incremental stream: the
+/// snapshot it is, its root's export (itself whole, or against its own parent), and its data
+/// key when that export is encrypted. A snapshot's ancestors travel newest first, as far as
+/// its chain goes; a node receives, oldest first, only those it lacks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentDisk {
+    pub snapshot: SnapshotId,
+    pub disk: DiskExport,
+    #[serde(default)]
+    pub key: Option<SnapshotKey>,
+}
+
 /// A global template in the blob store, so a node that never built it can run it: its root as
 /// a `btrfs send` stream, what it is (its exact version kept), and the id range its files are
 /// shifted into (a node with another range cannot use it as it is).

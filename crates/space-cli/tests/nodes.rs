@@ -159,7 +159,7 @@ struct Counting {
     placed: String,
     other: String,
     pid: u32,
-    _blobs: tempfile::TempDir,
+    blobs: tempfile::TempDir,
 }
 
 impl Counting {
@@ -176,7 +176,7 @@ impl Counting {
             false => (server.node_pid(), second.name.clone()),
         };
         start_counter(&server, &server.url, &id);
-        Counting { server, second, id, placed, other, pid, _blobs: blobs }
+        Counting { server, second, id, placed, other, pid, blobs }
     }
 }
 
@@ -320,6 +320,57 @@ fn a_session_whose_node_is_killed_resumes_on_the_other_from_its_durable_snapshot
     counter_above(server, id, at_resume);
     let after = server.exec(id, &["sh", "-c", "cat /root/after 2>/dev/null || echo gone"]);
     assert_eq!(after["stdout"], "gone\n", "written after the snapshot: lost with the node");
+    assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
+}
+
+/// Bytes of every file under `dir`.
+fn bytes_under(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+        let meta = entry.metadata().unwrap();
+        total += if meta.is_dir() { bytes_under(&entry.path()) } else { meta.len() };
+    }
+    total
+}
+
+/// Two nodes sharing a blob store: a session's second suspend sends its root against the
+/// first's, which the store holds already, so the 16 MiB written before the first does not
+/// travel again. With the first snapshot deleted, the session still resumes on the other
+/// node, which receives the first's root, then the second's, and has every byte.
+#[test]
+fn a_second_suspend_sends_only_what_changed_and_resumes_elsewhere_with_its_parent() {
+    require_root!();
+    let c = Counting::start();
+    let (server, id, placed, other) = (&c.server, &c.id, &c.placed, &c.other);
+    let sum = |server: &Server| server.exec(id, &["md5sum", "/root/big"])["stdout"].as_str().unwrap().to_owned();
+    server.exec(id, &["sh", "-c", "head -c 16777216 /dev/urandom > /root/big"]);
+    let written = sum(server);
+    let suspend = |server: &Server| {
+        let (status, body) = server.call("POST", &format!("/v1/sessions/{id}/suspend"), Some(json!({})));
+        assert_eq!((status, body["state"].as_str()), (200, Some("suspended")), "{body}\n{}", server.log_text());
+    };
+    suspend(server);
+    let (status, resumed) = server.call("POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
+    assert_eq!((status, resumed["node"].as_str()), (200, Some(placed.as_str())), "{resumed}");
+    let first_export = bytes_under(c.blobs.path());
+    assert!(first_export > 16 << 20, "the first export holds the file whole: {first_export} bytes");
+    server.exec(id, &["sh", "-c", "echo changed > /root/note"]);
+    suspend(server);
+    let grew = bytes_under(c.blobs.path()) - first_export;
+    assert!(grew < 8 << 20, "the second export sent the file again: {grew} bytes more");
+
+    let (_, list) = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None);
+    let first = list["snapshots"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}/snapshots/{first}"), None).0, 204);
+    let (status, body) = server.call("POST", &format!("/v1/nodes/{placed}/cordon"), Some(json!({})));
+    assert_eq!(status, 200, "{body}");
+    let (status, resumed) = server.call("POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
+    assert_eq!(status, 200, "{resumed}\n{}", server.log_text());
+    assert_eq!(resumed["node"].as_str(), Some(other.as_str()), "{resumed}");
+    assert_eq!(sum(server), written);
+    assert_eq!(server.exec(id, &["cat", "/root/note"])["stdout"], "changed\n");
+    let at_resume = counter(server, id);
+    counter_above(server, id, at_resume);
     assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
 }
 

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use space_api::durable::SnapshotKey;
+use space_api::durable::{ParentDisk, SnapshotExport, SnapshotKey};
 use space_api::error::ErrorCode;
 use space_api::{Session, SessionId, SnapshotId};
 use space_node_api::{NodeApi, NodeError};
@@ -45,30 +45,96 @@ async fn export_held(
         Some(sealed) => (open_snapshot_key(state, session, snapshot, &sealed).await?, sealed),
         None => first_snapshot_key(state, session, snapshot).await?,
     };
-    match node.export_snapshot(session, snapshot, Some(&key)).await {
-        // A node that does not encrypt (an older one) would put the tenant's data in clear.
-        Ok(export) if !export.encrypted => Err(AppError::new(
+    let key = (key, key_sealed.as_slice());
+    let base = export_base(state, session, snapshot).await?;
+    if let Some(done) = export_against(state, node, session, snapshot, base.as_ref(), &key).await? {
+        return Ok(done);
+    }
+    // The base was deleted while the export ran (it had no other export to keep it): whole.
+    match export_against(state, node, session, snapshot, None, &key).await? {
+        Some(done) => Ok(done),
+        None => Err(AppError::internal(format!("snapshot {snapshot}'s whole export could not be recorded"))),
+    }
+}
+
+/// One export of `snapshot` against `parent`, recorded: `Some(true)` once recorded,
+/// `Some(false)` when the node has no blob store, `None` when `parent` was deleted while it
+/// ran, so the export names what is gone and is not recorded.
+async fn export_against(
+    state: &AppState,
+    node: &dyn NodeApi,
+    session: &SessionId,
+    snapshot: &SnapshotId,
+    parent: Option<&SnapshotId>,
+    (key, key_sealed): &(SnapshotKey, &[u8]),
+) -> AppResult<Option<bool>> {
+    let export = match node.export_snapshot(session, snapshot, parent, Some(key)).await {
+        Ok(export) => export,
+        Err(NodeError::NoBlobStore) => return Ok(Some(false)),
+        Err(e) => {
+            return Err(AppError::new(
+                ErrorCode::BlobStoreUnavailable,
+                format!(
+                    "snapshot {snapshot} could not be stored in the blob store, so it is on node {} only: {e}",
+                    node.node_id()
+                ),
+            ));
+        }
+    };
+    // A node that does not encrypt (an older one) would put the tenant's data in clear.
+    if !export.encrypted {
+        return Err(AppError::new(
             ErrorCode::BlobStoreUnavailable,
             format!(
                 "node {} exported snapshot {snapshot} without encrypting it; upgrade the node (its export is not \
                  recorded, and the snapshot stays on the node only)",
                 node.node_id()
             ),
-        )),
-        Ok(export) => {
-            state.store.set_snapshot_export(snapshot, &export, Some(&key_sealed)).await?;
-            tracing::info!(%session, %snapshot, bytes = export.size(), "snapshot exported to the blob store");
-            Ok(true)
-        }
-        Err(NodeError::NoBlobStore) => Ok(false),
-        Err(e) => Err(AppError::new(
-            ErrorCode::BlobStoreUnavailable,
-            format!(
-                "snapshot {snapshot} could not be stored in the blob store, so it is on node {} only: {e}",
-                node.node_id()
-            ),
-        )),
+        ));
     }
+    if !state.store.set_snapshot_export(snapshot, &export, Some(key_sealed)).await? {
+        return Ok(None);
+    }
+    tracing::info!(%session, %snapshot, bytes = export.size(), parent = ?export.disk.parent,
+        "snapshot exported to the blob store");
+    Ok(Some(true))
+}
+
+/// The snapshot whose root an export of `snapshot` goes against: the session's newest
+/// durable snapshot taken before it, while its chain of incremental exports is shorter than
+/// [`MAX_CHAIN`] and ends in a whole one; else none (the export goes whole). The node goes
+/// whole too when it does not hold that snapshot's root.
+async fn export_base(state: &AppState, session: &SessionId, snapshot: &SnapshotId) -> AppResult<Option<SnapshotId>> {
+    let Some(base) = state.store.newest_durable_before(session, snapshot).await? else { return Ok(None) };
+    let chain = state.store.export_chain(&base).await?;
+    let ends_whole = chain.last().is_some_and(|link| link.export.disk.parent.is_none());
+    Ok((ends_whole && chain.len() < MAX_CHAIN).then_some(base))
+}
+
+/// The most exports an import may have to receive for one snapshot (itself and the
+/// ancestors its root was sent against): every one is fetched, checked and received on a
+/// node that holds none of them, so a chain this long is ended by a whole export.
+const MAX_CHAIN: usize = 8;
+
+/// The ancestors an import of `export` may need (newest first), each with its data key
+/// opened when its export is encrypted.
+async fn parent_disks(state: &AppState, session: &SessionId, export: &SnapshotExport) -> AppResult<Vec<ParentDisk>> {
+    let Some(parent) = &export.disk.parent else { return Ok(Vec::new()) };
+    let mut parents = Vec::new();
+    for link in state.store.export_chain(parent).await? {
+        let key = match (&link.key_sealed, link.export.encrypted) {
+            (Some(sealed), true) => Some(open_snapshot_key(state, session, &link.snapshot, sealed).await?),
+            (None, true) => {
+                return Err(AppError::internal(format!(
+                    "snapshot {}'s export is encrypted, but no key is recorded for it",
+                    link.snapshot
+                )));
+            }
+            (_, false) => None,
+        };
+        parents.push(ParentDisk { snapshot: link.snapshot, disk: link.export.disk, key });
+    }
+    Ok(parents)
 }
 
 /// Exports a full snapshot off the call that took it (a scheduled one, one asked for, one to
@@ -135,7 +201,9 @@ pub async fn node_for_snapshot(
             "snapshot {snapshot}'s export is encrypted, but no key is recorded for it"
         )));
     }
-    match target.import_snapshot(&origin.id, snapshot, &export, key.as_ref().filter(|_| export.encrypted)).await {
+    let parents = parent_disks(state, &origin.id, &export).await?;
+    let key_for = key.as_ref().filter(|_| export.encrypted);
+    match target.import_snapshot(&origin.id, snapshot, &export, key_for, &parents).await {
         Ok(()) => Ok((target, key)),
         Err(NodeError::Corrupt(why)) => Err(corrupt(state, origin, snapshot, &why).await),
         Err(e) => Err(e.into()),

@@ -29,7 +29,7 @@ use space_gateway::{Gateway, SessionEgress, SessionTraffic};
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-pub use space_api::durable::{BlobSweep, SnapshotExport, SnapshotKey, TemplateExport};
+pub use space_api::durable::{BlobSweep, ParentDisk, SnapshotExport, SnapshotKey, TemplateExport};
 pub use space_api::{TemplateBuild, TemplateInfo, TemplateSource};
 pub use space_runtime::{Limits, SandboxHandle, SandboxStats};
 
@@ -335,26 +335,32 @@ pub trait NodeApi: EgressControl + 'static {
     async fn delete_snapshot(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<()>;
     /// Deletes every snapshot on the node not in `keep`; returns how many.
     async fn sweep_snapshots(&self, keep: &HashSet<SnapshotId>) -> Result<usize>;
-    /// Stores the snapshot in the node's blob store (whole: root, and a full snapshot's
+    /// Stores the snapshot in the node's blob store (its root, and a full snapshot's
     /// processes) and says what it became; [`NodeError::NoBlobStore`] on a node without one.
-    /// With `key` (the snapshot's data key, when it has one), the root and the process images
-    /// are encrypted with it (docs/byok.md).
+    /// The root goes as a stream against `parent` (an exported snapshot of the same session)
+    /// when the node holds that parent's root, else whole: the export's `disk.parent` says
+    /// which. With `key` (the snapshot's data key, when it has one), the root and the process
+    /// images are encrypted with it (docs/byok.md).
     async fn export_snapshot(
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
+        parent: Option<&SnapshotId>,
         key: Option<&SnapshotKey>,
     ) -> Result<SnapshotExport>;
     /// Makes the snapshot on this node from its export, every part checked
     /// ([`NodeError::Corrupt`] if one does not match). Idempotent: a snapshot the node holds
     /// already is left as it is. An encrypted export needs its `key`; an object that does not
-    /// decrypt whole is [`NodeError::Corrupt`].
+    /// decrypt whole is [`NodeError::Corrupt`]. An export against a parent needs the roots of
+    /// its ancestors the node lacks: `parents` names them, newest first
+    /// (a failure when one it needs is missing).
     async fn import_snapshot(
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &SnapshotExport,
         key: Option<&SnapshotKey>,
+        parents: &[ParentDisk],
     ) -> Result<()>;
     /// Stores version `version` of global template `name` in the node's blob store, so a
     /// node that never built it can import it ([`NodeError::NoBlobStore`] without one).

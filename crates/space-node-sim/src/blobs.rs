@@ -4,8 +4,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use space_api::TemplateInfo;
 use space_api::durable::{BlobRef, BlobSweep, DiskExport, SnapshotExport, SnapshotKey, TemplateExport};
+use space_api::{SnapshotId, TemplateInfo};
 
 use crate::SimError;
 use crate::agent::Contents;
@@ -51,7 +51,15 @@ impl SimBlobs {
         self.objects().stored.values_mut().for_each(|s| s.corrupt = true);
     }
 
-    pub(crate) fn put(&self, full: bool, contents: Contents, key: Option<&SnapshotKey>) -> SnapshotExport {
+    /// Stores a snapshot (whole, whatever `parent` says: the simulation keeps no deltas, only
+    /// the rule that importing one needs its parent first).
+    pub(crate) fn put(
+        &self,
+        full: bool,
+        contents: Contents,
+        parent: Option<SnapshotId>,
+        key: Option<&SnapshotKey>,
+    ) -> SnapshotExport {
         let mut objects = self.objects();
         objects.next += 1;
         let stream = BlobRef { sha256: format!("{:064x}", objects.next), size: contents.size() };
@@ -59,7 +67,7 @@ impl SimBlobs {
         objects.stored.insert(stream.sha256.clone(), stored);
         let spaced = full.then(|| BlobRef { sha256: "5".repeat(64), size: 1 });
         let encrypted = key.is_some();
-        SnapshotExport { disk: DiskExport { stream, parent: None }, images: Vec::new(), spaced, encrypted }
+        SnapshotExport { disk: DiskExport { stream, parent }, images: Vec::new(), spaced, encrypted }
     }
 
     /// How many templates were exported to it.
@@ -107,7 +115,12 @@ impl SimBlobs {
         export: &SnapshotExport,
         with: Option<&SnapshotKey>,
     ) -> Result<(bool, Contents), SimError> {
-        let key = &export.disk.stream.sha256;
+        self.get_disk(&export.disk, with)
+    }
+
+    /// What a snapshot's root export holds: whether its snapshot is full, and its contents.
+    pub(crate) fn get_disk(&self, disk: &DiskExport, with: Option<&SnapshotKey>) -> Result<(bool, Contents), SimError> {
+        let key = &disk.stream.sha256;
         match self.objects().stored.get(key) {
             Some(s) if s.corrupt => Err(SimError::CorruptBlob(key.clone())),
             Some(s) if s.key.is_some() && s.key.as_ref() != with => {

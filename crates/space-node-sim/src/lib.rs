@@ -228,6 +228,8 @@ struct State {
     next_pid: u32,
     /// Snapshots exported while a sandbox of their session ran (not frozen).
     exported_while_running: Vec<SnapshotId>,
+    /// Snapshots whose roots an import received as another snapshot's ancestors.
+    parents_imported: Vec<SnapshotId>,
     /// The files template work read (an import's archive, a build's context): each path and
     /// the bytes it held then.
     template_reads: Vec<(std::path::PathBuf, Vec<u8>)>,
@@ -276,6 +278,7 @@ impl SimNode {
             background: false,
             next_pid: 1000,
             exported_while_running: Vec::new(),
+            parents_imported: Vec::new(),
             template_reads: Vec::new(),
             template_imports: 0,
         };
@@ -434,6 +437,12 @@ impl SimNode {
     /// the snapshot and before the export was done.
     pub fn exported_while_running(&self) -> Vec<SnapshotId> {
         self.state().exported_while_running.clone()
+    }
+
+    /// The snapshots whose roots imports received as ancestors of the snapshot imported, in
+    /// the order they were received.
+    pub fn parents_imported(&self) -> Vec<SnapshotId> {
+        self.state().parents_imported.clone()
     }
 
     /// Reads `path` as template work would, and records it (see [`SimNode::template_reads`]).

@@ -10,8 +10,8 @@ use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, Progress, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{
-    BlobSweep, DiskQuota, DiskUsage, EgressControl, Limits, LogFn, NodeApi, NodeError, PortStream, ProgressFn, Result,
-    SandboxHandle, SandboxStats, SnapshotExport, SnapshotKey,
+    BlobSweep, DiskQuota, DiskUsage, EgressControl, Limits, LogFn, NodeApi, NodeError, ParentDisk, PortStream,
+    ProgressFn, Result, SandboxHandle, SandboxStats, SnapshotExport, SnapshotKey,
 };
 use space_proto::client::AgentClient;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -346,6 +346,7 @@ impl NodeApi for SimNode {
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
+        parent: Option<&SnapshotId>,
         key: Option<&SnapshotKey>,
     ) -> Result<SnapshotExport> {
         let mut state = self.state();
@@ -353,7 +354,9 @@ impl NodeApi for SimNode {
         state.injected(Op::ExportSnapshot)?;
         let found = state.snapshots.get(snapshot).filter(|s| &s.session == session);
         let snap = found.ok_or_else(|| SimError::NoSnapshot(snapshot.clone()))?;
-        let export = blobs.put(snap.full, snap.contents.clone(), key);
+        // As a real node: against the parent only when it holds that parent's root.
+        let held = |p: &&SnapshotId| state.snapshots.get(*p).is_some_and(|s| &s.session == session);
+        let export = blobs.put(snap.full, snap.contents.clone(), parent.filter(held).cloned(), key);
         let ran = |s: &crate::Sandbox| s.session.as_ref() == Some(session) && s.alive() && !s.inside.is_frozen();
         if state.sandboxes.values().any(ran) {
             state.exported_while_running.push(snapshot.clone());
@@ -367,12 +370,27 @@ impl NodeApi for SimNode {
         snapshot: &SnapshotId,
         export: &SnapshotExport,
         key: Option<&SnapshotKey>,
+        parents: &[ParentDisk],
     ) -> Result<()> {
         let mut state = self.state();
         let blobs = state.config.blobs.clone().ok_or(SimError::NoBlobStore)?;
         state.injected(Op::ImportSnapshot)?;
         if state.snapshots.contains_key(snapshot) {
             return Ok(());
+        }
+        // The ancestors it lacks, oldest first, each from its own object and key, as roots.
+        let mut needed = Vec::new();
+        let mut want = export.disk.parent.clone();
+        while let Some(id) = want.filter(|id| !state.snapshots.contains_key(id)) {
+            let link = parents.iter().find(|p| p.snapshot == id).ok_or(SimError::NoSnapshot(id))?;
+            needed.push(link);
+            want = link.disk.parent.clone();
+        }
+        for link in needed.into_iter().rev() {
+            let (_, contents) = blobs.get_disk(&link.disk, link.key.as_ref())?;
+            let root = Snapshot { session: session.clone(), full: false, contents, sealed: None };
+            state.snapshots.insert(link.snapshot.clone(), root);
+            state.parents_imported.push(link.snapshot.clone());
         }
         let (full, contents) = blobs.get(export, key)?;
         // Images arrive as they were exported: sealed with the export's key.

@@ -29,7 +29,7 @@ pub use server::serve;
 
 /// The version of the node API this build speaks. Raised whenever an operation or a type on
 /// the wire changes in a way the previous version would misread.
-pub const NODE_API_VERSION: u32 = 7;
+pub const NODE_API_VERSION: u32 = 8;
 
 /// The header carrying the sender's node API version, on requests and answers alike.
 pub const VERSION_HEADER: &str = "space-node-api";

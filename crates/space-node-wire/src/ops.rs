@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use space_api::{Progress, RuntimeKind, SandboxId, SessionId, SnapshotId, TemplateInfo};
 use space_gateway::SessionEgress;
 use space_node_api::{
-    DiskQuota, Limits, NodeError, OutOfSpace, PortFailure, SandboxHandle, SnapshotExport, SnapshotKey, TemplateExport,
+    DiskQuota, Limits, NodeError, OutOfSpace, ParentDisk, PortFailure, SandboxHandle, SnapshotExport, SnapshotKey,
+    TemplateExport,
 };
 
 /// Paths of the node API.
@@ -137,6 +138,8 @@ pub enum Call {
         session: SessionId,
         snapshot: SnapshotId,
         #[serde(default)]
+        parent: Option<SnapshotId>,
+        #[serde(default)]
         key: Option<SnapshotKey>,
     },
     ImportSnapshot {
@@ -145,6 +148,8 @@ pub enum Call {
         export: SnapshotExport,
         #[serde(default)]
         key: Option<SnapshotKey>,
+        #[serde(default)]
+        parents: Vec<ParentDisk>,
     },
     SweepBlobs {
         keep: Vec<String>,

@@ -22,7 +22,7 @@ use space_api::egress::AuditEvent;
 use space_api::{PoolStatus, RuntimeKind, RuntimeSupport, SandboxId, SessionId, SnapshotId};
 use space_gateway::{SessionEgress, SessionTraffic};
 use space_node_api::{
-    DiskQuota, DiskUsage, EgressControl, Limits, LogFn, NodeApi, NodeError, PortStream, ProgressFn, Result,
+    DiskQuota, DiskUsage, EgressControl, Limits, LogFn, NodeApi, NodeError, ParentDisk, PortStream, ProgressFn, Result,
     SandboxHandle, SandboxStats, SnapshotExport, SnapshotKey, TemplateInfo,
 };
 use space_proto::client::AgentClient;
@@ -410,10 +410,11 @@ impl NodeApi for RemoteNode {
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
+        parent: Option<&SnapshotId>,
         key: Option<&SnapshotKey>,
     ) -> Result<SnapshotExport> {
-        self.call(&Call::ExportSnapshot { session: session.clone(), snapshot: snapshot.clone(), key: key.cloned() })
-            .await
+        let (session, snapshot, parent, key) = (session.clone(), snapshot.clone(), parent.cloned(), key.cloned());
+        self.call(&Call::ExportSnapshot { session, snapshot, parent, key }).await
     }
 
     async fn import_snapshot(
@@ -422,12 +423,14 @@ impl NodeApi for RemoteNode {
         snapshot: &SnapshotId,
         export: &SnapshotExport,
         key: Option<&SnapshotKey>,
+        parents: &[ParentDisk],
     ) -> Result<()> {
         let call = Call::ImportSnapshot {
             session: session.clone(),
             snapshot: snapshot.clone(),
             export: export.clone(),
             key: key.cloned(),
+            parents: parents.to_vec(),
         };
         self.call(&call).await
     }

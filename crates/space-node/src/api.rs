@@ -281,9 +281,10 @@ impl NodeApi for Node {
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
+        parent: Option<&SnapshotId>,
         key: Option<&api::SnapshotKey>,
     ) -> Result<api::SnapshotExport> {
-        Ok(Node::export_snapshot(self, session, snapshot, key).await?)
+        Ok(Node::export_snapshot(self, session, snapshot, parent, key).await?)
     }
 
     async fn import_snapshot(
@@ -292,8 +293,9 @@ impl NodeApi for Node {
         snapshot: &SnapshotId,
         export: &api::SnapshotExport,
         key: Option<&api::SnapshotKey>,
+        parents: &[api::ParentDisk],
     ) -> Result<()> {
-        Ok(Node::import_snapshot(self, session, snapshot, export, key).await?)
+        Ok(Node::import_snapshot(self, session, snapshot, export, key, parents).await?)
     }
 
     async fn export_template(&self, name: &str, version: u64) -> Result<api::TemplateExport> {

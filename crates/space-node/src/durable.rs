@@ -6,34 +6,38 @@ use std::time::Duration;
 
 use space_api::durable::TemplateExport;
 use space_api::{SessionId, SnapshotId, TemplateInfo};
-use space_node_api::{BlobSweep, SnapshotExport, SnapshotKey};
+use space_node_api::{BlobSweep, ParentDisk, SnapshotExport, SnapshotKey};
 
 use crate::{Node, NodeError, Result};
 
 impl Node {
-    /// Stores the snapshot whole in the blob store (encrypted with `key` when given); says
-    /// what it became.
+    /// Stores the snapshot in the blob store (encrypted with `key` when given), its root
+    /// against `parent` when this node holds that root; says what it became.
     pub async fn export_snapshot(
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
+        parent: Option<&SnapshotId>,
         key: Option<&SnapshotKey>,
     ) -> Result<SnapshotExport> {
         let volumes = self.volumes.as_ref().ok_or(NodeError::NoBlobStore)?;
-        Ok(volumes.export_snapshot(session, snapshot, None, key).await?)
+        Ok(volumes.export_snapshot(session, snapshot, parent, key).await?)
     }
 
-    /// Makes the snapshot here from its export, unless it is here already.
+    /// Makes the snapshot here from its export (with the ancestors of its root this node
+    /// lacks, from `parents`), unless it is here already.
     pub async fn import_snapshot(
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &SnapshotExport,
         key: Option<&SnapshotKey>,
+        parents: &[ParentDisk],
     ) -> Result<()> {
         let volumes = self.volumes.as_ref().ok_or(NodeError::NoBlobStore)?;
-        volumes.import_snapshot(session, snapshot, export, key).await?;
-        tracing::info!(%session, %snapshot, bytes = export.size(), "snapshot imported from the blob store");
+        volumes.import_snapshot(session, snapshot, export, key, parents).await?;
+        tracing::info!(%session, %snapshot, bytes = export.size(), parent = ?export.disk.parent,
+            "snapshot imported from the blob store");
         Ok(())
     }
 

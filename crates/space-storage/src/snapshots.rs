@@ -40,6 +40,14 @@ impl Pool {
         Ok(dir)
     }
 
+    /// Whether the snapshot's root is here whole: a read-only subvolume (one taken here is
+    /// read-only from the start; `btrfs receive` makes one read-only only once the stream
+    /// ended whole).
+    pub fn snapshot_root_whole(&self, session: &SessionId, snapshot: &SnapshotId) -> bool {
+        let root = self.snapshot_dir(session, snapshot).join("rootfs");
+        btrfs::is_subvolume(&root).unwrap_or(false) && btrfs::is_readonly(&root).unwrap_or(false)
+    }
+
     /// Where a full snapshot keeps its process images (see the module docs).
     pub fn snapshot_images_dir(&self, session: &SessionId, snapshot: &SnapshotId) -> PathBuf {
         self.images_root().join(session.as_str()).join(snapshot.as_str())

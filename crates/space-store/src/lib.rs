@@ -9,6 +9,7 @@
 mod audit;
 mod auth;
 mod credentials;
+mod export_chains;
 mod idempotency;
 mod leases;
 mod metrics;
@@ -37,6 +38,7 @@ use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use auth::{KeyRecord, LAST_USED_RESOLUTION_MS, NewKey, RevokeRefused};
 pub use credentials::{CredentialChange, CredentialRecord, NewCredential, PlaceholderEnv};
+pub use export_chains::ChainLink;
 pub use idempotency::IdempotencyBegin;
 pub use leases::replica_lease;
 pub use network::{NewSessionEgress, SessionEgressRecord};

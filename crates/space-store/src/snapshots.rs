@@ -130,28 +130,6 @@ impl Store {
         Ok(())
     }
 
-    /// Records that the snapshot is durable: every part of it is in the blob store, encrypted
-    /// with the data key `key_sealed` holds when there is one. A key recorded already (the
-    /// snapshot's own, which the export used) is kept as it is: a tenant key change may have
-    /// re-wrapped it while the export ran.
-    pub async fn set_snapshot_export(
-        &self,
-        id: &SnapshotId,
-        export: &SnapshotExport,
-        key_sealed: Option<&[u8]>,
-    ) -> Result<()> {
-        let json = serde_json::to_string(export).map_err(|e| StoreError::Corrupt(format!("snapshot export: {e}")))?;
-        sqlx::query(
-            "UPDATE snapshots SET export = $1, export_key_sealed = COALESCE(export_key_sealed, $2) WHERE id = $3",
-        )
-        .bind(json)
-        .bind(key_sealed)
-        .bind(id.as_str())
-        .execute(&self.writer)
-        .await?;
-        Ok(())
-    }
-
     /// Records `key_sealed` as the snapshot's data key unless it has one already (another
     /// export of it recorded one first); the key it has then, `None` if it is gone.
     pub async fn record_snapshot_key(&self, id: &SnapshotId, key_sealed: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -183,11 +161,6 @@ impl Store {
             .transpose()
             .map_err(|e| StoreError::Corrupt(format!("export of snapshot {id}: {e}")))?;
         Ok(Some(SnapshotPlace { node_id: row.get(0), export, key_sealed: row.get(2) }))
-    }
-
-    pub async fn delete_snapshot_row(&self, id: &SnapshotId) -> Result<()> {
-        sqlx::query("DELETE FROM snapshots WHERE id = $1").bind(id.as_str()).execute(&self.writer).await?;
-        Ok(())
     }
 
     /// The session's ready snapshots, oldest first.
@@ -256,9 +229,12 @@ impl Store {
             .collect()
     }
 
-    /// Snapshots of any state, for the start-up sweep: (session, snapshot, ready).
+    /// Snapshots of any state but retired (a retired one is its export only: no node keeps
+    /// it), for the start-up sweep: (session, snapshot, ready).
     pub async fn all_snapshots(&self) -> Result<Vec<(SessionId, SnapshotId, bool)>> {
-        let rows = sqlx::query("SELECT session_id, id, state FROM snapshots").fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT session_id, id, state FROM snapshots WHERE state <> 'retired'")
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 let ready = r.get::<&str, _>(2) == "ready";
@@ -269,12 +245,12 @@ impl Store {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::test_store;
 
     /// A session of `tenant`, recorded.
-    async fn session_of(store: &Store, tenant: &TenantId) -> SessionId {
+    pub(crate) async fn session_of(store: &Store, tenant: &TenantId) -> SessionId {
         let session = SessionId::generate();
         let new = crate::NewSession {
             id: session.clone(),
@@ -294,7 +270,12 @@ mod tests {
     }
 
     /// A disk snapshot of `session` to record.
-    fn disk(session: &SessionId, tenant: &TenantId, name: Option<&str>, outlives_session: bool) -> NewSnapshot {
+    pub(crate) fn disk(
+        session: &SessionId,
+        tenant: &TenantId,
+        name: Option<&str>,
+        outlives_session: bool,
+    ) -> NewSnapshot {
         NewSnapshot {
             id: SnapshotId::generate(),
             session_id: session.clone(),

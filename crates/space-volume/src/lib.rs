@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use space_api::TemplateInfo;
-pub use space_api::durable::{DiskExport, ExportedFile, SnapshotExport, SnapshotKey, TemplateExport};
+pub use space_api::durable::{DiskExport, ExportedFile, ParentDisk, SnapshotExport, SnapshotKey, TemplateExport};
 use space_api::{SessionId, SnapshotId};
 use space_blob::{BlobError, BlobRef, BlobStore, BlobSweep};
 pub use space_keys::KeyError;
@@ -52,6 +52,9 @@ pub enum VolumeError {
     NoKey,
     #[error("the snapshot's process images are encrypted on the node, and no key was given to open them")]
     SealedWithoutKey,
+    /// An incremental root's ancestor that the pool lacks and the import was not given.
+    #[error("snapshot {snapshot}'s root is needed first (an incremental export's ancestor), and it was not given")]
+    MissingParent { snapshot: SnapshotId },
     /// A template from a node whose templates are shifted into another id range.
     #[error(
         "the template's files belong to host ids {}..{} (a node started with another --uid-base); this node's are {}..{}: \
@@ -92,8 +95,27 @@ impl Volumes {
     }
 
     /// Stores the snapshot's root in the blob store, against `parent` (a snapshot of the same
-    /// session exported before) when given.
+    /// session exported before) when given and the pool holds its root whole; else, or when
+    /// the stream against it cannot be made (the parent deleted meanwhile), whole. The
+    /// export's `parent` says which.
     pub async fn export_disk(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        parent: Option<&SnapshotId>,
+        key: Option<&SnapshotKey>,
+    ) -> Result<DiskExport> {
+        let parent = parent.filter(|p| self.pool.snapshot_root_whole(session, p));
+        if let Some(parent) = parent {
+            match self.export_disk_against(session, snapshot, Some(parent), key).await {
+                Ok(export) => return Ok(export),
+                Err(e) => tracing::warn!(%snapshot, %parent, error = %e, "exporting the root whole instead"),
+            }
+        }
+        self.export_disk_against(session, snapshot, None, key).await
+    }
+
+    async fn export_disk_against(
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
@@ -159,6 +181,35 @@ impl Volumes {
         };
         let _ = std::fs::remove_file(&sealed);
         decrypted
+    }
+
+    /// Makes the roots of the ancestors of a root exported against `parent` that this pool
+    /// lacks, oldest first, from `parents` (newest first, as far as the chain goes): each
+    /// checked, decrypted with its own key, received. An ancestor the chain needs and
+    /// `parents` does not name is [`VolumeError::MissingParent`]. On failure the ancestor
+    /// being received is removed; those received before it stay (they are whole).
+    pub async fn import_parents(
+        &self,
+        session: &SessionId,
+        parent: Option<&SnapshotId>,
+        parents: &[ParentDisk],
+    ) -> Result<()> {
+        let mut needed = Vec::new();
+        let mut want = parent.cloned();
+        while let Some(id) = want.filter(|id| !self.pool.snapshot_root_whole(session, id)) {
+            let link = parents.iter().find(|p| p.snapshot == id).ok_or(VolumeError::MissingParent { snapshot: id })?;
+            needed.push(link);
+            want = link.disk.parent.clone();
+        }
+        for link in needed.into_iter().rev() {
+            let imported = self.import_disk(session, &link.snapshot, &link.disk, link.key.as_ref()).await;
+            if imported.is_err() {
+                let (pool, session, snapshot) = (self.pool.clone(), session.clone(), link.snapshot.clone());
+                let _ = tokio::task::spawn_blocking(move || pool.delete_snapshot(&session, &snapshot)).await;
+            }
+            imported?;
+        }
+        Ok(())
     }
 
     /// Makes the snapshot in this pool from its export, after checking the stream against

@@ -9,7 +9,7 @@ use space_api::durable::plain_file_name;
 use space_api::{SessionId, SnapshotId};
 use space_blob::BlobRef;
 
-use crate::{ExportedFile, Result, SnapshotExport, SnapshotKey, VolumeError, Volumes};
+use crate::{ExportedFile, ParentDisk, Result, SnapshotExport, SnapshotKey, VolumeError, Volumes};
 
 /// The mode CRIU gives the image files it writes (its `CR_FD_PERM`, less the umask's write
 /// bit for the group).
@@ -63,13 +63,16 @@ impl Volumes {
     /// whole already is left as it is; on failure nothing of it stays. An encrypted export
     /// needs its `key` ([`VolumeError::NoKey`] without), and its root's stream must decrypt
     /// whole; its process images are kept encrypted, as the node keeps its own, and are
-    /// opened (and checked) by a restore.
+    /// opened (and checked) by a restore. A root exported against a parent needs the
+    /// ancestors the pool lacks, from `parents` ([`Volumes::import_parents`]); they stay, as
+    /// the roots of snapshots that are not whole (no process images), until deleted.
     pub async fn import_snapshot(
         &self,
         session: &SessionId,
         snapshot: &SnapshotId,
         export: &SnapshotExport,
         key: Option<&SnapshotKey>,
+        parents: &[ParentDisk],
     ) -> Result<()> {
         let _one_at_a_time = self.imports.lock().await;
         if self.holds(session, snapshot, export) {
@@ -80,7 +83,10 @@ impl Volumes {
             (true, key) => key,
             (false, _) => None,
         };
-        let imported = self.import_parts(session, snapshot, export, key).await;
+        let imported = match self.import_parents(session, export.disk.parent.as_ref(), parents).await {
+            Ok(()) => self.import_parts(session, snapshot, export, key).await,
+            Err(e) => Err(e),
+        };
         if imported.is_err() {
             let (pool, session, snapshot) = (self.pool.clone(), session.clone(), snapshot.clone());
             let _ = tokio::task::spawn_blocking(move || pool.delete_snapshot(&session, &snapshot)).await;
@@ -99,7 +105,10 @@ impl Volumes {
         if let Some(bad) = export.images.iter().find(|f| !plain_file_name(&f.name)) {
             return Err(VolumeError::NotPlain { path: dir.join(&bad.name), reason: "not a plain file name" });
         }
-        self.import_disk(session, snapshot, &export.disk, key).await?;
+        // The root may be here whole already: received as another snapshot's ancestor.
+        if !self.pool.snapshot_root_whole(session, snapshot) {
+            self.import_disk(session, snapshot, &export.disk, key).await?;
+        }
         let Some(spaced) = &export.spaced else { return Ok(()) };
         match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&dir, e)),

@@ -155,7 +155,7 @@ async fn a_full_snapshot_moves_whole_and_a_corrupt_image_leaves_nothing() {
     assert_eq!(names, ["core-1.img", "pages-1.img"]);
     assert!(export.is_full());
     let importer = to.volumes(&blobs);
-    importer.import_snapshot(&session, &first, &export, None).await.unwrap();
+    importer.import_snapshot(&session, &first, &export, None, &[]).await.unwrap();
     let dst = to.pool();
     assert!(dst.snapshot_has_images(&session, &first), "the binary arrived last");
     assert_eq!(std::fs::read(dst.snapshot_binary(&session, &first)).unwrap(), b"a static spaced");
@@ -163,13 +163,13 @@ async fn a_full_snapshot_moves_whole_and_a_corrupt_image_leaves_nothing() {
     assert_eq!(std::fs::read(images.join("pages-1.img")).unwrap(), vec![3u8; 300_000]);
     assert_eq!(std::fs::read_to_string(snapshot_file(dst, &session, &first, "tmp/first")).unwrap(), "one");
     assert!(importer.holds(&session, &first, &export));
-    importer.import_snapshot(&session, &first, &export, None).await.expect("a second import finds it there");
+    importer.import_snapshot(&session, &first, &export, None, &[]).await.expect("a second import finds it there");
 
     // Into a third pool, with one image's bytes changed: refused, and nothing of it stays.
     let third = TestPool::new("full-corrupt");
     let pages = export.images.iter().find(|f| f.name == "pages-1.img").unwrap();
     blobs.replace_object(&pages.blob, vec![4u8; 300_000]).await.unwrap();
-    let err = third.volumes(&blobs).import_snapshot(&session, &first, &export, None).await.unwrap_err();
+    let err = third.volumes(&blobs).import_snapshot(&session, &first, &export, None, &[]).await.unwrap_err();
     assert!(matches!(err, VolumeError::Blob(BlobError::Corrupt { .. })), "{err:?}");
     assert!(!third.pool().snapshot_images_dir(&session, &first).exists());
     assert!(!third.pool().snapshot_has_images(&session, &first));
@@ -178,7 +178,7 @@ async fn a_full_snapshot_moves_whole_and_a_corrupt_image_leaves_nothing() {
     // An export naming a file outside the images directory is refused before anything is read.
     let mut escaping = export.clone();
     escaping.images[0].name = "../escaped".into();
-    let err = third.volumes(&blobs).import_snapshot(&session, &first, &escaping, None).await.unwrap_err();
+    let err = third.volumes(&blobs).import_snapshot(&session, &first, &escaping, None, &[]).await.unwrap_err();
     assert!(matches!(err, VolumeError::NotPlain { .. }), "{err:?}");
 }
 
@@ -193,7 +193,7 @@ async fn imports_of_one_snapshot_started_together_all_find_it_whole() {
 
     // As forks ×4 of one snapshot placed on a node that does not hold it.
     let importer = to.volumes(&blobs);
-    let imports = (0..4).map(|_| importer.import_snapshot(&session, &first, &export, None));
+    let imports = (0..4).map(|_| importer.import_snapshot(&session, &first, &export, None, &[]));
     for (i, imported) in futures::future::join_all(imports).await.into_iter().enumerate() {
         imported.unwrap_or_else(|e| panic!("import {i}: {e:?}"));
     }
@@ -229,7 +229,7 @@ async fn an_import_uses_the_spaced_its_pool_keeps_and_fetches_one_it_does_not() 
     std::fs::write(&binary, "a static spaced").unwrap();
     to.pool().keep_binary(&binary).unwrap();
     blobs.delete(&spaced).await.unwrap();
-    to.volumes(&blobs).import_snapshot(&session, &first, &export, None).await.expect("the kept binary serves");
+    to.volumes(&blobs).import_snapshot(&session, &first, &export, None, &[]).await.expect("the kept binary serves");
     assert_eq!(std::fs::read(to.pool().snapshot_binary(&session, &first)).unwrap(), b"a static spaced");
 
     // A kept copy whose bytes no longer match its name is not used: the object is fetched,
@@ -239,7 +239,7 @@ async fn an_import_uses_the_spaced_its_pool_keeps_and_fetches_one_it_does_not() 
     std::fs::remove_file(&kept).unwrap();
     std::fs::write(&kept, "something else").unwrap();
     assert_eq!(to.pool().kept_binary(&spaced.sha256), None);
-    let err = to.volumes(&blobs).import_snapshot(&session, &second, &second_export, None).await.unwrap_err();
+    let err = to.volumes(&blobs).import_snapshot(&session, &second, &second_export, None, &[]).await.unwrap_err();
     assert!(matches!(err, VolumeError::Blob(BlobError::Missing { .. })), "{err:?}");
     assert!(!to.pool().snapshot_has_images(&session, &second));
     assert_eq!(to.pool().kept_binary("../binaries/x"), None, "not a hash: names no file");
@@ -269,14 +269,14 @@ async fn an_encrypted_export_holds_no_plaintext_and_opens_with_its_key_only() {
     assert_eq!(&spaced[..], b"a static spaced", "the binary is not tenant data");
 
     let importer = to.volumes(&blobs);
-    let err = importer.import_snapshot(&session, &second, &export, None).await.unwrap_err();
+    let err = importer.import_snapshot(&session, &second, &export, None, &[]).await.unwrap_err();
     assert!(matches!(err, VolumeError::NoKey), "{err:?}");
     let wrong = SnapshotKey::new([8u8; 32]);
-    let err = importer.import_snapshot(&session, &second, &export, Some(&wrong)).await.unwrap_err();
+    let err = importer.import_snapshot(&session, &second, &export, Some(&wrong), &[]).await.unwrap_err();
     assert!(matches!(err, VolumeError::Key(space_keys::KeyError::Corrupt { .. })), "{err:?}");
     assert!(to.pool().list_snapshots().unwrap().is_empty(), "nothing of a failed import stays");
 
-    importer.import_snapshot(&session, &second, &export, Some(&key)).await.unwrap();
+    importer.import_snapshot(&session, &second, &export, Some(&key), &[]).await.unwrap();
     let dst = to.pool();
     assert_eq!(std::fs::read(snapshot_file(dst, &session, &second, "tmp/second")).unwrap(), vec![7u8; 1 << 20]);
     // The images stay encrypted, as the node keeps its own; a restore opens them.
@@ -313,9 +313,51 @@ async fn images_sealed_on_the_node_travel_as_they_are() {
         assert_eq!(&stored[..], std::fs::read(images.join(&file.name)).unwrap(), "{} re-encrypted", file.name);
     }
 
-    to.volumes(&blobs).import_snapshot(&session, &second, &export, Some(&key)).await.unwrap();
+    to.volumes(&blobs).import_snapshot(&session, &second, &export, Some(&key), &[]).await.unwrap();
     let arrived = to.pool().snapshot_images_dir(&session, &second);
     let opened = to.dir.path().join("opened");
     space_volume::sealed::unseal_images(&key, &arrived, &opened).unwrap();
     assert_eq!(std::fs::read(opened.join("core-1.img")).unwrap(), b"registers");
+}
+
+/// A full snapshot exported against its parent goes to a pool that lacks the parent with
+/// the parent's root (each decrypted with its own key), and only so; an export against a
+/// parent the exporting pool lacks goes whole.
+#[tokio::test]
+async fn an_incremental_full_snapshot_arrives_with_the_ancestors_the_pool_lacks() {
+    let (from, to) = (TestPool::new("chain-from"), TestPool::new("chain-to"));
+    let blob_dir = tempfile::tempdir().unwrap();
+    let blobs = space_blob::store_under_test(blob_dir.path());
+    let (session, first, second) = two_snapshots(from.pool());
+    make_full(from.pool(), &session, &second, from.dir.path());
+    let (key1, key2) = (SnapshotKey::new([1u8; 32]), SnapshotKey::new([2u8; 32]));
+
+    let exporter = from.volumes(&blobs);
+    let parent = exporter.export_snapshot(&session, &first, None, Some(&key1)).await.unwrap();
+    let child = exporter.export_snapshot(&session, &second, Some(&first), Some(&key2)).await.unwrap();
+    assert_eq!(child.disk.parent.as_ref(), Some(&first));
+    let unknown = SnapshotId::generate();
+    let whole = exporter.export_snapshot(&session, &second, Some(&unknown), Some(&key2)).await.unwrap();
+    assert_eq!(whole.disk.parent, None, "a parent the pool lacks: whole");
+    assert!(child.disk.stream.size < whole.disk.stream.size, "{:?} {:?}", child.disk, whole.disk);
+
+    let importer = to.volumes(&blobs);
+    let err = importer.import_snapshot(&session, &second, &child, Some(&key2), &[]).await.unwrap_err();
+    assert!(matches!(&err, VolumeError::MissingParent { snapshot } if *snapshot == first), "{err:?}");
+    assert!(to.pool().list_snapshots().unwrap().is_empty(), "nothing of a failed import stays");
+    let wrong =
+        [space_volume::ParentDisk { snapshot: first.clone(), disk: parent.disk.clone(), key: Some(key2.clone()) }];
+    let err = importer.import_snapshot(&session, &second, &child, Some(&key2), &wrong).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Key(space_keys::KeyError::Corrupt { .. })), "{err:?}");
+    assert!(to.pool().list_snapshots().unwrap().is_empty(), "nothing of a failed import stays");
+
+    let parents = [space_volume::ParentDisk { snapshot: first.clone(), disk: parent.disk.clone(), key: Some(key1) }];
+    importer.import_snapshot(&session, &second, &child, Some(&key2), &parents).await.unwrap();
+    let dst = to.pool();
+    assert_eq!(std::fs::read(snapshot_file(dst, &session, &second, "tmp/second")).unwrap(), vec![7u8; 1 << 20]);
+    assert!(!snapshot_file(dst, &session, &second, "tmp/first").exists());
+    assert!(dst.snapshot_has_images(&session, &second));
+    assert_eq!(std::fs::read_to_string(snapshot_file(dst, &session, &first, "tmp/first")).unwrap(), "one");
+    assert!(!dst.snapshot_has_images(&session, &first), "an ancestor arrives as a root only");
+    importer.import_snapshot(&session, &second, &child, Some(&key2), &[]).await.expect("held: nothing to do");
 }

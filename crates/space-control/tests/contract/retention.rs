@@ -103,3 +103,49 @@ async fn only_the_admin_sweeps_and_without_a_blob_store_there_is_nothing_to_swee
     assert_eq!(report["swept"], false, "{report}");
     assert!(report["put_off"].as_str().unwrap().ends_with("has no blob store (--blob-store)"), "{report}");
 }
+
+/// A suspend exports against the session's last durable snapshot when the node holds it.
+/// That parent's object is kept while the export needs it, also once the parent is deleted
+/// (it is hidden then, not gone), and a node that holds neither receives the parent's root
+/// first. Destroying the session frees both.
+#[tokio::test]
+async fn an_export_goes_against_the_last_durable_snapshot_which_stays_while_it_is_needed() {
+    let blobs = SimBlobs::default();
+    let server = two_nodes(&blobs).await;
+    let id = suspended(&server).await;
+    let (status, resumed) = server.act(&id, "resume", json!({})).await;
+    assert_eq!((status, resumed["node"].as_str()), (200, Some("node-a")), "{resumed}");
+    server.write_file(&id, "/note", "changed").await;
+    let (status, body) = server.act(&id, "suspend", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let list = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None).await.1;
+    let ids: Vec<String> =
+        list["snapshots"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().into()).collect();
+    let [first, second] = &ids[..] else { panic!("two suspends, two snapshots: {list}") };
+    assert_eq!(blobs.len(), 2);
+
+    let (status, body) = server.call("DELETE", &format!("/v1/sessions/{id}/snapshots/{first}"), None).await;
+    assert_eq!(status, 204, "{body}");
+    let list = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None).await.1;
+    assert_eq!(list["snapshots"].as_array().unwrap().len(), 1, "the deleted one is not listed: {list}");
+    assert!(server.sims[0].snapshots().iter().all(|s| s.as_str() != first), "nor kept on its node");
+    assert_error(
+        &server.call("GET", &format!("/v1/sessions/{id}/snapshots/{first}"), None).await,
+        404,
+        "snapshot_not_found",
+    );
+    assert_eq!(sweep(&server).await["objects"]["deleted_objects"], 0, "the second's export needs the first's");
+
+    let (status, body) = server.call("POST", "/v1/nodes/node-a/cordon", Some(json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, resumed) = server.act(&id, "resume", json!({})).await;
+    assert_eq!((status, resumed["node"].as_str()), (200, Some("node-b")), "{resumed}");
+    assert_eq!(server.read_file(&id, "/note").await, "changed");
+    let received: Vec<String> = server.sims[1].parents_imported().iter().map(|s| s.to_string()).collect();
+    assert_eq!(received, [first.as_str()], "node-b received the parent's root first");
+    assert!(server.sims[1].snapshots().iter().any(|s| s.as_str() == second));
+
+    destroy(&server, &id).await;
+    assert_eq!(sweep(&server).await["objects"]["deleted_objects"], 2, "nothing needs either any more");
+    assert_eq!(blobs.len(), 0);
+}

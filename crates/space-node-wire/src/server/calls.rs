@@ -98,11 +98,11 @@ async fn perform(served: &Served, call: Call) -> Response<Body> {
         Call::DeleteSnapshot { session, snapshot } => result(node.delete_snapshot(&session, &snapshot).await),
         Call::DeleteTemplate { name, version } => result(node.delete_template(&name, version).await),
         Call::SweepSnapshots { keep } => result(node.sweep_snapshots(&keep.into_iter().collect()).await),
-        Call::ExportSnapshot { session, snapshot, key } => {
-            result(node.export_snapshot(&session, &snapshot, key.as_ref()).await)
+        Call::ExportSnapshot { session, snapshot, parent, key } => {
+            result(node.export_snapshot(&session, &snapshot, parent.as_ref(), key.as_ref()).await)
         }
-        Call::ImportSnapshot { session, snapshot, export, key } => {
-            result(node.import_snapshot(&session, &snapshot, &export, key.as_ref()).await)
+        Call::ImportSnapshot { session, snapshot, export, key, parents } => {
+            result(node.import_snapshot(&session, &snapshot, &export, key.as_ref(), &parents).await)
         }
         Call::SweepBlobs { keep, min_age_ms, budget_ms } => {
             let (min_age, budget) = (Duration::from_millis(min_age_ms), Duration::from_millis(budget_ms));
