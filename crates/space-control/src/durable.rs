@@ -325,15 +325,24 @@ fn not_durable(
     )
 }
 
-/// `snapshot_corrupt`, naming the newest older durable snapshot of the session to use instead.
+/// `snapshot_corrupt`, naming the newest older durable snapshot of the session to use instead:
+/// one whose import does not need the link that failed (the snapshot itself, or the ancestor
+/// the node's message names).
 async fn corrupt(state: &AppState, origin: &Session, snapshot: &SnapshotId, why: &str) -> AppError {
-    let older = match state.store.list_snapshots(&origin.id).await {
-        Ok(list) => {
-            let before = list.iter().position(|s| s.id == *snapshot).unwrap_or(list.len());
-            list[..before].iter().rev().find(|s| s.durable).map(|s| s.id.clone())
+    let chain = state.store.export_chain(snapshot).await.unwrap_or_default();
+    let bad = chain.iter().map(|link| &link.snapshot).find(|id| *id != snapshot && why.contains(id.as_str()));
+    let bad = bad.unwrap_or(snapshot).clone();
+    let mut older = None;
+    if let Ok(list) = state.store.list_snapshots(&origin.id).await {
+        let before = list.iter().position(|s| s.id == *snapshot).unwrap_or(list.len());
+        for candidate in list[..before].iter().rev().filter(|s| s.durable) {
+            let needs = state.store.export_chain(&candidate.id).await.unwrap_or_default();
+            if !needs.iter().any(|link| link.snapshot == bad) {
+                older = Some(candidate.id.clone());
+                break;
+            }
         }
-        Err(_) => None,
-    };
+    }
     let instead = match older {
         Some(id) => format!("restore the older durable snapshot {id} instead"),
         None => "the session has no older durable snapshot".to_owned(),

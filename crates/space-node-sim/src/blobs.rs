@@ -19,6 +19,8 @@ struct Objects {
     stored: HashMap<String, Stored>,
     /// Templates exported, by their object's name.
     templates: HashMap<String, TemplateInfo>,
+    /// Snapshot exports' objects, in the order they were stored.
+    exports: Vec<String>,
     next: u64,
 }
 
@@ -46,6 +48,13 @@ impl SimBlobs {
         self.len() == 0
     }
 
+    /// The object of the `n`th snapshot export (from 0) changes its bytes.
+    pub fn corrupt_export(&self, n: usize) {
+        let mut objects = self.objects();
+        let key = objects.exports[n].clone();
+        objects.stored.get_mut(&key).expect("the export's object is stored").corrupt = true;
+    }
+
     /// Every object stored so far changes its bytes: importing it fails as corrupt.
     pub fn corrupt_all(&self) {
         self.objects().stored.values_mut().for_each(|s| s.corrupt = true);
@@ -65,6 +74,7 @@ impl SimBlobs {
         let stream = BlobRef { sha256: format!("{:064x}", objects.next), size: contents.size() };
         let stored = Stored { full, contents, corrupt: false, key: key.cloned() };
         objects.stored.insert(stream.sha256.clone(), stored);
+        objects.exports.push(stream.sha256.clone());
         let spaced = full.then(|| BlobRef { sha256: "5".repeat(64), size: 1 });
         let encrypted = key.is_some();
         SnapshotExport { disk: DiskExport { stream, parent }, images: Vec::new(), spaced, encrypted }

@@ -375,21 +375,24 @@ impl NodeApi for SimNode {
         let mut state = self.state();
         let blobs = state.config.blobs.clone().ok_or(SimError::NoBlobStore)?;
         state.injected(Op::ImportSnapshot)?;
-        if state.snapshots.contains_key(snapshot) {
+        // As a real node: a full snapshot is held with its processes only.
+        if state.snapshots.get(snapshot).is_some_and(|s| s.full || !export.is_full()) {
             return Ok(());
         }
-        // The ancestors it lacks, oldest first, each from its own object and key, as roots.
+        // The ancestors it lacks, oldest first, each from its own object and key; a real node
+        // receives their roots, then deletes them once the snapshot is received.
         let mut needed = Vec::new();
         let mut want = export.disk.parent.clone();
         while let Some(id) = want.filter(|id| !state.snapshots.contains_key(id)) {
-            let link = parents.iter().find(|p| p.snapshot == id).ok_or(SimError::NoSnapshot(id))?;
+            let missing = || SimError::CorruptBlob(format!("snapshot {id}'s root is needed first, and was not given"));
+            let link = parents.iter().find(|p| p.snapshot == id).ok_or_else(missing)?;
             needed.push(link);
             want = link.disk.parent.clone();
         }
         for link in needed.into_iter().rev() {
-            let (_, contents) = blobs.get_disk(&link.disk, link.key.as_ref())?;
-            let root = Snapshot { session: session.clone(), full: false, contents, sealed: None };
-            state.snapshots.insert(link.snapshot.clone(), root);
+            blobs.get_disk(&link.disk, link.key.as_ref()).map_err(|e| {
+                SimError::CorruptBlob(format!("snapshot {}, whose root this one was sent against: {e}", link.snapshot))
+            })?;
             state.parents_imported.push(link.snapshot.clone());
         }
         let (full, contents) = blobs.get(export, key)?;

@@ -46,6 +46,19 @@ impl From<NodeError> for api::NodeError {
             NodeError::Volume(space_volume::VolumeError::Key(bad @ space_volume::KeyError::Corrupt { .. })) => {
                 api::NodeError::Corrupt(format!("an encrypted object does not open with the snapshot's key: {bad}"))
             }
+            // A chain that names a parent nobody gave: the control plane lost a link.
+            NodeError::Volume(bad @ space_volume::VolumeError::MissingParent { .. }) => {
+                api::NodeError::Corrupt(bad.to_string())
+            }
+            // An ancestor's failure is classed as the ancestor's own, and names it.
+            NodeError::Volume(space_volume::VolumeError::Ancestor { snapshot, source }) => {
+                match api::NodeError::from(NodeError::Volume(*source)) {
+                    api::NodeError::Corrupt(why) => api::NodeError::Corrupt(format!(
+                        "snapshot {snapshot}, whose root this one was sent against: {why}"
+                    )),
+                    other => other,
+                }
+            }
             other => match other.out_of_space() {
                 Some(which) => api::NodeError::OutOfSpace { which, source: Box::new(other) },
                 None => api::NodeError::Failed(Box::new(other)),

@@ -55,6 +55,9 @@ pub enum VolumeError {
     /// An incremental root's ancestor that the pool lacks and the import was not given.
     #[error("snapshot {snapshot}'s root is needed first (an incremental export's ancestor), and it was not given")]
     MissingParent { snapshot: SnapshotId },
+    /// The root of an ancestor an incremental root was sent against could not be received.
+    #[error("snapshot {snapshot}, whose root this one was sent against: {source}")]
+    Ancestor { snapshot: SnapshotId, source: Box<VolumeError> },
     /// A template from a node whose templates are shifted into another id range.
     #[error(
         "the template's files belong to host ids {}..{} (a node started with another --uid-base); this node's are {}..{}: \
@@ -185,14 +188,16 @@ impl Volumes {
 
     /// Makes the roots of the ancestors of a root exported against `parent` that this pool
     /// lacks, oldest first, from `parents` (newest first, as far as the chain goes): each
-    /// checked, decrypted with its own key, received. An ancestor the chain needs and
-    /// `parents` does not name is [`VolumeError::MissingParent`]. On failure the ancestor
-    /// being received is removed; those received before it stay (they are whole).
-    pub async fn import_parents(
+    /// checked, decrypted with its own key, received, and pushed to `received` (the caller
+    /// deletes them once they have served). An ancestor the chain needs and `parents` does
+    /// not name is [`VolumeError::MissingParent`]; one that fails is [`VolumeError::Ancestor`],
+    /// and leaves nothing of itself.
+    async fn import_parents(
         &self,
         session: &SessionId,
         parent: Option<&SnapshotId>,
         parents: &[ParentDisk],
+        received: &mut Vec<SnapshotId>,
     ) -> Result<()> {
         let mut needed = Vec::new();
         let mut want = parent.cloned();
@@ -202,14 +207,22 @@ impl Volumes {
             want = link.disk.parent.clone();
         }
         for link in needed.into_iter().rev() {
-            let imported = self.import_disk(session, &link.snapshot, &link.disk, link.key.as_ref()).await;
-            if imported.is_err() {
-                let (pool, session, snapshot) = (self.pool.clone(), session.clone(), link.snapshot.clone());
-                let _ = tokio::task::spawn_blocking(move || pool.delete_snapshot(&session, &snapshot)).await;
+            if let Err(e) = self.import_disk(session, &link.snapshot, &link.disk, link.key.as_ref()).await {
+                self.delete_roots(session, std::slice::from_ref(&link.snapshot)).await;
+                return Err(VolumeError::Ancestor { snapshot: link.snapshot.clone(), source: Box::new(e) });
             }
-            imported?;
+            received.push(link.snapshot.clone());
         }
         Ok(())
+    }
+
+    /// Deletes the snapshots `snapshots` of `session` from the pool, as far as it can (what
+    /// stays is an orphan, which the node's sweep removes).
+    async fn delete_roots(&self, session: &SessionId, snapshots: &[SnapshotId]) {
+        for snapshot in snapshots {
+            let (pool, session, snapshot) = (self.pool.clone(), session.clone(), snapshot.clone());
+            let _ = tokio::task::spawn_blocking(move || pool.delete_snapshot(&session, &snapshot)).await;
+        }
     }
 
     /// Makes the snapshot in this pool from its export, after checking the stream against

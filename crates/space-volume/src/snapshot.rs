@@ -64,8 +64,9 @@ impl Volumes {
     /// needs its `key` ([`VolumeError::NoKey`] without), and its root's stream must decrypt
     /// whole; its process images are kept encrypted, as the node keeps its own, and are
     /// opened (and checked) by a restore. A root exported against a parent needs the
-    /// ancestors the pool lacks, from `parents` ([`Volumes::import_parents`]); they stay, as
-    /// the roots of snapshots that are not whole (no process images), until deleted.
+    /// ancestors the pool lacks, from `parents` (newest first): they are received first,
+    /// oldest first, and deleted again once the snapshot is here (or failed), so the pool
+    /// never holds an ancestor's root as if it were that snapshot.
     pub async fn import_snapshot(
         &self,
         session: &SessionId,
@@ -83,14 +84,15 @@ impl Volumes {
             (true, key) => key,
             (false, _) => None,
         };
-        let imported = match self.import_parents(session, export.disk.parent.as_ref(), parents).await {
+        let mut received = Vec::new();
+        let imported = match self.import_parents(session, export.disk.parent.as_ref(), parents, &mut received).await {
             Ok(()) => self.import_parts(session, snapshot, export, key).await,
             Err(e) => Err(e),
         };
         if imported.is_err() {
-            let (pool, session, snapshot) = (self.pool.clone(), session.clone(), snapshot.clone());
-            let _ = tokio::task::spawn_blocking(move || pool.delete_snapshot(&session, &snapshot)).await;
+            received.push(snapshot.clone());
         }
+        self.delete_roots(session, &received).await;
         imported
     }
 
@@ -105,10 +107,7 @@ impl Volumes {
         if let Some(bad) = export.images.iter().find(|f| !plain_file_name(&f.name)) {
             return Err(VolumeError::NotPlain { path: dir.join(&bad.name), reason: "not a plain file name" });
         }
-        // The root may be here whole already: received as another snapshot's ancestor.
-        if !self.pool.snapshot_root_whole(session, snapshot) {
-            self.import_disk(session, snapshot, &export.disk, key).await?;
-        }
+        self.import_disk(session, snapshot, &export.disk, key).await?;
         let Some(spaced) = &export.spaced else { return Ok(()) };
         match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&dir, e)),

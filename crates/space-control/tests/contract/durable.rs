@@ -87,6 +87,37 @@ async fn a_corrupt_export_is_not_restored_and_the_session_stays_suspended() {
     assert!(server.sims[1].snapshots().is_empty(), "nothing of it was imported");
 }
 
+/// Three suspends make a chain a ← b ← c. With b's object corrupt, c cannot be imported
+/// elsewhere: the refusal names b, and offers a (which does not need b), not b itself.
+#[tokio::test]
+async fn a_corrupt_link_of_a_chain_is_named_and_an_older_snapshot_without_it_is_offered() {
+    let blobs = SimBlobs::default();
+    let server = two_nodes(Some(blobs.clone())).await;
+    let id = suspended_on_a(&server).await;
+    for note in ["b", "c"] {
+        let (status, resumed) = server.act(&id, "resume", json!({})).await;
+        assert_eq!((status, resumed["node"].as_str()), (200, Some("node-a")), "{resumed}");
+        server.write_file(&id, "/note", note).await;
+        let (status, body) = server.act(&id, "suspend", json!({})).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let taken: Vec<String> = snapshots(&server, &id).await.iter().map(|s| s["id"].as_str().unwrap().into()).collect();
+    let [a, b, _] = &taken[..] else { panic!("three suspends: {taken:?}") };
+    blobs.corrupt_export(1);
+    let (status, body) = server.call("POST", "/v1/nodes/node-a/cordon", Some(json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+
+    let reply = server.act(&id, "resume", json!({})).await;
+    assert_error(&reply, 409, "snapshot_corrupt");
+    let (_, message) = error_of(&reply.1);
+    assert!(message.contains(&format!("snapshot {b}, whose root")), "names the corrupt link: {message}");
+    assert!(message.contains(&format!("restore the older durable snapshot {a} instead")), "{message}");
+    assert_eq!(server.get(&id).await["state"], "suspended");
+    let (status, restored) = server.act(&id, "restore", json!({ "snapshot": a })).await;
+    assert_eq!((status, restored["node"].as_str()), (200, Some("node-b")), "{restored}");
+    assert_eq!(server.read_file(&id, "/note").await, "kept");
+}
+
 #[tokio::test]
 async fn a_suspend_whose_export_fails_keeps_the_session_running_unless_forced() {
     let server = two_nodes(Some(SimBlobs::default())).await;
