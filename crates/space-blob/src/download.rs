@@ -52,23 +52,38 @@ pub(crate) async fn copy_file(
         source.seek(SeekFrom::Start(range.start))?;
         let len = range.end.saturating_sub(range.start).min(expected + 1);
         let mut source = source.take(len);
-        let (mut hasher, mut size, mut buf) = (Sha256::new(), 0u64, vec![0; CHUNK]);
-        loop {
-            let n = source.read(&mut buf)?;
-            if n == 0 {
-                break;
+        // Hashing, most of the work, runs on a thread of its own beside the copy and the sync.
+        std::thread::scope(|scope| {
+            let (chunks, to_hash) = std::sync::mpsc::sync_channel::<Bytes>(2);
+            let hashing = scope.spawn(move || {
+                let mut hasher = Sha256::new();
+                to_hash.iter().for_each(|chunk| hasher.update(&chunk));
+                hex::encode(hasher.finalize())
+            });
+            let mut size = 0u64;
+            loop {
+                let mut buf = vec![0; CHUNK];
+                let n = crate::read_up_to(&mut source, &mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                size += n as u64;
+                if size > expected {
+                    return Ok(BlobRef { sha256: NOT_READ_TO_THE_END.into(), size });
+                }
+                buf.truncate(n);
+                let chunk = Bytes::from(buf);
+                // The hashing thread only ends when `chunks` is dropped.
+                let _ = chunks.send(chunk.clone());
+                dest.write_all(&chunk)?;
             }
-            size += n as u64;
-            if size > expected {
-                return Ok(BlobRef { sha256: NOT_READ_TO_THE_END.into(), size });
+            drop(chunks);
+            if sync {
+                dest.sync_all()?;
             }
-            hasher.update(&buf[..n]);
-            dest.write_all(&buf[..n])?;
-        }
-        if sync {
-            dest.sync_all()?;
-        }
-        Ok(BlobRef { sha256: hex::encode(hasher.finalize()), size })
+            let sha256 = hashing.join().map_err(|_| std::io::Error::other("hashing panicked"))?;
+            Ok(BlobRef { sha256, size })
+        })
     })
     .await
     .map_err(|e| io(&path)(std::io::Error::other(e)))?;

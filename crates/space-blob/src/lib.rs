@@ -22,10 +22,12 @@ use futures::StreamExt;
 use object_store::path::Path as Key;
 use object_store::{GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncReadExt;
 
 /// How much of a file is read, hashed and uploaded at a time.
 const CHUNK: usize = 8 << 20;
+
+/// Where [`BlobStore::put_file_once`] writes an object before it knows the object's hash.
+const INCOMING: &str = "incoming";
 
 /// An object by its content: what a snapshot's export records of each of its parts.
 pub use space_api::durable::{BlobRef, BlobSweep};
@@ -136,6 +138,33 @@ impl BlobStore {
         Ok(blob)
     }
 
+    /// Stores the file at `path`, which no stored object can equal (fresh random bytes: it is
+    /// encrypted under a nonce of its own), in one pass: read, hashed and sent at once under a
+    /// name of its own in `incoming/`, then moved to its hash's key. [`BlobStore::put_file`]
+    /// reads a file twice, to learn its hash and then to send it unless it is stored; for
+    /// bytes that cannot be stored already, the first read is waste. One cut short leaves an
+    /// object in `incoming/`, which a sweep deletes once old enough.
+    pub async fn put_file_once(&self, path: &Path) -> Result<BlobRef> {
+        let incoming = Key::from(format!("{INCOMING}/{}", hex::encode(rand::random::<[u8; 16]>())));
+        let mut upload = WriteMultipart::new_with_chunk_size(self.store.put_multipart(&incoming).await?, CHUNK);
+        let blob = match read_hashed(path, Some(&mut upload)).await {
+            Ok(blob) => blob,
+            Err(e) => {
+                let _ = upload.abort().await;
+                return Err(e);
+            }
+        };
+        let moved = match upload.finish().await {
+            Ok(_) => self.store.rename(&incoming, &Self::key(&blob)?).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = moved {
+            let _ = self.store.delete(&incoming).await;
+            return Err(e.into());
+        }
+        Ok(blob)
+    }
+
     /// Whether the store holds `blob` (an object of its key and size; its bytes are checked
     /// when read).
     pub async fn exists(&self, blob: &BlobRef) -> Result<bool> {
@@ -203,34 +232,41 @@ impl BlobStore {
 
     /// Deletes every object not named in `keep` (SHA-256s) that is at least `min_age` old.
     /// A younger one may belong to an export not yet recorded; the next sweep judges it.
-    /// Only keys of this layout (`sha256/XX/` and a SHA-256) are deleted. Stops deleting once
+    /// Only keys of this layout (`sha256/XX/` and a SHA-256, and uploads cut short in
+    /// `incoming/`) are deleted. Stops deleting once
     /// `budget` has passed (`complete: false`).
     pub async fn sweep(&self, keep: &HashSet<String>, min_age: Duration, budget: Duration) -> Result<BlobSweep> {
         let started = std::time::Instant::now();
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as i64;
         let cutoff = now.saturating_sub(min_age.as_millis() as i64);
-        let mut listed = self.store.list(Some(&Key::from("sha256")));
         let mut report = BlobSweep::default();
-        while let Some(meta) = listed.next().await.transpose()? {
-            if started.elapsed() > budget {
-                return Ok(report);
+        // Objects by their hash; then uploads cut short, which no export names.
+        for prefix in ["sha256", INCOMING] {
+            let mut listed = self.store.list(Some(&Key::from(prefix)));
+            while let Some(meta) = listed.next().await.transpose()? {
+                if started.elapsed() > budget {
+                    return Ok(report);
+                }
+                let Some(name) = meta.location.filename().map(str::to_owned) else { continue };
+                let ours = match prefix {
+                    INCOMING => meta.location.prefix_matches(&Key::from(INCOMING)),
+                    _ => BlobStore::key(&BlobRef { sha256: name.clone(), size: meta.size })
+                        .is_ok_and(|k| k == meta.location),
+                };
+                if !ours {
+                    continue;
+                }
+                if keep.contains(&name) || meta.last_modified.timestamp_millis() > cutoff {
+                    report.kept_objects += 1;
+                    continue;
+                }
+                match self.store.delete(&meta.location).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                report.deleted_objects += 1;
+                report.deleted_bytes += meta.size;
             }
-            let Some(sha256) = meta.location.filename().map(str::to_owned) else { continue };
-            let ours =
-                BlobStore::key(&BlobRef { sha256: sha256.clone(), size: meta.size }).is_ok_and(|k| k == meta.location);
-            if !ours {
-                continue;
-            }
-            if keep.contains(&sha256) || meta.last_modified.timestamp_millis() > cutoff {
-                report.kept_objects += 1;
-                continue;
-            }
-            match self.store.delete(&meta.location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-            report.deleted_objects += 1;
-            report.deleted_bytes += meta.size;
         }
         report.complete = true;
         Ok(report)
@@ -268,35 +304,65 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BlobError + '_ {
     move |source| BlobError::Io { path: path.to_owned(), source }
 }
 
-async fn open(path: &Path) -> Result<tokio::fs::File> {
-    tokio::fs::File::open(path).await.map_err(io(path))
-}
-
 async fn hash_file(path: &Path) -> Result<BlobRef> {
     read_hashed(path, None).await
 }
 
-/// Reads the file at `path` a chunk at a time, hashing it, and writes every chunk to
-/// `upload` if given. (A plain parameter, not a closure: an async closure's future is not
-/// `Send` for every lifetime, which callers behind `async_trait` need.)
-async fn read_hashed(path: &Path, mut upload: Option<&mut WriteMultipart>) -> Result<BlobRef> {
-    let mut file = open(path).await?;
-    let mut hasher = Sha256::new();
-    let mut size = 0u64;
-    let mut buf = vec![0; CHUNK];
+/// Reads the file at `path` a chunk at a time, hashing it, and sends every chunk to `upload`
+/// if given. One blocking task reads and hashes while the chunks it read before are sent:
+/// hashing is most of the work, and the sending waits on other threads. (A plain parameter,
+/// not a closure: an async closure's future is not `Send` for every lifetime, which callers
+/// behind `async_trait` need.)
+async fn read_hashed(path: &Path, upload: Option<&mut WriteMultipart>) -> Result<BlobRef> {
+    let (chunks, mut to_send) = tokio::sync::mpsc::channel::<Bytes>(2);
+    let chunks = upload.is_some().then_some(chunks);
+    let source = path.to_owned();
+    let reader = tokio::task::spawn_blocking(move || read_and_hash(&source, chunks));
+    if let Some(upload) = upload {
+        while let Some(chunk) = to_send.recv().await {
+            upload.wait_for_capacity(2).await?;
+            upload.put(chunk);
+        }
+    }
+    reader.await.map_err(|e| io(path)(std::io::Error::other(e)))?.map_err(io(path))
+}
+
+/// [`read_hashed`]'s blocking part: each chunk goes to `chunks` (until nobody takes them)
+/// before it is hashed.
+fn read_and_hash(path: &Path, chunks: Option<tokio::sync::mpsc::Sender<Bytes>>) -> std::io::Result<BlobRef> {
+    let mut file = std::fs::File::open(path)?;
+    let (mut hasher, mut size) = (Sha256::new(), 0u64);
     loop {
-        let n = file.read(&mut buf).await.map_err(io(path))?;
+        let mut buf = vec![0; CHUNK];
+        let n = read_up_to(&mut file, &mut buf)?;
         if n == 0 {
             break;
         }
-        hasher.update(&buf[..n]);
-        size += n as u64;
-        if let Some(upload) = upload.as_deref_mut() {
-            upload.wait_for_capacity(2).await?;
-            upload.write(&buf[..n]);
+        buf.truncate(n);
+        let chunk = Bytes::from(buf);
+        if let Some(chunks) = &chunks
+            && chunks.blocking_send(chunk.clone()).is_err()
+        {
+            return Err(std::io::Error::other("the upload stopped"));
         }
+        hasher.update(&chunk);
+        size += n as u64;
     }
     Ok(BlobRef { sha256: hex::encode(hasher.finalize()), size })
+}
+
+/// Reads until `buf` is full or the source ends; how many bytes it read.
+pub(crate) fn read_up_to(file: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match std::io::Read::read(file, &mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 /// The store a test runs against: the bucket scripts/with-s3.sh started (SPACE_TEST_S3_URL),

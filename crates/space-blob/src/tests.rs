@@ -203,3 +203,41 @@ async fn a_sweep_deletes_old_objects_no_export_names_and_keeps_the_rest() {
     t.blobs.get_bytes(&kept).await.expect("what is kept reads back whole");
     t.blobs.delete(&kept).await.unwrap();
 }
+
+/// A file stored in one pass comes back under its hash, leaves nothing in `incoming/`, and
+/// may be stored twice; an upload cut short is left in `incoming/` until a sweep finds it old.
+#[tokio::test]
+async fn a_file_stored_in_one_pass_lands_under_its_hash_and_a_leftover_upload_is_swept() {
+    let t = test_store();
+    let dir = tempfile::tempdir().unwrap();
+    let data = random_bytes(CHUNK * 2 + 11);
+    let source = dir.path().join("sealed");
+    std::fs::write(&source, &data).unwrap();
+
+    let blob = t.blobs.put_file_once(&source).await.unwrap();
+    assert_eq!(blob, BlobRef { sha256: hex::encode(Sha256::digest(&data)), size: data.len() as u64 });
+    assert_eq!(t.blobs.put_file_once(&source).await.unwrap(), blob, "the same bytes again");
+    assert_eq!(t.blobs.get_bytes(&blob).await.unwrap(), data);
+    let incoming = |blobs: &BlobStore| {
+        let blobs = blobs.clone();
+        async move {
+            futures::TryStreamExt::try_collect::<Vec<_>>(blobs.store.list(Some(&Key::from(INCOMING))))
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+    assert_eq!(incoming(&t.blobs).await, 0, "nothing stays in incoming/");
+
+    t.blobs.store.put(&Key::from(format!("{INCOMING}/cut-short")), PutPayload::from(vec![1u8; 5])).await.unwrap();
+    let keep: std::collections::HashSet<String> = [blob.sha256.clone()].into();
+    let (hour, zero) = (std::time::Duration::from_secs(3600), std::time::Duration::ZERO);
+    let young = t.blobs.sweep(&keep, hour, hour).await.unwrap();
+    assert_eq!((young.deleted_objects, young.kept_objects), (0, 2), "an upload may be under way");
+    // As in the sweep test above: age zero is judged a little later than the store's clock.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let swept = t.blobs.sweep(&keep, zero, hour).await.unwrap();
+    assert_eq!(swept, BlobSweep { deleted_objects: 1, deleted_bytes: 5, kept_objects: 1, complete: true });
+    assert_eq!(incoming(&t.blobs).await, 0);
+    t.blobs.delete(&blob).await.unwrap();
+}

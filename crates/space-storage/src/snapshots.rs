@@ -117,6 +117,21 @@ impl Pool {
         (hex::encode(sha2::Sha256::digest(&content)) == sha256).then_some(kept)
     }
 
+    /// The SHA-256 of the snapshot's `spaced`, known without reading it: the name of the
+    /// binary the pool keeps ([`Pool::keep_binary`]) that the snapshot's link shares an inode
+    /// with. `None` for a snapshot whose binary is no kept one's link.
+    pub fn snapshot_binary_sha256(&self, session: &SessionId, snapshot: &SnapshotId) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let link = std::fs::metadata(self.snapshot_binary(session, snapshot)).ok()?;
+        let kept = std::fs::read_dir(self.root().join("binaries")).ok()?;
+        kept.flatten().find_map(|entry| {
+            let meta = entry.metadata().ok()?;
+            let name = entry.file_name().into_string().ok()?;
+            (meta.ino() == link.ino() && meta.dev() == link.dev() && space_api::durable::is_sha256(&name))
+                .then_some(name)
+        })
+    }
+
     /// A new sandbox root from a snapshot; `identity` as for a template (`None` keeps the
     /// snapshot's, as a restored process tree needs).
     pub fn create_sandbox_root_from_snapshot(

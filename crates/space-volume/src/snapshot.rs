@@ -42,14 +42,29 @@ impl Volumes {
         for name in plain_files(&dir)? {
             let path = dir.join(&name);
             let blob = match sealed {
-                true => self.blobs.put_file(&path).await?,
+                // Sealed under nonces of their own: no stored object can equal them.
+                true => self.blobs.put_file_once(&path).await?,
                 false => self.put_file(snapshot, &path, key).await?,
             };
             images.push(ExportedFile { blob, name });
         }
-        let binary = self.pool.snapshot_binary(session, snapshot);
-        let spaced = self.blobs.put_file(&binary).await?;
+        let spaced = self.export_binary(session, snapshot).await?;
         Ok(SnapshotExport { disk, images, spaced: Some(spaced), encrypted })
+    }
+
+    /// Stores the `spaced` of a full snapshot, unless the store has it: by the name the pool
+    /// keeps it under when there is one (the same binary is in every snapshot a node takes,
+    /// and is not read again to learn its hash; an import checks it all the same).
+    async fn export_binary(&self, session: &SessionId, snapshot: &SnapshotId) -> Result<BlobRef> {
+        let binary = self.pool.snapshot_binary(session, snapshot);
+        let size = std::fs::metadata(&binary).map_err(|e| io(&binary, e))?.len();
+        if let Some(sha256) = self.pool.snapshot_binary_sha256(session, snapshot) {
+            let kept = BlobRef { sha256, size };
+            if self.blobs.exists(&kept).await? {
+                return Ok(kept);
+            }
+        }
+        Ok(self.blobs.put_file(&binary).await?)
     }
 
     /// Whether the pool holds the snapshot whole, as `export` describes it.

@@ -223,6 +223,9 @@ async fn an_import_uses_the_spaced_its_pool_keeps_and_fetches_one_it_does_not() 
     let export = from.volumes(&blobs).export_snapshot(&session, &first, None, None).await.unwrap();
     let second_export = from.volumes(&blobs).export_snapshot(&session, &second, None, None).await.unwrap();
     let spaced = export.spaced.clone().unwrap();
+    // Named by the binary the pool keeps (not read again), and the same for both snapshots.
+    assert!(from.pool().kept_binary(&spaced.sha256).is_some(), "{spaced:?}");
+    assert_eq!((spaced.size, second_export.spaced.as_ref()), (15, Some(&spaced)));
 
     // The object is gone, but `to` keeps a binary of that hash: nothing to fetch.
     let binary = to.dir.path().join("spaced");
