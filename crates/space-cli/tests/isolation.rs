@@ -99,6 +99,44 @@ fn a_sandbox_sees_its_own_memory_and_age() {
     assert_eq!(number_after(r["stdout"].as_str().unwrap(), "MemTotal:"), 300 << 10, "{r}");
 }
 
+/// How many CPUs `Cpus_allowed_list` (of `/proc/.../status`) names, as `0-1,4`.
+fn cpus_listed(status: &str) -> usize {
+    let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).expect("a Cpus_allowed_list line");
+    list.trim()
+        .split(',')
+        .map(|range| match range.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum()
+}
+
+/// `nproc` counts the session's CPUs, not the host's: a quota that rounds up to one CPU sees
+/// one, a quota of the host's count sees them all; every thread of pid 1 has that mask; still
+/// so after a suspend and resume (CRIU does not restore masks: the runtime sets them again).
+#[test]
+fn nproc_counts_the_sessions_cpus() {
+    require_root!();
+    let host = cpus_listed(&std::fs::read_to_string("/proc/self/status").unwrap());
+    assert!(host >= 2, "this test needs a host with two CPUs or more, this one has {host}");
+    let server = Server::start();
+    let (one, all) = (server.create_session(json!({ "cpus": 0.5 })), server.create_session(json!({ "cpus": host })));
+    let nproc = |id: &str| server.exec(id, &["nproc"])["stdout"].as_str().unwrap().trim().parse::<usize>().unwrap();
+    let threads = |id: &str| {
+        let r = server.exec(id, &["sh", "-c", "cat /proc/1/task/*/status"]);
+        let text = r["stdout"].as_str().unwrap().to_owned();
+        text.split("Name:").skip(1).map(cpus_listed).collect::<Vec<_>>()
+    };
+    assert_eq!((nproc(&one), nproc(&all)), (1, host));
+    assert!(threads(&one).iter().all(|&n| n == 1), "pid 1's threads: {:?}", threads(&one));
+    for step in ["suspend", "resume"] {
+        let (status, s) = server.call("POST", &format!("/v1/sessions/{one}/{step}"), None);
+        assert_eq!(status, 200, "{step}: {s}\n{}", server.log_text());
+    }
+    assert_eq!(nproc(&one), 1, "after a resume");
+    assert!(threads(&one).iter().all(|&n| n == 1), "pid 1's threads after a resume: {:?}", threads(&one));
+}
+
 #[test]
 fn memory_bomb_is_killed_inside_its_cgroup() {
     require_root!();

@@ -1,7 +1,8 @@
 //! What both runtimes use of the node's host, each behind a small module: cgroups (v1 and
-//! v2), the host id ranges sandboxes and VMMs run in, idmapped mounts, and process
+//! v2), CPU masks, the host id ranges sandboxes and VMMs run in, idmapped mounts, and process
 //! primitives (pidfds, `/proc`). A runtime is what it builds from these, not these.
 
+pub mod affinity;
 pub mod cgroup;
 pub mod idmapped;
 pub mod lxcfs;

@@ -34,7 +34,7 @@ use space_runtime::{
 };
 use space_sandbox_init::sync::{InitConfig, ToInit};
 
-use space_host::{cgroup, idmapped, process, ranges};
+use space_host::{affinity, cgroup, idmapped, process, ranges};
 
 use crate::boot::{Boot, Pid1};
 use crate::cgroup::Backend;
@@ -120,6 +120,8 @@ pub struct LinuxRuntime {
     spaced: sealed::SealedBinary,
     /// Each sandbox's host id range.
     ranges: ranges::Ranges,
+    /// The CPUs this node may use, which sandboxes' masks are drawn from.
+    cpus: Vec<usize>,
 }
 
 /// Where running CRIU dumps are recorded, in the run dir.
@@ -166,8 +168,10 @@ impl LinuxRuntime {
         }
         let criu =
             space_criu::Criu::locate(opts.criu.as_deref()).map(|c| c.with_records(records)).map_err(|e| e.to_string());
+        let cpus = affinity::allowed().map_err(|e| unsupported(format!("sched_getaffinity: {e}")))?;
         let runtime = LinuxRuntime {
             spaced,
+            cpus,
             opts,
             cgroups,
             tracked: Mutex::new(HashMap::new()),
@@ -263,6 +267,23 @@ impl LinuxRuntime {
         self.cgroups.set_frozen(&name, false).map_err(|e| RuntimeError::Cgroup(e.to_string()))
     }
 
+    /// The CPUs sandbox `id` may run on under `limits` (see space-host's `affinity`).
+    fn cpus_of(&self, id: &SandboxId, limits: &Limits) -> Vec<usize> {
+        affinity::pick(&self.cpus, limits.millicpus, id.as_str())
+    }
+
+    /// Gives every thread of the sandbox the CPU mask its limits call for, unless its pid 1
+    /// has it already (what it started with, or was given last; tasks inherit it).
+    fn set_cpus(&self, id: &SandboxId, limits: &Limits) -> Result<(), RuntimeError> {
+        let cpus = self.cpus_of(id, limits);
+        let pid1 = self.tracked.lock().expect("tracked lock").get(id).map(|t| t.pid);
+        if pid1.is_some_and(|pid| affinity::of(pid).is_ok_and(|has| has == cpus)) {
+            return Ok(());
+        }
+        let members = cgroup::members(&*self.cgroups, &self.cgroup_name(id));
+        affinity::set_all(&members, &cpus).map_err(|e| RuntimeError::Cgroup(format!("CPU masks of {id}: {e}")))
+    }
+
     /// The handle of a sandbox this instance started and whose pid 1 still runs.
     fn running(&self, id: &SandboxId) -> Option<SandboxHandle> {
         let pid = self.tracked.lock().expect("tracked lock").get(id).map(|t| t.pid)?;
@@ -321,6 +342,9 @@ impl LinuxRuntime {
         // Joining happens while the bootstrap unshares its user namespace.
         self.cgroup_step(&spec.id, move |cg| cg.attach(&name, pid).map_err(|e| RuntimeError::Cgroup(e.to_string())))
             .await?;
+        // Single-threaded still (it unshares a user namespace): all it forks inherits this.
+        let cpus = self.cpus_of(&spec.id, &spec.limits);
+        affinity::set(pid, &cpus).map_err(|e| RuntimeError::Start(format!("CPU mask of {pid}: {e}")))?;
         boot.expect_user_ns().await?;
         process::write_id_maps(pid, map.host_base, map.count)
             .map_err(|e| RuntimeError::Start(format!("write id maps of {pid}: {e}")))?;
@@ -494,7 +518,8 @@ impl Runtime for LinuxRuntime {
         if !self.cgroups.exists(&name) {
             return Err(RuntimeError::NotFound(id.clone()));
         }
-        self.cgroups.set_limits(&name, limits).map_err(|e| RuntimeError::Cgroup(e.to_string()))
+        self.cgroups.set_limits(&name, limits).map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
+        self.set_cpus(id, limits)
     }
 
     async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError> {
