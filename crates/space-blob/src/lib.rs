@@ -26,8 +26,13 @@ use sha2::{Digest, Sha256};
 /// How much of a file is read, hashed and uploaded at a time.
 const CHUNK: usize = 8 << 20;
 
-/// Where [`BlobStore::put_file_once`] writes an object before it knows the object's hash.
+/// Where [`BlobStore::put_file_once`] writes an object before it knows the object's hash,
+/// under 32 lower-case hex digits.
 const INCOMING: &str = "incoming";
+
+fn is_incoming_name(name: &str) -> bool {
+    name.len() == 32 && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
 
 /// An object by its content: what a snapshot's export records of each of its parts.
 pub use space_api::durable::{BlobRef, BlobSweep};
@@ -87,6 +92,9 @@ impl Credentials {
 #[derive(Debug, Clone)]
 pub struct BlobStore {
     store: Arc<dyn ObjectStore>,
+    /// A directory: an object is moved by a rename (on S3 it would be copied, and a copy is
+    /// one request, bounded in size and time).
+    directory: bool,
 }
 
 impl BlobStore {
@@ -99,7 +107,8 @@ impl BlobStore {
 
     /// Opens `url` with these S3 credentials (ignored for a directory).
     pub fn open_with(url: &str, credentials: Option<Credentials>) -> Result<BlobStore> {
-        Ok(BlobStore { store: location::open(url, credentials)? })
+        let (store, directory) = location::open(url, credentials)?;
+        Ok(BlobStore { store, directory })
     }
 
     /// Where the object of `blob` lives in the store. The hash comes from a recorded export,
@@ -139,12 +148,17 @@ impl BlobStore {
     }
 
     /// Stores the file at `path`, which no stored object can equal (fresh random bytes: it is
-    /// encrypted under a nonce of its own), in one pass: read, hashed and sent at once under a
-    /// name of its own in `incoming/`, then moved to its hash's key. [`BlobStore::put_file`]
-    /// reads a file twice, to learn its hash and then to send it unless it is stored; for
-    /// bytes that cannot be stored already, the first read is waste. One cut short leaves an
-    /// object in `incoming/`, which a sweep deletes once old enough.
+    /// encrypted under a nonce of its own). In a directory, in one pass: read, hashed and
+    /// written at once under a name of its own in `incoming/`, then renamed to its hash's key.
+    /// [`BlobStore::put_file`] reads a file twice, to learn its hash and then to send it
+    /// unless it is stored; for bytes that cannot be stored already, the first read is waste.
+    /// On S3 it is [`BlobStore::put_file`]: a move there is a copy in one request, which S3
+    /// refuses past 5 GiB. One cut short leaves an object in `incoming/`, which a sweep
+    /// deletes once old enough.
     pub async fn put_file_once(&self, path: &Path) -> Result<BlobRef> {
+        if !self.directory {
+            return self.put_file(path).await;
+        }
         let incoming = Key::from(format!("{INCOMING}/{}", hex::encode(rand::random::<[u8; 16]>())));
         let mut upload = WriteMultipart::new_with_chunk_size(self.store.put_multipart(&incoming).await?, CHUNK);
         let blob = match read_hashed(path, Some(&mut upload)).await {
@@ -249,7 +263,7 @@ impl BlobStore {
                 }
                 let Some(name) = meta.location.filename().map(str::to_owned) else { continue };
                 let ours = match prefix {
-                    INCOMING => meta.location.prefix_matches(&Key::from(INCOMING)),
+                    INCOMING => Key::from(format!("{INCOMING}/{name}")) == meta.location && is_incoming_name(&name),
                     _ => BlobStore::key(&BlobRef { sha256: name.clone(), size: meta.size })
                         .is_ok_and(|k| k == meta.location),
                 };

@@ -16,17 +16,19 @@ const RETRIES: usize = 2;
 const RETRY_FOR: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub(crate) fn open(url: &str, credentials: Option<Credentials>) -> Result<Arc<dyn ObjectStore>> {
+/// The store `url` names, and whether it is a directory (where a rename is a rename, not a
+/// copy).
+pub(crate) fn open(url: &str, credentials: Option<Credentials>) -> Result<(Arc<dyn ObjectStore>, bool)> {
     let bad = |reason: &str| BlobError::BadUrl { url: url.into(), reason: reason.into() };
     if url.starts_with('/') {
-        return local(url, url);
+        return Ok((local(url, url)?, true));
     }
     let parsed =
         url::Url::parse(url).map_err(|e| bad(&format!("{e}; give a directory or s3://BUCKET?endpoint=URL")))?;
     match parsed.scheme() {
-        "file" if parsed.host_str().is_none_or(str::is_empty) => local(url, parsed.path()),
+        "file" if parsed.host_str().is_none_or(str::is_empty) => Ok((local(url, parsed.path())?, true)),
         "file" => Err(bad("a file URL names a directory on this host: file:///path")),
-        "s3" => s3(url, &parsed, credentials),
+        "s3" => Ok((s3(url, &parsed, credentials)?, false)),
         other => Err(bad(&format!("unknown scheme {other:?}; use a directory or s3://BUCKET?endpoint=URL"))),
     }
 }

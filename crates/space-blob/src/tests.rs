@@ -229,7 +229,10 @@ async fn a_file_stored_in_one_pass_lands_under_its_hash_and_a_leftover_upload_is
     };
     assert_eq!(incoming(&t.blobs).await, 0, "nothing stays in incoming/");
 
-    t.blobs.store.put(&Key::from(format!("{INCOMING}/cut-short")), PutPayload::from(vec![1u8; 5])).await.unwrap();
+    let cut_short = format!("{INCOMING}/{}", "0f".repeat(16));
+    t.blobs.store.put(&Key::from(cut_short), PutPayload::from(vec![1u8; 5])).await.unwrap();
+    let not_ours = Key::from(format!("{INCOMING}/notes.txt"));
+    t.blobs.store.put(&not_ours, PutPayload::from(vec![2u8; 3])).await.unwrap();
     let keep: std::collections::HashSet<String> = [blob.sha256.clone()].into();
     let (hour, zero) = (std::time::Duration::from_secs(3600), std::time::Duration::ZERO);
     let young = t.blobs.sweep(&keep, hour, hour).await.unwrap();
@@ -238,6 +241,7 @@ async fn a_file_stored_in_one_pass_lands_under_its_hash_and_a_leftover_upload_is
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let swept = t.blobs.sweep(&keep, zero, hour).await.unwrap();
     assert_eq!(swept, BlobSweep { deleted_objects: 1, deleted_bytes: 5, kept_objects: 1, complete: true });
-    assert_eq!(incoming(&t.blobs).await, 0);
+    assert_eq!(incoming(&t.blobs).await, 1, "what is not an upload's is left alone");
+    t.blobs.store.delete(&not_ours).await.unwrap();
     t.blobs.delete(&blob).await.unwrap();
 }

@@ -112,15 +112,19 @@ fn cpus_listed(status: &str) -> usize {
 }
 
 /// `nproc` counts the session's CPUs, not the host's: a quota that rounds up to one CPU sees
-/// one, a quota of the host's count sees them all; every thread of pid 1 has that mask; still
-/// so after a suspend and resume (CRIU does not restore masks: the runtime sets them again).
+/// one, a quota of the host's count sees them all, also in a warm pod (started with one CPU)
+/// that a session of more claims; every thread of pid 1 has that mask; still so after a
+/// suspend and resume (CRIU does not restore masks: the runtime sets them again).
 #[test]
 fn nproc_counts_the_sessions_cpus() {
     require_root!();
     let host = cpus_listed(&std::fs::read_to_string("/proc/self/status").unwrap());
     assert!(host >= 2, "this test needs a host with two CPUs or more, this one has {host}");
-    let server = Server::start();
-    let (one, all) = (server.create_session(json!({ "cpus": 0.5 })), server.create_session(json!({ "cpus": host })));
+    let server = Server::start_with(&["--pool", "busybox=1"]);
+    server.wait_pool_ready("busybox", 1);
+    let all = server.create_session(json!({ "cpus": host }));
+    assert_eq!(server.pool("busybox")["hits"], 1, "a warm pod was claimed: {}", server.pool("busybox"));
+    let one = server.create_session(json!({ "cpus": 0.5 }));
     let nproc = |id: &str| server.exec(id, &["nproc"])["stdout"].as_str().unwrap().trim().parse::<usize>().unwrap();
     let threads = |id: &str| {
         let r = server.exec(id, &["sh", "-c", "cat /proc/1/task/*/status"]);

@@ -1,11 +1,12 @@
 //! Which CPUs a sandbox's tasks may run on, so that what counts CPUs inside (`nproc`,
 //! `os.sched_getaffinity`, a thread pool sizing itself) counts the session's `cpus`, not the
-//! host's. The session's share of CPU time stays the CFS quota; the mask only says how many
-//! CPUs, and which. A sandbox whose `cpus` rounds up to `n` gets `n` of the CPUs the node may
-//! use, consecutive from a place its id picks, so sandboxes spread over the host.
+//! host's. The session's share of CPU time stays the CFS quota. A sandbox whose `cpus` rounds
+//! up to `n` gets the `n` of the node's CPUs that the fewest other sandboxes hold, so
+//! sandboxes spread over the host (as LXD places `limits.cpu`).
 //!
-//! A mask is advice, not a bound: a task may widen its own (the quota still holds it). It is
-//! set on the bootstrap before it forks pid 1 (everything inside inherits it) and on every
+//! The mask also bounds where the sandbox runs: two busy sandboxes given one CPU each share
+//! it while another CPU may idle (the kernel cannot move them). A task may widen its own
+//! mask (no privilege is needed for one's own tasks). It is set on the bootstrap before it forks pid 1 (everything inside inherits it) and on every
 //! thread of the sandbox when its limits change or it is restored (CRIU does not restore
 //! masks).
 
@@ -20,21 +21,43 @@ pub fn allowed() -> nix::Result<Vec<usize>> {
     Ok((0..CpuSet::count()).filter(|&cpu| set.is_set(cpu).unwrap_or(false)).collect())
 }
 
-/// The CPUs of `allowed` for a sandbox of `millicpus` keyed by `seed`: as many as the quota
-/// rounds up to (at least one), consecutive (wrapping) from the seed's place. All of them
-/// when it wants as many or more.
-pub fn pick(allowed: &[usize], millicpus: u32, seed: impl Hash) -> Vec<usize> {
-    let want = (millicpus as usize).div_ceil(1000).max(1);
+/// The CPUs of `allowed` for a sandbox of `millicpus` keyed by `seed`, beside sandboxes that
+/// hold the masks `others`: as many as the quota rounds up to (at least one), those the fewest
+/// others hold (ties broken from a place the seed picks, so equal loads spread), in order. All
+/// of them when it wants as many or more.
+pub fn pick<'a>(
+    allowed: &[usize],
+    millicpus: u32,
+    others: impl IntoIterator<Item = &'a [usize]>,
+    seed: impl Hash,
+) -> Vec<usize> {
+    let want = count(allowed.len(), millicpus);
     if want >= allowed.len() {
         return allowed.to_vec();
+    }
+    let mut held = vec![0usize; allowed.len()];
+    for mask in others {
+        for cpu in mask {
+            if let Some(i) = allowed.iter().position(|a| a == cpu) {
+                held[i] += 1;
+            }
+        }
     }
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     seed.hash(&mut hasher);
     let start = (hasher.finish() % allowed.len() as u64) as usize;
-    let mut cpus: Vec<usize> = (0..want).map(|i| allowed[(start + i) % allowed.len()]).collect();
+    let mut order: Vec<usize> = (0..allowed.len()).collect();
+    order.sort_by_key(|&i| (held[i], (i + allowed.len() - start) % allowed.len()));
+    let mut cpus: Vec<usize> = order[..want].iter().map(|&i| allowed[i]).collect();
     // In order, as a mask reads back ([`of`]).
     cpus.sort_unstable();
     cpus
+}
+
+/// How many of `allowed` CPUs a sandbox of `millicpus` gets: its quota rounded up, at least
+/// one, at most all.
+pub fn count(allowed: usize, millicpus: u32) -> usize {
+    (millicpus as usize).div_ceil(1000).clamp(1, allowed.max(1))
 }
 
 /// Sets the mask of task `tid` (a thread, or a single-threaded process) to `cpus`.
@@ -72,20 +95,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_sandbox_gets_as_many_cpus_as_its_quota_rounds_up_to_spread_by_its_id() {
+    fn a_sandbox_gets_as_many_cpus_as_its_quota_rounds_up_to_the_least_held_ones() {
         let host = [0, 1, 2, 3];
-        assert_eq!(pick(&host, 1000, "a").len(), 1);
-        assert_eq!(pick(&host, 500, "a").len(), 1, "a fraction is one CPU");
-        assert_eq!(pick(&host, 1500, "a").len(), 2);
-        assert_eq!(pick(&host, 4000, "a"), host, "all of them");
-        assert_eq!(pick(&host, 9000, "a"), host);
-        assert_eq!(pick(&host, 2000, "a"), pick(&host, 2000, "a"), "the same id, the same CPUs");
-        let pairs: std::collections::HashSet<Vec<usize>> = (0..64).map(|i| pick(&host, 2000, i)).collect();
-        let wrapped = vec![0, 3];
-        assert_eq!(pairs, [vec![0, 1], vec![1, 2], vec![2, 3], wrapped].into(), "consecutive, wrapping, in order");
-        let starts: std::collections::HashSet<usize> = (0..64).map(|i| pick(&host, 1000, i)[0]).collect();
-        assert_eq!(starts.len(), 4, "sandboxes spread over every CPU");
-        assert_eq!(pick(&[5, 7], 1000, "x").len(), 1);
+        let none: [&[usize]; 0] = [];
+        assert_eq!(pick(&host, 1000, none, "a").len(), 1);
+        assert_eq!(pick(&host, 500, none, "a").len(), 1, "a fraction is one CPU");
+        assert_eq!(pick(&host, 1500, none, "a").len(), 2);
+        assert_eq!(pick(&host, 4000, none, "a"), host, "all of them");
+        assert_eq!(pick(&host, 9000, none, "a"), host);
+        assert_eq!(pick(&host, 2000, none, "a"), pick(&host, 2000, none, "a"), "the same id, the same CPUs");
+        // Sandboxes placed one after another fill the CPUs evenly.
+        let mut masks: Vec<Vec<usize>> = Vec::new();
+        for i in 0..8 {
+            let mask = pick(&host, 1000, masks.iter().map(Vec::as_slice), i);
+            masks.push(mask);
+        }
+        for cpu in host {
+            assert_eq!(masks.iter().filter(|m| m.contains(&cpu)).count(), 2, "{masks:?}");
+        }
+        let two = pick(&host, 2000, [&[0usize, 1][..], &[1][..]], "b");
+        assert_eq!(two, [2, 3], "the two no other sandbox holds");
+        // Equal loads: where it starts depends on the id, so sandboxes spread.
+        let starts: std::collections::HashSet<Vec<usize>> = (0..64).map(|i| pick(&host, 1000, none, i)).collect();
+        assert_eq!(starts.len(), 4);
+        assert_eq!(pick(&[5, 7], 1000, none, "x").len(), 1);
     }
 
     #[test]

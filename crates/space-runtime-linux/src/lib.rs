@@ -122,6 +122,9 @@ pub struct LinuxRuntime {
     ranges: ranges::Ranges,
     /// The CPUs this node may use, which sandboxes' masks are drawn from.
     cpus: Vec<usize>,
+    /// The CPU mask each sandbox was given (see space-host's `affinity`).
+    masks: Mutex<HashMap<SandboxId, Vec<usize>>>,
+    mask_warned: std::sync::atomic::AtomicBool,
 }
 
 /// Where running CRIU dumps are recorded, in the run dir.
@@ -172,6 +175,8 @@ impl LinuxRuntime {
         let runtime = LinuxRuntime {
             spaced,
             cpus,
+            masks: Mutex::new(HashMap::new()),
+            mask_warned: Default::default(),
             opts,
             cgroups,
             tracked: Mutex::new(HashMap::new()),
@@ -267,21 +272,41 @@ impl LinuxRuntime {
         self.cgroups.set_frozen(&name, false).map_err(|e| RuntimeError::Cgroup(e.to_string()))
     }
 
-    /// The CPUs sandbox `id` may run on under `limits` (see space-host's `affinity`).
+    /// The CPUs sandbox `id` may run on under `limits`: those it holds when they are as many,
+    /// else the least held (see space-host's `affinity`), recorded as its.
     fn cpus_of(&self, id: &SandboxId, limits: &Limits) -> Vec<usize> {
-        affinity::pick(&self.cpus, limits.millicpus, id.as_str())
+        let mut masks = self.masks.lock().expect("masks lock");
+        let want = affinity::count(self.cpus.len(), limits.millicpus);
+        if let Some(held) = masks.get(id).filter(|held| held.len() == want) {
+            return held.clone();
+        }
+        let others = masks.iter().filter(|(other, _)| *other != id).map(|(_, mask)| mask.as_slice());
+        let cpus = affinity::pick(&self.cpus, limits.millicpus, others, id.as_str());
+        masks.insert(id.clone(), cpus.clone());
+        cpus
     }
 
     /// Gives every thread of the sandbox the CPU mask its limits call for, unless its pid 1
-    /// has it already (what it started with, or was given last; tasks inherit it).
-    fn set_cpus(&self, id: &SandboxId, limits: &Limits) -> Result<(), RuntimeError> {
+    /// has it already (what it started with, or was given last; tasks inherit it). A mask that
+    /// cannot be set (the node's cgroup parent allows other CPUs than the node runs on) leaves
+    /// the sandbox on the CPUs it has, said once: the mask is what the sandbox sees of its
+    /// CPUs, and the quota stays its bound.
+    fn set_cpus(&self, id: &SandboxId, limits: &Limits) {
         let cpus = self.cpus_of(id, limits);
         let pid1 = self.tracked.lock().expect("tracked lock").get(id).map(|t| t.pid);
         if pid1.is_some_and(|pid| affinity::of(pid).is_ok_and(|has| has == cpus)) {
-            return Ok(());
+            return;
         }
         let members = cgroup::members(&*self.cgroups, &self.cgroup_name(id));
-        affinity::set_all(&members, &cpus).map_err(|e| RuntimeError::Cgroup(format!("CPU masks of {id}: {e}")))
+        self.mask_failed(affinity::set_all(&members, &cpus));
+    }
+
+    fn mask_failed(&self, set: nix::Result<()>) {
+        if let Err(e) = set
+            && !self.mask_warned.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(error = %e, "cannot set sandboxes' CPU masks: they see every CPU (said once)");
+        }
     }
 
     /// The handle of a sandbox this instance started and whose pid 1 still runs.
@@ -344,7 +369,7 @@ impl LinuxRuntime {
             .await?;
         // Single-threaded still (it unshares a user namespace): all it forks inherits this.
         let cpus = self.cpus_of(&spec.id, &spec.limits);
-        affinity::set(pid, &cpus).map_err(|e| RuntimeError::Start(format!("CPU mask of {pid}: {e}")))?;
+        self.mask_failed(affinity::set(pid, &cpus));
         boot.expect_user_ns().await?;
         process::write_id_maps(pid, map.host_base, map.count)
             .map_err(|e| RuntimeError::Start(format!("write id maps of {pid}: {e}")))?;
@@ -509,6 +534,7 @@ impl Runtime for LinuxRuntime {
             }
             _ => {}
         }
+        self.masks.lock().expect("masks lock").remove(id);
         // Last: the range is free only once no process of the sandbox runs in it.
         self.ranges.release(id)
     }
@@ -519,7 +545,8 @@ impl Runtime for LinuxRuntime {
             return Err(RuntimeError::NotFound(id.clone()));
         }
         self.cgroups.set_limits(&name, limits).map_err(|e| RuntimeError::Cgroup(e.to_string()))?;
-        self.set_cpus(id, limits)
+        self.set_cpus(id, limits);
+        Ok(())
     }
 
     async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError> {
