@@ -6,9 +6,9 @@
 //!
 //! The mask also bounds where the sandbox runs: two busy sandboxes given one CPU each share
 //! it while another CPU may idle (the kernel cannot move them). A task may widen its own
-//! mask (no privilege is needed for one's own tasks). It is set on the bootstrap before it forks pid 1 (everything inside inherits it) and on every
-//! thread of the sandbox when its limits change or it is restored (CRIU does not restore
-//! masks).
+//! mask (no privilege is needed for one's own tasks). It is set on the bootstrap before it
+//! forks pid 1 (everything inside inherits it) and on every thread of the sandbox when its
+//! limits change or it is restored (CRIU does not restore masks).
 
 use std::hash::{Hash, Hasher};
 
@@ -70,7 +70,9 @@ pub fn set(tid: u32, cpus: &[usize]) -> nix::Result<()> {
 }
 
 /// Sets the mask of every thread of every process in `pids`. A process or thread that exits
-/// meanwhile is skipped; one made meanwhile inherits its parent's mask, set here or about to be.
+/// meanwhile is skipped; one made meanwhile may keep the mask it had, so callers set masks
+/// when nothing forks: a warm pod being claimed (its `spaced` idles), a restored tree before
+/// it is thawed.
 pub fn set_all(pids: &[u32], cpus: &[usize]) -> nix::Result<()> {
     for pid in pids {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
