@@ -76,6 +76,26 @@ pub struct ParentDisk {
     pub key: Option<SnapshotKey>,
 }
 
+/// The ancestors of a root sent against `parent` that a pool lacks (`held` says which roots
+/// it holds whole), from `parents` (newest first, as far as the chain goes), oldest first: the
+/// order they are received in. The walk stops at the first ancestor held. `Err` names the
+/// first ancestor needed that `parents` does not give.
+pub fn parents_to_receive<'a>(
+    parent: Option<&SnapshotId>,
+    parents: &'a [ParentDisk],
+    held: impl Fn(&SnapshotId) -> bool,
+) -> Result<Vec<&'a ParentDisk>, SnapshotId> {
+    let mut needed = Vec::new();
+    let mut want = parent.cloned();
+    while let Some(id) = want.filter(|id| !held(id)) {
+        let link = parents.iter().find(|p| p.snapshot == id).ok_or(id)?;
+        needed.push(link);
+        want = link.disk.parent.clone();
+    }
+    needed.reverse();
+    Ok(needed)
+}
+
 /// A global template in the blob store, so a node that never built it can run it: its root as
 /// a `btrfs send` stream, what it is (its exact version kept), and the id range its files are
 /// shifted into (a node with another range cannot use it as it is).
@@ -167,6 +187,27 @@ pub fn plain_file_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_parents_to_receive_are_those_up_to_the_first_held_oldest_first() {
+        let ids: Vec<SnapshotId> = (0..4).map(|_| SnapshotId::generate()).collect();
+        let stream = BlobRef { sha256: "0".repeat(64), size: 1 };
+        // ids[3] against ids[2] against ids[1] against ids[0] (whole); newest first.
+        let link = |i: usize| ParentDisk {
+            snapshot: ids[i].clone(),
+            disk: DiskExport { stream: stream.clone(), parent: i.checked_sub(1).map(|p| ids[p].clone()) },
+            key: None,
+        };
+        let parents = [link(2), link(1), link(0)];
+        let names = |found: Vec<&ParentDisk>| found.into_iter().map(|p| p.snapshot.clone()).collect::<Vec<_>>();
+        let none = parents_to_receive(Some(&ids[2]), &parents, |_| false).unwrap();
+        assert_eq!(names(none), [ids[0].clone(), ids[1].clone(), ids[2].clone()]);
+        let from_held = parents_to_receive(Some(&ids[2]), &parents, |id| *id == ids[0]).unwrap();
+        assert_eq!(names(from_held), [ids[1].clone(), ids[2].clone()]);
+        assert!(parents_to_receive(Some(&ids[2]), &parents, |id| *id == ids[2]).unwrap().is_empty());
+        assert!(parents_to_receive(None, &parents, |_| false).unwrap().is_empty(), "a whole root needs none");
+        assert_eq!(parents_to_receive(Some(&ids[2]), &parents[..2], |_| false).unwrap_err(), ids[0]);
+    }
 
     #[test]
     fn only_plain_names_are_file_names() {

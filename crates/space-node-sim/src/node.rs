@@ -381,15 +381,10 @@ impl NodeApi for SimNode {
         }
         // The ancestors it lacks, oldest first, each from its own object and key; a real node
         // receives their roots, then deletes them once the snapshot is received.
-        let mut needed = Vec::new();
-        let mut want = export.disk.parent.clone();
-        while let Some(id) = want.filter(|id| !state.snapshots.contains_key(id)) {
-            let missing = || SimError::CorruptBlob(format!("snapshot {id}'s root is needed first, and was not given"));
-            let link = parents.iter().find(|p| p.snapshot == id).ok_or_else(missing)?;
-            needed.push(link);
-            want = link.disk.parent.clone();
-        }
-        for link in needed.into_iter().rev() {
+        let held = |id: &SnapshotId| state.snapshots.contains_key(id);
+        let needed = space_api::durable::parents_to_receive(export.disk.parent.as_ref(), parents, held)
+            .map_err(|id| SimError::CorruptBlob(format!("snapshot {id}'s root is needed first, and was not given")))?;
+        for link in needed {
             blobs.get_disk(&link.disk, link.key.as_ref()).map_err(|e| {
                 SimError::CorruptBlob(format!("snapshot {}, whose root this one was sent against: {e}", link.snapshot))
             })?;

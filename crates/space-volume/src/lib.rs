@@ -200,14 +200,10 @@ impl Volumes {
         parents: &[ParentDisk],
         received: &mut Vec<SnapshotId>,
     ) -> Result<()> {
-        let mut needed = Vec::new();
-        let mut want = parent.cloned();
-        while let Some(id) = want.filter(|id| !self.pool.snapshot_root_whole(session, id)) {
-            let link = parents.iter().find(|p| p.snapshot == id).ok_or(VolumeError::MissingParent { snapshot: id })?;
-            needed.push(link);
-            want = link.disk.parent.clone();
-        }
-        for link in needed.into_iter().rev() {
+        let held = |id: &SnapshotId| self.pool.snapshot_root_whole(session, id);
+        let needed = space_api::durable::parents_to_receive(parent, parents, held)
+            .map_err(|snapshot| VolumeError::MissingParent { snapshot })?;
+        for link in needed {
             if let Err(e) = self.import_disk(session, &link.snapshot, &link.disk, link.key.as_ref()).await {
                 self.delete_roots(session, std::slice::from_ref(&link.snapshot)).await;
                 return Err(VolumeError::Ancestor { snapshot: link.snapshot.clone(), source: Box::new(e) });
@@ -222,7 +218,7 @@ impl Volumes {
     async fn delete_roots(&self, session: &SessionId, snapshots: &[SnapshotId]) {
         for snapshot in snapshots {
             let (pool, session, snapshot) = (self.pool.clone(), session.clone(), snapshot.clone());
-            let _ = tokio::task::spawn_blocking(move || pool.delete_snapshot(&session, &snapshot)).await;
+            let _ = blocking(move || pool.delete_snapshot(&session, &snapshot)).await;
         }
     }
 
