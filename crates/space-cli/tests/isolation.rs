@@ -74,11 +74,14 @@ fn a_sandbox_sees_its_own_memory_and_age() {
         assert!(uptime < host_uptime(), "{when}: the sandbox is up {uptime} s, as long as the host");
     };
     check("started");
-    // Only those six files of lxcfs are in the sandbox: its cgroup and sys trees and its
-    // mount point are not.
+    // Only those seven files of lxcfs are in the sandbox: its cgroup tree, the rest of its
+    // sys tree and its mount point are not.
     let r = server.exec(&id, &["sh", "-c", "grep ' - fuse.lxcfs ' /proc/self/mountinfo | cut -d' ' -f5 | sort"]);
-    let mut expected: Vec<String> =
-        ["meminfo", "cpuinfo", "stat", "uptime", "swaps", "diskstats"].iter().map(|f| format!("/proc/{f}")).collect();
+    let mut expected: Vec<String> = ["meminfo", "cpuinfo", "stat", "uptime", "swaps", "diskstats"]
+        .iter()
+        .map(|f| format!("/proc/{f}"))
+        .chain(["/sys/devices/system/cpu/online".to_owned()])
+        .collect();
     expected.sort();
     assert_eq!(r["stdout"].as_str().unwrap().lines().collect::<Vec<_>>(), expected, "lxcfs mounts: {r}");
     let r = server.exec(&id, &["ls", "/var/lib/lxcfs"]);
@@ -114,7 +117,9 @@ fn cpus_listed(status: &str) -> usize {
 /// `nproc` counts the session's CPUs, not the host's: a quota that rounds up to one CPU sees
 /// one, a quota of the host's count sees them all, also in a warm pod (started with one CPU)
 /// that a session of more claims; every thread of pid 1 has that mask; still so after a
-/// suspend and resume (CRIU does not restore masks: the runtime sets them again).
+/// suspend and resume (CRIU does not restore masks: the runtime sets them again). lxcfs's
+/// `/proc/cpuinfo` and `/sys/devices/system/cpu/online` (glibc's `_SC_NPROCESSORS_ONLN`)
+/// count the same.
 #[test]
 fn nproc_counts_the_sessions_cpus() {
     require_root!();
@@ -131,13 +136,23 @@ fn nproc_counts_the_sessions_cpus() {
         let text = r["stdout"].as_str().unwrap().to_owned();
         text.split("Name:").skip(1).map(cpus_listed).collect::<Vec<_>>()
     };
+    let listed = |id: &str| {
+        // Read with read(2), as glibc does: see docs/runtimes.md on sendfile (busybox cat).
+        let script = "grep -c ^processor /proc/cpuinfo; head -n1 /sys/devices/system/cpu/online";
+        let r = server.exec(id, &["sh", "-c", script]);
+        assert_eq!(r["exit_code"], 0, "{r}");
+        r["stdout"].as_str().unwrap().to_owned()
+    };
     assert_eq!((nproc(&one), nproc(&all)), (1, host));
+    assert_eq!(listed(&one), "1\n0\n", "cpuinfo's processors, then cpu/online");
+    assert_eq!(listed(&all), format!("{host}\n0-{}\n", host - 1), "cpuinfo's processors, then cpu/online");
     assert!(threads(&one).iter().all(|&n| n == 1), "pid 1's threads: {:?}", threads(&one));
     for step in ["suspend", "resume"] {
         let (status, s) = server.call("POST", &format!("/v1/sessions/{one}/{step}"), None);
         assert_eq!(status, 200, "{step}: {s}\n{}", server.log_text());
     }
     assert_eq!(nproc(&one), 1, "after a resume");
+    assert_eq!(listed(&one), "1\n0\n", "cpuinfo's processors, then cpu/online, after a resume");
     assert!(threads(&one).iter().all(|&n| n == 1), "pid 1's threads after a resume: {:?}", threads(&one));
 }
 

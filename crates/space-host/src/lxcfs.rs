@@ -1,7 +1,7 @@
 //! lxcfs: a FUSE filesystem whose `proc/meminfo`, `proc/cpuinfo`, `proc/uptime`, … answer
 //! from the cgroups and pid namespace of the process that reads them. Bound over the same
-//! files of a sandbox's `/proc`, they make `free`, `top` and `uptime` inside show the
-//! sandbox's limits and age instead of the host's. One lxcfs serves every sandbox of the
+//! files of a sandbox's `/proc` and `/sys`, they make `free`, `top`, `uptime` and the CPU
+//! count glibc reports inside show the sandbox's limits and age instead of the host's. One lxcfs serves every sandbox of the
 //! host; `scripts/install-deps.sh` starts it at [`DEFAULT_DIR`].
 
 use std::path::{Path, PathBuf};
@@ -9,24 +9,44 @@ use std::path::{Path, PathBuf};
 /// Where Debian's lxcfs package mounts it.
 pub const DEFAULT_DIR: &str = "/var/lib/lxcfs";
 
-/// The `/proc` files taken from lxcfs. (`loadavg` only answers per sandbox when lxcfs runs
-/// with `-l`; `slabinfo` is the host's either way.)
-pub const PROC_FILES: &[&str] = &["meminfo", "cpuinfo", "stat", "uptime", "swaps", "diskstats"];
+/// The files taken from lxcfs, by their path under its mount point, which is also where each
+/// is bound in a sandbox (over its `/proc` and `/sys`). (`loadavg` only answers per sandbox
+/// when lxcfs runs with `-l`; `slabinfo` is the host's either way.) The CPU counts of
+/// `cpuinfo`, `stat` and `cpu/online` follow the sandbox's CFS quota when lxcfs runs with
+/// `--enable-cfs` and finds the sandbox's cpuset cgroup beside its cpu one.
+pub const FILES: &[&str] = &[
+    "proc/meminfo",
+    "proc/cpuinfo",
+    "proc/stat",
+    "proc/uptime",
+    "proc/swaps",
+    "proc/diskstats",
+    "sys/devices/system/cpu/online",
+];
 
-/// The host paths of lxcfs's [`PROC_FILES`] under `dir`, when a working lxcfs is mounted
-/// there; empty otherwise (the sandboxes then see the host's figures). A mount whose daemon
-/// died answers ENOTCONN: reading one file tells the two apart.
-pub fn proc_files(dir: &Path) -> Vec<PathBuf> {
-    if !mounted_at(dir) {
-        return Vec::new();
-    }
-    let files: Vec<PathBuf> = PROC_FILES.iter().map(|name| dir.join("proc").join(name)).collect();
-    match std::fs::read(&files[0]) {
-        Ok(_) => files.into_iter().filter(|f| f.is_file()).collect(),
-        Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "lxcfs is mounted but does not answer; sandboxes see the host's /proc figures");
-            Vec::new()
+/// A working lxcfs and the [`FILES`] it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lxcfs {
+    /// Its mount point.
+    pub dir: PathBuf,
+    /// Paths under `dir` (and in a sandbox), a subset of [`FILES`].
+    pub files: Vec<PathBuf>,
+}
+
+impl Lxcfs {
+    /// The lxcfs mounted at `dir`, when it works; `None` otherwise (the sandboxes then see the
+    /// host's figures). A mount whose daemon died answers ENOTCONN: reading one file tells the
+    /// two apart.
+    pub fn at(dir: &Path) -> Option<Lxcfs> {
+        if !mounted_at(dir) {
+            return None;
         }
+        if let Err(e) = std::fs::read(dir.join(FILES[0])) {
+            tracing::warn!(dir = %dir.display(), error = %e, "lxcfs is mounted but does not answer; sandboxes see the host's /proc figures");
+            return None;
+        }
+        let files = FILES.iter().map(PathBuf::from).filter(|f| dir.join(f).is_file()).collect();
+        Some(Lxcfs { dir: dir.to_owned(), files })
     }
 }
 
@@ -63,6 +83,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("proc")).unwrap();
         std::fs::write(dir.path().join("proc/meminfo"), "MemTotal: 1 kB\n").unwrap();
-        assert!(proc_files(dir.path()).is_empty(), "a plain directory is not lxcfs");
+        assert_eq!(Lxcfs::at(dir.path()), None, "a plain directory is not lxcfs");
     }
 }

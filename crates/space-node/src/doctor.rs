@@ -57,8 +57,8 @@ pub async fn probe(host: &HostConfig) -> std::io::Result<Vec<Finding>> {
 /// Whether linux sandboxes get lxcfs's `/proc` files (their own memory and uptime).
 fn own_proc_figures() -> Finding {
     let dir = std::path::Path::new(space_host::lxcfs::DEFAULT_DIR);
-    let files = space_host::lxcfs::proc_files(dir);
-    let names: Vec<String> = files.iter().filter_map(|f| Some(f.file_name()?.to_string_lossy().into_owned())).collect();
+    let files = space_host::lxcfs::Lxcfs::at(dir).map(|l| l.files).unwrap_or_default();
+    let names: Vec<String> = files.iter().map(|f| format!("/{}", f.display())).collect();
     Finding {
         what: "own /proc (linux)".into(),
         ok: !files.is_empty(),

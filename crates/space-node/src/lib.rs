@@ -219,8 +219,9 @@ impl Node {
         let mut options = LinuxOptions::new(&kept_spaced, config.data_dir.join("run"), &config.cgroup_parent);
         options.id_map = config.id_map;
         options.criu = config.criu.clone();
-        options.proc_files = space_host::lxcfs::proc_files(Path::new(space_host::lxcfs::DEFAULT_DIR));
-        tracing::info!(files = options.proc_files.len(), "lxcfs /proc files for linux sandboxes");
+        options.lxcfs = space_host::lxcfs::Lxcfs::at(Path::new(space_host::lxcfs::DEFAULT_DIR));
+        let files = options.lxcfs.as_ref().map_or(0, |l| l.files.len());
+        tracing::info!(files, "lxcfs files for linux sandboxes");
         let linux: Arc<dyn Runtime> = Arc::new(LinuxRuntime::new(options)?);
         let run_dir = config.data_dir.join("run");
         let host = HostParts {

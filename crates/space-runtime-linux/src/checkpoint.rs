@@ -17,6 +17,7 @@ use space_runtime::{
 
 use crate::LinuxRuntime;
 use crate::boot::Pid1;
+use crate::cgroup::Backend;
 use crate::sealed_images::SealedStore;
 
 /// How often [`wait_agent_released`] looks at the sandbox's socket table.
@@ -168,6 +169,13 @@ pub(crate) async fn restore(
     opts.id_count = map.count;
     opts.work_prefix = rt.restore_work_prefix();
     let name = rt.cgroup_name(&spec.id);
+    let prepared = name.clone();
+    let prepare =
+        move |cg: &dyn Backend| cg.prepare_restore(&prepared).map_err(|e| RuntimeError::Cgroup(e.to_string()));
+    if let Err(e) = rt.cgroup_step(&spec.id, prepare).await {
+        cleanup(rt, &spec.id).await;
+        return Err(e);
+    }
     opts.cgroup_roots = rt
         .cgroups
         .hierarchy_paths(&name)

@@ -32,7 +32,7 @@ use space_runtime::{
     AgentTransport, CheckpointArtifacts, CheckpointStats, Limits, PortAddress, RootDisk, RootDiskKind, Runtime,
     RuntimeError, RuntimeKind, SandboxHandle, SandboxId, SandboxSpec, SandboxStats,
 };
-use space_sandbox_init::sync::{InitConfig, ToInit};
+use space_sandbox_init::sync::{HostFile, InitConfig, ToInit};
 
 use space_host::{affinity, cgroup, idmapped, process, ranges};
 
@@ -74,9 +74,10 @@ pub struct LinuxOptions {
     pub criu: Option<PathBuf>,
     /// The most bytes a full snapshot's copies of deleted-but-open files may take together.
     pub ghost_total_limit: u64,
-    /// Host files bound over the same names in every sandbox's `/proc` (lxcfs's, see
-    /// [`space_host::lxcfs::proc_files`]); empty: the kernel's, which show the host's figures.
-    pub proc_files: Vec<PathBuf>,
+    /// The lxcfs whose files are bound over every sandbox's `/proc` and `/sys` files of the
+    /// same names (see [`space_host::lxcfs`]); `None`: the kernel's, which show the host's
+    /// figures.
+    pub lxcfs: Option<space_host::lxcfs::Lxcfs>,
 }
 
 impl LinuxOptions {
@@ -92,7 +93,7 @@ impl LinuxOptions {
             pid1_oom_score_adj: -1000,
             criu: None,
             ghost_total_limit: space_criu::GHOST_TOTAL_LIMIT,
-            proc_files: Vec::new(),
+            lxcfs: None,
         }
     }
 }
@@ -355,11 +356,17 @@ impl LinuxRuntime {
         self.ranges.slot_of(id).map(|slot| self.ranges.map(slot))
     }
 
+    /// lxcfs's files, each bound over its own path in the sandbox.
+    fn host_files(&self) -> Vec<HostFile> {
+        let Some(lxcfs) = &self.opts.lxcfs else { return Vec::new() };
+        lxcfs.files.iter().map(|at| HostFile { host: lxcfs.dir.join(at), at: at.clone() }).collect()
+    }
+
     async fn boot(&self, boot: &mut Boot, spec: &SandboxSpec, map: IdMap) -> Result<(), RuntimeError> {
         let config = InitConfig {
             exe: Some(self.opts.spaced.clone()),
             root_mount: true,
-            proc_files: self.opts.proc_files.clone(),
+            host_files: self.host_files(),
             ..InitConfig::new(rootfs_of(spec)?, &spec.hostname)
         };
         boot.send(&ToInit::Config(config)).await?;

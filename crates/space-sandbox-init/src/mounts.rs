@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt, symlink};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
@@ -13,7 +13,7 @@ use nix::sys::statvfs::{FsFlags, statvfs};
 use crate::InitError;
 use crate::listener::AGENT_DIR;
 use crate::reexec::SELF_EXE;
-use crate::sync::InitConfig;
+use crate::sync::{HostFile, InitConfig};
 use crate::sys::{ctx, io_ctx};
 
 /// Host device nodes bind-mounted into the sandbox's /dev.
@@ -56,8 +56,8 @@ pub(crate) fn prepare(config: &InitConfig, bind_self: bool, warnings: &mut Vec<S
         e => ctx(format!("mount rootfs {}", root.display()))(e),
     })?;
     mount_proc(root)?;
-    bind_proc_files(root, &config.proc_files, warnings);
-    mount_sys(root, warnings)?;
+    let sys = mount_sys(root, warnings)?;
+    bind_host_files(root, &config.host_files, sys, warnings);
     mount_dev(root, warnings)?;
     if bind_self {
         bind_self_exe(root, config.exe.as_deref())?;
@@ -107,25 +107,46 @@ fn mount_proc(root: &Path) -> Result<(), InitError> {
     mnt(Some("proc"), &target, Some("proc"), flags, None).map_err(ctx("mount /proc"))
 }
 
-/// Binds each of `files` over the `/proc` file of the same name. One that fails is left as
-/// the kernel's (the sandbox then sees the host's figure there) and reported.
-fn bind_proc_files(root: &Path, files: &[PathBuf], warnings: &mut Vec<String>) {
+/// Binds each of `files` over its place in the fresh `/proc` (and `/sys`, when `sys` was
+/// mounted: otherwise that path is the rootfs's, which the sandbox controls). One that fails
+/// is left as the kernel's (the sandbox then sees the host's figure there) and reported.
+fn bind_host_files(root: &Path, files: &[HostFile], sys: bool, warnings: &mut Vec<String>) {
     for file in files {
-        let Some(name) = file.file_name() else { continue };
-        let target = root.join("proc").join(name);
-        if let Err(e) = mount(Some(file.as_path()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>) {
-            warnings.push(format!("bind {} over /proc/{}: {e:?}", file.display(), name.to_string_lossy()));
+        if !bindable(&file.at, sys) {
+            warnings.push(format!("{} is not a place under /proc or a mounted /sys; not bound", file.at.display()));
+            continue;
+        }
+        let target = root.join(&file.at);
+        if let Err(e) = mount(Some(file.host.as_path()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>) {
+            warnings.push(format!("bind {} over /{}: {e:?}", file.host.display(), file.at.display()));
         }
     }
 }
 
-fn mount_sys(root: &Path, warnings: &mut Vec<String>) -> Result<(), InitError> {
+/// Whether `at` names a place below `proc/` (or `sys/`, when it was mounted) by plain names.
+fn bindable(at: &Path, sys: bool) -> bool {
+    let mut parts = at.components();
+    let top = match parts.next() {
+        Some(Component::Normal(top)) => top,
+        _ => return false,
+    };
+    (top == "proc" || (sys && top == "sys"))
+        && parts.clone().next().is_some()
+        && parts.all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// Mounts a read-only sysfs at `/sys`; whether it could (a sysfs some hosts refuse leaves
+/// `/sys` empty, with a warning).
+fn mount_sys(root: &Path, warnings: &mut Vec<String>) -> Result<bool, InitError> {
     let target = mount_point(root, "sys")?;
     let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    if let Err(e) = mnt(Some("sysfs"), &target, Some("sysfs"), flags, None) {
-        warnings.push(format!("mount /sys: {e:?}; /sys left empty"));
+    match mnt(Some("sysfs"), &target, Some("sysfs"), flags, None) {
+        Ok(()) => Ok(true),
+        Err(e) => {
+            warnings.push(format!("mount /sys: {e:?}; /sys left empty"));
+            Ok(false)
+        }
     }
-    Ok(())
 }
 
 fn mount_dev(root: &Path, warnings: &mut Vec<String>) -> Result<(), InitError> {
@@ -295,6 +316,17 @@ pub(crate) fn locked_flags(st: FsFlags) -> MsFlags {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_files_go_below_proc_or_a_mounted_sys_only() {
+        assert!(bindable(Path::new("proc/meminfo"), false));
+        assert!(bindable(Path::new("sys/devices/system/cpu/online"), true));
+        // Without a sysfs, /sys is the rootfs's own directory: its symlinks are the sandbox's.
+        assert!(!bindable(Path::new("sys/devices/system/cpu/online"), false));
+        for bad in ["proc", "/proc/meminfo", "proc/../etc/passwd", "etc/passwd", ""] {
+            assert!(!bindable(Path::new(bad), true), "{bad}");
+        }
+    }
 
     #[test]
     fn locked_flags_map_statvfs_bits() {

@@ -72,10 +72,19 @@ pub struct InitConfig {
     /// attaches at `rootfs`; `false`: pid 1 binds `rootfs` itself.
     #[serde(default)]
     pub root_mount: bool,
-    /// Host files bound over the same names in the sandbox's `/proc` (lxcfs's `meminfo`,
+    /// Host files bound over files of the sandbox's `/proc` and `/sys` (lxcfs's `meminfo`,
     /// `uptime`, …: see `space_host::lxcfs`), so they answer from the sandbox's cgroups.
     #[serde(default)]
-    pub proc_files: Vec<PathBuf>,
+    pub host_files: Vec<HostFile>,
+}
+
+/// A host file bound over a file of the sandbox's fresh `/proc` or `/sys` mount.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostFile {
+    /// The file on the host.
+    pub host: PathBuf,
+    /// Where in the sandbox, relative to its root: under `proc/` or `sys/`.
+    pub at: PathBuf,
 }
 
 impl InitConfig {
@@ -88,7 +97,7 @@ impl InitConfig {
             readonly_paths: DEFAULT_READONLY_PATHS.iter().map(|p| p.to_string()).collect(),
             exe: None,
             root_mount: false,
-            proc_files: Vec::new(),
+            host_files: Vec::new(),
         }
     }
 }

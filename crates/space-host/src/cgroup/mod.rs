@@ -45,6 +45,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn create(&self, name: &Path, limits: &Limits) -> Result<(), CgroupError>;
     /// Replaces the limits of an existing cgroup.
     fn set_limits(&self, name: &Path, limits: &Limits) -> Result<(), CgroupError>;
+    /// Before CRIU restores into the cgroup: creates the parts whose first values must be this
+    /// host's rather than those recorded where the image was dumped (v1's cpuset: CRIU sets
+    /// the properties of the cgroups it creates, and another node may have other CPUs).
+    fn prepare_restore(&self, _name: &Path) -> Result<(), CgroupError> {
+        Ok(())
+    }
     /// Moves a process into the cgroup in every hierarchy.
     fn attach(&self, name: &Path, pid: u32) -> Result<(), CgroupError>;
     fn exists(&self, name: &Path) -> bool;

@@ -8,9 +8,14 @@ use super::{Backend, CgroupError, CgroupMount, V1_CONTROLLERS, keyed, mkdir_all,
 
 #[derive(Debug)]
 pub(crate) struct V1 {
-    /// The distinct hierarchies holding [`V1_CONTROLLERS`].
+    /// The distinct hierarchies holding [`V1_CONTROLLERS`], and cpuset's when it has one.
     hierarchies: Vec<CgroupMount>,
 }
+
+/// Not needed for any limit, but joined where mounted: lxcfs finds a reader's cgroup by its
+/// cpuset path and reads the CFS quota there, so a sandbox left in the root cpuset would see
+/// the host's CPU count in lxcfs's `cpuinfo`.
+const CPUSET: &str = "cpuset";
 
 impl V1 {
     /// Finds a hierarchy for every needed controller; on failure returns the missing ones.
@@ -23,6 +28,10 @@ impl V1 {
                 Some(_) => {}
                 None => missing.push(controller.to_string()),
             }
+        }
+        let cpuset = mounts.iter().find(|m| !m.is_v2() && m.controllers.iter().any(|c| c == CPUSET));
+        if let Some(m) = cpuset.filter(|m| !hierarchies.iter().any(|h| h.mount_point == m.mount_point)) {
+            hierarchies.push(m.clone());
         }
         if missing.is_empty() { Ok(V1 { hierarchies }) } else { Err(missing) }
     }
@@ -65,7 +74,7 @@ impl V1 {
 
 /// A hierarchy that also carries cpuset starts new cgroups with no cpus/mems: copy the parent's.
 fn init_cpuset(mount: &CgroupMount, name: &Path) -> Result<(), CgroupError> {
-    if !mount.controllers.iter().any(|c| c == "cpuset") {
+    if !mount.controllers.iter().any(|c| c == CPUSET) {
         return Ok(());
     }
     let mut dir = mount.mount_point.clone();
@@ -101,6 +110,14 @@ impl Backend for V1 {
 
     fn set_limits(&self, name: &Path, limits: &Limits) -> Result<(), CgroupError> {
         self.apply_limits(name, limits)
+    }
+
+    fn prepare_restore(&self, name: &Path) -> Result<(), CgroupError> {
+        for h in self.hierarchies.iter().filter(|h| h.controllers.iter().any(|c| c == CPUSET)) {
+            mkdir_all(&h.mount_point.join(name))?;
+            init_cpuset(h, name)?;
+        }
+        Ok(())
     }
 
     fn attach(&self, name: &Path, pid: u32) -> Result<(), CgroupError> {
@@ -188,6 +205,11 @@ mod tests {
         assert_eq!(v1.dir("cpuacct", Path::new("a/b")), PathBuf::from("/c/cpu,cpuacct/a/b"));
         let missing = V1::from_mounts(&mounts[1..]).unwrap_err();
         assert_eq!(missing, vec!["cpu", "cpuacct"]);
+        // cpuset is joined where it is mounted, and not required where it is not.
+        let with_cpuset = [mounts.clone(), vec![mount("/c/cpuset", &["cpuset"])]].concat();
+        let v1 = V1::from_mounts(&with_cpuset).unwrap();
+        assert_eq!(v1.hierarchies.len(), 5);
+        assert_eq!(v1.dir(CPUSET, Path::new("a")), PathBuf::from("/c/cpuset/a"));
     }
 
     #[test]
