@@ -19,6 +19,8 @@ PIDS=()
 # shellcheck source=scripts/bench-common.sh
 . scripts/bench-common.sh
 cleanup() {
+    # BENCH_LOGS=DIR keeps the servers' logs (their timings) there.
+    if [ -n "${BENCH_LOGS:-}" ]; then mkdir -p "$BENCH_LOGS" && cp "$WORK"/*.log "$BENCH_LOGS"/; fi
     stop_servers "$WORK"/serve "$WORK"/node-a "$WORK"/node-b
     remove_cgroups space-bench-move-
 }

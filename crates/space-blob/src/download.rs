@@ -76,6 +76,9 @@ pub(crate) async fn copy_file(
                 // The hashing thread only ends when `chunks` is dropped.
                 let _ = chunks.send(chunk.clone());
                 dest.write_all(&chunk)?;
+                if sync {
+                    start_writeback(&dest, size - n as u64, n);
+                }
             }
             drop(chunks);
             if sync {
@@ -88,6 +91,16 @@ pub(crate) async fn copy_file(
     .await
     .map_err(|e| io(&path)(std::io::Error::other(e)))?;
     copied.map_err(io(partial))
+}
+
+/// Starts the disk writes of `len` bytes of `file` at `offset`, just written, without waiting
+/// for them: the device writes while the copy goes on, and the sync at the end waits for the
+/// last pieces only instead of the whole file. Best effort: a refusal leaves it to the sync.
+fn start_writeback(file: &std::fs::File, offset: u64, len: usize) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else { return };
+    // SAFETY: sync_file_range only reads its integer arguments; `file` stays open throughout.
+    let _ = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE) };
 }
 
 /// Writes `stream` into `dest` through a buffer of [`CHUNK`] bytes, hashing it (and with

@@ -1,6 +1,7 @@
 //! The node's storage pool: one btrfs filesystem at `<data_dir>/pool` holding templates,
 //! sandbox roots, snapshots and warm-pool slots.
 
+use std::collections::HashMap;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -16,6 +17,7 @@ use crate::error::{IoContext, Result, StorageError};
 use crate::identity::{SandboxIdentity, validate_hostname, write_identity};
 use crate::mount;
 use crate::quota::Quotas;
+use crate::snapshots::FileStamp;
 use crate::template::{TemplateInfo, TemplateStore};
 use crate::util::{ensure_dir, remove_any};
 use space_api::IdMap;
@@ -80,6 +82,8 @@ pub struct Pool {
     /// Held while a session group is set up or unused groups are swept, so a sweep never
     /// removes a group between its creation and its first member.
     pub(crate) quota_groups: Mutex<()>,
+    /// Kept binaries whose content was checked against their names, as they were then.
+    pub(crate) checked_binaries: Mutex<HashMap<String, FileStamp>>,
     _lock: Flock<File>,
 }
 
@@ -123,6 +127,7 @@ impl Pool {
             quotas,
             reclaim: Mutex::new(()),
             quota_groups: Mutex::new(()),
+            checked_binaries: Mutex::new(HashMap::new()),
             _lock: lock,
         })
     }

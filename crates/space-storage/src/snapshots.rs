@@ -105,7 +105,9 @@ impl Pool {
     }
 
     /// The binary kept by [`Pool::keep_binary`] under `sha256`, if the pool has it intact: an
-    /// import need not fetch a `spaced` the pool already runs. Anything but 64 lower-case hex
+    /// import need not fetch a `spaced` the pool already runs. Its content is read and hashed
+    /// once, and again only when the file's inode, size or mtime change (btrfs checksums the
+    /// data itself: a read of a damaged block fails). Anything but 64 lower-case hex
     /// digits names none (it would otherwise become part of a path).
     pub fn kept_binary(&self, sha256: &str) -> Option<PathBuf> {
         use sha2::Digest;
@@ -113,8 +115,17 @@ impl Pool {
             return None;
         }
         let kept = self.root().join("binaries").join(sha256);
+        let stamp = FileStamp::of(&kept)?;
+        let mut checked = self.checked_binaries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if checked.get(sha256) == Some(&stamp) {
+            return Some(kept);
+        }
         let content = std::fs::read(&kept).ok()?;
-        (hex::encode(sha2::Sha256::digest(&content)) == sha256).then_some(kept)
+        if hex::encode(sha2::Sha256::digest(&content)) != sha256 {
+            return None;
+        }
+        checked.insert(sha256.to_owned(), stamp);
+        Some(kept)
     }
 
     /// The SHA-256 of the snapshot's `spaced`, known without reading it: the name of the
@@ -186,4 +197,28 @@ fn read_ids<T: std::str::FromStr>(dir: &Path) -> Result<Vec<T>> {
         }
     }
     Ok(ids)
+}
+
+/// What identifies a version of a file's content without reading it: a file replaced gets
+/// another inode, one written in place another mtime. (Not the ctime: each snapshot's hard
+/// link to a kept binary changes it.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+        })
+    }
 }

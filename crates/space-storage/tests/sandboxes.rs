@@ -260,9 +260,14 @@ fn a_kept_binary_that_was_changed_is_written_anew() {
     let source = t.data_dir().join("spaced-original");
     std::fs::write(&source, b"\x7fELF the real binary").unwrap();
     let kept = pool.keep_binary(&source).unwrap();
-    // What a slip of a sandbox's read-only bind could do to the pool's copy.
+    let name = kept.file_name().unwrap().to_str().unwrap().to_owned();
+    assert_eq!(pool.kept_binary(&name), Some(kept.clone()), "checked once, and remembered");
+    // What a slip of a sandbox's read-only bind could do to the pool's copy: in place, even
+    // at the same size, it is found out.
     std::fs::set_permissions(&kept, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    std::fs::write(&kept, b"#!/bin/sh\necho planted").unwrap();
+    std::fs::write(&kept, b"#!/bin/sh\necho plant").unwrap();
+    assert_eq!(std::fs::metadata(&kept).unwrap().len(), 20, "as long as the real one");
+    assert_eq!(pool.kept_binary(&name), None);
     assert_eq!(pool.keep_binary(&source).unwrap(), kept);
     assert_eq!(std::fs::read(&kept).unwrap(), b"\x7fELF the real binary", "the planted content was kept");
 }

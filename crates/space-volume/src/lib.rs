@@ -149,10 +149,11 @@ impl Volumes {
     }
 
     /// Stores `path` in the blob store, encrypted with `key` when given (through a scratch
-    /// file, removed after).
+    /// file of its own name, removed after: the files of one snapshot go side by side).
     async fn put_file(&self, snapshot: &SnapshotId, path: &Path, key: Option<&SnapshotKey>) -> Result<BlobRef> {
         let Some(key) = key else { return Ok(self.blobs.put_file(path).await?) };
-        let sealed = self.scratch_file(snapshot, "sealed")?;
+        let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let sealed = self.scratch_file(snapshot, &format!("{name}.sealed"))?;
         let (key, src, dst) = (key.clone(), path.to_owned(), sealed.clone());
         let stored = match blocking(move || space_keys::stream::encrypt_file(key.bytes(), &src, &dst)).await {
             // Encrypted under a salt of its own: no stored object can equal it.

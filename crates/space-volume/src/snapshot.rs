@@ -5,6 +5,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use futures::StreamExt;
 use space_api::durable::plain_file_name;
 use space_api::{SessionId, SnapshotId};
 use space_blob::BlobRef;
@@ -14,6 +15,8 @@ use crate::{ExportedFile, ParentDisk, Result, SnapshotExport, SnapshotKey, Volum
 /// The mode CRIU gives the image files it writes (its `CR_FD_PERM`, less the umask's write
 /// bit for the group).
 pub(crate) const IMAGE_MODE: u32 = 0o644;
+/// How many process images an export sends, or an import fetches, at once.
+const IMAGE_TRANSFERS: usize = 8;
 
 impl Volumes {
     /// Stores the snapshot in the blob store: its root (against `parent`, a snapshot of the
@@ -38,16 +41,22 @@ impl Volumes {
         if sealed && key.is_none() {
             return Err(VolumeError::SealedWithoutKey);
         }
-        let mut images = Vec::new();
-        for name in plain_files(&dir)? {
+        // Several at once, as an import fetches them (see `import_parts`).
+        let mut files = sized_files(&dir)?;
+        files.sort_by_key(|(_, size)| std::cmp::Reverse(*size));
+        let puts = files.into_iter().map(|(name, _)| {
             let path = dir.join(&name);
-            let blob = match sealed {
-                // Sealed under nonces of their own: no stored object can equal them.
-                true => self.blobs.put_file_once(&path).await?,
-                false => self.put_file(snapshot, &path, key).await?,
-            };
-            images.push(ExportedFile { blob, name });
-        }
+            async move {
+                let blob = match sealed {
+                    // Sealed under nonces of their own: no stored object can equal them.
+                    true => self.blobs.put_file_once(&path).await?,
+                    false => self.put_file(snapshot, &path, key).await?,
+                };
+                Ok::<_, VolumeError>(ExportedFile { blob, name })
+            }
+        });
+        let mut images = all_of(puts).await?;
+        images.sort_by(|a, b| a.name.cmp(&b.name));
         let spaced = self.export_binary(session, snapshot).await?;
         Ok(SnapshotExport { disk, images, spaced: Some(spaced), encrypted })
     }
@@ -129,17 +138,29 @@ impl Volumes {
             _ => {}
         }
         std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-        for file in &export.images {
-            let path = dir.join(&file.name);
-            self.blobs.get_to_file(&file.blob, &path).await?;
-            // As CRIU writes its own: the restored tasks read them from inside the sandbox's
-            // user namespace. The images root (0700, root's) keeps everyone else out.
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(IMAGE_MODE)).map_err(|e| io(&path, e))?;
-        }
+        // Several at once, the largest (the memory pages) first: most of a full snapshot's
+        // files are small, and each waits for its own sync, which overlap when they run side
+        // by side with the large one's copy.
+        let mut files = export.images.clone();
+        files.sort_by_key(|file| std::cmp::Reverse(file.blob.size));
+        let fetches = files.into_iter().map(|file| {
+            let dir = dir.clone();
+            async move { self.fetch_image(&dir, &file).await }
+        });
+        all_of(fetches).await?;
         let kept = self.keep_binary(snapshot, spaced).await;
         let (pool, session, snapshot, kept) = (self.pool.clone(), session.clone(), snapshot.clone(), kept?);
         tokio::task::spawn_blocking(move || pool.link_snapshot_binary(&session, &snapshot, &kept)).await??;
         Ok(())
+    }
+
+    /// One process image of an export into `dir`, checked and synced.
+    async fn fetch_image(&self, dir: &Path, file: &ExportedFile) -> Result<()> {
+        let path = dir.join(&file.name);
+        self.blobs.get_to_file(&file.blob, &path).await?;
+        // As CRIU writes its own: the restored tasks read them from inside the sandbox's
+        // user namespace. The images root (0700, root's) keeps everyone else out.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(IMAGE_MODE)).map_err(|e| io(&path, e))
     }
 
     /// The pool's copy of the `spaced` of `blob`: the one it keeps already when it has one of
@@ -165,6 +186,23 @@ impl Volumes {
 
 pub(crate) fn io(path: &Path, source: std::io::Error) -> VolumeError {
     VolumeError::Io { path: path.to_owned(), source }
+}
+
+/// The outcomes of `transfers`, [`IMAGE_TRANSFERS`] at a time; the first error, once every
+/// one has ended (each cleans up after itself, which one cancelled halfway would not).
+async fn all_of<T>(transfers: impl Iterator<Item = impl Future<Output = Result<T>>>) -> Result<Vec<T>> {
+    let outcomes: Vec<Result<T>> = futures::stream::iter(transfers).buffer_unordered(IMAGE_TRANSFERS).collect().await;
+    outcomes.into_iter().collect()
+}
+
+/// [`plain_files`] with their sizes.
+fn sized_files(dir: &Path) -> Result<Vec<(String, u64)>> {
+    let sized = plain_files(dir)?.into_iter().map(|name| {
+        let path = dir.join(&name);
+        let size = std::fs::metadata(&path).map_err(|e| io(&path, e))?.len();
+        Ok((name, size))
+    });
+    sized.collect()
 }
 
 /// The names of the files in `dir`, which must hold plain files only (what CRIU writes).
