@@ -26,15 +26,21 @@ if [ -d /run/systemd/system ]; then
   systemctl daemon-reload
   systemctl restart lxcfs
 else
-  if answers && [ -r "$pidfile" ]; then
+  old=$(cat "$pidfile" 2>/dev/null || true)
+  if answers && [ -n "$old" ] && [ "$(cat "/proc/$old/comm" 2>/dev/null)" = lxcfs ]; then
     # A working daemon without the flags: replace it (sandboxes started on it see ENOTCONN
-    # until they are restarted or restored).
-    kill "$(cat "$pidfile")" || true
+    # until they are restarted or restored). It must be gone before the new one takes the
+    # pidfile.
+    kill "$old" || true
+    for _ in $(seq 50); do
+      kill -0 "$old" 2>/dev/null || break
+      sleep 0.1
+    done
   fi
   # A mount whose daemon died (or was just stopped) answers ENOTCONN to every read: take it
-  # away first.
+  # away first. (A daemon that stops unmounts it itself, perhaps meanwhile.)
   if grep -q " $dir " /proc/self/mountinfo; then
-    umount -l "$dir"
+    umount -l "$dir" || true
   fi
   mkdir -p "$dir"
   # shellcheck disable=SC2086 # the flags are words

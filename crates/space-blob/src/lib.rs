@@ -212,7 +212,10 @@ impl BlobStore {
     }
 
     async fn get_to(&self, blob: &BlobRef, dest: &Path, sync: bool) -> Result<()> {
-        let partial = dest.with_extension("partial");
+        // Beside `dest`, named after all of it: images fetched side by side may share a stem.
+        let mut partial = dest.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
         let result = self.download(blob, &partial, sync).await;
         match result {
             Ok(()) => tokio::fs::rename(&partial, dest).await.map_err(io(dest)),

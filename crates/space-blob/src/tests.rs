@@ -166,12 +166,19 @@ async fn a_fetched_file_is_readable_by_its_owner_only() {
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("pages-1.img");
     // A stale partial download of another mode is not reused.
-    std::fs::write(dir.path().join("pages-1.partial"), "stale").unwrap();
-    std::fs::set_permissions(dir.path().join("pages-1.partial"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(dir.path().join("pages-1.img.partial"), "stale").unwrap();
+    std::fs::set_permissions(dir.path().join("pages-1.img.partial"), std::fs::Permissions::from_mode(0o644)).unwrap();
     t.blobs.get_to_file(&blob, &dest).await.unwrap();
     let mode = std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     assert_eq!(std::fs::read(&dest).unwrap(), b"memory of a sandbox");
+    // Files of one stem fetched side by side do not share a partial file.
+    let (img, log) = (dir.path().join("dump.img"), dir.path().join("dump.log"));
+    let (a, b) = tokio::join!(t.blobs.get_to_file(&blob, &img), t.blobs.get_to_file(&blob, &log));
+    a.unwrap();
+    b.unwrap();
+    let expected = b"memory of a sandbox".to_vec();
+    assert_eq!((std::fs::read(&img).unwrap(), std::fs::read(&log).unwrap()), (expected.clone(), expected));
     t.blobs.delete(&blob).await.unwrap();
 }
 

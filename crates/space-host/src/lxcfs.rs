@@ -1,13 +1,20 @@
 //! lxcfs: a FUSE filesystem whose `proc/meminfo`, `proc/cpuinfo`, `proc/uptime`, … answer
 //! from the cgroups and pid namespace of the process that reads them. Bound over the same
 //! files of a sandbox's `/proc` and `/sys`, they make `free`, `top`, `uptime` and the CPU
-//! count glibc reports inside show the sandbox's limits and age instead of the host's. One lxcfs serves every sandbox of the
-//! host; `scripts/install-deps.sh` starts it at [`DEFAULT_DIR`].
+//! count glibc reports inside show the sandbox's limits and age instead of the host's. One
+//! lxcfs serves every sandbox of the host; `scripts/install-deps.sh` starts it at
+//! [`DEFAULT_DIR`].
 
 use std::path::{Path, PathBuf};
 
 /// Where Debian's lxcfs package mounts it.
 pub const DEFAULT_DIR: &str = "/var/lib/lxcfs";
+
+/// Where lxcfs writes its pid unless told otherwise (Debian's unit and the script keep it).
+const PIDFILE: &str = "/run/lxcfs.pid";
+
+/// The flags `scripts/start-lxcfs.sh` starts lxcfs with.
+pub const FLAGS: &[&str] = &["--enable-cfs", "-o", "direct_io"];
 
 /// The files taken from lxcfs, by their path under its mount point, which is also where each
 /// is bound in a sandbox (over its `/proc` and `/sys`). (`loadavg` only answers per sandbox
@@ -31,6 +38,9 @@ pub struct Lxcfs {
     pub dir: PathBuf,
     /// Paths under `dir` (and in a sandbox), a subset of [`FILES`].
     pub files: Vec<PathBuf>,
+    /// Whether the daemon of [`PIDFILE`] runs with [`FLAGS`]: without them the CPU counts are
+    /// the host's, and a longer answer can be cut to an earlier reader's size.
+    pub flagged: bool,
 }
 
 impl Lxcfs {
@@ -46,8 +56,26 @@ impl Lxcfs {
             return None;
         }
         let files = FILES.iter().map(PathBuf::from).filter(|f| dir.join(f).is_file()).collect();
-        Some(Lxcfs { dir: dir.to_owned(), files })
+        let flagged = daemon_args().is_some_and(|args| has_flags(&args));
+        if !flagged {
+            tracing::warn!(dir = %dir.display(), "lxcfs runs without {}: sandboxes see the host's CPU count; run scripts/start-lxcfs.sh", FLAGS.join(" "));
+        }
+        Some(Lxcfs { dir: dir.to_owned(), files, flagged })
     }
+}
+
+/// The command line of the process [`PIDFILE`] names, if it is lxcfs.
+fn daemon_args() -> Option<Vec<String>> {
+    let pid = std::fs::read_to_string(PIDFILE).ok()?;
+    let proc = Path::new("/proc").join(pid.trim());
+    (std::fs::read_to_string(proc.join("comm")).ok()?.trim() == "lxcfs").then_some(())?;
+    let cmdline = std::fs::read(proc.join("cmdline")).ok()?;
+    Some(cmdline.split(|b| *b == 0).map(|arg| String::from_utf8_lossy(arg).into_owned()).collect())
+}
+
+/// Whether `args` hold [`FLAGS`] in that order.
+fn has_flags(args: &[String]) -> bool {
+    args.windows(FLAGS.len()).any(|w| w.iter().zip(FLAGS).all(|(a, f)| a == f))
 }
 
 /// Whether `dir` is the mount point of a `fuse.lxcfs` mount in this mount namespace.
@@ -76,6 +104,14 @@ mod tests {
         let other = "47 27 0:43 / /var/lib/lxcfs rw - tmpfs tmpfs rw";
         assert!(!is_lxcfs_mount(other, Path::new("/var/lib/lxcfs")));
         assert!(!is_lxcfs_mount("garbage", Path::new("/var/lib/lxcfs")));
+    }
+
+    #[test]
+    fn the_flags_are_found_in_order() {
+        let args = |s: &str| s.split(' ').map(str::to_owned).collect::<Vec<_>>();
+        assert!(has_flags(&args("lxcfs --enable-cfs -o direct_io --pidfile=/run/lxcfs.pid /var/lib/lxcfs")));
+        assert!(!has_flags(&args("lxcfs --pidfile=/run/lxcfs.pid /var/lib/lxcfs")));
+        assert!(!has_flags(&args("lxcfs -o direct_io --enable-cfs /var/lib/lxcfs")));
     }
 
     #[test]

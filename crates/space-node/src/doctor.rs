@@ -57,20 +57,23 @@ pub async fn probe(host: &HostConfig) -> std::io::Result<Vec<Finding>> {
 /// Whether linux sandboxes get lxcfs's `/proc` files (their own memory and uptime).
 fn own_proc_figures() -> Finding {
     let dir = std::path::Path::new(space_host::lxcfs::DEFAULT_DIR);
-    let files = space_host::lxcfs::Lxcfs::at(dir).map(|l| l.files).unwrap_or_default();
-    let names: Vec<String> = files.iter().map(|f| format!("/{}", f.display())).collect();
-    Finding {
-        what: "own /proc (linux)".into(),
-        ok: !files.is_empty(),
-        detail: if files.is_empty() {
-            format!(
-                "no working lxcfs at {}: sandboxes see the host's memory and uptime; run scripts/start-lxcfs.sh",
-                dir.display()
-            )
-        } else {
+    let lxcfs = space_host::lxcfs::Lxcfs::at(dir).filter(|l| !l.files.is_empty());
+    let detail = match &lxcfs {
+        None => format!(
+            "no working lxcfs at {}: sandboxes see the host's memory and uptime; run scripts/start-lxcfs.sh",
+            dir.display()
+        ),
+        Some(l) if !l.flagged => format!(
+            "lxcfs at {} runs without {}: sandboxes see the host's CPU count; run scripts/start-lxcfs.sh",
+            dir.display(),
+            space_host::lxcfs::FLAGS.join(" ")
+        ),
+        Some(l) => {
+            let names: Vec<String> = l.files.iter().map(|f| format!("/{}", f.display())).collect();
             format!("lxcfs at {}: {}", dir.display(), names.join(", "))
-        },
-    }
+        }
+    };
+    Finding { what: "own /proc (linux)".into(), ok: lxcfs.is_some_and(|l| l.flagged), detail }
 }
 
 fn finding(runtime: RuntimeKind, support: Result<String, String>) -> Finding {

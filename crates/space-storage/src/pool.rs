@@ -82,8 +82,8 @@ pub struct Pool {
     /// Held while a session group is set up or unused groups are swept, so a sweep never
     /// removes a group between its creation and its first member.
     pub(crate) quota_groups: Mutex<()>,
-    /// Kept binaries whose content was checked against their names, as they were then.
-    pub(crate) checked_binaries: Mutex<HashMap<String, FileStamp>>,
+    /// Kept binaries whose content was checked against their names: when, and as they were then.
+    pub(crate) checked_binaries: Mutex<HashMap<String, (std::time::Instant, FileStamp)>>,
     _lock: Flock<File>,
 }
 

@@ -8,6 +8,7 @@
 //! the loop-mounted btrfs costs about 100 ms more than to the data dir's filesystem.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use space_api::{SandboxId, SessionId, SnapshotId};
 
@@ -105,10 +106,12 @@ impl Pool {
     }
 
     /// The binary kept by [`Pool::keep_binary`] under `sha256`, if the pool has it intact: an
-    /// import need not fetch a `spaced` the pool already runs. Its content is read and hashed
-    /// once, and again only when the file's inode, size or mtime change (btrfs checksums the
-    /// data itself: a read of a damaged block fails). Anything but 64 lower-case hex
-    /// digits names none (it would otherwise become part of a path).
+    /// import need not fetch a `spaced` the pool already runs. Its content is read and hashed,
+    /// and read again only when the file's inode, size or mtime changed or the last check is
+    /// [`RECHECK_AFTER`] old: so one altered in place is found at once, and one whose blocks
+    /// went bad (btrfs checksums them: a read fails) within that time, and then written anew.
+    /// Anything but 64 lower-case hex digits names none (it would otherwise become part of a
+    /// path).
     pub fn kept_binary(&self, sha256: &str) -> Option<PathBuf> {
         use sha2::Digest;
         if !space_api::durable::is_sha256(sha256) {
@@ -117,14 +120,15 @@ impl Pool {
         let kept = self.root().join("binaries").join(sha256);
         let stamp = FileStamp::of(&kept)?;
         let mut checked = self.checked_binaries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if checked.get(sha256) == Some(&stamp) {
+        let fresh = |(when, seen): &(Instant, FileStamp)| *seen == stamp && when.elapsed() < RECHECK_AFTER;
+        if checked.get(sha256).is_some_and(fresh) {
             return Some(kept);
         }
         let content = std::fs::read(&kept).ok()?;
         if hex::encode(sha2::Sha256::digest(&content)) != sha256 {
             return None;
         }
-        checked.insert(sha256.to_owned(), stamp);
+        checked.insert(sha256.to_owned(), (Instant::now(), stamp));
         Some(kept)
     }
 
@@ -199,9 +203,13 @@ fn read_ids<T: std::str::FromStr>(dir: &Path) -> Result<Vec<T>> {
     Ok(ids)
 }
 
+/// How long a kept binary's check stands while its file looks unchanged.
+const RECHECK_AFTER: Duration = Duration::from_secs(60);
+
 /// What identifies a version of a file's content without reading it: a file replaced gets
-/// another inode, one written in place another mtime. (Not the ctime: each snapshot's hard
-/// link to a kept binary changes it.)
+/// another inode, one written in place another mtime (unless its owner sets the old one back,
+/// which only root can for a kept binary). Not the ctime: each snapshot's hard link to a kept
+/// binary changes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FileStamp {
     dev: u64,

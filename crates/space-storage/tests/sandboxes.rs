@@ -261,6 +261,9 @@ fn a_kept_binary_that_was_changed_is_written_anew() {
     std::fs::write(&source, b"\x7fELF the real binary").unwrap();
     let kept = pool.keep_binary(&source).unwrap();
     let name = kept.file_name().unwrap().to_str().unwrap().to_owned();
+    // An old mtime, so the write below gets another one on a kernel with coarse timestamps.
+    let old = std::fs::FileTimes::new().set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1));
+    std::fs::File::options().write(true).open(&kept).unwrap().set_times(old).unwrap();
     assert_eq!(pool.kept_binary(&name), Some(kept.clone()), "checked once, and remembered");
     // What a slip of a sandbox's read-only bind could do to the pool's copy: in place, even
     // at the same size, it is found out.
