@@ -431,3 +431,56 @@ fn templates_travel_to_every_node_through_the_blob_store() {
     drop(second);
     drop(server);
 }
+
+/// A cpuset cgroup made for this test, removed again when it ends (the node's own cleanup
+/// removes it too once the node is gone).
+struct Cpuset(std::path::PathBuf);
+
+impl Drop for Cpuset {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A restore makes the sandbox's cpuset cgroup with its own node's CPUs, not with those CRIU
+/// recorded where the image was dumped: a session suspended on a node that may use every CPU
+/// resumes on a node whose cgroup parent is confined to CPU 0 (where CRIU could not make a
+/// cgroup of more CPUs), and sees one CPU there.
+#[test]
+fn a_session_resumes_on_a_node_with_fewer_cpus() {
+    require_root!();
+    let root = std::path::Path::new("/sys/fs/cgroup/cpuset");
+    let all = std::fs::read_to_string(root.join("cpuset.cpus")).expect("this test needs cgroup v1's cpuset");
+    assert_ne!(all.trim(), "0", "this test needs a host with two CPUs or more");
+    let blobs = tempfile::Builder::new().prefix("space-test-blobs-").tempdir_in("/var/tmp").unwrap();
+    let store = blobs.path().to_str().unwrap().to_owned();
+    let mut server = Server::start_split(&["--blob-store", &store]);
+    // The second node's cgroup parent (as ExtraNode names it), confined before it starts.
+    let tag = server.data_dir.file_name().unwrap().to_str().unwrap().trim_start_matches("space-test-").to_owned();
+    let confined = Cpuset(root.join(format!("space-test-{tag}-2")));
+    std::fs::create_dir(&confined.0).unwrap();
+    std::fs::write(confined.0.join("cpuset.cpus"), "0").unwrap();
+    std::fs::write(confined.0.join("cpuset.mems"), std::fs::read_to_string(root.join("cpuset.mems")).unwrap()).unwrap();
+    let second = ExtraNode::start_with(&server, "2", &["--blob-store", &store]);
+    server.add_node(&second);
+    let cordon = |node: &str, how: &str| {
+        let (status, body) = server.call("POST", &format!("/v1/nodes/{node}/{how}"), Some(json!({})));
+        assert_eq!(status, 200, "{body}");
+    };
+    cordon(&second.name, "cordon");
+    let id = server.create_session(json!({}));
+    assert_eq!(get(&server, &id)["node"].as_str(), Some(server.node_id().as_str()));
+    let (status, body) = server.call("POST", &format!("/v1/sessions/{id}/suspend"), Some(json!({})));
+    assert_eq!((status, body["state"].as_str()), (200, Some("suspended")), "{body}");
+    cordon(&second.name, "uncordon");
+    cordon(&server.node_id(), "cordon");
+    let (status, resumed) = server.call("POST", &format!("/v1/sessions/{id}/resume"), Some(json!({})));
+    assert_eq!(status, 200, "{resumed}\n{}", server.log_text());
+    assert_eq!(resumed["node"].as_str(), Some(second.name.as_str()), "{resumed}");
+    let sandbox = get(&server, &id)["sandbox_id"].as_str().unwrap().to_owned();
+    let cpus = std::fs::read_to_string(second.sandbox_cgroup("cpuset", &sandbox).join("cpuset.cpus")).unwrap();
+    assert_eq!(cpus.trim(), "0", "the restored sandbox's cpuset is its node's");
+    let r = server.exec(&id, &["sh", "-c", "nproc; grep -c ^processor /proc/cpuinfo"]);
+    assert_eq!(r["stdout"], "1\n1\n", "{r}");
+    assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 200);
+}
