@@ -18,6 +18,11 @@ impl CgroupMount {
     pub fn is_v2(&self) -> bool {
         self.fstype == "cgroup2"
     }
+
+    /// Whether `controller` is one of this hierarchy's.
+    pub fn carries(&self, controller: &str) -> bool {
+        self.controllers.iter().any(|c| c == controller)
+    }
 }
 
 /// Parses mountinfo lines: `id parent maj:min root mount_point opts [optional...] - fstype source super_opts`.

@@ -18,29 +18,24 @@ pub(crate) struct V1 {
 const CPUSET: &str = "cpuset";
 
 impl V1 {
-    /// Finds a hierarchy for every needed controller; on failure returns the missing ones.
+    /// Finds a hierarchy for every needed controller, and cpuset's if it has one; on failure
+    /// returns the missing ones.
     pub fn from_mounts(mounts: &[CgroupMount]) -> Result<V1, Vec<String>> {
         let mut hierarchies: Vec<CgroupMount> = Vec::new();
         let mut missing = Vec::new();
-        for controller in V1_CONTROLLERS {
-            match mounts.iter().find(|m| !m.is_v2() && m.controllers.iter().any(|c| c == controller)) {
+        for controller in V1_CONTROLLERS.iter().copied().chain([CPUSET]) {
+            match v1_of(mounts, controller) {
                 Some(m) if !hierarchies.iter().any(|h| h.mount_point == m.mount_point) => hierarchies.push(m.clone()),
                 Some(_) => {}
+                None if controller == CPUSET => {}
                 None => missing.push(controller.to_string()),
             }
-        }
-        let cpuset = mounts.iter().find(|m| !m.is_v2() && m.controllers.iter().any(|c| c == CPUSET));
-        if let Some(m) = cpuset.filter(|m| !hierarchies.iter().any(|h| h.mount_point == m.mount_point)) {
-            hierarchies.push(m.clone());
         }
         if missing.is_empty() { Ok(V1 { hierarchies }) } else { Err(missing) }
     }
 
     fn hierarchy(&self, controller: &str) -> &CgroupMount {
-        self.hierarchies
-            .iter()
-            .find(|h| h.controllers.iter().any(|c| c == controller))
-            .expect("from_mounts found every controller")
+        self.hierarchies.iter().find(|h| h.carries(controller)).expect("from_mounts found every controller")
     }
 
     fn dir(&self, controller: &str, name: &Path) -> PathBuf {
@@ -72,9 +67,14 @@ impl V1 {
     }
 }
 
+/// The v1 hierarchy among `mounts` that carries `controller`.
+fn v1_of<'a>(mounts: &'a [CgroupMount], controller: &str) -> Option<&'a CgroupMount> {
+    mounts.iter().find(|m| !m.is_v2() && m.carries(controller))
+}
+
 /// A hierarchy that also carries cpuset starts new cgroups with no cpus/mems: copy the parent's.
 fn init_cpuset(mount: &CgroupMount, name: &Path) -> Result<(), CgroupError> {
-    if !mount.controllers.iter().any(|c| c == CPUSET) {
+    if !mount.carries(CPUSET) {
         return Ok(());
     }
     let mut dir = mount.mount_point.clone();
@@ -113,7 +113,7 @@ impl Backend for V1 {
     }
 
     fn prepare_restore(&self, name: &Path) -> Result<(), CgroupError> {
-        for h in self.hierarchies.iter().filter(|h| h.controllers.iter().any(|c| c == CPUSET)) {
+        for h in self.hierarchies.iter().filter(|h| h.carries(CPUSET)) {
             mkdir_all(&h.mount_point.join(name))?;
             init_cpuset(h, name)?;
         }
