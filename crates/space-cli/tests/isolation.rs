@@ -119,7 +119,7 @@ fn cpus_listed(status: &str) -> usize {
 /// that a session of more claims; every thread of pid 1 has that mask; still so after a
 /// suspend and resume (CRIU does not restore masks: the runtime sets them again). lxcfs's
 /// `/proc/cpuinfo` and `/sys/devices/system/cpu/online` (glibc's `_SC_NPROCESSORS_ONLN`)
-/// count the same.
+/// count the same; the sandbox's cpuset cgroup holds the node's CPUs.
 #[test]
 fn nproc_counts_the_sessions_cpus() {
     require_root!();
@@ -143,6 +143,12 @@ fn nproc_counts_the_sessions_cpus() {
         assert_eq!(r["exit_code"], 0, "{r}");
         r["stdout"].as_str().unwrap().to_owned()
     };
+    // lxcfs reads the quota through the sandbox's cpuset cgroup, which holds the node's CPUs
+    // (the mask does the placing).
+    let (_, session) = server.call("GET", &format!("/v1/sessions/{one}"), None);
+    let cpuset = server.sandbox_cgroup("cpuset", session["sandbox_id"].as_str().unwrap()).join("cpuset.cpus");
+    let node_cpus = std::fs::read_to_string("/sys/fs/cgroup/cpuset/cpuset.cpus").unwrap();
+    assert_eq!(std::fs::read_to_string(&cpuset).unwrap(), node_cpus, "{}", cpuset.display());
     assert_eq!((nproc(&one), nproc(&all)), (1, host));
     assert_eq!(listed(&one), "1\n0\n", "cpuinfo's processors, then cpu/online");
     assert_eq!(listed(&all), format!("{host}\n0-{}\n", host - 1), "cpuinfo's processors, then cpu/online");
