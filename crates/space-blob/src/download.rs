@@ -15,11 +15,8 @@ use futures::stream::BoxStream;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
+use crate::pieces::{self, NOT_READ_TO_THE_END};
 use crate::{BlobError, BlobRef, CHUNK, Result, io};
-
-/// What a read that went past the size it expected reports as its hash: the rest is not
-/// read, as the object is corrupt whatever it holds.
-const NOT_READ_TO_THE_END: &str = "(not read to the end)";
 
 /// Makes the file a download goes to anew, readable by its owner only, so it gets that mode
 /// whatever a stale one had.
@@ -51,42 +48,19 @@ pub(crate) async fn copy_file(
     let copied = tokio::task::spawn_blocking(move || -> std::io::Result<BlobRef> {
         source.seek(SeekFrom::Start(range.start))?;
         let len = range.end.saturating_sub(range.start).min(expected + 1);
-        let mut source = source.take(len);
-        // Hashing, most of the work, runs on a thread of its own beside the copy and the sync.
-        std::thread::scope(|scope| {
-            let (chunks, to_hash) = std::sync::mpsc::sync_channel::<Bytes>(2);
-            let hashing = scope.spawn(move || {
-                let mut hasher = Sha256::new();
-                to_hash.iter().for_each(|chunk| hasher.update(&chunk));
-                hex::encode(hasher.finalize())
-            });
-            let mut size = 0u64;
-            loop {
-                let mut buf = vec![0; CHUNK];
-                let n = crate::read_up_to(&mut source, &mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                size += n as u64;
-                if size > expected {
-                    return Ok(BlobRef { sha256: NOT_READ_TO_THE_END.into(), size });
-                }
-                buf.truncate(n);
-                let chunk = Bytes::from(buf);
-                // The hashing thread only ends when `chunks` is dropped.
-                let _ = chunks.send(chunk.clone());
-                dest.write_all(&chunk)?;
-                if sync {
-                    start_writeback(&dest, size - n as u64, n);
-                }
-            }
-            drop(chunks);
+        let mut written = 0u64;
+        let copied = pieces::read_hashed(&mut source.take(len), expected, |piece| {
+            dest.write_all(piece)?;
             if sync {
-                dest.sync_all()?;
+                start_writeback(&dest, written, piece.len());
             }
-            let sha256 = hashing.join().map_err(|_| std::io::Error::other("hashing panicked"))?;
-            Ok(BlobRef { sha256, size })
-        })
+            written += piece.len() as u64;
+            Ok(())
+        })?;
+        if sync && copied.size <= expected {
+            dest.sync_all()?;
+        }
+        Ok(copied)
     })
     .await
     .map_err(|e| io(&path)(std::io::Error::other(e)))?;

@@ -11,6 +11,7 @@
 
 mod download;
 mod location;
+mod pieces;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -325,11 +326,10 @@ async fn hash_file(path: &Path) -> Result<BlobRef> {
     read_hashed(path, None).await
 }
 
-/// Reads the file at `path` a chunk at a time, hashing it, and sends every chunk to `upload`
-/// if given. One blocking task reads and hashes while the chunks it read before are sent:
-/// hashing is most of the work, and the sending waits on other threads. (A plain parameter,
-/// not a closure: an async closure's future is not `Send` for every lifetime, which callers
-/// behind `async_trait` need.)
+/// Reads the file at `path` a piece at a time, hashing it, and sends every piece to `upload`
+/// if given. One blocking task reads (and a thread beside it hashes) while the pieces it read
+/// before are sent. (A plain parameter, not a closure: an async closure's future is not
+/// `Send` for every lifetime, which callers behind `async_trait` need.)
 async fn read_hashed(path: &Path, upload: Option<&mut WriteMultipart>) -> Result<BlobRef> {
     let (chunks, mut to_send) = tokio::sync::mpsc::channel::<Bytes>(2);
     let chunks = upload.is_some().then_some(chunks);
@@ -344,28 +344,13 @@ async fn read_hashed(path: &Path, upload: Option<&mut WriteMultipart>) -> Result
     reader.await.map_err(|e| io(path)(std::io::Error::other(e)))?.map_err(io(path))
 }
 
-/// [`read_hashed`]'s blocking part: each chunk goes to `chunks` (until nobody takes them)
-/// before it is hashed.
+/// [`read_hashed`]'s blocking part: each piece goes to `chunks` (until nobody takes them).
 fn read_and_hash(path: &Path, chunks: Option<tokio::sync::mpsc::Sender<Bytes>>) -> std::io::Result<BlobRef> {
     let mut file = std::fs::File::open(path)?;
-    let (mut hasher, mut size) = (Sha256::new(), 0u64);
-    loop {
-        let mut buf = vec![0; CHUNK];
-        let n = read_up_to(&mut file, &mut buf)?;
-        if n == 0 {
-            break;
-        }
-        buf.truncate(n);
-        let chunk = Bytes::from(buf);
-        if let Some(chunks) = &chunks
-            && chunks.blocking_send(chunk.clone()).is_err()
-        {
-            return Err(std::io::Error::other("the upload stopped"));
-        }
-        hasher.update(&chunk);
-        size += n as u64;
-    }
-    Ok(BlobRef { sha256: hex::encode(hasher.finalize()), size })
+    pieces::read_hashed(&mut file, u64::MAX, |piece| match &chunks {
+        Some(chunks) => chunks.blocking_send(piece.clone()).map_err(|_| std::io::Error::other("the upload stopped")),
+        None => Ok(()),
+    })
 }
 
 /// Reads until `buf` is full or the source ends; how many bytes it read.
