@@ -31,17 +31,36 @@ impl Volumes {
         parent: Option<&SnapshotId>,
         key: Option<&SnapshotKey>,
     ) -> Result<SnapshotExport> {
-        let disk = self.export_disk(session, snapshot, parent, key).await?;
         let encrypted = key.is_some();
         if !self.pool.snapshot_has_images(session, snapshot) {
+            let disk = self.export_disk(session, snapshot, parent, key).await?;
             return Ok(SnapshotExport { disk, images: Vec::new(), spaced: None, encrypted });
         }
+        // The root beside the images: the memory image's hash keeps one CPU busy, and the
+        // root's stream is mostly the kernel's and the cipher's work.
+        let start = std::time::Instant::now();
+        let root = async { (self.export_disk(session, snapshot, parent, key).await, start.elapsed()) };
+        let images = async { (self.export_images(session, snapshot, key).await, start.elapsed()) };
+        let ((disk, root), (images, images_took)) = futures::join!(root, images);
+        let (disk, images) = (disk?, images?);
+        let spaced = self.export_binary(session, snapshot).await?;
+        tracing::debug!(%snapshot, ?root, images = ?images_took, total = ?start.elapsed(), "exported");
+        Ok(SnapshotExport { disk, images, spaced: Some(spaced), encrypted })
+    }
+
+    /// Stores every file of a full snapshot's process images, several at once (as an import
+    /// fetches them, see `import_parts`); what each became, by name.
+    async fn export_images(
+        &self,
+        session: &SessionId,
+        snapshot: &SnapshotId,
+        key: Option<&SnapshotKey>,
+    ) -> Result<Vec<ExportedFile>> {
         let dir = self.pool.snapshot_images_dir(session, snapshot);
         let sealed = crate::sealed::images_sealed(&dir)?;
         if sealed && key.is_none() {
             return Err(VolumeError::SealedWithoutKey);
         }
-        // Several at once, as an import fetches them (see `import_parts`).
         let mut files = sized_files(&dir)?;
         files.sort_by_key(|(_, size)| std::cmp::Reverse(*size));
         let puts = files.into_iter().map(|(name, _)| {
@@ -57,8 +76,7 @@ impl Volumes {
         });
         let mut images = all_of(puts).await?;
         images.sort_by(|a, b| a.name.cmp(&b.name));
-        let spaced = self.export_binary(session, snapshot).await?;
-        Ok(SnapshotExport { disk, images, spaced: Some(spaced), encrypted })
+        Ok(images)
     }
 
     /// Stores the `spaced` of a full snapshot, unless the store has it: by the name the pool
@@ -131,26 +149,38 @@ impl Volumes {
         if let Some(bad) = export.images.iter().find(|f| !plain_file_name(&f.name)) {
             return Err(VolumeError::NotPlain { path: dir.join(&bad.name), reason: "not a plain file name" });
         }
-        self.import_disk(session, snapshot, &export.disk, key).await?;
-        let Some(spaced) = &export.spaced else { return Ok(()) };
-        match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&dir, e)),
+        let Some(spaced) = &export.spaced else { return self.import_disk(session, snapshot, &export.disk, key).await };
+        // The root beside the images (see `export_snapshot`): the images have a directory of
+        // their own, and the snapshot is complete only once its binary is linked, after both.
+        let start = std::time::Instant::now();
+        let root = async { (self.import_disk(session, snapshot, &export.disk, key).await, start.elapsed()) };
+        let images = async { (self.import_images(&dir, &export.images).await, start.elapsed()) };
+        let ((disk, root), (images, images_took)) = futures::join!(root, images);
+        disk.and(images)?;
+        let kept = self.keep_binary(snapshot, spaced).await;
+        let (pool, session, snapshot_id, kept) = (self.pool.clone(), session.clone(), snapshot.clone(), kept?);
+        tokio::task::spawn_blocking(move || pool.link_snapshot_binary(&session, &snapshot_id, &kept)).await??;
+        tracing::debug!(%snapshot, ?root, images = ?images_took, total = ?start.elapsed(), "imported");
+        Ok(())
+    }
+
+    /// Fetches `images` into `dir`, made anew, several at once, the largest (the memory pages)
+    /// first: most of a full snapshot's files are small, and each waits for its own sync,
+    /// which overlap when they run side by side with the large one's copy.
+    async fn import_images(&self, dir: &Path, images: &[ExportedFile]) -> Result<()> {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(dir, e)),
             _ => {}
         }
-        std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-        // Several at once, the largest (the memory pages) first: most of a full snapshot's
-        // files are small, and each waits for its own sync, which overlap when they run side
-        // by side with the large one's copy.
-        let mut files = export.images.clone();
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        let mut files = images.to_vec();
         files.sort_by_key(|file| std::cmp::Reverse(file.blob.size));
+        // Owned futures: a closure borrowing here is not general enough for a `Send` caller.
         let fetches = files.into_iter().map(|file| {
-            let dir = dir.clone();
+            let dir = dir.to_owned();
             async move { self.fetch_image(&dir, &file).await }
         });
         all_of(fetches).await?;
-        let kept = self.keep_binary(snapshot, spaced).await;
-        let (pool, session, snapshot, kept) = (self.pool.clone(), session.clone(), snapshot.clone(), kept?);
-        tokio::task::spawn_blocking(move || pool.link_snapshot_binary(&session, &snapshot, &kept)).await??;
         Ok(())
     }
 
