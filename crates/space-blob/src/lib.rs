@@ -24,8 +24,11 @@ use object_store::path::Path as Key;
 use object_store::{GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use sha2::{Digest, Sha256};
 
-/// How much of a file is read, hashed and uploaded at a time.
+/// A multipart upload's part (S3 wants at least 5 MiB but the last), and a remote download's
+/// write buffer. Files are read in smaller pieces ([`pieces::PIECE`]), which make up whole
+/// parts.
 const CHUNK: usize = 8 << 20;
+const _: () = assert!(CHUNK.is_multiple_of(pieces::PIECE));
 
 /// Where [`BlobStore::put_file_once`] writes an object before it knows the object's hash,
 /// under 32 lower-case hex digits.

@@ -15,9 +15,10 @@ use crate::BlobRef;
 
 /// Bytes per piece.
 pub(crate) const PIECE: usize = 1 << 20;
-/// How many idle pieces are kept for the next read: as many as a transfer has in flight
-/// (an upload's parts being written and filled, and the pieces queued to it).
-const KEPT: usize = 32;
+/// How many idle pieces are kept for the next read: about as many as an upload has in flight
+/// (two parts being written and one being filled, of `CHUNK` bytes each, and the pieces
+/// queued to it).
+const KEPT: usize = 4 * crate::CHUNK / PIECE;
 
 /// What a read that went past its limit reports as its hash: the rest is not read, as the
 /// object is corrupt whatever it holds.
@@ -53,7 +54,9 @@ impl Drop for Piece {
 
 /// The next piece of `source` (up to [`PIECE`] bytes); `None` at its end.
 fn next_piece(source: &mut impl Read) -> std::io::Result<Option<Bytes>> {
-    let buf = idle().pop().unwrap_or_else(|| vec![0; PIECE]);
+    // Not allocated under the lock, which every dropped piece takes.
+    let reused = idle().pop();
+    let buf = reused.unwrap_or_else(|| vec![0; PIECE]);
     let mut piece = Piece { buf, len: 0 };
     piece.len = crate::read_up_to(source, &mut piece.buf)?;
     Ok((piece.len > 0).then(|| Bytes::from_owner(piece)))
@@ -80,7 +83,7 @@ pub(crate) fn read_hashed(
             if size > limit {
                 return Ok(BlobRef { sha256: NOT_READ_TO_THE_END.into(), size });
             }
-            // The hashing thread ends when `pieces` is dropped, so it cannot have gone.
+            // Fails only if the hashing thread panicked, which its join reports.
             let _ = pieces.send(piece.clone());
             each(&piece)?;
         }
@@ -127,11 +130,32 @@ mod tests {
     }
 
     #[test]
-    fn a_read_past_its_limit_stops_and_says_so() {
-        let data = vec![1u8; PIECE + 5];
-        let read = read_hashed(&mut data.as_slice(), 10, |_| Ok(())).unwrap();
+    fn a_read_past_its_limit_stops_and_hands_nothing_of_the_piece_that_crossed_it() {
+        let data = vec![1u8; PIECE * 2 + 5];
+        let mut handed = 0;
+        let read = read_hashed(&mut data.as_slice(), PIECE as u64 + 10, |piece| {
+            handed += piece.len();
+            Ok(())
+        })
+        .unwrap();
         assert_eq!(read.sha256, NOT_READ_TO_THE_END);
-        assert!(read.size > 10);
+        assert_eq!(read.size, 2 * PIECE as u64);
+        assert_eq!(handed, PIECE, "only the piece within the limit is handed over");
+    }
+
+    #[test]
+    fn pieces_still_held_are_not_read_into_again() {
+        // As an upload keeps the pieces of the parts it has not written yet.
+        let first: Vec<u8> = (0..PIECE * 3).map(|i| (i % 253) as u8).collect();
+        let mut held = Vec::new();
+        read_hashed(&mut first.as_slice(), u64::MAX, |piece| {
+            held.push(piece.clone());
+            Ok(())
+        })
+        .unwrap();
+        let other = vec![0xee; PIECE * 3];
+        read_hashed(&mut other.as_slice(), u64::MAX, |_| Ok(())).unwrap();
+        assert_eq!(held.concat(), first);
     }
 
     #[test]

@@ -42,14 +42,14 @@ impl Volumes {
         let root = async { (self.export_disk(session, snapshot, parent, key).await, start.elapsed()) };
         let images = async { (self.export_images(session, snapshot, key).await, start.elapsed()) };
         let ((disk, root), (images, images_took)) = futures::join!(root, images);
-        let (disk, images) = (disk?, images?);
+        let (disk, images) = root_first(snapshot, disk, images)?;
         let spaced = self.export_binary(session, snapshot).await?;
         tracing::debug!(%snapshot, ?root, images = ?images_took, total = ?start.elapsed(), "exported");
         Ok(SnapshotExport { disk, images, spaced: Some(spaced), encrypted })
     }
 
     /// Stores every file of a full snapshot's process images, several at once (as an import
-    /// fetches them, see `import_parts`); what each became, by name.
+    /// fetches them, see `import_images`); what each became, by name.
     async fn export_images(
         &self,
         session: &SessionId,
@@ -156,7 +156,7 @@ impl Volumes {
         let root = async { (self.import_disk(session, snapshot, &export.disk, key).await, start.elapsed()) };
         let images = async { (self.import_images(&dir, &export.images).await, start.elapsed()) };
         let ((disk, root), (images, images_took)) = futures::join!(root, images);
-        disk.and(images)?;
+        root_first(snapshot, disk, images)?;
         let kept = self.keep_binary(snapshot, spaced).await;
         let (pool, session, snapshot_id, kept) = (self.pool.clone(), session.clone(), snapshot.clone(), kept?);
         tokio::task::spawn_blocking(move || pool.link_snapshot_binary(&session, &snapshot_id, &kept)).await??;
@@ -211,6 +211,19 @@ impl Volumes {
         };
         let _ = std::fs::remove_file(&binary);
         kept
+    }
+}
+
+/// The outcomes of a snapshot's root and of its images, moved side by side: the root's error
+/// first (it says whether the snapshot is corrupt), the images' logged when both failed.
+fn root_first<A, B>(snapshot: &SnapshotId, root: Result<A>, images: Result<B>) -> Result<(A, B)> {
+    match (root, images) {
+        (Ok(root), Ok(images)) => Ok((root, images)),
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+        (Err(e), Err(images)) => {
+            tracing::warn!(%snapshot, error = %images, "the snapshot's images failed as well as its root");
+            Err(e)
+        }
     }
 }
 
