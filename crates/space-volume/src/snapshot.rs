@@ -4,6 +4,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use space_api::durable::plain_file_name;
@@ -36,15 +37,11 @@ impl Volumes {
             let disk = self.export_disk(session, snapshot, parent, key).await?;
             return Ok(SnapshotExport { disk, images: Vec::new(), spaced: None, encrypted });
         }
-        // The root beside the images: the memory image's hash keeps one CPU busy, and the
-        // root's stream is mostly the kernel's and the cipher's work.
-        let start = std::time::Instant::now();
-        let root = async { (self.export_disk(session, snapshot, parent, key).await, start.elapsed()) };
-        let images = async { (self.export_images(session, snapshot, key).await, start.elapsed()) };
-        let ((disk, root), (images, images_took)) = futures::join!(root, images);
-        let (disk, images) = root_first(snapshot, disk, images)?;
+        let start = Instant::now();
+        let root = self.export_disk(session, snapshot, parent, key);
+        let ((disk, images), took) = side_by_side(snapshot, root, self.export_images(session, snapshot, key)).await?;
         let spaced = self.export_binary(session, snapshot).await?;
-        tracing::debug!(%snapshot, ?root, images = ?images_took, total = ?start.elapsed(), "exported");
+        tracing::debug!(%snapshot, root = ?took.0, images = ?took.1, total = ?start.elapsed(), "exported");
         Ok(SnapshotExport { disk, images, spaced: Some(spaced), encrypted })
     }
 
@@ -150,17 +147,15 @@ impl Volumes {
             return Err(VolumeError::NotPlain { path: dir.join(&bad.name), reason: "not a plain file name" });
         }
         let Some(spaced) = &export.spaced else { return self.import_disk(session, snapshot, &export.disk, key).await };
-        // The root beside the images (see `export_snapshot`): the images have a directory of
-        // their own, and the snapshot is complete only once its binary is linked, after both.
-        let start = std::time::Instant::now();
-        let root = async { (self.import_disk(session, snapshot, &export.disk, key).await, start.elapsed()) };
-        let images = async { (self.import_images(&dir, &export.images).await, start.elapsed()) };
-        let ((disk, root), (images, images_took)) = futures::join!(root, images);
-        root_first(snapshot, disk, images)?;
+        // The images have a directory of their own, and the snapshot is complete only once its
+        // binary is linked, after both.
+        let start = Instant::now();
+        let root = self.import_disk(session, snapshot, &export.disk, key);
+        let (_, took) = side_by_side(snapshot, root, self.import_images(&dir, &export.images)).await?;
         let kept = self.keep_binary(snapshot, spaced).await;
         let (pool, session, snapshot_id, kept) = (self.pool.clone(), session.clone(), snapshot.clone(), kept?);
         tokio::task::spawn_blocking(move || pool.link_snapshot_binary(&session, &snapshot_id, &kept)).await??;
-        tracing::debug!(%snapshot, ?root, images = ?images_took, total = ?start.elapsed(), "imported");
+        tracing::debug!(%snapshot, root = ?took.0, images = ?took.1, total = ?start.elapsed(), "imported");
         Ok(())
     }
 
@@ -214,11 +209,21 @@ impl Volumes {
     }
 }
 
-/// The outcomes of a snapshot's root and of its images, moved side by side: the root's error
-/// first (it says whether the snapshot is corrupt), the images' logged when both failed.
-fn root_first<A, B>(snapshot: &SnapshotId, root: Result<A>, images: Result<B>) -> Result<(A, B)> {
+/// Moves a snapshot's root and its images side by side: the memory image's hash keeps one
+/// CPU busy, and the root's stream is mostly the kernel's and the cipher's work. Both run to
+/// their end (each cleans up after itself); the root's error comes first (it says whether the
+/// snapshot is corrupt), the images' is logged when both failed. With how long each took.
+async fn side_by_side<A, B>(
+    snapshot: &SnapshotId,
+    root: impl Future<Output = Result<A>>,
+    images: impl Future<Output = Result<B>>,
+) -> Result<((A, B), (Duration, Duration))> {
+    let start = Instant::now();
+    let root = async { (root.await, start.elapsed()) };
+    let images = async { (images.await, start.elapsed()) };
+    let ((root, root_took), (images, images_took)) = futures::join!(root, images);
     match (root, images) {
-        (Ok(root), Ok(images)) => Ok((root, images)),
+        (Ok(root), Ok(images)) => Ok(((root, images), (root_took, images_took))),
         (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
         (Err(e), Err(images)) => {
             tracing::warn!(%snapshot, error = %images, "the snapshot's images failed as well as its root");
