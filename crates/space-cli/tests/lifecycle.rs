@@ -82,7 +82,7 @@ fn restore_brings_back_a_disk_snapshot() {
         let (_, list) = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None);
         let size = list["snapshots"].as_array()?.iter().find(|s| s["id"] == snap["id"])?["size_bytes"].as_u64();
         if size.is_none() {
-            std::thread::sleep(std::time::Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(50));
         }
         size
     });
@@ -96,8 +96,15 @@ fn restore_brings_back_a_disk_snapshot() {
     assert_eq!((status, s["state"].as_str()), (200, Some("running")), "{s}");
     assert_ne!(s["sandbox_id"], before["sandbox_id"], "restore runs in a new sandbox");
     assert_eq!(stdout(&server, &id, "cat /root/file; ls /root"), "v1\nfile\n");
+    // The replaced sandbox's root is removed in the background after the restore answers.
     let old = server.data_dir.join(format!("pool/sandboxes/{}", before["sandbox_id"].as_str().unwrap()));
-    assert!(!old.exists(), "the replaced sandbox's root is still there");
+    for _ in 0..250 {
+        if !old.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!old.exists(), "the replaced sandbox's root is still there 5 s after the restore");
 
     let (_, list) = server.call("GET", &format!("/v1/sessions/{id}/snapshots"), None);
     assert_eq!(list["snapshots"].as_array().unwrap().len(), 2);
