@@ -219,9 +219,11 @@ while True:
     let sha = stdout(&server, &id, "cat /root/sha-before");
     assert_eq!(sha.len(), 64);
 
+    let ca = stdout(&server, &id, "cat /etc/space/ca.crt /etc/space/ca-bundle.crt");
     suspend(&server, &id);
     resume(&server, &id);
     eventually("TCP lines keep flowing after resume", || Some(tcp(&server)).filter(|n| *n > lines + 5));
+    assert_eq!(stdout(&server, &id, "cat /etc/space/ca.crt /etc/space/ca-bundle.crt"), ca, "the session's CA files");
     stdout(&server, &id, &format!("kill -USR1 {pid}"));
     let after = eventually("the process hashes its memory again", || {
         Some(stdout(&server, &id, "cat /root/sha-after 2>/dev/null")).filter(|s| s.len() == 64)
@@ -254,6 +256,13 @@ fn forks_of_a_live_session_continue_its_processes_independently() {
         assert_eq!(stdout(&server, child, "cat /root/mine"), i.to_string(), "another fork's write leaked");
     }
     assert_eq!(stdout(&server, &parent, "cat /root/mine 2>/dev/null || echo none"), "none");
+    // Forks trust their parent's gateway CA (docs/egress.md), and their bundles hold it last.
+    let parent_ca = stdout(&server, &parent, "cat /etc/space/ca.crt");
+    assert!(parent_ca.starts_with("-----BEGIN CERTIFICATE-----"), "{parent_ca}");
+    for child in &children {
+        assert_eq!(stdout(&server, child, "cat /etc/space/ca.crt"), parent_ca, "fork {child}'s CA");
+        assert!(stdout(&server, child, "cat /etc/space/ca-bundle.crt").ends_with(&parent_ca), "fork {child}'s bundle");
+    }
 
     // Stopping the counter in one fork stops it there only.
     stdout(&server, &children[0], &format!("kill {pid}"));

@@ -179,6 +179,9 @@ fn a_vm_session_forks_into_vms_of_their_own() {
     let server = Server::start_with(&["--pool", ""]);
     let (id, _) = vm_session(&server);
     sh(&server, &id, "echo parent > /root/f");
+    let ca_files = "cat /etc/space/ca.crt /etc/space/ca-bundle.crt";
+    let parent_ca = stdout(&sh(&server, &id, ca_files));
+    assert!(parent_ca.contains("-----BEGIN CERTIFICATE-----"), "{parent_ca}");
     let (status, forks) = server.call("POST", &format!("/v1/sessions/{id}/fork"), Some(json!({ "count": 2 })));
     assert_eq!(status, 201, "{forks}");
     let forks: Vec<String> =
@@ -187,6 +190,8 @@ fn a_vm_session_forks_into_vms_of_their_own() {
         let (_, session) = server.call("GET", &format!("/v1/sessions/{fork}"), None);
         assert_eq!(session["runtime"], "vm", "{session}");
         assert_eq!(stdout(&sh(&server, fork, "cat /root/f")).trim(), "parent");
+        // Forks trust their parent's gateway CA (docs/egress.md): the files their root holds.
+        assert_eq!(stdout(&sh(&server, fork, ca_files)), parent_ca, "fork {fork}'s CA files");
         sh(&server, fork, &format!("echo {fork} > /root/f"));
     }
     assert_eq!(stdout(&sh(&server, &id, "cat /root/f")).trim(), "parent", "a fork wrote into its parent");
@@ -247,6 +252,8 @@ fn a_suspended_vm_resumes_its_processes_also_after_a_server_restart() {
         "mkdir -p /mnt/m && mount -t tmpfs -o size=400m tmpfs /mnt/m && head -c 335544320 /dev/urandom > /mnt/m/blob && md5sum /mnt/m/blob > /root/sum",
     );
     std::thread::sleep(std::time::Duration::from_millis(300));
+    let ca_files = "cat /etc/space/ca.crt /etc/space/ca-bundle.crt";
+    let ca = stdout(&sh(&server, &id, ca_files));
     let before = counter(&server, &id);
     assert!(before > 0);
     let (status, s) = server.call("POST", &format!("/v1/sessions/{id}/suspend"), Some(json!({})));
@@ -261,6 +268,7 @@ fn a_suspended_vm_resumes_its_processes_also_after_a_server_restart() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(counter(&server, &id) > resumed, "the counter stopped after the resume");
     assert_eq!(stdout(&sh(&server, &id, "md5sum /mnt/m/blob")), stdout(&sh(&server, &id, "cat /root/sum")));
+    assert_eq!(stdout(&sh(&server, &id, ca_files)), ca, "the session's CA files");
 }
 
 #[test]

@@ -128,6 +128,7 @@ impl Node {
         key: Option<&SnapshotKey>,
     ) -> Result<SandboxHandle> {
         let rt = self.runtimes.get(runtime)?;
+        let began = std::time::Instant::now();
         // Side by side: the images are opened while the root is copied. Both run to their end,
         // and images that do not open (the tenant's key revoked) leave no root behind. The
         // root is charged before a single process is restored: they continue at once.
@@ -161,17 +162,20 @@ impl Node {
             other => other,
         };
         self.runtimes.record(id, runtime);
-        let start = std::time::Instant::now();
+        let prepared = began.elapsed();
         let handle = rt
             .restore(&spec, &artifacts)
             .await
             .inspect_err(|_| space_metrics::checkpoint_error(runtime, CheckpointStep::Restore))?;
-        tracing::debug!(sandbox = %id, restore = ?start.elapsed(), "restored");
+        let restored = began.elapsed();
         // Freeing the images' memory takes a few milliseconds the resumed sandbox need not wait.
         tokio::task::spawn_blocking(move || drop(plain));
         let agent = self.connect(id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
-        self.connect_to_gateway_or_destroy(&handle).await?;
+        let connected = began.elapsed();
+        self.connect_to_gateway_or_destroy(&handle, Some(session)).await?;
+        tracing::debug!(sandbox = %id, ?prepared, ?restored, ?connected, gateway = ?began.elapsed(),
+            "restored; each part since the start");
         Ok(handle)
     }
 

@@ -30,12 +30,16 @@ pub(crate) fn sandbox_identity(hostname: &str) -> SandboxIdentity {
 }
 
 impl Node {
-    /// Opens the gateway's listeners in a sandbox that just started (or was restored). The
-    /// sandbox serves no session, so it reaches
+    /// Opens the gateway's listeners in a sandbox that just started (or was restored from a
+    /// full snapshot of session `restored_from`). The sandbox serves no session, so it reaches
     /// nothing, until [`Node::join_session_network`]. A sandbox the gateway cannot serve is of
     /// no use: it is destroyed.
-    pub(crate) async fn connect_to_gateway_or_destroy(&self, handle: &SandboxHandle) -> Result<()> {
-        let connected = self.connect_to_gateway(handle).await;
+    pub(crate) async fn connect_to_gateway_or_destroy(
+        &self,
+        handle: &SandboxHandle,
+        restored_from: Option<&SessionId>,
+    ) -> Result<()> {
+        let connected = self.connect_to_gateway(handle, restored_from).await;
         if connected.is_err()
             && let Err(e) = self.destroy_sandbox(&handle.id).await
         {
@@ -47,11 +51,16 @@ impl Node {
     /// Done when a sandbox starts (for pods: before any session waits for it), so that
     /// joining a session only has to write the session's own files. (The resolver already
     /// points at the gateway: see [`sandbox_identity`].)
-    async fn connect_to_gateway(&self, handle: &SandboxHandle) -> Result<()> {
+    async fn connect_to_gateway(&self, handle: &SandboxHandle, restored_from: Option<&SessionId>) -> Result<()> {
         self.attach_gateway(handle).await?;
-        let agent = self.agent(&handle.id).await?;
-        let bundle = read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default();
-        self.system_bundles.lock().map_err(poisoned)?.insert(handle.id.clone(), Bytes::from(bundle));
+        let found = match restored_from {
+            Some(session) => RootCerts::Restored(session.clone()),
+            None => {
+                let agent = self.agent(&handle.id).await?;
+                RootCerts::System(Bytes::from(read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default()))
+            }
+        };
+        self.root_certs.lock().map_err(poisoned)?.insert(handle.id.clone(), found);
         Ok(())
     }
 
@@ -72,16 +81,25 @@ impl Node {
     /// `gateway().set_session`). Writes the session CA and a trust bundle holding it (after
     /// the template's roots, so tunnelled hosts still verify) into the sandbox's root: from the
     /// host, without a round trip to the sandbox, as this is on the path of every create.
+    /// A root restored from a full snapshot of a session with this CA (the same session, or
+    /// the parent of a fork: docs/egress.md) keeps the files it has: that session's sandbox
+    /// had joined it before it could be snapshotted, and a session's CA is the same for its
+    /// whole life (each write would be a round trip to a VM's agent).
     pub async fn join_session_network(&self, sandbox: &SandboxId, session: &SessionId) -> Result<()> {
         let ca_cert_pem = self
             .gateway
             .session_ca_cert(session)
             .ok_or_else(|| NodeError::Gateway(format!("the egress of session {session} is not loaded")))?;
         self.gateway.assign(sandbox, session);
-        let system = self.system_bundles.lock().map_err(poisoned)?.remove(sandbox);
-        let system = match system {
-            Some(bundle) => bundle,
-            None => {
+        let found = self.root_certs.lock().map_err(poisoned)?.remove(sandbox);
+        let system = match found {
+            Some(RootCerts::Restored(from))
+                if from == *session || self.gateway.session_ca_cert(&from).as_ref() == Some(&ca_cert_pem) =>
+            {
+                return Ok(());
+            }
+            Some(RootCerts::System(bundle)) => bundle,
+            Some(RootCerts::Restored(_)) | None => {
                 let agent = self.agent(sandbox).await?;
                 Bytes::from(read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default())
             }
@@ -127,10 +145,19 @@ impl Node {
     /// Forgets what [`Node::connect_to_gateway`] kept for a sandbox that goes away.
     pub(crate) fn disconnect_from_gateway(&self, sandbox: &SandboxId) {
         self.gateway.detach(sandbox);
-        if let Ok(mut bundles) = self.system_bundles.lock() {
-            bundles.remove(sandbox);
+        if let Ok(mut found) = self.root_certs.lock() {
+            found.remove(sandbox);
         }
     }
+}
+
+/// What a started sandbox's root holds that joining a session needs, read while it starts.
+pub(crate) enum RootCerts {
+    /// A new root: the template's trusted roots, which the session bundle starts from.
+    System(Bytes),
+    /// A root restored from a full snapshot of a sandbox of this session: it holds the files
+    /// that sandbox was given when it joined the session.
+    Restored(SessionId),
 }
 
 /// A file of the sandbox, if it exists and is small enough to hold in memory.

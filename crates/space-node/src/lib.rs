@@ -171,8 +171,8 @@ pub struct Node {
     /// which never deletes a layer a build is about to start from.
     builds: tokio::sync::RwLock<()>,
     gateway: Arc<Gateway>,
-    /// Each started sandbox's trusted roots, read while it starts, for the session bundle.
-    system_bundles: Mutex<HashMap<SandboxId, bytes::Bytes>>,
+    /// What each started sandbox's root holds for the session bundle, read while it starts.
+    root_certs: Mutex<HashMap<SandboxId, egress::RootCerts>>,
     /// The gateway's audit events, until the control plane takes them.
     audit_events: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<space_api::egress::AuditEvent>>>,
     config: NodeConfig,
@@ -268,7 +268,7 @@ impl Node {
             builds: tokio::sync::RwLock::new(()),
             gateway,
             starts: tokio::sync::Semaphore::new(config.max_starting.max(1)),
-            system_bundles: Mutex::new(HashMap::new()),
+            root_certs: Mutex::new(HashMap::new()),
             audit_events: Mutex::new(Some(audit_events)),
             config,
         })
@@ -325,7 +325,7 @@ impl Node {
         };
         let agent = self.connect(&handle.id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
-        self.connect_to_gateway_or_destroy(&handle).await?;
+        self.connect_to_gateway_or_destroy(&handle, None).await?;
         Ok(handle)
     }
 

@@ -122,8 +122,11 @@ impl VmRuntime {
         if found != record.state_bytes {
             return Err(VmError::StateTruncated { path: state_path, recorded: record.state_bytes, found });
         }
+        let began = std::time::Instant::now();
         let (pid, pidfd) = self.launch(spec, &record.machine, Boot::Incoming, memory).await?;
+        let launched = began.elapsed();
         let mut qmp = self.wait_for_qmp(&spec.id, &pidfd, deadline).await?;
+        let monitor = began.elapsed();
         let loaded = async {
             if memory.is_some() {
                 set_ignore_shared(&mut qmp, true).await?;
@@ -141,13 +144,17 @@ impl VmRuntime {
             return Err(if exited { VmError::IncomingFailed { last_line: self.last_error(&spec.id) } } else { e });
         }
         drop((qmp, file));
+        let running = began.elapsed();
         let (client, failed) = self.dial_agent(&spec.id, Some(&pidfd), deadline).await?;
+        let answered = began.elapsed();
         if failed > 0 {
             tracing::debug!(sandbox = %spec.id, failed, "restored agent answered after failed handshakes");
         }
         let hostname =
             (!spec.hostname.is_empty() && spec.hostname != record.machine.hostname).then(|| spec.hostname.clone());
         reseed(&client, hostname, deadline).await?;
+        tracing::debug!(sandbox = %spec.id, ?launched, ?monitor, ?running, ?answered, reseeded = ?began.elapsed(),
+            "restored; each part since the start");
         self.keep_agent(&spec.id, &client);
         Ok(self.handle(&spec.id, pid))
     }
