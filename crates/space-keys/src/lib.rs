@@ -27,7 +27,8 @@ pub use zeroize::Zeroizing;
 
 /// Bytes of a key (data key or local key-encryption key).
 pub const KEY_LEN: usize = 32;
-const TAG_LEN: usize = 16;
+/// Bytes of an AES-GCM tag (each sealed value and each chunk of a stream carries one).
+pub const TAG_LEN: usize = 16;
 
 /// A fresh random data key.
 pub fn data_key() -> Result<Zeroizing<[u8; KEY_LEN]>> {

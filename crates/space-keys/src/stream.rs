@@ -27,7 +27,8 @@ use crate::{KEY_LEN, KeyError, Result, TAG_LEN, aead_key, random};
 pub const MAGIC: &[u8; 8] = b"spacekv1";
 const VERSION: u8 = 1;
 const SALT_LEN: usize = 32;
-const HEADER_LEN: usize = MAGIC.len() + 1 + SALT_LEN;
+/// The header's length: the magic, the version and the salt.
+pub const HEADER_LEN: usize = MAGIC.len() + 1 + SALT_LEN;
 /// Plaintext bytes per chunk.
 pub const CHUNK: usize = 1 << 20;
 const INFO: &[u8] = b"space-keys/stream/v1";
@@ -181,6 +182,16 @@ pub fn decrypt_file(data_key: &[u8], src: &Path, dst: &Path, sync: bool) -> Resu
     result
 }
 
+/// Decrypts `src` (written by [`encrypt_file`]) chunk by chunk, in order, into `output` (named
+/// `dst` in errors), e.g. a pipe another process reads as it comes: nothing is written that has
+/// not been authenticated, and a file that does not open whole is [`KeyError::Corrupt`] at
+/// its first bad chunk (a reader has then had the chunks before it). Returns the plaintext's
+/// length.
+pub fn decrypt_to(data_key: &[u8], src: &Path, output: &mut dyn Write, dst: &Path) -> Result<u64> {
+    let input = File::open(src).map_err(|e| io(src, "opening", e))?;
+    open::open_in_order(data_key, &input, src, output, dst)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,6 +214,7 @@ mod tests {
         (encrypted, opened)
     }
 
+    /// Opens `encrypted` into a file and, in order, into a stream: both must agree.
     fn open(key: &[u8], encrypted: &[u8]) -> Result<Vec<u8>> {
         let dir = tempfile::tempdir().unwrap();
         let (sealed, back) = (dir.path().join("s"), dir.path().join("b"));
@@ -211,7 +223,33 @@ mod tests {
         if opened.is_err() {
             assert!(!back.exists(), "a file that does not open leaves nothing");
         }
+        let mut streamed = Vec::new();
+        let in_order = decrypt_to(key, &sealed, &mut streamed, Path::new("stream"));
+        match (&opened, in_order) {
+            (Ok(data), Ok(len)) => assert_eq!((&streamed, len), (data, data.len() as u64)),
+            (Err(KeyError::Corrupt { .. }), Err(KeyError::Corrupt { .. })) => {}
+            (file, stream) => panic!("opened into a file: {file:?}, into a stream: {stream:?}"),
+        }
         opened
+    }
+
+    /// In order, a reader gets the chunks before the first bad one, and nothing of it.
+    #[test]
+    fn a_stream_ends_before_the_first_chunk_that_does_not_open() {
+        let key = key();
+        let data = plaintext(4 * CHUNK + 5);
+        let (encrypted, _) = round_trip(&key, &data);
+        let dir = tempfile::tempdir().unwrap();
+        for bad in [1, 2, 4] {
+            let mut altered = encrypted.clone();
+            altered[HEADER_LEN + bad * (CHUNK + TAG_LEN) + 7] ^= 1;
+            let sealed = dir.path().join(format!("s{bad}"));
+            std::fs::write(&sealed, &altered).unwrap();
+            let mut streamed = Vec::new();
+            let result = decrypt_to(&key, &sealed, &mut streamed, Path::new("stream"));
+            assert!(matches!(result, Err(KeyError::Corrupt { .. })), "chunk {bad}: {result:?}");
+            assert!(streamed == data[..bad * CHUNK], "chunk {bad}: {} bytes streamed", streamed.len());
+        }
     }
 
     #[test]

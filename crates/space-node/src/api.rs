@@ -24,6 +24,8 @@ impl From<NodeError> for api::NodeError {
         match e {
             NodeError::UnknownTemplate { name, available } => api::NodeError::UnknownTemplate { name, available },
             NodeError::Runtime(RuntimeError::CheckpointUnavailable(why)) => api::NodeError::CheckpointUnavailable(why),
+            // A VM's sealed state that does not open with its key, found as QEMU reads it.
+            NodeError::Runtime(RuntimeError::Corrupt(why)) => api::NodeError::Corrupt(why),
             NodeError::RuntimeUnavailable { runtime, reason } => api::NodeError::RuntimeUnavailable { runtime, reason },
             NodeError::Port(e) => {
                 let failure = match e {

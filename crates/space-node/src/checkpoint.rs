@@ -11,8 +11,9 @@
 //! Given the snapshot's data key, the process images never reach the node's disk in clear:
 //! CRIU streams them through the linux runtime, which seals them into the pool as they come;
 //! a VM's state is written to memory only and sealed into the pool after the thaw. A restore
-//! unseals them into memory (in_memory.rs). Without a key (a caller that predates sealing)
-//! they are written to the pool in clear.
+//! unseals CRIU's images into memory (in_memory.rs); a VM's state is opened by its runtime
+//! into a pipe QEMU loads it from. Without a key (a caller that predates sealing) they are
+//! written to the pool in clear.
 
 use std::time::Duration;
 
@@ -132,12 +133,12 @@ impl Node {
         // Side by side: the images are opened while the root is copied. Both run to their end,
         // and images that do not open (the tenant's key revoked) leave no root behind. The
         // root is charged before a single process is restored: they continue at once.
-        let (plain, root) = tokio::join!(
-            self.unseal(id, session, snapshot, key),
+        let (opened, root) = tokio::join!(
+            self.unseal(id, session, snapshot, runtime, key),
             self.root_from_snapshot(id, session, snapshot, rt.root_disk(), None, disk)
         );
-        let plain = match plain {
-            Ok(plain) => plain,
+        let (plain, streamed) = match opened {
+            Ok(opened) => opened,
             Err(e) => {
                 if root.is_ok()
                     && let Err(left) = self.destroy_sandbox(id).await
@@ -159,7 +160,7 @@ impl Node {
             CheckpointArtifacts::Criu { images, spaced, sealed } => {
                 CheckpointArtifacts::Criu { images, spaced: self.restore_binary(spaced).await?, sealed }
             }
-            other => other,
+            CheckpointArtifacts::VmState { state, .. } => CheckpointArtifacts::VmState { state, sealed: streamed },
         };
         self.runtimes.record(id, runtime);
         let prepared = began.elapsed();
@@ -195,27 +196,32 @@ impl Node {
         blocking(move || Ok(pool.keep_binary(&link)?)).await
     }
 
-    /// The images of `snapshot` opened into memory, if they are sealed (with `key`, which
-    /// they then need); `None` for images kept in clear.
+    /// The images of `snapshot` opened into memory if they are sealed (with `key`, which they
+    /// then need), or, for a VM's state, which QEMU reads as a stream, that key for its
+    /// runtime to open the state with as QEMU reads it; neither for images kept in clear.
     async fn unseal(
         &self,
         id: &SandboxId,
         session: &SessionId,
         snapshot: &SnapshotId,
+        runtime: RuntimeKind,
         key: Option<&SnapshotKey>,
-    ) -> Result<Option<InMemory>> {
+    ) -> Result<(Option<InMemory>, Option<SnapshotKey>)> {
         let images = self.pool.snapshot_images_dir(session, snapshot);
         let dir = images.clone();
         if !blocking(move || Ok(space_volume::sealed::images_sealed(&dir)?)).await? {
-            return Ok(None);
+            return Ok((None, None));
         }
         let key = key.ok_or(space_volume::VolumeError::SealedWithoutKey)?.clone();
+        if runtime == RuntimeKind::Vm {
+            return Ok((None, Some(key)));
+        }
         let plain = self.in_memory(id.as_str())?;
         let dst = plain.path().to_owned();
         let start = std::time::Instant::now();
         blocking(move || Ok(space_volume::sealed::unseal_images(&key, &images, &dst)?)).await?;
         tracing::debug!(sandbox = %id, opened = ?start.elapsed(), "images opened into memory");
-        Ok(Some(plain))
+        Ok((Some(plain), None))
     }
 
     /// `runtime`'s checkpoint of `snapshot`: in the pool, or in `plain` (a directory in
@@ -236,7 +242,7 @@ impl Node {
                 spaced: self.pool.snapshot_binary(session, snapshot),
                 sealed: plain.zip(key).map(|(_, key)| SealedImages { dir: pool_images, key: key.clone() }),
             },
-            RuntimeKind::Vm => CheckpointArtifacts::VmState { state: images },
+            RuntimeKind::Vm => CheckpointArtifacts::VmState { state: images, sealed: None },
         }
     }
 

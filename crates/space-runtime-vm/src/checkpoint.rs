@@ -65,8 +65,13 @@ impl StateRecord {
     pub(crate) fn read(dir: &Path) -> Result<StateRecord, VmError> {
         let path = dir.join(STATE_RECORD);
         let text = std::fs::read(&path).map_err(VmError::io("read", &path))?;
+        StateRecord::parse(&path, &text)
+    }
+
+    /// The record in `text`, read from `path`.
+    pub(crate) fn parse(path: &Path, text: &[u8]) -> Result<StateRecord, VmError> {
         let record: StateRecord =
-            serde_json::from_slice(&text).map_err(|source| VmError::StateRecord { path: path.clone(), source })?;
+            serde_json::from_slice(text).map_err(|source| VmError::StateRecord { path: path.to_owned(), source })?;
         if record.format != STATE_FORMAT {
             return Err(VmError::StateMismatch {
                 what: "format",

@@ -56,6 +56,8 @@ pub enum VmError {
     StateMismatch { what: &'static str, saved: String, here: String },
     #[error("{} holds {found} bytes, the checkpoint recorded {recorded}", path.display())]
     StateTruncated { path: PathBuf, recorded: u64, found: u64 },
+    #[error("sealed checkpoint {}: {source}", path.display())]
+    StateSealed { path: PathBuf, source: space_keys::KeyError },
     #[error("QEMU could not load the checkpoint (last line of its log: {last_line:?})")]
     IncomingFailed { last_line: Option<String> },
     #[error("giving the restored guest fresh entropy and time: {0}")]

@@ -31,6 +31,7 @@ mod restore;
 mod runtime;
 mod stale;
 mod start;
+mod state_input;
 mod sys;
 mod teardown;
 mod template;

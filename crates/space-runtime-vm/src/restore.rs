@@ -7,20 +7,21 @@
 //! tap, disk): restoring one state several times forks it.
 
 use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use space_proto::client::AgentClient;
 use space_proto::{RESEED_MAX_ENTROPY, RESEED_MIN_ENTROPY};
-use space_runtime::SandboxId;
+use space_runtime::{SandboxId, SnapshotKey};
 use tokio::time::Instant;
 
-use crate::checkpoint::{STATE_FD, STATE_FILE, StateRecord, failure, set_ignore_shared};
+use crate::checkpoint::{STATE_FD, StateRecord, failure, set_ignore_shared};
 use crate::qemu::Boot;
 use crate::qmp::Qmp;
 use crate::start::{Hostname, validate_spec};
+use crate::state_input::StateInput;
 use crate::{QMP_TIMEOUT, VmError, VmHandle, VmRuntime, VmSpec, bounded, sys};
 
 /// How often a restore looks at QEMU while it loads the state.
@@ -35,7 +36,9 @@ const _: () = assert!(ENTROPY_BYTES >= RESEED_MIN_ENTROPY && ENTROPY_BYTES <= RE
 
 impl VmRuntime {
     /// Starts VM `spec.id` from the checkpoint in the directory `state` (see
-    /// [`VmRuntime::checkpoint`]) on `spec.disk`, a copy of the disk taken with it. Memory
+    /// [`VmRuntime::checkpoint`]), its files encrypted with `sealed` if given (`space-keys`'
+    /// stream format: opened as QEMU reads them, never into a file), on `spec.disk`, a copy of
+    /// the disk taken with it. A state that does not open whole is [`VmError::StateSealed`]. Memory
     /// and vCPUs are the recorded ones (`spec.limits.memory_mib` must be 0 or the same);
     /// `millicpus` sets the CPU quota; an empty `spec.hostname` keeps the guest's.
     ///
@@ -43,9 +46,14 @@ impl VmRuntime {
     /// current time (`Request::Reseed`): until then the guest runs with the RNG state of the
     /// checkpoint, which every restore of it shares. Bounded by
     /// [`crate::VmOptions::start_timeout`]; on failure nothing of the VM is left.
-    pub async fn restore(&self, spec: &VmSpec, state: &Path) -> Result<VmHandle, VmError> {
+    pub async fn restore(
+        &self,
+        spec: &VmSpec,
+        state: &Path,
+        sealed: Option<&SnapshotKey>,
+    ) -> Result<VmHandle, VmError> {
         validate_spec(spec, Hostname::Optional)?;
-        let record = StateRecord::read(state)?;
+        let record = StateRecord::read_maybe_sealed(state, sealed)?;
         self.check_record(&record)?;
         let memory_mib = record.machine.memory_mib;
         if spec.limits.memory_mib != 0 && spec.limits.memory_mib != memory_mib {
@@ -58,23 +66,24 @@ impl VmRuntime {
                 here: "none given (see start_from_template_state)".into(),
             });
         }
-        self.restore_with(spec, state, &record, None).await
+        self.restore_with(spec, state, &record, None, sealed).await
     }
 
     /// A restore of a checked state; `memory`: the template's memory file for a state that
-    /// holds no RAM.
+    /// holds no RAM; `sealed`: the key the state is sealed with.
     pub(crate) async fn restore_with(
         &self,
         spec: &VmSpec,
         state: &Path,
         record: &StateRecord,
         memory: Option<&OwnedFd>,
+        sealed: Option<&SnapshotKey>,
     ) -> Result<VmHandle, VmError> {
         if let Some(handle) = self.running(&spec.id) {
             return Ok(handle);
         }
         self.destroy(&spec.id).await?; // leftovers of an earlier attempt
-        match self.restore_new(spec, state, record, memory).await {
+        match self.restore_new(spec, state, record, memory, sealed).await {
             Ok(handle) => Ok(handle),
             Err(e) => {
                 if let Err(cleanup) = self.destroy(&spec.id).await {
@@ -114,14 +123,10 @@ impl VmRuntime {
         state: &Path,
         record: &StateRecord,
         memory: Option<&OwnedFd>,
+        sealed: Option<&SnapshotKey>,
     ) -> Result<VmHandle, VmError> {
         let deadline = Instant::now() + self.opts.start_timeout;
-        let state_path = state.join(STATE_FILE);
-        let file = std::fs::File::open(&state_path).map_err(VmError::io("open", &state_path))?;
-        let found = file.metadata().map_err(VmError::io("stat", &state_path))?.len();
-        if found != record.state_bytes {
-            return Err(VmError::StateTruncated { path: state_path, recorded: record.state_bytes, found });
-        }
+        let input = StateInput::open(state, record, sealed)?;
         let began = std::time::Instant::now();
         let (pid, pidfd) = self.launch(spec, &record.machine, Boot::Incoming, memory).await?;
         let launched = began.elapsed();
@@ -131,19 +136,23 @@ impl VmRuntime {
             if memory.is_some() {
                 set_ignore_shared(&mut qmp, true).await?;
             }
-            bounded(qmp.getfd(STATE_FD, file.as_fd())).await?;
+            bounded(qmp.getfd(STATE_FD, input.fd())).await?;
             bounded(qmp.migrate_incoming(&format!("fd:{STATE_FD}"))).await?;
             self.wait_incoming(&mut qmp, deadline).await?;
             bounded(qmp.cont()).await?;
             Ok::<(), VmError>(())
         };
         if let Err(e) = loaded.await {
+            if let Some(unopened) = input.failure(EXIT_GRACE).await {
+                return Err(unopened);
+            }
             // QEMU exits when the state does not load, and its log says why; the exit may
             // follow the failure QMP reports.
             let exited = tokio::time::timeout(EXIT_GRACE, sys::wait_pidfd(&pidfd)).await.is_ok();
             return Err(if exited { VmError::IncomingFailed { last_line: self.last_error(&spec.id) } } else { e });
         }
-        drop((qmp, file));
+        drop(qmp);
+        input.finish(EXIT_GRACE).await?;
         let running = began.elapsed();
         let (client, failed) = self.dial_agent(&spec.id, Some(&pidfd), deadline).await?;
         let answered = began.elapsed();

@@ -156,7 +156,11 @@ impl Runtime for VmRuntime {
         id: &SandboxId,
         artifacts: &CheckpointArtifacts,
     ) -> Result<CheckpointStats, RuntimeError> {
-        let CheckpointArtifacts::VmState { state } = artifacts else { return Err(wrong_artifacts()) };
+        let CheckpointArtifacts::VmState { state, sealed } = artifacts else { return Err(wrong_artifacts()) };
+        if sealed.is_some() {
+            // Sealing as it is written is CRIU's path; a VM's state is sealed by the node after.
+            return Err(RuntimeError::Checkpoint("a VM's state is written in clear, into memory: not sealed".into()));
+        }
         VmRuntime::checkpoint(self, id, state).await.map_err(|e| match e {
             VmError::NotFound(id) => RuntimeError::NotFound(id),
             other => RuntimeError::Checkpoint(other.to_string()),
@@ -169,8 +173,13 @@ impl Runtime for VmRuntime {
         artifacts: &CheckpointArtifacts,
     ) -> Result<SandboxHandle, RuntimeError> {
         let vm = vm_spec(spec)?;
-        let CheckpointArtifacts::VmState { state } = artifacts else { return Err(wrong_artifacts()) };
-        let restored = VmRuntime::restore(self, &vm, state).await.map_err(|e| RuntimeError::Restore(e.to_string()))?;
+        let CheckpointArtifacts::VmState { state, sealed } = artifacts else { return Err(wrong_artifacts()) };
+        let restored = VmRuntime::restore(self, &vm, state, sealed.as_ref()).await.map_err(|e| match e {
+            VmError::StateSealed { source: space_keys::KeyError::Corrupt { .. }, .. } => {
+                RuntimeError::Corrupt(e.to_string())
+            }
+            other => RuntimeError::Restore(other.to_string()),
+        })?;
         Ok(SandboxHandle { id: restored.id, runtime: RuntimeKind::Vm, pid: restored.pid })
     }
 }

@@ -133,7 +133,7 @@ impl VmRuntime {
         if spec.limits.memory_mib != 0 && spec.limits.memory_mib != memory_mib {
             return Err(VmError::MemoryFixedAtBoot { boot_mib: memory_mib, asked_mib: spec.limits.memory_mib });
         }
-        self.restore_with(spec, &template.dir, &template.record, Some(&template.memory)).await
+        self.restore_with(spec, &template.dir, &template.record, Some(&template.memory), None).await
     }
 }
 

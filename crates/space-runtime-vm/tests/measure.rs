@@ -98,7 +98,7 @@ async fn measure_checkpoint_restore_and_fork() {
         for _ in 0..3 {
             let fork = VmSpec { hostname: String::new(), ..t.spec(&spec.disk, 0) };
             let started = Instant::now();
-            t.rt.restore(&fork, &state).await.expect("restore");
+            t.rt.restore(&fork, &state, None).await.expect("restore");
             let client = t.rt.agent(&fork.id).await.expect("agent");
             client.health().await.expect("health");
             if loaded {
@@ -114,7 +114,7 @@ async fn measure_checkpoint_restore_and_fork() {
                 (0..4).map(|_| VmSpec { hostname: String::new(), ..t.spec(&spec.disk, 0) }).collect();
             let started = Instant::now();
             let restored = futures::future::join_all(four.iter().map(|fork| async {
-                t.rt.restore(fork, &state).await.expect("fork");
+                t.rt.restore(fork, &state, None).await.expect("fork");
                 t.rt.agent(&fork.id).await.expect("agent").health().await.expect("health");
             }));
             restored.await;

@@ -77,7 +77,7 @@ async fn a_restored_vm_continues_where_its_checkpoint_left_it() {
     t.rt.destroy(&spec.id).await.expect("destroy the source");
     let host_before_restore = unix_seconds();
 
-    let handle = t.rt.restore(&restored, &state).await.expect("restore");
+    let handle = t.rt.restore(&restored, &state, None).await.expect("restore");
     let client = t.rt.agent(&restored.id).await.expect("agent of the restored VM");
     let after = counter(&client).await;
     assert!(after >= before, "the counter went back from {before} to {after}: not the checkpointed guest");
@@ -88,7 +88,7 @@ async fn a_restored_vm_continues_where_its_checkpoint_left_it() {
     let guest_now: u64 = sh(&client, "date +%s").await.parse().unwrap();
     assert!(guest_now >= host_before_restore, "guest clock {guest_now} is behind the host's {host_before_restore}");
     // The restored VM is an ordinary VM: a replayed restore returns it, destroy removes it.
-    assert_eq!(t.rt.restore(&restored, &state).await.expect("replayed restore"), handle);
+    assert_eq!(t.rt.restore(&restored, &state, None).await.expect("replayed restore"), handle);
     t.rt.destroy(&restored.id).await.expect("destroy");
     assert_gone(&t.rt, &restored.id, Some(handle.pid));
 }
@@ -111,7 +111,7 @@ async fn two_restores_of_one_state_run_independently() {
     let forks = [fork_spec(&t, &spec.disk), VmSpec { hostname: "fork-1".into(), ..fork_spec(&t, &spec.disk) }];
     t.rt.destroy(&spec.id).await.expect("destroy the source");
 
-    let (a, b) = tokio::join!(t.rt.restore(&forks[0], &state), t.rt.restore(&forks[1], &state));
+    let (a, b) = tokio::join!(t.rt.restore(&forks[0], &state, None), t.rt.restore(&forks[1], &state, None));
     let (a, b) = (a.expect("first restore"), b.expect("second restore"));
     assert_ne!(a.pid, b.pid);
     assert_ne!(t.rt.vmm_uid(&a.id), t.rt.vmm_uid(&b.id), "two VMMs share a uid");
@@ -245,14 +245,14 @@ async fn a_damaged_state_fails_restore_and_leaves_nothing() {
     ];
     for (dir, expected) in cases {
         let fork = fork_spec(&t, &spec.disk);
-        let err = t.rt.restore(&fork, &dir).await.expect_err("a damaged state was restored");
+        let err = t.rt.restore(&fork, &dir, None).await.expect_err("a damaged state was restored");
         eprintln!("{}: {err}", dir.display());
         assert!(expected(&err), "{}: unexpected error {err:?}", dir.display());
         assert_gone(&t.rt, &fork.id, None);
     }
     // The undamaged state still restores.
     let fork = fork_spec(&t, &spec.disk);
-    t.rt.restore(&fork, &state).await.expect("restore of the intact state");
+    t.rt.restore(&fork, &state, None).await.expect("restore of the intact state");
     assert_eq!(run(&t.rt.agent(&fork.id).await.expect("agent"), &["true"]).await.1, 0);
 }
 
@@ -290,7 +290,7 @@ async fn the_runtime_trait_checkpoints_and_restores() {
     rt.start(&spec(vm.id.clone(), &vm.disk, "vmbox")).await.expect("start");
     rt.wait_agent_released(&vm.id, Duration::from_secs(5)).await.expect("release");
     rt.pause(&vm.id).await.expect("pause");
-    let artifacts = CheckpointArtifacts::VmState { state: t.dir.path().join("state") };
+    let artifacts = CheckpointArtifacts::VmState { state: t.dir.path().join("state"), sealed: None };
     let criu =
         CheckpointArtifacts::Criu { images: t.dir.path().join("images"), spaced: "/bin/true".into(), sealed: None };
     assert!(matches!(rt.checkpoint(&vm.id, &criu).await, Err(RuntimeError::WrongKind { .. })));
@@ -310,9 +310,82 @@ async fn the_runtime_trait_checkpoints_and_restores() {
     let handle = rt.restore(&spec(fork.id.clone(), &fork.disk, ""), &artifacts).await.expect("restore");
     assert!(rt.is_alive(&handle));
     assert_eq!(run(&rt.agent(&fork.id).await.expect("agent of the fork"), &["true"]).await.1, 0);
-    let missing = CheckpointArtifacts::VmState { state: t.dir.path().join("nothing") };
+    let missing = CheckpointArtifacts::VmState { state: t.dir.path().join("nothing"), sealed: None };
     let other = t.spec(&vm.disk, 0);
     let err = rt.restore(&spec(other.id.clone(), &other.disk, ""), &missing).await.unwrap_err();
     assert!(matches!(err, RuntimeError::Restore(_)), "{err}");
     assert_gone(&t.rt, &other.id, None);
+}
+
+/// A state sealed with its snapshot's key (as the node keeps it) restores with that key only,
+/// and only whole: another key, a chunk altered, or the last chunk dropped is `Corrupt` (also
+/// when QEMU has already loaded part of the stream), and leaves nothing behind.
+#[tokio::test]
+async fn a_sealed_state_restores_whole_and_with_its_key_only() {
+    use space_keys::stream::{CHUNK, HEADER_LEN};
+    use space_runtime::{CheckpointArtifacts, RootDisk, Runtime, RuntimeError, SandboxSpec, SnapshotKey};
+    let t = TestRuntime::new("a_sealed_state_restores_whole_and_with_its_key_only");
+    let rt: &dyn Runtime = &*t.rt;
+    let image = busybox_image(t.dir.path());
+    let source = t.spec(&image, 256);
+    t.rt.start(&source).await.expect("start");
+    let client = t.rt.agent(&source.id).await.expect("agent");
+    sh(&client, "echo sealed-marker > /tmp/marker").await;
+    drop(client);
+    let plain = t.dir.path().join("plain");
+    checkpoint_as_the_node(&t.rt, &source.id, &plain).await;
+    t.rt.destroy(&source.id).await.expect("destroy the source");
+    let key = SnapshotKey::new([7; 32]);
+    let seal = |name: &str, damage: &dyn Fn(&Path)| -> CheckpointArtifacts {
+        let dir = t.dir.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        for file in [STATE_FILE, STATE_RECORD] {
+            space_keys::stream::encrypt_file(key.bytes(), &plain.join(file), &dir.join(file)).unwrap();
+        }
+        damage(&dir);
+        CheckpointArtifacts::VmState { state: dir, sealed: Some(key.clone()) }
+    };
+    seal("measured", &|_| ());
+    let sealed_len = std::fs::metadata(t.dir.path().join("measured").join(STATE_FILE)).unwrap().len();
+    let spec = |vm: &VmSpec| SandboxSpec {
+        id: vm.id.clone(),
+        root: RootDisk::Image(vm.disk.clone()),
+        hostname: String::new(),
+        limits: Limits { memory_mib: 0, millicpus: 1000, pids: 0 },
+    };
+    let flip_at = |offset: u64| {
+        move |dir: &Path| {
+            use std::os::unix::fs::FileExt;
+            let file = std::fs::OpenOptions::new().read(true).write(true).open(dir.join(STATE_FILE)).unwrap();
+            let mut byte = [0u8; 1];
+            file.read_exact_at(&mut byte, offset).unwrap();
+            file.write_all_at(&[byte[0] ^ 1], offset).unwrap();
+        }
+    };
+    let (header, chunk) = (HEADER_LEN as u64, (CHUNK + space_keys::TAG_LEN) as u64);
+    let before_last = (sealed_len - header - 1) / chunk;
+    let mut cases = vec![
+        ("flipped-in-the-middle", seal("flipped-in-the-middle", &flip_at(sealed_len / 2))),
+        ("flipped-in-the-last-chunk", seal("flipped-in-the-last-chunk", &flip_at(sealed_len - 3))),
+        (
+            "last-chunk-dropped",
+            seal("last-chunk-dropped", &|dir: &Path| {
+                let file = std::fs::OpenOptions::new().write(true).open(dir.join(STATE_FILE)).unwrap();
+                file.set_len(header + before_last * chunk).unwrap();
+            }),
+        ),
+    ];
+    let CheckpointArtifacts::VmState { state, .. } = seal("other-key", &|_| ()) else { unreachable!() };
+    cases.push(("other-key", CheckpointArtifacts::VmState { state, sealed: Some(SnapshotKey::new([8; 32])) }));
+    for (name, artifacts) in cases {
+        let fork = fork_spec(&t, &source.disk);
+        let err = rt.restore(&spec(&fork), &artifacts).await.expect_err("a state that does not open was restored");
+        eprintln!("{name}: {err}");
+        assert!(matches!(err, RuntimeError::Corrupt(_)), "{name}: {err:?}");
+        assert_gone(&t.rt, &fork.id, None);
+    }
+    let fork = fork_spec(&t, &source.disk);
+    rt.restore(&spec(&fork), &seal("whole", &|_| ())).await.expect("restore of the whole sealed state");
+    let client = t.rt.agent(&fork.id).await.expect("agent of the restored VM");
+    assert_eq!(sh(&client, "cat /tmp/marker").await, "sealed-marker");
 }

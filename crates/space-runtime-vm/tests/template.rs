@@ -50,7 +50,7 @@ async fn pods_start_from_a_template_and_never_change_it() {
     assert!(state < 16 << 20, "the template's state holds its RAM: {state} bytes");
     let before = digest(&template);
     // Its state alone is no checkpoint.
-    let err = t.rt.restore(&pod_spec(&t, &spec.disk), &dir).await.unwrap_err();
+    let err = t.rt.restore(&pod_spec(&t, &spec.disk), &dir, None).await.unwrap_err();
     assert!(matches!(err, VmError::StateMismatch { what: "memory", .. }), "{err}");
 
     let pods = [pod_spec(&t, &spec.disk), VmSpec { hostname: "pod-1".into(), ..pod_spec(&t, &spec.disk) }];
@@ -82,7 +82,7 @@ async fn pods_start_from_a_template_and_never_change_it() {
     checkpoint_as_the_node(&t.rt, &a.id, &pod_state).await;
     let copy = pod_spec(&t, &pods[0].disk);
     t.rt.destroy(&a.id).await.expect("destroy pod 0");
-    t.rt.restore(&copy, &pod_state).await.expect("restore of a pod's checkpoint");
+    t.rt.restore(&copy, &pod_state, None).await.expect("restore of a pod's checkpoint");
     let client = t.rt.agent(&copy.id).await.expect("agent");
     assert_eq!(sh(&client, "md5sum /tmp/blob").await, sums[0]);
     assert_eq!(sh(&client, "cat /root/who").await, "pod-0");

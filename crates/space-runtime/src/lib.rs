@@ -106,8 +106,10 @@ pub enum CheckpointArtifacts {
     /// given its images opened into `images`), a checkpoint's images go there, and `images`
     /// gets only CRIU's log.
     Criu { images: PathBuf, spaced: PathBuf, sealed: Option<SealedImages> },
-    /// The VMM's saved device and memory state.
-    VmState { state: PathBuf },
+    /// The VMM's saved device and memory state. With `sealed` (a restore's only), the files
+    /// in `state` are encrypted with that key (`space-keys`' stream format) and opened as the
+    /// VMM reads them: never written anywhere in clear.
+    VmState { state: PathBuf, sealed: Option<SnapshotKey> },
 }
 
 /// Where a checkpoint's images are kept encrypted with their snapshot's key (in `space-keys`'
@@ -159,6 +161,9 @@ pub enum RuntimeError {
     Checkpoint(String),
     #[error("restoring a checkpoint failed: {0}")]
     Restore(String),
+    /// A sealed checkpoint that does not open whole with its key: altered, or not its.
+    #[error("the checkpoint does not open with its snapshot's key: {0}")]
+    Corrupt(String),
     #[error("connecting to the agent: {0}")]
     Agent(String),
     /// The spec or the artifacts are of another runtime's type.

@@ -1,9 +1,11 @@
 //! Opening a sealed file that is a file (not a pipe): its chunks are found by their offsets,
 //! so they are opened on several threads at once, each reading, opening and writing its own
 //! run of chunks in place. Opening a large image is bound by the cipher and by copying, both
-//! of which a second core halves.
+//! of which a second core halves. Into a stream (a pipe its reader consumes as it comes), the
+//! chunks are opened in order on one thread instead.
 
 use std::fs::File;
+use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -72,6 +74,40 @@ fn open_file_on(
     dst: &Path,
     threads: impl FnOnce() -> usize,
 ) -> Result<File> {
+    let (key, header, layout) = begin(data_key, input, src)?;
+    let output = output()?;
+    // Sized first: the pages are then taken whole (huge pages on a tmpfs that has them).
+    output.set_len(layout.plaintext()).map_err(|e| io(dst, "writing", e))?;
+    let threads = if layout.chunks > 1 { threads().max(1) } else { 1 };
+    let sealed = Sealed { key: &key, header: &header, layout, input, src };
+    let opening = Opening { sealed, output: &output, dst };
+    opening.open_on(threads).map(|()| output)
+}
+
+/// Opens `input` (named `src` in errors), a whole sealed file, chunk by chunk in order into
+/// `output` (named `dst`), which may be a pipe: each chunk is written once it has opened, so
+/// a reader never gets a byte that did not; one that does not open ends the output there with
+/// [`KeyError::Corrupt`]. Returns the plaintext's length.
+pub(super) fn open_in_order(
+    data_key: &[u8],
+    input: &File,
+    src: &Path,
+    output: &mut dyn Write,
+    dst: &Path,
+) -> Result<u64> {
+    let (key, header, layout) = begin(data_key, input, src)?;
+    let sealed = Sealed { key: &key, header: &header, layout, input, src };
+    let mut buffer = vec![0u8; CHUNK + TAG_LEN];
+    for index in 0..layout.chunks {
+        let plain = sealed.open(index, &mut buffer)?;
+        output.write_all(plain).map_err(|e| io(dst, "writing", e))?;
+    }
+    Ok(layout.plaintext())
+}
+
+/// The checks before any chunk: a length some sealed file has, and the header. Returns the
+/// file's key, its header and its layout.
+fn begin(data_key: &[u8], input: &File, src: &Path) -> Result<(LessSafeKey, [u8; HEADER_LEN], Layout)> {
     let corrupt = || KeyError::Corrupt { owner: src.display().to_string() };
     let len = input.metadata().map_err(|e| io(src, "reading", e))?.len();
     let layout = Layout::of(len).ok_or_else(corrupt)?;
@@ -81,21 +117,35 @@ fn open_file_on(
         return Err(corrupt());
     }
     let key = subkey(data_key, &header[super::MAGIC.len() + 1..])?;
-    let output = output()?;
-    // Sized first: the pages are then taken whole (huge pages on a tmpfs that has them).
-    output.set_len(layout.plaintext()).map_err(|e| io(dst, "writing", e))?;
-    let threads = if layout.chunks > 1 { threads().max(1) } else { 1 };
-    let opening = Opening { key: &key, header: &header, layout, input, src, output: &output, dst };
-    opening.open_on(threads).map(|()| output)
+    Ok((key, header, layout))
 }
 
-/// A file being opened.
-struct Opening<'a> {
+/// A sealed file whose header checked.
+struct Sealed<'a> {
     key: &'a LessSafeKey,
     header: &'a [u8],
     layout: Layout,
     input: &'a File,
     src: &'a Path,
+}
+
+impl Sealed<'_> {
+    /// Reads chunk `index` into `buffer` (one sealed chunk long) and opens it there; its
+    /// plaintext.
+    fn open<'b>(&self, index: u64, buffer: &'b mut [u8]) -> Result<&'b [u8]> {
+        let (offset, len) = self.layout.sealed(index);
+        let chunk = &mut buffer[..len];
+        self.input.read_exact_at(chunk, offset).map_err(|e| io(self.src, "reading", e))?;
+        let last = index + 1 == self.layout.chunks;
+        let corrupt = || KeyError::Corrupt { owner: self.src.display().to_string() };
+        let plain = self.key.open_in_place(nonce(index, last), Aad::from(self.header), chunk).map_err(|_| corrupt())?;
+        Ok(plain)
+    }
+}
+
+/// A file being opened into a file, in runs of chunks side by side.
+struct Opening<'a> {
+    sealed: Sealed<'a>,
     output: &'a File,
     dst: &'a Path,
 }
@@ -104,7 +154,7 @@ impl Opening<'_> {
     /// Opens every chunk, in `threads` runs side by side (this thread takes the first; a run
     /// whose thread cannot be made is opened here after it).
     fn open_on(&self, threads: usize) -> Result<()> {
-        let chunks = self.layout.chunks;
+        let chunks = self.sealed.layout.chunks;
         let per_thread = chunks.div_ceil(threads as u64).max(1);
         let mut runs = (0..chunks).step_by(per_thread as usize).map(|first| first..(first + per_thread).min(chunks));
         let mine = runs.next().unwrap_or(0..0);
@@ -126,15 +176,9 @@ impl Opening<'_> {
     }
 
     fn open(&self, chunks: std::ops::Range<u64>) -> Result<()> {
-        let corrupt = || KeyError::Corrupt { owner: self.src.display().to_string() };
         let mut buffer = vec![0u8; CHUNK + TAG_LEN];
         for index in chunks {
-            let (offset, len) = self.layout.sealed(index);
-            let chunk = &mut buffer[..len];
-            self.input.read_exact_at(chunk, offset).map_err(|e| io(self.src, "reading", e))?;
-            let last = index + 1 == self.layout.chunks;
-            let plain =
-                self.key.open_in_place(nonce(index, last), Aad::from(self.header), chunk).map_err(|_| corrupt())?;
+            let plain = self.sealed.open(index, &mut buffer)?;
             self.output.write_all_at(plain, index * CHUNK as u64).map_err(|e| io(self.dst, "writing", e))?;
         }
         Ok(())
