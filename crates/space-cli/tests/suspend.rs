@@ -274,6 +274,21 @@ fn forks_of_a_live_session_continue_its_processes_independently() {
     assert_eq!(counter(&server, &children[0]), stopped, "the killed counter kept counting");
 }
 
+/// A restored root keeps the session's CA files it holds, and gets back those it lost.
+#[test]
+fn a_resumed_root_gets_its_sessions_ca_files_back() {
+    require_root!();
+    let server = Server::start();
+    let id = server.create_session(json!({}));
+    let files = "cat /etc/space/ca.crt /etc/space/ca-bundle.crt";
+    let ca = stdout(&server, &id, files);
+    assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
+    stdout(&server, &id, "rm /etc/space/ca.crt");
+    suspend(&server, &id);
+    resume(&server, &id);
+    assert_eq!(stdout(&server, &id, files), ca, "the session's CA files after the resume");
+}
+
 /// A CRIU that fails: the suspend is refused, the session keeps running with its processes,
 /// and the error is recorded.
 #[test]

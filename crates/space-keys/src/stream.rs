@@ -182,6 +182,12 @@ pub fn decrypt_file(data_key: &[u8], src: &Path, dst: &Path, sync: bool) -> Resu
     result
 }
 
+/// The length of the plaintext a sealed file of `sealed_len` bytes holds; `None` if no sealed
+/// file is that long.
+pub fn plaintext_len(sealed_len: u64) -> Option<u64> {
+    open::Layout::of(sealed_len).map(|layout| layout.plaintext())
+}
+
 /// Decrypts `src` (written by [`encrypt_file`]) chunk by chunk, in order, into `output` (named
 /// `dst` in errors), e.g. a pipe another process reads as it comes: nothing is written that has
 /// not been authenticated, and a file that does not open whole is [`KeyError::Corrupt`] at
@@ -274,6 +280,7 @@ mod tests {
             assert_eq!(opened.unwrap(), data, "{len} bytes");
             let chunks = len.div_ceil(CHUNK).max(1);
             assert_eq!(encrypted.len(), HEADER_LEN + len + chunks * TAG_LEN, "{len} bytes");
+            assert_eq!(plaintext_len(encrypted.len() as u64), Some(len as u64), "{len} bytes");
             if len >= 64 {
                 assert!(!encrypted.windows(64).any(|w| w == &data[..64]), "plaintext in the output");
             }

@@ -130,9 +130,11 @@ impl Node {
     ) -> Result<SandboxHandle> {
         let rt = self.runtimes.get(runtime)?;
         let began = std::time::Instant::now();
-        // Side by side: the images are opened while the root is copied. Both run to their end,
-        // and images that do not open (the tenant's key revoked) leave no root behind. The
-        // root is charged before a single process is restored: they continue at once.
+        // Side by side: CRIU's images are opened while the root is copied. Both run to their
+        // end, and images that do not open leave no root behind (a VM's state opens as QEMU
+        // reads it: the root of a restore that fails then goes with its sandbox, as after any
+        // failed restore). The root is charged before a single process is restored: they
+        // continue at once.
         let (opened, root) = tokio::join!(
             self.unseal(id, session, snapshot, runtime, key),
             self.root_from_snapshot(id, session, snapshot, rt.root_disk(), None, disk)
@@ -174,7 +176,7 @@ impl Node {
         let agent = self.connect(id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
         let connected = began.elapsed();
-        self.connect_to_gateway_or_destroy(&handle, Some(session)).await?;
+        self.connect_to_gateway_or_destroy(&handle, true).await?;
         tracing::debug!(sandbox = %id, ?prepared, ?restored, ?connected, gateway = ?began.elapsed(),
             "restored; each part since the start");
         Ok(handle)

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 use space_api::{SandboxId, SessionId};
-use space_gateway::GATEWAY_ADDR;
+use space_gateway::{CA_CERT_PATH, GATEWAY_ADDR};
 use space_proto::client::AgentClient;
 use space_runtime::{RootDiskKind, SandboxHandle};
 use space_storage::SandboxIdentity;
@@ -30,16 +30,12 @@ pub(crate) fn sandbox_identity(hostname: &str) -> SandboxIdentity {
 }
 
 impl Node {
-    /// Opens the gateway's listeners in a sandbox that just started (or was restored from a
-    /// full snapshot of session `restored_from`). The sandbox serves no session, so it reaches
+    /// Opens the gateway's listeners in a sandbox that just started (or, `restored`, was
+    /// restored from a full snapshot). The sandbox serves no session, so it reaches
     /// nothing, until [`Node::join_session_network`]. A sandbox the gateway cannot serve is of
     /// no use: it is destroyed.
-    pub(crate) async fn connect_to_gateway_or_destroy(
-        &self,
-        handle: &SandboxHandle,
-        restored_from: Option<&SessionId>,
-    ) -> Result<()> {
-        let connected = self.connect_to_gateway(handle, restored_from).await;
+    pub(crate) async fn connect_to_gateway_or_destroy(&self, handle: &SandboxHandle, restored: bool) -> Result<()> {
+        let connected = self.connect_to_gateway(handle, restored).await;
         if connected.is_err()
             && let Err(e) = self.destroy_sandbox(&handle.id).await
         {
@@ -51,14 +47,13 @@ impl Node {
     /// Done when a sandbox starts (for pods: before any session waits for it), so that
     /// joining a session only has to write the session's own files. (The resolver already
     /// points at the gateway: see [`sandbox_identity`].)
-    async fn connect_to_gateway(&self, handle: &SandboxHandle, restored_from: Option<&SessionId>) -> Result<()> {
+    async fn connect_to_gateway(&self, handle: &SandboxHandle, restored: bool) -> Result<()> {
         self.attach_gateway(handle).await?;
-        let found = match restored_from {
-            Some(session) => RootCerts::Restored(session.clone()),
-            None => {
-                let agent = self.agent(&handle.id).await?;
-                RootCerts::System(Bytes::from(read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default()))
-            }
+        let agent = self.agent(&handle.id).await?;
+        // A restored root's certificate (small) tells whether its session files can stay.
+        let found = match restored {
+            true => RootCerts::Restored(Bytes::from(read_small_file(&agent, CA_CERT_PATH).await.unwrap_or_default())),
+            false => RootCerts::System(Bytes::from(read_small_file(&agent, SYSTEM_BUNDLE).await.unwrap_or_default())),
         };
         self.root_certs.lock().map_err(poisoned)?.insert(handle.id.clone(), found);
         Ok(())
@@ -81,10 +76,10 @@ impl Node {
     /// `gateway().set_session`). Writes the session CA and a trust bundle holding it (after
     /// the template's roots, so tunnelled hosts still verify) into the sandbox's root: from the
     /// host, without a round trip to the sandbox, as this is on the path of every create.
-    /// A root restored from a full snapshot of a session with this CA (the same session, or
-    /// the parent of a fork: docs/egress.md) keeps the files it has: that session's sandbox
-    /// had joined it before it could be snapshotted, and a session's CA is the same for its
-    /// whole life (each write would be a round trip to a VM's agent).
+    /// A root restored from a full snapshot that holds this CA's certificate keeps its files
+    /// (the same session, or a fork of it: forks share their parent's CA, docs/egress.md):
+    /// each write would be a round trip to a VM's agent. The certificate is written after
+    /// the bundle, so a root that holds it holds the bundle made with it.
     pub async fn join_session_network(&self, sandbox: &SandboxId, session: &SessionId) -> Result<()> {
         let ca_cert_pem = self
             .gateway
@@ -93,11 +88,7 @@ impl Node {
         self.gateway.assign(sandbox, session);
         let found = self.root_certs.lock().map_err(poisoned)?.remove(sandbox);
         let system = match found {
-            Some(RootCerts::Restored(from))
-                if from == *session || self.gateway.session_ca_cert(&from).as_ref() == Some(&ca_cert_pem) =>
-            {
-                return Ok(());
-            }
+            Some(RootCerts::Restored(held)) if held == ca_cert_pem.as_bytes() => return Ok(()),
             Some(RootCerts::System(bundle)) => bundle,
             Some(RootCerts::Restored(_)) | None => {
                 let agent = self.agent(sandbox).await?;
@@ -109,7 +100,7 @@ impl Node {
             bundle.push(b'\n');
         }
         bundle.extend_from_slice(ca_cert_pem.as_bytes());
-        let files = [(CA_CERT_FILE, Bytes::from(ca_cert_pem.into_bytes())), (CA_BUNDLE_FILE, Bytes::from(bundle))];
+        let files = [(CA_BUNDLE_FILE, Bytes::from(bundle)), (CA_CERT_FILE, Bytes::from(ca_cert_pem.into_bytes()))];
         self.write_etc_files(sandbox, CA_DIR, files).await
     }
 
@@ -155,9 +146,9 @@ impl Node {
 pub(crate) enum RootCerts {
     /// A new root: the template's trusted roots, which the session bundle starts from.
     System(Bytes),
-    /// A root restored from a full snapshot of a sandbox of this session: it holds the files
-    /// that sandbox was given when it joined the session.
-    Restored(SessionId),
+    /// A root restored from a full snapshot: the session CA certificate it holds (empty if
+    /// none).
+    Restored(Bytes),
 }
 
 /// A file of the sandbox, if it exists and is small enough to hold in memory.

@@ -325,7 +325,7 @@ impl Node {
         };
         let agent = self.connect(&handle.id).await?;
         self.agents.lock().map_err(poisoned)?.insert(id.clone(), agent);
-        self.connect_to_gateway_or_destroy(&handle, None).await?;
+        self.connect_to_gateway_or_destroy(&handle, false).await?;
         Ok(handle)
     }
 

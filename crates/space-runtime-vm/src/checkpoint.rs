@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use space_runtime::{CheckpointStats, SandboxId};
+use space_runtime::{CheckpointStats, SandboxId, SnapshotKey};
 use tokio::time::Instant;
 
 use crate::qemu::Machine;
@@ -65,6 +65,16 @@ impl StateRecord {
     pub(crate) fn read(dir: &Path) -> Result<StateRecord, VmError> {
         let path = dir.join(STATE_RECORD);
         let text = std::fs::read(&path).map_err(VmError::io("read", &path))?;
+        StateRecord::parse(&path, &text)
+    }
+
+    /// The record of the checkpoint in `dir`, sealed with `key` if given.
+    pub(crate) fn read_maybe_sealed(dir: &Path, sealed: Option<&SnapshotKey>) -> Result<StateRecord, VmError> {
+        let Some(key) = sealed else { return StateRecord::read(dir) };
+        let path = dir.join(STATE_RECORD);
+        let mut text = Vec::new();
+        space_keys::stream::decrypt_to(key.bytes(), &path, &mut text, Path::new("memory"))
+            .map_err(|source| VmError::StateSealed { path: path.clone(), source })?;
         StateRecord::parse(&path, &text)
     }
 

@@ -58,6 +58,10 @@ pub enum VmError {
     StateTruncated { path: PathBuf, recorded: u64, found: u64 },
     #[error("sealed checkpoint {}: {source}", path.display())]
     StateSealed { path: PathBuf, source: space_keys::KeyError },
+    #[error("QEMU stopped reading the checkpoint's state: {0}")]
+    StateUnread(#[source] io::Error),
+    #[error("opening the sealed checkpoint's state: {0}")]
+    StateOpener(&'static str),
     #[error("QEMU could not load the checkpoint (last line of its log: {last_line:?})")]
     IncomingFailed { last_line: Option<String> },
     #[error("giving the restored guest fresh entropy and time: {0}")]

@@ -138,21 +138,21 @@ impl VmRuntime {
             }
             bounded(qmp.getfd(STATE_FD, input.fd())).await?;
             bounded(qmp.migrate_incoming(&format!("fd:{STATE_FD}"))).await?;
-            self.wait_incoming(&mut qmp, deadline).await?;
-            bounded(qmp.cont()).await?;
-            Ok::<(), VmError>(())
-        };
-        if let Err(e) = loaded.await {
-            if let Some(unopened) = input.failure(EXIT_GRACE).await {
-                return Err(unopened);
-            }
-            // QEMU exits when the state does not load, and its log says why; the exit may
-            // follow the failure QMP reports.
-            let exited = tokio::time::timeout(EXIT_GRACE, sys::wait_pidfd(&pidfd)).await.is_ok();
-            return Err(if exited { VmError::IncomingFailed { last_line: self.last_error(&spec.id) } } else { e });
+            self.wait_incoming(&mut qmp, deadline).await
+        }
+        .await;
+        // Not an instruction of the guest runs before its whole state has opened.
+        match loaded {
+            Ok(()) => input.finish(EXIT_GRACE).await?,
+            Err(e) => match input.failure(EXIT_GRACE).await {
+                Some(unopened) => return Err(unopened),
+                None => return Err(self.load_failure(&spec.id, &pidfd, e).await),
+            },
+        }
+        if let Err(e) = bounded(qmp.cont()).await {
+            return Err(self.load_failure(&spec.id, &pidfd, e.into()).await);
         }
         drop(qmp);
-        input.finish(EXIT_GRACE).await?;
         let running = began.elapsed();
         let (client, failed) = self.dial_agent(&spec.id, Some(&pidfd), deadline).await?;
         let answered = began.elapsed();
@@ -166,6 +166,13 @@ impl VmRuntime {
             "restored; each part since the start");
         self.keep_agent(&spec.id, &client);
         Ok(self.handle(&spec.id, pid))
+    }
+
+    /// Why a load failed: QEMU exits when the state does not load, and its log says why (the
+    /// exit may follow the failure QMP reports); else `e`.
+    async fn load_failure(&self, id: &SandboxId, pidfd: &OwnedFd, e: VmError) -> VmError {
+        let exited = tokio::time::timeout(EXIT_GRACE, sys::wait_pidfd(pidfd)).await.is_ok();
+        if exited { VmError::IncomingFailed { last_line: self.last_error(id) } } else { e }
     }
 
     /// Connects to QEMU's monitor as soon as it listens.

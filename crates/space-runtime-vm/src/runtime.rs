@@ -175,8 +175,11 @@ impl Runtime for VmRuntime {
         let vm = vm_spec(spec)?;
         let CheckpointArtifacts::VmState { state, sealed } = artifacts else { return Err(wrong_artifacts()) };
         let restored = VmRuntime::restore(self, &vm, state, sealed.as_ref()).await.map_err(|e| match e {
-            VmError::StateSealed { source: space_keys::KeyError::Corrupt { .. }, .. } => {
-                RuntimeError::Corrupt(e.to_string())
+            VmError::StateSealed { path, source: space_keys::KeyError::Corrupt { .. } } => {
+                RuntimeError::Corrupt(format!(
+                    "{} is damaged, or not sealed with this snapshot's key; restore from another snapshot",
+                    path.display()
+                ))
             }
             other => RuntimeError::Restore(other.to_string()),
         })?;

@@ -1,9 +1,10 @@
 //! What a restore hands QEMU to load: the state file itself, or, for a state sealed with its
 //! snapshot's key, a pipe a thread of the node opens the sealed file into as QEMU reads
-//! (`migrate-incoming fd:` reads a stream). So a sealed state is never written anywhere in
-//! clear, and opening it runs beside QEMU's start and its load instead of before them.
+//! (`migrate-incoming fd:` reads a stream). So a sealed state is never a file in clear, and
+//! the node holds no second copy of it.
 
 use std::fs::File;
+use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -22,10 +23,10 @@ const PIPE_SIZE: i32 = 1 << 20;
 /// The state a restore loads.
 pub(crate) enum StateInput {
     File(File),
-    /// The read end of the pipe, and the opener's result (the plaintext's length) once it ends.
+    /// The node's read end of the pipe (QEMU is given its own), and the opener's result.
     Opening {
         pipe: OwnedFd,
-        opened: oneshot::Receiver<Result<u64, VmError>>,
+        opened: oneshot::Receiver<Result<(), VmError>>,
     },
 }
 
@@ -33,24 +34,29 @@ impl StateInput {
     /// The state of the checkpoint in `dir`, whose record is `record`; `sealed` with that key.
     pub(crate) fn open(dir: &Path, record: &StateRecord, sealed: Option<&SnapshotKey>) -> Result<StateInput, VmError> {
         let path = dir.join(STATE_FILE);
+        let file = File::open(&path).map_err(VmError::io("open", &path))?;
+        let found = file.metadata().map_err(VmError::io("stat", &path))?.len();
         let Some(key) = sealed else {
-            let file = File::open(&path).map_err(VmError::io("open", &path))?;
-            let found = file.metadata().map_err(VmError::io("stat", &path))?.len();
             if found != record.state_bytes {
                 return Err(VmError::StateTruncated { path, recorded: record.state_bytes, found });
             }
             return Ok(StateInput::File(file));
         };
-        let (pipe, write_end) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| VmError::io("pipe", &path)(e.into()))?;
+        // The record opened with the key, so a length that disagrees is the state's damage,
+        // found before QEMU loads any of it.
+        if space_keys::stream::plaintext_len(found) != Some(record.state_bytes) {
+            return Err(VmError::StateSealed { source: KeyError::Corrupt { owner: path.display().to_string() }, path });
+        }
+        let (pipe, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| VmError::io("make a pipe for", &path)(e.into()))?;
         let _ = nix::fcntl::fcntl(&pipe, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
         let (done, opened) = oneshot::channel();
-        let (key, recorded) = (key.clone(), record.state_bytes);
+        let key = key.clone();
         std::thread::Builder::new()
             .name("space-vm-state".into())
             .spawn(move || {
                 // The write end closes when this returns: QEMU then reads the end of the stream.
-                let _ = done.send(open_into(&key, &path, File::from(write_end), recorded));
+                let _ = done.send(open_into(&key, &path, PipeEnd { file: File::from(write_end), broken: None }));
             })
             .map_err(VmError::io("spawn a thread to open", dir.join(STATE_FILE)))?;
         Ok(StateInput::Opening { pipe, opened })
@@ -64,51 +70,52 @@ impl StateInput {
         }
     }
 
-    /// After a load that failed: why, if the opener failed (a state that does not open, not
-    /// QEMU's view of a stream that ended early). Waits at most `grace` for the opener, which
-    /// stops when it fails and closes the stream, so QEMU has seen that end by then.
+    /// After a load that failed: why, if the state did not open (not QEMU's view of a stream
+    /// that ended early). Waits at most `grace` for the opener, which closes the stream when
+    /// it fails, so it has ended by the time QEMU's load fails for that.
     pub(crate) async fn failure(self, grace: Duration) -> Option<VmError> {
-        let StateInput::Opening { opened, .. } = self else { return None };
-        // Not a write that failed because QEMU had stopped reading: QEMU's reason is the one.
-        tokio::time::timeout(grace, opened).await.ok()?.ok()?.err().filter(|e| {
-            matches!(e, VmError::StateSealed { source: KeyError::Corrupt { .. }, .. } | VmError::StateTruncated { .. })
-        })
+        let StateInput::Opening { pipe, opened } = self else { return None };
+        drop(pipe); // so that an opener writing into a pipe QEMU left is not kept waiting
+        let failed = tokio::time::timeout(grace, opened).await.ok()?.ok()?.err()?;
+        // QEMU stopped reading for a reason of its own: that reason is the one.
+        (!matches!(failed, VmError::StateUnread(_))).then_some(failed)
     }
 
-    /// After a load that completed: the opener's error if it failed after all (QEMU read a
-    /// whole state, so it has ended by now or ends within `grace`).
+    /// After a load that completed: the opener's result (QEMU read the whole stream, so the
+    /// opener ends within `grace`).
     pub(crate) async fn finish(self, grace: Duration) -> Result<(), VmError> {
-        let StateInput::Opening { opened, .. } = self else { return Ok(()) };
+        let StateInput::Opening { pipe, opened } = self else { return Ok(()) };
+        drop(pipe);
         match tokio::time::timeout(grace, opened).await {
-            Ok(Ok(result)) => result.map(drop),
-            Ok(Err(_)) => Err(VmError::StateSealed {
-                path: PathBuf::from(STATE_FILE),
-                source: KeyError::Crypto("the thread opening it ended without a result".into()),
-            }),
-            Err(_) => Err(VmError::MigrationTimeout { bound: grace }),
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(VmError::StateOpener("its thread ended without a result")),
+            Err(_) => Err(VmError::StateOpener("its thread did not end once QEMU had loaded the state")),
         }
     }
 }
 
-/// Opens the sealed `path` into `pipe`; the plaintext must be `recorded` bytes long.
-fn open_into(key: &SnapshotKey, path: &Path, mut pipe: File, recorded: u64) -> Result<u64, VmError> {
-    let sealed = |source| VmError::StateSealed { path: PathBuf::from(path), source };
-    let found =
-        space_keys::stream::decrypt_to(key.bytes(), path, &mut pipe, Path::new("QEMU's state pipe")).map_err(sealed)?;
-    if found != recorded {
-        return Err(VmError::StateTruncated { path: path.to_owned(), recorded, found });
-    }
-    Ok(found)
+/// The write end of the pipe, which remembers a failed write: QEMU stopped reading.
+struct PipeEnd {
+    file: File,
+    broken: Option<std::io::Error>,
 }
 
-impl StateRecord {
-    /// The record of the checkpoint in `dir`, sealed with `key` if given.
-    pub(crate) fn read_maybe_sealed(dir: &Path, sealed: Option<&SnapshotKey>) -> Result<StateRecord, VmError> {
-        let Some(key) = sealed else { return StateRecord::read(dir) };
-        let path = dir.join(crate::checkpoint::STATE_RECORD);
-        let mut text = Vec::new();
-        space_keys::stream::decrypt_to(key.bytes(), &path, &mut text, Path::new("memory"))
-            .map_err(|source| VmError::StateSealed { path: path.clone(), source })?;
-        StateRecord::parse(&path, &text)
+impl Write for PipeEnd {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.file.write(buf).inspect_err(|e| self.broken = Some(std::io::Error::new(e.kind(), e.to_string())))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Opens the sealed `path` into the pipe.
+fn open_into(key: &SnapshotKey, path: &Path, mut pipe: PipeEnd) -> Result<(), VmError> {
+    let opened = space_keys::stream::decrypt_to(key.bytes(), path, &mut pipe, Path::new("QEMU's state pipe"));
+    match (opened, pipe.broken) {
+        (Ok(_), _) => Ok(()),
+        (Err(_), Some(broken)) => Err(VmError::StateUnread(broken)),
+        (Err(source), None) => Err(VmError::StateSealed { path: PathBuf::from(path), source }),
     }
 }

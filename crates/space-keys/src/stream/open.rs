@@ -22,7 +22,7 @@ const MAX_THREADS: usize = 4;
 
 /// Where a sealed file's chunks are: how many, and how long its body (all but the header) is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Layout {
+pub(super) struct Layout {
     chunks: u64,
     body: u64,
 }
@@ -30,14 +30,14 @@ struct Layout {
 impl Layout {
     /// The layout of a sealed file of `len` bytes; `None` if no sealed file is that long
     /// (every file has at least one chunk, which holds at least its tag).
-    fn of(len: u64) -> Option<Layout> {
+    pub(super) fn of(len: u64) -> Option<Layout> {
         let body = len.checked_sub(HEADER_LEN as u64)?;
         let chunks = body.div_ceil(SEALED_CHUNK);
         let last = body.checked_sub(chunks.checked_sub(1)? * SEALED_CHUNK)?;
         (last >= TAG_LEN as u64).then_some(Layout { chunks, body })
     }
 
-    fn plaintext(&self) -> u64 {
+    pub(super) fn plaintext(&self) -> u64 {
         self.body - self.chunks * TAG_LEN as u64
     }
 
@@ -97,7 +97,8 @@ pub(super) fn open_in_order(
 ) -> Result<u64> {
     let (key, header, layout) = begin(data_key, input, src)?;
     let sealed = Sealed { key: &key, header: &header, layout, input, src };
-    let mut buffer = vec![0u8; CHUNK + TAG_LEN];
+    // Plaintext passes through it: wiped when it is freed.
+    let mut buffer = zeroize::Zeroizing::new(vec![0u8; CHUNK + TAG_LEN]);
     for index in 0..layout.chunks {
         let plain = sealed.open(index, &mut buffer)?;
         output.write_all(plain).map_err(|e| io(dst, "writing", e))?;
