@@ -102,7 +102,12 @@ struct PipeEnd {
 
 impl Write for PipeEnd {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.file.write(buf).inspect_err(|e| self.broken = Some(std::io::Error::new(e.kind(), e.to_string())))
+        self.file.write(buf).inspect_err(|e| {
+            // `write_all` tries an interrupted write again.
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                self.broken = Some(std::io::Error::new(e.kind(), e.to_string()));
+            }
+        })
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
